@@ -1,0 +1,14 @@
+"""Chat platforms. `create` picks one by the `LASTWORD_PLATFORM` setting."""
+
+from __future__ import annotations
+
+from adapters.base import Adapter
+from bot.settings import ConfigError, Settings
+
+
+def create(settings: Settings) -> Adapter:
+    if settings.platform == "console":
+        from adapters.console import ConsoleAdapter
+
+        return ConsoleAdapter()
+    raise ConfigError(f"LASTWORD_PLATFORM: {settings.platform} is not available in this version")

@@ -1,0 +1,1 @@
+"""lastword's platform-free core: ingest, timers, cycles, the store and the model."""

@@ -1,0 +1,109 @@
+"""Assembly: settings in, a running bot out, and a clean stop on SIGTERM or end of input."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from urllib.parse import urlparse, urlunparse
+
+from redis.asyncio import Redis
+
+import adapters
+from bot.embedded import EmbeddedRedis
+from bot.llm import make_llm
+from bot.message import Unavailable
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.store import Store
+from bot.systemd import notify
+
+log = logging.getLogger("lastword")
+
+
+def redact(url: str) -> str:
+    """The URL without its password, fit for logs and error messages."""
+    parts = urlparse(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunparse(parts._replace(netloc=netloc))
+
+
+class StartupError(Exception):
+    """The bot cannot start; the message is meant for the operator, on one line."""
+
+
+def make_store(settings: Settings, redis: Redis) -> Store:
+    return Store(
+        redis,
+        quiet_ms=settings.debounce.quiet_ms,
+        max_wait_ms=settings.debounce.max_wait_ms,
+        ttl_ms=settings.lease.ttl_ms,
+        history_cap=settings.history_cap,
+        starvation_limit=settings.starvation_limit,
+    )
+
+
+async def serve(settings: Settings) -> int:
+    embedded: EmbeddedRedis | None = None
+    if settings.redis_url:
+        url = settings.redis_url
+    else:
+        embedded = EmbeddedRedis(settings.data_dir)
+        url = await asyncio.to_thread(embedded.start)
+        log.info("embedded store running at %s", url)
+    store = make_store(settings, Redis.from_url(url, socket_connect_timeout=2))
+    try:
+        await store.ping()
+    except Unavailable as exc:
+        await store.close()
+        if embedded:
+            embedded.stop()
+        raise StartupError(f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}") from None
+    try:
+        return await _serve(settings, store)
+    finally:
+        await store.close()
+        if embedded:
+            await asyncio.to_thread(embedded.stop)
+
+
+async def _serve(settings: Settings, store: Store) -> int:
+    provider = settings.llm_provider
+    llm = make_llm(settings.llm, provider)
+    if provider == "echo" and settings.llm.provider is None:
+        log.warning(
+            "no LLM configured (set LASTWORD_LLM__BASE_URL and LASTWORD_LLM__API_KEY): "
+            "answering with the offline echo model"
+        )
+    else:
+        log.info("LLM: %s, model %s", provider, settings.llm.model)
+    adapter = adapters.create(settings)
+    runtime = Runtime(settings, store, llm, adapter)
+    runtime.start()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    receiving = asyncio.create_task(adapter.run(runtime), name="adapter")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    notify("READY=1")
+    log.info("lastword is running on %s", settings.platform)
+    try:
+        await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        notify("STOPPING=1")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        stopping.cancel()
+        receiving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiving
+        await runtime.stop()
+    if not receiving.cancelled() and receiving.exception() is not None:
+        raise receiving.exception()  # type: ignore[misc]
+    return 0

@@ -1,0 +1,77 @@
+"""The command line: `lastword run` (and `python -m bot run`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from pydantic import BaseModel
+
+from bot.embedded import EmbeddedError
+from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
+
+DESCRIPTION = (
+    "lastword: a DM chatbot that waits for the user's last word and answers once, "
+    "with one reply covering everything unanswered."
+)
+
+
+def settings_help() -> str:
+    """Every setting as its environment variable with its default, for `run --help`."""
+    lines = ["settings (environment, .env, or TOML file at $LASTWORD_CONFIG / ./lastword.toml):"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name.upper()}__")
+                continue
+            default = "" if field.is_required() else field.get_default(call_default_factory=True)
+            shown = "unset" if default is None else default
+            lines.append(f"  {prefix}{name.upper():<28} default: {shown}")
+
+    walk(Settings, ENV_PREFIX)
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="lastword", description=DESCRIPTION)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "run",
+        help="start the bot (console chat, embedded store and echo model when unset)",
+        description=DESCRIPTION,
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"lastword: configuration error: {exc}", file=sys.stderr)
+        return 2
+    # On the console the chat and the logs share a terminal, so only warnings show by default.
+    default_level = "WARNING" if settings.platform == "console" else "INFO"
+    logging.basicConfig(
+        level=settings.log_level or default_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from bot.app import StartupError, serve
+
+    try:
+        return asyncio.run(serve(settings))
+    except ConfigError as exc:
+        print(f"lastword: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (StartupError, EmbeddedError) as exc:
+        print(f"lastword: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0

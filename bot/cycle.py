@@ -1,0 +1,198 @@
+"""One cycle: lease, check, generate once, pre-send check, send, commit (SPEC, steps 2-7).
+
+A cycle runs on whichever replica wins the lease. Everything it needs comes from the store
+when the lease is taken, so any replica can finish any conversation. While it works, a
+keeper renews the lease every TTL/3; if a renewal fails, the work is cancelled on the spot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from bot.llm import LLM, LLMError, Prompt, Turn, complete_with_retries
+from bot.message import Outbound
+from bot.settings import Settings
+from bot.split import split_message
+from bot.store import Grant, Lease, Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+APOLOGY = "Sorry, I can't answer right now because of a technical problem. Please try again later."
+
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """Another replica holds the conversation now; this one must not send or commit."""
+
+
+@dataclass
+class Stats:
+    """Counters a replica keeps about its own cycles, for logs, benchmarks and tests."""
+
+    cycles: int = 0
+    replies: int = 0
+    discarded: int = 0
+    forced: int = 0
+    apologies: int = 0
+    resent: int = 0
+    lost: int = 0
+    lateness_ms: list[int] = field(default_factory=list)
+
+
+class LeaseKeeper:
+    """Renews a lease every TTL/3 while work runs, and cancels the work if renewal fails."""
+
+    def __init__(self, store: Store, lease: Lease) -> None:
+        self.store = store
+        self.lease = lease
+        self.ttl_s = store.ttl_ms / 1000
+        self.confirmed_at = time.monotonic()
+
+    async def run(self, work: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(work)
+        renewer = asyncio.create_task(self._renew_until_lost(task))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if renewer.done() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise LeaseLost(self.lease.conversation) from None
+            raise
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _renew_until_lost(self, task: asyncio.Future[T]) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            if not await self._renew_or_expired():
+                task.cancel()
+                return
+
+    async def _renew_or_expired(self) -> bool:
+        try:
+            if await self.store.renew(self.lease):
+                self.confirmed_at = time.monotonic()
+                return True
+            log.warning("lease on %s was taken over; stopping", self.lease.conversation)
+            return False
+        except StoreUnavailable as exc:
+            # Keep working while the lease may still be ours; give up once it surely is not.
+            alive = time.monotonic() - self.confirmed_at < self.ttl_s
+            log.warning("lease renewal failed (%s); %s", exc, "retrying" if alive else "giving up")
+            return alive
+
+    async def ensure_fresh(self) -> None:
+        """Before a side effect: if so much time has passed (a pause, a slow send) that the
+        lease may have expired, confirm it now rather than act on a lease someone else holds."""
+        if time.monotonic() - self.confirmed_at > self.ttl_s / 2:
+            try:
+                ok = await self.store.renew(self.lease)
+            except StoreUnavailable:
+                ok = False
+            if not ok:
+                raise LeaseLost(self.lease.conversation)
+            self.confirmed_at = time.monotonic()
+
+
+class Cycle:
+    def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.outbound = outbound
+        self.stats = Stats()
+
+    async def run(self, conversation: str) -> int:
+        """Do what is owed for `conversation`. Returns ms until it should be looked at
+        again (-1 when nothing is owed or another replica has it)."""
+        grant = await self.store.acquire(conversation, secrets.token_hex(16))
+        if grant.status in ("busy", "early"):
+            return grant.retry_in_ms
+        if grant.lease is None:
+            return -1
+        lease = grant.lease
+        self.stats.cycles += 1
+        keeper = LeaseKeeper(self.store, lease)
+        finished = False
+        try:
+            next_in = await keeper.run(self._work(grant, keeper))
+            finished = True
+            return next_in
+        except LeaseLost:
+            self.stats.lost += 1
+            log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
+            finished = True
+            return -1
+        finally:
+            if not finished:
+                # Crash-like exit (error, shutdown): hand the conversation back now rather
+                # than after the TTL. Token-checked, so it can never free someone else's lease.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.store.release(lease))
+
+    async def _work(self, grant: Grant, keeper: LeaseKeeper) -> int:
+        assert grant.lease is not None
+        lease = grant.lease
+        if grant.resend is not None:
+            # A holder crashed after its pre-send check: send the same text again, never a
+            # freshly generated one (SPEC step 8).
+            text, version = grant.resend
+            self.stats.resent += 1
+            log.info("resending the reply left in the outbox of %s", lease.conversation)
+        else:
+            self.stats.lateness_ms.append(grant.lateness_ms)
+            version = grant.version
+            text = await self._generate(grant)
+            verdict = await self.store.presend(lease, version, text)
+            if verdict.status == "lost":
+                raise LeaseLost(lease.conversation)
+            if verdict.status == "stale":
+                self.stats.discarded += 1
+                log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
+                return verdict.next_in_ms
+            if verdict.forced:
+                self.stats.forced += 1
+                log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
+        await self._send(lease, text, version, keeper)
+        ended = await self.store.commit(lease)
+        if not ended.ok:
+            raise LeaseLost(lease.conversation)
+        self.stats.replies += 1
+        return ended.next_in_ms
+
+    async def _generate(self, grant: Grant) -> str:
+        prompt = Prompt(
+            system=self.settings.llm.system_prompt,
+            history=tuple(Turn(h.role, h.text) for h in grant.history),
+            unanswered=tuple(m.prompt_text() for m in grant.unanswered),
+        )
+        llm = self.settings.llm
+        try:
+            return await complete_with_retries(self.llm, prompt, llm.retries, llm.retry_base_s)
+        except LLMError as exc:
+            self.stats.apologies += 1
+            count = len(grant.unanswered)
+            log.error(
+                "LLM failed for %s (%d messages); sending an apology: %s",
+                grant.lease.conversation if grant.lease else "?",
+                count,
+                exc,
+            )
+            return APOLOGY
+
+    async def _send(self, lease: Lease, text: str, version: int, keeper: LeaseKeeper) -> None:
+        for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
+            await keeper.ensure_fresh()
+            key = f"{lease.conversation}:{version}:{index}"
+            await self.outbound.send(lease.conversation, part, key)

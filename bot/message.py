@@ -1,0 +1,75 @@
+"""The platform-free message types: what adapters hand to the core, and what they must do back.
+
+Adapters turn each platform event into one `InboundMessage`; the core never sees a platform
+object. The core answers through `Outbound`, which every adapter implements.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Attachment:
+    kind: str  # "photo", "sticker", "voice", "document", ...
+    ref: str  # the platform's file id or URL; never fetched by the core
+
+
+@dataclass(frozen=True)
+class InboundMessage:
+    platform: str
+    chat_id: str
+    user_id: str
+    message_id: str  # the platform's id; redelivery of the same id is dropped (I5)
+    text: str
+    display_name: str = ""
+    timestamp: float = field(default_factory=time.time)
+    reply_to_id: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    is_dm: bool = True
+
+    @property
+    def conversation(self) -> str:
+        """One DM channel on one platform, e.g. ``telegram:12345``."""
+        return f"{self.platform}:{self.chat_id}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> InboundMessage:
+        data: dict[str, Any] = json.loads(raw)
+        data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
+        return cls(**data)
+
+    def prompt_text(self) -> str:
+        """The text the model sees: the message, plus a marker for each attachment."""
+        markers = " ".join(f"[{a.kind}]" for a in self.attachments)
+        return f"{self.text} {markers}".strip() if markers else self.text
+
+
+class Unavailable(Exception):
+    """The core cannot take the message in right now (its store is down). The adapter must
+    not acknowledge it to the platform: retry, or let the platform redeliver."""
+
+
+class Outbound(Protocol):
+    """What the core asks of a platform. Implemented by every adapter."""
+
+    # The platform's longest message; the core splits longer replies before calling send().
+    max_message_chars: int
+    # How often a typing indicator must be repeated to stay visible.
+    typing_interval_s: float
+
+    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+        """Deliver one part of a reply.
+
+        `idempotency_key` is the same when a reply part is re-sent after a crash, so platforms
+        that can deduplicate (Discord's nonce) deliver it once.
+        """
+
+    async def typing(self, conversation: str) -> None:
+        """Show that the bot is working on a reply."""

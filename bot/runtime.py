@@ -1,0 +1,146 @@
+"""The runtime: what adapters talk to, and what drives cycles on this replica.
+
+Adapters call `ingest()` for each platform message and acknowledge the platform only after it
+returns. Wake-ups (local timers and the sweep) start cycles; a conversation never runs two
+cycles in one process, and the lease keeps it to one across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+
+from bot.cycle import Cycle, Stats
+from bot.llm import LLM
+from bot.message import InboundMessage, Outbound, Unavailable
+from bot.settings import Settings
+from bot.store import Store
+from bot.timers import Timers
+
+log = logging.getLogger(__name__)
+
+# When a cycle fails for a reason other than the lease (Redis down, a platform error), look
+# again after this long; the lease was handed back, so any replica may pick it up.
+RETRY_AFTER_ERROR_MS = 1000
+
+
+def clean_text(text: str, limit: int) -> str:
+    """Text safe to store: invalid UTF-8 (lone surrogates from a lenient decoder) replaced,
+    and anything past `limit` characters cut off with a note saying how much."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > limit:
+        cut = len(text) - limit
+        text = text[:limit] + f"\n[… {cut} more characters were cut: the message was too long]"
+    return text
+
+
+class Typing:
+    """Keeps a typing indicator alive per conversation, from first message to reply."""
+
+    def __init__(self, outbound: Outbound) -> None:
+        self.outbound = outbound
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def show(self, conversation: str) -> None:
+        if conversation not in self._tasks:
+            self._tasks[conversation] = asyncio.create_task(self._repeat(conversation))
+
+    def hide(self, conversation: str) -> None:
+        task = self._tasks.pop(conversation, None)
+        if task is not None:
+            task.cancel()
+
+    async def _repeat(self, conversation: str) -> None:
+        while True:
+            try:
+                await self.outbound.typing(conversation)
+            except Exception as exc:
+                # An indicator is a nicety; a platform hiccup must not end the conversation.
+                log.debug("typing indicator failed for %s: %s", conversation, exc)
+            await asyncio.sleep(self.outbound.typing_interval_s)
+
+    def stop(self) -> None:
+        for conversation in list(self._tasks):
+            self.hide(conversation)
+
+
+class Runtime:
+    def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
+        self.settings = settings
+        self.store = store
+        self.cycle = Cycle(settings, store, llm, outbound)
+        self.typing = Typing(outbound)
+        self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._accepting = False
+
+    @property
+    def stats(self) -> Stats:
+        return self.cycle.stats
+
+    def start(self) -> None:
+        self.timers.start()
+        self._accepting = True
+
+    async def ingest(self, message: InboundMessage) -> bool:
+        """Take one platform message in. Returns False if it was dropped (empty, or a
+        redelivery). Raises `Unavailable` if it could not be stored: do not acknowledge it."""
+        if not self._accepting:
+            raise Unavailable("this replica is shutting down")
+        text = clean_text(message.text, self.settings.max_message_chars)
+        if not text.strip() and not message.attachments:
+            return False
+        result = await self.store.ingest(replace(message, text=text))
+        if result.accepted:
+            self.typing.show(message.conversation)
+            self.timers.arm(message.conversation, result.due_in_ms)
+        return result.accepted
+
+    def wake(self, conversation: str) -> None:
+        """Start a cycle for `conversation` unless this process already runs one."""
+        if conversation in self._running:
+            return
+        task = asyncio.create_task(self._cycle(conversation), name=f"cycle {conversation}")
+        self._running[conversation] = task
+
+    async def _cycle(self, conversation: str) -> None:
+        next_in = -1
+        try:
+            self.typing.show(conversation)
+            next_in = await self.cycle.run(conversation)
+        except Unavailable as exc:
+            log.warning("cycle for %s interrupted: %s", conversation, exc)
+            next_in = RETRY_AFTER_ERROR_MS
+        except Exception:
+            log.exception("cycle for %s failed", conversation)
+            next_in = RETRY_AFTER_ERROR_MS
+        finally:
+            self.typing.hide(conversation)
+            self._running.pop(conversation, None)
+        if next_in >= 0:
+            self.timers.arm(conversation, next_in)
+
+    async def settled(self, conversation: str, poll_s: float = 0.05) -> None:
+        """Wait until every accepted message of `conversation` has been answered."""
+        while True:
+            try:
+                version, watermark = await self.store.counters(conversation)
+                if version == watermark and conversation not in self._running:
+                    return
+            except Unavailable:
+                pass
+            await asyncio.sleep(poll_s)
+
+    async def stop(self) -> None:
+        """Stop accepting, cancel cycles (each hands its lease back) and stop the timers.
+        Nothing accepted is lost: it is in the store, and any replica will finish it."""
+        self._accepting = False
+        await self.timers.stop()
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.typing.stop()

@@ -1,0 +1,171 @@
+"""Settings: one typed tree, read from the environment, `.env`, a TOML file and defaults.
+
+Priority, highest first: environment (`LASTWORD_` prefix, `__` for nesting), then `.env`,
+then the TOML file (`$LASTWORD_CONFIG`, else `./lastword.toml` when present), then the
+defaults below. The environment names are a contract with operators (see SPEC), so the
+field names here must not change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "LASTWORD_"
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names the setting so an operator can fix it."""
+
+
+def _default_data_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "lastword"
+
+
+class TelegramSettings(BaseModel):
+    token: SecretStr | None = None
+    api_url: str = "https://api.telegram.org"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: str = "127.0.0.1:8443"
+    webhook_path: str = "/telegram"
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+
+
+class DiscordSettings(BaseModel):
+    token: SecretStr | None = None
+    api_url: str = "https://discord.com/api/v10"
+    gateway_url: str = "wss://gateway.discord.gg"
+
+
+class LLMSettings(BaseModel):
+    # None means "not configured": openai when a base URL or key is given, else echo.
+    provider: Literal["openai", "echo"] | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    model: str = "gpt-4o-mini"
+    system_prompt: str = "You are a helpful assistant in a direct-message chat. Be concise."
+    timeout_s: float = Field(default=60.0, gt=0)
+    # Attempts after the first for transient failures, with jittered exponential backoff.
+    retries: int = Field(default=3, ge=0)
+    retry_base_s: float = Field(default=0.5, ge=0)
+    # The echo model's artificial thinking time; lets demos and tests see a generation in flight.
+    echo_delay_ms: int = Field(default=0, ge=0)
+
+
+class DebounceSettings(BaseModel):
+    quiet_ms: int = Field(default=2000, ge=0)
+    max_wait_ms: int = Field(default=8000, ge=0)
+
+    @model_validator(mode="after")
+    def _cap_covers_quiet(self) -> DebounceSettings:
+        if self.max_wait_ms < self.quiet_ms:
+            raise ValueError("max_wait_ms must be at least quiet_ms")
+        return self
+
+
+class LeaseSettings(BaseModel):
+    ttl_ms: int = Field(default=30000, ge=300)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+    )
+
+    platform: Literal["console", "telegram", "discord"] = "console"
+    redis_url: str | None = None
+    # Where the embedded store keeps its socket and append-only file.
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    telegram: TelegramSettings = TelegramSettings()
+    discord: DiscordSettings = DiscordSettings()
+    llm: LLMSettings = LLMSettings()
+    debounce: DebounceSettings = DebounceSettings()
+    lease: LeaseSettings = LeaseSettings()
+    # Entries (user messages and replies) kept per conversation; older ones fall off.
+    history_cap: int = Field(default=200, ge=2)
+    # Longer messages are cut, with a note, before they are stored.
+    max_message_chars: int = Field(default=8000, ge=100)
+    # Replies discarded in a row as stale before the next one goes out regardless.
+    starvation_limit: int = Field(default=3, ge=0)
+    # How often each replica scans the durable due-index for orphaned conversations.
+    sweep_interval_ms: int = Field(default=1000, ge=50)
+    # Unset: INFO, or WARNING on the console where logs share the terminal with the chat.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        scheme = urlparse(value).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _platform_needs_token(self) -> Settings:
+        if self.platform == "telegram" and self.telegram.token is None:
+            raise ValueError("LASTWORD_TELEGRAM__TOKEN is required when platform is telegram")
+        if self.platform == "discord" and self.discord.token is None:
+            raise ValueError("LASTWORD_DISCORD__TOKEN is required when platform is discord")
+        if (
+            self.platform == "telegram"
+            and self.telegram.mode == "webhook"
+            and self.telegram.webhook_secret is None
+        ):
+            raise ValueError("LASTWORD_TELEGRAM__WEBHOOK_SECRET is required in webhook mode")
+        return self
+
+    @property
+    def llm_provider(self) -> Literal["openai", "echo"]:
+        if self.llm.provider is not None:
+            return self.llm.provider
+        configured = self.llm.base_url is not None or self.llm.api_key is not None
+        return "openai" if configured else "echo"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG") or "lastword.toml"
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_path)
+        return (init_settings, env_settings, dotenv_settings, toml)
+
+
+def load_settings() -> Settings:
+    """Read settings, turning validation errors into one line that names the setting."""
+    from pydantic import ValidationError
+
+    toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if toml_path and not Path(toml_path).is_file():
+        raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml_path}")
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if loc:
+            name = ENV_PREFIX + "__".join(loc).upper()
+            raise ConfigError(f"{name}: {message}") from None
+        raise ConfigError(message) from None

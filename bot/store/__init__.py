@@ -1,0 +1,286 @@
+"""The store: every atomic step of the flow as one Lua script against Redis.
+
+Each script file next to this module is one step (`ingest`, `acquire`, `renew`, `release`,
+`presend`, `commit`, `due`); `prelude.lua` holds their shared helpers and is loaded in front of
+each. Every script touches the keys of one hash slot only, so the same code runs on Redis
+Cluster: a conversation's keys and the shard of the due-index it lives in share a hash tag.
+
+Key layout, for a conversation in shard N (of `SHARDS`):
+
+    {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards
+    {lw:N}:c:<conversation>:pending  hash    version -> message json, for (W, V]
+    {lw:N}:c:<conversation>:seen     zset    platform message ids, for dedupe
+    {lw:N}:c:<conversation>:window   hash    opened, deadline (ms, server clock)
+    {lw:N}:c:<conversation>:lease    hash    token, fence; expires on its own
+    {lw:N}:c:<conversation>:outbox   hash    text, version, fence of a reply being sent
+    {lw:N}:c:<conversation>:history  list    json entries, oldest first, capped
+    {lw:N}:due                       zset    conversation -> when to look at it next
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from bot.message import InboundMessage, Unavailable
+
+# Fixed for the life of a deployment: changing it moves conversations to other shards.
+SHARDS = 16
+# Platform message ids remembered per conversation for dedupe.
+SEEN_CAP = 1000
+
+
+class StoreUnavailable(Unavailable):
+    """Redis cannot be reached, or is a read-only replica after a failover. Try again later."""
+
+
+def _load(name: str) -> str:
+    folder = resources.files(__package__)
+    prelude = folder.joinpath("prelude.lua").read_text()
+    return prelude + "\n" + folder.joinpath(f"{name}.lua").read_text()
+
+
+INGEST = _load("ingest")
+ACQUIRE = _load("acquire")
+RENEW = _load("renew")
+RELEASE = _load("release")
+PRESEND = _load("presend")
+COMMIT = _load("commit")
+DUE = _load("due")
+
+
+def shard_of(conversation: str) -> int:
+    return zlib.crc32(conversation.encode()) % SHARDS
+
+
+class Keys:
+    """The names of one conversation's keys; all share the hash tag of its shard."""
+
+    def __init__(self, conversation: str) -> None:
+        tag = f"{{lw:{shard_of(conversation)}}}"
+        base = f"{tag}:c:{conversation}"
+        self.state = f"{base}:state"
+        self.pending = f"{base}:pending"
+        self.seen = f"{base}:seen"
+        self.window = f"{base}:window"
+        self.lease = f"{base}:lease"
+        self.outbox = f"{base}:outbox"
+        self.history = f"{base}:history"
+        self.due = f"{tag}:due"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    accepted: bool  # False: a redelivery of a message already taken in
+    version: int
+    due_in_ms: int  # until the window's deadline; -1 for a redelivery
+
+
+@dataclass(frozen=True)
+class Lease:
+    conversation: str
+    token: str
+    fence: int
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    role: Literal["user", "assistant"]
+    version: int
+    text: str
+
+    @classmethod
+    def from_json(cls, raw: str) -> HistoryEntry:
+        data: dict[str, Any] = json.loads(raw)
+        if data["role"] == "user":
+            message = InboundMessage.from_json(json.dumps(data["message"]))
+            return cls("user", int(data["v"]), message.prompt_text())
+        return cls("assistant", int(data["v"]), str(data["text"]))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a wake-up got. Only `acquired` carries a lease and the work to do."""
+
+    status: Literal["acquired", "busy", "early", "idle"]
+    retry_in_ms: int = -1  # for busy and early: when to look again
+    lease: Lease | None = None
+    version: int = 0  # V when the lease was taken
+    watermark: int = 0  # W when the lease was taken
+    lateness_ms: int = 0  # how long after the window's deadline the lease was taken
+    resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
+    unanswered: tuple[InboundMessage, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The outcome of a step that may end the lease, and when to look at the conversation next."""
+
+    ok: bool
+    next_in_ms: int  # -1: nothing owed
+
+
+@dataclass(frozen=True)
+class PreSend:
+    status: Literal["ok", "stale", "lost"]
+    forced: bool = False  # sent despite being stale, by the starvation guard
+    next_in_ms: int = -1
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Store:
+    """Typed calls for the scripts. One instance per process, shared by all its tasks."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        quiet_ms: int,
+        max_wait_ms: int,
+        ttl_ms: int,
+        history_cap: int,
+        starvation_limit: int,
+    ) -> None:
+        self.redis = redis
+        self.quiet_ms = quiet_ms
+        self.max_wait_ms = max_wait_ms
+        self.ttl_ms = ttl_ms
+        self.history_cap = history_cap
+        self.starvation_limit = starvation_limit
+        self._ingest = redis.register_script(INGEST)
+        self._acquire = redis.register_script(ACQUIRE)
+        self._renew = redis.register_script(RENEW)
+        self._release = redis.register_script(RELEASE)
+        self._presend = redis.register_script(PRESEND)
+        self._commit = redis.register_script(COMMIT)
+        self._due = redis.register_script(DUE)
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
+        # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
+        try:
+            return await script(keys=keys, args=args)
+        except ReadOnlyError as exc:
+            # A failover left us talking to a replica: drop the connections so the next
+            # attempt resolves the new primary instead of failing the same way forever.
+            await self.redis.connection_pool.disconnect()
+            raise StoreUnavailable(f"Redis is read-only: {exc}") from exc
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+
+    async def ping(self) -> None:
+        try:
+            await self.redis.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+
+    async def ingest(self, message: InboundMessage) -> Ingested:
+        conversation = message.conversation
+        k = Keys(conversation)
+        keys = [k.state, k.pending, k.seen, k.window, k.due]
+        args: list[str | int] = [
+            conversation,
+            message.message_id,
+            message.to_json(),
+            self.quiet_ms,
+            self.max_wait_ms,
+            SEEN_CAP,
+        ]
+        accepted, version, due_in = await self._run(self._ingest, keys, args)
+        return Ingested(bool(accepted), int(version), int(due_in))
+
+    async def acquire(self, conversation: str, token: str) -> Grant:
+        k = Keys(conversation)
+        keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
+        reply = await self._run(
+            self._acquire, keys, [conversation, token, self.ttl_ms, self.history_cap]
+        )
+        status = _text(reply[0])
+        if status in ("busy", "early"):
+            return Grant(status, retry_in_ms=int(reply[1]))  # type: ignore[arg-type]
+        if status == "idle":
+            return Grant("idle")
+        _, fence, version, watermark, lateness, resend, unanswered, history = reply
+        return Grant(
+            "acquired",
+            lease=Lease(conversation, token, int(fence)),
+            version=int(version),
+            watermark=int(watermark),
+            lateness_ms=int(lateness),
+            resend=(_text(resend[0]), int(resend[1])) if resend else None,
+            unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
+            history=tuple(HistoryEntry.from_json(_text(h)) for h in history),
+        )
+
+    async def renew(self, lease: Lease) -> bool:
+        k = Keys(lease.conversation)
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.ttl_ms]
+        return bool(await self._run(self._renew, [k.lease, k.due], args))
+
+    async def release(self, lease: Lease) -> Ended:
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.window, k.due]
+        ok, next_in = await self._run(self._release, keys, [lease.conversation, lease.token])
+        return Ended(bool(ok), int(next_in))
+
+    async def presend(self, lease: Lease, version: int, text: str) -> PreSend:
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.outbox, k.window, k.due]
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            lease.fence,
+            version,
+            text,
+            self.starvation_limit,
+        ]
+        status, value = await self._run(self._presend, keys, args)
+        status = _text(status)
+        if status == "ok":
+            return PreSend("ok", forced=bool(value))
+        return PreSend(status, next_in_ms=int(value))
+
+    async def commit(self, lease: Lease) -> Ended:
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due]
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.history_cap]
+        ok, next_in = await self._run(self._commit, keys, args)
+        return Ended(bool(ok), int(next_in))
+
+    async def due(self, limit: int = 100) -> list[str]:
+        """Conversations, across all shards, whose next look is overdue. One round trip."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for shard in range(SHARDS):
+                    await self._due(keys=[f"{{lw:{shard}}}:due"], args=[limit], client=pipe)
+                results = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        return [_text(c) for shard in results for c in shard]
+
+    async def counters(self, conversation: str) -> tuple[int, int]:
+        """(V, W) of a conversation."""
+        try:
+            v, w = await self.redis.hmget(Keys(conversation).state, ["v", "w"])
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        return int(v or 0), int(w or 0)
+
+    async def history(self, conversation: str) -> list[HistoryEntry]:
+        raw = await self.redis.lrange(Keys(conversation).history, 0, -1)  # type: ignore[misc]
+        return [HistoryEntry.from_json(_text(h)) for h in raw]
+
+    async def close(self) -> None:
+        await self.redis.aclose()

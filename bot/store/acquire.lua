@@ -1,0 +1,65 @@
+-- The wake-up: take the lease by compare-and-swap if the window has closed and a reply is owed.
+-- KEYS: state, window, lease, due, pending, history, outbox
+-- ARGV: conversation, token, ttl ms, history entries to return
+-- Returns one of
+--   {'busy', ms until the lease expires}
+--   {'early', ms until the moved deadline}
+--   {'idle'}                      nothing is owed (V == W); a stale wake-up is a no-op
+--   {'acquired', fence, V, W, lateness ms, {outbox text, outbox version} or {},
+--    {pending json (W, V]}, {history json}}
+local state, window, lease, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local pending, history, outbox = KEYS[5], KEYS[6], KEYS[7]
+local conv, ttl = ARGV[1], tonumber(ARGV[3])
+local now = now_ms()
+
+local held = redis.call('PTTL', lease)
+if held > 0 then
+  -- Look again when it expires, in case its holder died.
+  redis.call('ZADD', due, now + held, conv)
+  return {'busy', held}
+end
+
+local v = tonumber(redis.call('HGET', state, 'v') or '0')
+local w = tonumber(redis.call('HGET', state, 'w') or '0')
+local left = redis.call('HMGET', outbox, 'text', 'version')
+local has_outbox = left[1] ~= false
+
+if v <= w and not has_outbox then
+  redis.call('DEL', window)
+  redis.call('ZREM', due, conv)
+  return {'idle'}
+end
+
+local lateness = 0
+if not has_outbox then
+  local deadline = tonumber(redis.call('HGET', window, 'deadline') or '0')
+  if deadline > now then
+    redis.call('ZADD', due, deadline, conv)
+    return {'early', deadline - now}
+  end
+  if deadline > 0 then
+    lateness = now - deadline
+  end
+  -- The window is consumed: messages from now on open a new one with a fresh cap.
+  redis.call('DEL', window)
+end
+
+local fence = redis.call('HINCRBY', state, 'fence', 1)
+redis.call('HSET', lease, 'token', ARGV[2], 'fence', fence)
+redis.call('PEXPIRE', lease, ttl)
+-- If we die, the sweep finds the conversation once the lease has expired.
+redis.call('ZADD', due, now + ttl, conv)
+
+local unanswered = {}
+local resend = {}
+if has_outbox then
+  resend = {left[1], left[2]}
+elseif v > w then
+  local ids = {}
+  for i = w + 1, v do
+    ids[#ids + 1] = i
+  end
+  unanswered = redis.call('HMGET', pending, unpack(ids))
+end
+local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
+return {'acquired', fence, v, w, lateness, resend, unanswered, past}

@@ -1,0 +1,32 @@
+-- After the reply was sent: W = the version it covered, the answered messages and the reply
+-- move to the history, the outbox is cleared and the lease released, all in one step.
+-- History is only ever appended and trimmed, never rewritten, so no update is lost.
+-- KEYS: lease, state, pending, history, outbox, window, due
+-- ARGV: conversation, token, fence, history cap
+-- Returns {committed (0/1), ms until the next look or -1}
+local lease, state, pending, history = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local outbox, window, due = KEYS[5], KEYS[6], KEYS[7]
+if not holds(lease, ARGV[2], ARGV[3]) then
+  return {0, -1}
+end
+
+local reply = redis.call('HMGET', outbox, 'text', 'version')
+local covered = tonumber(reply[2])
+local w = tonumber(redis.call('HGET', state, 'w') or '0')
+if covered ~= nil and covered > w then
+  for i = w + 1, covered do
+    local message = redis.call('HGET', pending, i)
+    if message then
+      -- Spliced as text: a cjson round trip would turn empty lists into objects.
+      redis.call('RPUSH', history, '{"role":"user","v":' .. i .. ',"message":' .. message .. '}')
+      redis.call('HDEL', pending, i)
+    end
+  end
+  redis.call('RPUSH', history,
+    '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
+  redis.call('LTRIM', history, -tonumber(ARGV[4]), -1)
+  redis.call('HSET', state, 'w', covered)
+end
+redis.call('HSET', state, 'discards', 0)
+redis.call('DEL', outbox, lease)
+return {1, reschedule(state, window, due, ARGV[1], now_ms())}

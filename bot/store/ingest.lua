@@ -1,0 +1,24 @@
+-- Ingest one message: dedupe, bump V, store it as pending, open or extend the window,
+-- and put the deadline in the due-index. One round trip, and nothing waits for the LLM.
+-- KEYS: state, pending, seen, window, due
+-- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap
+-- Returns {accepted (0/1), V, ms until the deadline or -1}
+local state, pending, seen, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now = now_ms()
+
+if redis.call('ZSCORE', seen, ARGV[2]) then
+  return {0, tonumber(redis.call('HGET', state, 'v') or '0'), -1}
+end
+redis.call('ZADD', seen, now, ARGV[2])
+-- Redelivery happens within minutes, so remembering the newest ids per conversation is enough.
+redis.call('ZREMRANGEBYRANK', seen, 0, -(tonumber(ARGV[6]) + 1))
+
+local v = redis.call('HINCRBY', state, 'v', 1)
+redis.call('HSET', pending, v, ARGV[3])
+
+-- The cap is anchored where the window opened, so a late message can never push it out.
+local opened = tonumber(redis.call('HGET', window, 'opened') or now)
+local deadline = math.min(now + tonumber(ARGV[4]), opened + tonumber(ARGV[5]))
+redis.call('HSET', window, 'opened', opened, 'deadline', deadline)
+redis.call('ZADD', due, deadline, ARGV[1])
+return {1, v, math.max(deadline - now, 0)}

@@ -1,0 +1,31 @@
+-- Shared by every script: loaded in front of each one, so the helpers exist once.
+
+-- Milliseconds on the server's clock. Deadlines never use a replica's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Called whenever a lease ends. Schedules the next look at the conversation in the due-index,
+-- or drops it from the index when everything is answered. Returns the delay in ms, or -1.
+-- It only reads the window: nothing that writes state may write the window (seed 2).
+local function reschedule(state_key, window_key, due_key, conv, now)
+  local v = tonumber(redis.call('HGET', state_key, 'v') or '0')
+  local w = tonumber(redis.call('HGET', state_key, 'w') or '0')
+  if v <= w then
+    redis.call('ZREM', due_key, conv)
+    return -1
+  end
+  local deadline = tonumber(redis.call('HGET', window_key, 'deadline') or now)
+  if deadline < now then
+    deadline = now
+  end
+  redis.call('ZADD', due_key, deadline, conv)
+  return deadline - now
+end
+
+-- A lease belongs to us only if both the token and the fence match.
+local function holds(lease_key, token, fence)
+  local current = redis.call('HMGET', lease_key, 'token', 'fence')
+  return current[1] == token and (fence == nil or current[2] == fence)
+end

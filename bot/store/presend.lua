@@ -1,0 +1,24 @@
+-- The last check before a reply leaves: the lease is still ours and V has not moved.
+-- Passing records the reply in the outbox, so a crash after this point resends the same text.
+-- Failing drops the reply, leaves W alone and releases the lease; the newer message has
+-- already scheduled the cycle that will cover everything.
+-- KEYS: lease, state, outbox, window, due
+-- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit
+-- Returns {'ok', forced (0/1)} | {'stale', ms until the next look} | {'lost', -1}
+local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+if not holds(lease, ARGV[2], ARGV[3]) then
+  return {'lost', -1}
+end
+
+local forced = 0
+if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
+  local discards = redis.call('HINCRBY', state, 'discards', 1)
+  if discards <= tonumber(ARGV[6]) then
+    redis.call('DEL', lease)
+    return {'stale', reschedule(state, window, due, ARGV[1], now_ms())}
+  end
+  -- Starvation guard: too many discards in a row, so this reply goes out as it is.
+  forced = 1
+end
+redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3])
+return {'ok', forced}

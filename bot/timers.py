@@ -1,0 +1,76 @@
+"""Wake-ups: an in-process timer per conversation, backed by a sweep of the durable due-index.
+
+The replica that ingested a message arms a local timer for the window's deadline, so the
+common case wakes within a few milliseconds of it. The due-index in Redis is the truth,
+though: every replica sweeps it periodically and wakes whatever is overdue, which is how the
+conversations of a replica that died (or whose timer was lost with it) get finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from bot.message import Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class Timers:
+    def __init__(
+        self,
+        wake: Callable[[str], None],
+        overdue: Callable[[], Awaitable[list[str]]],
+        sweep_interval_s: float,
+    ) -> None:
+        self._wake = wake
+        self._overdue = overdue
+        self._interval = sweep_interval_s
+        self._handles: dict[str, asyncio.TimerHandle] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def arm(self, conversation: str, delay_ms: int) -> None:
+        """Wake `conversation` after `delay_ms`, replacing any earlier timer for it.
+
+        The newest delay always wins: it comes from the server's latest view of the window.
+        """
+        old = self._handles.pop(conversation, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._handles[conversation] = loop.call_later(
+            max(delay_ms, 0) / 1000, self._fire, conversation
+        )
+
+    def disarm(self, conversation: str) -> None:
+        handle = self._handles.pop(conversation, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _fire(self, conversation: str) -> None:
+        self._handles.pop(conversation, None)
+        self._wake(conversation)
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="sweep")
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            # Jitter keeps replicas from sweeping in lockstep and racing for the same leases.
+            await asyncio.sleep(self._interval * random.uniform(0.5, 1.0))
+            try:
+                for conversation in await self._overdue():
+                    if conversation not in self._handles:
+                        self._wake(conversation)
+            except Unavailable as exc:
+                log.warning("sweep skipped: %s", exc)
+
+    async def stop(self) -> None:
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
