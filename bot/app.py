@@ -62,7 +62,9 @@ async def serve(settings: Settings) -> int:
         await store.close()
         if embedded:
             embedded.stop()
-        raise StartupError(f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}") from None
+        raise StartupError(
+            f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}"
+        ) from None
     try:
         return await _serve(settings, store)
     finally:

@@ -69,7 +69,9 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if len(str(self.socket)) > 100:
-            raise EmbeddedError(f"LASTWORD_DATA_DIR: path too long for a unix socket: {self.socket}")
+            raise EmbeddedError(
+                f"LASTWORD_DATA_DIR: path too long for a unix socket: {self.socket}"
+            )
         if self.socket.exists():
             if self._responds():
                 raise EmbeddedError(

@@ -118,13 +118,19 @@ class OpenAILLM:
                 permanent=True,
             ) from None
         except openai.BadRequestError as exc:
-            raise LLMError(f"the provider rejected the request: {exc.message}", permanent=True)
+            raise LLMError(
+                f"the provider rejected the request: {exc.message}", permanent=True
+            ) from None
         except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
-            raise LLMError(f"transient provider failure: {type(e).__name__}", permanent=False)
+            raise LLMError(
+                f"transient provider failure: {type(e).__name__}", permanent=False
+            ) from None
         except openai.APIStatusError as exc:
-            raise LLMError(f"provider answered {exc.status_code}", permanent=exc.status_code < 500)
+            raise LLMError(
+                f"provider answered {exc.status_code}", permanent=exc.status_code < 500
+            ) from None
         if not response.choices or not response.choices[0].message.content:
-            raise LLMError("the provider returned an empty reply", permanent=False)
+            raise LLMError("the provider returned an empty reply", permanent=False) from None
         return response.choices[0].message.content
 
 

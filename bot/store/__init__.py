@@ -246,11 +246,11 @@ class Store:
             text,
             self.starvation_limit,
         ]
-        status, value = await self._run(self._presend, keys, args)
-        status = _text(status)
+        raw_status, value = await self._run(self._presend, keys, args)
+        status = _text(raw_status)
         if status == "ok":
             return PreSend("ok", forced=bool(value))
-        return PreSend(status, next_in_ms=int(value))
+        return PreSend("stale" if status == "stale" else "lost", next_in_ms=int(value))
 
     async def commit(self, lease: Lease) -> Ended:
         k = Keys(lease.conversation)
@@ -279,7 +279,7 @@ class Store:
         return int(v or 0), int(w or 0)
 
     async def history(self, conversation: str) -> list[HistoryEntry]:
-        raw = await self.redis.lrange(Keys(conversation).history, 0, -1)  # type: ignore[misc]
+        raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(_text(h)) for h in raw]
 
     async def close(self) -> None:
