@@ -11,11 +11,12 @@ from urllib.parse import urlparse, urlunparse
 from redis.asyncio import Redis
 
 import adapters
+from adapters.base import Adapter
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
 from bot.message import Unavailable
 from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.settings import ConfigError, Settings
 from bot.store import Store
 from bot.systemd import notify
 
@@ -23,13 +24,24 @@ log = logging.getLogger("lastword")
 
 
 def redact(url: str) -> str:
-    """The URL without its password, fit for logs and error messages."""
+    """The URL without its password, fit for logs and error messages.
+
+    Works on the raw text (no port parsing), so it cannot fail on a malformed URL, and it
+    also hides a `password=` query parameter, which redis-py accepts too.
+    """
     parts = urlparse(url)
-    if parts.password is None:
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    netloc = f"{userinfo}{at}{host}"
+    query = "&".join(
+        "password=***" if pair.lower().startswith("password=") else pair
+        for pair in parts.query.split("&")
+    )
+    if (netloc, query) == (parts.netloc, parts.query):
+        # Unchanged: keep the text as given (urlunparse would turn unix:///x into unix:/x).
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunparse(parts._replace(netloc=netloc))
+    return urlunparse(parts._replace(netloc=netloc, query=query))
 
 
 class StartupError(Exception):
@@ -48,14 +60,25 @@ def make_store(settings: Settings, redis: Redis) -> Store:
 
 
 async def serve(settings: Settings) -> int:
+    # The platform first: a configuration error must not start (and stop) a server for nothing.
+    adapter = adapters.create(settings)
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
         url = settings.redis_url
     else:
         embedded = EmbeddedRedis(settings.data_dir)
-        url = await asyncio.to_thread(embedded.start)
+        # Started from the main thread on purpose: PR_SET_PDEATHSIG fires when the thread that
+        # forked the server ends, so a worker thread's exit would kill the server with it.
+        url = embedded.start()
         log.info("embedded store running at %s", url)
-    store = make_store(settings, Redis.from_url(url, socket_connect_timeout=2))
+    try:
+        client = Redis.from_url(url, socket_connect_timeout=2)
+    except ValueError as exc:
+        if embedded:
+            embedded.stop()
+        # Not the URL itself: it may carry a password, and the error text may quote it.
+        raise ConfigError(f"LASTWORD_REDIS_URL: not a valid Redis URL ({redact(url)})") from exc
+    store = make_store(settings, client)
     try:
         await store.ping()
     except Unavailable as exc:
@@ -66,14 +89,14 @@ async def serve(settings: Settings) -> int:
             f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}"
         ) from None
     try:
-        return await _serve(settings, store)
+        return await _serve(settings, store, adapter)
     finally:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
 
 
-async def _serve(settings: Settings, store: Store) -> int:
+async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     provider = settings.llm_provider
     llm = make_llm(settings.llm, provider)
     if provider == "echo" and settings.llm.provider is None:
@@ -83,7 +106,6 @@ async def _serve(settings: Settings, store: Store) -> int:
         )
     else:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
-    adapter = adapters.create(settings)
     runtime = Runtime(settings, store, llm, adapter)
     runtime.start()
 

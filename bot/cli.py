@@ -20,7 +20,11 @@ DESCRIPTION = (
 
 def settings_help() -> str:
     """Every setting as its environment variable with its default, for `run --help`."""
-    lines = ["settings (environment, .env, or TOML file at $LASTWORD_CONFIG / ./lastword.toml):"]
+    lines = [
+        "settings, highest priority first: environment, ./.env, the TOML file named by",
+        f"{ENV_PREFIX}CONFIG (else ./lastword.toml), defaults. Nested names use '__'.",
+        f"  {ENV_PREFIX + 'CONFIG':<36} default: ./lastword.toml if present",
+    ]
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
@@ -30,14 +34,19 @@ def settings_help() -> str:
                 continue
             default = "" if field.is_required() else field.get_default(call_default_factory=True)
             shown = "unset" if default is None else default
-            lines.append(f"  {prefix}{name.upper():<28} default: {shown}")
+            lines.append(f"  {prefix + name.upper():<36} default: {shown}")
 
     walk(Settings, ENV_PREFIX)
     return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="lastword", description=DESCRIPTION)
+    top = argparse.ArgumentParser(
+        prog="lastword",
+        description=DESCRIPTION,
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
         "run",

@@ -67,7 +67,12 @@ class EmbeddedRedis:
             client.close()
 
     def start(self, timeout_s: float = 10.0) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise EmbeddedError(
+                f"LASTWORD_DATA_DIR: cannot create {self.data_dir}: {exc.strerror}"
+            ) from None
         if len(str(self.socket)) > 100:
             raise EmbeddedError(
                 f"LASTWORD_DATA_DIR: path too long for a unix socket: {self.socket}"
@@ -91,13 +96,16 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--logfile", "server.log",
         ]  # fmt: skip
-        self.process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
+        try:
+            self.process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise EmbeddedError(f"cannot start the embedded server {args[0]}: {exc}") from None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -119,19 +119,28 @@ class OpenAILLM:
             ) from None
         except openai.BadRequestError as exc:
             raise LLMError(
-                f"the provider rejected the request: {exc.message}", permanent=True
+                f"the provider rejected the request (check LASTWORD_LLM__MODEL="
+                f"{self.settings.model!r}): {self._scrub(exc.message)}",
+                permanent=True,
             ) from None
         except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
             raise LLMError(
                 f"transient provider failure: {type(e).__name__}", permanent=False
             ) from None
         except openai.APIStatusError as exc:
+            # 408 and 409 are worth another try, as the client library itself treats them.
+            transient = exc.status_code >= 500 or exc.status_code in (408, 409)
             raise LLMError(
-                f"provider answered {exc.status_code}", permanent=exc.status_code < 500
+                f"provider answered {exc.status_code}", permanent=not transient
             ) from None
         if not response.choices or not response.choices[0].message.content:
             raise LLMError("the provider returned an empty reply", permanent=False) from None
         return response.choices[0].message.content
+
+    def _scrub(self, text: str) -> str:
+        """A provider's own words, fit for logs: some echo the key they were given."""
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
+        return text.replace(key, "***") if key else text
 
 
 async def complete_with_retries(llm: LLM, prompt: Prompt, retries: int, base_s: float) -> str:

@@ -9,6 +9,7 @@ field names here must not change.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
@@ -71,7 +72,10 @@ class DebounceSettings(BaseModel):
     @model_validator(mode="after")
     def _cap_covers_quiet(self) -> DebounceSettings:
         if self.max_wait_ms < self.quiet_ms:
-            raise ValueError("max_wait_ms must be at least quiet_ms")
+            raise ValueError(
+                f"{ENV_PREFIX}DEBOUNCE__MAX_WAIT_MS ({self.max_wait_ms}) must be at least "
+                f"{ENV_PREFIX}DEBOUNCE__QUIET_MS ({self.quiet_ms})"
+            )
         return self
 
 
@@ -112,9 +116,14 @@ class Settings(BaseSettings):
     def _redis_scheme(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        scheme = urlparse(value).scheme
-        if scheme not in ("redis", "rediss", "unix"):
+        parts = urlparse(value)
+        if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        try:
+            parts.port  # noqa: B018 (parsing the port is the check)
+        except ValueError:
+            # The message must not echo the URL: it may carry a password.
+            raise ValueError("the port must be a number from 0 to 65535") from None
         return value
 
     @model_validator(mode="after")
@@ -161,11 +170,15 @@ def load_settings() -> Settings:
         raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml_path}")
     try:
         return Settings()
+    except tomllib.TOMLDecodeError as exc:
+        where = f"{ENV_PREFIX}CONFIG={toml_path}" if toml_path else "./lastword.toml"
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = [str(part) for part in first["loc"]]
         message = str(first["msg"]).removeprefix("Value error, ")
-        if loc:
+        # Cross-field checks name their settings themselves.
+        if loc and not message.startswith(ENV_PREFIX):
             name = ENV_PREFIX + "__".join(loc).upper()
             raise ConfigError(f"{name}: {message}") from None
         raise ConfigError(message) from None

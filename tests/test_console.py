@@ -1,0 +1,421 @@
+"""The real `lastword run` process on the console: pipes in, replies out, the embedded store.
+
+Every test starts the bot as a subprocess with a clean environment (no LASTWORD_* from the
+developer's shell), short debounce timings and a private data directory, and talks to it over
+stdin/stdout exactly as a script or a terminal user would. The helpers here are shared by the
+other process-level test files (test_cli, test_bad_input).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from bot.embedded import EmbeddedRedis
+from bot.store import HistoryEntry, Keys
+
+CONVERSATION = "console:local"
+# Both ways of starting the bot: the module and the console script installed next to python.
+MODULE = [sys.executable, "-m", "bot", "run"]
+SCRIPT = [str(Path(sys.executable).parent / "lastword"), "run"]
+
+FAST = {
+    "LASTWORD_DEBOUNCE__QUIET_MS": "150",
+    "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1000",
+    "LASTWORD_LEASE__TTL_MS": "1500",
+    "LASTWORD_SWEEP_INTERVAL_MS": "200",
+    "LASTWORD_LLM__RETRIES": "1",
+    "LASTWORD_LLM__RETRY_BASE_S": "0.01",
+}
+
+
+def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The test runner's environment minus anything that configures lastword, plus fast
+    timings and `data_dir`; `extra` wins over both."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("LASTWORD_") and name != "NOTIFY_SOCKET"
+    }
+    env.update(FAST)
+    env["LASTWORD_DATA_DIR"] = str(data_dir)
+    env.update(extra)
+    return env
+
+
+class Bot:
+    """A running `lastword run` with its pipes; output is collected by reader threads so a
+    test can wait for a line with a deadline instead of blocking on a read."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        command: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        **more_env: str,
+    ) -> None:
+        self.data_dir = data_dir
+        self.process: subprocess.Popen[bytes] = subprocess.Popen(
+            command or MODULE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(data_dir, **{**(env or {}), **more_env}),
+            # Away from the repository: no ./.env or ./lastword.toml of the developer's.
+            cwd=data_dir.parent,
+        )
+        self._lines: list[str] = []
+        self._stderr: list[bytes] = []
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        for raw in iter(self.process.stdout.readline, b""):
+            with self._changed:
+                self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self._changed.notify_all()
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        for raw in iter(self.process.stderr.readline, b""):
+            self._stderr.append(raw)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def write(self, data: str | bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data.encode() if isinstance(data, str) else data)
+        self.process.stdin.flush()
+
+    def close_stdin(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+
+    def wait_lines(self, count: int, timeout: float = 10.0) -> list[str]:
+        """At least `count` lines of stdout; fails the test if they do not come in time."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._lines) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"waited {timeout}s for {count} lines, got {self._lines!r}; "
+                        f"stderr: {self.stderr()!r}"
+                    )
+                self._changed.wait(left)
+            return list(self._lines)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        """The exit status; the process is killed (and the test fails) if it hangs."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"lastword did not exit in {timeout}s: {self.stderr()!r}"
+            ) from None
+        for reader in self._readers:
+            reader.join(5)
+        return code
+
+    def lines(self) -> list[str]:
+        with self._changed:
+            return list(self._lines)
+
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def run_bot(
+    data_dir: Path, stdin: str | bytes, *, timeout: float = 10.0, **env: str
+) -> tuple[int, list[str], str]:
+    """Feed `stdin` then end of input; (exit status, stdout lines, stderr)."""
+    bot = Bot(data_dir, env=env)
+    try:
+        bot.write(stdin)
+        bot.close_stdin()
+        code = bot.wait(timeout)
+    finally:
+        bot.kill()
+    return code, bot.lines(), bot.stderr()
+
+
+def server_pids(data_dir: Path) -> list[int]:
+    """Processes working in `data_dir`: the embedded server of that directory (it chdirs to
+    its `--dir`; its command line is no help, as the server rewrites its process title)."""
+    wanted = data_dir.resolve()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = (entry / "cwd").readlink()
+        except OSError:
+            continue
+        if cwd == wanted:
+            pids.append(int(entry.name))
+    return pids
+
+
+def assert_no_server(data_dir: Path, timeout: float = 0.0) -> None:
+    """No embedded server is left for `data_dir` (after `timeout` at most)."""
+    deadline = time.monotonic() + timeout
+    while server_pids(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server_pids(data_dir) == []
+    assert not (data_dir / "redis.sock").exists()
+
+
+def read_store(data_dir: Path) -> tuple[tuple[int, int], list[HistoryEntry], bool]:
+    """Open the data directory the bot left behind with a fresh server (which replays the
+    AOF) and read (V, W), the history and whether a lease is held."""
+    server = EmbeddedRedis(data_dir)
+    server.start()
+    client = Redis(unix_socket_path=str(server.socket))
+    try:
+        keys = Keys(CONVERSATION)
+        v, w = client.hmget(keys.state, ["v", "w"])
+        history = [
+            HistoryEntry.from_json(raw.decode() if isinstance(raw, bytes) else raw)
+            for raw in client.lrange(keys.history, 0, -1)
+        ]
+        leased = bool(client.exists(keys.lease))
+        return (int(v or 0), int(w or 0)), history, leased
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture
+def data_dir(short_dir: Path) -> Iterator[Path]:
+    """The bot's data directory; no embedded server may be running for it afterwards."""
+    path = short_dir / "data"
+    yield path
+    leftovers = server_pids(path)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "an embedded server outlived its test"
+
+
+@pytest.fixture
+def notify_socket(short_dir: Path) -> Iterator[socket.socket]:
+    """A datagram socket standing in for systemd's `$NOTIFY_SOCKET`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(short_dir / "notify"))
+    sock.settimeout(10)
+    yield sock
+    sock.close()
+
+
+def wait_ready(sock: socket.socket) -> None:
+    """Block until the bot says READY=1 (fails after the socket's timeout)."""
+    while True:
+        if b"READY=1" in sock.recv(4096).split(b"\n"):
+            return
+
+
+@pytest.mark.parametrize("command", [MODULE, SCRIPT], ids=["python-m-bot", "lastword-script"])
+def test_three_quick_lines_get_one_reply(data_dir: Path, command: list[str]) -> None:
+    bot = Bot(data_dir, command=command)
+    try:
+        bot.write("a\nb\nc\n")
+        bot.close_stdin()
+        code = bot.wait()
+    finally:
+        bot.kill()
+    assert code == 0, bot.stderr()
+    assert bot.lines() == ["You said: a / b / c"]
+    # The embedded server was started in the data dir, and stopped with the bot.
+    assert (data_dir / "appendonlydir").is_dir()
+    assert_no_server(data_dir)
+
+
+def test_a_pause_longer_than_the_window_gives_two_replies(data_dir: Path) -> None:
+    bot = Bot(data_dir)
+    try:
+        bot.write("a\n")
+        # The first reply arriving is the proof that the window closed before "b" was typed.
+        assert bot.wait_lines(1) == ["You said: a"]
+        bot.write("b\n")
+        # End of input right away: the reply to "b" is still owed and must come first.
+        bot.close_stdin()
+        code = bot.wait()
+    finally:
+        bot.kill()
+    assert code == 0, bot.stderr()
+    assert bot.lines() == ["You said: a", "You said: b"]
+    assert_no_server(data_dir)
+
+
+def test_end_of_input_waits_for_a_long_window(data_dir: Path) -> None:
+    # A window far longer than it takes to close stdin: exiting early would lose the reply.
+    code, lines, stderr = run_bot(
+        data_dir,
+        "only\n",
+        LASTWORD_DEBOUNCE__QUIET_MS="1000",
+        LASTWORD_DEBOUNCE__MAX_WAIT_MS="2000",
+    )
+    assert code == 0, stderr
+    assert lines == ["You said: only"]
+
+
+def test_history_persists_across_runs(data_dir: Path) -> None:
+    code, lines, stderr = run_bot(data_dir, "first\n")
+    assert (code, lines) == (0, ["You said: first"]), stderr
+    code, lines, stderr = run_bot(data_dir, "second\n")
+    assert (code, lines) == (0, ["You said: second"]), stderr
+    assert_no_server(data_dir)
+
+    counters, history, leased = read_store(data_dir)
+    assert counters == (2, 2)
+    assert [(h.role, h.text) for h in history] == [
+        ("user", "first"),
+        ("assistant", "You said: first"),
+        ("user", "second"),
+        ("assistant", "You said: second"),
+    ]
+    assert not leased
+
+
+def test_sigterm_mid_generation_exits_promptly_and_loses_nothing(
+    data_dir: Path, notify_socket: socket.socket
+) -> None:
+    # The echo model "thinks" for 20 s, so the SIGTERM surely lands mid-generation.
+    bot = Bot(
+        data_dir, NOTIFY_SOCKET=notify_socket.getsockname(), LASTWORD_LLM__ECHO_DELAY_MS="20000"
+    )
+    try:
+        wait_ready(notify_socket)
+        bot.write("pending\n")
+        lease = Keys(CONVERSATION).lease
+        client = Redis(unix_socket_path=str(data_dir / "redis.sock"))
+        try:
+            deadline = time.monotonic() + 5
+            while not client.exists(lease):
+                assert time.monotonic() < deadline, "no cycle took the lease"
+                time.sleep(0.02)
+        finally:
+            client.close()
+        started = time.monotonic()
+        bot.process.send_signal(signal.SIGTERM)
+        code = bot.wait(10)
+        took = time.monotonic() - started
+    finally:
+        bot.kill()
+    assert code == 0, bot.stderr()
+    assert took < 10
+    assert bot.lines() == []  # the reply was never sent...
+    assert "Traceback" not in bot.stderr()
+    assert_no_server(data_dir)
+
+    # ...but the message is safe in the store and the lease was handed back, not left to expire.
+    counters, history, leased = read_store(data_dir)
+    assert counters == (1, 0)
+    assert history == []
+    assert not leased
+
+    # The next run owes that reply and delivers it before it honours end of input.
+    code, lines, stderr = run_bot(data_dir, "")
+    assert code == 0, stderr
+    assert lines == ["You said: pending"]
+
+
+def test_ctrl_c_exits_cleanly(data_dir: Path, notify_socket: socket.socket) -> None:
+    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname())
+    try:
+        wait_ready(notify_socket)
+        bot.process.send_signal(signal.SIGINT)
+        code = bot.wait(10)
+    finally:
+        bot.kill()
+    assert code == 0, bot.stderr()
+    assert "Traceback" not in bot.stderr()
+    assert "KeyboardInterrupt" not in bot.stderr()
+    assert_no_server(data_dir)
+
+
+def test_ready_is_sent_over_notify_socket_once_accepting(
+    data_dir: Path, notify_socket: socket.socket
+) -> None:
+    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname())
+    try:
+        wait_ready(notify_socket)
+        # Ready means accepting: a message sent now is answered.
+        bot.write("hello\n")
+        assert bot.wait_lines(1) == ["You said: hello"]
+        bot.close_stdin()
+        code = bot.wait()
+        assert notify_socket.recv(4096) == b"STOPPING=1"
+    finally:
+        bot.kill()
+    assert code == 0, bot.stderr()
+
+
+def test_startup_says_it_uses_the_offline_echo_model(data_dir: Path) -> None:
+    code, _, stderr = run_bot(data_dir, "")
+    assert code == 0, stderr
+    assert "no LLM configured" in stderr
+    assert "offline echo model" in stderr
+
+
+def test_embedded_server_dies_with_a_killed_bot(
+    data_dir: Path, notify_socket: socket.socket
+) -> None:
+    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname())
+    try:
+        wait_ready(notify_socket)
+        assert len(server_pids(data_dir)) == 1
+        bot.process.send_signal(signal.SIGKILL)
+        bot.wait()
+    finally:
+        bot.kill()
+    # No clean-up code ran in the bot: PR_SET_PDEATHSIG alone must take the server down.
+    deadline = time.monotonic() + 5
+    while server_pids(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server_pids(data_dir) == []
+
+
+def test_a_second_bot_on_the_same_data_dir_is_refused(
+    data_dir: Path, notify_socket: socket.socket
+) -> None:
+    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname())
+    try:
+        wait_ready(notify_socket)
+        code, lines, stderr = run_bot(data_dir, "")
+        assert code == 1
+        assert lines == []
+        assert "LASTWORD_DATA_DIR" in stderr
+        assert "Traceback" not in stderr
+        # The first bot is unharmed.
+        bot.write("still here\n")
+        assert bot.wait_lines(1) == ["You said: still here"]
+        bot.close_stdin()
+        assert bot.wait() == 0
+    finally:
+        bot.kill()

@@ -1,0 +1,349 @@
+"""The LLM layer: the prompt a cycle builds, the echo model, the OpenAI client against a loopback
+fake of the provider, the retry policy, and the apology a cycle sends when the model fails.
+
+The OpenAI tests drive the real `openai` client over HTTP, so status codes, timeouts and error
+bodies reach `OpenAILLM` exactly as a real provider's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.app import make_store
+from bot.cycle import APOLOGY
+from bot.llm import (
+    FOLD_HEADER,
+    EchoLLM,
+    LLMError,
+    OpenAILLM,
+    Prompt,
+    Turn,
+    complete_with_retries,
+)
+from bot.message import InboundMessage
+from bot.runtime import Runtime
+from bot.settings import LLMSettings
+from tests.conftest import SettingsFactory
+from tests.fakes.openai_server import FakeOpenAI, ScriptedError
+from tests.fakes.outbound import RecordingOutbound
+
+# Distinctive, so that finding it anywhere in logs or errors cannot be a coincidence.
+KEY = "sk-test-9f3a-DO-NOT-LOG-71c2"
+MODEL = "test-model"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+def llm_config(fake: FakeOpenAI, **overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "provider": "openai",
+        "base_url": fake.base_url,
+        "api_key": KEY,
+        "model": MODEL,
+        "timeout_s": 5.0,
+        "retries": 2,
+        "retry_base_s": 0.01,
+    }
+    values.update(overrides)
+    return values
+
+
+def openai_llm(fake: FakeOpenAI, **overrides: Any) -> OpenAILLM:
+    return OpenAILLM(LLMSettings(**llm_config(fake, **overrides)))
+
+
+def prompt(*unanswered: str) -> Prompt:
+    return Prompt(system="Be brief.", history=(), unanswered=unanswered)
+
+
+def assert_key_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # Something must have been captured, or the check below would pass vacuously.
+    assert caplog.records
+    assert KEY not in caplog.text
+    assert all(KEY not in repr(record.args) for record in caplog.records)
+
+
+# -- Prompt and echo ------------------------------------------------------------------------
+
+
+def test_prompt_merges_history_and_folds_unanswered_into_one_user_turn() -> None:
+    history = (
+        Turn("user", "hi"),
+        Turn("user", "are you there?"),
+        Turn("assistant", "Yes."),
+        Turn("assistant", "How can I help?"),
+        Turn("user", "weather?"),
+        Turn("assistant", "Sunny."),
+    )
+    messages = Prompt("sys", history, ("A", "B", "C")).messages()
+    assert messages == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi\nare you there?"},
+        {"role": "assistant", "content": "Yes.\nHow can I help?"},
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": f"{FOLD_HEADER}\n1. A\n2. B\n3. C"},
+    ]
+
+
+def test_prompt_single_message_is_not_wrapped() -> None:
+    messages = Prompt("sys", (), ("just this",)).messages()
+    assert messages == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "just this"},
+    ]
+
+
+def test_prompt_roles_alternate_even_after_a_trimmed_history() -> None:
+    # A history cut short can end on a user turn; the fold must still be a turn of its own
+    # and the roles must still alternate, which some OpenAI-compatible servers insist on.
+    messages = Prompt("sys", (Turn("assistant", "old"), Turn("user", "q")), ("A", "B")).messages()
+    roles = [m["role"] for m in messages]
+    assert roles[0] == "system"
+    assert all(a != b for a, b in itertools.pairwise(roles[1:]))
+    assert messages[-1] == {"role": "user", "content": f"{FOLD_HEADER}\n1. A\n2. B"}
+    assert messages[2] == {"role": "user", "content": "q"}
+
+
+async def test_echo_answers_with_the_folded_messages_deterministically() -> None:
+    llm = EchoLLM()
+    first = await llm.complete(prompt("A", "B", "C"))
+    assert first == "You said: A / B / C"
+    assert await llm.complete(prompt("A", "B", "C")) == first
+    assert await EchoLLM(delay_ms=20).complete(prompt("solo")) == "You said: solo"
+
+
+# -- OpenAILLM against the fake provider -----------------------------------------------------
+
+
+async def test_plain_completion_returns_the_text(fake: FakeOpenAI) -> None:
+    fake.reply = lambda request: "Hello from the model."
+    asked = Prompt("Be brief.", (Turn("user", "earlier"), Turn("assistant", "ok")), ("A", "B"))
+    assert await openai_llm(fake).complete(asked) == "Hello from the model."
+    [request] = fake.requests
+    assert request.model == MODEL
+    assert request.api_key == KEY
+    assert request.messages == asked.messages()
+    assert request.stream is False
+
+
+async def test_timeout_is_transient_and_hangs_up(fake: FakeOpenAI) -> None:
+    fake.delay_s = 3.0
+    started = time.monotonic()
+    with pytest.raises(LLMError) as caught:
+        await openai_llm(fake, timeout_s=0.2).complete(prompt("slow?"))
+    assert caught.value.permanent is False
+    assert time.monotonic() - started < 2.0
+    # The client gave up on the request rather than waiting for the tokens.
+    await fake.wait_for_request(lambda r: r.cancelled, timeout=5)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [FakeOpenAI.server_error(), FakeOpenAI.rate_limited(0)],
+    ids=["500", "429"],
+)
+async def test_server_errors_and_rate_limits_are_transient(
+    fake: FakeOpenAI, error: ScriptedError, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.fail_next(error)
+    with pytest.raises(LLMError) as caught:
+        await openai_llm(fake, retries=0).complete(prompt("hi"))
+    assert caught.value.permanent is False
+    assert len(fake.requests) == 1
+    assert KEY not in str(caught.value)
+    assert_key_not_logged(caplog)
+
+
+def key_echoing_401() -> ScriptedError:
+    # Real providers quote (part of) the key they were given; it must not reach our logs.
+    return ScriptedError(
+        status=401,
+        body={
+            "error": {
+                "message": f"Incorrect API key provided: {KEY}.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        },
+    )
+
+
+def key_echoing_400() -> ScriptedError:
+    return ScriptedError(
+        status=400,
+        body={
+            "error": {
+                "message": f"Invalid request made with key {KEY}: context too long.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": None,
+            }
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "setting"),
+    [
+        (FakeOpenAI.unauthorized(), "LASTWORD_LLM__API_KEY"),
+        (key_echoing_401(), "LASTWORD_LLM__API_KEY"),
+        (FakeOpenAI.model_not_found(), "LASTWORD_LLM__MODEL"),
+        (FakeOpenAI.context_length(), "LASTWORD_LLM__MODEL"),
+        (key_echoing_400(), "LASTWORD_LLM__MODEL"),
+    ],
+    ids=["401", "401-echoing-key", "404", "400", "400-echoing-key"],
+)
+async def test_client_errors_are_permanent_and_name_the_setting(
+    fake: FakeOpenAI, error: ScriptedError, setting: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.fail_next(error)
+    with pytest.raises(LLMError) as caught:
+        await openai_llm(fake).complete(prompt("hi"))
+    assert caught.value.permanent is True
+    assert setting in str(caught.value)
+    assert KEY not in str(caught.value)
+    # The error is raised `from None`: no chained provider exception carries the key along.
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+    logging.getLogger("test").error("failed: %s", caught.value)
+    assert_key_not_logged(caplog)
+
+
+# -- the retry policy ------------------------------------------------------------------------
+
+
+async def test_transient_failures_are_retried_with_backoff(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.reply = lambda request: "third time lucky"
+    fake.fail_next(FakeOpenAI.server_error(), FakeOpenAI.server_error())
+    base_s = 0.05
+    answer = await complete_with_retries(openai_llm(fake), prompt("hi"), retries=3, base_s=base_s)
+    assert answer == "third time lucky"
+    assert len(fake.requests) == 3
+    starts = [r.started_at for r in fake.requests]
+    # Jitter is 0.5-1.5x of base * 2**attempt, so each wait is at least half of that.
+    assert starts[1] - starts[0] >= base_s * 0.5
+    assert starts[2] - starts[1] >= base_s * 2 * 0.5
+    retried = [r for r in caplog.records if r.name == "bot.llm" and r.levelno == logging.WARNING]
+    assert len(retried) == 2
+    assert_key_not_logged(caplog)
+
+
+async def test_retries_give_up_after_the_limit(fake: FakeOpenAI) -> None:
+    # One more failure queued than the limit allows: a fourth attempt would succeed instead.
+    fake.fail_next(*(FakeOpenAI.server_error() for _ in range(3)))
+    with pytest.raises(LLMError) as caught:
+        await complete_with_retries(openai_llm(fake), prompt("hi"), retries=2, base_s=0.01)
+    assert caught.value.permanent is False
+    assert len(fake.requests) == 3
+
+
+async def test_permanent_failures_are_not_retried(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.fail_next(FakeOpenAI.unauthorized())
+    with pytest.raises(LLMError) as caught:
+        await complete_with_retries(openai_llm(fake), prompt("hi"), retries=3, base_s=0.01)
+    assert caught.value.permanent is True
+    assert len(fake.requests) == 1
+    assert_key_not_logged(caplog)
+
+
+# -- the apology, end to end in one process --------------------------------------------------
+
+
+def message(n: int) -> InboundMessage:
+    return InboundMessage("test", "1", "u1", f"m{n}", f"text {n}")
+
+
+async def run_burst_against_failing_model(
+    fake: FakeOpenAI, redis: Redis, make_settings: SettingsFactory, *errors: ScriptedError
+) -> tuple[Runtime, RecordingOutbound]:
+    settings = make_settings(llm=llm_config(fake))
+    outbound = RecordingOutbound()
+    runtime = Runtime(settings, make_store(settings, redis), OpenAILLM(settings.llm), outbound)
+    fake.fail_next(*errors)
+    runtime.start()
+    for n in (1, 2, 3):
+        assert await runtime.ingest(message(n))
+    async with asyncio.timeout(10):
+        await runtime.settled("test:1")
+    return runtime, outbound
+
+
+async def test_permanent_failure_sends_one_apology_covering_the_burst(
+    fake: FakeOpenAI,
+    redis: Redis,
+    make_settings: SettingsFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    # Only one request is expected: a retry would get a real answer, not an apology.
+    runtime, outbound = await run_burst_against_failing_model(
+        fake, redis, make_settings, key_echoing_401()
+    )
+    try:
+        assert outbound.texts() == [APOLOGY]
+        assert len(fake.requests) == 1
+        assert fake.requests[0].last_user_text == f"{FOLD_HEADER}\n1. text 1\n2. text 2\n3. text 3"
+        assert await runtime.store.counters("test:1") == (3, 3)
+        assert runtime.stats.apologies == 1
+        assert any(
+            r.levelno == logging.ERROR and "LASTWORD_LLM__API_KEY" in r.getMessage()
+            for r in caplog.records
+        )
+
+        # The provider has recovered: the next message gets a real answer, with the apology
+        # in the history as the reply that covered the burst.
+        assert await runtime.ingest(message(4))
+        async with asyncio.timeout(10):
+            await runtime.settled("test:1")
+        assert outbound.texts() == [APOLOGY, "You said: text 4"]
+        assert await runtime.store.counters("test:1") == (4, 4)
+        assert fake.requests[1].messages[1:] == [
+            {"role": "user", "content": "text 1\ntext 2\ntext 3"},
+            {"role": "assistant", "content": APOLOGY},
+            {"role": "user", "content": "text 4"},
+        ]
+    finally:
+        await runtime.stop()
+    assert_key_not_logged(caplog)
+
+
+async def test_exhausted_transient_failures_also_end_in_one_apology(
+    fake: FakeOpenAI,
+    redis: Redis,
+    make_settings: SettingsFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    # retries=2: three attempts, all failing, then the apology rather than retrying forever.
+    runtime, outbound = await run_burst_against_failing_model(
+        fake, redis, make_settings, *(FakeOpenAI.server_error() for _ in range(3))
+    )
+    try:
+        assert outbound.texts() == [APOLOGY]
+        assert len(fake.requests) == 3
+        assert await runtime.store.counters("test:1") == (3, 3)
+    finally:
+        await runtime.stop()
+    assert_key_not_logged(caplog)

@@ -1,0 +1,648 @@
+"""The invariants with real processes: several replicas (``tests/replica.py``, each its own OS
+process) share one real server and one fake LLM, and are fed over the normalized interface.
+
+The fake LLM answers with the message tokens (``c<conv>m<n>``) it finds in the last user turn,
+the one that folds the unanswered messages, so every delivered reply says exactly which
+messages it covers. From the replies the replicas print, and from the store's own state, each
+test checks, per conversation:
+
+- I1: no message is covered by two delivered replies; reply versions strictly increase;
+- I3: every accepted message is covered, within max_wait + LLM time + lease TTL + sweep
+  interval (plus scheduling slack for a busy CI machine);
+- I5: V equals the number of distinct messages, however many times each was delivered;
+- I6: the history holds every answered message and every reply, in order, matching what
+  was delivered.
+
+Then the same under failure: a replica killed with SIGKILL mid-generation, and a lease holder
+paused with SIGSTOP past its lease and resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.embedded import EmbeddedRedis
+from bot.message import InboundMessage
+from bot.store import Keys
+from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 20240611
+
+# The replicas' timings. Short, so failures and recoveries happen within seconds, but with the
+# same proportions as production: quiet < max_wait < lease TTL.
+QUIET_MS = 200
+MAX_WAIT_MS = 600
+TTL_MS = 1500
+SWEEP_MS = 200
+# The fake LLM's thinking time: long enough that messages sometimes land mid-generation.
+LLM_DELAY_S = 0.05
+# What one LLM call may take end to end: the fake's delay plus the client's own overhead.
+LLM_TIME_MS = 300
+# Three replicas, the server and the test share two cores in CI; allow for scheduling delays.
+SLACK_MS = 1000
+I3_BOUND_S = (MAX_WAIT_MS + LLM_TIME_MS + TTL_MS + SWEEP_MS + SLACK_MS) / 1000
+
+TOKEN = re.compile(r"\bc\d+m\d+\b")
+PLATFORM = "pipe"
+
+Event = dict[str, Any]
+
+
+def tokens(text: str) -> list[str]:
+    return TOKEN.findall(text)
+
+
+def covering_reply(request: RecordedRequest) -> str:
+    """The fake LLM's answer: the tokens of the messages it was asked to answer, in order."""
+    return "covers " + " ".join(tokens(request.last_user_text))
+
+
+class Generations:
+    """The fake LLM's reply function, remembering when each request was answered, so a test
+    can check that no two generations for one conversation were ever in flight at once."""
+
+    def __init__(self) -> None:
+        self.answered_at: dict[int, float] = {}
+
+    def __call__(self, request: RecordedRequest) -> str:
+        self.answered_at[id(request)] = time.monotonic()
+        return covering_reply(request)
+
+    def assert_one_at_a_time(self, requests: list[RecordedRequest], delay_s: float) -> None:
+        """I4: a conversation's next generation starts only after the previous one's answer
+        left the fake (its lease ends after that), whichever replicas made them."""
+        by_conversation: dict[str, list[RecordedRequest]] = {}
+        for request in requests:
+            conversations = {conversation_of(t) for t in tokens(request.last_user_text)}
+            assert len(conversations) == 1, f"one prompt, several conversations: {conversations}"
+            by_conversation.setdefault(conversations.pop(), []).append(request)
+        for conversation, ordered in by_conversation.items():
+            ordered.sort(key=lambda r: r.started_at)
+            for before, after in itertools.pairwise(ordered):
+                ended = self.answered_at[id(before)] + delay_s
+                assert after.started_at >= ended, (
+                    f"{conversation}: {after.api_key} generated while {before.api_key} still was"
+                )
+
+
+def conversation_of(token: str) -> str:
+    return f"{PLATFORM}:{token[1 : token.index('m')]}"
+
+
+def message(conv: int, n: int) -> InboundMessage:
+    token = f"c{conv}m{n}"
+    return InboundMessage(PLATFORM, str(conv), f"u{conv}", token, f"about {token}, please")
+
+
+def replica_env(name: str, redis_url: str, llm_url: str, workdir: Path) -> dict[str, str]:
+    # The developer's own LASTWORD_* settings must not leak into the replicas.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "LASTWORD_REDIS_URL": redis_url,
+            "LASTWORD_DATA_DIR": str(workdir / "data"),
+            "LASTWORD_LLM__PROVIDER": "openai",
+            "LASTWORD_LLM__BASE_URL": llm_url,
+            "LASTWORD_LLM__API_KEY": name,
+            "LASTWORD_LLM__TIMEOUT_S": "10",
+            "LASTWORD_LLM__RETRIES": "2",
+            "LASTWORD_LLM__RETRY_BASE_S": "0.05",
+            "LASTWORD_DEBOUNCE__QUIET_MS": str(QUIET_MS),
+            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(MAX_WAIT_MS),
+            "LASTWORD_LEASE__TTL_MS": str(TTL_MS),
+            "LASTWORD_SWEEP_INTERVAL_MS": str(SWEEP_MS),
+            # Every entry must stay visible for the history check.
+            "LASTWORD_HISTORY_CAP": "1000",
+        }
+    )
+    return env
+
+
+@dataclass
+class Replica:
+    name: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+    reader: asyncio.Task[None] | None = None
+
+
+class Cluster:
+    """Replica processes and everything they printed, in arrival order."""
+
+    def __init__(self, server: EmbeddedRedis, fake: FakeOpenAI, workdir: Path, size: int) -> None:
+        self.server = server
+        self.fake = fake
+        self.workdir = workdir
+        self.size = size
+        self.replicas: dict[str, Replica] = {}
+        self.events: list[Event] = []
+        self.ingested: dict[tuple[str, str], Event] = {}
+        self._changed = asyncio.Event()
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.replicas)
+
+    def alive(self) -> list[str]:
+        return [n for n in self.names if self.replicas[n].process.returncode is None]
+
+    async def __aenter__(self) -> Cluster:
+        try:
+            for index in range(self.size):
+                await self._spawn(f"r{index}")
+            await self.wait_for(
+                lambda: {e["replica"] for e in self.of("ready")} == set(self.replicas),
+                timeout=30,
+                what="every replica to be ready",
+            )
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+        if exc is not None:
+            # Shown by pytest with the failure: what each replica logged.
+            print(self.diagnostics())
+
+    async def _spawn(self, name: str) -> None:
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("wb") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.replica",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_file,
+                env=replica_env(name, self.server.url, self.fake.base_url, self.workdir),
+                # Away from the repository, so no .env or lastword.toml there is picked up.
+                cwd=self.workdir,
+            )
+        replica = Replica(name, process, log_path)
+        self.replicas[name] = replica
+        replica.reader = asyncio.create_task(self._read(replica), name=f"read {name}")
+
+    async def _read(self, replica: Replica) -> None:
+        assert replica.process.stdout is not None
+        async for line in replica.process.stdout:
+            event: Event = json.loads(line)
+            event.setdefault("replica", replica.name)
+            self.events.append(event)
+            if event["event"] == "ingested":
+                self.ingested[(replica.name, event["message_id"])] = event
+            self._notify()
+        self.events.append({"event": "eof", "replica": replica.name})
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:  # noqa: ASYNC109
+        """Wait until `predicate` holds; it is re-checked whenever a replica prints a line."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate():
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+    def of(self, kind: str, replica: str | None = None) -> list[Event]:
+        return [e for e in self.events if e["event"] == kind and replica in (None, e["replica"])]
+
+    def sent(self, conversation: str | None = None) -> list[Event]:
+        return [e for e in self.of("sent") if conversation in (None, e["conversation"])]
+
+    def covered(self) -> set[str]:
+        return {token for e in self.sent() for token in tokens(e["text"])}
+
+    def stats(self, replica: str) -> Event:
+        reports = self.of("stats", replica)
+        return reports[-1] if reports else {}
+
+    async def deliver(self, name: str, msg: InboundMessage) -> bool:
+        """Hand `msg` to replica `name` as its platform would; True if it was accepted."""
+        stdin = self.replicas[name].process.stdin
+        assert stdin is not None
+        stdin.write(msg.to_json().encode() + b"\n")
+        await stdin.drain()
+        key = (name, msg.message_id)
+        await self.wait_for(lambda: key in self.ingested, 10, f"{name} to ingest {key[1]}")
+        return bool(self.ingested[key]["accepted"])
+
+    def signal(self, name: str, signum: int) -> None:
+        self.replicas[name].process.send_signal(signum)
+
+    async def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+        await self.replicas[name].process.wait()
+
+    async def terminate(self, name: str) -> int:
+        """Stop a replica the way systemd would; returns its exit status."""
+        replica = self.replicas[name]
+        self.signal(name, signal.SIGTERM)
+        async with asyncio.timeout(10):
+            code = await replica.process.wait()
+            if replica.reader is not None:
+                await replica.reader
+        return code
+
+    async def close(self) -> None:
+        for replica in self.replicas.values():
+            if replica.process.returncode is None:
+                # SIGKILL also ends a process that is stopped with SIGSTOP.
+                replica.process.kill()
+            await replica.process.wait()
+            if replica.reader is not None:
+                replica.reader.cancel()
+                await asyncio.gather(replica.reader, return_exceptions=True)
+
+    def diagnostics(self) -> str:
+        out = []
+        for replica in self.replicas.values():
+            lines = replica.log_path.read_text(errors="replace").splitlines()
+            out.append(f"--- {replica.name} (last lines of its log)\n" + "\n".join(lines[-30:]))
+        return "\n".join(out)
+
+
+async def poll_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:  # noqa: ASYNC109
+    """For state that lives in the server, which prints no events: poll with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def quiescent(redis: Redis, conversations: Iterable[str]) -> bool:
+    """Nothing owed, held, half-sent or scheduled for any of `conversations`."""
+    for conversation in conversations:
+        k = Keys(conversation)
+        v, w = await redis.hmget(k.state, ["v", "w"])
+        if v != w or await redis.exists(k.lease, k.outbox):
+            return False
+        if await redis.zscore(k.due, conversation) is not None:
+            return False
+    return True
+
+
+def accepted_times(cluster: Cluster) -> dict[str, float]:
+    """When each message was taken in. Asserts that, among all deliveries of one message to
+    any replicas, exactly one was accepted (the others were dropped as redeliveries)."""
+    by_message: dict[str, list[Event]] = {}
+    for event in cluster.of("ingested"):
+        by_message.setdefault(event["message_id"], []).append(event)
+    times = {}
+    for message_id, events in by_message.items():
+        accepted = [e for e in events if e["accepted"]]
+        assert len(accepted) == 1, f"{message_id} accepted {len(accepted)} times: {events}"
+        times[message_id] = float(accepted[0]["t"])
+    return times
+
+
+@dataclass(frozen=True)
+class Reply:
+    replica: str
+    text: str
+    version: int
+    t: float
+
+    @property
+    def tokens(self) -> list[str]:
+        return tokens(self.text)
+
+
+async def check_conversation(
+    redis: Redis,
+    conversation: str,
+    accepted: dict[str, float],
+    sent: list[Event],
+    *,
+    since: float = 0.0,
+) -> list[Reply]:
+    """Assert I1, I3, I5 and I6 for one conversation; returns its replies in delivery order.
+
+    `accepted` maps this conversation's message ids to when they were accepted; latency for
+    I3 is counted from that moment, or from `since` if later (the end of a deliberate hold).
+    """
+    replies: list[Reply] = []
+    keys = [e["key"] for e in sent]
+    assert len(keys) == len(set(keys)), f"{conversation}: a reply part went out twice: {keys}"
+    for event in sorted(sent, key=lambda e: float(e["t"])):
+        conv, version, part = str(event["key"]).rsplit(":", 2)
+        assert conv == conversation
+        # Replies here are far below the platform limit, so each is exactly one part.
+        assert part == "0", f"{conversation}: unexpected split reply {event}"
+        replies.append(Reply(event["replica"], event["text"], int(version), float(event["t"])))
+
+    # I1: versions strictly increase, and no message is covered twice.
+    versions = [r.version for r in replies]
+    assert versions == sorted(set(versions)), f"{conversation}: versions {versions}"
+    covered = [token for r in replies for token in r.tokens]
+    assert len(covered) == len(set(covered)), f"{conversation}: covered twice: {covered}"
+
+    # I3: every accepted message covered, nothing else, and in time.
+    assert set(covered) == set(accepted), (
+        f"{conversation}: covered {sorted(covered)}, accepted {sorted(accepted)}"
+    )
+    for reply in replies:
+        for token in reply.tokens:
+            latency = reply.t - max(accepted[token], since)
+            assert latency <= I3_BOUND_S, (
+                f"{conversation}: {token} answered after {latency:.2f}s > {I3_BOUND_S}s"
+            )
+
+    # I5: V counts distinct messages, however often they were delivered; all answered.
+    raw_v, raw_w = await redis.hmget(Keys(conversation).state, ["v", "w"])
+    v, w = int(raw_v or 0), int(raw_w or 0)
+    assert v == len(accepted), f"{conversation}: V={v} for {len(accepted)} messages"
+    assert w == v, f"{conversation}: W={w} but V={v}"
+
+    # I6: the history is every answered message then its reply, in order, as delivered.
+    history = [json.loads(raw) for raw in await redis.lrange(Keys(conversation).history, 0, -1)]
+    groups: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    users: list[dict[str, Any]] = []
+    for entry in history:
+        if entry["role"] == "user":
+            users.append(entry)
+        else:
+            groups.append((users, entry))
+            users = []
+    assert not users, f"{conversation}: answered messages without a reply in history: {users}"
+    user_versions = [u["v"] for g, _ in groups for u in g]
+    assert user_versions == list(range(1, len(accepted) + 1)), (
+        f"{conversation}: history user versions {user_versions}"
+    )
+    assert len(groups) == len(replies), f"{conversation}: {len(groups)} in history, {replies}"
+    for (group, answer), reply in zip(groups, replies, strict=True):
+        assert answer["text"] == reply.text
+        assert answer["v"] == reply.version == group[-1]["v"]
+        # The reply covers exactly the messages it follows, folded in arrival order.
+        assert reply.tokens == [u["message"]["message_id"] for u in group]
+    return replies
+
+
+async def settle(
+    cluster: Cluster,
+    redis: Redis,
+    messages: Iterable[str],
+    timeout: float,  # noqa: ASYNC109
+) -> None:
+    """Wait until every message is covered by a delivered reply and the store is quiet: after
+    that, no replica has any reason to send anything more."""
+    wanted = set(messages)
+    try:
+        await cluster.wait_for(lambda: wanted <= cluster.covered(), timeout, "replies")
+    except AssertionError as exc:
+        missing = sorted(wanted - cluster.covered())
+        raise AssertionError(f"{exc}: never answered: {missing}") from None
+    conversations = {conversation_of(m) for m in wanted}
+    # A replica that lost a race for the lease looks again when it would expire.
+    await poll_until(
+        lambda: quiescent(redis, conversations), (TTL_MS + SWEEP_MS) / 1000 + 5, "quiet store"
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    gap_s: float  # pause before this message, as the user typed
+    message: InboundMessage
+    targets: tuple[str, ...]  # replicas the platform delivers it to; more than one = redelivery
+
+
+def plan_workload(rng: random.Random, names: list[str], conversations: int) -> list[list[Step]]:
+    """Bursts of 1-5 messages per conversation. Gaps inside a burst straddle `quiet` (some
+    extend the window, some let it close); gaps between bursts straddle `max_wait`. One
+    message in five is redelivered to a second replica."""
+    quiet, cap = QUIET_MS / 1000, MAX_WAIT_MS / 1000
+    plans = []
+    for conv in range(conversations):
+        steps = []
+        n = 0
+        for burst in range(rng.randint(2, 4)):
+            gap = rng.uniform(0.1, 1.5 * cap) if burst else rng.uniform(0, 0.3)
+            for index in range(rng.randint(1, 5)):
+                if index:
+                    gap = rng.uniform(0.01, 0.8 * quiet) if rng.random() < 0.7 else quiet * 1.3
+                n += 1
+                targets = [rng.choice(names)]
+                if rng.random() < 0.2:
+                    targets.append(rng.choice([name for name in names if name != targets[0]]))
+                steps.append(Step(gap, message(conv, n), tuple(targets)))
+        plans.append(steps)
+    return plans
+
+
+async def play(cluster: Cluster, steps: list[Step]) -> None:
+    for step in steps:
+        # Deliberate: the user's typing rhythm is what the workload is about.
+        await asyncio.sleep(step.gap_s)
+        await asyncio.gather(*(cluster.deliver(name, step.message) for name in step.targets))
+
+
+async def test_random_bursts_across_replicas(
+    server: EmbeddedRedis, redis: Redis, short_dir: Path
+) -> None:
+    rng = random.Random(SEED)
+    generations = Generations()
+    async with (
+        FakeOpenAI(reply=generations) as fake,
+        Cluster(server, fake, short_dir, size=3) as cluster,
+    ):
+        fake.delay_s = LLM_DELAY_S
+        plans = plan_workload(rng, cluster.names, conversations=12)
+        await asyncio.gather(*(play(cluster, steps) for steps in plans))
+        messages = [step.message.message_id for steps in plans for step in steps]
+        await settle(cluster, redis, messages, timeout=I3_BOUND_S + 5)
+        for name in cluster.names:
+            assert await cluster.terminate(name) == 0, f"{name} did not stop cleanly"
+
+        accepted = accepted_times(cluster)
+        assert set(accepted) == set(messages)
+        redelivered = sum(len(step.targets) > 1 for steps in plans for step in steps)
+        assert redelivered > 0, "the seed must exercise redelivery"
+        replies = 0
+        for conv, steps in enumerate(plans):
+            conversation = f"{PLATFORM}:{conv}"
+            ids = {step.message.message_id for step in steps}
+            mine = {m: t for m, t in accepted.items() if m in ids}
+            replies += len(
+                await check_conversation(redis, conversation, mine, cluster.sent(conversation))
+            )
+        generations.assert_one_at_a_time(fake.requests, LLM_DELAY_S)
+        # The debounce must actually fold bursts: far fewer replies than messages.
+        assert replies < len(messages)
+        assert len({e["replica"] for e in cluster.sent()}) > 1, "replies came from one replica"
+
+
+async def test_kill_9_mid_generation(server: EmbeddedRedis, redis: Redis, short_dir: Path) -> None:
+    rng = random.Random(SEED + 1)
+    conversations = 6
+    async with (
+        FakeOpenAI(reply=covering_reply) as fake,
+        Cluster(server, fake, short_dir, size=3) as cluster,
+    ):
+        names = cluster.names
+        fake.hold()
+
+        # Each conversation's first burst reaches one "home" replica only, so when a home dies
+        # holding a conversation nobody else has heard of, only the sweep can recover it.
+        def home(conv: int) -> str:
+            return names[conv % len(names)]
+
+        async def burst(conv: int) -> None:
+            for n in (1, 2, 3):
+                assert await cluster.deliver(home(conv), message(conv, n))
+
+        await asyncio.gather(*(burst(c) for c in range(conversations)))
+
+        def held_by(request: RecordedRequest) -> int:
+            (conv,) = {
+                int(conversation_of(t).split(":")[1]) for t in tokens(request.last_user_text)
+            }
+            return conv
+
+        # Every conversation is now mid-generation somewhere.
+        await fake.wait_for_request(
+            lambda _: {held_by(r) for r in fake.requests} == set(range(conversations)),
+            timeout=10,
+        )
+        # Odd conversations get no further message: a victim's odd one is an orphan.
+        orphans = [r for r in fake.requests if held_by(r) % 2 and r.api_key == home(held_by(r))]
+        assert orphans, "no home replica is generating its own odd conversation"
+        victim_request = orphans[0]
+        victim = victim_request.api_key
+        victim_held = {held_by(r) for r in fake.requests if r.api_key == victim}
+        await cluster.kill(victim)
+        survivors = cluster.alive()
+        assert victim not in survivors and len(survivors) == len(names) - 1
+
+        # One more message to each even conversation, through the survivors: their drafts in
+        # flight are now stale.
+        evens = range(0, conversations, 2)
+        await asyncio.gather(
+            *(cluster.deliver(rng.choice(survivors), message(c, 4)) for c in evens)
+        )
+        expected = {
+            c: [f"c{c}m{n}" for n in ((1, 2, 3, 4) if c % 2 == 0 else (1, 2, 3))]
+            for c in range(conversations)
+        }
+        released_at = time.time()
+        fake.release()
+        await settle(
+            cluster, redis, [t for ts in expected.values() for t in ts], timeout=I3_BOUND_S + 5
+        )
+        # The victim's connection died with it: its generation never completed.
+        await fake.wait_for_request(lambda r: r is victim_request and r.cancelled, timeout=5)
+        for name in survivors:
+            assert await cluster.terminate(name) == 0
+
+        assert victim not in {e["replica"] for e in cluster.sent()}
+        accepted = accepted_times(cluster)
+        for conv, wanted in expected.items():
+            conversation = f"{PLATFORM}:{conv}"
+            mine = {m: t for m, t in accepted.items() if conversation_of(m) == conversation}
+            replies = await check_conversation(
+                redis, conversation, mine, cluster.sent(conversation), since=released_at
+            )
+            # Each draft in flight was discarded as stale, died with the victim, or went out
+            # as it was: either way exactly one reply covers everything.
+            assert [r.tokens for r in replies] == [wanted], conversation
+        stale_drafts = {c for c in evens if c not in victim_held}
+        discarded = sum(int(cluster.stats(name).get("discarded", 0)) for name in survivors)
+        assert discarded >= len(stale_drafts)
+
+
+async def test_paused_holder_is_fenced(
+    server: EmbeddedRedis, redis: Redis, short_dir: Path
+) -> None:
+    async with (
+        FakeOpenAI(reply=covering_reply) as fake,
+        Cluster(server, fake, short_dir, size=3) as cluster,
+    ):
+        conversation = f"{PLATFORM}:0"
+        fake.hold()
+        for n in (1, 2):
+            assert await cluster.deliver(cluster.names[0], message(0, n))
+        held = await fake.wait_for_request(lambda r: "c0m1" in tokens(r.last_user_text))
+        holder = held.api_key
+
+        cluster.signal(holder, signal.SIGSTOP)
+        paused_at = time.monotonic()
+        released_at = time.time()
+        try:
+            # The paused holder's answer now waits in its socket; it cannot act on it.
+            fake.release()
+            takeover = await fake.wait_for_request(
+                lambda r: r.api_key != holder and "c0m1" in tokens(r.last_user_text),
+                timeout=(TTL_MS + SWEEP_MS) / 1000 + 5,
+            )
+            # I4: nobody else got the lease before it expired (renewed at most TTL/3 before).
+            assert time.monotonic() - paused_at >= TTL_MS / 2000
+            await settle(cluster, redis, ["c0m1", "c0m2"], timeout=I3_BOUND_S + 5)
+        finally:
+            cluster.signal(holder, signal.SIGCONT)
+
+        # Once resumed, its cycle finds the lease gone and ends without a word.
+        await cluster.wait_for(
+            lambda: int(cluster.stats(holder).get("lost", 0)) >= 1,
+            timeout=TTL_MS / 1000 + 5,
+            what=f"{holder} to notice it lost the lease",
+        )
+        assert [e["replica"] for e in cluster.sent(conversation)] == [takeover.api_key]
+        assert holder not in {e["replica"] for e in cluster.sent()}
+
+        # And it keeps working: with the others stopped, only it can answer what comes next.
+        for name in cluster.names:
+            if name != holder:
+                assert await cluster.terminate(name) == 0
+        assert await cluster.deliver(holder, message(0, 3))
+        assert await cluster.deliver(holder, message(1, 1))
+        await settle(cluster, redis, ["c0m3", "c1m1"], timeout=I3_BOUND_S + 5)
+        assert await cluster.terminate(holder) == 0
+
+        accepted = accepted_times(cluster)
+        replies = await check_conversation(
+            redis,
+            conversation,
+            {m: t for m, t in accepted.items() if conversation_of(m) == conversation},
+            cluster.sent(conversation),
+            since=released_at,
+        )
+        assert [(r.replica, r.tokens) for r in replies] == [
+            (takeover.api_key, ["c0m1", "c0m2"]),
+            (holder, ["c0m3"]),
+        ]
+        other = f"{PLATFORM}:1"
+        replies = await check_conversation(
+            redis, other, {"c1m1": accepted["c1m1"]}, cluster.sent(other)
+        )
+        assert [r.replica for r in replies] == [holder]

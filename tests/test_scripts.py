@@ -1,0 +1,848 @@
+"""Each store script on its own, against a real server.
+
+The scripts are the whole concurrency story (SPEC, storage rules): dedupe, the window with its
+cap, the due-index, the lease with its token and fence, the pre-send check with the starvation
+guard, and the commit. These tests drive them through `Store` and look at the keys directly,
+so a script that does the right thing for the wrong reason (or only most of the thing) fails.
+Deadlines are checked against the server's own clock, bracketed by `TIME` before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.app import make_store
+from bot.message import InboundMessage
+from bot.store import SHARDS, Ended, Grant, Keys, Lease, PreSend, Store, shard_of
+from tests.conftest import SettingsFactory
+
+pytestmark = pytest.mark.timeout(30)
+
+CONV = "test:1"
+
+
+def message(n: int, chat: str = "1", message_id: str | None = None) -> InboundMessage:
+    return InboundMessage("test", chat, "u1", message_id or f"m{n}", f"text {n}")
+
+
+def build(make_settings: SettingsFactory, redis: Redis, **overrides: Any) -> Store:
+    """A store over the test server; `quiet`/`max_wait`/`ttl` are the timings in ms.
+
+    Defaults close the window at once (quiet 0), so a test can acquire right after ingesting.
+    """
+    quiet = overrides.pop("quiet", 0)
+    max_wait = overrides.pop("max_wait", max(quiet, 0))
+    ttl = overrides.pop("ttl", 1500)
+    settings = make_settings(
+        debounce={"quiet_ms": quiet, "max_wait_ms": max_wait}, lease={"ttl_ms": ttl}, **overrides
+    )
+    return make_store(settings, redis)
+
+
+async def server_ms(redis: Redis) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def hash_of(redis: Redis, key: str) -> dict[str, str]:
+    raw = await redis.hgetall(key)
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+async def int_field(redis: Redis, key: str, field: str) -> int:
+    value = await redis.hget(key, field)
+    assert value is not None, f"{key} has no {field}"
+    return int(value)
+
+
+async def due_score(redis: Redis, conversation: str) -> float | None:
+    score: float | None = await redis.zscore(Keys(conversation).due, conversation)
+    return score
+
+
+async def snapshot(redis: Redis, conversation: str) -> dict[str, Any]:
+    """Everything stored for a conversation, byte for byte, plus its due-index entry.
+
+    DUMP leaves TTLs out, which tick on their own; what a rejected step must not change is the
+    content.
+    """
+    k = Keys(conversation)
+    names = [k.state, k.pending, k.seen, k.window, k.lease, k.outbox, k.history]
+    dumped: dict[str, Any] = {name: await redis.dump(name) for name in names}
+    dumped["due"] = await due_score(redis, conversation)
+    return dumped
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 3.0) -> None:
+    """Poll `check` until it holds; fail with TimeoutError after `within_s` seconds."""
+    async with asyncio.timeout(within_s):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.01)
+
+
+async def acquire_when_ready(
+    store: Store,
+    conversation: str,
+    token: str,
+    timeout: float = 3.0,  # noqa: ASYNC109
+) -> Grant:
+    """Poll acquire until it grants the lease; only 'early' and 'busy' may come before."""
+    async with asyncio.timeout(timeout):
+        while True:
+            grant = await store.acquire(conversation, token)
+            if grant.status == "acquired":
+                return grant
+            assert grant.status in ("early", "busy"), grant
+            await asyncio.sleep(min(max(grant.retry_in_ms, 1), 20) / 1000)
+
+
+async def cycle_once(store: Store, conversation: str, reply: str) -> Grant:
+    """A whole successful cycle at the store level: acquire, pre-send check, commit."""
+    grant = await acquire_when_ready(store, conversation, f"token-{reply}")
+    assert grant.lease is not None
+    assert await store.presend(grant.lease, grant.version, reply) == PreSend("ok")
+    assert (await store.commit(grant.lease)).ok
+    return grant
+
+
+# -- ingest: dedupe ------------------------------------------------------------------------------
+
+
+async def test_redelivery_does_not_bump_version(store: Store, redis: Redis) -> None:
+    first = await store.ingest(message(1))
+    assert first.accepted and first.version == 1
+
+    # Same platform id, even with a different body (a webhook retry after an edit): dropped.
+    again = await store.ingest(InboundMessage("test", "1", "u1", "m1", "changed"))
+    assert not again.accepted
+    assert again.version == 1
+    assert again.due_in_ms == -1
+
+    second = await store.ingest(message(2))
+    assert second.accepted and second.version == 2
+    assert await store.counters(CONV) == (2, 0)
+    pending = await hash_of(redis, Keys(CONV).pending)
+    assert sorted(pending) == ["1", "2"]
+    assert InboundMessage.from_json(pending["1"]).text == "text 1"
+
+
+async def test_dedupe_is_per_conversation(store: Store) -> None:
+    assert (await store.ingest(message(1, chat="1"))).accepted
+    # The same platform message id in another chat is another message.
+    other = await store.ingest(message(1, chat="2"))
+    assert other.accepted and other.version == 1
+    assert not (await store.ingest(message(1, chat="2"))).accepted
+    assert await store.counters("test:1") == (1, 0)
+    assert await store.counters("test:2") == (1, 0)
+
+
+async def test_redelivery_after_the_reply_is_still_dropped(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    await store.ingest(message(1))
+    await cycle_once(store, CONV, "answered")
+    again = await store.ingest(message(1))
+    assert not again.accepted
+    assert await store.counters(CONV) == (1, 1)
+    assert await store.acquire(CONV, "late") == Grant("idle")
+
+
+# -- ingest: the window --------------------------------------------------------------------------
+
+
+async def test_window_extends_but_never_past_cap(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    quiet, cap = 100, 400
+    store = build(make_settings, redis, quiet=quiet, max_wait=cap)
+    k = Keys(CONV)
+
+    before = await server_ms(redis)
+    first = await store.ingest(message(0))
+    after = await server_ms(redis)
+    opened = await int_field(redis, k.window, "opened")
+    deadline = await int_field(redis, k.window, "deadline")
+    assert before <= opened <= after
+    assert deadline == opened + quiet
+    assert first.due_in_ms == quiet
+    assert await due_score(redis, CONV) == deadline
+
+    # Keep typing for well over max_wait: the deadline follows the quiet period, then sticks
+    # to the cap counted from the first message.
+    n = 1
+    previous = deadline
+    while after < opened + cap + 2 * quiet:
+        before = await server_ms(redis)
+        result = await store.ingest(message(n))
+        after = await server_ms(redis)
+        window = await hash_of(redis, k.window)
+        deadline = int(window["deadline"])
+        assert int(window["opened"]) == opened, "a later message moved the anchor"
+        assert min(before + quiet, opened + cap) <= deadline <= min(after + quiet, opened + cap)
+        assert deadline >= previous
+        assert max(deadline - after, 0) <= result.due_in_ms <= max(deadline - before, 0)
+        assert await due_score(redis, CONV) == deadline
+        previous = deadline
+        n += 1
+        await asyncio.sleep(0.025)
+
+    assert n > 10
+    assert deadline == opened + cap
+    assert result.due_in_ms == 0
+    assert await store.counters(CONV) == (n, 0)
+
+    # The lease consumes the window; the next message opens a fresh one with its own anchor.
+    grant = await acquire_when_ready(store, CONV, "holder")
+    assert grant.version == n
+    assert not await redis.exists(k.window)
+    before = await server_ms(redis)
+    await store.ingest(message(n))
+    reopened = await int_field(redis, k.window, "opened")
+    assert reopened >= before
+    assert await int_field(redis, k.window, "deadline") == reopened + quiet
+
+
+# -- the due-index and the hash-tag rule ---------------------------------------------------------
+
+
+def crc16(data: bytes) -> int:
+    """CRC16/XMODEM, the checksum Redis Cluster hashes keys with."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def keyslot(key: str) -> int:
+    """Redis Cluster's slot for a key: only a non-empty first {hash tag} counts, if any."""
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return crc16(raw) % 16384
+
+
+def test_keyslot_matches_redis_cluster() -> None:
+    # Values from the CLUSTER KEYSLOT documentation.
+    assert keyslot("somekey") == 11058
+    assert keyslot("foo{hash_tag}") == 2515
+    assert keyslot("bar{hash_tag}") == 2515
+    assert crc16(b"123456789") == 0x31C3
+
+
+@pytest.mark.parametrize(
+    "conversation", ["test:1", "telegram:123456789", "discord:{42}", "odd:}{:{}", "x:" + "é" * 40]
+)
+def test_conversation_keys_share_one_slot_with_their_due_shard(conversation: str) -> None:
+    k = Keys(conversation)
+    names = [k.state, k.pending, k.seen, k.window, k.lease, k.outbox, k.history, k.due]
+    assert len(set(names)) == len(names)
+    assert {keyslot(name) for name in names} == {keyslot(k.due)}
+    assert k.due == f"{{lw:{shard_of(conversation)}}}:due"
+    assert 0 <= shard_of(conversation) < SHARDS
+
+
+async def test_scripts_write_only_keys_of_the_conversations_slot(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    for chat in ("1", "2", "3"):
+        await store.ingest(message(1, chat=chat))
+        await store.ingest(message(2, chat=chat))
+    await cycle_once(store, "test:1", "reply")
+    grant = await acquire_when_ready(store, "test:2", "holder")
+    assert grant.lease is not None
+    await store.ingest(message(3, chat="2"))
+    assert (await store.presend(grant.lease, grant.version, "stale")).status == "stale"
+
+    keys = [text(key) for key in await redis.keys("*")]
+    assert keys
+    for key in keys:
+        conversation = key.split(":c:", 1)[1].rsplit(":", 1)[0] if ":c:" in key else None
+        if conversation is None:
+            assert key.endswith(":due"), key
+            continue
+        assert keyslot(key) == keyslot(Keys(conversation).due), key
+
+
+async def test_ingest_schedules_the_deadline_in_the_due_index(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis, quiet=300)
+    await store.ingest(message(1))
+    deadline = await int_field(redis, Keys(CONV).window, "deadline")
+    assert await due_score(redis, CONV) == deadline
+    assert await redis.zrange(Keys(CONV).due, 0, -1) == [CONV.encode()]
+
+    # The sweep sees it only once the deadline has passed on the server's clock.
+    assert CONV not in await store.due()
+
+    async def listed() -> bool:
+        return CONV in await store.due()
+
+    await eventually(listed)
+    assert await server_ms(redis) >= deadline
+
+
+# -- acquire -------------------------------------------------------------------------------------
+
+
+async def test_acquire_is_early_before_the_deadline_then_acquired(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis, quiet=500, max_wait=1000)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    deadline = await int_field(redis, k.window, "deadline")
+
+    before = await server_ms(redis)
+    early = await store.acquire(CONV, "too-soon")
+    after = await server_ms(redis)
+    assert early.status == "early"
+    assert early.lease is None
+    assert deadline - after <= early.retry_in_ms <= deadline - before
+    assert not await redis.exists(k.lease)
+    assert await due_score(redis, CONV) == deadline
+    assert await redis.exists(k.window)
+
+    grant = await acquire_when_ready(store, CONV, "on-time")
+    assert grant.status == "acquired"
+    assert grant.lease == Lease(CONV, "on-time", 1)
+    assert grant.lateness_ms >= 0  # taken at or after the deadline, by the server's clock
+    assert await hash_of(redis, k.lease) == {"token": "on-time", "fence": "1"}
+
+
+async def test_fence_rises_on_every_acquisition(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    fences = []
+    for n in range(1, 5):
+        await store.ingest(message(n))
+        grant = await acquire_when_ready(store, CONV, f"holder-{n}")
+        assert grant.lease is not None
+        fences.append(grant.lease.fence)
+        # Alternate endings: a release without reply, or a full commit.
+        if n % 2:
+            assert (await store.release(grant.lease)).ok
+        else:
+            assert (await store.presend(grant.lease, grant.version, f"r{n}")).status == "ok"
+            assert (await store.commit(grant.lease)).ok
+    assert fences == [1, 2, 3, 4]
+    assert await int_field(redis, Keys(CONV).state, "fence") == 4
+
+
+async def test_acquire_is_busy_while_leased(redis: Redis, make_settings: SettingsFactory) -> None:
+    store = build(make_settings, redis, ttl=1500)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    holder = await acquire_when_ready(store, CONV, "holder")
+    held = await hash_of(redis, k.lease)
+
+    left_before = await redis.pttl(k.lease)
+    before = await server_ms(redis)
+    busy = await store.acquire(CONV, "other")
+    after = await server_ms(redis)
+    left_after = await redis.pttl(k.lease)
+    assert busy.status == "busy"
+    assert busy.lease is None
+    assert left_after <= busy.retry_in_ms <= left_before <= 1500
+    assert await hash_of(redis, k.lease) == held
+    # Looked at again when the lease runs out, in case its holder died.
+    score = await due_score(redis, CONV)
+    assert score is not None
+    # 1 ms of slack: TIME and key expiry read the clock at slightly different moments.
+    assert before + left_after - 1 <= score <= after + left_before + 1
+    assert holder.lease is not None
+    assert (await store.release(holder.lease)).ok
+
+
+async def test_acquire_is_idle_when_everything_is_answered(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    k = Keys(CONV)
+    assert await store.acquire("test:never", "anyone") == Grant("idle")
+
+    await store.ingest(message(1))
+    await cycle_once(store, CONV, "done")
+    # A stale entry, as a replica that crashed mid-schedule could leave behind.
+    await redis.zadd(k.due, {CONV: await server_ms(redis)})
+    before = await snapshot(redis, CONV)
+
+    assert await store.acquire(CONV, "stale-wakeup") == Grant("idle")
+    assert await due_score(redis, CONV) is None
+    assert not await redis.exists(k.lease)
+    after = await snapshot(redis, CONV)
+    assert {**after, "due": before["due"]} == before
+    assert await int_field(redis, k.state, "fence") == 1
+
+
+async def test_acquire_returns_pending_in_order_and_the_history(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    for n in (1, 2):
+        await store.ingest(message(n))
+    first = await cycle_once(store, CONV, "first reply")
+    assert [m.text for m in first.unanswered] == ["text 1", "text 2"]
+    assert first.history == ()
+
+    for n in (3, 4, 5):
+        await store.ingest(message(n))
+    grant = await acquire_when_ready(store, CONV, "second")
+    assert (grant.version, grant.watermark) == (5, 2)
+    assert [m.text for m in grant.unanswered] == ["text 3", "text 4", "text 5"]
+    assert [m.message_id for m in grant.unanswered] == ["m3", "m4", "m5"]
+    assert [(h.role, h.version, h.text) for h in grant.history] == [
+        ("user", 1, "text 1"),
+        ("user", 2, "text 2"),
+        ("assistant", 2, "first reply"),
+    ]
+    assert grant.resend is None
+    assert grant.lease is not None
+    await store.release(grant.lease)
+
+    # Only the newest history_cap entries come back.
+    short = build(make_settings, redis, history_cap=2)
+    trimmed = await acquire_when_ready(short, CONV, "third")
+    assert [(h.role, h.text) for h in trimmed.history] == [
+        ("user", "text 2"),
+        ("assistant", "first reply"),
+    ]
+
+
+# -- the lease -----------------------------------------------------------------------------------
+
+
+async def test_lease_is_taken_by_compare_and_swap(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    await store.ingest(message(1))
+    grants = await asyncio.gather(*(store.acquire(CONV, f"t{i}") for i in range(8)))
+    winners = [g for g in grants if g.status == "acquired"]
+    assert len(winners) == 1
+    assert sorted(g.status for g in grants if g is not winners[0]) == ["busy"] * 7
+    assert winners[0].lease is not None
+    token = winners[0].lease.token
+    assert await hash_of(redis, Keys(CONV).lease) == {"token": token, "fence": "1"}
+
+
+async def test_lease_expires_on_its_own(redis: Redis, make_settings: SettingsFactory) -> None:
+    ttl = 300
+    store = build(make_settings, redis, ttl=ttl)
+    await store.ingest(message(1))
+    before = await server_ms(redis)
+    crashed = await acquire_when_ready(store, CONV, "crashed")
+    assert 0 < await redis.pttl(Keys(CONV).lease) <= ttl
+
+    # The holder never renews nor releases: the lease must free itself after the TTL.
+    statuses: list[str] = []
+    async with asyncio.timeout(3):
+        while (grant := await store.acquire(CONV, "next")).status != "acquired":
+            statuses.append(grant.status)
+            await asyncio.sleep(0.01)
+    after = await server_ms(redis)
+    assert statuses and set(statuses) == {"busy"}
+    assert after - before >= ttl
+    assert crashed.lease is not None and grant.lease is not None
+    assert grant.lease.fence == crashed.lease.fence + 1
+    assert grant.version == 1 and [m.text for m in grant.unanswered] == ["text 1"]
+
+
+async def test_renew_checks_token_and_fence(redis: Redis, make_settings: SettingsFactory) -> None:
+    store = build(make_settings, redis, ttl=1500)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    grant = await acquire_when_ready(store, CONV, "owner")
+    lease = grant.lease
+    assert lease is not None
+    held = await hash_of(redis, k.lease)
+    # Shorten the lease so that a renewal is visible in its TTL.
+    await redis.pexpire(k.lease, 400)
+
+    assert not await store.renew(Lease(CONV, "intruder", lease.fence))
+    assert not await store.renew(Lease(CONV, lease.token, lease.fence + 1))
+    assert not await store.renew(Lease(CONV, lease.token, lease.fence - 1))
+    assert 0 < await redis.pttl(k.lease) <= 400
+    assert await hash_of(redis, k.lease) == held
+
+    before = await server_ms(redis)
+    assert await store.renew(lease)
+    assert await redis.pttl(k.lease) > 1000
+    assert await hash_of(redis, k.lease) == held
+    score = await due_score(redis, CONV)
+    assert score is not None and score >= before + 1500
+
+    # Once released, renewing fails and does not bring the lease back.
+    assert (await store.release(lease)).ok
+    assert not await store.renew(lease)
+    assert not await redis.exists(k.lease)
+
+
+async def test_release_by_a_non_owner_changes_nothing(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    grant = await acquire_when_ready(store, CONV, "owner")
+    assert grant.lease is not None
+    before = await snapshot(redis, CONV)
+
+    assert await store.release(Lease(CONV, "intruder", grant.lease.fence)) == Ended(False, -1)
+    assert await snapshot(redis, CONV) == before
+    assert await redis.pttl(k.lease) > 0
+
+    # The owner's release frees it and, with a reply still owed, schedules the next look.
+    before_ms = await server_ms(redis)
+    ended = await store.release(grant.lease)
+    assert ended.ok and ended.next_in_ms == 0
+    assert not await redis.exists(k.lease)
+    score = await due_score(redis, CONV)
+    assert score is not None and score >= before_ms
+    assert await store.counters(CONV) == (1, 0)
+
+
+async def test_stale_fence_is_rejected_after_expiry(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    k = Keys(CONV)
+    slow = build(make_settings, redis, ttl=300)  # holder A, which stalls past its TTL
+    fresh = build(make_settings, redis, ttl=5000)  # holder B, which takes over
+    await slow.ingest(message(1))
+    a = await acquire_when_ready(slow, CONV, "token-a")
+    b = await acquire_when_ready(fresh, CONV, "token-b")
+    assert a.lease is not None and b.lease is not None
+    assert b.lease.fence == a.lease.fence + 1
+    held = await hash_of(redis, k.lease)
+    assert held == {"token": "token-b", "fence": str(b.lease.fence)}
+    before = await snapshot(redis, CONV)
+
+    # A wakes up and carries on with its old token and fence; every step is refused.
+    assert not await slow.renew(a.lease)
+    assert await slow.presend(a.lease, a.version, "from A") == PreSend("lost")
+    assert await slow.commit(a.lease) == Ended(False, -1)
+    assert await slow.release(a.lease) == Ended(False, -1)
+    # The fence alone is checked too: B's token with A's fence is not B's lease.
+    impostor = Lease(CONV, "token-b", a.lease.fence)
+    assert not await slow.renew(impostor)
+    assert await slow.presend(impostor, a.version, "from A") == PreSend("lost")
+    assert await slow.commit(impostor) == Ended(False, -1)
+
+    assert await snapshot(redis, CONV) == before
+    assert await hash_of(redis, k.lease) == held
+    assert await redis.pttl(k.lease) > 0
+    assert not await redis.exists(k.outbox)
+
+    # B's lease is intact and finishes the work.
+    assert await fresh.presend(b.lease, b.version, "from B") == PreSend("ok")
+    assert (await fresh.commit(b.lease)).ok
+    assert await fresh.counters(CONV) == (1, 1)
+    assert [h.text for h in await fresh.history(CONV)] == ["text 1", "from B"]
+
+
+# -- the pre-send check --------------------------------------------------------------------------
+
+
+async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: SettingsFactory) -> None:
+    store = build(make_settings, redis)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    await store.ingest(message(2))
+    grant = await acquire_when_ready(store, CONV, "owner")
+    assert grant.lease is not None
+    verdict = await store.presend(grant.lease, grant.version, "the reply")
+    assert verdict == PreSend("ok", forced=False)
+    assert await hash_of(redis, k.outbox) == {
+        "text": "the reply",
+        "version": "2",
+        "fence": str(grant.lease.fence),
+    }
+    # Nothing is answered until the commit, and the lease is still ours.
+    assert await store.counters(CONV) == (2, 0)
+    assert await hash_of(redis, k.lease) == {"token": "owner", "fence": str(grant.lease.fence)}
+
+
+async def test_presend_rejects_a_changed_version(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis, quiet=300, max_wait=1000)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    grant = await acquire_when_ready(store, CONV, "owner")
+    assert grant.lease is not None
+    await store.ingest(message(2))  # arrives during generation: opens a new window
+    window = await hash_of(redis, k.window)
+    deadline = int(window["deadline"])
+
+    before = await server_ms(redis)
+    verdict = await store.presend(grant.lease, grant.version, "stale reply")
+    after = await server_ms(redis)
+    assert verdict.status == "stale"
+    assert not verdict.forced
+    assert await store.counters(CONV) == (2, 0)  # W unchanged
+    assert not await redis.exists(k.lease)  # released
+    assert not await redis.exists(k.outbox)  # the reply is dropped
+    assert await hash_of(redis, k.window) == window  # the new window is left alone
+    assert sorted(await hash_of(redis, k.pending)) == ["1", "2"]
+    assert await int_field(redis, k.state, "discards") == 1
+    # Rescheduled at the new message's deadline (or now, had it already passed).
+    score = await due_score(redis, CONV)
+    assert score is not None and deadline <= score <= max(deadline, after)
+    assert score - after <= verdict.next_in_ms <= score - before
+
+    # The next cycle covers both messages.
+    again = await acquire_when_ready(store, CONV, "next")
+    assert [m.text for m in again.unanswered] == ["text 1", "text 2"]
+
+
+async def test_presend_rejects_a_lost_lease(redis: Redis, make_settings: SettingsFactory) -> None:
+    store = build(make_settings, redis, ttl=300)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    expired = await acquire_when_ready(store, CONV, "expired")
+    assert expired.lease is not None
+
+    async def gone() -> bool:
+        return not await redis.exists(k.lease)
+
+    await eventually(gone)
+    before = await snapshot(redis, CONV)
+    assert await store.presend(expired.lease, expired.version, "late") == PreSend("lost")
+    assert await snapshot(redis, CONV) == before
+
+    released = await acquire_when_ready(store, CONV, "released")
+    assert released.lease is not None
+    assert (await store.release(released.lease)).ok
+    assert await store.presend(released.lease, released.version, "late") == PreSend("lost")
+    assert not await redis.exists(k.outbox)
+    assert await store.counters(CONV) == (1, 0)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3])
+async def test_starvation_guard_forces_a_reply_after_limit_discards(
+    redis: Redis, make_settings: SettingsFactory, limit: int
+) -> None:
+    store = build(make_settings, redis, starvation_limit=limit)
+    k = Keys(CONV)
+    n = 1
+    await store.ingest(message(n))
+    verdicts = []
+    for _ in range(limit + 1):
+        grant = await acquire_when_ready(store, CONV, f"holder-{n}")
+        assert grant.lease is not None
+        n += 1
+        await store.ingest(message(n))  # the user keeps typing during every generation
+        verdicts.append(await store.presend(grant.lease, grant.version, f"reply to {n - 1}"))
+    assert [v.status for v in verdicts] == ["stale"] * limit + ["ok"]
+    assert [v.forced for v in verdicts] == [False] * limit + [True]
+    assert await int_field(redis, k.state, "discards") == limit + 1
+    assert await int_field(redis, k.outbox, "version") == n - 1
+
+    # The forced reply commits what it covered; the newest message stays owed.
+    assert grant.lease is not None
+    ended = await store.commit(grant.lease)
+    assert ended.ok and ended.next_in_ms >= 0
+    assert await store.counters(CONV) == (n, n - 1)
+    assert await int_field(redis, k.state, "discards") == 0
+
+    # The count starts over after a commit.
+    grant = await acquire_when_ready(store, CONV, "after-commit")
+    assert grant.lease is not None
+    await store.ingest(message(n + 1))
+    verdict = await store.presend(grant.lease, grant.version, "again")
+    assert verdict.status == ("stale" if limit else "ok")
+    assert verdict.forced == (limit == 0)
+
+
+# -- the commit ----------------------------------------------------------------------------------
+
+
+async def test_commit_moves_everything_in_one_step(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis, quiet=2000, max_wait=4000)
+    quick = build(make_settings, redis)
+    k = Keys(CONV)
+    for n in (1, 2, 3):
+        await quick.ingest(message(n))
+    grant = await acquire_when_ready(quick, CONV, "owner")
+    assert grant.lease is not None
+    assert await quick.presend(grant.lease, grant.version, "reply to three") == PreSend("ok")
+    # A message after the pre-send check, with a long window: the commit must leave it be.
+    await store.ingest(message(4))
+    window = await hash_of(redis, k.window)
+    deadline = int(window["deadline"])
+
+    before = await server_ms(redis)
+    ended = await store.commit(grant.lease)
+    after = await server_ms(redis)
+    assert ended.ok
+    assert deadline - after <= ended.next_in_ms <= deadline - before
+    assert await store.counters(CONV) == (4, 3)
+    assert [(h.role, h.version, h.text) for h in await store.history(CONV)] == [
+        ("user", 1, "text 1"),
+        ("user", 2, "text 2"),
+        ("user", 3, "text 3"),
+        ("assistant", 3, "reply to three"),
+    ]
+    assert sorted(await hash_of(redis, k.pending)) == ["4"]
+    assert not await redis.exists(k.outbox)
+    assert not await redis.exists(k.lease)
+    assert await hash_of(redis, k.window) == window
+    assert await due_score(redis, CONV) == deadline
+    assert await int_field(redis, k.state, "discards") == 0
+
+    # A history entry keeps the whole normalized message, not just its text.
+    oldest = await redis.lindex(k.history, 0)
+    assert oldest is not None
+    raw = json.loads(oldest)
+    assert raw["message"]["message_id"] == "m1"
+
+
+async def test_commit_caps_the_history(redis: Redis, make_settings: SettingsFactory) -> None:
+    store = build(make_settings, redis, history_cap=4)
+    for n in (1, 2, 3):
+        await store.ingest(message(n))
+        await cycle_once(store, CONV, f"reply {n}")
+    assert await redis.llen(Keys(CONV).history) == 4
+    assert [(h.role, h.text) for h in await store.history(CONV)] == [
+        ("user", "text 2"),
+        ("assistant", "reply 2"),
+        ("user", "text 3"),
+        ("assistant", "reply 3"),
+    ]
+
+
+async def test_commit_with_a_wrong_token_changes_nothing(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    await store.ingest(message(2))
+    grant = await acquire_when_ready(store, CONV, "owner")
+    assert grant.lease is not None
+    assert (await store.presend(grant.lease, grant.version, "reply")).status == "ok"
+    before = await snapshot(redis, CONV)
+    assert all(before[name] is not None for name in (k.lease, k.outbox, k.pending, k.state))
+
+    for wrong in (
+        Lease(CONV, "intruder", grant.lease.fence),
+        Lease(CONV, "owner", grant.lease.fence + 1),
+        Lease("test:other", "owner", grant.lease.fence),
+    ):
+        assert await store.commit(wrong) == Ended(False, -1)
+        assert await snapshot(redis, CONV) == before
+    assert await redis.pttl(k.lease) > 0
+
+    assert (await store.commit(grant.lease)).ok
+    assert await store.counters(CONV) == (2, 2)
+
+
+# -- NOSCRIPT ------------------------------------------------------------------------------------
+
+
+async def test_every_call_survives_an_empty_script_cache(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+
+    async def flushed() -> None:
+        # What a restart or a failover to a fresh replica leaves behind.
+        await redis.script_flush()
+
+    await flushed()
+    assert (await store.ingest(message(1))).accepted
+    await flushed()
+    assert CONV in await store.due()
+    await flushed()
+    grant = await store.acquire(CONV, "owner")
+    assert grant.status == "acquired" and grant.lease is not None
+    await flushed()
+    assert await store.renew(grant.lease)
+    await flushed()
+    assert (await store.presend(grant.lease, grant.version, "reply")).status == "ok"
+    await flushed()
+    assert (await store.commit(grant.lease)).ok
+    await store.ingest(message(2))
+    again = await store.acquire(CONV, "second")
+    assert again.lease is not None
+    await flushed()
+    assert (await store.release(again.lease)).ok
+    assert await store.counters(CONV) == (2, 1)
+
+
+# -- outbox recovery -----------------------------------------------------------------------------
+
+
+async def test_outbox_left_by_a_crashed_holder_is_resent_not_regenerated(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    crashing = build(make_settings, redis, ttl=300)
+    survivor = build(make_settings, redis, ttl=5000)
+    k = Keys(CONV)
+    await crashing.ingest(message(1))
+    await crashing.ingest(message(2))
+    first = await acquire_when_ready(crashing, CONV, "crashes")
+    assert first.lease is not None
+    assert await crashing.presend(first.lease, first.version, "the draft") == PreSend("ok")
+    # The holder dies here, between the pre-send check and the commit.
+
+    grant = await acquire_when_ready(survivor, CONV, "survivor")
+    assert grant.lease is not None
+    assert grant.lease.fence == first.lease.fence + 1
+    assert grant.resend == ("the draft", 2)
+    assert grant.unanswered == ()  # nothing to generate
+
+    assert (await survivor.commit(grant.lease)).ok
+    assert await survivor.counters(CONV) == (2, 2)
+    assert [(h.role, h.text) for h in await survivor.history(CONV)] == [
+        ("user", "text 1"),
+        ("user", "text 2"),
+        ("assistant", "the draft"),
+    ]
+    assert not await redis.exists(k.outbox)
+    assert await survivor.acquire(CONV, "after") == Grant("idle")
+
+
+async def test_resend_covers_only_its_version_when_more_arrived(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    crashing = build(make_settings, redis, ttl=300)
+    survivor = build(make_settings, redis, ttl=5000)
+    await crashing.ingest(message(1))
+    first = await acquire_when_ready(crashing, CONV, "crashes")
+    assert first.lease is not None
+    assert (await crashing.presend(first.lease, first.version, "reply to one")).status == "ok"
+    await crashing.ingest(message(2))  # after the check passed: not covered by that reply
+
+    grant = await acquire_when_ready(survivor, CONV, "survivor")
+    assert grant.lease is not None
+    assert grant.resend == ("reply to one", 1)
+    assert (await survivor.commit(grant.lease)).ok
+    assert await survivor.counters(CONV) == (2, 1)
+
+    follow_up = await acquire_when_ready(survivor, CONV, "follow-up")
+    assert follow_up.resend is None
+    assert [m.text for m in follow_up.unanswered] == ["text 2"]

@@ -1,0 +1,236 @@
+"""Settings: where each value comes from, and the example files shipped in `config/`.
+
+Priority, highest first: environment, `.env`, the TOML file, defaults (SPEC, configuration
+contract). Every test runs in an empty temporary directory with no LASTWORD_* variables, so
+the developer's own files and shell cannot leak in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+EXAMPLE_TOML = CONFIG_DIR / "lastword.example.toml"
+EXAMPLE_ENV = CONFIG_DIR / "example.env"
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory and an environment without lastword settings."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def leaves(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every setting as its path in the tree, e.g. ("debounce", "quiet_ms")."""
+    found: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found += leaves(annotation, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+def env_name(path: tuple[str, ...]) -> str:
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def test_defaults(cwd: Path) -> None:
+    settings = Settings()
+    assert settings.platform == "console"
+    assert settings.redis_url is None
+    assert settings.debounce.quiet_ms == 2000
+    assert settings.debounce.max_wait_ms == 8000
+    assert settings.lease.ttl_ms == 30000
+    assert settings.telegram.api_url == "https://api.telegram.org"
+    assert settings.telegram.mode == "polling"
+    assert settings.telegram.webhook_path == "/telegram"
+    assert settings.data_dir == cwd.parent / "state" / "lastword"
+
+
+def test_priority_env_over_dotenv_over_toml_over_defaults(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cwd / "lastword.toml").write_text(
+        "history_cap = 10\nstarvation_limit = 7\n\n[debounce]\nquiet_ms = 100\nmax_wait_ms = 5000\n"
+        '\n[llm]\nmodel = "toml-model"\n'
+    )
+    toml_only = Settings()
+    assert (toml_only.history_cap, toml_only.debounce.quiet_ms) == (10, 100)
+
+    (cwd / ".env").write_text("LASTWORD_HISTORY_CAP=20\nLASTWORD_DEBOUNCE__QUIET_MS=200\n")
+    with_dotenv = Settings()
+    assert (with_dotenv.history_cap, with_dotenv.debounce.quiet_ms) == (20, 200)
+
+    monkeypatch.setenv("LASTWORD_HISTORY_CAP", "30")
+    settings = Settings()
+    assert settings.history_cap == 30  # environment
+    assert settings.debounce.quiet_ms == 200  # .env
+    # A nested group set partly in .env keeps the rest of what the TOML file says.
+    assert settings.debounce.max_wait_ms == 5000  # TOML
+    assert settings.starvation_limit == 7  # TOML
+    assert settings.llm.model == "toml-model"  # TOML
+    assert settings.lease.ttl_ms == 30000  # default
+
+
+def test_nested_names_use_double_underscore(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LASTWORD_PLATFORM", "telegram")
+    monkeypatch.setenv("LASTWORD_TELEGRAM__TOKEN", "123:abc")
+    monkeypatch.setenv("LASTWORD_TELEGRAM__MODE", "webhook")
+    monkeypatch.setenv("LASTWORD_TELEGRAM__WEBHOOK_SECRET", "shh")
+    monkeypatch.setenv("LASTWORD_TELEGRAM__WEBHOOK_LISTEN", "0.0.0.0:9000")
+    monkeypatch.setenv("LASTWORD_DISCORD__GATEWAY_URL", "ws://127.0.0.1:1/gw")
+    monkeypatch.setenv("LASTWORD_LEASE__TTL_MS", "4500")
+    monkeypatch.setenv("LASTWORD_LLM__API_KEY", "sk-secret")
+    settings = load_settings()
+    assert settings.telegram.token is not None
+    assert settings.telegram.token.get_secret_value() == "123:abc"
+    assert settings.telegram.mode == "webhook"
+    assert settings.telegram.webhook_listen == "0.0.0.0:9000"
+    assert settings.discord.gateway_url == "ws://127.0.0.1:1/gw"
+    assert settings.lease.ttl_ms == 4500
+    # Secrets stay out of reprs, hence out of logs and tracebacks.
+    assert "sk-secret" not in repr(settings)
+    assert "123:abc" not in repr(settings)
+
+
+def test_nested_names_work_in_dotenv(cwd: Path) -> None:
+    (cwd / ".env").write_text("LASTWORD_LLM__MODEL=from-dotenv\nLASTWORD_LEASE__TTL_MS=999\n")
+    settings = Settings()
+    assert settings.llm.model == "from-dotenv"
+    assert settings.lease.ttl_ms == 999
+
+
+def test_lastword_config_chooses_the_toml_file(
+    cwd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cwd / "lastword.toml").write_text("history_cap = 11\n")
+    assert Settings().history_cap == 11  # ./lastword.toml when nothing says otherwise
+    chosen = tmp_path / "elsewhere.toml"
+    chosen.write_text("history_cap = 42\n[lease]\nttl_ms = 1234\n")
+    monkeypatch.setenv("LASTWORD_CONFIG", str(chosen))
+    settings = load_settings()
+    assert settings.history_cap == 42
+    assert settings.lease.ttl_ms == 1234
+
+
+def test_missing_config_file_is_an_error_naming_it(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LASTWORD_CONFIG", str(cwd / "nope.toml"))
+    with pytest.raises(ConfigError, match="LASTWORD_CONFIG"):
+        load_settings()
+
+
+def test_invalid_toml_is_an_error_naming_it(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = cwd / "bad.toml"
+    bad.write_text("platform = \n")
+    monkeypatch.setenv("LASTWORD_CONFIG", str(bad))
+    with pytest.raises(ConfigError, match="LASTWORD_CONFIG"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LASTWORD_DEBOUNCE__QUIET_MS": "x"}, "LASTWORD_DEBOUNCE__QUIET_MS"),
+        (
+            {"LASTWORD_DEBOUNCE__QUIET_MS": "500", "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "400"},
+            "LASTWORD_DEBOUNCE__MAX_WAIT_MS .*LASTWORD_DEBOUNCE__QUIET_MS",
+        ),
+        ({"LASTWORD_REDIS_URL": "http://x"}, "LASTWORD_REDIS_URL"),
+        ({"LASTWORD_REDIS_URL": "redis://h:port"}, "LASTWORD_REDIS_URL"),
+        ({"LASTWORD_PLATFORM": "discord"}, "LASTWORD_DISCORD__TOKEN"),
+    ],
+)
+def test_validation_errors_name_the_setting(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_settings()
+    assert "\n" not in str(caught.value)
+
+
+def test_empty_redis_url_means_embedded(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LASTWORD_REDIS_URL", "")
+    assert load_settings().redis_url is None
+
+
+@pytest.mark.parametrize(
+    ("llm", "provider"),
+    [
+        ({}, "echo"),
+        ({"base_url": "http://127.0.0.1:11434/v1"}, "openai"),
+        ({"api_key": "sk-x"}, "openai"),
+        ({"provider": "openai"}, "openai"),
+        ({"provider": "echo", "base_url": "http://h/v1", "api_key": "sk-x"}, "echo"),
+    ],
+    ids=["nothing", "base-url", "api-key", "explicit-openai", "explicit-echo-wins"],
+)
+def test_llm_provider_resolution(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, llm: dict[str, str], provider: str
+) -> None:
+    for name, value in llm.items():
+        monkeypatch.setenv(f"LASTWORD_LLM__{name.upper()}", value)
+    settings = load_settings()
+    assert settings.llm_provider == provider
+    # Unset provider stays None, so start-up can tell "chosen" from "fell back to echo".
+    assert settings.llm.provider == llm.get("provider")
+
+
+def dump(settings: Settings) -> dict[str, Any]:
+    return settings.model_dump()
+
+
+def test_example_toml_loads_and_holds_the_defaults(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    defaults = dump(Settings())
+    monkeypatch.setenv("LASTWORD_CONFIG", str(EXAMPLE_TOML))
+    assert dump(load_settings()) == defaults
+
+
+def test_example_toml_covers_every_setting() -> None:
+    sections: dict[str, str] = {}
+    current = ""
+    for line in EXAMPLE_TOML.read_text().splitlines():
+        header = re.fullmatch(r"\[(\w+)\]", line.strip())
+        if header:
+            current = header.group(1)
+        else:
+            sections[current] = sections.get(current, "") + line + "\n"
+    for path in leaves(Settings):
+        section, key = (path[0], path[1]) if len(path) == 2 else ("", path[0])
+        pattern = rf"^(# )?{key} = "
+        assert re.search(pattern, sections.get(section, ""), re.M), f"{'.'.join(path)} missing"
+
+
+def test_example_env_loads_and_holds_the_defaults(cwd: Path) -> None:
+    defaults = dump(Settings())
+    shutil.copy(EXAMPLE_ENV, cwd / ".env")
+    assert dump(load_settings()) == defaults
+
+
+def test_example_env_covers_every_setting() -> None:
+    text = EXAMPLE_ENV.read_text()
+    for name in [*map(env_name, leaves(Settings)), "LASTWORD_CONFIG"]:
+        assert re.search(rf"^(# )?{name}=", text, re.M), f"{name} missing"
