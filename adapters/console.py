@@ -48,6 +48,11 @@ class ConsoleAdapter:
         finally:
             for task in (chatting, gone):
                 task.cancel()
+            await asyncio.sleep(0.5)
+            import io
+            buf = io.StringIO()
+            chatting.print_stack(file=buf)
+            log.warning("DBG chatting %s %s", chatting, buf.getvalue())
             await asyncio.gather(chatting, gone, return_exceptions=True)
         if chatting.done() and not chatting.cancelled() and chatting.exception() is not None:
             raise chatting.exception()  # type: ignore[misc]
@@ -98,6 +103,9 @@ class ConsoleAdapter:
                 delay = min(delay * 2, 2.0)
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+        if self._output_gone.is_set():
+            # stdout now points at /dev/null: "sending" there would lose the reply.
+            raise Unavailable("stdout is closed")
         if self.interactive:
             sys.stderr.write("\r\033[K")
             text = f"bot> {text}"

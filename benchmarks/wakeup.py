@@ -133,6 +133,9 @@ class CycleErrors(logging.Handler):
         return count
 
 
+CYCLE_ERRORS = CycleErrors()
+
+
 @dataclass(frozen=True)
 class Row:
     case: str
@@ -142,8 +145,8 @@ class Row:
     errors: int
 
     @classmethod
-    def of(cls, case: str, runtime: Runtime, errors: CycleErrors) -> Row:
-        return cls(case, list(runtime.stats.lateness_ms), errors.take())
+    def of(cls, case: str, runtime: Runtime) -> Row:
+        return cls(case, list(runtime.stats.lateness_ms), CYCLE_ERRORS.take())
 
     def cells(self) -> list[str]:
         values = sorted(self.lateness_ms)
@@ -234,6 +237,7 @@ async def orphans(
 
 
 async def run(args: argparse.Namespace) -> None:
+    logging.getLogger("bot.runtime").addHandler(CYCLE_ERRORS)
     async with temporary_server() as server:
         redis = Redis.from_url(server.url)
         try:

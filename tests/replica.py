@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -124,6 +125,8 @@ def replica_name(settings: Settings) -> str:
 
 
 async def main() -> int:
+    # A test that finds a replica stuck asks it where it is stuck.
+    faulthandler.register(signal.SIGUSR1)
     settings = load_settings()
     name = replica_name(settings)
     logging.basicConfig(

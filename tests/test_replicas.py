@@ -269,10 +269,16 @@ class Cluster:
         """Stop a replica the way systemd would; returns its exit status."""
         replica = self.replicas[name]
         self.signal(name, signal.SIGTERM)
-        async with asyncio.timeout(10):
-            code = await replica.process.wait()
-            if replica.reader is not None:
-                await replica.reader
+        try:
+            async with asyncio.timeout(10):
+                code = await replica.process.wait()
+                if replica.reader is not None:
+                    await replica.reader
+        except TimeoutError:
+            self.signal(name, signal.SIGUSR1)
+            # Deliberate: give it a moment to write where it is stuck into its log.
+            await asyncio.sleep(0.5)
+            raise AssertionError(f"{name} did not stop within 10s of SIGTERM") from None
         return code
 
     async def close(self) -> None:

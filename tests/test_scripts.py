@@ -18,7 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_store
-from bot.message import InboundMessage
+from bot.message import Attachment, InboundMessage
 from bot.store import SHARDS, Ended, Grant, Keys, Lease, PreSend, Store, shard_of
 from tests.conftest import SettingsFactory
 
@@ -430,6 +430,33 @@ async def test_acquire_returns_pending_in_order_and_the_history(
     ]
 
 
+async def test_acquire_takes_a_flood_of_unanswered_messages(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    # Past ~8000 values Lua's unpack() fails; a script error after taking the lease would wedge
+    # the conversation for good, every retry failing the same way.
+    count = 9000
+    store = build(make_settings, redis)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    # The rest stored exactly as ingest stores them, in one command: 9000 round trips of
+    # ingest would only make the test slow.
+    await redis.hset(k.pending, mapping={n: message(n).to_json() for n in range(2, count + 1)})
+    await redis.hset(k.state, "v", count)
+
+    grant = await store.acquire(CONV, "owner")
+    assert grant.status == "acquired" and grant.lease is not None
+    assert [m.text for m in grant.unanswered] == [f"text {n}" for n in range(1, count + 1)]
+    assert (await store.presend(grant.lease, grant.version, "one reply")).status == "ok"
+    assert (await store.commit(grant.lease)).ok
+    assert await store.counters(CONV) == (count, count)
+    assert not await redis.exists(k.pending)
+    history = await store.history(CONV)
+    assert len(history) == 200  # the default cap
+    assert history[-1].text == "one reply"
+    assert history[-2].text == f"text {count}"
+
+
 # -- the lease -----------------------------------------------------------------------------------
 
 
@@ -758,6 +785,26 @@ async def test_commit_with_a_wrong_token_changes_nothing(
 
     assert (await store.commit(grant.lease)).ok
     assert await store.counters(CONV) == (2, 2)
+
+
+async def test_history_keeps_any_text_intact(redis: Redis, make_settings: SettingsFactory) -> None:
+    # The commit splices JSON in Lua: quotes, escapes, slashes and non-ASCII must survive.
+    store = build(make_settings, redis)
+    tricky = 'He said "hi" \\ back/slash\n\ttab — ünïcödé 🎉 {"json": []} \u0000 end'
+    photo = Attachment("photo", "file-1")
+    await store.ingest(InboundMessage("test", "1", "u1", "m1", tricky))
+    await store.ingest(InboundMessage("test", "1", "u1", "m2", "look", attachments=(photo,)))
+    await cycle_once(store, CONV, tricky + " (reply)")
+    history = await store.history(CONV)
+    assert [(h.role, h.text) for h in history] == [
+        ("user", tricky),
+        ("user", "look [photo]"),
+        ("assistant", tricky + " (reply)"),
+    ]
+    raw = await redis.lrange(Keys(CONV).history, 0, 1)
+    first, second = (json.loads(entry)["message"] for entry in raw)
+    assert first["attachments"] == []
+    assert second["attachments"] == [{"kind": "photo", "ref": "file-1"}]
 
 
 # -- NOSCRIPT ------------------------------------------------------------------------------------

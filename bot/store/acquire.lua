@@ -55,11 +55,17 @@ local resend = {}
 if has_outbox then
   resend = {left[1], left[2]}
 elseif v > w then
-  local ids = {}
-  for i = w + 1, v do
-    ids[#ids + 1] = i
+  -- In chunks: unpack() fails past ~8000 values, and a script error here would leave the
+  -- lease taken and the window consumed, wedging the conversation on every retry.
+  for first = w + 1, v, 1000 do
+    local ids = {}
+    for i = first, math.min(first + 999, v) do
+      ids[#ids + 1] = i
+    end
+    for _, message in ipairs(redis.call('HMGET', pending, unpack(ids))) do
+      unanswered[#unanswered + 1] = message
+    end
   end
-  unanswered = redis.call('HMGET', pending, unpack(ids))
 end
 local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
 return {'acquired', fence, v, w, lateness, resend, unanswered, past}
