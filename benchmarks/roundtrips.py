@@ -302,8 +302,7 @@ def report(results: list[Measured], args: argparse.Namespace) -> None:
     sweep = by_label["d"]
     print(
         f"sweep: {sweep.round_trips / sweep.count:.2f} round trips per sweep for {SHARDS} "
-        "EVALSHA in one pipeline; a round trip beyond 1 is redis-py's SCRIPT EXISTS check "
-        "before a pipeline that holds scripts"
+        "EVALSHA in one pipeline"
     )
 
 

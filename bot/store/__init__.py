@@ -28,7 +28,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.message import InboundMessage, Unavailable
@@ -262,13 +262,23 @@ class Store:
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip."""
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for shard in range(SHARDS):
-                    await self._due(keys=[f"{{lw:{shard}}}:due"], args=[limit], client=pipe)
-                results = await pipe.execute()
+            try:
+                results = await self._due_pipeline(limit)
+            except NoScriptError:
+                # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
+                # round trip to every sweep), so reload by hand after a restart.
+                await self.redis.script_load(DUE)
+                results = await self._due_pipeline(limit)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return [_text(c) for shard in results for c in shard]
+
+    async def _due_pipeline(self, limit: int) -> list[list[bytes]]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(SHARDS):
+                pipe.evalsha(self._due.sha, 1, f"{{lw:{shard}}}:due", limit)
+            results: list[list[bytes]] = await pipe.execute()
+        return results
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
