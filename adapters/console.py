@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from adapters.base import Sink
+from adapters.base import Sink, cancel_and_wait
 from bot.message import InboundMessage, Unavailable
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,8 @@ class ConsoleAdapter:
         try:
             await asyncio.wait({chatting, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (chatting, gone):
-                task.cancel()
-            await asyncio.sleep(0.5)
-            import io
-            buf = io.StringIO()
-            chatting.print_stack(file=buf)
-            log.warning("DBG chatting %s %s", chatting, buf.getvalue())
-            await asyncio.gather(chatting, gone, return_exceptions=True)
+            gone.cancel()
+            await cancel_and_wait(chatting, retry_s=0.1)
         if chatting.done() and not chatting.cancelled() and chatting.exception() is not None:
             raise chatting.exception()  # type: ignore[misc]
         if self._output_gone.is_set():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from urllib.parse import urlparse, urlunparse
@@ -11,7 +10,7 @@ from urllib.parse import urlparse, urlunparse
 from redis.asyncio import Redis
 
 import adapters
-from adapters.base import Adapter
+from adapters.base import Adapter, cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
 from bot.message import Unavailable
@@ -21,6 +20,11 @@ from bot.store import Store
 from bot.systemd import notify
 
 log = logging.getLogger("lastword")
+
+# How long shutdown waits for in-flight cycles to hand their leases back.
+STOP_TIMEOUT_S = 5.0
+# How long shutdown then waits for leftover background work, such as a lease hand-back.
+DRAIN_TIMEOUT_S = 1.0
 
 
 def redact(url: str) -> str:
@@ -124,10 +128,18 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         stopping.cancel()
-        receiving.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiving
-        await runtime.stop()
+        await cancel_and_wait(receiving)
+        # Bounded, so SIGTERM always ends the process in time (SPEC: within 10 s). Whatever
+        # did not stop by then is safe in the store; its leases expire on their own.
+        halting = asyncio.create_task(runtime.stop(), name="runtime stop")
+        _, pending = await asyncio.wait({halting}, timeout=STOP_TIMEOUT_S)
+        if pending:
+            log.warning("the runtime did not stop within %ss; exiting anyway", STOP_TIMEOUT_S)
+        # A cycle cancelled mid-way hands its lease back in a shielded task of its own: let
+        # such leftovers finish while the store is still open, briefly.
+        leftovers = asyncio.all_tasks() - {asyncio.current_task(), halting}
+        if leftovers:
+            await asyncio.wait(leftovers, timeout=DRAIN_TIMEOUT_S)
     if not receiving.cancelled() and receiving.exception() is not None:
         raise receiving.exception()  # type: ignore[misc]
     return 0

@@ -103,6 +103,10 @@ class EmbeddedRedis:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,
+                # Its own process group: Ctrl-C in a terminal signals the whole foreground
+                # group, and the server must outlive the bot's shutdown (which still needs
+                # it to hand leases back). The bot stops it last, or PDEATHSIG does.
+                process_group=0,
             )
         except OSError as exc:
             raise EmbeddedError(f"cannot start the embedded server {args[0]}: {exc}") from None

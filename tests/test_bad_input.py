@@ -231,7 +231,7 @@ def test_closed_stdout_ends_the_run_and_the_reply_waits_for_the_next(data_dir: P
     finally:
         process.kill()
     assert process.returncode == 0, stderr
-    assert b"Traceback" not in stderr
+    assert b"Traceback" not in stderr, stderr.decode()
     assert b"stdout was closed" in stderr
     # The reply was not lost: the next run with a working stdout delivers it.
     code, lines, stderr_text = run_bot(data_dir, "")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from tests.test_console import MODULE, SCRIPT, clean_env
+from tests.test_console import MODULE, SCRIPT, clean_env, server_pids
 
 # The names SPEC fixes for operators and external rigs; help must list every one.
 SPEC_NAMES = [
@@ -72,8 +72,10 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def data_dir(short_dir: Path) -> Path:
-    return short_dir / "data"
+def data_dir(short_dir: Path) -> Iterator[Path]:
+    path = short_dir / "data"
+    yield path
+    assert server_pids(path) == [], "an embedded server outlived its test"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"]], ids=["top", "run"])
@@ -150,10 +152,17 @@ def test_invalid_toml_is_a_configuration_error(data_dir: Path, short_dir: Path) 
     assert "TOML" in lines[0]
 
 
-def test_an_unusable_data_dir_is_one_clear_line(data_dir: Path, short_dir: Path) -> None:
-    blocker = short_dir / "a-file"
-    blocker.write_text("")
-    result = lastword(data_dir, "run", LASTWORD_DATA_DIR=str(blocker / "data"))
+@pytest.mark.parametrize("problem", ["under-a-file", "too-long-for-a-socket"])
+def test_an_unusable_data_dir_is_one_clear_line(
+    data_dir: Path, short_dir: Path, problem: str
+) -> None:
+    if problem == "under-a-file":
+        blocker = short_dir / "a-file"
+        blocker.write_text("")
+        unusable = blocker / "data"
+    else:
+        unusable = short_dir / ("d" * 120)
+    result = lastword(data_dir, "run", LASTWORD_DATA_DIR=str(unusable))
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -63,6 +63,7 @@ class Bot:
         *,
         command: list[str] | None = None,
         env: Mapping[str, str] | None = None,
+        new_session: bool = False,
         **more_env: str,
     ) -> None:
         self.data_dir = data_dir
@@ -74,6 +75,8 @@ class Bot:
             env=clean_env(data_dir, **{**(env or {}), **more_env}),
             # Away from the repository: no ./.env or ./lastword.toml of the developer's.
             cwd=data_dir.parent,
+            # Its own process group, so a test can signal the group the way a terminal does.
+            start_new_session=new_session,
         )
         self._lines: list[str] = []
         self._stderr: list[bytes] = []
@@ -302,27 +305,43 @@ def test_history_persists_across_runs(data_dir: Path) -> None:
     assert not leased
 
 
-def test_sigterm_mid_generation_exits_promptly_and_loses_nothing(
-    data_dir: Path, notify_socket: socket.socket
+def wait_for_lease(data_dir: Path, timeout: float = 5) -> None:
+    """Until a cycle holds the console conversation's lease in the bot's embedded store."""
+    client = Redis(unix_socket_path=str(data_dir / "redis.sock"))
+    try:
+        deadline = time.monotonic() + timeout
+        while not client.exists(Keys(CONVERSATION).lease):
+            assert time.monotonic() < deadline, "no cycle took the lease"
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
+STOPS = {
+    "sigterm": lambda bot: os.kill(bot.pid, signal.SIGTERM),
+    "sigint": lambda bot: os.kill(bot.pid, signal.SIGINT),
+    # Ctrl-C in a terminal: SIGINT to the whole foreground process group.
+    "ctrl-c-in-terminal": lambda bot: os.killpg(bot.pid, signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("stop", STOPS.values(), ids=STOPS.keys())
+def test_signal_mid_generation_exits_cleanly_and_loses_nothing(
+    data_dir: Path, notify_socket: socket.socket, stop: Callable[[Bot], None]
 ) -> None:
-    # The echo model "thinks" for 20 s, so the SIGTERM surely lands mid-generation.
+    # The echo model "thinks" for 20 s, so the signal surely lands mid-generation.
     bot = Bot(
-        data_dir, NOTIFY_SOCKET=notify_socket.getsockname(), LASTWORD_LLM__ECHO_DELAY_MS="20000"
+        data_dir,
+        new_session=True,
+        NOTIFY_SOCKET=notify_socket.getsockname(),
+        LASTWORD_LLM__ECHO_DELAY_MS="20000",
     )
     try:
         wait_ready(notify_socket)
         bot.write("pending\n")
-        lease = Keys(CONVERSATION).lease
-        client = Redis(unix_socket_path=str(data_dir / "redis.sock"))
-        try:
-            deadline = time.monotonic() + 5
-            while not client.exists(lease):
-                assert time.monotonic() < deadline, "no cycle took the lease"
-                time.sleep(0.02)
-        finally:
-            client.close()
+        wait_for_lease(data_dir)
         started = time.monotonic()
-        bot.process.send_signal(signal.SIGTERM)
+        stop(bot)
         code = bot.wait(10)
         took = time.monotonic() - started
     finally:
@@ -331,7 +350,11 @@ def test_sigterm_mid_generation_exits_promptly_and_loses_nothing(
     assert took < 10
     assert bot.lines() == []  # the reply was never sent...
     assert "Traceback" not in bot.stderr()
+    assert "KeyboardInterrupt" not in bot.stderr()
     assert_no_server(data_dir)
+    # The terminal's Ctrl-C reached the bot only: the server was stopped by the bot, after
+    # the leases were handed back, not interrupted alongside it.
+    assert "SIGINT" not in (data_dir / "server.log").read_text()
 
     # ...but the message is safe in the store and the lease was handed back, not left to expire.
     counters, history, leased = read_store(data_dir)
@@ -345,11 +368,11 @@ def test_sigterm_mid_generation_exits_promptly_and_loses_nothing(
     assert lines == ["You said: pending"]
 
 
-def test_ctrl_c_exits_cleanly(data_dir: Path, notify_socket: socket.socket) -> None:
-    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname())
+def test_ctrl_c_while_idle_exits_cleanly(data_dir: Path, notify_socket: socket.socket) -> None:
+    bot = Bot(data_dir, new_session=True, NOTIFY_SOCKET=notify_socket.getsockname())
     try:
         wait_ready(notify_socket)
-        bot.process.send_signal(signal.SIGINT)
+        os.killpg(bot.pid, signal.SIGINT)
         code = bot.wait(10)
     finally:
         bot.kill()

@@ -139,6 +139,15 @@ def replica_env(name: str, redis_url: str, llm_url: str, workdir: Path) -> dict[
     return env
 
 
+def process_state(pid: int) -> str:
+    """The kernel's view of a process (running, sleeping, stopped, zombie), for diagnostics."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "gone"
+    return next((line for line in status.splitlines() if line.startswith("State")), "?")
+
+
 @dataclass
 class Replica:
     name: str
@@ -275,10 +284,15 @@ class Cluster:
                 if replica.reader is not None:
                     await replica.reader
         except TimeoutError:
-            self.signal(name, signal.SIGUSR1)
-            # Deliberate: give it a moment to write where it is stuck into its log.
-            await asyncio.sleep(0.5)
-            raise AssertionError(f"{name} did not stop within 10s of SIGTERM") from None
+            state = process_state(replica.process.pid)
+            if replica.process.returncode is None:
+                self.signal(name, signal.SIGUSR1)
+                # Deliberate: give it a moment to write where it is stuck into its log.
+                await asyncio.sleep(0.5)
+            raise AssertionError(
+                f"{name} did not stop within 10s of SIGTERM: {state}, "
+                f"returncode {replica.process.returncode}"
+            ) from None
         return code
 
     async def close(self) -> None:
