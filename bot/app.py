@@ -7,7 +7,7 @@ import logging
 import signal
 from urllib.parse import urlparse, urlunparse
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 import adapters
 from adapters.base import Adapter, cancel_and_wait
@@ -52,6 +52,18 @@ class StartupError(Exception):
     """The bot cannot start; the message is meant for the operator, on one line."""
 
 
+def make_client(url: str) -> Redis:
+    """A client whose pool waits for a free connection when all are busy.
+
+    redis-py's default pool fails with "Too many connections" instead, so a replica with more
+    than a hundred conversations due at once would fail cycles and answer a second late.
+    """
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=100, timeout=10, socket_connect_timeout=2
+    )
+    return Redis.from_pool(pool)
+
+
 def make_store(settings: Settings, redis: Redis) -> Store:
     return Store(
         redis,
@@ -76,7 +88,7 @@ async def serve(settings: Settings) -> int:
         url = embedded.start()
         log.info("embedded store running at %s", url)
     try:
-        client = Redis.from_url(url, socket_connect_timeout=2)
+        client = make_client(url)
     except ValueError as exc:
         if embedded:
             embedded.stop()

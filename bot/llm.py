@@ -11,12 +11,12 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Literal, Protocol
-
-import openai
-from openai import AsyncOpenAI
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from bot.settings import LLMSettings
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,13 @@ class OpenAILLM:
     name = "openai"
 
     def __init__(self, settings: LLMSettings) -> None:
+        # Imported here: the client library costs half a second of start-up, wasted with echo.
+        from openai import AsyncOpenAI
+
         self.settings = settings
         api_key = settings.api_key.get_secret_value() if settings.api_key else "unset"
         # Retries are ours (below), so that every attempt counts against one policy.
-        self.client = AsyncOpenAI(
+        self.client: AsyncOpenAI = AsyncOpenAI(
             base_url=settings.base_url,
             api_key=api_key,
             timeout=settings.timeout_s,
@@ -101,6 +104,8 @@ class OpenAILLM:
         )
 
     async def complete(self, prompt: Prompt) -> str:
+        import openai
+
         try:
             response = await self.client.chat.completions.create(
                 model=self.settings.model,
