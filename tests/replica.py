@@ -29,9 +29,7 @@ import sys
 import time
 from typing import Any
 
-from redis.asyncio import Redis
-
-from bot.app import make_store
+from bot.app import make_client, make_store
 from bot.llm import make_llm
 from bot.message import InboundMessage, Unavailable
 from bot.runtime import Runtime
@@ -119,13 +117,23 @@ async def report_stats(runtime: Runtime, replica: str) -> None:
         await asyncio.sleep(STATS_POLL_S)
 
 
+def dump_tasks() -> None:
+    """Where every task is waiting: what a test asks for (SIGUSR2) when a replica is stuck
+    with its event loop still running."""
+    for task in asyncio.all_tasks():
+        print(f"--- {task!r}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
 def replica_name(settings: Settings) -> str:
     key = settings.llm.api_key
     return key.get_secret_value() if key is not None else "replica"
 
 
 async def main() -> int:
-    # A test that finds a replica stuck asks it where it is stuck.
+    # A test that finds a replica stuck asks where it is stuck: SIGUSR1 dumps the threads
+    # (for a blocked event loop), SIGUSR2 the asyncio tasks (for a loop waiting forever).
     faulthandler.register(signal.SIGUSR1)
     settings = load_settings()
     name = replica_name(settings)
@@ -137,7 +145,7 @@ async def main() -> int:
     if not settings.redis_url:
         log.error("LASTWORD_REDIS_URL must point at the test server")
         return 2
-    store = make_store(settings, Redis.from_url(settings.redis_url))
+    store = make_store(settings, make_client(settings.redis_url))
     runtime = Runtime(
         settings, store, make_llm(settings.llm, settings.llm_provider), PipeOutbound(name)
     )
@@ -146,6 +154,7 @@ async def main() -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
     tasks = {
         asyncio.create_task(ingest_lines(runtime, name), name="stdin"),
         asyncio.create_task(stop.wait(), name="stop"),

@@ -98,6 +98,8 @@ class Generations:
         for conversation, ordered in by_conversation.items():
             ordered.sort(key=lambda r: r.started_at)
             for before, after in itertools.pairwise(ordered):
+                if id(before) not in self.answered_at:
+                    continue  # an attempt that failed outright; its retry follows it
                 ended = self.answered_at[id(before)] + delay_s
                 assert after.started_at >= ended, (
                     f"{conversation}: {after.api_key} generated while {before.api_key} still was"
@@ -187,6 +189,7 @@ class Cluster:
             )
         except BaseException:
             await self.close()
+            print(self.diagnostics())
             raise
         return self
 
@@ -287,6 +290,7 @@ class Cluster:
             state = process_state(replica.process.pid)
             if replica.process.returncode is None:
                 self.signal(name, signal.SIGUSR1)
+                self.signal(name, signal.SIGUSR2)
                 # Deliberate: give it a moment to write where it is stuck into its log.
                 await asyncio.sleep(0.5)
             raise AssertionError(
@@ -300,16 +304,21 @@ class Cluster:
             if replica.process.returncode is None:
                 # SIGKILL also ends a process that is stopped with SIGSTOP.
                 replica.process.kill()
-            await replica.process.wait()
             if replica.reader is not None:
                 replica.reader.cancel()
                 await asyncio.gather(replica.reader, return_exceptions=True)
+        for replica in self.replicas.values():
+            try:
+                async with asyncio.timeout(10):
+                    await replica.process.wait()
+            except TimeoutError:
+                print(f"{replica.name}: no exit status 10s after SIGKILL")
 
     def diagnostics(self) -> str:
         out = []
         for replica in self.replicas.values():
             lines = replica.log_path.read_text(errors="replace").splitlines()
-            out.append(f"--- {replica.name} (last lines of its log)\n" + "\n".join(lines[-30:]))
+            out.append(f"--- {replica.name} (last lines of its log)\n" + "\n".join(lines[-150:]))
         return "\n".join(out)
 
 
