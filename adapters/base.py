@@ -7,8 +7,7 @@ the core asks through the `Outbound` methods. It never touches the store.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Protocol
+from typing import Protocol
 
 from bot.message import InboundMessage, Outbound
 
@@ -24,16 +23,3 @@ class Adapter(Outbound, Protocol):
 
     async def run(self, sink: Sink) -> None:
         """Receive until the platform's input ends (or the task is cancelled on shutdown)."""
-
-
-async def cancel_and_wait(task: asyncio.Future[Any], retry_s: float = 0.5) -> None:
-    """Cancel `task` and wait until it has really ended, cancelling again if need be.
-
-    One `cancel()` is not always enough on Python 3.11: `asyncio.wait_for`, which redis-py
-    uses for every socket write, swallows a cancellation that lands just as the write
-    completes (CPython gh-86296, fixed in 3.12), and the task then carries on as if nothing
-    happened. Shutdown must not hang on that, so the cancellation is repeated.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=retry_s)

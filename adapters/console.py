@@ -17,7 +17,8 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from adapters.base import Sink, cancel_and_wait
+from adapters.base import Sink
+from bot.cancel import cancel_and_wait
 from bot.message import InboundMessage, Unavailable
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ from urllib.parse import urlparse, urlunparse
 from redis.asyncio import BlockingConnectionPool, Redis
 
 import adapters
-from adapters.base import Adapter, cancel_and_wait
+from adapters.base import Adapter
+from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
 from bot.message import Unavailable

@@ -12,10 +12,12 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from bot.cancel import cancel_and_wait
 from bot.llm import LLM, LLMError, Prompt, Turn, complete_with_retries
 from bot.message import Outbound
 from bot.settings import Settings
@@ -44,7 +46,8 @@ class Stats:
     apologies: int = 0
     resent: int = 0
     lost: int = 0
-    lateness_ms: list[int] = field(default_factory=list)
+    # The most recent wake-up latenesses; bounded so a long-running replica does not grow.
+    lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
 
 
 class LeaseKeeper:
@@ -66,11 +69,8 @@ class LeaseKeeper:
                 raise LeaseLost(self.lease.conversation) from None
             raise
         finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(renewer)
+            await cancel_and_wait(task)
 
     async def _renew_until_lost(self, task: asyncio.Future[T]) -> None:
         while True:
@@ -138,8 +138,11 @@ class Cycle:
             if not finished:
                 # Crash-like exit (error, shutdown): hand the conversation back now rather
                 # than after the TTL. Token-checked, so it can never free someone else's lease.
+                release = asyncio.ensure_future(self.store.release(lease))
+                # Collect its outcome even if we are cancelled while waiting for it.
+                release.add_done_callback(lambda t: t.cancelled() or t.exception())
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self.store.release(lease))
+                    await asyncio.shield(release)
 
     async def _work(self, grant: Grant, keeper: LeaseKeeper) -> int:
         assert grant.lease is not None

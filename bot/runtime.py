@@ -8,13 +8,13 @@ cycles in one process, and the lease keeps it to one across processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import replace
 
+from bot.cancel import cancel_and_wait
 from bot.cycle import Cycle, Stats
 from bot.llm import LLM
-from bot.message import InboundMessage, Outbound, Unavailable
+from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.settings import Settings
 from bot.store import Store
 from bot.timers import Timers
@@ -22,14 +22,35 @@ from bot.timers import Timers
 log = logging.getLogger(__name__)
 
 # When a cycle fails for a reason other than the lease (Redis down, a platform error), look
-# again after this long; the lease was handed back, so any replica may pick it up.
+# again after this long, doubling per failure in a row up to the cap; the lease was handed
+# back, so any replica may pick it up. The cap keeps a broken platform from a busy loop.
 RETRY_AFTER_ERROR_MS = 1000
+RETRY_AFTER_ERROR_CAP_MS = 60_000
+
+
+def valid_utf8(value: str) -> str:
+    """Lone surrogates (from a lenient decoder, or a JSON escape) cannot be stored: replace them."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def clean(message: InboundMessage, limit: int) -> InboundMessage:
+    """The message made safe to store: valid UTF-8 in every field, and text past `limit`
+    characters cut off with a note saying how much."""
+    v = valid_utf8
+    return replace(
+        message,
+        chat_id=v(message.chat_id),
+        user_id=v(message.user_id),
+        message_id=v(message.message_id),
+        display_name=v(message.display_name),
+        text=clean_text(message.text, limit),
+        reply_to_id=None if message.reply_to_id is None else v(message.reply_to_id),
+        attachments=tuple(Attachment(v(a.kind), v(a.ref)) for a in message.attachments),
+    )
 
 
 def clean_text(text: str, limit: int) -> str:
-    """Text safe to store: invalid UTF-8 (lone surrogates from a lenient decoder) replaced,
-    and anything past `limit` characters cut off with a note saying how much."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = valid_utf8(text)
     if len(text) > limit:
         cut = len(text) - limit
         text = text[:limit] + f"\n[… {cut} more characters were cut: the message was too long]"
@@ -74,6 +95,7 @@ class Runtime:
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[str, int] = {}
         self._accepting = False
 
     @property
@@ -89,10 +111,10 @@ class Runtime:
         redelivery). Raises `Unavailable` if it could not be stored: do not acknowledge it."""
         if not self._accepting:
             raise Unavailable("this replica is shutting down")
-        text = clean_text(message.text, self.settings.max_message_chars)
-        if not text.strip() and not message.attachments:
+        message = clean(message, self.settings.max_message_chars)
+        if not message.text.strip() and not message.attachments:
             return False
-        result = await self.store.ingest(replace(message, text=text))
+        result = await self.store.ingest(message)
         if result.accepted:
             self.typing.show(message.conversation)
             self.timers.arm(message.conversation, result.due_in_ms)
@@ -106,21 +128,24 @@ class Runtime:
         self._running[conversation] = task
 
     async def _cycle(self, conversation: str) -> None:
-        next_in = -1
         try:
             self.typing.show(conversation)
             next_in = await self.cycle.run(conversation)
-        except Unavailable as exc:
-            log.warning("cycle for %s interrupted: %s", conversation, exc)
-            next_in = RETRY_AFTER_ERROR_MS
-        except Exception:
-            log.exception("cycle for %s failed", conversation)
-            next_in = RETRY_AFTER_ERROR_MS
+            self._failures.pop(conversation, None)
+        except Exception as exc:
+            failures = self._failures[conversation] = self._failures.get(conversation, 0) + 1
+            next_in = min(RETRY_AFTER_ERROR_MS * 2 ** (failures - 1), RETRY_AFTER_ERROR_CAP_MS)
+            if isinstance(exc, Unavailable):
+                log.warning("cycle for %s interrupted: %s", conversation, exc)
+            else:
+                log.exception("cycle for %s failed (%d in a row)", conversation, failures)
         finally:
-            self.typing.hide(conversation)
             self._running.pop(conversation, None)
         if next_in >= 0:
+            # Still owed a reply (by us or another replica): the indicator stays truthful.
             self.timers.arm(conversation, next_in)
+        else:
+            self.typing.hide(conversation)
 
     async def settled(self, conversation: str, poll_s: float = 0.05) -> None:
         """Wait until every accepted message of `conversation` has been answered."""
@@ -138,9 +163,6 @@ class Runtime:
         Nothing accepted is lost: it is in the store, and any replica will finish it."""
         self._accepting = False
         await self.timers.stop()
-        tasks = list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        # Each cancelled cycle hands its lease back on the way out.
+        await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
         self.typing.stop()

@@ -13,6 +13,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from bot.cancel import cancel_and_wait
 from bot.message import Unavailable
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,10 @@ class Timers:
             # Jitter keeps replicas from sweeping in lockstep and racing for the same leases.
             await asyncio.sleep(self._interval * random.uniform(0.5, 1.0))
             try:
+                # Overdue in the store beats any local timer: that timer may be a "busy"
+                # retry set for a lease that has since been handed back.
                 for conversation in await self._overdue():
-                    if conversation not in self._handles:
-                        self._wake(conversation)
+                    self._wake(conversation)
             except Unavailable as exc:
                 log.warning("sweep skipped: %s", exc)
 
@@ -72,5 +74,4 @@ class Timers:
             handle.cancel()
         self._handles.clear()
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+            await cancel_and_wait(self._sweeper)

@@ -167,13 +167,16 @@ async def main() -> int:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
+        log.info("stopping")
         for task in (*tasks, reporter):
             task.cancel()
         for task in (*tasks, reporter):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await runtime.stop()
+        log.info("runtime stopped")
         await store.close()
+        log.info("store closed")
     # The last word on what this replica did, changed or not since the last report.
     emit("stats", replica=name, **counters(runtime))
     emit("stopped", replica=name)

@@ -185,12 +185,6 @@ async def test_lone_surrogates_in_text_are_stored_and_answered(
     user.text.encode("utf-8")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="BUG (bot/runtime.py): ingest cleans only `text`; a lone surrogate in another "
-    "field (a display name from a JSON payload) makes the store raise UnicodeEncodeError",
-)
 async def test_lone_surrogates_in_other_fields_are_stored_and_answered(
     redis: Redis, make_settings: SettingsFactory
 ) -> None:

@@ -225,7 +225,11 @@ class Cluster:
     async def _read(self, replica: Replica) -> None:
         assert replica.process.stdout is not None
         async for line in replica.process.stdout:
-            event: Event = json.loads(line)
+            try:
+                event: Event = json.loads(line)
+            except ValueError:
+                # Not ours (a library printing to stdout): keep it for the diagnostics.
+                event = {"event": "noise", "line": line.decode(errors="replace")}
             event.setdefault("replica", replica.name)
             self.events.append(event)
             if event["event"] == "ingested":
