@@ -6,9 +6,10 @@ The server is the same one the bot embeds (`redis-server` on PATH, else valkeyli
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,18 @@ def make_settings(
 @pytest.fixture
 async def store(redis: Redis, make_settings: SettingsFactory) -> Store:
     return make_store(make_settings(), redis)
+
+
+async def server_ms(redis: Redis) -> int:
+    """Now, in ms, on the server's clock (the one every deadline uses)."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 3.0) -> None:
+    """Poll `check` until it holds; fail with TimeoutError after `within_s` seconds."""
+    async with asyncio.timeout(within_s):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.01)

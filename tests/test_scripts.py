@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from redis.asyncio import Redis
 from bot.app import make_store
 from bot.message import Attachment, InboundMessage
 from bot.store import SHARDS, Ended, Grant, Keys, Lease, PreSend, Store, shard_of
-from tests.conftest import SettingsFactory
+from tests.conftest import SettingsFactory, eventually, server_ms
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,11 +42,6 @@ def build(make_settings: SettingsFactory, redis: Redis, **overrides: Any) -> Sto
         debounce={"quiet_ms": quiet, "max_wait_ms": max_wait}, lease={"ttl_ms": ttl}, **overrides
     )
     return make_store(settings, redis)
-
-
-async def server_ms(redis: Redis) -> int:
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def text(value: bytes | str) -> str:
@@ -81,15 +75,6 @@ async def snapshot(redis: Redis, conversation: str) -> dict[str, Any]:
     dumped: dict[str, Any] = {name: await redis.dump(name) for name in names}
     dumped["due"] = await due_score(redis, conversation)
     return dumped
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 3.0) -> None:
-    """Poll `check` until it holds; fail with TimeoutError after `within_s` seconds."""
-    async with asyncio.timeout(within_s):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.01)
 
 
 async def acquire_when_ready(

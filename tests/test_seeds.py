@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from bot.message import InboundMessage
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.store import Grant, Keys, Store
-from tests.conftest import SettingsFactory
+from tests.conftest import SettingsFactory, eventually, server_ms
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.outbound import RecordingOutbound
 
@@ -43,20 +43,6 @@ def text(value: bytes | str) -> str:
 async def hash_of(redis: Redis, key: str) -> dict[str, str]:
     raw = await redis.hgetall(key)
     return {text(k): text(v) for k, v in raw.items()}
-
-
-async def server_ms(redis: Redis) -> int:
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 3.0) -> None:
-    """Poll `check` until it holds; fail with TimeoutError after `within_s` seconds."""
-    async with asyncio.timeout(within_s):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
