@@ -252,3 +252,30 @@ async def test_late_release_from_a_timed_out_holder_keeps_the_new_lease(
         assert runtime.stats.replies == 1
         assert runtime.stats.lost == 0
         assert len(fake.requests) == 1
+
+
+async def test_a_user_who_never_stops_typing_is_answered_by_the_hard_cap(
+    redis: Redis, make_settings: SettingsFactory, fake: FakeOpenAI
+) -> None:
+    # I7: messages every 50 ms keep pushing the quiet deadline out, but generation must
+    # start within max_wait of the first message (plus scheduling slack), not after the
+    # typing stops.
+    max_wait_s, slack_s = 0.6, 0.25
+    settings = openai_settings(
+        make_settings, fake, debounce={"quiet_ms": 200, "max_wait_ms": int(max_wait_s * 1000)}
+    )
+    async with running(settings, redis) as (runtime, _):
+        loop = asyncio.get_running_loop()
+        first_at = loop.time()
+        typing_until = first_at + 3 * max_wait_s
+        n = 0
+        while loop.time() < typing_until:
+            n += 1
+            assert await runtime.ingest(message(n))
+            await asyncio.sleep(0.05)
+        await settle(runtime)
+    first_request = fake.requests[0]
+    # FakeOpenAI stamps requests with time.monotonic(), the clock the event loop uses.
+    assert first_request.started_at - first_at <= max_wait_s + slack_s
+    assert first_request.started_at < typing_until - max_wait_s
+    assert "text 1" in first_request.last_user_text
