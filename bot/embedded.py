@@ -7,6 +7,7 @@ they run against the same real server the bot does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -134,13 +135,16 @@ class EmbeddedRedis:
         """Stop gracefully: SIGTERM makes the server flush its append-only file first."""
         if self.process is None:
             return
-        if self.process.poll() is None:
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None and time.monotonic() < deadline:
+            # Repeated: the server refuses a shutdown while it writes its first append-only
+            # file ("can't exit") and then ignores that SIGTERM for good.
             self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(0.2)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
         self.process = None
 
     def kill(self) -> None:
