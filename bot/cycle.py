@@ -80,9 +80,12 @@ class LeaseKeeper:
                 return
 
     async def _renew_or_expired(self) -> bool:
+        # The new expiry counts from when the server ran the script, which is no earlier
+        # than when the call was sent: measure from there, never from the answer.
+        sent_at = time.monotonic()
         try:
             if await self.store.renew(self.lease):
-                self.confirmed_at = time.monotonic()
+                self.confirmed_at = sent_at
                 return True
             log.warning("lease on %s was taken over; stopping", self.lease.conversation)
             return False
@@ -96,13 +99,14 @@ class LeaseKeeper:
         """Before a side effect: if so much time has passed (a pause, a slow send) that the
         lease may have expired, confirm it now rather than act on a lease someone else holds."""
         if time.monotonic() - self.confirmed_at > self.ttl_s / 2:
+            sent_at = time.monotonic()
             try:
                 ok = await self.store.renew(self.lease)
             except StoreUnavailable:
                 ok = False
             if not ok:
                 raise LeaseLost(self.lease.conversation)
-            self.confirmed_at = time.monotonic()
+            self.confirmed_at = sent_at
 
 
 class Cycle:
@@ -124,25 +128,21 @@ class Cycle:
         lease = grant.lease
         self.stats.cycles += 1
         keeper = LeaseKeeper(self.store, lease)
-        finished = False
         try:
-            next_in = await keeper.run(self._work(grant, keeper))
-            finished = True
-            return next_in
+            return await keeper.run(self._work(grant, keeper))
         except LeaseLost:
             self.stats.lost += 1
             log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
-            finished = True
             return -1
-        finally:
-            if not finished:
-                # Crash-like exit (error, shutdown): hand the conversation back now rather
-                # than after the TTL. Token-checked, so it can never free someone else's lease.
-                release = asyncio.ensure_future(self.store.release(lease))
-                # Collect its outcome even if we are cancelled while waiting for it.
-                release.add_done_callback(lambda t: t.cancelled() or t.exception())
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(release)
+        except BaseException:
+            # A crash-like exit (an error, shutdown): hand the conversation back now rather
+            # than after the TTL. Token-checked, so it can never free someone else's lease.
+            release = asyncio.ensure_future(self.store.release(lease))
+            # Collect its outcome even if we are cancelled while waiting for it.
+            release.add_done_callback(lambda t: t.cancelled() or t.exception())
+            with contextlib.suppress(Exception):
+                await asyncio.shield(release)
+            raise
 
     async def _work(self, grant: Grant, keeper: LeaseKeeper) -> int:
         assert grant.lease is not None

@@ -18,7 +18,6 @@ tell which replica made each request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -30,6 +29,7 @@ import time
 from typing import Any
 
 from bot.app import make_client, make_store
+from bot.cancel import cancel_and_wait
 from bot.llm import make_llm
 from bot.message import InboundMessage, Unavailable
 from bot.runtime import Runtime
@@ -100,9 +100,11 @@ async def ingest_lines(runtime: Runtime, replica: str) -> None:
 
 
 def counters(runtime: Runtime) -> dict[str, Any]:
-    stats = dataclasses.asdict(runtime.stats)
-    stats.pop("lateness_ms")
-    return stats
+    """The cycle counters, without the (long) lateness samples."""
+    stats = runtime.stats
+    return {
+        f.name: getattr(stats, f.name) for f in dataclasses.fields(stats) if f.name != "lateness_ms"
+    }
 
 
 async def report_stats(runtime: Runtime, replica: str) -> None:
@@ -169,10 +171,8 @@ async def main() -> int:
     finally:
         log.info("stopping")
         for task in (*tasks, reporter):
-            task.cancel()
-        for task in (*tasks, reporter):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # The stdin task may be inside a store call, where one cancel can be lost.
+            await cancel_and_wait(task)
         await runtime.stop()
         log.info("runtime stopped")
         await store.close()

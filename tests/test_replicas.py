@@ -28,7 +28,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -40,6 +40,7 @@ from redis.asyncio import Redis
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys
+from tests.conftest import eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 
 pytestmark = pytest.mark.timeout(90)
@@ -326,15 +327,6 @@ class Cluster:
         return "\n".join(out)
 
 
-async def poll_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:  # noqa: ASYNC109
-    """For state that lives in the server, which prints no events: poll with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def quiescent(redis: Redis, conversations: Iterable[str]) -> bool:
     """Nothing owed, held, half-sent or scheduled for any of `conversations`."""
     for conversation in conversations:
@@ -459,9 +451,12 @@ async def settle(
         raise AssertionError(f"{exc}: never answered: {missing}") from None
     conversations = {conversation_of(m) for m in wanted}
     # A replica that lost a race for the lease looks again when it would expire.
-    await poll_until(
-        lambda: quiescent(redis, conversations), (TTL_MS + SWEEP_MS) / 1000 + 5, "quiet store"
-    )
+    try:
+        await eventually(
+            lambda: quiescent(redis, conversations), within_s=(TTL_MS + SWEEP_MS) / 1000 + 5
+        )
+    except TimeoutError:
+        raise AssertionError(f"the store never went quiet for {sorted(conversations)}") from None
 
 
 @dataclass(frozen=True)
