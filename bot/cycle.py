@@ -31,6 +31,18 @@ APOLOGY = "Sorry, I can't answer right now because of a technical problem. Pleas
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Next:
+    """When to look at the conversation again (-1: nothing owed, or another replica's), and
+    whether this replica is still the one working towards its reply (so it shows typing)."""
+
+    in_ms: int
+    working: bool
+
+
+NOTHING = Next(-1, working=False)
+
+
 class LeaseLost(Exception):
     """Another replica holds the conversation now; this one must not send or commit."""
 
@@ -117,14 +129,16 @@ class Cycle:
         self.outbound = outbound
         self.stats = Stats()
 
-    async def run(self, conversation: str) -> int:
-        """Do what is owed for `conversation`. Returns ms until it should be looked at
-        again (-1 when nothing is owed or another replica has it)."""
+    async def run(self, conversation: str) -> Next:
+        """Do what is owed for `conversation`, and say when to look at it again."""
         grant = await self.store.acquire(conversation, secrets.token_hex(16))
-        if grant.status in ("busy", "early"):
-            return grant.retry_in_ms
+        if grant.status == "early":
+            return Next(grant.retry_in_ms, working=True)
+        if grant.status == "busy":
+            # Another replica holds it and shows typing; look again only in case it dies.
+            return Next(grant.retry_in_ms, working=False)
         if grant.lease is None:
-            return -1
+            return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
         keeper = LeaseKeeper(self.store, lease)
@@ -133,7 +147,7 @@ class Cycle:
         except LeaseLost:
             self.stats.lost += 1
             log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
-            return -1
+            return NOTHING
         except BaseException:
             # A crash-like exit (an error, shutdown): hand the conversation back now rather
             # than after the TTL. Token-checked, so it can never free someone else's lease.
@@ -144,7 +158,7 @@ class Cycle:
                 await asyncio.shield(release)
             raise
 
-    async def _work(self, grant: Grant, keeper: LeaseKeeper) -> int:
+    async def _work(self, grant: Grant, keeper: LeaseKeeper) -> Next:
         assert grant.lease is not None
         lease = grant.lease
         if grant.resend is not None:
@@ -163,7 +177,7 @@ class Cycle:
             if verdict.status == "stale":
                 self.stats.discarded += 1
                 log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
-                return verdict.next_in_ms
+                return Next(verdict.next_in_ms, working=True)
             if verdict.forced:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
@@ -172,7 +186,7 @@ class Cycle:
         if not ended.ok:
             raise LeaseLost(lease.conversation)
         self.stats.replies += 1
-        return ended.next_in_ms
+        return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
 
     async def _generate(self, grant: Grant) -> str:
         prompt = Prompt(

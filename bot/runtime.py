@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 
 from bot.cancel import cancel_and_wait
-from bot.cycle import Cycle, Stats
+from bot.cycle import Cycle, Next, Stats
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.settings import Settings
@@ -130,21 +130,21 @@ class Runtime:
     async def _cycle(self, conversation: str) -> None:
         try:
             self.typing.show(conversation)
-            next_in = await self.cycle.run(conversation)
+            after = await self.cycle.run(conversation)
             self._failures.pop(conversation, None)
         except Exception as exc:
             failures = self._failures[conversation] = self._failures.get(conversation, 0) + 1
-            next_in = min(RETRY_AFTER_ERROR_MS * 2 ** (failures - 1), RETRY_AFTER_ERROR_CAP_MS)
+            delay = min(RETRY_AFTER_ERROR_MS * 2 ** (failures - 1), RETRY_AFTER_ERROR_CAP_MS)
+            after = Next(delay, working=False)
             if isinstance(exc, Unavailable):
                 log.warning("cycle for %s interrupted: %s", conversation, exc)
             else:
                 log.exception("cycle for %s failed (%d in a row)", conversation, failures)
         finally:
             self._running.pop(conversation, None)
-        if next_in >= 0:
-            # Still owed a reply (by us or another replica): the indicator stays truthful.
-            self.timers.arm(conversation, next_in)
-        else:
+        if after.in_ms >= 0:
+            self.timers.arm(conversation, after.in_ms)
+        if not after.working:
             self.typing.hide(conversation)
 
     async def settled(self, conversation: str, poll_s: float = 0.05) -> None:
