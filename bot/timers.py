@@ -31,12 +31,16 @@ class Timers:
         self._interval = sweep_interval_s
         self._handles: dict[str, asyncio.TimerHandle] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def arm(self, conversation: str, delay_ms: int) -> None:
         """Wake `conversation` after `delay_ms`, replacing any earlier timer for it.
 
         The newest delay always wins: it comes from the server's latest view of the window.
+        Once stopped, nothing is armed: the due-index keeps the conversation for any replica.
         """
+        if self._stopped:
+            return
         old = self._handles.pop(conversation, None)
         if old is not None:
             old.cancel()
@@ -55,21 +59,30 @@ class Timers:
         self._wake(conversation)
 
     def start(self) -> None:
+        self._stopped = False
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="sweep")
 
     async def _sweep_forever(self) -> None:
-        while True:
+        # The flag, not only cancel(), ends the loop: on Python 3.11 a cancellation that lands
+        # inside a store call can be lost (see bot.cancel), and while the sweeper spends most
+        # of its time in such calls, re-cancelling may keep missing it.
+        while not self._stopped:
             # Jitter keeps replicas from sweeping in lockstep and racing for the same leases.
             await asyncio.sleep(self._interval * random.uniform(0.5, 1.0))
             try:
-                # Overdue in the store beats any local timer: that timer may be a "busy"
-                # retry set for a lease that has since been handed back.
-                for conversation in await self._overdue():
-                    self._wake(conversation)
+                overdue = await self._overdue()
             except Unavailable as exc:
                 log.warning("sweep skipped: %s", exc)
+                continue
+            if self._stopped:
+                return
+            # Overdue in the store beats any local timer: that timer may be a "busy"
+            # retry set for a lease that has since been handed back.
+            for conversation in overdue:
+                self._wake(conversation)
 
     async def stop(self) -> None:
+        self._stopped = True
         for handle in self._handles.values():
             handle.cancel()
         self._handles.clear()

@@ -14,7 +14,8 @@ test checks, per conversation:
   was delivered.
 
 Then the same under failure: a replica killed with SIGKILL mid-generation, and a lease holder
-paused with SIGSTOP past its lease and resumed.
+paused with SIGSTOP past its lease and resumed. Every replica must also stop cleanly on SIGTERM;
+the last test pins down why one once did not (a cancellation lost inside a store call).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from bot.app import make_store
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys
-from tests.conftest import eventually
+from bot.timers import Timers
+from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 
 pytestmark = pytest.mark.timeout(90)
@@ -674,3 +677,33 @@ async def test_paused_holder_is_fenced(
             redis, other, {"c1m1": accepted["c1m1"]}, cluster.sent(other)
         )
         assert [r.replica for r in replies] == [holder]
+
+
+async def test_sweeper_stops_although_cancellations_get_lost(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    """On Python 3.11 a cancellation that lands just as a store call completes is lost
+    (CPython gh-86296, in the `asyncio.wait_for` redis-py uses). A replica whose sweeper is
+    nearly always inside a store call (here: a tiny interval; in production: a slow server)
+    once hung on SIGTERM forever, sweeping on. Stopping must still end it, promptly, and
+    nothing may be woken after it returns."""
+    store = make_store(make_settings(), redis)
+    # Always overdue, so every sweep wakes it.
+    await redis.zadd(Keys("pipe:0").due, {"pipe:0": 0})
+    woken: list[str] = []
+    for _ in range(30):
+        timers = Timers(woken.append, store.due, sweep_interval_s=0.0002)
+        timers.start()
+        # Deliberate: let it sweep a few times, so the stop lands mid-call.
+        await asyncio.sleep(0.005)
+        try:
+            async with asyncio.timeout(2):
+                await timers.stop()
+        except TimeoutError:
+            raise AssertionError("stop() left the sweeper running") from None
+        stopped_at = len(woken)
+        timers.arm("pipe:1", 0)
+        # Deliberate: long enough for a sweep or a timer that outlived stop() to fire.
+        await asyncio.sleep(0.002)
+        assert len(woken) == stopped_at, f"woken after stop: {woken[stopped_at:]}"
+    assert woken, "the sweeper never swept"
