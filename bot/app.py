@@ -73,6 +73,7 @@ def make_store(settings: Settings, redis: Redis) -> Store:
         ttl_ms=settings.lease.ttl_ms,
         history_cap=settings.history_cap,
         starvation_limit=settings.starvation_limit,
+        rate_per_minute=settings.access.rate_per_minute,
     )
 
 

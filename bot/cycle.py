@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bot.cancel import cancel_and_wait
+from bot.commands import Plan, plan
 from bot.llm import LLM, LLMError, Prompt, Turn, complete_with_retries
 from bot.message import Outbound
 from bot.settings import Settings
@@ -170,8 +171,9 @@ class Cycle:
         else:
             self.stats.lateness_ms.append(grant.lateness_ms)
             version = grant.version
-            text = await self._generate(grant)
-            verdict = await self.store.presend(lease, version, text)
+            burst = plan(grant.watermark, grant.unanswered)
+            text = await self._reply(grant, burst)
+            verdict = await self.store.presend(lease, version, text, reset=burst.reset)
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)
             if verdict.status == "stale":
@@ -188,25 +190,31 @@ class Cycle:
         self.stats.replies += 1
         return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
 
-    async def _generate(self, grant: Grant) -> str:
+    async def _reply(self, grant: Grant, burst: Plan) -> str:
+        """The one reply to the burst: command answers first, then the model's answer to
+        everything else (no model call when the burst is only commands)."""
+        if not burst.for_model:
+            return "\n\n".join(burst.answers)
+        # After a /reset the model starts afresh: the old history is about to be emptied.
+        history = grant.history if burst.keeps_history else ()
         prompt = Prompt(
             system=self.settings.llm.system_prompt,
-            history=tuple(Turn(h.role, h.text) for h in grant.history),
-            unanswered=tuple(m.prompt_text() for m in grant.unanswered),
+            history=tuple(Turn(h.role, h.text) for h in history),
+            unanswered=tuple(m.prompt_text() for m in burst.for_model),
         )
         llm = self.settings.llm
         try:
-            return await complete_with_retries(self.llm, prompt, llm.retries, llm.retry_base_s)
+            answer = await complete_with_retries(self.llm, prompt, llm.retries, llm.retry_base_s)
         except LLMError as exc:
             self.stats.apologies += 1
-            count = len(grant.unanswered)
             log.error(
                 "LLM failed for %s (%d messages); sending an apology: %s",
                 grant.lease.conversation if grant.lease else "?",
-                count,
+                len(burst.for_model),
                 exc,
             )
-            return APOLOGY
+            answer = APOLOGY
+        return "\n\n".join((*burst.answers, answer))
 
     async def _send(self, lease: Lease, text: str, version: int, keeper: LeaseKeeper) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):

@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 
 from bot.cancel import cancel_and_wait
+from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 # back, so any replica may pick it up. The cap keeps a broken platform from a busy loop.
 RETRY_AFTER_ERROR_MS = 1000
 RETRY_AFTER_ERROR_CAP_MS = 60_000
+# A user outside the allow-list is told so at most once per this period.
+REFUSAL_PERIOD_MS = 24 * 3600 * 1000
 
 
 def valid_utf8(value: str) -> str:
@@ -91,6 +94,7 @@ class Runtime:
     def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
         self.settings = settings
         self.store = store
+        self.outbound = outbound
         self.cycle = Cycle(settings, store, llm, outbound)
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
@@ -107,18 +111,36 @@ class Runtime:
         self._accepting = True
 
     async def ingest(self, message: InboundMessage) -> bool:
-        """Take one platform message in. Returns False if it was dropped (empty, or a
-        redelivery). Raises `Unavailable` if it could not be stored: do not acknowledge it."""
+        """Take one platform message in. Returns False if it was dropped: empty, a
+        redelivery, a user outside the allow-list, or over the rate limit. Raises
+        `Unavailable` if it could not be stored: do not acknowledge it then."""
         if not self._accepting:
             raise Unavailable("this replica is shutting down")
         message = clean(message, self.settings.max_message_chars)
         if not message.text.strip() and not message.attachments:
             return False
+        conversation = message.conversation
+        allowed = self.settings.access.allowed_users
+        if allowed and message.user_id not in allowed:
+            # Never stored, so never near the model; told once a day, by whichever replica.
+            if await self.store.notice_once(conversation, REFUSAL_PERIOD_MS):
+                await self._notify(conversation, REFUSAL, "refused")
+            return False
         result = await self.store.ingest(message)
+        if result.first_limited:
+            await self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
             self.typing.show(message.conversation)
             self.timers.arm(message.conversation, result.due_in_ms)
         return result.accepted
+
+    async def _notify(self, conversation: str, text: str, key: str) -> None:
+        """A notice outside any reply. Best effort: the message it concerns was dropped on
+        purpose, so a failed notice loses nothing."""
+        try:
+            await self.outbound.send(conversation, text, f"{conversation}:notice:{key}")
+        except Exception as exc:
+            log.warning("could not send a notice to %s: %s", conversation, exc)
 
     def wake(self, conversation: str) -> None:
         """Start a cycle for `conversation` unless this process already runs one."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -83,6 +84,20 @@ class LeaseSettings(BaseModel):
     ttl_ms: int = Field(default=30000, ge=300)
 
 
+class AccessSettings(BaseModel):
+    # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone.
+    allowed_users: Annotated[list[str], NoDecode] = []
+    # Messages one user may send per minute; more are dropped with one notice. 0: no limit.
+    rate_per_minute: int = Field(default=30, ge=0)
+
+    @field_validator("allowed_users", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -100,6 +115,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     debounce: DebounceSettings = DebounceSettings()
     lease: LeaseSettings = LeaseSettings()
+    access: AccessSettings = AccessSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2)
     # Longer messages are cut, with a note, before they are stored.

@@ -70,6 +70,8 @@ def make_settings(
             "lease": {"ttl_ms": 1500},
             "sweep_interval_ms": 200,
             "llm": {"provider": "echo", "retries": 1, "retry_base_s": 0.01},
+            # Tests send bursts far above a human's pace; the limit has tests of its own.
+            "access": {"rate_per_minute": 0},
         }
         values.update(overrides)
         return Settings(**values)

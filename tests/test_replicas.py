@@ -275,7 +275,12 @@ class Cluster:
         stdin.write(msg.to_json().encode() + b"\n")
         await stdin.drain()
         key = (name, msg.message_id)
-        await self.wait_for(lambda: key in self.ingested, 10, f"{name} to ingest {key[1]}")
+        await self.wait_for(
+            lambda: key in self.ingested or bool(self.of("eof", name)),
+            10,
+            f"{name} to ingest {key[1]}",
+        )
+        assert key in self.ingested, f"{name} exited before ingesting {key[1]}"
         return bool(self.ingested[key]["accepted"])
 
     def signal(self, name: str, signum: int) -> None:

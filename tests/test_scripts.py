@@ -589,6 +589,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "text": "the reply",
         "version": "2",
         "fence": str(grant.lease.fence),
+        "reset": "0",  # no /reset among the covered messages
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)

@@ -14,6 +14,8 @@ Key layout, for a conversation in shard N (of `SHARDS`):
     {lw:N}:c:<conversation>:lease    hash    token, fence; expires on its own
     {lw:N}:c:<conversation>:outbox   hash    text, version, fence of a reply being sent
     {lw:N}:c:<conversation>:history  list    json entries, oldest first, capped
+    {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
+    {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
     {lw:N}:due                       zset    conversation -> when to look at it next
 """
 
@@ -37,6 +39,8 @@ from bot.message import InboundMessage, Unavailable
 SHARDS = 16
 # Platform message ids remembered per conversation for dedupe.
 SEEN_CAP = 1000
+# The rate limit counts messages per minute.
+RATE_WINDOW_MS = 60_000
 
 
 class StoreUnavailable(Unavailable):
@@ -50,6 +54,7 @@ def _load(name: str) -> str:
 
 
 INGEST = _load("ingest")
+NOTICE = _load("notice")
 ACQUIRE = _load("acquire")
 RENEW = _load("renew")
 RELEASE = _load("release")
@@ -75,14 +80,18 @@ class Keys:
         self.lease = f"{base}:lease"
         self.outbox = f"{base}:outbox"
         self.history = f"{base}:history"
+        self.rate = f"{base}:rate"
+        self.notice = f"{base}:notice"
         self.due = f"{tag}:due"
 
 
 @dataclass(frozen=True)
 class Ingested:
-    accepted: bool  # False: a redelivery of a message already taken in
+    accepted: bool  # False: a redelivery, or dropped by the rate limit
     version: int
-    due_in_ms: int  # until the window's deadline; -1 for a redelivery
+    due_in_ms: int  # until the window's deadline; -1 when not accepted
+    limited: bool = False  # dropped by the rate limit
+    first_limited: bool = False  # ...and the first such in its window: tell the user once
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,7 @@ class Store:
         ttl_ms: int,
         history_cap: int,
         starvation_limit: int,
+        rate_per_minute: int = 0,
     ) -> None:
         self.redis = redis
         self.quiet_ms = quiet_ms
@@ -160,7 +170,9 @@ class Store:
         self.ttl_ms = ttl_ms
         self.history_cap = history_cap
         self.starvation_limit = starvation_limit
+        self.rate_per_minute = rate_per_minute
         self._ingest = redis.register_script(INGEST)
+        self._notice = redis.register_script(NOTICE)
         self._acquire = redis.register_script(ACQUIRE)
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
@@ -189,7 +201,7 @@ class Store:
     async def ingest(self, message: InboundMessage) -> Ingested:
         conversation = message.conversation
         k = Keys(conversation)
-        keys = [k.state, k.pending, k.seen, k.window, k.due]
+        keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate]
         args: list[str | int] = [
             conversation,
             message.message_id,
@@ -197,9 +209,23 @@ class Store:
             self.quiet_ms,
             self.max_wait_ms,
             SEEN_CAP,
+            self.rate_per_minute,
+            RATE_WINDOW_MS,
         ]
-        accepted, version, due_in = await self._run(self._ingest, keys, args)
-        return Ingested(bool(accepted), int(version), int(due_in))
+        status, version, due_in = await self._run(self._ingest, keys, args)
+        return Ingested(
+            accepted=status == 1,
+            version=int(version),
+            due_in_ms=int(due_in),
+            limited=status in (2, 3),
+            first_limited=status == 3,
+        )
+
+    async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
+        """True for the first caller, on any replica, within `ttl_ms`: a one-off notice (such
+        as a refusal) is then sent by that caller only."""
+        keys = [Keys(conversation).notice]
+        return bool(await self._run(self._notice, keys, [ttl_ms]))
 
     async def acquire(self, conversation: str, token: str) -> Grant:
         k = Keys(conversation)
@@ -235,7 +261,9 @@ class Store:
         ok, next_in = await self._run(self._release, keys, [lease.conversation, lease.token])
         return Ended(bool(ok), int(next_in))
 
-    async def presend(self, lease: Lease, version: int, text: str) -> PreSend:
+    async def presend(self, lease: Lease, version: int, text: str, reset: int = 0) -> PreSend:
+        """The pre-send check. `reset` is the version of the last /reset among the covered
+        messages (0: none): the commit then empties the history before appending."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.outbox, k.window, k.due]
         args: list[str | int] = [
@@ -245,6 +273,7 @@ class Store:
             version,
             text,
             self.starvation_limit,
+            reset,
         ]
         raw_status, value = await self._run(self._presend, keys, args)
         status = _text(raw_status)

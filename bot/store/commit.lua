@@ -1,6 +1,7 @@
 -- After the reply was sent: W = the version it covered, the answered messages and the reply
 -- move to the history, the outbox is cleared and the lease released, all in one step.
--- History is only ever appended and trimmed, never rewritten, so no update is lost.
+-- History is only ever appended and trimmed, never rewritten, so no update is lost; a /reset
+-- among the covered messages empties it first, and only what came after the /reset is kept.
 -- KEYS: lease, state, pending, history, outbox, window, due
 -- ARGV: conversation, token, fence, history cap
 -- Returns {committed (0/1), ms until the next look or -1}
@@ -10,15 +11,21 @@ if not holds(lease, ARGV[2], ARGV[3]) then
   return {0, -1}
 end
 
-local reply = redis.call('HMGET', outbox, 'text', 'version')
+local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset')
 local covered = tonumber(reply[2])
+local reset = tonumber(reply[3] or '0') or 0
 local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
+  if reset > w then
+    redis.call('DEL', history)
+  end
   for i = w + 1, covered do
     local message = redis.call('HGET', pending, i)
     if message then
-      -- Spliced as text: a cjson round trip would turn empty lists into objects.
-      redis.call('RPUSH', history, '{"role":"user","v":' .. i .. ',"message":' .. message .. '}')
+      if i > reset then
+        -- Spliced as text: a cjson round trip would turn empty lists into objects.
+        redis.call('RPUSH', history, '{"role":"user","v":' .. i .. ',"message":' .. message .. '}')
+      end
       redis.call('HDEL', pending, i)
     end
   end

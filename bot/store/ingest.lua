@@ -1,9 +1,11 @@
--- Ingest one message: dedupe, bump V, store it as pending, open or extend the window,
--- and put the deadline in the due-index. One round trip, and nothing waits for the LLM.
--- KEYS: state, pending, seen, window, due
--- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap
--- Returns {accepted (0/1), V, ms until the deadline or -1}
-local state, pending, seen, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- Ingest one message: dedupe, rate-limit, bump V, store it as pending, open or extend the
+-- window, and put the deadline in the due-index. One round trip; nothing waits for the LLM.
+-- KEYS: state, pending, seen, window, due, rate
+-- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
+--       messages allowed per rate window (0: no limit), rate window ms
+-- Returns {status, V, ms until the deadline or -1}; status 1 accepted, 0 a redelivery,
+-- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window
+local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now = now_ms()
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
@@ -12,6 +14,19 @@ end
 redis.call('ZADD', seen, now, ARGV[2])
 -- Redelivery happens within minutes, so remembering the newest ids per conversation is enough.
 redis.call('ZREMRANGEBYRANK', seen, 0, -(tonumber(ARGV[6]) + 1))
+
+-- A DM conversation is one user, so its key is the per-user counter, in the same slot.
+local limit = tonumber(ARGV[7])
+if limit > 0 then
+  local count = redis.call('INCR', rate)
+  if count == 1 then
+    redis.call('PEXPIRE', rate, tonumber(ARGV[8]))
+  end
+  if count > limit then
+    local v = tonumber(redis.call('HGET', state, 'v') or '0')
+    return {count == limit + 1 and 3 or 2, v, -1}
+  end
+end
 
 local v = redis.call('HINCRBY', state, 'v', 1)
 redis.call('HSET', pending, v, ARGV[3])

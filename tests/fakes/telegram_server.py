@@ -1,0 +1,837 @@
+"""A loopback fake of the Telegram Bot API, for tests.
+
+The Telegram adapter talks to Telegram through the real ``python-telegram-bot`` library. Tests
+drive that same library against this fake instead of mocking it, so the wire format (form or
+JSON encoded parameters, the ``{"ok": ..., "result": ...}`` envelope, error codes with their
+``parameters``) and the library's own behaviour (exception classes such as ``RetryAfter``,
+``BadRequest``, ``Forbidden`` and ``Conflict``; timeouts; long polling) are exercised for real,
+while the test keeps full control: it queues updates for ``getUpdates``, scripts errors per
+method, sees every call, and plays Telegram's webhook delivery with :func:`post_update`.
+
+PTB builds request URLs as ``{base_url}{token}/{method}``, so a bot points at the fake with
+``base_url=f"{fake.api_url}/bot"``; :attr:`FakeTelegram.api_url` is the Bot API base that
+``LASTWORD_TELEGRAM__API_URL`` expects (``http://127.0.0.1:PORT``).
+
+Usage::
+
+    async with FakeTelegram() as fake, Bot(fake.token, base_url=f"{fake.api_url}/bot") as bot:
+        fake.push_update(fake.private_text_update(chat_id=7, user_id=7, text="hi"))
+        [update] = await bot.get_updates()
+        await bot.send_message(7, "hello")
+        assert fake.sent_messages[0].params["text"] == "hello"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import itertools
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+__all__ = [
+    "DEFAULT_TOKEN",
+    "FakeTelegram",
+    "RecordedCall",
+    "ScriptedError",
+    "WebhookConfig",
+    "post_update",
+]
+
+DEFAULT_TOKEN = "123456789:AAFakeTelegramTokenForTests0123456789"
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+# The methods the fake implements; Telegram treats method names case-insensitively.
+_METHODS = (
+    "getMe",
+    "setWebhook",
+    "deleteWebhook",
+    "getWebhookInfo",
+    "getUpdates",
+    "sendMessage",
+    "sendChatAction",
+    "editMessageText",
+    "deleteMessage",
+)
+_CANONICAL = {name.lower(): name for name in _METHODS}
+
+# Form-encoded requests (what PTB sends) carry every value as a string: PTB leaves strings as
+# they are and JSON-encodes everything else. The real server types fields by name; so does this.
+_INT_FIELDS = frozenset(
+    {
+        "chat_id",
+        "message_id",
+        "offset",
+        "limit",
+        "timeout",
+        "max_connections",
+        "reply_to_message_id",
+        "message_thread_id",
+    }
+)
+_BOOL_FIELDS = frozenset(
+    {
+        "drop_pending_updates",
+        "disable_notification",
+        "protect_content",
+        "disable_web_page_preview",
+        "allow_sending_without_reply",
+    }
+)
+_JSON_FIELDS = frozenset(
+    {"allowed_updates", "reply_parameters", "reply_markup", "entities", "link_preview_options"}
+)
+
+_TAG_RE = re.compile(r"<[^>]*>")
+
+
+@dataclass
+class RecordedCall:
+    """One Bot API call as the fake received it, and how it was answered."""
+
+    method: str
+    params: dict[str, Any]
+    at: float
+    # HTTP status of the answer; None while the call is still in flight (a long poll).
+    status: int | None = None
+    result: Any = None
+    description: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @property
+    def text(self) -> str | None:
+        value = self.params.get("text")
+        return value if isinstance(value, str) else None
+
+    @property
+    def chat_id(self) -> int | str | None:
+        value = self.params.get("chat_id")
+        return value if isinstance(value, int | str) else None
+
+
+@dataclass
+class ScriptedError:
+    """A Bot API error the fake answers with instead of performing a call."""
+
+    status: int
+    description: str
+    parameters: dict[str, Any] | None = None
+
+    def body(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "ok": False,
+            "error_code": self.status,
+            "description": self.description,
+        }
+        if self.parameters:
+            payload["parameters"] = self.parameters
+        return payload
+
+
+@dataclass
+class WebhookConfig:
+    """What the last successful ``setWebhook`` asked for."""
+
+    url: str
+    secret_token: str | None
+    allowed_updates: list[str] | None
+    max_connections: int | None
+    drop_pending_updates: bool
+
+
+@dataclass
+class _Poll:
+    call: RecordedCall
+    terminated: bool = False
+
+
+class _CallError(Exception):
+    def __init__(self, error: ScriptedError) -> None:
+        super().__init__(error.description)
+        self.error = error
+
+
+def _bad_request(description: str) -> _CallError:
+    return _CallError(ScriptedError(400, f"Bad Request: {description}"))
+
+
+class FakeTelegram:
+    """Fake Telegram Bot API server on 127.0.0.1 with an OS-chosen port."""
+
+    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "fake_bot") -> None:
+        self.token = token
+        bot_id_text = token.split(":", 1)[0]
+        self.bot_user: dict[str, Any] = {
+            "id": int(bot_id_text) if bot_id_text.isdigit() else 424242,
+            "is_bot": True,
+            "first_name": "Fake Bot",
+            "username": bot_username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+        self.calls: list[RecordedCall] = []
+        self.webhook: WebhookConfig | None = None
+        # Telegram measures the text after entity parsing; see _visible_length.
+        self.max_message_length = 4096
+        self.max_concurrent_get_updates = 0
+        self._pending: list[dict[str, Any]] = []
+        self._update_ids = itertools.count(1)
+        # Highest update_id confirmed by an offset; updates at or below it are never returned.
+        self._confirmed_below = 0
+        # Message ids are per chat and shared by both directions, as in Telegram's private chats.
+        self._message_ids: dict[int | str, int] = {}
+        self._bot_messages: dict[tuple[int | str, int], dict[str, Any]] = {}
+        self._errors: dict[str, list[ScriptedError]] = {}
+        self._polls: list[_Poll] = []
+        # Replaced on every state change so waiters can sleep on "something changed" without
+        # polling and without needing a lock from synchronous code paths.
+        self._changed = asyncio.Event()
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("FakeTelegram already started")
+        app = web.Application()
+        # Telegram accepts GET and POST on every method; the token is part of the path.
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        # handler_cancellation: a long poll whose client hung up (or was killed) must stop
+        # counting as in flight, or the concurrency counter would lie.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        runner = self._runner
+        if runner is None:
+            return
+        self._runner = None
+        tasks = [task for task in self._handler_tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        await runner.cleanup()
+
+    async def __aenter__(self) -> FakeTelegram:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def api_url(self) -> str:
+        """The Bot API base, e.g. ``http://127.0.0.1:PORT``; PTB wants ``api_url + "/bot"``."""
+        if self._port is None:
+            raise RuntimeError("FakeTelegram not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def fail_next(self, method: str, *errors: ScriptedError) -> None:
+        """Queue errors for ``method``; its next calls answer with them, one each, in order.
+
+        The calls are still recorded, with the error's status and description.
+        """
+        self._errors.setdefault(_CANONICAL.get(method.lower(), method), []).extend(errors)
+
+    @staticmethod
+    def too_many_requests(retry_after: int) -> ScriptedError:
+        return ScriptedError(
+            429,
+            f"Too Many Requests: retry after {retry_after}",
+            {"retry_after": retry_after},
+        )
+
+    @staticmethod
+    def cant_parse_entities() -> ScriptedError:
+        return ScriptedError(
+            400,
+            'Bad Request: can\'t parse entities: Unsupported start tag "span" at byte offset 0',
+        )
+
+    @staticmethod
+    def forbidden_blocked() -> ScriptedError:
+        return ScriptedError(403, "Forbidden: bot was blocked by the user")
+
+    @staticmethod
+    def server_error(status: int = 500) -> ScriptedError:
+        descriptions = {500: "Internal Server Error", 502: "Bad Gateway"}
+        return ScriptedError(status, descriptions.get(status, "Internal Server Error"))
+
+    def push_update(self, update: dict[str, Any]) -> int:
+        """Queue an update for ``getUpdates``; assigns ``update_id`` if missing. Returns it."""
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int):
+            update_id = next(self._update_ids)
+            update["update_id"] = update_id
+        self._pending.append(update)
+        self._pending.sort(key=lambda u: int(u["update_id"]))
+        self._notify()
+        return update_id
+
+    # -- update builders (Bot API JSON, ready for push_update or post_update) ----------------
+
+    def private_text_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        message["text"] = text
+        return self._update("message", message)
+
+    def edited_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str,
+        message_id: int,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        """An ``edited_message``: the message ``message_id`` now reads ``text``."""
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        message["text"] = text
+        message["edit_date"] = message["date"]
+        return self._update("edited_message", message)
+
+    def group_text_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+        title: str = "Test group",
+    ) -> dict[str, Any]:
+        """A message in a group; ``chat_id`` should be negative, as Telegram's group ids are."""
+        message = self._inbound(chat_id, user_id, first_name, "group", message_id)
+        message["chat"]["title"] = title
+        message["text"] = text
+        return self._update("message", message)
+
+    def sticker_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        emoji: str = "\N{THUMBS UP SIGN}",
+        message_id: int | None = None,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        message["sticker"] = {
+            "file_id": f"sticker-{message['message_id']}",
+            "file_unique_id": f"us-{message['message_id']}",
+            "type": "regular",
+            "width": 512,
+            "height": 512,
+            "is_animated": False,
+            "is_video": False,
+            "emoji": emoji,
+        }
+        return self._update("message", message)
+
+    def photo_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        caption: str | None = None,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        mid = message["message_id"]
+        message["photo"] = [
+            {
+                "file_id": f"photo-{mid}-s",
+                "file_unique_id": f"up-{mid}-s",
+                "width": 90,
+                "height": 90,
+                "file_size": 1200,
+            },
+            {
+                "file_id": f"photo-{mid}-m",
+                "file_unique_id": f"up-{mid}-m",
+                "width": 800,
+                "height": 800,
+                "file_size": 64000,
+            },
+        ]
+        if caption is not None:
+            message["caption"] = caption
+        return self._update("message", message)
+
+    def voice_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        duration: int = 3,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        mid = message["message_id"]
+        message["voice"] = {
+            "file_id": f"voice-{mid}",
+            "file_unique_id": f"uv-{mid}",
+            "duration": duration,
+            "mime_type": "audio/ogg",
+        }
+        return self._update("message", message)
+
+    def document_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        file_name: str = "notes.pdf",
+        caption: str | None = None,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+    ) -> dict[str, Any]:
+        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
+        mid = message["message_id"]
+        message["document"] = {
+            "file_id": f"doc-{mid}",
+            "file_unique_id": f"ud-{mid}",
+            "file_name": file_name,
+            "mime_type": "application/octet-stream",
+        }
+        if caption is not None:
+            message["caption"] = caption
+        return self._update("message", message)
+
+    def _inbound(
+        self, chat_id: int, user_id: int, first_name: str, chat_type: str, message_id: int | None
+    ) -> dict[str, Any]:
+        if message_id is None:
+            message_id = self._next_message_id(chat_id)
+        else:
+            self._message_ids[chat_id] = max(self._message_ids.get(chat_id, 0), message_id)
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type == "private":
+            chat["first_name"] = first_name
+        return {
+            "message_id": message_id,
+            "from": {
+                "id": user_id,
+                "is_bot": False,
+                "first_name": first_name,
+                "language_code": "en",
+            },
+            "chat": chat,
+            "date": int(time.time()),
+        }
+
+    def _update(self, kind: str, message: dict[str, Any]) -> dict[str, Any]:
+        return {"update_id": next(self._update_ids), kind: message}
+
+    def _next_message_id(self, chat_id: int | str) -> int:
+        message_id = self._message_ids.get(chat_id, 0) + 1
+        self._message_ids[chat_id] = message_id
+        return message_id
+
+    # -- webhook delivery --------------------------------------------------------------------
+
+    async def deliver(self, update: dict[str, Any]) -> int:
+        """POST ``update`` to the registered webhook with its secret, as Telegram would."""
+        if self.webhook is None:
+            raise RuntimeError("no webhook is set")
+        return await post_update(self.webhook.url, update, self.webhook.secret_token)
+
+    # -- observation -------------------------------------------------------------------------
+
+    @property
+    def sent_messages(self) -> list[RecordedCall]:
+        """The ``sendMessage`` calls that succeeded, in order."""
+        return [c for c in self.calls if c.method == "sendMessage" and c.ok]
+
+    @property
+    def pending_updates(self) -> list[dict[str, Any]]:
+        """Queued updates not yet confirmed by a ``getUpdates`` offset."""
+        return list(self._pending)
+
+    @property
+    def get_updates_in_flight(self) -> int:
+        return len(self._polls)
+
+    def calls_to(self, method: str) -> list[RecordedCall]:
+        return [c for c in self.calls if c.method == method]
+
+    async def wait_for_calls(
+        self,
+        method: str,
+        count: int = 1,
+        # A plain parameter rather than asyncio.timeout() at the call site, as in FakeOpenAI.
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[RecordedCall]:
+        """Wait until at least ``count`` calls of ``method`` arrived; return all of them.
+
+        A call counts on arrival, before it is answered (so a long poll counts while it waits).
+        Raises TimeoutError after ``timeout`` seconds.
+        """
+        return await self._wait(lambda: self.calls_to(method), count, timeout)
+
+    async def wait_for_sent(
+        self,
+        count: int = 1,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[RecordedCall]:
+        """Wait until at least ``count`` ``sendMessage`` calls succeeded; return all of them."""
+        return await self._wait(lambda: self.sent_messages, count, timeout)
+
+    async def wait_for_confirmed(
+        self,
+        update_id: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until a ``getUpdates`` offset above ``update_id`` confirmed it."""
+        async with asyncio.timeout(timeout):
+            while self._confirmed_below <= update_id:
+                await self._changed.wait()
+
+    async def _wait(
+        self, current: Callable[[], list[RecordedCall]], count: int, limit_s: float
+    ) -> list[RecordedCall]:
+        async with asyncio.timeout(limit_s):
+            while True:
+                found = current()
+                if len(found) >= count:
+                    return found
+                await self._changed.wait()
+
+    def _notify(self) -> None:
+        changed = self._changed
+        self._changed = asyncio.Event()
+        changed.set()
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        path = request.match_info["tail"]
+        token, _, method_name = path.partition("/")
+        if not token.startswith("bot") or not method_name or "/" in method_name:
+            return _envelope(ScriptedError(404, "Not Found").body(), 404)
+        if token[len("bot") :] != self.token:
+            return _envelope(ScriptedError(401, "Unauthorized").body(), 401)
+        method = _CANONICAL.get(method_name.lower())
+        if method is None:
+            return _envelope(ScriptedError(404, "Not Found").body(), 404)
+        try:
+            params = await _read_params(request)
+        except ValueError:
+            return _envelope(ScriptedError(400, "Bad Request: invalid request body").body(), 400)
+
+        call = RecordedCall(method=method, params=params, at=time.monotonic())
+        self.calls.append(call)
+        self._notify()
+
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)
+        try:
+            queued = self._errors.get(method)
+            if queued:
+                raise _CallError(queued.pop(0))
+            result = await self._perform(call)
+        except _CallError as failure:
+            call.status = failure.error.status
+            call.description = failure.error.description
+            self._notify()
+            return _envelope(failure.error.body(), failure.error.status)
+        finally:
+            if task is not None:
+                self._handler_tasks.discard(task)
+        call.status = 200
+        call.result = result
+        self._notify()
+        return _envelope({"ok": True, "result": result}, 200)
+
+    async def _perform(self, call: RecordedCall) -> Any:
+        p = call.params
+        match call.method:
+            case "getMe":
+                return self.bot_user
+            case "setWebhook":
+                url = p.get("url")
+                if not isinstance(url, str):
+                    raise _bad_request("bad webhook: URL must be provided")
+                if not url:
+                    self.webhook = None
+                    return True
+                drop = bool(p.get("drop_pending_updates", False))
+                allowed = p.get("allowed_updates")
+                self.webhook = WebhookConfig(
+                    url=url,
+                    secret_token=_opt_str(p.get("secret_token")),
+                    allowed_updates=list(allowed) if isinstance(allowed, list) else None,
+                    max_connections=_opt_int(p.get("max_connections")),
+                    drop_pending_updates=drop,
+                )
+                if drop:
+                    self._pending.clear()
+                return True
+            case "deleteWebhook":
+                self.webhook = None
+                if p.get("drop_pending_updates"):
+                    self._pending.clear()
+                return True
+            case "getWebhookInfo":
+                info: dict[str, Any] = {
+                    "url": self.webhook.url if self.webhook else "",
+                    "has_custom_certificate": False,
+                    "pending_update_count": len(self._pending),
+                }
+                if self.webhook is not None:
+                    if self.webhook.max_connections is not None:
+                        info["max_connections"] = self.webhook.max_connections
+                    if self.webhook.allowed_updates is not None:
+                        info["allowed_updates"] = self.webhook.allowed_updates
+                return info
+            case "getUpdates":
+                return await self._get_updates(call)
+            case "sendMessage":
+                return self._send_message(p)
+            case "sendChatAction":
+                _require_chat(p)
+                if not isinstance(p.get("action"), str):
+                    raise _bad_request("wrong parameter action in request")
+                return True
+            case "editMessageText":
+                return self._edit_message_text(p)
+            case "deleteMessage":
+                key = (_require_chat(p), _require_int(p, "message_id"))
+                if self._bot_messages.pop(key, None) is None:
+                    raise _bad_request("message to delete not found")
+                return True
+        raise AssertionError(f"unhandled method {call.method}")  # pragma: no cover
+
+    async def _get_updates(self, call: RecordedCall) -> list[dict[str, Any]]:
+        if self.webhook is not None:
+            raise _CallError(
+                ScriptedError(
+                    409,
+                    "Conflict: can't use getUpdates method while webhook is active; "
+                    "use deleteWebhook to delete the webhook first",
+                )
+            )
+        offset = _opt_int(call.params.get("offset")) or 0
+        limit = min(max(_opt_int(call.params.get("limit")) or 100, 1), 100)
+        timeout = max(_opt_int(call.params.get("timeout")) or 0, 0)
+        # The offset confirms everything below it, whatever becomes of this request.
+        if offset > 0:
+            self._confirmed_below = max(self._confirmed_below, offset)
+            self._pending = [u for u in self._pending if int(u["update_id"]) >= offset]
+        elif offset < 0:
+            self._pending = self._pending[offset:]
+        self._notify()
+
+        # Like Telegram, a newer getUpdates terminates the ones already waiting with 409.
+        for older in self._polls:
+            older.terminated = True
+        poll = _Poll(call)
+        self._polls.append(poll)
+        self.max_concurrent_get_updates = max(self.max_concurrent_get_updates, len(self._polls))
+        self._notify()
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while True:
+                if poll.terminated:
+                    raise _CallError(
+                        ScriptedError(
+                            409,
+                            "Conflict: terminated by other getUpdates request; "
+                            "make sure that only one bot instance is running",
+                        )
+                    )
+                batch = self._pending[:limit]
+                remaining = deadline - asyncio.get_running_loop().time()
+                if batch or remaining <= 0:
+                    return batch
+                changed = self._changed
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
+        finally:
+            self._polls.remove(poll)
+            self._notify()
+
+    def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
+        chat_id = _require_chat(p)
+        text = p.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _bad_request("message text is empty")
+        if _visible_length(text, p.get("parse_mode")) > self.max_message_length:
+            raise _bad_request("message is too long")
+        message = self._bot_message(chat_id, self._next_message_id(chat_id), text)
+        reply_to = _reply_to(p)
+        if reply_to is not None:
+            message["reply_to_message"] = {
+                "message_id": reply_to,
+                "date": message["date"],
+                "chat": message["chat"],
+            }
+        self._bot_messages[(chat_id, message["message_id"])] = message
+        return message
+
+    def _edit_message_text(self, p: dict[str, Any]) -> dict[str, Any]:
+        key = (_require_chat(p), _require_int(p, "message_id"))
+        text = p.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _bad_request("message text is empty")
+        if _visible_length(text, p.get("parse_mode")) > self.max_message_length:
+            raise _bad_request("MESSAGE_TOO_LONG")
+        message = self._bot_messages.get(key)
+        if message is None:
+            raise _bad_request("message to edit not found")
+        if message["text"] == text:
+            raise _bad_request(
+                "message is not modified: specified new message content and reply markup are "
+                "exactly the same as a current content and reply markup of the message"
+            )
+        message["text"] = text
+        message["edit_date"] = int(time.time())
+        return message
+
+    def _bot_message(self, chat_id: int | str, message_id: int, text: str) -> dict[str, Any]:
+        chat: dict[str, Any] = {"id": chat_id, "type": "private"}
+        if isinstance(chat_id, int) and chat_id < 0:
+            chat = {"id": chat_id, "type": "group", "title": "Test group"}
+        return {
+            "message_id": message_id,
+            "from": {k: self.bot_user[k] for k in ("id", "is_bot", "first_name", "username")},
+            "chat": chat,
+            "date": int(time.time()),
+            "text": text,
+        }
+
+
+async def post_update(
+    url: str,
+    update: dict[str, Any],
+    secret: str | None = None,
+    *,
+    timeout: float = 10.0,  # noqa: ASYNC109
+) -> int:
+    """Deliver ``update`` to a webhook as Telegram does; return the HTTP status.
+
+    The secret, when given, goes in the ``X-Telegram-Bot-Api-Secret-Token`` header.
+    """
+    headers = {"Content-Type": "application/json"}
+    if secret is not None:
+        headers[SECRET_HEADER] = secret
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+        session.post(url, data=json.dumps(update), headers=headers) as response,
+    ):
+        await response.read()
+        return response.status
+
+
+def _envelope(body: dict[str, Any], status: int) -> web.Response:
+    return web.json_response(body, status=status)
+
+
+async def _read_params(request: web.Request) -> dict[str, Any]:
+    """Parameters from the query string and the body: JSON, urlencoded or multipart."""
+    raw: dict[str, Any] = dict(request.query)
+    if request.can_read_body:
+        if request.content_type == "application/json":
+            body = json.loads(await request.read() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("JSON body must be an object")
+            raw.update(body)
+            return raw
+        form = await request.post()
+        for key, value in form.items():
+            # File uploads (multipart parts with a filename) are recorded by name only.
+            if isinstance(value, str):
+                raw[key] = value
+            elif isinstance(value, web.FileField):
+                raw[key] = f"<file {value.filename}>"
+            else:
+                raw[key] = bytes(value).decode(errors="replace")
+    return {key: _coerce(key, value) for key, value in raw.items()}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    if key in _INT_FIELDS:
+        with contextlib.suppress(ValueError):
+            return int(value)
+        return value
+    if key in _BOOL_FIELDS:
+        return value.lower() in ("true", "1")
+    if key in _JSON_FIELDS:
+        with contextlib.suppress(ValueError):
+            return json.loads(value)
+    return value
+
+
+def _visible_length(text: str, parse_mode: Any) -> int:
+    # Telegram's limit counts the text after entity parsing, so tags and escapes are free.
+    if isinstance(parse_mode, str) and parse_mode.lower() == "html":
+        return len(html.unescape(_TAG_RE.sub("", text)))
+    return len(text)
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _require_chat(p: dict[str, Any]) -> int | str:
+    chat_id = p.get("chat_id")
+    if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+        return chat_id
+    if isinstance(chat_id, str) and chat_id.startswith("@"):
+        return chat_id
+    raise _bad_request("chat_id is empty" if chat_id in (None, "") else "chat not found")
+
+
+def _require_int(p: dict[str, Any], key: str) -> int:
+    value = _opt_int(p.get(key))
+    if value is None:
+        raise _bad_request(f"{key} is empty")
+    return value
+
+
+def _reply_to(p: dict[str, Any]) -> int | None:
+    params = p.get("reply_parameters")
+    if isinstance(params, dict):
+        return _opt_int(params.get("message_id"))
+    return _opt_int(p.get("reply_to_message_id"))

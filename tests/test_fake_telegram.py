@@ -1,0 +1,311 @@
+"""The fake Telegram Bot API must look, to the real ``python-telegram-bot`` client, like the
+real API in every way the Telegram adapter relies on; these tests pin that down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from telegram import Bot, Message, Update
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
+
+from tests.fakes.telegram_server import FakeTelegram, post_update
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def make_bot(fake: FakeTelegram, token: str | None = None) -> Bot:
+    # PTB appends the token to base_url, then "/{method}".
+    return Bot(token or fake.token, base_url=f"{fake.api_url}/bot")
+
+
+@pytest.fixture
+async def bot(fake: FakeTelegram) -> AsyncIterator[Bot]:
+    async with make_bot(fake) as b:
+        yield b
+
+
+async def test_get_me(fake: FakeTelegram, bot: Bot) -> None:
+    me = await bot.get_me()
+
+    assert me.is_bot
+    assert me.id == 123456789
+    assert me.username == "fake_bot"
+    assert bot.username == "fake_bot"  # initialize() already called getMe
+    assert [c.method for c in fake.calls] == ["getMe", "getMe"]
+    assert all(c.ok for c in fake.calls)
+
+
+async def test_wrong_token_is_unauthorized(fake: FakeTelegram) -> None:
+    with pytest.raises(InvalidToken):
+        async with make_bot(fake, token="42:wrong"):
+            pass
+    assert fake.calls == []
+
+
+async def test_unknown_method_is_not_found(fake: FakeTelegram) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{fake.api_url}/bot{fake.token}/launchRocket") as response,
+    ):
+        assert response.status == 404
+        assert await response.json() == {
+            "ok": False,
+            "error_code": 404,
+            "description": "Not Found",
+        }
+
+
+async def test_send_message_records_and_returns_message(fake: FakeTelegram, bot: Bot) -> None:
+    first = await bot.send_message(7, "<b>hi</b> there", parse_mode=ParseMode.HTML)
+    second = await bot.send_message(7, "plain", reply_to_message_id=first.message_id)
+    other_chat = await bot.send_message(8, "elsewhere")
+
+    assert isinstance(first, Message)
+    assert first.text == "<b>hi</b> there"
+    assert first.chat.id == 7 and first.chat.type == "private"
+    assert first.from_user is not None and first.from_user.is_bot
+    assert first.date is not None
+    assert (first.message_id, second.message_id, other_chat.message_id) == (1, 2, 1)
+    assert second.reply_to_message is not None
+    assert second.reply_to_message.message_id == 1
+
+    sent = await fake.wait_for_sent(3)
+    assert [(c.chat_id, c.text) for c in sent] == [
+        (7, "<b>hi</b> there"),
+        (7, "plain"),
+        (8, "elsewhere"),
+    ]
+    assert sent[0].params["parse_mode"] == "HTML"
+    assert "parse_mode" not in sent[1].params
+    assert sent[1].params["reply_parameters"]["message_id"] == 1
+    assert sent[0].at <= sent[1].at <= sent[2].at
+
+
+async def test_message_length_limit_counts_visible_text(fake: FakeTelegram, bot: Bot) -> None:
+    # Tags do not count towards the 4096 limit; the visible text does.
+    await bot.send_message(1, "<b>" + "x" * 4096 + "</b>", parse_mode=ParseMode.HTML)
+    with pytest.raises(BadRequest, match="too long"):
+        await bot.send_message(1, "x" * 4097)
+    assert len(fake.sent_messages) == 1
+    assert fake.calls[-1].status == 400
+
+
+async def test_chat_action_edit_and_delete(fake: FakeTelegram, bot: Bot) -> None:
+    assert await bot.send_chat_action(7, ChatAction.TYPING)
+    message = await bot.send_message(7, "draft")
+    edited = await bot.edit_message_text("final", chat_id=7, message_id=message.message_id)
+    assert isinstance(edited, Message)
+    assert edited.text == "final" and edited.edit_date is not None
+    with pytest.raises(BadRequest, match="not modified"):
+        await bot.edit_message_text("final", chat_id=7, message_id=message.message_id)
+    assert await bot.delete_message(7, message.message_id)
+    with pytest.raises(BadRequest, match=r"(?i)message to delete not found"):
+        await bot.delete_message(7, message.message_id)
+
+    [action] = fake.calls_to("sendChatAction")
+    assert action.params == {"chat_id": 7, "action": "typing"}
+    assert [c.text for c in fake.calls_to("editMessageText")] == ["final", "final"]
+
+
+async def test_get_updates_returns_pushed_and_offset_confirms(fake: FakeTelegram, bot: Bot) -> None:
+    first = fake.push_update(fake.private_text_update(chat_id=7, user_id=7, text="hi"))
+    second = fake.push_update(fake.photo_update(chat_id=7, user_id=7, caption="look"))
+
+    updates = await bot.get_updates(timeout=0)
+    assert [u.update_id for u in updates] == [first, second]
+    assert updates[0].message is not None and updates[0].message.text == "hi"
+    assert updates[1].message is not None and updates[1].message.caption == "look"
+    assert updates[1].effective_chat is not None and updates[1].effective_chat.type == "private"
+
+    # Without an offset nothing is confirmed: the same batch comes back.
+    again = await bot.get_updates(timeout=0)
+    assert [u.update_id for u in again] == [first, second]
+
+    after_first = await bot.get_updates(offset=first + 1, timeout=0)
+    assert [u.update_id for u in after_first] == [second]
+    await fake.wait_for_confirmed(first, timeout=1)
+
+    assert await bot.get_updates(offset=second + 1, timeout=0) == ()
+    assert fake.pending_updates == []
+    assert fake.calls_to("getUpdates")[-1].params["offset"] == second + 1
+
+
+async def test_long_poll_wakes_on_push(fake: FakeTelegram, bot: Bot) -> None:
+    poll = asyncio.create_task(bot.get_updates(timeout=5))
+    await fake.wait_for_calls("getUpdates", 1, timeout=2)
+    assert fake.get_updates_in_flight == 1
+    update_id = fake.push_update(fake.private_text_update(chat_id=3, user_id=3, text="late"))
+
+    updates = await asyncio.wait_for(poll, timeout=2)
+    assert [u.update_id for u in updates] == [update_id]
+    assert fake.get_updates_in_flight == 0
+
+
+async def test_long_poll_times_out_empty(fake: FakeTelegram, bot: Bot) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await bot.get_updates(timeout=1) == ()
+    assert 0.9 <= loop.time() - started < 2.0
+
+
+async def test_concurrent_get_updates_conflict(fake: FakeTelegram) -> None:
+    async with make_bot(fake) as first, make_bot(fake) as second:
+        older = asyncio.create_task(first.get_updates(timeout=5))
+        await fake.wait_for_calls("getUpdates", 1, timeout=2)
+
+        # Like Telegram, the newer request wins and the one already waiting is terminated.
+        assert await second.get_updates(timeout=0) == ()
+        with pytest.raises(Conflict, match="terminated by other getUpdates"):
+            await asyncio.wait_for(older, timeout=2)
+
+    assert fake.max_concurrent_get_updates == 2
+    assert fake.get_updates_in_flight == 0
+    assert [c.status for c in fake.calls_to("getUpdates")] == [409, 200]
+
+
+async def test_sequential_polls_never_overlap(fake: FakeTelegram, bot: Bot) -> None:
+    for _ in range(3):
+        await bot.get_updates(timeout=0)
+    assert fake.max_concurrent_get_updates == 1
+
+
+async def test_scripted_429_is_retry_after(
+    fake: FakeTelegram, bot: Bot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opt in to PTB 23's timedelta retry_after now (read at access time; avoids a deprecation).
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+    fake.fail_next("sendMessage", fake.too_many_requests(3))
+
+    with pytest.raises(RetryAfter) as caught:
+        await bot.send_message(7, "first try")
+    retry_after = caught.value.retry_after
+    assert isinstance(retry_after, timedelta) and retry_after.total_seconds() == 3
+
+    await bot.send_message(7, "second try")
+    first, second = fake.calls_to("sendMessage")
+    assert (first.status, first.text) == (429, "first try")
+    assert (second.status, second.text) == (200, "second try")
+    assert first.description == "Too Many Requests: retry after 3"
+    assert [c.text for c in fake.sent_messages] == ["second try"]
+
+
+async def test_scripted_bad_request_forbidden_and_server_error(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.fail_next(
+        "sendmessage",  # method names are case-insensitive, as in Telegram
+        fake.cant_parse_entities(),
+        fake.forbidden_blocked(),
+        fake.server_error(502),
+    )
+
+    with pytest.raises(BadRequest, match=r"(?i)can't parse entities"):
+        await bot.send_message(7, "<span>x", parse_mode=ParseMode.HTML)
+    with pytest.raises(Forbidden, match="bot was blocked by the user"):
+        await bot.send_message(7, "x")
+    with pytest.raises(NetworkError):
+        await bot.send_message(7, "x")
+    await bot.send_message(7, "<span>x")
+
+    assert [c.status for c in fake.calls_to("sendMessage")] == [400, 403, 502, 200]
+    assert len(fake.sent_messages) == 1
+
+
+async def test_set_webhook_records_and_blocks_polling(fake: FakeTelegram, bot: Bot) -> None:
+    assert await bot.set_webhook(
+        "https://bot.example/tg",
+        secret_token="s3cret",
+        allowed_updates=["message", "edited_message"],
+        max_connections=5,
+    )
+    assert fake.webhook is not None
+    assert fake.webhook.url == "https://bot.example/tg"
+    assert fake.webhook.secret_token == "s3cret"
+    assert fake.webhook.allowed_updates == ["message", "edited_message"]
+    assert fake.webhook.max_connections == 5
+
+    info = await bot.get_webhook_info()
+    assert info.url == "https://bot.example/tg"
+    assert info.allowed_updates == ("message", "edited_message")
+
+    with pytest.raises(Conflict, match="webhook is active"):
+        await bot.get_updates(timeout=0)
+
+    fake.push_update(fake.private_text_update(chat_id=1, user_id=1, text="queued"))
+    assert await bot.delete_webhook(drop_pending_updates=True)
+    assert fake.webhook is None
+    assert fake.pending_updates == []
+    assert (await bot.get_webhook_info()).url == ""
+
+
+async def test_builders_parse_as_updates(fake: FakeTelegram, bot: Bot) -> None:
+    built: list[dict[str, Any]] = [
+        fake.private_text_update(chat_id=5, user_id=5, text="hello"),
+        fake.edited_update(chat_id=5, user_id=5, text="hello!", message_id=1),
+        fake.group_text_update(chat_id=-100, user_id=5, text="in group"),
+        fake.sticker_update(chat_id=5, user_id=5),
+        fake.photo_update(chat_id=5, user_id=5),
+        fake.voice_update(chat_id=5, user_id=5),
+        fake.document_update(chat_id=5, user_id=5, caption="doc"),
+    ]
+    updates = [Update.de_json(json.loads(json.dumps(u)), bot) for u in built]
+
+    ids = [u.update_id for u in updates]
+    assert ids == sorted(set(ids))
+    text, edited, group, sticker, photo, voice, document = updates
+    assert text.message is not None and text.message.text == "hello"
+    assert text.message.from_user is not None and text.message.from_user.first_name == "Ann"
+    assert edited.edited_message is not None and edited.edited_message.message_id == 1
+    assert edited.edited_message.text == "hello!"
+    assert group.message is not None and group.message.chat.type == "group"
+    assert sticker.message is not None and sticker.message.sticker is not None
+    assert photo.message is not None and photo.message.photo and photo.message.caption is None
+    assert voice.message is not None and voice.message.voice is not None
+    assert document.message is not None and document.message.caption == "doc"
+    # Message ids grow per chat, past explicitly given ones.
+    assert [u.message.message_id for u in (sticker, photo, voice) if u.message] == [2, 3, 4]
+
+
+async def test_post_update_delivers_to_webhook(fake: FakeTelegram, bot: Bot) -> None:
+    received: list[tuple[str | None, dict[str, Any]]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        received.append(
+            (request.headers.get("X-Telegram-Bot-Api-Secret-Token"), await request.json())
+        )
+        return web.Response(status=200 if received[-1][0] == "s3cret" else 403)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+        update = fake.private_text_update(chat_id=9, user_id=9, text="via webhook")
+
+        assert await post_update(url, update, "s3cret") == 200
+        assert await post_update(url, update, None) == 403
+
+        await bot.set_webhook(url, secret_token="s3cret")
+        assert await fake.deliver(update) == 200
+    finally:
+        await runner.cleanup()
+
+    assert [secret for secret, _ in received] == ["s3cret", None, "s3cret"]
+    assert all(body == update for _, body in received)
+    parsed = Update.de_json(received[0][1], bot)
+    assert parsed.message is not None and parsed.message.text == "via webhook"
