@@ -11,4 +11,8 @@ def create(settings: Settings) -> Adapter:
         from adapters.console import ConsoleAdapter
 
         return ConsoleAdapter()
+    if settings.platform == "telegram":
+        from adapters.telegram import TelegramAdapter
+
+        return TelegramAdapter(settings.telegram)
     raise ConfigError(f"LASTWORD_PLATFORM: {settings.platform} is not available in this version")

@@ -7,6 +7,7 @@ the core asks through the `Outbound` methods. It never touches the store.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from bot.message import InboundMessage, Outbound
@@ -16,6 +17,19 @@ class Sink(Protocol):
     async def ingest(self, message: InboundMessage) -> bool: ...
 
     async def settled(self, conversation: str) -> None: ...
+
+    async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work()` only while this replica holds the role `name` (for example
+        "telegram:poller"): exactly one replica of the deployment runs it at a time, and if
+        that one dies another takes over within the lease TTL. Use it for a job the platform
+        allows only once per bot, such as long polling or a gateway connection.
+
+        If the role is lost, `work` is cancelled and started again once the role is back,
+        so it must be safe to restart. Returns when `work()` returns (the role is released);
+        an error from `work()` propagates; cancelling this cancels `work` and releases the
+        role, so another replica takes over at once.
+        """
+        ...
 
 
 class Adapter(Outbound, Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from bot.cancel import cancel_and_wait
@@ -16,6 +17,7 @@ from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
+from bot.roles import run_exclusively
 from bot.settings import Settings
 from bot.store import Store
 from bot.timers import Timers
@@ -179,6 +181,12 @@ class Runtime:
             except Unavailable:
                 pass
             await asyncio.sleep(poll_s)
+
+    async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work()` only while this replica holds the role `name`, one replica at a time
+        across the deployment, handing over within the lease TTL if the holder dies. See
+        `bot.roles.run_exclusively`."""
+        await run_exclusively(self.store, name, work, self.settings.lease.ttl_ms)
 
     async def stop(self) -> None:
         """Stop accepting, cancel cycles (each hands its lease back) and stop the timers.

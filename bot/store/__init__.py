@@ -17,6 +17,12 @@ Key layout, for a conversation in shard N (of `SHARDS`):
     {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
     {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
     {lw:N}:due                       zset    conversation -> when to look at it next
+
+Roles (one holder across all replicas for a shared job, such as a platform's single poller;
+`role` and `role_release`), all in one slot:
+
+    {lw:role}:<name>                 hash    token, fence; expires on its own
+    {lw:role}                        hash    role name -> last fence handed out
 """
 
 from __future__ import annotations
@@ -61,10 +67,21 @@ RELEASE = _load("release")
 PRESEND = _load("presend")
 COMMIT = _load("commit")
 DUE = _load("due")
+ROLE = _load("role")
+ROLE_RELEASE = _load("role_release")
+
+# The hash tag of every role key: a role script touches this one slot only.
+ROLE_TAG = "{lw:role}"
 
 
 def shard_of(conversation: str) -> int:
     return zlib.crc32(conversation.encode()) % SHARDS
+
+
+def role_key(name: str) -> str:
+    """The key of a role's lease. The fence counters live in `ROLE_TAG` itself, a name no
+    role key can take, since every role key has a `:` after the tag."""
+    return f"{ROLE_TAG}:{name}"
 
 
 class Keys:
@@ -179,6 +196,8 @@ class Store:
         self._presend = redis.register_script(PRESEND)
         self._commit = redis.register_script(COMMIT)
         self._due = redis.register_script(DUE)
+        self._role = redis.register_script(ROLE)
+        self._role_release = redis.register_script(ROLE_RELEASE)
 
     async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
         # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
@@ -308,6 +327,23 @@ class Store:
                 pipe.evalsha(self._due.sha, 1, f"{{lw:{shard}}}:due", limit)
             results: list[list[bytes]] = await pipe.execute()
         return results
+
+    async def claim_role(self, name: str, token: str, ttl_ms: int) -> int | None:
+        """Take the role `name` for `ttl_ms`. Returns its fence if it is now ours (newly
+        taken, with a fence higher than any before, or already ours and renewed), None if
+        another holder has it."""
+        keys = [role_key(name), ROLE_TAG]
+        fence = int(await self._run(self._role, keys, ["claim", name, token, "", ttl_ms]))
+        return fence or None
+
+    async def renew_role(self, name: str, token: str, fence: int, ttl_ms: int) -> bool:
+        """Extend our hold on a role by `ttl_ms`; False if it is no longer ours."""
+        keys = [role_key(name), ROLE_TAG]
+        return bool(await self._run(self._role, keys, ["renew", name, token, fence, ttl_ms]))
+
+    async def release_role(self, name: str, token: str) -> bool:
+        """Give the role back if it is still ours; False (and no change) otherwise."""
+        return bool(await self._run(self._role_release, [role_key(name)], [token]))
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""

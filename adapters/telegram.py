@@ -1,0 +1,278 @@
+"""Telegram, on python-telegram-bot's `Bot` (v22, asyncio), in webhook or polling mode.
+
+Nothing is acknowledged to Telegram before the core has stored it. python-telegram-bot's own
+webhook server answers 200 before handlers run, and its updater confirms the polling offset
+before they finish, so neither is used:
+
+- **webhook**: our own aiohttp endpoint checks the secret header in constant time, parses the
+  update, ingests it, and only then answers 200 (503 while the store is down, so Telegram
+  retries). Any number of replicas may serve it behind a load balancer.
+- **polling**: `getUpdates` is called by hand, and the offset that confirms a batch is only
+  sent once the whole batch is stored. Telegram allows one poller per token, so the replicas
+  elect one with the core's role lease; the others only send replies.
+
+Replies are rendered from the model's Markdown to Telegram HTML, part by part, falling back to
+plain text when Telegram rejects the entities. Flood control (429) is waited out while the
+core keeps the conversation's lease renewed; a user who blocked the bot is logged once and
+the reply counts as delivered, so the conversation moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import random
+from datetime import timedelta
+from typing import Any
+
+from aiohttp import web
+from telegram import Bot, Message, Update
+from telegram.constants import ChatAction
+from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter
+from telegram.request import HTTPXRequest
+
+from adapters.base import Sink
+from adapters.telegram_html import plain_text, render_part
+from bot.message import Attachment, InboundMessage, Unavailable
+from bot.settings import TelegramSettings
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "telegram"
+ALLOWED_UPDATES = ["message", "edited_message"]
+MAX_BODY_BYTES = 1024 * 1024
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+# Long-poll duration; python-telegram-bot adds it to the request's read timeout.
+POLL_TIMEOUT_S = 25
+# Attachments the model cannot read, in the order they are looked for.
+ATTACHMENT_KINDS = ("photo", "sticker", "voice", "audio", "video", "video_note", "animation")
+# Transient send failures (network, 5xx) are retried this often before the cycle gives up.
+SEND_ATTEMPTS = 5
+
+
+def normalize(update: Update) -> InboundMessage | None:
+    """The platform-free message for a private text or media message; None for the rest
+    (groups, channels, bots, service messages), which are acknowledged and ignored."""
+    message = update.message or update.edited_message
+    if message is None or message.chat.type != "private":
+        return None
+    sender = message.from_user
+    if sender is None or sender.is_bot:
+        return None
+    edited = update.edited_message is not None
+    message_id = str(message.message_id)
+    text = message.text or message.caption or ""
+    if edited:
+        # An edit is new input; its id differs per edit so dedupe keeps each one.
+        stamp = int(message.edit_date.timestamp()) if message.edit_date else update.update_id
+        message_id = f"{message_id}:edit:{stamp}"
+        text = f"(edited) {text}"
+    return InboundMessage(
+        platform=PLATFORM,
+        chat_id=str(message.chat.id),
+        user_id=str(sender.id),
+        display_name=sender.full_name,
+        message_id=message_id,
+        text=text,
+        timestamp=message.date.timestamp(),
+        reply_to_id=_reply_to(message),
+        attachments=_attachments(message),
+        is_dm=True,
+    )
+
+
+def _reply_to(message: Message) -> str | None:
+    replied = message.reply_to_message
+    return str(replied.message_id) if replied is not None else None
+
+
+def _attachments(message: Message) -> tuple[Attachment, ...]:
+    found: list[Attachment] = []
+    for kind in ATTACHMENT_KINDS:
+        value: Any = getattr(message, kind, None)
+        if not value:
+            continue
+        # A photo comes as several sizes; the largest is last.
+        item = value[-1] if isinstance(value, tuple) else value
+        found.append(Attachment(kind, str(item.file_id)))
+    if message.document is not None:
+        found.append(Attachment("document", message.document.file_id))
+    return tuple(found)
+
+
+def _seconds(value: int | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _chat_id(conversation: str) -> int:
+    return int(conversation.split(":", 1)[1])
+
+
+class TelegramAdapter:
+    platform = PLATFORM
+    # Leaves room for the HTML that rendering adds; a part that still does not fit is sent
+    # as plain text, or halved (emoji count twice in Telegram's UTF-16 limit).
+    max_message_chars = 3500
+    typing_interval_s = 4.0
+
+    def __init__(self, settings: TelegramSettings) -> None:
+        assert settings.token is not None  # the settings refuse telegram without a token
+        self.settings = settings
+        base_url = settings.api_url.rstrip("/") + "/bot"
+        self.bot = Bot(
+            settings.token.get_secret_value(),
+            base_url=base_url,
+            request=HTTPXRequest(connection_pool_size=64),
+            get_updates_request=HTTPXRequest(read_timeout=10),
+        )
+        self._blocked: set[int] = set()
+
+    async def run(self, sink: Sink) -> None:
+        async with self.bot:
+            if self.settings.mode == "webhook":
+                await self._serve_webhook(sink)
+            else:
+                await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
+
+    # Receiving: webhook
+
+    async def _serve_webhook(self, sink: Sink) -> None:
+        host, _, port = self.settings.webhook_listen.rpartition(":")
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post(self.settings.webhook_path, self._webhook_handler(sink))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+            if self.settings.webhook_url:
+                await self.bot.set_webhook(
+                    self.settings.webhook_url,
+                    secret_token=self._secret(),
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+            log.info("telegram webhook listening on %s", self.settings.webhook_listen)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    def _secret(self) -> str:
+        secret = self.settings.webhook_secret
+        assert secret is not None  # the settings require it in webhook mode
+        return secret.get_secret_value()
+
+    def _webhook_handler(self, sink: Sink) -> Any:
+        expected = self._secret().encode()
+
+        async def handle(request: web.Request) -> web.Response:
+            given = request.headers.get(SECRET_HEADER, "").encode()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "wrong secret"}, status=401)
+            try:
+                data = json.loads(await request.read())
+                update = Update.de_json(data, self.bot)
+            except web.HTTPRequestEntityTooLarge:
+                return web.json_response({"error": "body too large"}, status=413)
+            except Exception:
+                return web.json_response({"error": "not a Telegram update"}, status=400)
+            message = normalize(update) if update is not None else None
+            if message is None:
+                return web.json_response({"ignored": True})
+            try:
+                await self._take(sink, message)
+            except Unavailable:
+                # Not stored: Telegram must deliver it again later.
+                return web.json_response({"error": "try again"}, status=503)
+            return web.json_response({"ok": True})
+
+        return handle
+
+    # Receiving: polling
+
+    async def _poll(self, sink: Sink) -> None:
+        # getUpdates is refused while a webhook is set.
+        await self.bot.delete_webhook()
+        log.info("this replica polls Telegram")
+        offset: int | None = None
+        failures = 0
+        while True:
+            try:
+                updates = await self.bot.get_updates(
+                    offset=offset, timeout=POLL_TIMEOUT_S, allowed_updates=ALLOWED_UPDATES
+                )
+                failures = 0
+            except (Conflict, NetworkError) as exc:
+                failures += 1
+                delay = min(0.5 * 2**failures, 30) * random.uniform(0.5, 1.0)
+                log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            for update in updates:
+                message = normalize(update)
+                if message is not None:
+                    await self._ingest_until_stored(sink, message)
+            if updates:
+                # Confirmed by the next call, after the whole batch is stored.
+                offset = updates[-1].update_id + 1
+
+    async def _ingest_until_stored(self, sink: Sink, message: InboundMessage) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self._take(sink, message)
+                return
+            except Unavailable as exc:
+                log.warning("update not stored yet (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _take(self, sink: Sink, message: InboundMessage) -> None:
+        # A user who writes again has unblocked the bot.
+        self._blocked.discard(int(message.chat_id))
+        await sink.ingest(message)
+
+    # Sending
+
+    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+        chat_id = _chat_id(conversation)
+        if chat_id in self._blocked:
+            return
+        try:
+            body, parse_mode = render_part(text)
+        except ValueError:
+            # Too long in UTF-16 units even as plain text: send it in two halves.
+            half = len(text) // 2
+            await self.send(conversation, text[:half], idempotency_key + "a")
+            await self.send(conversation, text[half:], idempotency_key + "b")
+            return
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            try:
+                await self.bot.send_message(chat_id, body, parse_mode=parse_mode)
+                return
+            except RetryAfter as exc:
+                # Flood control: wait as told; the core renews the lease meanwhile.
+                wait = _seconds(exc.retry_after)
+                log.info("telegram flood control: waiting %.1fs", wait)
+                await asyncio.sleep(wait)
+            except Forbidden as exc:
+                self._blocked.add(chat_id)
+                log.warning("chat %s cannot be reached (%s); dropping replies to it", chat_id, exc)
+                return
+            except BadRequest as exc:
+                if parse_mode is None or "parse entities" not in str(exc).lower():
+                    raise
+                log.info("telegram rejected the HTML entities; resending as plain text")
+                body, parse_mode = plain_text(text), None
+            except NetworkError as exc:
+                if attempt == SEND_ATTEMPTS:
+                    raise
+                delay = min(0.5 * 2**attempt, 10) * random.uniform(0.5, 1.0)
+                log.warning("sendMessage failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+        raise NetworkError("sendMessage kept failing")
+
+    async def typing(self, conversation: str) -> None:
+        chat_id = _chat_id(conversation)
+        if chat_id not in self._blocked:
+            await self.bot.send_chat_action(chat_id, ChatAction.TYPING)

@@ -1,0 +1,150 @@
+"""Roles: a job that exactly one replica runs at a time, such as a platform's single poller.
+
+Telegram answers a second `getUpdates` on the same token with 409 Conflict, and Discord allows
+one gateway connection per shard, so with several replicas one of them must hold the job. The
+holder is chosen with the same primitive as the conversation lease (a random token, a fence
+that only goes up, expiry on the server's clock, renewed every TTL/3): if the holder dies, its
+role expires and another replica takes the job over within the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from bot.cancel import cancel_and_wait
+from bot.store import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+async def run_exclusively(
+    store: Store,
+    name: str,
+    work: Callable[[], Awaitable[None]],
+    ttl_ms: int,
+    *,
+    poll_s: float | None = None,
+) -> None:
+    """Run `work()` while this replica holds the role `name`, and only then.
+
+    Waits for the role (looking again every `poll_s`, default TTL/3, while another replica
+    holds it), then runs `work()` and renews the role every TTL/3. If the role is lost (taken
+    over, or Redis unreachable for longer than the TTL, so another replica may have it by
+    now), the work is cancelled and the wait starts over: `work` must be safe to restart.
+    When `work()` returns, the role is released and this returns; if it raises, the role is
+    released and the error propagates. When this is cancelled (shutdown), the work is
+    cancelled and the role released, so another replica takes over at once.
+    """
+    ttl_s = ttl_ms / 1000
+    claim_every_s = ttl_s / 3 if poll_s is None else poll_s
+    token = secrets.token_hex(16)
+    task: asyncio.Task[None] | None = None
+    try:
+        while True:
+            fence, confirmed_at = await _claim(store, name, token, ttl_ms, claim_every_s)
+            log.info("took role %s (fence %d)", name, fence)
+            task = asyncio.create_task(_call(work), name=f"role {name}")
+            holder = _Holder(store, name, token, fence, ttl_ms, confirmed_at)
+            if not await holder.hold(task):
+                log.info("lost role %s (fence %d); stopping its work", name, fence)
+                await cancel_and_wait(task)
+                if task.cancelled():
+                    task = None
+                    continue
+            # The work ended on its own: hand the role back, then return or raise as it did.
+            await _release(store, name, token)
+            finished, task = task, None
+            return finished.result()
+    except asyncio.CancelledError:
+        if task is not None:
+            await cancel_and_wait(task)
+        # Also after a claim whose answer the cancellation cut off: the release is
+        # token-checked, so it is a no-op unless the role is ours.
+        await _release(store, name, token)
+        raise
+
+
+async def _call(work: Callable[[], Awaitable[None]]) -> None:
+    await work()
+
+
+async def _claim(
+    store: Store, name: str, token: str, ttl_ms: int, every_s: float
+) -> tuple[int, float]:
+    """Wait until the role is ours. Returns its fence and when the claim was sent (the
+    expiry counts from no earlier than that)."""
+    while True:
+        sent_at = time.monotonic()
+        try:
+            fence = await store.claim_role(name, token, ttl_ms)
+        except StoreUnavailable as exc:
+            log.warning("cannot claim role %s: %s", name, exc)
+            fence = None
+        if fence is not None:
+            return fence, sent_at
+        await asyncio.sleep(every_s)
+
+
+async def _release(store: Store, name: str, token: str) -> None:
+    try:
+        # Bounded: shutdown must not hang on an unreachable store; the role expires anyway.
+        async with asyncio.timeout(store.ttl_ms / 1000):
+            if await store.release_role(name, token):
+                log.info("released role %s", name)
+    except (StoreUnavailable, TimeoutError) as exc:
+        log.warning("could not release role %s (it will expire): %s", name, exc)
+
+
+class _Holder:
+    """Renews a held role every TTL/3 until the work ends or the role is lost; the logic of
+    `bot.cycle.LeaseKeeper`, for a role."""
+
+    def __init__(
+        self, store: Store, name: str, token: str, fence: int, ttl_ms: int, confirmed_at: float
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.token = token
+        self.fence = fence
+        self.ttl_ms = ttl_ms
+        self.ttl_s = ttl_ms / 1000
+        self.confirmed_at = confirmed_at
+
+    async def hold(self, task: asyncio.Future[None]) -> bool:
+        """True once `task` has ended while the role was ours; False as soon as it is lost."""
+        while True:
+            await asyncio.wait({task}, timeout=self.ttl_s / 3)
+            if task.done():
+                return True
+            if not await self._renew_or_expired():
+                return False
+
+    async def _renew_or_expired(self) -> bool:
+        # The new expiry counts from when the server ran the script, which is no earlier than
+        # when the call was sent: measure from there, never from the answer.
+        sent_at = time.monotonic()
+        left_s = self.ttl_s - (sent_at - self.confirmed_at)
+        try:
+            # A renewal that hangs past the expiry must not keep the work running meanwhile.
+            async with asyncio.timeout(max(left_s, 0.0)):
+                renewed = await self.store.renew_role(
+                    self.name, self.token, self.fence, self.ttl_ms
+                )
+        except (StoreUnavailable, TimeoutError) as exc:
+            alive = time.monotonic() - self.confirmed_at < self.ttl_s
+            log.warning(
+                "renewing role %s failed (%s); %s",
+                self.name,
+                exc,
+                "retrying" if alive else "giving up",
+            )
+            return alive
+        if renewed:
+            self.confirmed_at = sent_at
+            return True
+        log.warning("role %s was taken over", self.name)
+        return False

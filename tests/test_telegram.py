@@ -1,0 +1,398 @@
+"""Telegram end to end: `lastword run` with the real adapter and python-telegram-bot, against
+the loopback fake Bot API, with the real store. Each test runs the bot as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.commands import RESET
+from bot.embedded import EmbeddedRedis
+from bot.store import Keys
+from tests.conftest import eventually
+from tests.fakes.telegram_server import FakeTelegram, post_update
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cret-webhook-token"
+CHAT = 4242
+CONVERSATION = f"telegram:{CHAT}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bot_env(
+    server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, **extra: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+    env.update(
+        {
+            "LASTWORD_PLATFORM": "telegram",
+            "LASTWORD_REDIS_URL": server.url,
+            "LASTWORD_DATA_DIR": str(data_dir),
+            "LASTWORD_TELEGRAM__TOKEN": fake.token,
+            "LASTWORD_TELEGRAM__API_URL": fake.api_url,
+            "LASTWORD_DEBOUNCE__QUIET_MS": "300",
+            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
+            "LASTWORD_LEASE__TTL_MS": "1500",
+            "LASTWORD_SWEEP_INTERVAL_MS": "200",
+            "LASTWORD_LLM__PROVIDER": "echo",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+class Webhook:
+    """A bot in webhook mode, and where to post updates to it."""
+
+    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+        self.process = process
+        self.url = url
+
+    async def post(self, update: dict[str, object], secret: str | None = SECRET) -> int:
+        return await post_update(self.url, update, secret)
+
+
+@contextlib.asynccontextmanager
+async def webhook_bot(
+    server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, **extra: str
+) -> AsyncIterator[Webhook]:
+    port = free_port()
+    env = bot_env(
+        server,
+        fake,
+        data_dir,
+        LASTWORD_TELEGRAM__MODE="webhook",
+        LASTWORD_TELEGRAM__WEBHOOK_LISTEN=f"127.0.0.1:{port}",
+        LASTWORD_TELEGRAM__WEBHOOK_SECRET=SECRET,
+        LASTWORD_TELEGRAM__WEBHOOK_URL="https://bot.example/telegram",
+        **extra,
+    )
+    registered = len(fake.calls_to("setWebhook"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=env, stdin=asyncio.subprocess.DEVNULL
+    )
+    try:
+        # Ready once it has registered its webhook with the (fake) Bot API.
+        await fake.wait_for_calls("setWebhook", registered + 1, timeout=15)
+        yield Webhook(process, f"http://127.0.0.1:{port}/telegram")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as telegram:
+        yield telegram
+
+
+async def counters(redis: Redis) -> tuple[int, int]:
+    v, w = await redis.hmget(Keys(CONVERSATION).state, ["v", "w"])
+    return int(v or 0), int(w or 0)
+
+
+async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert fake.webhook is not None
+        assert fake.webhook.secret_token == SECRET
+        assert set(fake.webhook.allowed_updates or ()) == {"message", "edited_message"}
+        for text in ("one", "two", "three"):
+            assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        await eventually(lambda: _settled(redis), within_s=5)
+        [reply] = fake.sent_messages
+        assert reply.text == "You said: one / two / three"
+        assert reply.chat_id == CHAT
+        assert reply.params.get("parse_mode") == "HTML"
+
+
+async def _settled(redis: Redis) -> bool:
+    v, w = await counters(redis)
+    return v == w > 0
+
+
+async def test_wrong_or_missing_secret_is_refused_and_not_ingested(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        update = fake.private_text_update(CHAT, CHAT, "let me in")
+        assert await bot.post(update, secret="wrong") in (401, 403)
+        assert await bot.post(update, secret=None) in (401, 403)
+        # A correct delivery afterwards is the only one answered.
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "hello"), SECRET) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        assert [m.text for m in fake.sent_messages] == ["You said: hello"]
+        assert await counters(redis) == (1, 1)
+
+
+async def test_malformed_and_ignored_updates_never_crash_the_bot(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+            async with http.post(bot.url, data=b"{not json", headers=headers) as response:
+                assert response.status == 400
+            huge = b'{"update_id": 1, "x": "' + b"a" * (2 * 1024 * 1024) + b'"}'
+            async with http.post(bot.url, data=huge, headers=headers) as response:
+                assert response.status == 413
+        group = fake.group_text_update(-100, CHAT, "hi all")
+        assert await bot.post(group) == 200  # acknowledged, ignored
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "still here?")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        assert [m.text for m in fake.sent_messages] == ["You said: still here?"]
+        assert bot.process.returncode is None
+
+
+async def test_the_same_update_twice_gives_one_reply(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        update = fake.private_text_update(CHAT, CHAT, "only once")
+        assert await bot.post(update) == 200
+        assert await bot.post(update) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        await eventually(lambda: _settled(redis), within_s=5)
+        assert [m.text for m in fake.sent_messages] == ["You said: only once"]
+        assert await counters(redis) == (1, 1)
+
+
+async def test_redis_down_gives_5xx_and_the_retry_is_answered(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        update = fake.private_text_update(CHAT, CHAT, "are you up?")
+        server.stop()
+        assert await bot.post(update) >= 500
+        server.start()
+        assert await bot.post(update) == 200  # Telegram's retry
+        await fake.wait_for_sent(1, timeout=15)
+        assert [m.text for m in fake.sent_messages] == ["You said: are you up?"]
+
+
+async def test_long_reply_comes_in_ordered_parts_with_balanced_fences(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    code = "```python\n" + "\n".join(f"print({i})" for i in range(600)) + "\n```"
+    prose = " ".join(f"word{i}" for i in range(700))
+    text = prose + "\n\n" + code
+    assert len(text) > 10_000
+    async with webhook_bot(server, fake, short_dir, LASTWORD_MAX_MESSAGE_CHARS="20000") as bot:
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
+        await eventually(lambda: _settled(redis), within_s=15)
+        parts = [m.text or "" for m in fake.sent_messages]
+    assert len(parts) >= 3
+    assert all(len(p) <= 4096 for p in parts)
+    for part in parts:
+        # Each part renders on its own: code blocks open and close within it.
+        assert part.count("<pre>") == part.count("</pre>")
+    joined = " ".join(parts)
+    assert joined.index("word0 ") < joined.index("word699") < joined.index("print(0)")
+    assert "print(599)" in joined
+
+
+async def test_flood_control_delays_a_part_and_loses_nothing(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    fake.fail_next("sendMessage", fake.too_many_requests(1))
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "hi")) == 200
+        await fake.wait_for_sent(1, timeout=15)
+        attempts = fake.calls_to("sendMessage")
+        assert [c.status for c in attempts] == [429, 200]
+        assert attempts[1].at - attempts[0].at >= 1.0  # retry_after was honoured
+        assert [m.text for m in fake.sent_messages] == ["You said: hi"]
+
+
+async def test_rejected_entities_fall_back_to_plain_text(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    fake.fail_next("sendMessage", fake.cant_parse_entities())
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "**bold** move")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        [first, second] = fake.calls_to("sendMessage")
+        assert first.params.get("parse_mode") == "HTML" and first.status == 400
+        assert second.params.get("parse_mode") is None
+        assert second.text == "You said: bold move"
+
+
+async def test_reset_command_empties_the_history(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "remember me")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        assert await redis.llen(Keys(CONVERSATION).history) == 2
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "/reset")) == 200
+        await fake.wait_for_sent(2, timeout=10)
+        assert fake.sent_messages[-1].text == RESET
+        await eventually(lambda: _settled(redis), within_s=5)
+        # Only the reset's own confirmation remains.
+        assert await redis.llen(Keys(CONVERSATION).history) == 1
+
+
+async def test_allow_list_and_rate_limit_hold(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    extra = {"LASTWORD_ACCESS__ALLOWED_USERS": str(CHAT), "LASTWORD_ACCESS__RATE_PER_MINUTE": "2"}
+    async with webhook_bot(server, fake, short_dir, **extra) as bot:
+        stranger = 777
+        assert await bot.post(fake.private_text_update(stranger, stranger, "hi")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        assert "private" in (fake.sent_messages[0].text or "")
+        for text in ("a", "b", "c", "d"):
+            assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
+        await eventually(lambda: _settled(redis), within_s=10)
+        await fake.wait_for_sent(3, timeout=10)
+        to_user = [m.text for m in fake.sent_messages if m.chat_id == CHAT]
+        assert to_user[-1] == "You said: a / b"
+        assert len(to_user) == 2  # one rate-limit notice, one reply
+        assert await counters(redis) == (2, 2)
+
+
+class Poller:
+    """A bot in polling mode whose log is collected, to tell which replica polls."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.log: list[str] = []
+        assert process.stderr is not None
+        self._reader = asyncio.create_task(self._read(process.stderr))
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self.log.append(line.decode(errors="replace"))
+
+    @property
+    def polls(self) -> bool:
+        return any("this replica polls Telegram" in line for line in self.log)
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        await self._reader
+
+
+@contextlib.asynccontextmanager
+async def polling_bots(
+    count: int, server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path
+) -> AsyncIterator[list[Poller]]:
+    env = bot_env(server, fake, data_dir, LASTWORD_LOG_LEVEL="INFO")
+    bots: list[Poller] = []
+    try:
+        for _ in range(count):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bot",
+                "run",
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            bots.append(Poller(process))
+        yield bots
+    finally:
+        await asyncio.gather(*(bot.stop() for bot in bots))
+
+
+async def test_polling_burst_gives_one_reply_and_confirms_the_offset(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with polling_bots(1, server, fake, short_dir):
+        ids = [fake.push_update(fake.private_text_update(CHAT, CHAT, t)) for t in "abc"]
+        await fake.wait_for_sent(1, timeout=15)
+        await fake.wait_for_confirmed(ids[-1], timeout=15)
+        await eventually(lambda: _settled(redis), within_s=5)
+        assert [m.text for m in fake.sent_messages] == ["You said: a / b / c"]
+
+
+async def test_one_poller_among_replicas_and_kill_9_hands_polling_over(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with polling_bots(2, server, fake, short_dir) as bots:
+        fake.push_update(fake.private_text_update(CHAT, CHAT, "first"))
+        await fake.wait_for_sent(1, timeout=15)
+        # Committed before the kill: a kill between send and commit would (by design) make
+        # the survivor resend the same reply from the outbox.
+        await eventually(lambda: _settled(redis), within_s=5)
+
+        async def one_poller() -> bool:
+            return sum(bot.polls for bot in bots) == 1
+
+        await eventually(one_poller, within_s=5)
+        [poller] = [bot for bot in bots if bot.polls]
+        poller.process.kill()
+        await poller.process.wait()
+
+        fake.push_update(fake.private_text_update(CHAT, CHAT, "second"))
+        # The lease TTL is 1.5 s: the survivor takes over and answers well within that.
+        await fake.wait_for_sent(2, timeout=15)
+        [survivor] = [bot for bot in bots if bot is not poller]
+        assert survivor.polls
+        assert [m.text for m in fake.sent_messages] == ["You said: first", "You said: second"]
+        # Telegram would have answered 409 to a second concurrent poller.
+        assert fake.max_concurrent_get_updates == 1
+
+
+async def test_three_webhook_replicas_give_one_reply_per_burst(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    rng = random.Random(7)
+    chats = [5001, 5002, 5003, 5004]
+    async with contextlib.AsyncExitStack() as stack:
+        bots = [
+            await stack.enter_async_context(webhook_bot(server, fake, short_dir / str(n)))
+            for n in range(3)
+        ]
+        for chat in chats:
+            for word in ("red", "green", "blue"):
+                update = fake.private_text_update(chat, chat, f"{word}{chat}")
+                targets = rng.sample(bots, 2 if rng.random() < 0.3 else 1)  # some redelivered
+                for target in targets:
+                    assert await target.post(update) == 200
+        await fake.wait_for_sent(len(chats), timeout=20)
+
+        async def all_settled() -> bool:
+            for chat in chats:
+                v, w = await redis.hmget(Keys(f"telegram:{chat}").state, ["v", "w"])
+                if int(v or 0) != 3 or int(w or 0) != 3:
+                    return False
+            return True
+
+        await eventually(all_settled, within_s=10)
+    replies = {m.chat_id: m.text for m in fake.sent_messages}
+    assert len(fake.sent_messages) == len(chats)  # one reply per burst, none twice
+    for chat in chats:
+        assert replies[chat] == f"You said: red{chat} / green{chat} / blue{chat}"
