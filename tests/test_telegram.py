@@ -216,17 +216,22 @@ async def test_long_reply_comes_in_ordered_parts_with_balanced_fences(
     assert "print(599)" in joined
 
 
-async def test_flood_control_delays_a_part_and_loses_nothing(
+async def test_flood_control_delays_the_second_part_and_loses_nothing(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:
-    fake.fail_next("sendMessage", fake.too_many_requests(1))
+    fake.fail_next("sendMessage", None, fake.too_many_requests(1))
+    text = " ".join(f"w{i}" for i in range(1000))  # two parts at the adapter's limit
     async with webhook_bot(server, fake, short_dir) as bot:
-        assert await bot.post(fake.private_text_update(CHAT, CHAT, "hi")) == 200
-        await fake.wait_for_sent(1, timeout=15)
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
+        await fake.wait_for_sent(2, timeout=15)
+        await eventually(lambda: _settled(redis), within_s=5)
         attempts = fake.calls_to("sendMessage")
-        assert [c.status for c in attempts] == [429, 200]
-        assert attempts[1].at - attempts[0].at >= 1.0  # retry_after was honoured
-        assert [m.text for m in fake.sent_messages] == ["You said: hi"]
+        assert [c.status for c in attempts] == [200, 429, 200]
+        assert attempts[2].at - attempts[1].at >= 1.0  # retry_after was honoured
+        first, second = (m.text or "" for m in fake.sent_messages)
+        assert first.startswith("You said: w0 ") and second.endswith(" w999")
+        sent_words = (first + " " + second).removeprefix("You said: ").split()
+        assert sent_words == text.split()  # in order, nothing lost
 
 
 async def test_rejected_entities_fall_back_to_plain_text(
@@ -240,6 +245,22 @@ async def test_rejected_entities_fall_back_to_plain_text(
         assert first.params.get("parse_mode") == "HTML" and first.status == 400
         assert second.params.get("parse_mode") is None
         assert second.text == "You said: bold move"
+
+
+async def test_media_edits_and_groups_become_the_right_input(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert await bot.post(fake.sticker_update(CHAT, CHAT)) == 200
+        assert await bot.post(fake.photo_update(CHAT, CHAT, caption="my cat")) == 200
+        edited = fake.edited_update(CHAT, CHAT, "fixed typo", message_id=1)
+        assert await bot.post(edited) == 200
+        assert await bot.post(fake.group_text_update(-100, CHAT, "in a group")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        await eventually(lambda: _settled(redis), within_s=5)
+        [reply] = fake.sent_messages
+        assert reply.text == "You said: [sticker] / my cat [photo] / (edited) fixed typo"
+        assert await counters(redis) == (3, 3)
 
 
 async def test_reset_command_empties_the_history(

@@ -195,7 +195,7 @@ class FakeTelegram:
         # Message ids are per chat and shared by both directions, as in Telegram's private chats.
         self._message_ids: dict[int | str, int] = {}
         self._bot_messages: dict[tuple[int | str, int], dict[str, Any]] = {}
-        self._errors: dict[str, list[ScriptedError]] = {}
+        self._errors: dict[str, list[ScriptedError | None]] = {}
         self._polls: list[_Poll] = []
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
@@ -256,8 +256,9 @@ class FakeTelegram:
 
     # -- scripting ---------------------------------------------------------------------------
 
-    def fail_next(self, method: str, *errors: ScriptedError) -> None:
+    def fail_next(self, method: str, *errors: ScriptedError | None) -> None:
         """Queue errors for ``method``; its next calls answer with them, one each, in order.
+        A None in the queue lets that call through, so a later one can be made to fail.
 
         The calls are still recorded, with the error's status and description.
         """
@@ -561,8 +562,9 @@ class FakeTelegram:
             self._handler_tasks.add(task)
         try:
             queued = self._errors.get(method)
-            if queued:
-                raise _CallError(queued.pop(0))
+            scripted = queued.pop(0) if queued else None
+            if scripted is not None:
+                raise _CallError(scripted)
             result = await self._perform(call)
         except _CallError as failure:
             call.status = failure.error.status
