@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I can't answer right now because of a technical problem. Please try again later."
 
+# Told to the model when a message carries media it is only shown as a marker of.
+ATTACHMENT_NOTE = (
+    "Attachments appear as markers such as [photo] or [sticker]. You cannot see or open "
+    "them: say so politely, and answer whatever text came with them."
+)
+
 T = TypeVar("T")
 
 
@@ -197,8 +203,11 @@ class Cycle:
             return "\n\n".join(burst.answers)
         # After a /reset the model starts afresh: the old history is about to be emptied.
         history = grant.history if burst.keeps_history else ()
+        system = self.settings.llm.system_prompt
+        if any(m.attachments for m in burst.for_model):
+            system += "\n\n" + ATTACHMENT_NOTE
         prompt = Prompt(
-            system=self.settings.llm.system_prompt,
+            system=system,
             history=tuple(Turn(h.role, h.text) for h in history),
             unanswered=tuple(m.prompt_text() for m in burst.for_model),
         )

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from bot.app import make_store
 from bot.commands import HELP, RATE_LIMITED, REFUSAL, RESET, START, command_of, plan
 from bot.llm import OpenAILLM
-from bot.message import InboundMessage
+from bot.message import Attachment, InboundMessage
 from bot.runtime import Runtime
 from bot.settings import Settings
 from tests.conftest import SettingsFactory
@@ -155,3 +155,21 @@ def test_allowed_users_read_from_a_comma_separated_variable(
     access = Settings().access
     assert access.allowed_users == ["12", "34", "56"]
     assert access.rate_per_minute == 0
+
+
+async def test_the_model_is_told_it_cannot_see_attachments(
+    make_settings: SettingsFactory, redis: Redis
+) -> None:
+    async with bot(make_settings, redis) as (runtime, _, fake):
+        sticker = InboundMessage(
+            "test", "1", "u1", "m1", "", attachments=(Attachment("sticker", "file-1"),)
+        )
+        assert await runtime.ingest(sticker)
+        assert await runtime.ingest(message(2, "plain words"))
+        await runtime.settled(CONV)
+        assert await runtime.ingest(message(3, "no media now"))
+        await runtime.settled(CONV)
+    with_media, without = fake.requests
+    assert "cannot see" in with_media.messages[0]["content"]
+    assert "[sticker]" in with_media.last_user_text
+    assert "cannot see" not in without.messages[0]["content"]

@@ -263,6 +263,21 @@ async def test_media_edits_and_groups_become_the_right_input(
         assert await counters(redis) == (3, 3)
 
 
+async def test_a_user_who_blocked_the_bot_is_skipped_and_the_conversation_moves_on(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    fake.fail_next("sendMessage", fake.forbidden_blocked())
+    async with webhook_bot(server, fake, short_dir) as bot:
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "bye")) == 200
+        # The reply counts as delivered: W advances and nothing is retried.
+        await eventually(lambda: _settled(redis), within_s=10)
+        assert [c.status for c in fake.calls_to("sendMessage")] == [403]
+        # Writing again means the user unblocked the bot: replies flow again.
+        assert await bot.post(fake.private_text_update(CHAT, CHAT, "back")) == 200
+        await fake.wait_for_sent(1, timeout=10)
+        assert [m.text for m in fake.sent_messages] == ["You said: back"]
+
+
 async def test_reset_command_empties_the_history(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:
