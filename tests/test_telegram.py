@@ -144,6 +144,7 @@ async def test_wrong_or_missing_secret_is_refused_and_not_ingested(
         # A correct delivery afterwards is the only one answered.
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "hello"), SECRET) == 200
         await fake.wait_for_sent(1, timeout=10)
+        await eventually(lambda: _settled(redis), within_s=5)
         assert [m.text for m in fake.sent_messages] == ["You said: hello"]
         assert await counters(redis) == (1, 1)
 
@@ -284,6 +285,7 @@ async def test_reset_command_empties_the_history(
     async with webhook_bot(server, fake, short_dir) as bot:
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "remember me")) == 200
         await fake.wait_for_sent(1, timeout=10)
+        await eventually(lambda: _settled(redis), within_s=5)  # committed after the send
         assert await redis.llen(Keys(CONVERSATION).history) == 2
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "/reset")) == 200
         await fake.wait_for_sent(2, timeout=10)

@@ -24,10 +24,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["FAKE_MODEL_ID", "FakeOpenAI", "RecordedRequest", "ScriptedError"]
 
@@ -98,10 +99,11 @@ def _default_reply(request: RecordedRequest) -> str:
     return "You said: " + request.last_user_text
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """Fake OpenAI Chat Completions server on 127.0.0.1 with an OS-chosen port."""
 
     def __init__(self, reply: Callable[[RecordedRequest], str] | None = None) -> None:
+        super().__init__()
         self.reply: Callable[[RecordedRequest], str] = reply or _default_reply
         self.requests: list[RecordedRequest] = []
         # Applies to every answer, scripted errors included, because a slow upstream is slow
@@ -113,61 +115,20 @@ class FakeOpenAI:
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
         self._changed = asyncio.Event()
-        self._handler_tasks: set[asyncio.Task[Any]] = set()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._runner is not None:
-            raise RuntimeError("FakeOpenAI already started")
-        app = web.Application()
+    def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
-        # aiohttp 3.x leaves handler_cancellation off by default, which would let a handler keep
-        # waiting after its client hung up; the fake must notice disconnects to record them.
-        # The short shutdown timeout keeps stop() from waiting on handlers it already cancelled.
-        runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
 
-    async def stop(self) -> None:
-        runner = self._runner
-        if runner is None:
-            return
-        self._runner = None
-        # Held or delayed handlers would otherwise keep cleanup waiting until its timeout.
+    def _before_stop(self) -> None:
+        # Held requests would otherwise keep cleanup waiting until its timeout.
         self._gate.set()
-        tasks = [task for task in self._handler_tasks if not task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
-        await runner.cleanup()
-
-    async def __aenter__(self) -> FakeOpenAI:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def base_url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("FakeOpenAI not started")
-        return f"http://127.0.0.1:{self._port}/v1"
+        return self.origin + "/v1"
 
     # -- scripting ---------------------------------------------------------------------------
 

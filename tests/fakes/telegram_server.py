@@ -32,11 +32,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
     "DEFAULT_TOKEN",
@@ -168,10 +169,11 @@ def _bad_request(description: str) -> _CallError:
     return _CallError(ScriptedError(400, f"Bad Request: {description}"))
 
 
-class FakeTelegram:
+class FakeTelegram(LoopbackServer):
     """Fake Telegram Bot API server on 127.0.0.1 with an OS-chosen port."""
 
     def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "fake_bot") -> None:
+        super().__init__()
         self.token = token
         bot_id_text = token.split(":", 1)[0]
         self.bot_user: dict[str, Any] = {
@@ -200,59 +202,19 @@ class FakeTelegram:
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
         self._changed = asyncio.Event()
-        self._handler_tasks: set[asyncio.Task[Any]] = set()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._runner is not None:
-            raise RuntimeError("FakeTelegram already started")
-        app = web.Application()
+    def _add_routes(self, app: web.Application) -> None:
         # Telegram accepts GET and POST on every method; the token is part of the path.
+        # (Handler cancellation, on in LoopbackServer, makes a long poll whose client hung up
+        # or was killed stop counting as in flight.)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        # handler_cancellation: a long poll whose client hung up (or was killed) must stop
-        # counting as in flight, or the concurrency counter would lie.
-        runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        runner = self._runner
-        if runner is None:
-            return
-        self._runner = None
-        tasks = [task for task in self._handler_tasks if not task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
-        await runner.cleanup()
-
-    async def __aenter__(self) -> FakeTelegram:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def api_url(self) -> str:
         """The Bot API base, e.g. ``http://127.0.0.1:PORT``; PTB wants ``api_url + "/bot"``."""
-        if self._port is None:
-            raise RuntimeError("FakeTelegram not started")
-        return f"http://127.0.0.1:{self._port}"
+        return self.origin
 
     # -- scripting ---------------------------------------------------------------------------
 

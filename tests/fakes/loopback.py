@@ -1,0 +1,72 @@
+"""The lifecycle every loopback fake shares: an aiohttp app on 127.0.0.1 with an OS-chosen
+port, started and stopped around a test, whose handlers can be cancelled on the way out."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import web
+
+
+class LoopbackServer:
+    def __init__(self) -> None:
+        # Handlers register themselves here so stop() can cancel the ones still running.
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    def _add_routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def _before_stop(self) -> None:
+        """Unblock whatever a handler may be waiting on (a held request, say)."""
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError(f"{type(self).__name__} already started")
+        app = web.Application()
+        self._add_routes(app)
+        # aiohttp 3.x leaves handler_cancellation off by default, which would let a handler
+        # keep waiting after its client hung up (or was killed); the fakes must notice that.
+        # The short shutdown timeout keeps stop() from waiting on handlers it cancelled.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
+        )
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        runner = self._runner
+        if runner is None:
+            return
+        self._runner = None
+        self._before_stop()
+        tasks = [task for task in self._handler_tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def origin(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__} not started")
+        return f"http://127.0.0.1:{self._port}"
