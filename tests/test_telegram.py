@@ -127,6 +127,10 @@ async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
         assert reply.text == "You said: one / two / three"
         assert reply.chat_id == CHAT
         assert reply.params.get("parse_mode") == "HTML"
+        # The typing indicator ran while the bot waited for the last word.
+        typing = fake.calls_to("sendChatAction")
+        assert typing and all(c.params.get("action") == "typing" for c in typing)
+        assert typing[0].at < reply.at
 
 
 async def _settled(redis: Redis) -> bool:
