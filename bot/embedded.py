@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import shutil
 import signal
 import subprocess
@@ -126,10 +125,6 @@ class EmbeddedRedis:
         if not log.exists():
             return "(no log)"
         return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-
-    def signal(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signum)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop gracefully: SIGTERM makes the server flush its append-only file first."""

@@ -49,11 +49,6 @@ class Timers:
             max(delay_ms, 0) / 1000, self._fire, conversation
         )
 
-    def disarm(self, conversation: str) -> None:
-        handle = self._handles.pop(conversation, None)
-        if handle is not None:
-            handle.cancel()
-
     def _fire(self, conversation: str) -> None:
         self._handles.pop(conversation, None)
         self._wake(conversation)

@@ -250,15 +250,6 @@ def test_redis_down_at_startup_is_one_clear_line(data_dir: Path) -> None:
     assert "Traceback" not in stderr
 
 
-@pytest.fixture
-def own_server(short_dir: Path) -> Iterator[EmbeddedRedis]:
-    """A server the test stops and restarts under the bot (same data dir and socket)."""
-    server = EmbeddedRedis(short_dir / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
 def counters(server: EmbeddedRedis) -> tuple[int, int]:
     client = SyncRedis(unix_socket_path=str(server.socket))
     try:
@@ -283,21 +274,21 @@ def wait_stderr(bot: Bot, text: str, timeout: float = 10) -> None:
 
 
 def test_lines_typed_while_redis_is_down_are_answered_when_it_returns(
-    data_dir: Path, own_server: EmbeddedRedis
+    data_dir: Path, server: EmbeddedRedis
 ) -> None:
-    bot = Bot(data_dir, LASTWORD_REDIS_URL=own_server.url)
+    bot = Bot(data_dir, LASTWORD_REDIS_URL=server.url)
     try:
         bot.write("a\nb\n")
         assert bot.wait_lines(1) == ["You said: a / b"]
-        wait_counters(own_server, (2, 2))  # committed: nothing in flight when Redis goes
+        wait_counters(server, (2, 2))  # committed: nothing in flight when Redis goes
 
-        own_server.stop()
+        server.stop()
         bot.write("c\nd\n")
         # The bot tried to store "c", failed, and holds it rather than dropping it or dying.
         wait_stderr(bot, "message not stored yet")
         assert bot.process.poll() is None
 
-        own_server.start()
+        server.start()
         bot.close_stdin()
         code = bot.wait(15)
     finally:
@@ -305,28 +296,26 @@ def test_lines_typed_while_redis_is_down_are_answered_when_it_returns(
     assert code == 0, bot.stderr()
     assert "Traceback" not in bot.stderr()
     assert said(bot.lines()) == ["a", "b", "c", "d"]  # every line answered exactly once
-    assert counters(own_server) == (4, 4)
+    assert counters(server) == (4, 4)
     assert_no_server(data_dir)  # an external Redis: the bot started none of its own
 
 
-def test_accepted_message_survives_a_redis_restart(
-    data_dir: Path, own_server: EmbeddedRedis
-) -> None:
+def test_accepted_message_survives_a_redis_restart(data_dir: Path, server: EmbeddedRedis) -> None:
     # The model takes 1 s, so no reply can reach the pre-send check before Redis is stopped:
     # the message is accepted (stored) but surely not answered when Redis goes.
     bot = Bot(
         data_dir,
-        LASTWORD_REDIS_URL=own_server.url,
+        LASTWORD_REDIS_URL=server.url,
         LASTWORD_DEBOUNCE__QUIET_MS="300",
         LASTWORD_LLM__ECHO_DELAY_MS="1000",
     )
     try:
         bot.write("kept\n")
-        wait_counters(own_server, (1, 0), timeout=10)
-        own_server.stop()  # graceful: the append-only file is flushed
+        wait_counters(server, (1, 0), timeout=10)
+        server.stop()  # graceful: the append-only file is flushed
         wait_stderr(bot, "unreachable")
         assert bot.process.poll() is None
-        own_server.start()
+        server.start()
         bot.close_stdin()
         code = bot.wait(15)
     finally:
@@ -334,4 +323,4 @@ def test_accepted_message_survives_a_redis_restart(
     assert code == 0, bot.stderr()
     assert "Traceback" not in bot.stderr()
     assert bot.lines() == ["You said: kept"]
-    assert counters(own_server) == (1, 1)
+    assert counters(server) == (1, 1)
