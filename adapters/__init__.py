@@ -15,4 +15,8 @@ def create(settings: Settings) -> Adapter:
         from adapters.telegram import TelegramAdapter
 
         return TelegramAdapter(settings.telegram)
+    if settings.platform == "discord":
+        from adapters.discord import DiscordAdapter
+
+        return DiscordAdapter(settings.discord)
     raise ConfigError(f"LASTWORD_PLATFORM: {settings.platform} is not available in this version")

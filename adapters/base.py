@@ -18,6 +18,13 @@ class Sink(Protocol):
 
     async def settled(self, conversation: str) -> None: ...
 
+    async def recent(self, platform: str, within_s: float) -> dict[str, str]:
+        """Conversations on `platform` with a new message in the last `within_s` seconds (at
+        most an hour), each with the platform id of the last message taken in. A platform that
+        delivers nothing sent while no replica was connected reads its history after that id.
+        """
+        ...
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name` (for example
         "telegram:poller"): exactly one replica of the deployment runs it at a time, and if

@@ -182,6 +182,11 @@ class Runtime:
                 pass
             await asyncio.sleep(poll_s)
 
+    async def recent(self, platform: str, within_s: float) -> dict[str, str]:
+        """Conversations on `platform` active in the last `within_s` seconds, each with the
+        platform id of the last message taken in from it."""
+        return await self.store.recent(platform, int(within_s * 1000))
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name`, one replica at a time
         across the deployment, handing over within the lease TTL if the holder dies. See

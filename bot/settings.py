@@ -49,6 +49,8 @@ class DiscordSettings(BaseModel):
     token: SecretStr | None = None
     api_url: str = "https://discord.com/api/v10"
     gateway_url: str = "wss://gateway.discord.gg"
+    # After a gateway gap, read the DM history of conversations active this recently (0: off).
+    catch_up_minutes: int = Field(default=60, ge=0, le=60)
 
 
 class LLMSettings(BaseModel):

@@ -123,6 +123,24 @@ async def test_redelivery_does_not_bump_version(store: Store, redis: Redis) -> N
     assert InboundMessage.from_json(pending["1"]).text == "text 1"
 
 
+async def test_recent_lists_active_conversations_with_their_last_message(
+    store: Store, redis: Redis
+) -> None:
+    await store.ingest(InboundMessage("discord", "10", "u1", "100", "a"))
+    await store.ingest(InboundMessage("discord", "10", "u1", "105", "b"))
+    # A redelivery of an older message does not move `last` back.
+    await store.ingest(InboundMessage("discord", "10", "u1", "100", "a"))
+    await store.ingest(InboundMessage("discord", "20", "u2", "200", "c"))
+    await store.ingest(InboundMessage("telegram", "10", "u1", "7", "d"))
+    assert await store.recent("discord", 60_000) == {"discord:10": "105", "discord:20": "200"}
+    assert await store.recent("telegram", 60_000) == {"telegram:10": "7"}
+
+    # Ageing out: a conversation whose last message is older than the window is not listed.
+    key = Keys("discord:20").active
+    await redis.zadd(key, {"discord:20": await server_ms(redis) - 120_000})
+    assert await store.recent("discord", 60_000) == {"discord:10": "105"}
+
+
 async def test_dedupe_is_per_conversation(store: Store) -> None:
     assert (await store.ingest(message(1, chat="1"))).accepted
     # The same platform message id in another chat is another message.
@@ -263,7 +281,8 @@ async def test_scripts_write_only_keys_of_the_conversations_slot(
     for key in keys:
         conversation = key.split(":c:", 1)[1].rsplit(":", 1)[0] if ":c:" in key else None
         if conversation is None:
-            assert key.endswith(":due"), key
+            # The shard-wide indexes: named by their shard's tag alone.
+            assert key.rsplit(":", 1)[1] in ("due", "active"), key
             continue
         assert keyslot(key) == keyslot(Keys(conversation).due), key
 

@@ -7,7 +7,8 @@ Cluster: a conversation's keys and the shard of the due-index it lives in share 
 
 Key layout, for a conversation in shard N (of `SHARDS`):
 
-    {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards
+    {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards,
+                                             last (the platform id of the last new message)
     {lw:N}:c:<conversation>:pending  hash    version -> message json, for (W, V]
     {lw:N}:c:<conversation>:seen     zset    platform message ids, for dedupe
     {lw:N}:c:<conversation>:window   hash    opened, deadline (ms, server clock)
@@ -17,6 +18,7 @@ Key layout, for a conversation in shard N (of `SHARDS`):
     {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
     {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
     {lw:N}:due                       zset    conversation -> when to look at it next
+    {lw:N}:active                    zset    conversation -> when it last sent a new message
 
 Roles (one holder across all replicas for a shared job, such as a platform's single poller;
 `role` and `role_release`), all in one slot:
@@ -28,6 +30,7 @@ Roles (one holder across all replicas for a shared job, such as a platform's sin
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from dataclasses import dataclass
 from importlib import resources
@@ -47,6 +50,8 @@ SHARDS = 16
 SEEN_CAP = 1000
 # The rate limit counts messages per minute.
 RATE_WINDOW_MS = 60_000
+# How long a conversation stays in the activity index after its last message.
+ACTIVE_KEEP_MS = 3600_000
 
 
 class StoreUnavailable(Unavailable):
@@ -100,6 +105,7 @@ class Keys:
         self.rate = f"{base}:rate"
         self.notice = f"{base}:notice"
         self.due = f"{tag}:due"
+        self.active = f"{tag}:active"
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ class Store:
     async def ingest(self, message: InboundMessage) -> Ingested:
         conversation = message.conversation
         k = Keys(conversation)
-        keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate]
+        keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate, k.active]
         args: list[str | int] = [
             conversation,
             message.message_id,
@@ -230,6 +236,7 @@ class Store:
             SEEN_CAP,
             self.rate_per_minute,
             RATE_WINDOW_MS,
+            ACTIVE_KEEP_MS,
         ]
         status, version, due_in = await self._run(self._ingest, keys, args)
         return Ingested(
@@ -352,6 +359,27 @@ class Store:
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return int(v or 0), int(w or 0)
+
+    async def recent(self, platform: str, within_ms: int) -> dict[str, str]:
+        """Conversations on `platform` with a new message in the last `within_ms` (at most
+        `ACTIVE_KEEP_MS`), each with the platform id of the last message taken in. Two round
+        trips; meant for the rare catch-up after a platform connection gap."""
+        prefix = f"{platform}:"
+        # The client's clock is fine here: an hour-long window does not mind a skew of seconds.
+        since = int(time.time() * 1000) - min(within_ms, ACTIVE_KEEP_MS)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for shard in range(SHARDS):
+                    pipe.zrangebyscore(f"{{lw:{shard}}}:active", since, "+inf")
+                shards: list[list[bytes]] = await pipe.execute()
+            conversations = [c for s in shards for c in map(_text, s) if c.startswith(prefix)]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for conversation in conversations:
+                    pipe.hget(Keys(conversation).state, "last")
+                lasts: list[bytes | None] = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        return {c: _text(last) for c, last in zip(conversations, lasts, strict=True) if last}
 
     async def history(self, conversation: str) -> list[HistoryEntry]:
         raw = await self.redis.lrange(Keys(conversation).history, 0, -1)

@@ -1,11 +1,12 @@
 -- Ingest one message: dedupe, rate-limit, bump V, store it as pending, open or extend the
 -- window, and put the deadline in the due-index. One round trip; nothing waits for the LLM.
--- KEYS: state, pending, seen, window, due, rate
+-- KEYS: state, pending, seen, window, due, rate, active
 -- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
---       messages allowed per rate window (0: no limit), rate window ms
+--       messages allowed per rate window (0: no limit), rate window ms, active keep ms
 -- Returns {status, V, ms until the deadline or -1}; status 1 accepted, 0 a redelivery,
 -- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window
 local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local active = KEYS[7]
 local now = now_ms()
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
@@ -14,6 +15,12 @@ end
 redis.call('ZADD', seen, now, ARGV[2])
 -- Redelivery happens within minutes, so remembering the newest ids per conversation is enough.
 redis.call('ZREMRANGEBYRANK', seen, 0, -(tonumber(ARGV[6]) + 1))
+
+-- Who spoke lately, and the last message taken from them: a platform that can miss messages
+-- while no replica listens (Discord's gateway) reads its history after that one.
+redis.call('HSET', state, 'last', ARGV[2])
+redis.call('ZADD', active, now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', active, '-inf', now - tonumber(ARGV[9]))
 
 -- A DM conversation is one user, so its key is the per-user counter, in the same slot.
 local limit = tonumber(ARGV[7])
