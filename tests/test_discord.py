@@ -1,0 +1,419 @@
+"""Discord end to end: `lastword run` with the real adapter and discord.py, against the loopback
+fake Discord (REST and gateway), with the real store. Each bot is a separate process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.commands import HELP, REFUSAL
+from bot.embedded import EmbeddedRedis
+from bot.store import Keys
+from tests.conftest import eventually
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.telegram_server import FakeTelegram
+
+pytestmark = pytest.mark.timeout(60)
+
+USER = 7001
+# The gateway intents for DMs and their content, and nothing else.
+DIRECT_MESSAGES = 1 << 12
+MESSAGE_CONTENT = 1 << 15
+
+
+def bot_env(
+    server: EmbeddedRedis, fake: FakeDiscord, data_dir: Path, **extra: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+    env.update(
+        {
+            "LASTWORD_PLATFORM": "discord",
+            "LASTWORD_REDIS_URL": server.url,
+            "LASTWORD_DATA_DIR": str(data_dir),
+            "LASTWORD_DISCORD__TOKEN": fake.token,
+            "LASTWORD_DISCORD__API_URL": fake.api_url,
+            "LASTWORD_DISCORD__GATEWAY_URL": fake.gateway_url,
+            "LASTWORD_DEBOUNCE__QUIET_MS": "300",
+            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
+            "LASTWORD_LEASE__TTL_MS": "1500",
+            "LASTWORD_SWEEP_INTERVAL_MS": "200",
+            "LASTWORD_LLM__PROVIDER": "echo",
+            "LASTWORD_LOG_LEVEL": "INFO",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+class Bot:
+    """One `lastword run` process, with its log collected to tell what it is doing."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.log: list[str] = []
+        assert process.stderr is not None
+        self._reader = asyncio.create_task(self._read(process.stderr))
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self.log.append(line.decode(errors="replace"))
+
+    def said(self, text: str) -> int:
+        return sum(text in line for line in self.log)
+
+    @property
+    def holds_gateway(self) -> bool:
+        return self.said("this replica holds the Discord gateway") > 0
+
+    async def kill(self) -> None:
+        self.process.kill()
+        await self.process.wait()
+        await self._reader
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        await self._reader
+
+
+async def start_bot(env: dict[str, str]) -> Bot:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "run",
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return Bot(process)
+
+
+@contextlib.asynccontextmanager
+async def discord_bots(
+    count: int, server: EmbeddedRedis, fake: FakeDiscord, data_dir: Path, **extra: str
+) -> AsyncIterator[list[Bot]]:
+    env = bot_env(server, fake, data_dir, **extra)
+    bots: list[Bot] = []
+    try:
+        for _ in range(count):
+            bots.append(await start_bot(env))
+        # Ready once one of them holds the gateway.
+        await fake.wait_for_sessions(1, timeout=20)
+        yield bots
+    finally:
+        await asyncio.gather(*(bot.stop() for bot in bots))
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as discord:
+        yield discord
+
+
+async def counters(redis: Redis, channel: int) -> tuple[int, int]:
+    v, w = await redis.hmget(Keys(f"discord:{channel}").state, ["v", "w"])
+    return int(v or 0), int(w or 0)
+
+
+async def settled(redis: Redis, channel: int, version: int) -> None:
+    async def check() -> bool:
+        return await counters(redis, channel) == (version, version)
+
+    await eventually(check, within_s=10)
+
+
+def texts(fake: FakeDiscord, channel: int) -> list[str]:
+    return [str(m["content"]) for m in fake.bot_messages(channel)]
+
+
+async def test_a_burst_of_three_dms_gets_one_reply(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(1, server, fake, short_dir):
+        for text in ("one", "two", "three"):
+            await fake.user_sends(USER, text)
+        await fake.wait_for_bot_messages(channel, 1, timeout=10)
+        await settled(redis, channel, 3)
+        assert texts(fake, channel) == ["You said: one / two / three"]
+        # The gateway asked for DMs and their content, nothing more.
+        assert [i["intents"] for i in fake.identifies] == [DIRECT_MESSAGES | MESSAGE_CONTENT]
+        # Sent with a short nonce Discord enforces, and typing shown before the reply.
+        [post] = fake.posts
+        assert post.enforce_nonce and post.nonce and len(post.nonce) <= 25
+        typing = [at for ch, at in fake.typing_calls if ch == channel]
+        assert typing and typing[0] < post.at
+
+
+async def test_a_replayed_message_create_gets_no_second_reply(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(1, server, fake, short_dir):
+        await fake.user_sends(USER, "first")
+        await fake.wait_for_bot_messages(channel, 1, timeout=10)
+        await settled(redis, channel, 1)
+
+        # Discord resends every event of the session on RESUME, "first" included.
+        fake.replay_from_start_on_resume = True
+        resumed = fake.resume_count
+        await fake.request_reconnect()
+        await fake.wait_for(lambda: fake.resume_count > resumed, timeout=10)
+        await fake.user_sends(USER, "second")
+        await fake.wait_for_bot_messages(channel, 2, timeout=10)
+        await settled(redis, channel, 2)
+        assert texts(fake, channel) == ["You said: first", "You said: second"]
+        assert fake.identify_count == 1  # resumed, not a new session
+
+
+async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(3, server, fake, short_dir) as bots:
+        await fake.user_sends(USER, "before")
+        await fake.wait_for_bot_messages(channel, 1, timeout=10)
+        await settled(redis, channel, 1)
+
+        async def one_holder() -> bool:
+            return sum(bot.holds_gateway for bot in bots) == 1
+
+        await eventually(one_holder, within_s=5)
+        assert fake.connected_sessions() == 1
+        [holder] = [bot for bot in bots if bot.holds_gateway]
+        await holder.kill()
+        await fake.wait_for(lambda: fake.connected_sessions() == 0, timeout=5)
+
+        # Sent while no replica holds the gateway: Discord delivers them to no one.
+        for text in ("during", "the", "switch"):
+            await fake.user_sends(USER, text)
+        await fake.wait_for_sessions(1, timeout=15)
+        await settled(redis, channel, 4)
+        await fake.user_sends(USER, "after")
+        await settled(redis, channel, 5)
+
+        survivors = [bot for bot in bots if bot is not holder]
+        assert sum(bot.holds_gateway for bot in survivors) == 1
+        assert fake.connected_sessions() == 1
+        replies = texts(fake, channel)
+        assert replies[0] == "You said: before"
+        # Every word answered exactly once, in order, whatever the grouping.
+        answered = " / ".join(r.removeprefix("You said: ") for r in replies[1:])
+        assert answered == "during / the / switch / after"
+
+
+async def test_a_crash_after_the_post_and_before_the_commit_posts_nothing_twice(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    env = bot_env(server, fake, short_dir)
+    first = await start_bot(env)
+    try:
+        await fake.wait_for_sessions(1, timeout=20)
+        fake.hold_posts(True)
+        await fake.user_sends(USER, "hello")
+        # Discord has created the message; the bot dies before it hears so, or commits.
+        await fake.wait_for(lambda: len(fake.posts) == 1, timeout=10)
+        await first.kill()
+        fake.hold_posts(False)
+        assert await counters(redis, channel) == (1, 0)
+    finally:
+        await first.stop()
+
+    second = await start_bot(env)
+    try:
+        # The outbox is re-sent with the same nonce once the dead holder's lease expires.
+        await settled(redis, channel, 1)
+        assert texts(fake, channel) == ["You said: hello"]
+        assert len(fake.posts) == 2
+        assert fake.posts[1].nonce == fake.posts[0].nonce
+        assert fake.posts[1].deduplicated
+    finally:
+        await second.stop()
+
+
+def paragraph(word: str, length: int) -> str:
+    sentence = f"{word} " * 20
+    return "\n\n".join(sentence.strip() for _ in range(length // len(sentence)))
+
+
+async def test_a_long_reply_comes_in_ordered_parts_of_at_most_2000(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    burst = [paragraph(word, 1650) for word in ("alpha", "bravo", "charlie")]
+    async with discord_bots(1, server, fake, short_dir):
+        for text in burst:
+            await fake.user_sends(USER, text)
+        await settled(redis, channel, 3)
+        parts = texts(fake, channel)
+        expected = "You said: " + " / ".join(burst)
+        assert len(expected) > 5000
+        assert len(parts) == 3
+        assert all(len(part) <= 2000 for part in parts)
+        # In order, and nothing lost but the whitespace at the cuts.
+        assert "".join(parts).split() == expected.split()
+        assert parts[0].startswith("You said: alpha")
+        assert parts[-1].endswith("charlie")
+
+
+async def test_guild_and_bot_messages_are_ignored(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    guild_channel = 880001
+    async with discord_bots(1, server, fake, short_dir):
+        await fake.user_sends(USER, "in a server", guild_id=99001, channel_id=guild_channel)
+        await fake.user_sends(USER + 1, "from another bot", bot=True)
+        await fake.user_sends(USER, "in a DM")
+        await fake.wait_for_bot_messages(channel, 1, timeout=10)
+        await settled(redis, channel, 1)
+        assert texts(fake, channel) == ["You said: in a DM"]
+        assert fake.bot_messages(guild_channel) == []
+        assert fake.bot_messages(fake.dm_channel(USER + 1)) == []
+        assert await counters(redis, guild_channel) == (0, 0)
+        assert await counters(redis, fake.dm_channel(USER + 1)) == (0, 0)
+
+
+async def test_attachments_and_edits_become_input(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(1, server, fake, short_dir):
+        image = fake.attachment("cat.png", "image/png", 1024)
+        sent = await fake.user_sends(USER, "look", attachments=[image])
+        await settled(redis, channel, 1)
+        await fake.user_edits(int(sent["id"]), "look at this")
+        await settled(redis, channel, 2)
+        replies = texts(fake, channel)
+        assert replies[0].startswith("You said: look [photo]")
+        assert replies[1] == "You said: (edited) look at this"
+
+
+async def test_a_429_delays_a_part_and_loses_nothing(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    burst = [paragraph(word, 1600) for word in ("delta", "echo")]
+    # Longer than the lease TTL (1.5 s): the lease must stay renewed through the wait.
+    retry_after = 2.0
+    async with discord_bots(1, server, fake, short_dir):
+        fake.fail_next_post(channel, None, FakeDiscord.rate_limited(retry_after))
+        for text in burst:
+            await fake.user_sends(USER, text)
+        await settled(redis, channel, 2)
+        parts = texts(fake, channel)
+        assert len(parts) == 2
+        assert "".join(parts).split() == ("You said: " + " / ".join(burst)).split()
+        statuses = [post.status for post in fake.posts]
+        assert statuses == [200, 429, 200]
+        # The second part waited as told; no part was posted twice (a lost lease would
+        # have restarted the cycle and re-sent the first part under its nonce).
+        assert fake.posts[2].at - fake.posts[1].at >= retry_after - 0.05
+        assert not any(post.deduplicated for post in fake.posts)
+
+
+async def test_a_user_with_dms_closed_is_logged_once_and_the_conversation_moves_on(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(1, server, fake, short_dir) as [bot]:
+        fake.fail_next_post(channel, FakeDiscord.cannot_dm())
+        await fake.user_sends(USER, "hi")
+        await settled(redis, channel, 1)
+        assert texts(fake, channel) == []
+        assert bot.said("does not accept DMs") == 1
+
+        # Writing again shows the DMs are open: answered as usual.
+        await fake.user_sends(USER, "again")
+        await fake.wait_for_bot_messages(channel, 1, timeout=10)
+        await settled(redis, channel, 2)
+        assert texts(fake, channel) == ["You said: again"]
+
+
+async def test_commands_and_the_allow_list_hold_on_discord(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    stranger = USER + 50
+    channel = fake.dm_channel(USER)
+    async with discord_bots(
+        1, server, fake, short_dir, LASTWORD_ACCESS__ALLOWED_USERS=str(USER)
+    ):
+        await fake.user_sends(USER, "/help")
+        await fake.user_sends(stranger, "let me in")
+        await settled(redis, channel, 1)
+        assert texts(fake, channel) == [HELP]
+        await fake.wait_for_bot_messages(fake.dm_channel(stranger), 1, timeout=10)
+        assert texts(fake, fake.dm_channel(stranger)) == [REFUSAL]
+        assert await counters(redis, fake.dm_channel(stranger)) == (0, 0)
+
+
+async def test_a_wrong_token_is_one_clear_line(
+    server: EmbeddedRedis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    env = bot_env(server, fake, short_dir, LASTWORD_DISCORD__TOKEN="not-the-token")
+    bot = await start_bot(env)
+    code = await asyncio.wait_for(bot.process.wait(), 20)
+    await bot._reader
+    assert code == 2
+    errors = [line for line in bot.log if "LASTWORD_DISCORD__TOKEN" in line]
+    assert errors == ["lastword: configuration error: LASTWORD_DISCORD__TOKEN: Discord "
+                      "refused the bot token\n"]
+    assert not any("Traceback" in line for line in bot.log)
+    assert not any("not-the-token" in line for line in bot.log)
+
+
+async def test_switching_from_telegram_to_discord_is_one_setting(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    """The same deployment (config file, store, data dir) moves to Discord by changing
+    `platform` alone: both platforms' sections can sit in the file side by side."""
+    async with FakeTelegram() as telegram:
+        config = short_dir / "lastword.toml"
+        body = (
+            f'platform = "telegram"\n'
+            f'redis_url = "{server.url}"\n'
+            f'data_dir = "{short_dir / "data"}"\n'
+            "[debounce]\nquiet_ms = 300\nmax_wait_ms = 1500\n"
+            "[lease]\nttl_ms = 1500\n"
+            "[llm]\nprovider = \"echo\"\n"
+            f'[telegram]\ntoken = "{telegram.token}"\napi_url = "{telegram.api_url}"\n'
+            f'[discord]\ntoken = "{fake.token}"\napi_url = "{fake.api_url}"\n'
+            f'gateway_url = "{fake.gateway_url}"\n'
+        )
+        config.write_text(body)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+        env["LASTWORD_CONFIG"] = str(config)
+
+        on_telegram = await start_bot(env)
+        try:
+            telegram.push_update(telegram.private_text_update(USER, USER, "on telegram"))
+            await telegram.wait_for_sent(1, timeout=15)
+        finally:
+            await on_telegram.stop()
+        assert [m.text for m in telegram.sent_messages] == ["You said: on telegram"]
+
+        config.write_text(body.replace('platform = "telegram"', 'platform = "discord"', 1))
+        on_discord = await start_bot(env)
+        try:
+            channel = fake.dm_channel(USER)
+            await fake.wait_for_sessions(1, timeout=20)
+            await fake.user_sends(USER, "on discord")
+            await settled(redis, channel, 1)
+            assert texts(fake, channel) == ["You said: on discord"]
+        finally:
+            await on_discord.stop()
