@@ -255,7 +255,7 @@ async def test_a_long_reply_comes_in_ordered_parts_of_at_most_2000(
     server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
 ) -> None:
     channel = fake.dm_channel(USER)
-    burst = [paragraph(word, 1650) for word in ("alpha", "bravo", "charlie")]
+    burst = [paragraph(word, 1900) for word in ("alpha", "bravo", "charlie")]
     async with discord_bots(1, server, fake, short_dir):
         for text in burst:
             await fake.user_sends(USER, text)
@@ -266,7 +266,7 @@ async def test_a_long_reply_comes_in_ordered_parts_of_at_most_2000(
         assert len(parts) == 3
         assert all(len(part) <= 2000 for part in parts)
         # In order, and nothing lost but the whitespace at the cuts.
-        assert "".join(parts).split() == expected.split()
+        assert " ".join(parts).split() == expected.split()
         assert parts[0].startswith("You said: alpha")
         assert parts[-1].endswith("charlie")
 
@@ -301,7 +301,7 @@ async def test_attachments_and_edits_become_input(
         await settled(redis, channel, 2)
         replies = texts(fake, channel)
         assert replies[0].startswith("You said: look [photo]")
-        assert replies[1] == "You said: (edited) look at this"
+        assert replies[1] == "You said: (edited) look at this [photo]"
 
 
 async def test_a_429_delays_a_part_and_loses_nothing(
@@ -318,7 +318,7 @@ async def test_a_429_delays_a_part_and_loses_nothing(
         await settled(redis, channel, 2)
         parts = texts(fake, channel)
         assert len(parts) == 2
-        assert "".join(parts).split() == ("You said: " + " / ".join(burst)).split()
+        assert " ".join(parts).split() == ("You said: " + " / ".join(burst)).split()
         statuses = [post.status for post in fake.posts]
         assert statuses == [200, 429, 200]
         # The second part waited as told; no part was posted twice (a lost lease would
@@ -350,9 +350,7 @@ async def test_commands_and_the_allow_list_hold_on_discord(
 ) -> None:
     stranger = USER + 50
     channel = fake.dm_channel(USER)
-    async with discord_bots(
-        1, server, fake, short_dir, LASTWORD_ACCESS__ALLOWED_USERS=str(USER)
-    ):
+    async with discord_bots(1, server, fake, short_dir, LASTWORD_ACCESS__ALLOWED_USERS=str(USER)):
         await fake.user_sends(USER, "/help")
         await fake.user_sends(stranger, "let me in")
         await settled(redis, channel, 1)
@@ -371,8 +369,9 @@ async def test_a_wrong_token_is_one_clear_line(
     await bot._reader
     assert code == 2
     errors = [line for line in bot.log if "LASTWORD_DISCORD__TOKEN" in line]
-    assert errors == ["lastword: configuration error: LASTWORD_DISCORD__TOKEN: Discord "
-                      "refused the bot token\n"]
+    assert errors == [
+        "lastword: configuration error: LASTWORD_DISCORD__TOKEN: Discord refused the bot token\n"
+    ]
     assert not any("Traceback" in line for line in bot.log)
     assert not any("not-the-token" in line for line in bot.log)
 
@@ -390,7 +389,7 @@ async def test_switching_from_telegram_to_discord_is_one_setting(
             f'data_dir = "{short_dir / "data"}"\n'
             "[debounce]\nquiet_ms = 300\nmax_wait_ms = 1500\n"
             "[lease]\nttl_ms = 1500\n"
-            "[llm]\nprovider = \"echo\"\n"
+            '[llm]\nprovider = "echo"\n'
             f'[telegram]\ntoken = "{telegram.token}"\napi_url = "{telegram.api_url}"\n'
             f'[discord]\ntoken = "{fake.token}"\napi_url = "{fake.api_url}"\n'
             f'gateway_url = "{fake.gateway_url}"\n'

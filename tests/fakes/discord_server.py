@@ -1,0 +1,1255 @@
+"""A loopback fake of Discord (REST API v10 and the gateway websocket), for tests.
+
+The Discord adapter talks to Discord through the real ``discord.py`` library. Tests drive that
+same library against this fake instead of mocking it, so the wire format (JSON payloads, error
+bodies ``{"message": ..., "code": ...}``, 429 answers with their headers, gateway opcodes,
+sequence numbers, the ``zlib-stream`` transport) and the library's own behaviour (rate-limit
+waits, ``Forbidden``, RESUME after a reconnect) are exercised for real, while the test keeps
+full control: users post and edit messages, errors are scripted per channel, POST answers can
+be withheld, and every POST, typing call, IDENTIFY and RESUME is recorded.
+
+discord.py is pointed at the fake through two class attributes, as the adapter does::
+
+    async with FakeDiscord() as fake:
+        discord.http.Route.BASE = fake.api_url
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(fake.gateway_url)
+        client = discord.Client(intents=..., guild_ready_timeout=0.2)
+        await client.login(fake.token)      # REST: GET /users/@me, /oauth2/applications/@me
+        task = asyncio.create_task(client.connect())   # gateway: HELLO, IDENTIFY, READY
+        await fake.wait_for_sessions(1)
+        await fake.user_sends(user_id=7, content="hi")  # MESSAGE_CREATE -> on_message
+
+What Discord does and this fake copies (checked against discord.py 2.7 and the API docs):
+
+- Snowflakes carry a millisecond timestamp from the Discord epoch (2015) in their top bits, so
+  ids sort by creation time; every id the fake hands out (users, channels, messages, sessions'
+  attachments) comes from one monotonic generator.
+- ``nonce`` + ``enforce_nonce``: a second POST by the same author with the same nonce within
+  :attr:`FakeDiscord.nonce_window_s` returns the first message and creates nothing. A nonce is
+  at most 25 characters.
+- Channel history is answered newest first; ``after`` returns the oldest ``limit`` messages
+  after the id (still newest first), ``around`` centres on the id.
+- A session stays resumable when its socket drops or the client closes with a code other than
+  1000/1001; events for it are logged meanwhile and replayed on RESUME (op 6), followed by a
+  ``RESUMED`` dispatch. An unknown or invalidated session gets op 9 ``false``.
+- DMs carry their content whether or not the session asked for the message content intent;
+  guild messages that do not mention the bot are blanked for a session without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import itertools
+import json
+import math
+import re
+import secrets
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import BodyPartReader, WSMsgType, web
+
+from tests.fakes.loopback import LoopbackServer
+
+__all__ = [
+    "DEFAULT_TOKEN",
+    "DISCORD_EPOCH_MS",
+    "FakeDiscord",
+    "RecordedPost",
+    "ScriptedError",
+    "snowflake_time_ms",
+]
+
+DEFAULT_TOKEN = "MTAxNTEyMzQ1Njc4OTAxMjM0.FakeDi.scord-token-for-tests-0123456789"
+DISCORD_EPOCH_MS = 1420070400000
+
+MAX_CONTENT = 2000
+MAX_NONCE = 25
+
+# Gateway opcodes.
+OP_DISPATCH = 0
+OP_HEARTBEAT = 1
+OP_IDENTIFY = 2
+OP_PRESENCE_UPDATE = 3
+OP_VOICE_STATE_UPDATE = 4
+OP_RESUME = 6
+OP_RECONNECT = 7
+OP_REQUEST_GUILD_MEMBERS = 8
+OP_INVALID_SESSION = 9
+OP_HELLO = 10
+OP_HEARTBEAT_ACK = 11
+
+# Gateway close codes (https://discord.com/developers/docs/topics/opcodes-and-status-codes).
+CLOSE_UNKNOWN_ERROR = 4000
+CLOSE_UNKNOWN_OPCODE = 4001
+CLOSE_DECODE_ERROR = 4002
+CLOSE_NOT_AUTHENTICATED = 4003
+CLOSE_AUTHENTICATION_FAILED = 4004
+CLOSE_ALREADY_AUTHENTICATED = 4005
+CLOSE_INVALID_INTENTS = 4013
+CLOSE_DISALLOWED_INTENTS = 4014
+# After these Discord wants a fresh IDENTIFY: the session is gone.
+_SESSION_ENDING_CLOSES = frozenset({4004, 4007, 4009, 4010, 4011, 4012, 4013, 4014})
+
+# Intent bits this fake looks at.
+INTENT_GUILD_MEMBERS = 1 << 1
+INTENT_GUILD_PRESENCES = 1 << 8
+INTENT_GUILD_MESSAGES = 1 << 9
+INTENT_DIRECT_MESSAGES = 1 << 12
+INTENT_MESSAGE_CONTENT = 1 << 15
+_PRIVILEGED = INTENT_GUILD_MEMBERS | INTENT_GUILD_PRESENCES | INTENT_MESSAGE_CONTENT
+# Application flag an unverified bot gets once "Message Content Intent" is toggled on.
+APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
+
+_MENTION_RE = re.compile(r"<@!?(\d+)>")
+
+
+def snowflake_time_ms(snowflake: int) -> int:
+    """Unix milliseconds at which ``snowflake`` was made."""
+    return (snowflake >> 22) + DISCORD_EPOCH_MS
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
+
+
+@dataclass
+class ScriptedError:
+    """A REST error the fake answers with instead of performing a request."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RecordedPost:
+    """One ``POST /channels/{id}/messages`` as the fake received it, and how it was answered."""
+
+    channel_id: int
+    content: str | None
+    # As a string (Discord takes an integer or a string and compares them as text); the
+    # message itself keeps the nonce as sent.
+    nonce: str | None
+    enforce_nonce: bool
+    at: float
+    # HTTP status of the answer; None while it is in flight (held) or if the client went away.
+    status: int | None = None
+    # True when enforce_nonce matched an earlier message and nothing was created.
+    deduplicated: bool = False
+    # The message created or returned, if any.
+    message_id: int | None = None
+    # The client hung up (or was killed) before the answer was sent.
+    cancelled: bool = False
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Channel:
+    id: int
+    type: int  # 1 = DM, 0 = guild text
+    guild_id: int | None = None
+    recipient_id: int | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Session:
+    id: str
+    intents: int
+    shard: list[int] | None
+    seq: int = 0
+    # Every dispatch after READY, as sent: what RESUME replays.
+    log: list[dict[str, Any]] = field(default_factory=list)
+    connection: _Connection | None = None
+    invalidated: bool = False
+
+
+class _Connection:
+    """One gateway websocket and its per-connection compression stream."""
+
+    def __init__(self, ws: web.WebSocketResponse, compress: str | None) -> None:
+        self.ws = ws
+        self.compress = compress
+        self.session: _Session | None = None
+        self.frames_sent = 0
+        self._lock = asyncio.Lock()
+        self._compressor: Any = None
+        if compress == "zlib-stream":
+            self._compressor = zlib.compressobj()
+        elif compress == "zstd-stream":
+            zstandard: Any = importlib.import_module("zstandard")
+            self._compressor = zstandard.ZstdCompressor().compressobj()
+            self._zstd_flush = zstandard.COMPRESSOBJ_FLUSH_BLOCK
+
+    @property
+    def open(self) -> bool:
+        return not self.ws.closed
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        text = json.dumps(payload, separators=(",", ":"))
+        # One lock per socket: the compression stream must be written in the order it was
+        # produced, and both the read loop and test-driven dispatches send.
+        async with self._lock:
+            if self._compressor is None:
+                await self.ws.send_str(text)
+            elif self.compress == "zlib-stream":
+                data = self._compressor.compress(text.encode())
+                data += self._compressor.flush(zlib.Z_SYNC_FLUSH)
+                await self.ws.send_bytes(data)
+            else:
+                data = self._compressor.compress(text.encode())
+                data += self._compressor.flush(self._zstd_flush)
+                await self.ws.send_bytes(data)
+            self.frames_sent += 1
+
+
+class _Failed(Exception):
+    def __init__(self, error: ScriptedError) -> None:
+        super().__init__(error.body.get("message"))
+        self.error = error
+
+
+def _error(status: int, message: str, code: int, **extra: Any) -> ScriptedError:
+    return ScriptedError(status, {"message": message, "code": code, **extra})
+
+
+def _form_error(field_name: str, code: str, message: str) -> _Failed:
+    return _Failed(
+        _error(
+            400,
+            "Invalid Form Body",
+            50035,
+            errors={field_name: {"_errors": [{"code": code, "message": message}]}},
+        )
+    )
+
+
+def _unknown_channel() -> _Failed:
+    return _Failed(_error(404, "Unknown Channel", 10003))
+
+
+class FakeDiscord(LoopbackServer):
+    """Fake Discord REST API v10 and gateway on 127.0.0.1 with an OS-chosen port."""
+
+    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "fakebot") -> None:
+        super().__init__()
+        self.token = token
+        self.heartbeat_interval_ms = 41250
+        # How long enforce_nonce remembers a nonce; Discord says "the past few minutes".
+        self.nonce_window_s = 300.0
+        # RESUME replays every event of the session, not just those after its seq: plays
+        # Discord re-sending events the client already saw.
+        self.replay_from_start_on_resume = False
+        # Off: MESSAGE_CREATE/UPDATE go to every identified session whatever its intents. On:
+        # as Discord, DMs only to sessions with DIRECT_MESSAGES, guild messages only to those
+        # with GUILD_MESSAGES.
+        self.dispatch_by_intents = False
+        # The privileged intents toggled on in the Developer Portal; IDENTIFY asking for
+        # another privileged intent is closed with 4014, as Discord does.
+        self.enabled_privileged_intents = INTENT_MESSAGE_CONTENT
+
+        self._ids = self._snowflakes()
+        self.application_id = next(self._ids)
+        self.bot_user: dict[str, Any] = {
+            "id": str(next(self._ids)),
+            "username": bot_username,
+            "discriminator": "0",
+            "global_name": None,
+            "avatar": None,
+            "bot": True,
+            "public_flags": 0,
+            "flags": 0,
+            "verified": True,
+            "mfa_enabled": False,
+            "email": None,
+            "locale": "en-US",
+        }
+        self.posts: list[RecordedPost] = []
+        self.typing_calls: list[tuple[int, float]] = []
+        self.identifies: list[dict[str, Any]] = []
+        self.identify_count = 0
+        self.resume_count = 0
+        self.heartbeat_acks = 0
+        # Query parameters of every gateway connection, in order (v, encoding, compress).
+        self.gateway_connections: list[dict[str, str]] = []
+        # How each gateway socket ended, in order: the close code (the client's, or the one
+        # the fake sent), None if the socket just died.
+        self.close_codes: list[int | None] = []
+
+        self._users: dict[int, dict[str, Any]] = {self.bot_id: self._public_user(self.bot_user)}
+        self._channels: dict[int, _Channel] = {}
+        self._dm_by_user: dict[int, int] = {}
+        self._guild_channel: dict[int, int] = {}
+        self._messages: dict[int, dict[str, Any]] = {}
+        # (author id, nonce as sent) -> (message id, time.monotonic() of creation)
+        self._nonces: dict[tuple[int, str], tuple[int, float]] = {}
+        self._errors: dict[int | None, list[ScriptedError | None]] = {}
+        self._post_gate = asyncio.Event()
+        self._post_gate.set()
+        self._sessions: dict[str, _Session] = {}
+        self._connections: set[_Connection] = set()
+        # Replaced on every state change so waiters can sleep on "something changed" without
+        # polling and without needing a lock from synchronous code paths.
+        self._changed = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/gateway", self._handle_gateway_ws)
+        api = "/api/v10"
+        app.router.add_get(f"{api}/gateway", self._handle_get_gateway)
+        routes: list[tuple[str, str, Callable[[web.Request], Any]]] = [
+            ("GET", "/gateway/bot", self._get_gateway_bot),
+            ("GET", "/users/@me", self._get_me),
+            ("GET", "/users/{user_id}", self._get_user),
+            ("POST", "/users/@me/channels", self._create_dm),
+            ("GET", "/oauth2/applications/@me", self._get_application),
+            ("GET", "/applications/@me", self._get_application),
+            ("GET", "/channels/{channel_id}", self._get_channel),
+            ("POST", "/channels/{channel_id}/messages", self._post_message),
+            ("GET", "/channels/{channel_id}/messages", self._get_messages),
+            ("GET", "/channels/{channel_id}/messages/{message_id}", self._get_message),
+            ("POST", "/channels/{channel_id}/typing", self._post_typing),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, api + path, self._authenticated(handler))
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+
+    def _before_stop(self) -> None:
+        # Held POSTs would otherwise keep cleanup waiting until its timeout.
+        self._post_gate.set()
+
+    async def stop(self) -> None:
+        # Websocket handlers run as long as their socket; say goodbye as Discord does on a
+        # deploy (1001), so cleanup does not wait on them.
+        for conn in list(self._connections):
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=1001, message=b"fake stopping")
+        await super().stop()
+
+    @property
+    def api_url(self) -> str:
+        """REST base, ``http://127.0.0.1:PORT/api/v10``: what ``Route.BASE`` is set to."""
+        return f"{self.origin}/api/v10"
+
+    @property
+    def gateway_url(self) -> str:
+        """``ws://127.0.0.1:PORT/gateway``; discord.py appends ``?v=10&encoding=json&...``."""
+        return "ws" + self.origin[len("http") :] + "/gateway"
+
+    @property
+    def bot_id(self) -> int:
+        return int(self.bot_user["id"])
+
+    # -- scripting: REST ---------------------------------------------------------------------
+
+    def fail_next_post(self, channel_id: int | None, *errors: ScriptedError | None) -> None:
+        """Queue errors for message POSTs to ``channel_id`` (None: to any channel).
+
+        The next POSTs answer with them, one each, in order, and perform nothing (no message is
+        created, no nonce remembered). A None in the queue lets that POST through, so a later
+        one can be made to fail. A channel's own queue is used before the any-channel one.
+        """
+        self._errors.setdefault(channel_id, []).extend(errors)
+
+    @staticmethod
+    def rate_limited(retry_after: float, global_: bool = False) -> ScriptedError:
+        """A 429 as Discord's API sends it (not Cloudflare's: that one has no ``Via``)."""
+        headers = {
+            # discord.py reads a 429 without Via as a Cloudflare ban and raises at once.
+            "Via": "1.1 google",
+            "Retry-After": str(max(1, math.ceil(retry_after))),
+            "X-RateLimit-Scope": "global" if global_ else "user",
+        }
+        if global_:
+            headers["X-RateLimit-Global"] = "true"
+        else:
+            headers.update(
+                {
+                    "X-RateLimit-Limit": "5",
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset-After": f"{retry_after:.3f}",
+                    "X-RateLimit-Reset": f"{time.time() + retry_after:.3f}",
+                    "X-RateLimit-Bucket": "fakebucket0000000000000000000000",
+                }
+            )
+        body = {"message": "You are being rate limited.", "retry_after": retry_after}
+        body["global"] = global_
+        return ScriptedError(429, body, headers)
+
+    @staticmethod
+    def cannot_dm() -> ScriptedError:
+        """What a DM to a user who closed their DMs (or blocked the bot) gets."""
+        return _error(403, "Cannot send messages to this user", 50007)
+
+    @staticmethod
+    def server_error(status: int = 500) -> ScriptedError:
+        reasons = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+        return _error(status, f"{status}: {reasons.get(status, 'Server Error')}", 0)
+
+    def hold_posts(self, on: bool) -> None:
+        """While on, a message POST is performed (the message is created, visible, its nonce
+        remembered and dispatched) but its answer is withheld until this is turned off or the
+        client disconnects: the window of "crashed after the POST, before the commit"."""
+        if on:
+            self._post_gate.clear()
+        else:
+            self._post_gate.set()
+
+    # -- scripting: users and channels -------------------------------------------------------
+
+    def dm_channel(self, user_id: int) -> int:
+        """The DM channel between the bot and ``user_id``, made on first use."""
+        channel_id = self._dm_by_user.get(user_id)
+        if channel_id is None:
+            self._user(user_id)
+            channel_id = next(self._ids)
+            self._channels[channel_id] = _Channel(channel_id, 1, recipient_id=user_id)
+            self._dm_by_user[user_id] = channel_id
+        return channel_id
+
+    def guild_channel(self, guild_id: int, channel_id: int | None = None) -> int:
+        """A text channel in ``guild_id`` (the guild's default one unless ``channel_id``)."""
+        if channel_id is None:
+            channel_id = self._guild_channel.get(guild_id)
+            if channel_id is None:
+                channel_id = next(self._ids)
+                self._guild_channel[guild_id] = channel_id
+        existing = self._channels.get(channel_id)
+        if existing is None:
+            self._channels[channel_id] = _Channel(channel_id, 0, guild_id=guild_id)
+        elif existing.guild_id != guild_id:
+            raise ValueError(f"channel {channel_id} is not in guild {guild_id}")
+        return channel_id
+
+    @staticmethod
+    def attachment(
+        filename: str, content_type: str, size: int, *, attachment_id: int | None = None
+    ) -> dict[str, Any]:
+        """An attachment object as Discord puts it in a message."""
+        ident = attachment_id if attachment_id is not None else secrets.randbits(60)
+        url = f"https://cdn.discordapp.com/attachments/0/{ident}/{filename}"
+        return {
+            "id": str(ident),
+            "filename": filename,
+            "size": size,
+            "url": url,
+            "proxy_url": url.replace("cdn.discordapp.com", "media.discordapp.net"),
+            "content_type": content_type,
+        }
+
+    async def user_sends(
+        self,
+        user_id: int,
+        content: str,
+        *,
+        attachments: list[dict[str, Any]] | None = None,
+        guild_id: int | None = None,
+        channel_id: int | None = None,
+        bot: bool = False,
+    ) -> dict[str, Any]:
+        """``user_id`` posts a message: to their DM with the bot, unless ``guild_id`` or
+        ``channel_id`` say otherwise. It is stored in the channel history and dispatched as
+        ``MESSAGE_CREATE``; returns the message as the gateway carries it."""
+        if guild_id is not None:
+            channel_id = self.guild_channel(guild_id, channel_id)
+        elif channel_id is None:
+            channel_id = self.dm_channel(user_id)
+        elif channel_id not in self._channels:
+            raise ValueError(f"unknown channel {channel_id}: pass guild_id to create it")
+        user = self._user(user_id)
+        if bot:
+            user["bot"] = True
+        message = self._new_message(channel_id, user, content, attachments or [])
+        payload = self._gateway_message(message)
+        await self._dispatch_message("MESSAGE_CREATE", payload)
+        return payload
+
+    async def user_edits(self, message_id: int, new_content: str) -> dict[str, Any]:
+        """Edit a stored message; dispatches ``MESSAGE_UPDATE`` with the full message (as
+        Discord does for DMs). Returns that payload."""
+        message = self._messages.get(message_id)
+        if message is None:
+            raise KeyError(f"unknown message {message_id}")
+        message["content"] = new_content
+        message["edited_timestamp"] = _iso(int(time.time() * 1000))
+        message["mentions"] = self._mentions(new_content)
+        payload = self._gateway_message(message)
+        await self._dispatch_message("MESSAGE_UPDATE", payload)
+        return payload
+
+    # -- scripting: gateway ------------------------------------------------------------------
+
+    async def request_reconnect(self) -> None:
+        """Send op 7 RECONNECT to every connected session; discord.py then RESUMEs."""
+        for session in self._live_sessions():
+            conn = session.connection
+            assert conn is not None
+            # Detached at once: what is dispatched from now on is logged for the RESUME.
+            session.connection = None
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await conn.send({"op": OP_RECONNECT, "d": None, "s": None, "t": None})
+        self._notify()
+
+    async def drop_connections(self, code: int = CLOSE_UNKNOWN_ERROR) -> None:
+        """Close every gateway socket with ``code``. Sessions stay resumable unless the code is
+        one after which Discord requires a new IDENTIFY (4004, 4007, 4009, 4010-4014)."""
+        for conn in list(self._connections):
+            session = conn.session
+            if session is not None:
+                session.connection = None
+                if code in _SESSION_ENDING_CLOSES:
+                    session.invalidated = True
+            conn.session = None
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=code, message=b"dropped by test")
+        self._notify()
+
+    async def invalidate_sessions(self) -> None:
+        """End every session; connected ones get op 9 INVALID_SESSION ``false``."""
+        for session in self._sessions.values():
+            session.invalidated = True
+            conn = session.connection
+            session.connection = None
+            if conn is not None:
+                conn.session = None
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await conn.send({"op": OP_INVALID_SESSION, "d": False, "s": None, "t": None})
+        self._notify()
+
+    # -- observation -------------------------------------------------------------------------
+
+    def bot_messages(self, channel_id: int) -> list[dict[str, Any]]:
+        """Visible messages authored by the bot in ``channel_id``, oldest first."""
+        channel = self._channels.get(channel_id)
+        if channel is None:
+            return []
+        return [m for m in channel.messages if m["author"]["id"] == self.bot_user["id"]]
+
+    def messages(self, channel_id: int) -> list[dict[str, Any]]:
+        """Every message in ``channel_id``, oldest first."""
+        channel = self._channels.get(channel_id)
+        return list(channel.messages) if channel is not None else []
+
+    def connected_sessions(self) -> int:
+        """Sessions that are identified, not invalidated, and have an open socket."""
+        return len(self._live_sessions())
+
+    async def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        # A plain parameter, as in the other fakes: a hung test fails fast with a default.
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until ``predicate()`` holds; it is re-checked on every change in the fake
+        (a request, a frame, a connection opening or closing). TimeoutError after ``timeout``.
+        """
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await self._changed.wait()
+
+    async def wait_for_bot_messages(
+        self,
+        channel_id: int,
+        n: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[dict[str, Any]]:
+        """Wait until the bot has at least ``n`` visible messages in the channel; return them."""
+        await self.wait_for(lambda: len(self.bot_messages(channel_id)) >= n, timeout)
+        return self.bot_messages(channel_id)
+
+    async def wait_for_sessions(
+        self,
+        n: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until exactly ``n`` sessions are connected (0 waits for all to go away)."""
+        await self.wait_for(lambda: self.connected_sessions() == n, timeout)
+
+    def _notify(self) -> None:
+        changed = self._changed
+        self._changed = asyncio.Event()
+        changed.set()
+
+    # -- model -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _snowflakes() -> itertools.count[int]:
+        # A counter seeded from now: monotonic whatever the clock does, and each id still
+        # decodes to about the moment it was made (ids are made far below 4096 per ms).
+        start_ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
+        return itertools.count(start_ms << 22, 1)
+
+    def _next_id(self) -> int:
+        # Re-seed when the clock has moved past the counter, so a message's id carries its
+        # creation time as on Discord (history by time relies on that).
+        candidate = next(self._ids)
+        now = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22
+        if now > candidate:
+            self._ids = itertools.count(now + 1, 1)
+            return now
+        return candidate
+
+    @staticmethod
+    def _public_user(user: dict[str, Any]) -> dict[str, Any]:
+        keys = ("id", "username", "discriminator", "global_name", "avatar", "public_flags")
+        public = {k: user[k] for k in keys}
+        if user.get("bot"):
+            public["bot"] = True
+        return public
+
+    def _user(self, user_id: int) -> dict[str, Any]:
+        user = self._users.get(user_id)
+        if user is None:
+            user = {
+                "id": str(user_id),
+                "username": f"user{user_id}",
+                "discriminator": "0",
+                "global_name": f"User {user_id}",
+                "avatar": None,
+                "public_flags": 0,
+            }
+            self._users[user_id] = user
+        return user
+
+    def _mentions(self, content: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for match in _MENTION_RE.finditer(content):
+            user = self._users.get(int(match.group(1)))
+            if user is not None and user not in found:
+                found.append(dict(user))
+        return found
+
+    def _new_message(
+        self,
+        channel_id: int,
+        author: dict[str, Any],
+        content: str,
+        attachments: list[dict[str, Any]],
+        *,
+        nonce: str | int | None = None,
+        tts: bool = False,
+        embeds: list[Any] | None = None,
+        reference: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        channel = self._channels[channel_id]
+        message_id = self._next_id()
+        message: dict[str, Any] = {
+            "id": str(message_id),
+            "type": 0,
+            "channel_id": str(channel_id),
+            "author": self._public_user(author),
+            "content": content,
+            "timestamp": _iso(snowflake_time_ms(message_id)),
+            "edited_timestamp": None,
+            "tts": tts,
+            "mention_everyone": "@everyone" in content or "@here" in content,
+            "mentions": self._mentions(content),
+            "mention_roles": [],
+            "attachments": attachments,
+            "embeds": embeds or [],
+            "pinned": False,
+            "flags": 0,
+            "components": [],
+        }
+        if nonce is not None:
+            message["nonce"] = nonce
+        if reference is not None:
+            referenced_id = int(reference.get("message_id", 0))
+            message["type"] = 19
+            message["message_reference"] = {
+                "type": 0,
+                "message_id": str(referenced_id),
+                "channel_id": str(channel_id),
+            }
+            message["referenced_message"] = self._messages.get(referenced_id)
+        channel.messages.append(message)
+        self._messages[message_id] = message
+        self._notify()
+        return message
+
+    def _gateway_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The stored message as the gateway carries it: guild messages add guild_id and the
+        author's member object (REST history has neither member nor, for DMs, guild_id)."""
+        payload = json.loads(json.dumps(message))
+        channel = self._channels[int(message["channel_id"])]
+        if channel.guild_id is not None:
+            payload["guild_id"] = str(channel.guild_id)
+            payload["member"] = {
+                "roles": [],
+                "joined_at": message["timestamp"],
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+                "nick": None,
+                "avatar": None,
+                "premium_since": None,
+                "pending": False,
+            }
+        return dict(payload)
+
+    # -- gateway: dispatch -------------------------------------------------------------------
+
+    def _live_sessions(self) -> list[_Session]:
+        return [
+            s
+            for s in self._sessions.values()
+            if not s.invalidated and s.connection is not None and s.connection.open
+        ]
+
+    def _wants(self, session: _Session, payload: dict[str, Any]) -> bool:
+        if not self.dispatch_by_intents:
+            return True
+        bit = INTENT_GUILD_MESSAGES if "guild_id" in payload else INTENT_DIRECT_MESSAGES
+        return bool(session.intents & bit)
+
+    def _shaped_for(self, session: _Session, payload: dict[str, Any]) -> dict[str, Any]:
+        # Discord blanks guild message content for sessions without the message content
+        # intent, except the bot's own messages and those that mention it. DMs are exempt.
+        if (
+            "guild_id" not in payload
+            or session.intents & INTENT_MESSAGE_CONTENT
+            or payload["author"]["id"] == self.bot_user["id"]
+            or any(m["id"] == self.bot_user["id"] for m in payload["mentions"])
+        ):
+            return payload
+        return {**payload, "content": "", "embeds": [], "attachments": [], "components": []}
+
+    async def _dispatch_message(self, event: str, payload: dict[str, Any]) -> None:
+        for session in list(self._sessions.values()):
+            if session.invalidated or not self._wants(session, payload):
+                continue
+            await self._dispatch(session, event, self._shaped_for(session, payload))
+        self._notify()
+
+    async def _dispatch(self, session: _Session, event: str, data: dict[str, Any]) -> None:
+        session.seq += 1
+        frame = {"op": OP_DISPATCH, "d": data, "s": session.seq, "t": event}
+        session.log.append(frame)
+        conn = session.connection
+        if conn is not None and conn.open:
+            try:
+                await conn.send(frame)
+            except (ConnectionError, RuntimeError):
+                # The client vanished mid-send; the frame is in the log for a RESUME.
+                if session.connection is conn:
+                    session.connection = None
+
+    # -- gateway: the socket -----------------------------------------------------------------
+
+    async def _handle_gateway_ws(self, request: web.Request) -> web.StreamResponse:
+        params = dict(request.query)
+        self.gateway_connections.append(params)
+        compress = params.get("compress")
+        encoding = params.get("encoding", "json")
+        # Permessage-deflate off: Discord compresses at the payload level (zlib-stream).
+        ws = web.WebSocketResponse(compress=False, timeout=1.0, max_msg_size=0)
+        await ws.prepare(request)
+        unsupported = encoding != "json" or compress not in (None, "zlib-stream", "zstd-stream")
+        if compress == "zstd-stream" and importlib.util.find_spec("zstandard") is None:
+            unsupported = True
+        if unsupported:
+            await ws.close(code=CLOSE_UNKNOWN_ERROR, message=b"unsupported encoding/compress")
+            return ws
+        conn = _Connection(ws, compress)
+        self._connections.add(conn)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)
+        self._notify()
+        try:
+            await conn.send(
+                {
+                    "op": OP_HELLO,
+                    "d": {"heartbeat_interval": self.heartbeat_interval_ms},
+                    "s": None,
+                    "t": None,
+                }
+            )
+            async for msg in ws:
+                if msg.type is not WSMsgType.TEXT and msg.type is not WSMsgType.BINARY:
+                    break
+                raw = msg.data if isinstance(msg.data, str) else bytes(msg.data).decode()
+                try:
+                    payload = json.loads(raw)
+                    op = payload["op"]
+                except (ValueError, KeyError, TypeError):
+                    await ws.close(
+                        code=CLOSE_DECODE_ERROR, message=b"Error while decoding payload."
+                    )
+                    break
+                if not await self._on_frame(conn, op, payload.get("d")):
+                    break
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            self._connections.discard(conn)
+            self.close_codes.append(ws.close_code)
+            session = conn.session
+            if session is not None and session.connection is conn:
+                session.connection = None
+                # A client that closes with 1000/1001 ends its session, as on Discord; any
+                # other close, or a dead socket, leaves it resumable.
+                if ws.close_code in (1000, 1001):
+                    session.invalidated = True
+            if task is not None:
+                self._handler_tasks.discard(task)
+            self._notify()
+        return ws
+
+    async def _on_frame(self, conn: _Connection, op: Any, d: Any) -> bool:
+        """Handle one client frame; False once the socket was closed."""
+        ws = conn.ws
+        if op == OP_HEARTBEAT:
+            await conn.send({"op": OP_HEARTBEAT_ACK, "d": None, "s": None, "t": None})
+            self.heartbeat_acks += 1
+            self._notify()
+            return True
+        if op == OP_IDENTIFY:
+            return await self._identify(conn, d)
+        if op == OP_RESUME:
+            return await self._resume(conn, d)
+        if op in (OP_PRESENCE_UPDATE, OP_VOICE_STATE_UPDATE, OP_REQUEST_GUILD_MEMBERS):
+            if conn.session is None:
+                await ws.close(code=CLOSE_NOT_AUTHENTICATED, message=b"Not authenticated.")
+                return False
+            return True
+        await ws.close(code=CLOSE_UNKNOWN_OPCODE, message=b"Unknown opcode.")
+        return False
+
+    async def _identify(self, conn: _Connection, d: Any) -> bool:
+        ws = conn.ws
+        if conn.session is not None:
+            await ws.close(code=CLOSE_ALREADY_AUTHENTICATED, message=b"Already authenticated.")
+            return False
+        if not isinstance(d, dict) or d.get("token") != self.token:
+            await ws.close(code=CLOSE_AUTHENTICATION_FAILED, message=b"Authentication failed.")
+            return False
+        intents = d.get("intents")
+        if not isinstance(intents, int) or isinstance(intents, bool) or intents < 0:
+            await ws.close(code=CLOSE_INVALID_INTENTS, message=b"Invalid intent(s).")
+            return False
+        if intents & _PRIVILEGED & ~self.enabled_privileged_intents:
+            await ws.close(code=CLOSE_DISALLOWED_INTENTS, message=b"Disallowed intent(s).")
+            return False
+        self.identifies.append(d)
+        self.identify_count += 1
+        shard = d.get("shard")
+        session = _Session(
+            id=secrets.token_hex(16),
+            intents=intents,
+            shard=list(shard) if isinstance(shard, list) else None,
+        )
+        self._sessions[session.id] = session
+        session.seq += 1
+        ready: dict[str, Any] = {
+            "v": 10,
+            "user": dict(self.bot_user),
+            "guilds": [],
+            "session_id": session.id,
+            "session_type": "normal",
+            "resume_gateway_url": self.gateway_url,
+            "private_channels": [],
+            "presences": [],
+            "relationships": [],
+            "user_settings": {},
+            "guild_join_requests": [],
+            "geo_ordered_rtc_regions": [],
+            "application": {"id": str(self.application_id), "flags": self._app_flags()},
+            "_trace": ['["fake-gateway",{"micros":0}]'],
+        }
+        if session.shard is not None:
+            ready["shard"] = session.shard
+        await conn.send({"op": OP_DISPATCH, "d": ready, "s": session.seq, "t": "READY"})
+        # Attached after READY went out, so no event can overtake it on this socket.
+        conn.session = session
+        session.connection = conn
+        self._notify()
+        return True
+
+    async def _resume(self, conn: _Connection, d: Any) -> bool:
+        ws = conn.ws
+        if conn.session is not None:
+            await ws.close(code=CLOSE_ALREADY_AUTHENTICATED, message=b"Already authenticated.")
+            return False
+        if not isinstance(d, dict) or d.get("token") != self.token:
+            await ws.close(code=CLOSE_AUTHENTICATION_FAILED, message=b"Authentication failed.")
+            return False
+        self.resume_count += 1
+        session = self._sessions.get(str(d.get("session_id")))
+        if session is None or session.invalidated:
+            await conn.send({"op": OP_INVALID_SESSION, "d": False, "s": None, "t": None})
+            self._notify()
+            return True
+        old = session.connection
+        if old is not None and old is not conn:
+            # A newer socket took the session over; the old one is a zombie.
+            session.connection = None
+            old.session = None
+            with contextlib.suppress(Exception):
+                await old.ws.close(code=CLOSE_UNKNOWN_ERROR, message=b"Session resumed elsewhere.")
+        seq = d.get("seq")
+        after = -1 if self.replay_from_start_on_resume or not isinstance(seq, int) else seq
+        index = 0
+        # Re-read the log's length every turn: events dispatched during the replay land in it
+        # and are sent here too; the socket is attached only once the log is exhausted, with
+        # no await in between, so nothing is lost or sent twice.
+        while index < len(session.log):
+            frame = session.log[index]
+            index += 1
+            if frame["s"] > after:
+                await conn.send(frame)
+        conn.session = session
+        session.connection = conn
+        session.seq += 1
+        await conn.send(
+            {
+                "op": OP_DISPATCH,
+                "d": {"_trace": ['["fake-gateway",{"micros":0}]']},
+                "s": session.seq,
+                "t": "RESUMED",
+            }
+        )
+        self._notify()
+        return True
+
+    def _app_flags(self) -> int:
+        if self.enabled_privileged_intents & INTENT_MESSAGE_CONTENT:
+            return APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED
+        return 0
+
+    # -- REST --------------------------------------------------------------------------------
+
+    def _authenticated(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            if request.headers.get("Authorization") != f"Bot {self.token}":
+                return _json(_error(401, "401: Unauthorized", 0))
+            try:
+                response: web.StreamResponse = await handler(request)
+            except _Failed as failure:
+                return _json(failure.error)
+            return response
+
+        return wrapped
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return _json(_error(404, "404: Not Found", 0))
+
+    async def _handle_get_gateway(self, request: web.Request) -> web.Response:
+        # The one route Discord serves without a token.
+        return _respond({"url": self.gateway_url})
+
+    async def _get_gateway_bot(self, request: web.Request) -> web.Response:
+        return _respond(
+            {
+                "url": self.gateway_url,
+                "shards": 1,
+                "session_start_limit": {
+                    "total": 1000,
+                    "remaining": 1000 - self.identify_count,
+                    "reset_after": 86_400_000,
+                    "max_concurrency": 1,
+                },
+            }
+        )
+
+    async def _get_me(self, request: web.Request) -> web.Response:
+        return _respond(self.bot_user)
+
+    async def _get_user(self, request: web.Request) -> web.Response:
+        user = self._users.get(_snowflake(request.match_info["user_id"]))
+        if user is None:
+            raise _Failed(_error(404, "Unknown User", 10013))
+        return _respond(user)
+
+    async def _create_dm(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        recipient = _snowflake(body.get("recipient_id"))
+        if recipient not in self._users or recipient == self.bot_id:
+            raise _Failed(_error(400, "Invalid Recipient(s)", 50033))
+        return _respond(self._channel_object(self._channels[self.dm_channel(recipient)]))
+
+    async def _get_application(self, request: web.Request) -> web.Response:
+        return _respond(
+            {
+                "id": str(self.application_id),
+                "name": self.bot_user["username"],
+                "icon": None,
+                "description": "",
+                "summary": "",
+                "type": None,
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "verify_key": "0" * 64,
+                "flags": self._app_flags(),
+                "owner": self._public_user(self._user(1)),
+                "team": None,
+                "bot": self._public_user(self.bot_user),
+                "interactions_endpoint_url": None,
+                "redirect_uris": [],
+            }
+        )
+
+    def _channel_object(self, channel: _Channel) -> dict[str, Any]:
+        last = channel.messages[-1]["id"] if channel.messages else None
+        if channel.type == 1:
+            assert channel.recipient_id is not None
+            return {
+                "id": str(channel.id),
+                "type": 1,
+                "last_message_id": last,
+                "flags": 0,
+                "recipients": [self._public_user(self._users[channel.recipient_id])],
+            }
+        return {
+            "id": str(channel.id),
+            "type": 0,
+            "guild_id": str(channel.guild_id),
+            "name": f"channel-{channel.id}",
+            "position": 0,
+            "permission_overwrites": [],
+            "nsfw": False,
+            "parent_id": None,
+            "topic": None,
+            "rate_limit_per_user": 0,
+            "last_message_id": last,
+            "flags": 0,
+        }
+
+    def _channel(self, request: web.Request) -> _Channel:
+        channel = self._channels.get(_snowflake(request.match_info["channel_id"]))
+        if channel is None:
+            raise _unknown_channel()
+        return channel
+
+    async def _get_channel(self, request: web.Request) -> web.Response:
+        return _respond(self._channel_object(self._channel(request)))
+
+    async def _post_typing(self, request: web.Request) -> web.Response:
+        channel = self._channel(request)
+        self.typing_calls.append((channel.id, time.monotonic()))
+        self._notify()
+        return web.Response(status=204)
+
+    async def _get_message(self, request: web.Request) -> web.Response:
+        channel = self._channel(request)
+        message = self._messages.get(_snowflake(request.match_info["message_id"]))
+        if message is None or int(message["channel_id"]) != channel.id:
+            raise _Failed(_error(404, "Unknown Message", 10008))
+        return _respond(message)
+
+    async def _get_messages(self, request: web.Request) -> web.Response:
+        channel = self._channel(request)
+        query = request.query
+        try:
+            limit = int(query.get("limit", "50"))
+        except ValueError:
+            raise _form_error("limit", "NUMBER_TYPE_COERCE", "Value is not int.") from None
+        if not 1 <= limit <= 100:
+            raise _form_error(
+                "limit", "NUMBER_TYPE_MAX" if limit > 100 else "NUMBER_TYPE_MIN", "Out of range."
+            )
+        anchors = {k: _snowflake(query[k]) for k in ("before", "after", "around") if k in query}
+        if len(anchors) > 1:
+            raise _form_error("before", "BASE_TYPE_CHOICES", "Only one of before/after/around.")
+        ordered = sorted(channel.messages, key=lambda m: int(m["id"]))  # oldest first
+        if "after" in anchors:
+            chosen = [m for m in ordered if int(m["id"]) > anchors["after"]][:limit]
+        elif "around" in anchors:
+            pivot = anchors["around"]
+            older = [m for m in ordered if int(m["id"]) < pivot]
+            rest = [m for m in ordered if int(m["id"]) >= pivot]
+            # Half the window before the id, the id and what follows after it.
+            newer_count = min(len(rest), limit - min(len(older), limit // 2))
+            older_count = min(len(older), limit - newer_count)
+            chosen = older[len(older) - older_count :] + rest[:newer_count]
+        else:
+            pool = ordered
+            if "before" in anchors:
+                pool = [m for m in ordered if int(m["id"]) < anchors["before"]]
+            chosen = pool[-limit:]
+        return _respond(list(reversed(chosen)))  # newest first, as Discord
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        channel = self._channel(request)
+        body = await _message_body(request)
+        content = body.get("content")
+        nonce = body.get("nonce")
+        enforce = body.get("enforce_nonce") is True
+        post = RecordedPost(
+            channel_id=channel.id,
+            content=content if isinstance(content, str) else None,
+            nonce=str(nonce)
+            if isinstance(nonce, str | int) and not isinstance(nonce, bool)
+            else None,
+            enforce_nonce=enforce,
+            at=time.monotonic(),
+            body=body,
+        )
+        self.posts.append(post)
+        self._notify()
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)
+        try:
+            try:
+                scripted = self._next_error(channel.id)
+                if scripted is not None:
+                    raise _Failed(scripted)
+                message = await self._perform_post(channel, body, post)
+            except _Failed as failure:
+                post.status = failure.error.status
+                self._notify()
+                return _json(failure.error)
+            # Withheld after the message exists: the client cannot know it was created.
+            await self._post_gate.wait()
+            post.status = 200
+            self._notify()
+            return _respond(message)
+        except (asyncio.CancelledError, ConnectionError):
+            if post.status is None:
+                post.cancelled = True
+                self._notify()
+            raise
+        finally:
+            if task is not None:
+                self._handler_tasks.discard(task)
+
+    def _next_error(self, channel_id: int) -> ScriptedError | None:
+        for key in (channel_id, None):
+            queue = self._errors.get(key)
+            if queue:
+                return queue.pop(0)
+        return None
+
+    async def _perform_post(
+        self, channel: _Channel, body: dict[str, Any], post: RecordedPost
+    ) -> dict[str, Any]:
+        content = body.get("content")
+        if content is not None and not isinstance(content, str):
+            raise _form_error("content", "BASE_TYPE_BAD_TYPE", "Must be a string.")
+        content = content or ""
+        if len(content) > MAX_CONTENT:
+            raise _form_error(
+                "content", "BASE_TYPE_MAX_LENGTH", f"Must be {MAX_CONTENT} or fewer in length."
+            )
+        nonce = body.get("nonce")
+        if nonce is not None:
+            if isinstance(nonce, bool) or not isinstance(nonce, str | int):
+                raise _form_error("nonce", "BASE_TYPE_BAD_TYPE", "Must be a string or integer.")
+            if len(str(nonce)) > MAX_NONCE:
+                raise _form_error(
+                    "nonce", "BASE_TYPE_MAX_LENGTH", f"Must be {MAX_NONCE} or fewer in length."
+                )
+        attachments: list[dict[str, Any]] = body.get("_files", [])
+        embeds = body.get("embeds") if isinstance(body.get("embeds"), list) else []
+        if not content.strip() and not attachments and not embeds:
+            raise _Failed(_error(400, "Cannot send an empty message", 50006))
+
+        if nonce is not None and post.enforce_nonce:
+            key = (self.bot_id, str(nonce))
+            seen = self._nonces.get(key)
+            if seen is not None and time.monotonic() - seen[1] <= self.nonce_window_s:
+                existing = self._messages.get(seen[0])
+                if existing is not None:
+                    post.deduplicated = True
+                    post.message_id = seen[0]
+                    return existing
+
+        reference = body.get("message_reference")
+        message = self._new_message(
+            channel.id,
+            self.bot_user,
+            content,
+            attachments,
+            nonce=nonce,
+            tts=body.get("tts") is True,
+            embeds=embeds,
+            reference=reference if isinstance(reference, dict) else None,
+        )
+        post.message_id = int(message["id"])
+        if nonce is not None:
+            self._nonces[(self.bot_id, str(nonce))] = (post.message_id, time.monotonic())
+        # Discord echoes the bot's own messages on the gateway.
+        await self._dispatch_message("MESSAGE_CREATE", self._gateway_message(message))
+        return message
+
+
+def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    # Exactly "application/json", as Discord sends it: discord.py compares the header verbatim
+    # and treats anything else (aiohttp's default adds "; charset=utf-8") as plain text.
+    return web.Response(
+        body=json.dumps(body).encode(),
+        status=status,
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
+
+
+def _json(error: ScriptedError) -> web.Response:
+    return _respond(error.body, status=error.status, headers=error.headers)
+
+
+def _snowflake(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise _Failed(
+            _error(
+                400,
+                "Invalid Form Body",
+                50035,
+                errors={"_errors": [{"code": "NUMBER_TYPE_COERCE", "message": "Not a snowflake."}]},
+            )
+        ) from None
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except ValueError:
+        raise _Failed(_error(400, "400: Bad Request", 0)) from None
+    if not isinstance(body, dict):
+        raise _Failed(_error(400, "400: Bad Request", 0))
+    return body
+
+
+async def _message_body(request: web.Request) -> dict[str, Any]:
+    """The JSON body, or a multipart form's ``payload_json`` with its files as attachments
+    (listed under ``_files``, which no real field is called)."""
+    if not request.content_type.startswith("multipart/"):
+        return await _json_body(request)
+    body: dict[str, Any] = {}
+    files: list[dict[str, Any]] = []
+    reader = await request.multipart()
+    while True:
+        part = await reader.next()
+        if part is None:
+            break
+        if not isinstance(part, BodyPartReader):
+            continue
+        data = await part.read()
+        if part.name == "payload_json":
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                raise _Failed(_error(400, "400: Bad Request", 0)) from None
+            if isinstance(parsed, dict):
+                body.update(parsed)
+        elif part.filename:
+            files.append(
+                FakeDiscord.attachment(
+                    part.filename,
+                    part.headers.get("Content-Type", "application/octet-stream"),
+                    len(data),
+                )
+            )
+    body["_files"] = files
+    return body
