@@ -26,6 +26,10 @@ HELP = (
 )
 RESET = "Done: I've forgotten our conversation so far."
 REFUSAL = "Sorry, this bot is private and can't talk to you."
+OVER_BUDGET = (
+    "You've used up today's allowance of answers from me. It renews at midnight UTC: "
+    "write again then, and I'll answer everything."
+)
 RATE_LIMITED = (
     "You're sending messages faster than I can take them in, so I skipped some. "
     "Please wait a minute before writing again."

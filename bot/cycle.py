@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bot.cancel import cancel_and_wait
-from bot.commands import Plan, plan
-from bot.llm import LLM, LLMError, Prompt, Turn, complete_with_retries
+from bot.commands import OVER_BUDGET, Plan, plan
+from bot.llm import LLM, LLMError, Usage, generate
 from bot.message import Outbound
+from bot.prompt import Prompt, Turn, estimated_tokens, fit, system_prompt
 from bot.settings import Settings
 from bot.split import split_message
 from bot.store import Grant, Lease, Store, StoreUnavailable
+from bot.tokens import Counter
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,14 @@ class Stats:
     apologies: int = 0
     resent: int = 0
     lost: int = 0
+    # Generations cancelled because a newer message arrived, and the tokens they had
+    # streamed by then; tokens of finished replies thrown away by the pre-send check.
+    interrupted: int = 0
+    interrupted_tokens: int = 0
+    discarded_tokens: int = 0
+    over_budget: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     # The most recent wake-up latenesses; bounded so a long-running replica does not grow.
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
 
@@ -135,6 +145,7 @@ class Cycle:
         self.llm = llm
         self.outbound = outbound
         self.stats = Stats()
+        self.counter = Counter()
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
@@ -178,12 +189,16 @@ class Cycle:
             self.stats.lateness_ms.append(grant.lateness_ms)
             version = grant.version
             burst = plan(grant.watermark, grant.unanswered)
-            text = await self._reply(grant, burst)
+            reply = await self._reply(grant, burst)
+            if isinstance(reply, Next):
+                return reply
+            text, spent = reply
             verdict = await self.store.presend(lease, version, text, reset=burst.reset)
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)
             if verdict.status == "stale":
                 self.stats.discarded += 1
+                self.stats.discarded_tokens += spent
                 log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
                 return Next(verdict.next_in_ms, working=True)
             if verdict.forced:
@@ -196,34 +211,115 @@ class Cycle:
         self.stats.replies += 1
         return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
 
-    async def _reply(self, grant: Grant, burst: Plan) -> str:
-        """The one reply to the burst: command answers first, then the model's answer to
-        everything else (no model call when the burst is only commands)."""
+    async def _reply(self, grant: Grant, burst: Plan) -> tuple[str, int] | Next:
+        """The one reply to the burst and the completion tokens it cost: command answers
+        first, then the model's answer to everything else (no model call when the burst is
+        only commands, or its user is over the daily budget). `Next` instead if a newer
+        message interrupted the generation."""
         if not burst.for_model:
-            return "\n\n".join(burst.answers)
-        # After a /reset the model starts afresh: the old history is about to be emptied.
-        history = grant.history if burst.keeps_history else ()
-        system = self.settings.llm.system_prompt
-        if any(m.attachments for m in burst.for_model):
-            system += "\n\n" + ATTACHMENT_NOTE
-        prompt = Prompt(
-            system=system,
-            history=tuple(Turn(h.role, h.text) for h in history),
-            unanswered=tuple(m.prompt_text() for m in burst.for_model),
-        )
-        llm = self.settings.llm
+            return "\n\n".join(burst.answers), 0
+        assert grant.lease is not None
+        conversation = grant.lease.conversation
+        budget = self.settings.llm.daily_tokens_per_user
+        if budget and await self.store.tokens_today(conversation) >= budget:
+            self.stats.over_budget += 1
+            log.info("%s is over its daily token budget; no model call", conversation)
+            return "\n\n".join((*burst.answers, OVER_BUDGET)), 0
+        prompt = self._prompt(grant, burst)
+        usage = Usage()
         try:
-            answer = await complete_with_retries(self.llm, prompt, llm.retries, llm.retry_base_s)
+            outcome = await self._generate(grant.lease, grant.version, prompt, usage)
         except LLMError as exc:
             self.stats.apologies += 1
             log.error(
                 "LLM failed for %s (%d messages); sending an apology: %s",
-                grant.lease.conversation if grant.lease else "?",
+                conversation,
                 len(burst.for_model),
                 exc,
             )
-            answer = APOLOGY
-        return "\n\n".join((*burst.answers, answer))
+            outcome = APOLOGY
+        spent = await self._account(conversation, burst.for_model[-1].user_id, prompt, usage)
+        if isinstance(outcome, Next):
+            self.stats.interrupted += 1
+            self.stats.interrupted_tokens += spent
+            log.info(
+                "interrupted the generation for %s after %d tokens: a newer message arrived",
+                conversation,
+                spent,
+            )
+            return outcome
+        return "\n\n".join((*burst.answers, outcome)), spent
+
+    def _prompt(self, grant: Grant, burst: Plan) -> Prompt:
+        llm = self.settings.llm
+        # After a /reset the model starts afresh: the old history is about to be emptied.
+        history = grant.history if burst.keeps_history else ()
+        system = system_prompt(llm.system_prompt)
+        if any(m.attachments for m in burst.for_model):
+            system += "\n\n" + ATTACHMENT_NOTE
+        return fit(
+            system,
+            [Turn(h.role, h.text) for h in history],
+            [m.prompt_text() for m in burst.for_model],
+            llm.context_tokens - llm.max_tokens,
+            self.counter,
+        )
+
+    async def _generate(
+        self, lease: Lease, version: int, prompt: Prompt, usage: Usage
+    ) -> str | Next:
+        """The model's answer; or, if a newer message arrives first (and interrupting is on),
+        the generation is cancelled on the spot and the lease is already given back."""
+        generation = asyncio.ensure_future(generate(self.llm, prompt, self.settings.llm, usage))
+        watcher = asyncio.create_task(self._watch(lease, version))
+        try:
+            await asyncio.wait({generation, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():
+                interrupted = watcher.result()
+                if interrupted is not None:
+                    return interrupted
+            return await generation
+        finally:
+            await cancel_and_wait(watcher)
+            # Cancelling closes the provider's stream, so it stops generating at once.
+            await cancel_and_wait(generation)
+
+    async def _watch(self, lease: Lease, version: int) -> Next | None:
+        """Poll V while the model works. Returns the next look once the generation has gone
+        stale and the lease was handed back; None if it must finish (interrupting is off, or
+        the starvation guard wants this reply out)."""
+        if not self.settings.llm.interrupt:
+            return None
+        poll_s = self.settings.llm.interrupt_poll_ms / 1000
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                if await self.store.version(lease.conversation) == version:
+                    continue
+                verdict = await self.store.interrupt(lease, version)
+            except StoreUnavailable:
+                continue  # the lease keeper decides whether the lease is still ours
+            if verdict.status == "lost":
+                raise LeaseLost(lease.conversation)
+            if verdict.status == "keep":
+                return None
+            return Next(verdict.next_in_ms, working=True)
+
+    async def _account(self, conversation: str, user: str, prompt: Prompt, usage: Usage) -> int:
+        """Count what the generation cost, in Redis, and learn from the provider's own count.
+        Returns its completion tokens. Best effort: a store hiccup must not cost the reply."""
+        estimated = estimated_tokens(prompt, self.counter)
+        reported = [a for a in usage.attempts if a.reported]
+        if len(usage.attempts) == 1 and reported:
+            self.counter.learn(estimated, reported[0].prompt_tokens)
+        prompt_tokens, completion_tokens = usage.totals(estimated)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
+        try:
+            await self.store.add_usage(conversation, user, prompt_tokens, completion_tokens)
+        except StoreUnavailable as exc:
+            log.warning("could not count the tokens of %s: %s", conversation, exc)
+        return completion_tokens
 
     async def _send(self, lease: Lease, text: str, version: int, keeper: LeaseKeeper) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):

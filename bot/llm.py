@@ -1,73 +1,103 @@
 """The model behind the bot: a small interface, an OpenAI-compatible client and an offline echo.
 
-A cycle builds one `Prompt` (system prompt, history, and every unanswered message folded into
-one user turn) and asks for exactly one completion. Transient failures are retried here with
-jittered exponential backoff; what is left is raised as `LLMError` for the cycle to apologise.
+A cycle asks `generate` for exactly one answer to one `Prompt`. `generate` owns the failure
+policy: transient failures (timeouts, connection errors, 5xx, 429) are retried with jittered
+exponential backoff that honours `Retry-After`; a context-length refusal shrinks the history
+and tries once more; anything else fails at once. A total deadline bounds all of it. What is
+left is raised as `LLMError`, and the cycle apologises.
+
+Completions are streamed by default, so that cancelling a generation (a newer message made it
+stale) closes the connection and the provider stops generating, and paying, at once. The user
+still gets one final message. Reasoning (`<think>` blocks, `reasoning_content`) is never part
+of the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import random
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from bot.prompt import Prompt
 from bot.settings import LLMSettings
+from bot.tokens import estimate
 
 if TYPE_CHECKING:
+    import openai
     from openai import AsyncOpenAI
 
 log = logging.getLogger(__name__)
 
-FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
+# A whole reasoning block, or one cut off by the token limit before it closed.
+THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
+# Some servers strip the opening tag and leave the closing one after the reasoning.
+THINK_TAIL = re.compile(r"\A.*?</think>", re.DOTALL | re.IGNORECASE)
+# Words providers use when a prompt does not fit the model's context.
+CONTEXT_WORDS = ("context length", "context_length", "context window", "maximum context")
 
 
-@dataclass(frozen=True)
-class Turn:
-    role: Literal["user", "assistant"]
-    text: str
+def strip_reasoning(text: str) -> str:
+    """The answer without the model's reasoning, fit for the user and the history."""
+    text = THINK_BLOCK.sub("", text)
+    if "</think>" in text.lower():
+        text = THINK_TAIL.sub("", text)
+    return text.strip()
 
 
-@dataclass(frozen=True)
-class Prompt:
-    system: str
-    history: tuple[Turn, ...]
-    unanswered: tuple[str, ...]
+@dataclass
+class Attempt:
+    """Tokens one request used: as the provider reported them, or counted as they streamed."""
 
-    def messages(self) -> list[dict[str, str]]:
-        """Chat Completions messages: history with adjacent turns of one role merged, then ONE
-        user turn that folds every unanswered message, so the model answers them together."""
-        out: list[dict[str, str]] = [{"role": "system", "content": self.system}]
-        for turn in self.history:
-            if len(out) > 1 and out[-1]["role"] == turn.role:
-                out[-1]["content"] += "\n" + turn.text
-            else:
-                out.append({"role": turn.role, "content": turn.text})
-        if len(self.unanswered) == 1:
-            folded = self.unanswered[0]
-        else:
-            numbered = (f"{i}. {text}" for i, text in enumerate(self.unanswered, 1))
-            folded = FOLD_HEADER + "\n" + "\n".join(numbered)
-        if out[-1]["role"] == "user":
-            # The last answered turn cannot be a user turn, but a trimmed history might be.
-            out.append({"role": "assistant", "content": "(no reply)"})
-        out.append({"role": "user", "content": folded})
-        return out
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reported: bool = False
+
+
+@dataclass
+class Usage:
+    """Tokens spent on one reply, over every attempt, including one cancelled midway."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def start(self) -> Attempt:
+        attempt = Attempt()
+        self.attempts.append(attempt)
+        return attempt
+
+    def totals(self, estimated_prompt: int) -> tuple[int, int]:
+        """(prompt, completion) tokens; `estimated_prompt` stands in where none was reported."""
+        prompt = sum(a.prompt_tokens if a.reported else estimated_prompt for a in self.attempts)
+        return prompt, sum(a.completion_tokens for a in self.attempts)
+
+
+Kind = Literal["transient", "permanent", "context"]
 
 
 class LLMError(Exception):
-    """The model could not answer. `permanent` failures are not worth retrying."""
+    """The model could not answer. Only `transient` failures are worth retrying as they are;
+    a `context` failure is worth retrying with a shorter prompt."""
 
-    def __init__(self, message: str, *, permanent: bool) -> None:
+    def __init__(self, message: str, *, kind: Kind, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.permanent = permanent
+        self.kind = kind
+        self.retry_after = retry_after
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind != "transient"
 
 
 class LLM(Protocol):
     name: str
 
-    async def complete(self, prompt: Prompt) -> str: ...
+    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+        """One completion for `prompt`, recording its tokens in `usage` as it goes."""
+        ...
 
 
 class EchoLLM:
@@ -78,10 +108,13 @@ class EchoLLM:
     def __init__(self, delay_ms: int = 0) -> None:
         self.delay_s = delay_ms / 1000
 
-    async def complete(self, prompt: Prompt) -> str:
+    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+        attempt = usage.start()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        return "You said: " + " / ".join(prompt.unanswered)
+        answer = "You said: " + " / ".join(prompt.unanswered)
+        attempt.completion_tokens = estimate(answer)
+        return answer
 
 
 class OpenAILLM:
@@ -95,7 +128,7 @@ class OpenAILLM:
 
         self.settings = settings
         api_key = settings.api_key.get_secret_value() if settings.api_key else "unset"
-        # Retries are ours (below), so that every attempt counts against one policy.
+        # Retries are ours (see `generate`), so that every attempt counts against one policy.
         self.client: AsyncOpenAI = AsyncOpenAI(
             base_url=settings.base_url,
             api_key=api_key,
@@ -103,44 +136,106 @@ class OpenAILLM:
             max_retries=0,
         )
 
-    async def complete(self, prompt: Prompt) -> str:
+    def _request(self, prompt: Prompt) -> dict[str, Any]:
+        s = self.settings
+        request: dict[str, Any] = {
+            "model": s.model,
+            "messages": prompt.messages(),
+            "max_tokens": s.max_tokens,
+            "stream": s.stream,
+        }
+        if s.stream:
+            # The usage comes in a last chunk of its own, only when asked for.
+            request["stream_options"] = {"include_usage": True}
+        if s.temperature is not None:
+            request["temperature"] = s.temperature
+        if s.extra_headers:
+            request["extra_headers"] = s.extra_headers
+        if s.extra_body:
+            request["extra_body"] = s.extra_body
+        return request
+
+    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+        import httpx
         import openai
 
+        attempt = usage.start()
         try:
-            response = await self.client.chat.completions.create(
-                model=self.settings.model,
-                messages=prompt.messages(),  # type: ignore[arg-type]
-            )
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            if self.settings.stream:
+                text = await self._streamed(prompt, attempt)
+            else:
+                text = await self._whole(prompt, attempt)
+        except openai.APIStatusError as exc:
+            raise self._status_error(exc) from None
+        except (openai.APIConnectionError, httpx.HTTPError) as exc:
+            # httpx errors surface unwrapped when a stream breaks midway.
             raise LLMError(
-                f"the provider refused the key (check LASTWORD_LLM__API_KEY): {exc.status_code}",
-                permanent=True,
+                f"cannot reach the provider: {type(exc).__name__}", kind="transient"
             ) from None
-        except openai.NotFoundError:
-            raise LLMError(
+        if not text:
+            raise LLMError("the provider returned an empty reply", kind="transient")
+        return text
+
+    async def _whole(self, prompt: Prompt, attempt: Attempt) -> str:
+        response = await self.client.chat.completions.create(**self._request(prompt))
+        if response.usage is not None:
+            attempt.prompt_tokens = response.usage.prompt_tokens
+            attempt.completion_tokens = response.usage.completion_tokens
+            attempt.reported = True
+        if not response.choices:
+            return ""
+        return response.choices[0].message.content or ""
+
+    async def _streamed(self, prompt: Prompt, attempt: Attempt) -> str:
+        stream = await self.client.chat.completions.create(**self._request(prompt))
+        parts: list[str] = []
+        # Closing the stream (also when this task is cancelled) drops the connection, which
+        # is how a provider learns to stop generating.
+        async with stream:
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    attempt.prompt_tokens = chunk.usage.prompt_tokens
+                    attempt.completion_tokens = chunk.usage.completion_tokens
+                    attempt.reported = True
+                for choice in chunk.choices:
+                    content = choice.delta.content
+                    # Reasoning streams as its own field on some servers: billed, not shown.
+                    reasoning = getattr(choice.delta, "reasoning_content", None)
+                    if not attempt.reported and (content or reasoning):
+                        attempt.completion_tokens += 1  # about one token per chunk
+                    if content:
+                        parts.append(content)
+        return "".join(parts)
+
+    def _status_error(self, exc: openai.APIStatusError) -> LLMError:
+        status = exc.status_code
+        code = _error_code(exc)
+        message = self._scrub(exc.message)
+        if status in (401, 403):
+            return LLMError(
+                f"the provider refused the key (check LASTWORD_LLM__API_KEY): {status}",
+                kind="permanent",
+            )
+        if status == 404 or code == "model_not_found":
+            return LLMError(
                 f"model or endpoint not found (check LASTWORD_LLM__MODEL={self.settings.model!r}"
                 " and LASTWORD_LLM__BASE_URL)",
-                permanent=True,
-            ) from None
-        except openai.BadRequestError as exc:
-            raise LLMError(
-                f"the provider rejected the request (check LASTWORD_LLM__MODEL="
-                f"{self.settings.model!r}): {self._scrub(exc.message)}",
-                permanent=True,
-            ) from None
-        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
-            raise LLMError(
-                f"transient provider failure: {type(e).__name__}", permanent=False
-            ) from None
-        except openai.APIStatusError as exc:
-            # 408 and 409 are worth another try, as the client library itself treats them.
-            transient = exc.status_code >= 500 or exc.status_code in (408, 409)
-            raise LLMError(
-                f"provider answered {exc.status_code}", permanent=not transient
-            ) from None
-        if not response.choices or not response.choices[0].message.content:
-            raise LLMError("the provider returned an empty reply", permanent=False) from None
-        return response.choices[0].message.content
+                kind="permanent",
+            )
+        if status == 400 and (
+            code == "context_length_exceeded" or any(w in message.lower() for w in CONTEXT_WORDS)
+        ):
+            return LLMError(f"the prompt is too long for the model: {message}", kind="context")
+        # 408, 409 and 429 are worth another try, as the client library itself treats them.
+        if status >= 500 or status in (408, 409, 429):
+            return LLMError(
+                f"provider answered {status}", kind="transient", retry_after=_retry_after(exc)
+            )
+        return LLMError(
+            f"the provider rejected the request (check LASTWORD_LLM__MODEL="
+            f"{self.settings.model!r}): {status} {message}",
+            kind="permanent",
+        )
 
     def _scrub(self, text: str) -> str:
         """A provider's own words, fit for logs: some echo the key they were given."""
@@ -148,19 +243,72 @@ class OpenAILLM:
         return text.replace(key, "***") if key else text
 
 
-async def complete_with_retries(llm: LLM, prompt: Prompt, retries: int, base_s: float) -> str:
-    """One answer for the prompt, retrying transient failures with jittered backoff."""
-    attempt = 0
+def _error_code(exc: openai.APIStatusError) -> str | None:
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) else None
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    """Seconds the provider asked us to wait, from `retry-after-ms` or `retry-after` (seconds
+    or an HTTP date); None if it did not say."""
+    headers = exc.response.headers
+    try:
+        if "retry-after-ms" in headers:
+            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(when.timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError):
+        return None
+
+
+async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage) -> str:
+    """One answer for the prompt, reasoning stripped, within `settings.deadline_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.deadline_s
+    retries = 0
+    shrunk = False
     while True:
         try:
-            return await llm.complete(prompt)
+            async with asyncio.timeout_at(deadline):
+                answer = strip_reasoning(await llm.complete(prompt, usage))
+            if not answer:
+                raise LLMError("the reply was all reasoning and no answer", kind="transient")
+            return answer
+        except TimeoutError:
+            raise LLMError(
+                f"no answer within LASTWORD_LLM__DEADLINE_S={settings.deadline_s:g}s",
+                kind="permanent",
+            ) from None
         except LLMError as exc:
-            if exc.permanent or attempt >= retries:
+            if exc.kind == "context" and not shrunk:
+                smaller = prompt.shrunk()
+                if smaller is not None:
+                    log.warning(
+                        "%s; retrying once with %d of %d history turns",
+                        exc,
+                        len(smaller.history),
+                        len(prompt.history),
+                    )
+                    prompt, shrunk = smaller, True
+                    continue
+            if exc.kind != "transient" or retries >= settings.retries:
                 raise
-            delay = base_s * (2**attempt) * random.uniform(0.5, 1.5)
-            log.warning("LLM attempt %d failed (%s); retrying in %.2fs", attempt + 1, exc, delay)
+            backoff = settings.retry_base_s * 2**retries * random.uniform(0.5, 1.5)
+            delay = max(backoff, exc.retry_after or 0.0)
+            if loop.time() + delay >= deadline:
+                raise LLMError(
+                    f"{exc}; the next attempt would miss LASTWORD_LLM__DEADLINE_S",
+                    kind="permanent",
+                ) from None
+            log.warning("LLM attempt %d failed (%s); retrying in %.2fs", retries + 1, exc, delay)
             await asyncio.sleep(delay)
-            attempt += 1
+            retries += 1
 
 
 def make_llm(settings: LLMSettings, provider: Literal["openai", "echo"]) -> LLM:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -59,13 +59,42 @@ class LLMSettings(BaseModel):
     base_url: str | None = None
     api_key: SecretStr | None = None
     model: str = "gpt-4o-mini"
-    system_prompt: str = "You are a helpful assistant in a direct-message chat. Be concise."
+    # {date} and {time} become the current UTC date and time when each prompt is built.
+    system_prompt: str = (
+        "You are a helpful assistant in a direct-message chat. Be concise. Today is {date}."
+    )
     timeout_s: float = Field(default=60.0, gt=0)
     # Attempts after the first for transient failures, with jittered exponential backoff.
     retries: int = Field(default=3, ge=0)
     retry_base_s: float = Field(default=0.5, ge=0)
     # The echo model's artificial thinking time; lets demos and tests see a generation in flight.
     echo_delay_ms: int = Field(default=0, ge=0)
+    # Every attempt and backoff for one reply together end by this deadline, then apologise.
+    deadline_s: float = Field(default=120.0, gt=0)
+    # Stream the completion, so a cancelled generation stops costing tokens at once.
+    stream: bool = True
+    # Cancel a generation as soon as a newer message arrives, then wait for the window again.
+    interrupt: bool = True
+    # How often a generating replica looks for a newer message (one HGET each time).
+    interrupt_poll_ms: int = Field(default=100, ge=10, le=250)
+    # The model's context window in tokens: system prompt, history and the unanswered
+    # messages must fit in it, with `max_tokens` left for the reply.
+    context_tokens: int = Field(default=16_000, ge=256)
+    # The longest reply asked for; also the room kept free for it in the context.
+    max_tokens: int = Field(default=1024, ge=16)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    # Provider quirks: sent with every request (for example {"HTTP-Referer": "..."}, or
+    # {"top_k": 40} for a server that takes it). JSON in the environment.
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    # Tokens (prompt + completion) one user may spend per UTC day, across replicas; 0: no limit.
+    daily_tokens_per_user: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _room_for_the_prompt(self) -> LLMSettings:
+        if self.max_tokens >= self.context_tokens // 2:
+            raise ValueError("max_tokens must be less than half of context_tokens")
+        return self
 
 
 class DebounceSettings(BaseModel):

@@ -19,16 +19,9 @@ from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.cycle import APOLOGY
-from bot.llm import (
-    FOLD_HEADER,
-    EchoLLM,
-    LLMError,
-    OpenAILLM,
-    Prompt,
-    Turn,
-    complete_with_retries,
-)
+from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate
 from bot.message import InboundMessage
+from bot.prompt import FOLD_HEADER, Prompt, Turn
 from bot.runtime import Runtime
 from bot.settings import LLMSettings
 from tests.conftest import SettingsFactory
@@ -119,10 +112,10 @@ def test_prompt_roles_alternate_even_after_a_trimmed_history() -> None:
 
 async def test_echo_answers_with_the_folded_messages_deterministically() -> None:
     llm = EchoLLM()
-    first = await llm.complete(prompt("A", "B", "C"))
+    first = await llm.complete(prompt("A", "B", "C"), Usage())
     assert first == "You said: A / B / C"
-    assert await llm.complete(prompt("A", "B", "C")) == first
-    assert await EchoLLM(delay_ms=20).complete(prompt("solo")) == "You said: solo"
+    assert await llm.complete(prompt("A", "B", "C"), Usage()) == first
+    assert await EchoLLM(delay_ms=20).complete(prompt("solo"), Usage()) == "You said: solo"
 
 
 # -- OpenAILLM against the fake provider -----------------------------------------------------
@@ -131,19 +124,24 @@ async def test_echo_answers_with_the_folded_messages_deterministically() -> None
 async def test_plain_completion_returns_the_text(fake: FakeOpenAI) -> None:
     fake.reply = lambda request: "Hello from the model."
     asked = Prompt("Be brief.", (Turn("user", "earlier"), Turn("assistant", "ok")), ("A", "B"))
-    assert await openai_llm(fake).complete(asked) == "Hello from the model."
+    usage = Usage()
+    assert await openai_llm(fake, stream=False).complete(asked, usage) == "Hello from the model."
     [request] = fake.requests
     assert request.model == MODEL
     assert request.api_key == KEY
     assert request.messages == asked.messages()
     assert request.stream is False
+    assert request.body["max_tokens"] == 1024
+    # The provider's own count, as it reported it.
+    [attempt] = usage.attempts
+    assert attempt.reported and attempt.prompt_tokens > 0 and attempt.completion_tokens > 0
 
 
 async def test_timeout_is_transient_and_hangs_up(fake: FakeOpenAI) -> None:
     fake.delay_s = 3.0
     started = time.monotonic()
     with pytest.raises(LLMError) as caught:
-        await openai_llm(fake, timeout_s=0.2).complete(prompt("slow?"))
+        await openai_llm(fake, timeout_s=0.2).complete(prompt("slow?"), Usage())
     assert caught.value.permanent is False
     assert time.monotonic() - started < 2.0
     # The client gave up on the request rather than waiting for the tokens.
@@ -161,7 +159,7 @@ async def test_server_errors_and_rate_limits_are_transient(
     caplog.set_level(logging.DEBUG)
     fake.fail_next(error)
     with pytest.raises(LLMError) as caught:
-        await openai_llm(fake, retries=0).complete(prompt("hi"))
+        await openai_llm(fake, retries=0).complete(prompt("hi"), Usage())
     assert caught.value.permanent is False
     assert len(fake.requests) == 1
     assert KEY not in str(caught.value)
@@ -203,10 +201,9 @@ def key_echoing_400() -> ScriptedError:
         (FakeOpenAI.unauthorized(), "LASTWORD_LLM__API_KEY"),
         (key_echoing_401(), "LASTWORD_LLM__API_KEY"),
         (FakeOpenAI.model_not_found(), "LASTWORD_LLM__MODEL"),
-        (FakeOpenAI.context_length(), "LASTWORD_LLM__MODEL"),
         (key_echoing_400(), "LASTWORD_LLM__MODEL"),
     ],
-    ids=["401", "401-echoing-key", "404", "400", "400-echoing-key"],
+    ids=["401", "401-echoing-key", "404", "400-echoing-key"],
 )
 async def test_client_errors_are_permanent_and_name_the_setting(
     fake: FakeOpenAI, error: ScriptedError, setting: str, caplog: pytest.LogCaptureFixture
@@ -214,7 +211,7 @@ async def test_client_errors_are_permanent_and_name_the_setting(
     caplog.set_level(logging.DEBUG)
     fake.fail_next(error)
     with pytest.raises(LLMError) as caught:
-        await openai_llm(fake).complete(prompt("hi"))
+        await openai_llm(fake).complete(prompt("hi"), Usage())
     assert caught.value.permanent is True
     assert setting in str(caught.value)
     assert KEY not in str(caught.value)
@@ -235,7 +232,8 @@ async def test_transient_failures_are_retried_with_backoff(
     fake.reply = lambda request: "third time lucky"
     fake.fail_next(FakeOpenAI.server_error(), FakeOpenAI.server_error())
     base_s = 0.05
-    answer = await complete_with_retries(openai_llm(fake), prompt("hi"), retries=3, base_s=base_s)
+    settings = LLMSettings(**llm_config(fake, retries=3, retry_base_s=base_s))
+    answer = await generate(OpenAILLM(settings), prompt("hi"), settings, Usage())
     assert answer == "third time lucky"
     assert len(fake.requests) == 3
     starts = [r.started_at for r in fake.requests]
@@ -251,7 +249,8 @@ async def test_retries_give_up_after_the_limit(fake: FakeOpenAI) -> None:
     # One more failure queued than the limit allows: a fourth attempt would succeed instead.
     fake.fail_next(*(FakeOpenAI.server_error() for _ in range(3)))
     with pytest.raises(LLMError) as caught:
-        await complete_with_retries(openai_llm(fake), prompt("hi"), retries=2, base_s=0.01)
+        settings = LLMSettings(**llm_config(fake, retries=2))
+        await generate(OpenAILLM(settings), prompt("hi"), settings, Usage())
     assert caught.value.permanent is False
     assert len(fake.requests) == 3
 
@@ -262,7 +261,8 @@ async def test_permanent_failures_are_not_retried(
     caplog.set_level(logging.DEBUG)
     fake.fail_next(FakeOpenAI.unauthorized())
     with pytest.raises(LLMError) as caught:
-        await complete_with_retries(openai_llm(fake), prompt("hi"), retries=3, base_s=0.01)
+        settings = LLMSettings(**llm_config(fake, retries=3))
+        await generate(OpenAILLM(settings), prompt("hi"), settings, Usage())
     assert caught.value.permanent is True
     assert len(fake.requests) == 1
     assert_key_not_logged(caplog)

@@ -1,9 +1,10 @@
 """The store: every atomic step of the flow as one Lua script against Redis.
 
 Each script file next to this module is one step (`ingest`, `acquire`, `renew`, `release`,
-`presend`, `commit`, `due`); `prelude.lua` holds their shared helpers and is loaded in front of
-each. Every script touches the keys of one hash slot only, so the same code runs on Redis
-Cluster: a conversation's keys and the shard of the due-index it lives in share a hash tag.
+`interrupt`, `presend`, `commit`, `due`, `usage`); `prelude.lua` holds their shared helpers
+and is loaded in front of each. Every script touches the keys of one hash slot only, so the
+same code runs on Redis Cluster: a conversation's keys and the shard of the due-index it lives
+in share a hash tag.
 
 Key layout, for a conversation in shard N (of `SHARDS`):
 
@@ -17,6 +18,8 @@ Key layout, for a conversation in shard N (of `SHARDS`):
     {lw:N}:c:<conversation>:history  list    json entries, oldest first, capped
     {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
     {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
+    {lw:N}:c:<conversation>:usage    hash    prompt, completion (tokens), replies, user
+    {lw:N}:c:<conversation>:day:<D>  hash    tokens spent on UTC day D; expires after two days
     {lw:N}:due                       zset    conversation -> when to look at it next
     {lw:N}:active                    zset    conversation -> when it last sent a new message
 
@@ -33,6 +36,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from importlib import resources
 from typing import Any, Literal
 
@@ -52,6 +56,8 @@ SEEN_CAP = 1000
 RATE_WINDOW_MS = 60_000
 # How long a conversation stays in the activity index after its last message.
 ACTIVE_KEEP_MS = 3600_000
+# A day's token count outlives the day, so a status read just after midnight still sees it.
+DAY_KEEP_MS = 2 * 86_400_000
 
 
 class StoreUnavailable(Unavailable):
@@ -69,6 +75,8 @@ NOTICE = _load("notice")
 ACQUIRE = _load("acquire")
 RENEW = _load("renew")
 RELEASE = _load("release")
+INTERRUPT = _load("interrupt")
+USAGE = _load("usage")
 PRESEND = _load("presend")
 COMMIT = _load("commit")
 DUE = _load("due")
@@ -104,8 +112,13 @@ class Keys:
         self.history = f"{base}:history"
         self.rate = f"{base}:rate"
         self.notice = f"{base}:notice"
+        self.usage = f"{base}:usage"
+        self._base = base
         self.due = f"{tag}:due"
         self.active = f"{tag}:active"
+
+    def day(self, when: date) -> str:
+        return f"{self._base}:day:{when.isoformat()}"
 
 
 @dataclass(frozen=True)
@@ -163,10 +176,23 @@ class Ended:
 
 
 @dataclass(frozen=True)
+class Interrupt:
+    """What to do with a generation that a newer message made stale."""
+
+    status: Literal["stale", "keep", "lost"]  # stale: the lease is given back; stop now
+    next_in_ms: int = -1
+
+
+@dataclass(frozen=True)
 class PreSend:
     status: Literal["ok", "stale", "lost"]
     forced: bool = False  # sent despite being stale, by the starvation guard
     next_in_ms: int = -1
+
+
+def _today() -> date:
+    # The replica's clock picks the day: a skew of seconds at midnight does not matter.
+    return datetime.now(UTC).date()
 
 
 def _text(value: bytes | str) -> str:
@@ -199,6 +225,8 @@ class Store:
         self._acquire = redis.register_script(ACQUIRE)
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
+        self._interrupt = redis.register_script(INTERRUPT)
+        self._usage = redis.register_script(USAGE)
         self._presend = redis.register_script(PRESEND)
         self._commit = redis.register_script(COMMIT)
         self._due = redis.register_script(DUE)
@@ -287,6 +315,22 @@ class Store:
         ok, next_in = await self._run(self._release, keys, [lease.conversation, lease.token])
         return Ended(bool(ok), int(next_in))
 
+    async def interrupt(self, lease: Lease, version: int) -> Interrupt:
+        """A newer message than `version` arrived mid-generation: hand the lease back, unless
+        the starvation guard says this generation must finish and go out (`keep`)."""
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.window, k.due]
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            lease.fence,
+            version,
+            self.starvation_limit,
+        ]
+        raw_status, value = await self._run(self._interrupt, keys, args)
+        status = _text(raw_status)
+        return Interrupt(status, int(value))  # type: ignore[arg-type]
+
     async def presend(self, lease: Lease, version: int, text: str, reset: int = 0) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending."""
@@ -351,6 +395,29 @@ class Store:
     async def release_role(self, name: str, token: str) -> bool:
         """Give the role back if it is still ours; False (and no change) otherwise."""
         return bool(await self._run(self._role_release, [role_key(name)], [token]))
+
+    async def add_usage(self, conversation: str, user: str, prompt: int, completion: int) -> int:
+        """Count the tokens a reply cost; returns what the conversation's user spent today.
+        A DM conversation is one user, so its day is the user's day."""
+        k = Keys(conversation)
+        keys = [k.usage, k.day(_today())]
+        return int(await self._run(self._usage, keys, [prompt, completion, user, DAY_KEEP_MS]))
+
+    async def tokens_today(self, conversation: str) -> int:
+        """Tokens the conversation's user has spent today (UTC)."""
+        try:
+            spent = await self.redis.hget(Keys(conversation).day(_today()), "tokens")
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        return int(spent or 0)
+
+    async def version(self, conversation: str) -> int:
+        """V of a conversation: one cheap read, for watching a generation go stale."""
+        try:
+            v = await self.redis.hget(Keys(conversation).state, "v")
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        return int(v or 0)
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
