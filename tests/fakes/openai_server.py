@@ -54,6 +54,9 @@ class RecordedRequest:
     started_at: float
     finished: bool = False
     cancelled: bool = False
+    # Content pieces written to a stream so far (about one token each): what the provider
+    # generated, and billed, before the client finished or hung up.
+    pieces_streamed: int = 0
 
     @property
     def last_user_text(self) -> str:
@@ -109,6 +112,11 @@ class FakeOpenAI(LoopbackServer):
         # Applies to every answer, scripted errors included, because a slow upstream is slow
         # whatever it ends up saying.
         self.delay_s: float = 0.0
+        # Per request instead of delay_s when set: a provider whose latency varies.
+        self.delay_for: Callable[[RecordedRequest], float] | None = None
+        # Reasoning streamed as `reasoning_content` ahead of the answer (or sent alongside
+        # it when not streaming), as reasoning models on some servers do.
+        self.reasoning: Callable[[RecordedRequest], str] | None = None
         self._errors: list[ScriptedError] = []
         self._gate = asyncio.Event()
         self._gate.set()
@@ -288,7 +296,7 @@ class FakeOpenAI(LoopbackServer):
 
     async def _answer(self, request: web.Request, recorded: RecordedRequest) -> web.StreamResponse:
         await self._gate.wait()
-        delay = self.delay_s
+        delay = self.delay_for(recorded) if self.delay_for else self.delay_s
 
         if self._errors:
             error = self._errors.pop(0)
@@ -305,6 +313,9 @@ class FakeOpenAI(LoopbackServer):
             await asyncio.sleep(delay)
         completion_tokens = _estimate_tokens(text)
         prompt_tokens = _prompt_tokens(recorded.messages)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning(recorded)
         payload = {
             "id": _completion_id(),
             "object": "chat.completion",
@@ -313,7 +324,7 @@ class FakeOpenAI(LoopbackServer):
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": "stop",
                 }
@@ -368,6 +379,9 @@ class FakeOpenAI(LoopbackServer):
             return data
 
         chunks = [chunk({"role": "assistant", "content": ""})]
+        if self.reasoning:
+            thought = self.reasoning(recorded)
+            chunks += [chunk({"reasoning_content": p}) for p in _PIECE_RE.findall(thought)]
         chunks += [chunk({"content": piece}) for piece in _PIECE_RE.findall(text)]
         chunks.append(chunk({}, "stop"))
         if include_usage:
@@ -397,6 +411,8 @@ class FakeOpenAI(LoopbackServer):
             if pause > 0:
                 await asyncio.sleep(pause)
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
+            if any(c["delta"].get("content") for c in data["choices"]):
+                recorded.pieces_streamed += 1
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         recorded.finished = True
