@@ -413,6 +413,7 @@ class FakeOpenAI(LoopbackServer):
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
             if any(c["delta"].get("content") for c in data["choices"]):
                 recorded.pieces_streamed += 1
+                self._notify()
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         recorded.finished = True

@@ -1,0 +1,507 @@
+"""Interrupting stale generations: LLM requests, thrown-away tokens and reply latency, on vs off.
+
+    python -m benchmarks.interrupt [--users 200] [--seed 7] [--quiet-ms 1000] [--max-wait-ms 6000]
+
+A burst workload runs twice on the same seed: once with `llm.interrupt` on (a generation is
+cancelled as soon as a newer message arrives) and once off (the generation finishes and the
+pre-send check throws its reply away, as in the seeds). Each mode gets a fresh embedded server
+in a temporary directory, one in-process runtime, the real `OpenAILLM` (streaming) pointed at
+the loopback `FakeOpenAI`, and a platform that timestamps every send.
+
+Workload: each user starts at a random moment in the first `--stagger-s` seconds and sends 3-6
+messages; each gap is short (0.2-1 s, within the quiet window) or long (1.5-6 s, so that it
+often lands while the reply to the earlier messages is being generated), half and half. The
+fake answers 150-300 words after a latency of 1-4 s, spread evenly over the streamed pieces.
+Length and latency are drawn from a generator seeded with the seed and the request's last user
+turn, so that both modes see the same answer to the same prompt. The words are three letters
+each, so the fake's own usage count (characters / 4) equals the pieces it streams: one piece
+is one token in every figure below.
+
+It measures, per mode:
+
+- LLM requests started, per user and per reply delivered (a reply ends one burst);
+- generated tokens thrown away, two ways. From the fake: the pieces it streamed for requests
+  the client hung up on, plus every piece of finished requests whose text was never sent
+  (requests are matched to sends by their text). From the runtime's `Stats`:
+  `interrupted_tokens` (pieces the client had received when it cancelled) plus
+  `discarded_tokens` (the usage the provider reported for replies the pre-send check
+  dropped). The fake's count can be a little higher: pieces in flight when the client hangs
+  up were written, and billed, but never read;
+- median and p95 time from each user's last message (when `ingest` returned) to the send that
+  covers it (the idempotency key carries the version a reply covers);
+- replies per user, and whether each reply covered everything its user had sent by the time
+  it went out; at the end, V == W for every conversation and the last send covers the last
+  message;
+- event-loop lag: the fake and the bot share one process, so a loaded loop inflates latency.
+
+The ratio of thrown-away tokens, on / off, is issue 5's figure (it must be at most 0.5).
+A mode that does not settle within `--settle-s` prints what is missing instead of hanging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from benchmarks.wakeup import percentile, print_table, temporary_server
+from bot.app import make_client, make_store
+from bot.cycle import Stats
+from bot.embedded import EmbeddedRedis, server_binary
+from bot.llm import OpenAILLM
+from bot.message import InboundMessage, Unavailable
+from bot.runtime import Runtime
+from bot.settings import DebounceSettings, LLMSettings, Settings
+from bot.store import Store
+from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+
+PLATFORM = "bench"
+# Three-letter words: with the separating space, four characters, which the fake's usage
+# estimate (characters / 4) counts as one token, the same as one streamed piece.
+WORDS = [a + b + c for a in "bdfgklmnprst" for b in "aeiou" for c in "bdgkmnprst"]
+
+
+# -- workload -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class User:
+    index: int
+    # Seconds from the start of the run at which each message is sent.
+    offsets: tuple[float, ...]
+
+    @property
+    def conversation(self) -> str:
+        return f"{PLATFORM}:{self.index}"
+
+    def message(self, n: int) -> InboundMessage:
+        text = f"user {self.index} message {n + 1}: what about the thing I said?"
+        return InboundMessage(
+            PLATFORM, str(self.index), f"u{self.index}", f"{self.index}-{n + 1}", text
+        )
+
+
+def workload(args: argparse.Namespace) -> list[User]:
+    rng = random.Random(args.seed)
+    users = []
+    for index in range(args.users):
+        at = rng.uniform(0, args.stagger_s)
+        offsets = [at]
+        for _ in range(rng.randint(3, 6) - 1):
+            at += rng.uniform(0.2, 1.0) if rng.random() < 0.5 else rng.uniform(1.5, 6.0)
+            offsets.append(at)
+        users.append(User(index, tuple(offsets)))
+    return users
+
+
+class Provider:
+    """What the fake answers: seeded by the prompt, so both modes get the same answers."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        # Request (by identity: recorded requests are kept by the fake) -> the text it got.
+        self.texts: dict[int, str] = {}
+
+    def reply(self, request: RecordedRequest) -> str:
+        rng = random.Random(f"{self.seed}:reply:{request.last_user_text}")
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 300)))
+        self.texts[id(request)] = text
+        return text
+
+    def delay(self, request: RecordedRequest) -> float:
+        return random.Random(f"{self.seed}:delay:{request.last_user_text}").uniform(1.0, 4.0)
+
+
+# -- the platform ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    at: float
+    text: str
+    # The version the reply covers, from the idempotency key "<conversation>:<version>:<part>".
+    version: int
+
+
+class TimedOutbound:
+    """A platform that keeps every part it is given, with the time it was given."""
+
+    max_message_chars = 4096
+    # Typing indicators touch no Redis; repeating them rarely keeps the event loop quiet.
+    typing_interval_s = 3600.0
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[Sent]] = {}
+        self.notices = 0
+
+    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+        version = idempotency_key.removeprefix(conversation + ":").split(":")[0]
+        if not version.isdigit():
+            self.notices += 1  # a rate-limit notice or the like: not a reply
+            return
+        self.sent.setdefault(conversation, []).append(Sent(time.monotonic(), text, int(version)))
+
+    async def typing(self, conversation: str) -> None:
+        return None
+
+
+class LoopLag:
+    """How late the event loop wakes a 50 ms sleep: the load the measurements ran under."""
+
+    def __init__(self) -> None:
+        self.lags_ms: list[int] = []
+
+    async def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.05)
+            self.lags_ms.append(int((time.monotonic() - before - 0.05) * 1000))
+
+
+# -- one mode -------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    mode: str
+    users: list[User]
+    requests: list[RecordedRequest]
+    texts: dict[int, str]
+    sent: dict[str, list[Sent]]
+    # When ingest returned for each message, per conversation.
+    ingested: dict[str, list[float]]
+    counters: dict[str, tuple[int, int]]
+    stats: Stats
+    lags_ms: list[int]
+    wall_s: float
+    server_version: str
+    problems: list[str] = field(default_factory=list)
+
+
+def mode_settings(
+    server: EmbeddedRedis, fake: FakeOpenAI, args: argparse.Namespace, on: bool
+) -> Settings:
+    return Settings(
+        platform="console",
+        redis_url=server.url,
+        data_dir=server.data_dir,
+        debounce=DebounceSettings(quiet_ms=args.quiet_ms, max_wait_ms=args.max_wait_ms),
+        llm=LLMSettings(
+            provider="openai",
+            base_url=fake.base_url,
+            api_key=SecretStr("bench"),
+            model="bench",
+            stream=True,
+            interrupt=on,
+        ),
+        log_level="WARNING",
+    )
+
+
+async def user_session(runtime: Runtime, user: User, start: float, times: list[float]) -> None:
+    for n, offset in enumerate(user.offsets):
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        message = user.message(n)
+        # A store hiccup is retried, as an adapter that did not acknowledge would see it again.
+        for _ in range(20):
+            try:
+                await runtime.ingest(message)
+                break
+            except Unavailable:
+                await asyncio.sleep(0.1)
+        times.append(time.monotonic())
+
+
+async def settle(runtime: Runtime, store: Store, users: list[User], timeout_s: float) -> list[str]:
+    """Wait until every conversation is answered; on timeout, say which are not and why."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(runtime.settled(u.conversation) for u in users))
+        return []
+    except TimeoutError:
+        missing = []
+        for user in users:
+            v, w = await store.counters(user.conversation)
+            if v != w or user.conversation in runtime._running:
+                busy = " (a cycle is running)" if user.conversation in runtime._running else ""
+                missing.append(f"{user.conversation}: V={v} W={w}{busy}")
+        return [f"not settled after {timeout_s:g} s: {len(missing)} conversations", *missing]
+
+
+async def wait_requests_closed(fake: FakeOpenAI, timeout_s: float) -> list[str]:
+    """The fake marks a hung-up request cancelled once aiohttp notices: give it a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        open_ = [r for r in fake.requests if not (r.finished or r.cancelled)]
+        if not open_:
+            return []
+        if time.monotonic() > deadline:
+            return [f"{len(open_)} requests neither finished nor cancelled after settling"]
+        await asyncio.sleep(0.05)
+
+
+async def run_mode(args: argparse.Namespace, users: list[User], on: bool) -> Outcome:
+    mode = "interrupt on" if on else "interrupt off"
+    provider = Provider(args.seed)
+    lag = LoopLag()
+    outbound = TimedOutbound()
+    ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
+    async with temporary_server() as server, FakeOpenAI(reply=provider.reply) as fake:
+        fake.delay_for = provider.delay
+        settings = mode_settings(server, fake, args, on)
+        redis = make_client(server.url)
+        store = make_store(settings, redis)
+        llm = OpenAILLM(settings.llm)
+        runtime = Runtime(settings, store, llm, outbound)
+        lagger = asyncio.create_task(lag.run())
+        runtime.start()
+        started = time.monotonic()
+        problems: list[str] = []
+        try:
+            sessions = [user_session(runtime, u, started, ingested[u.conversation]) for u in users]
+            await asyncio.gather(*sessions)
+            problems += await settle(runtime, store, users, args.settle_s)
+            wall_s = time.monotonic() - started
+            problems += await wait_requests_closed(fake, 5.0)
+            counters = {u.conversation: await store.counters(u.conversation) for u in users}
+            info = await redis.info("server")
+        finally:
+            lagger.cancel()
+            await runtime.stop()
+            await llm.client.close()
+            await redis.aclose()
+        return Outcome(
+            mode,
+            users,
+            list(fake.requests),
+            provider.texts,
+            outbound.sent,
+            ingested,
+            counters,
+            runtime.stats,
+            lag.lags_ms,
+            wall_s,
+            str(info.get("valkey_version") or info.get("redis_version")),
+            problems,
+        )
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    mode: str
+    users: int
+    messages: int
+    requests: int
+    cancelled: int
+    finished_sent: int
+    finished_dropped: int
+    replies: int
+    generated: int
+    thrown_fake: int
+    thrown_stats: int
+    latencies_ms: list[int]
+    replies_per_user: Counter[int]
+    overtaken: int
+    unanswered: list[str]
+    stats: Stats
+    lags_ms: list[int]
+    wall_s: float
+    problems: list[str]
+
+    @classmethod
+    def of(cls, o: Outcome) -> Figures:
+        delivered = {s.text.strip() for sends in o.sent.values() for s in sends}
+        cancelled = [r for r in o.requests if r.cancelled]
+        finished = [r for r in o.requests if r.finished]
+        dropped = [r for r in finished if o.texts.get(id(r), "").strip() not in delivered]
+        thrown_fake = sum(r.pieces_streamed for r in cancelled) + sum(
+            r.pieces_streamed for r in dropped
+        )
+        latencies: list[int] = []
+        per_user: Counter[int] = Counter()
+        overtaken = 0
+        unanswered: list[str] = []
+        for user in o.users:
+            conv = user.conversation
+            times = o.ingested[conv]
+            sends = o.sent.get(conv, [])
+            per_user[len(sends)] += 1
+            for s in sends:
+                # Did the user say more than this reply covers before it went out?
+                if sum(1 for t in times if t < s.at) > s.version:
+                    overtaken += 1
+            v, w = o.counters[conv]
+            covering = [s for s in sends if s.version >= len(user.offsets)]
+            if v != len(user.offsets) or v != w or not covering:
+                unanswered.append(f"{conv}: sent {len(user.offsets)}, V={v} W={w}")
+                continue
+            latencies.append(int((covering[0].at - times[-1]) * 1000))
+        return cls(
+            mode=o.mode,
+            users=len(o.users),
+            messages=sum(len(u.offsets) for u in o.users),
+            requests=len(o.requests),
+            cancelled=len(cancelled),
+            finished_sent=len(finished) - len(dropped),
+            finished_dropped=len(dropped),
+            replies=sum(len(s) for s in o.sent.values()),
+            generated=sum(r.pieces_streamed for r in o.requests),
+            thrown_fake=thrown_fake,
+            thrown_stats=o.stats.interrupted_tokens + o.stats.discarded_tokens,
+            latencies_ms=sorted(latencies),
+            replies_per_user=per_user,
+            overtaken=overtaken,
+            unanswered=unanswered,
+            stats=o.stats,
+            lags_ms=sorted(o.lags_ms),
+            wall_s=o.wall_s,
+            problems=o.problems,
+        )
+
+    def rows(self) -> list[list[str]]:
+        s = self.stats
+        lat = self.latencies_ms
+        lags = self.lags_ms or [0]
+        dist = ", ".join(f"{n}: {c}" for n, c in sorted(self.replies_per_user.items()))
+        diff = self.thrown_fake - self.thrown_stats
+        return [
+            ["users / messages", f"{self.users} / {self.messages}"],
+            ["LLM requests started", str(self.requests)],
+            ["  per user", f"{self.requests / self.users:.2f}"],
+            ["  per reply delivered", f"{self.requests / max(self.replies, 1):.2f}"],
+            [
+                "  cancelled / finished+sent / finished+dropped",
+                f"{self.cancelled} / {self.finished_sent} / {self.finished_dropped}",
+            ],
+            ["tokens generated (fake)", str(self.generated)],
+            ["tokens thrown away (fake)", str(self.thrown_fake)],
+            [
+                "tokens thrown away (Stats)",
+                f"{self.thrown_stats} = {s.interrupted_tokens} interrupted"
+                f" + {s.discarded_tokens} discarded",
+            ],
+            ["  fake - Stats", f"{diff:+d}"],
+            ["  share of generated", f"{self.thrown_fake / max(self.generated, 1):.1%}"],
+            ["completion tokens (Stats)", str(s.completion_tokens)],
+            [
+                "Stats: interrupted / discarded / forced",
+                f"{s.interrupted} / {s.discarded} / {s.forced}",
+            ],
+            ["Stats: apologies / lost leases", f"{s.apologies} / {s.lost}"],
+            ["replies delivered", f"{self.replies} ({self.replies / self.users:.2f} per user)"],
+            ["  users by number of replies", dist],
+            ["  replies overtaken by a message", str(self.overtaken)],
+            ["last message -> reply, median ms", str(statistics.median(lat)) if lat else "-"],
+            ["last message -> reply, p95 ms", str(percentile(lat, 95)) if lat else "-"],
+            ["last message -> reply, max ms", str(lat[-1]) if lat else "-"],
+            ["users answered to the end (V == W)", f"{len(lat)} / {self.users}"],
+            [
+                "event-loop lag p50 / p99 / max ms",
+                f"{percentile(lags, 50)} / {percentile(lags, 99)} / {lags[-1]}",
+            ],
+            ["run time s (first message to settled)", f"{self.wall_s:.1f}"],
+        ]
+
+
+def ratio(a: int, b: int) -> str:
+    return f"{a / b:.3f}" if b else "-"
+
+
+def report(args: argparse.Namespace, on: Figures, off: Figures, version: str) -> None:
+    print(f"server: {Path(server_binary()).name} {version} (embedded, unix socket)")
+    print(f"cpus: {os.cpu_count()}, fake provider and bot in one asyncio process, seed {args.seed}")
+    print(
+        f"settings: quiet_ms={args.quiet_ms} max_wait_ms={args.max_wait_ms}, "
+        f"lease ttl_ms=30000, interrupt_poll_ms={LLMSettings().interrupt_poll_ms}, "
+        f"starvation_limit={Settings.model_fields['starvation_limit'].default}, "
+        f"stream=True, OpenAILLM -> FakeOpenAI"
+    )
+    print(
+        f"workload: {args.users} users starting over {args.stagger_s:g} s, 3-6 messages each, "
+        "gaps 0.2-1 s or 1.5-6 s (1:1); replies 150-300 tokens, latency 1-4 s"
+    )
+    for figures in (on, off):
+        print(f"\n== {figures.mode}")
+        print_table(["figure", "value"], figures.rows())
+        for line in figures.problems + figures.unanswered[:20]:
+            print(f"  ! {line}")
+    print("\n== comparison (on vs off)")
+    rows = [
+        ["LLM requests", str(on.requests), str(off.requests), ratio(on.requests, off.requests)],
+        [
+            "tokens thrown away (fake)",
+            str(on.thrown_fake),
+            str(off.thrown_fake),
+            ratio(on.thrown_fake, off.thrown_fake),
+        ],
+        [
+            "tokens thrown away (Stats)",
+            str(on.thrown_stats),
+            str(off.thrown_stats),
+            ratio(on.thrown_stats, off.thrown_stats),
+        ],
+        [
+            "tokens generated",
+            str(on.generated),
+            str(off.generated),
+            ratio(on.generated, off.generated),
+        ],
+    ]
+    for name, p in (("median", 50), ("p95", 95)):
+        a = percentile(on.latencies_ms, p) if on.latencies_ms else 0
+        b = percentile(off.latencies_ms, p) if off.latencies_ms else 0
+        rows.append([f"last message -> reply {name} ms", str(a), str(b), ratio(a, b)])
+    print_table(["figure", "on", "off", "on / off"], rows)
+    verdict = on.thrown_fake * 2 <= off.thrown_fake
+    print(
+        f"\nthrown-away tokens on / off = {ratio(on.thrown_fake, off.thrown_fake)} (fake's count);"
+        f" issue 5 wants <= 0.5: {'met' if verdict else 'NOT met'}"
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    users = workload(args)
+    outcomes = [await run_mode(args, users, on) for on in (True, False)]
+    version = outcomes[0].server_version
+    on, off = (Figures.of(o) for o in outcomes)
+    report(args, on, off, version)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.interrupt",
+        description=__doc__.split("\n\n")[0] if __doc__ else "",
+    )
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quiet-ms", type=int, default=1000)
+    parser.add_argument("--max-wait-ms", type=int, default=6000)
+    parser.add_argument("--stagger-s", type=float, default=10.0, help="spread of user starts")
+    parser.add_argument("--settle-s", type=float, default=30.0, help="after the last message")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+    asyncio.run(run(parse_args(argv)))
+    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
