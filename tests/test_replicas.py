@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,6 +40,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_store
+from bot.commands import OVER_BUDGET
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys
@@ -165,11 +167,20 @@ class Replica:
 class Cluster:
     """Replica processes and everything they printed, in arrival order."""
 
-    def __init__(self, server: EmbeddedRedis, fake: FakeOpenAI, workdir: Path, size: int) -> None:
+    def __init__(
+        self,
+        server: EmbeddedRedis,
+        fake: FakeOpenAI,
+        workdir: Path,
+        size: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.server = server
         self.fake = fake
         self.workdir = workdir
         self.size = size
+        # Settings on top of the replicas' defaults, for one test's needs.
+        self.env = env or {}
         self.replicas: dict[str, Replica] = {}
         self.events: list[Event] = []
         self.ingested: dict[tuple[str, str], Event] = {}
@@ -218,7 +229,7 @@ class Cluster:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
-                env=replica_env(name, self.server.url, self.fake.base_url, self.workdir),
+                env=replica_env(name, self.server.url, self.fake.base_url, self.workdir) | self.env,
                 # Away from the repository, so no .env or lastword.toml there is picked up.
                 cwd=self.workdir,
             )
@@ -712,3 +723,30 @@ async def test_sweeper_stops_although_cancellations_get_lost(
         await asyncio.sleep(0.002)
         assert len(woken) == stopped_at, f"woken after stop: {woken[stopped_at:]}"
     assert woken, "the sweeper never swept"
+
+
+async def test_the_daily_token_budget_holds_across_processes(
+    server: EmbeddedRedis, redis: Redis, short_dir: Path
+) -> None:
+    """One replica spends the user's budget; another process, with nothing in memory of it,
+    answers the next burst with the notice and never calls the model."""
+    async with FakeOpenAI() as fake:
+        fake.reply = covering_reply
+        budget = {"LASTWORD_LLM__DAILY_TOKENS_PER_USER": "5"}
+        async with Cluster(server, fake, short_dir, size=2, env=budget) as cluster:
+            conversation = f"{PLATFORM}:1"
+            assert await cluster.deliver("r0", message(1, 1))
+            await cluster.wait_for(lambda: len(cluster.sent(conversation)) == 1, 10, "a reply")
+            assert tokens(cluster.sent(conversation)[0]["text"]) == ["c1m1"]
+            spent = await redis.hget(Keys(conversation).day(datetime.now(UTC).date()), "tokens")
+            assert int(spent or 0) > 5
+
+            # The replica that spent it is gone: only the store remembers.
+            assert await cluster.terminate("r0") == 0
+            for n in (2, 3):
+                assert await cluster.deliver("r1", message(1, n))
+            await cluster.wait_for(lambda: len(cluster.sent(conversation)) == 2, 10, "a notice")
+            assert cluster.sent(conversation)[1]["text"] == OVER_BUDGET
+            assert cluster.sent(conversation)[1]["replica"] == "r1"
+            assert len(fake.requests) == 1
+            await eventually(lambda: quiescent(redis, [conversation]), within_s=5)
