@@ -59,6 +59,9 @@ def openai_settings(make_settings: SettingsFactory, fake: FakeOpenAI, **override
         "model": FAKE_MODEL_ID,
         "timeout_s": 10,
         "retries": 0,
+        # The seeds' own guard is the pre-send check, so these tests pin it down on its own;
+        # interrupting a generation early is tested in test_generation.py.
+        "interrupt": False,
     }
     return make_settings(llm=llm, **overrides)
 
