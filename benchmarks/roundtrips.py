@@ -13,7 +13,8 @@ Two independent counts for each phase, taken against a real embedded server:
 Phases: (a) ingest through `Store.ingest`, plus the same messages redelivered; (b) cycles:
 a runtime settling one single-message conversation each, echo model without delay, the sweep
 interval set to an hour so that no sweep mixes in; (c) the same with a slow echo model and a
-short lease TTL, to show the renewals (one per TTL/3 of generation time); (d) the sweep alone.
+short lease TTL, interrupt off, to show the renewals (one per TTL/3 of generation time);
+(d) the sweep alone; (e) as (c) with interrupt on, to show its watch (one read per poll).
 """
 
 from __future__ import annotations
@@ -41,7 +42,19 @@ from bot.app import make_store
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
 from bot.runtime import Runtime
-from bot.store import ACQUIRE, COMMIT, DUE, INGEST, PRESEND, RELEASE, RENEW, SHARDS
+from bot.settings import LLMSettings
+from bot.store import (
+    ACQUIRE,
+    COMMIT,
+    DUE,
+    INGEST,
+    INTERRUPT,
+    PRESEND,
+    RELEASE,
+    RENEW,
+    SHARDS,
+    USAGE,
+)
 
 # Commands a client sends itself; everything else in commandstats ran inside a script here
 # (the bot issues no other direct command in these phases, which the client count confirms).
@@ -156,6 +169,7 @@ async def cycles(
     count: int,
     ttl_ms: int,
     echo_delay_ms: int,
+    interrupt: bool = True,
 ) -> Measured:
     """`count` conversations with one message each, settled by one runtime; only the cycles
     are measured (the ingests end before the first window closes)."""
@@ -166,6 +180,7 @@ async def cycles(
         ttl_ms=ttl_ms,
         sweep_interval_ms=3_600_000,
         echo_delay_ms=echo_delay_ms,
+        interrupt=interrupt,
     )
     redis = counting_client(server)
     runtime = Runtime(settings, make_store(settings, redis), EchoLLM(echo_delay_ms), NullOutbound())
@@ -199,7 +214,7 @@ async def run(args: argparse.Namespace) -> list[Measured]:
         admin = Redis.from_url(server.url)
         try:
             # Loaded up front, so that no phase pays a NOSCRIPT miss and a SCRIPT LOAD.
-            for script in (INGEST, ACQUIRE, RENEW, RELEASE, PRESEND, COMMIT, DUE):
+            for script in (INGEST, ACQUIRE, RENEW, RELEASE, INTERRUPT, PRESEND, COMMIT, DUE, USAGE):
                 await admin.script_load(script)
 
             redis = counting_client(server)
@@ -257,6 +272,20 @@ async def run(args: argparse.Namespace) -> list[Measured]:
                     count=args.renew_n,
                     ttl_ms=args.renew_ttl_ms,
                     echo_delay_ms=args.renew_delay_ms,
+                    interrupt=False,
+                )
+            )
+            await admin.flushall()
+            results.append(
+                await cycles(
+                    server,
+                    admin,
+                    args,
+                    label="e",
+                    phase=f"(e) as (c), interrupt watch every {POLL_MS} ms",
+                    count=args.renew_n,
+                    ttl_ms=args.renew_ttl_ms,
+                    echo_delay_ms=args.renew_delay_ms,
                 )
             )
         finally:
@@ -289,7 +318,7 @@ def report(results: list[Measured], args: argparse.Namespace) -> None:
     expected = args.renew_delay_ms // (args.renew_ttl_ms // 3)
     print()
     print(f"ingest: {per_ingest:.2f} round trip per message")
-    print(f"cycle: {per_cycle:.2f} round trips (acquire, pre-send check, commit)")
+    print(f"cycle: {per_cycle:.2f} round trips (acquire, usage, pre-send check, commit)")
     print(
         f"renewals: {renewals:.2f} extra round trips per cycle for {args.renew_delay_ms} ms of "
         f"generation at TTL {args.renew_ttl_ms} ms (one per TTL/3 = {args.renew_ttl_ms // 3} ms;"
@@ -299,11 +328,20 @@ def report(results: list[Measured], args: argparse.Namespace) -> None:
         f"a burst of k messages answered by one reply: k + {per_cycle:.0f} round trips, "
         "plus one per TTL/3 of generation"
     )
+    watching = by_label["e"]
+    polls = (watching.round_trips - renewing.round_trips) / watching.count
+    print(
+        f"interrupt watch: {polls:.2f} extra round trips per cycle for {args.renew_delay_ms} ms "
+        f"of generation (one HGET per {POLL_MS} ms; expected {args.renew_delay_ms // POLL_MS})"
+    )
     sweep = by_label["d"]
     print(
         f"sweep: {sweep.round_trips / sweep.count:.2f} round trips per sweep for {SHARDS} "
         "EVALSHA in one pipeline"
     )
+
+
+POLL_MS = LLMSettings().interrupt_poll_ms
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

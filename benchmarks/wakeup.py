@@ -85,6 +85,7 @@ def bench_settings(
     ttl_ms: int,
     sweep_interval_ms: int,
     echo_delay_ms: int = 0,
+    interrupt: bool = True,
 ) -> Settings:
     return Settings(
         platform="console",
@@ -93,7 +94,7 @@ def bench_settings(
         debounce=DebounceSettings(quiet_ms=quiet_ms, max_wait_ms=max_wait_ms),
         lease=LeaseSettings(ttl_ms=ttl_ms),
         sweep_interval_ms=sweep_interval_ms,
-        llm=LLMSettings(provider="echo", echo_delay_ms=echo_delay_ms),
+        llm=LLMSettings(provider="echo", echo_delay_ms=echo_delay_ms, interrupt=interrupt),
         log_level="WARNING",
     )
 
