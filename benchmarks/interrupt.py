@@ -42,7 +42,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import contextlib
 import logging
+import multiprocessing
 import os
 import random
 import re
@@ -51,7 +54,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import cast
 
 from pydantic import SecretStr
 
@@ -110,9 +115,8 @@ class Provider:
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        # Request (by identity: recorded requests are kept by the fake) -> the text it got.
+        # Request (by identity: the fake keeps every request it recorded) -> its answer.
         self.texts: dict[int, str] = {}
-        self.delays: dict[int, float] = {}
 
     def reply(self, request: RecordedRequest) -> str:
         rng = random.Random(f"{self.seed}:reply:{request.last_user_text}")
@@ -121,9 +125,163 @@ class Provider:
         return text
 
     def delay(self, request: RecordedRequest) -> float:
-        delay = random.Random(f"{self.seed}:delay:{request.last_user_text}").uniform(1.0, 4.0)
-        self.delays[id(request)] = delay
-        return delay
+        return random.Random(f"{self.seed}:delay:{request.last_user_text}").uniform(1.0, 4.0)
+
+
+# -- the provider, in a process of its own -------------------------------------------------
+
+# How often the provider's process notes how far each open request has streamed.
+SAMPLE_S = 0.01
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as the fake provider saw it, sent back from its process."""
+
+    started_at: float
+    last_user_text: str
+    # What the fake answered (None: it never got as far as choosing an answer).
+    text: str | None
+    pieces: int
+    finished: bool
+    cancelled: bool
+    # When the sampler first saw the request finished or cancelled.
+    closed_at: float | None
+    # (time first seen, pieces streamed) at every change, SAMPLE_S apart at most.
+    timeline: tuple[tuple[float, int], ...]
+
+    def pieces_by(self, at: float) -> int:
+        """Pieces streamed by `at` (to within one sample)."""
+        index = bisect.bisect_right(self.timeline, (at, self.pieces + 1))
+        return self.timeline[index - 1][1] if index else 0
+
+
+@dataclass(frozen=True)
+class ProviderReport:
+    served: list[Served]
+    lags_ms: list[int]
+    problems: list[str]
+
+
+class Sampler:
+    """Follows every open request's streamed pieces over time, so that the pieces streamed
+    before a given moment (the newer message's arrival) can be told apart afterwards."""
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        self.fake = fake
+        self.timelines: list[list[tuple[float, int]]] = []
+        self.closed_at: list[float | None] = []
+        self.open: list[int] = []
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        while len(self.timelines) < len(self.fake.requests):
+            self.open.append(len(self.timelines))
+            self.timelines.append([])
+            self.closed_at.append(None)
+        still_open = []
+        for i in self.open:
+            request, timeline = self.fake.requests[i], self.timelines[i]
+            if not timeline or timeline[-1][1] != request.pieces_streamed:
+                timeline.append((now, request.pieces_streamed))
+            if request.finished or request.cancelled:
+                self.closed_at[i] = now
+            else:
+                still_open.append(i)
+        self.open = still_open
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE_S)
+
+
+def provider_main(seed: int, conn: Connection) -> None:
+    """The provider's process: the fake on loopback until the bot has settled."""
+    asyncio.run(serve_provider(seed, conn))
+
+
+async def serve_provider(seed: int, conn: Connection) -> None:
+    provider = Provider(seed)
+    lag = LoopLag()
+    async with FakeOpenAI(reply=provider.reply) as fake:
+        fake.delay_for = provider.delay
+        sampler = Sampler(fake)
+        tasks = [asyncio.create_task(sampler.run()), asyncio.create_task(lag.run())]
+        conn.send(fake.base_url)
+        # Anything, or the bot's end closing, means the run is over.
+        with contextlib.suppress(EOFError):
+            await asyncio.to_thread(conn.recv)
+        problems = await wait_requests_closed(fake, 5.0)
+        for task in tasks:
+            task.cancel()
+        sampler.sample()
+        served = [
+            Served(
+                started_at=r.started_at,
+                last_user_text=r.last_user_text,
+                text=provider.texts.get(id(r)),
+                pieces=r.pieces_streamed,
+                finished=r.finished,
+                cancelled=r.cancelled,
+                closed_at=sampler.closed_at[i],
+                timeline=tuple(sampler.timelines[i]),
+            )
+            for i, r in enumerate(fake.requests)
+        ]
+    with contextlib.suppress(OSError):
+        conn.send(ProviderReport(served, lag.lags_ms, problems))
+
+
+async def wait_requests_closed(fake: FakeOpenAI, timeout_s: float) -> list[str]:
+    """The fake marks a hung-up request cancelled once aiohttp notices: give it a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        open_ = [r for r in fake.requests if not (r.finished or r.cancelled)]
+        if not open_:
+            return []
+        if time.monotonic() > deadline:
+            return [f"{len(open_)} requests neither finished nor cancelled after settling"]
+        await asyncio.sleep(0.05)
+
+
+class ProviderProcess:
+    """The fake provider in a child process, so that streaming it costs the bot no CPU and
+    the bot's load cannot stretch the provider's latency (both would share one event loop
+    otherwise). time.monotonic() is one clock for both processes on Linux."""
+
+    def __init__(self, seed: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=provider_main, args=(seed, child), name="fake-openai", daemon=True
+        )
+
+    async def start(self) -> str:
+        """Start the process; returns the fake's base URL."""
+        self.process.start()
+        return cast(str, await self._receive(30.0))
+
+    async def finish(self) -> ProviderReport:
+        self.conn.send("done")
+        return cast(ProviderReport, await self._receive(30.0))
+
+    async def _receive(self, timeout_s: float) -> object:
+        try:
+            if await asyncio.to_thread(self.conn.poll, timeout_s):
+                return self.conn.recv()
+        except EOFError:
+            raise RuntimeError("the fake provider's process ended early (see above)") from None
+        raise TimeoutError(f"the fake provider's process said nothing for {timeout_s:g} s")
+
+    async def close(self) -> None:
+        self.conn.close()
+        if self.process.pid is None:
+            return  # never started
+        await asyncio.to_thread(self.process.join, 5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            await asyncio.to_thread(self.process.join)
 
 
 # -- the platform ---------------------------------------------------------------------------
@@ -179,9 +337,7 @@ class LoopLag:
 class Outcome:
     mode: str
     users: list[User]
-    requests: list[RecordedRequest]
-    texts: dict[int, str]
-    delays: dict[int, float]
+    provider: ProviderReport
     sent: dict[str, list[Sent]]
     # When ingest returned for each message, per conversation.
     ingested: dict[str, list[float]]
@@ -194,7 +350,7 @@ class Outcome:
 
 
 def mode_settings(
-    server: EmbeddedRedis, fake: FakeOpenAI, args: argparse.Namespace, on: bool
+    server: EmbeddedRedis, base_url: str, args: argparse.Namespace, on: bool
 ) -> Settings:
     return Settings(
         platform="console",
@@ -203,7 +359,7 @@ def mode_settings(
         debounce=DebounceSettings(quiet_ms=args.quiet_ms, max_wait_ms=args.max_wait_ms),
         llm=LLMSettings(
             provider="openai",
-            base_url=fake.base_url,
+            base_url=base_url,
             api_key=SecretStr("bench"),
             model="bench",
             stream=True,
@@ -239,69 +395,59 @@ async def settle(runtime: Runtime, store: Store, users: list[User], timeout_s: f
         missing = []
         for user in users:
             v, w = await store.counters(user.conversation)
-            if v != w or user.conversation in runtime._running:
-                busy = " (a cycle is running)" if user.conversation in runtime._running else ""
-                missing.append(f"{user.conversation}: V={v} W={w}{busy}")
+            running = user.conversation in runtime._running
+            if v != w or running:
+                missing.append(f"{user.conversation}: V={v} W={w}" + (" (cycle running)" * running))
         return [f"not settled after {timeout_s:g} s: {len(missing)} conversations", *missing]
-
-
-async def wait_requests_closed(fake: FakeOpenAI, timeout_s: float) -> list[str]:
-    """The fake marks a hung-up request cancelled once aiohttp notices: give it a moment."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        open_ = [r for r in fake.requests if not (r.finished or r.cancelled)]
-        if not open_:
-            return []
-        if time.monotonic() > deadline:
-            return [f"{len(open_)} requests neither finished nor cancelled after settling"]
-        await asyncio.sleep(0.05)
 
 
 async def run_mode(args: argparse.Namespace, users: list[User], on: bool) -> Outcome:
     mode = "interrupt on" if on else "interrupt off"
-    provider = Provider(args.seed)
     lag = LoopLag()
     outbound = TimedOutbound()
     ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
-    async with temporary_server() as server, FakeOpenAI(reply=provider.reply) as fake:
-        fake.delay_for = provider.delay
-        settings = mode_settings(server, fake, args, on)
-        redis = make_client(server.url)
-        store = make_store(settings, redis)
-        llm = OpenAILLM(settings.llm)
-        runtime = Runtime(settings, store, llm, outbound)
-        lagger = asyncio.create_task(lag.run())
-        runtime.start()
-        started = time.monotonic()
-        problems: list[str] = []
-        try:
-            sessions = [user_session(runtime, u, started, ingested[u.conversation]) for u in users]
-            await asyncio.gather(*sessions)
-            problems += await settle(runtime, store, users, args.settle_s)
-            wall_s = time.monotonic() - started
-            problems += await wait_requests_closed(fake, 5.0)
-            counters = {u.conversation: await store.counters(u.conversation) for u in users}
-            info = await redis.info("server")
-        finally:
-            lagger.cancel()
-            await runtime.stop()
-            await llm.client.close()
-            await redis.aclose()
-        return Outcome(
-            mode,
-            users,
-            list(fake.requests),
-            provider.texts,
-            provider.delays,
-            outbound.sent,
-            ingested,
-            counters,
-            runtime.stats,
-            lag.lags_ms,
-            wall_s,
-            str(info.get("valkey_version") or info.get("redis_version")),
-            problems,
-        )
+    provider = ProviderProcess(args.seed)
+    try:
+        base_url = await provider.start()
+        async with temporary_server() as server:
+            settings = mode_settings(server, base_url, args, on)
+            redis = make_client(server.url)
+            store = make_store(settings, redis)
+            llm = OpenAILLM(settings.llm)
+            runtime = Runtime(settings, store, llm, outbound)
+            lagger = asyncio.create_task(lag.run())
+            runtime.start()
+            started = time.monotonic()
+            problems: list[str] = []
+            try:
+                await asyncio.gather(
+                    *(user_session(runtime, u, started, ingested[u.conversation]) for u in users)
+                )
+                problems += await settle(runtime, store, users, args.settle_s)
+                wall_s = time.monotonic() - started
+                counters = {u.conversation: await store.counters(u.conversation) for u in users}
+                info = await redis.info("server")
+            finally:
+                lagger.cancel()
+                await runtime.stop()
+                await llm.client.close()
+                await redis.aclose()
+        report = await provider.finish()
+    finally:
+        await provider.close()
+    return Outcome(
+        mode,
+        users,
+        report,
+        outbound.sent,
+        ingested,
+        counters,
+        runtime.stats,
+        lag.lags_ms,
+        wall_s,
+        str(info.get("valkey_version") or info.get("redis_version")),
+        problems + report.problems,
+    )
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -317,19 +463,15 @@ class Cut:
     before: int
     # Pieces streamed after it: what an interrupt can save.
     after: int
-    # Milliseconds from the newer message to the last piece streamed (estimated).
-    reaction_ms: int
+    # Milliseconds from the newer message to the end of the stream (cancel or finish).
+    ran_on_ms: int | None
 
 
-def cut(o: Outcome, request: RecordedRequest) -> Cut | None:
-    """Split a thrown-away request's pieces at the newer message's arrival.
-
-    The fake writes the role chunk, the pieces, a stop chunk and a usage chunk, each after
-    `delay / chunks`, so the pieces written by time t follow from the start time. Estimated:
-    a busy event loop writes later than planned, which moves pieces to `after`."""
+def cut(o: Outcome, request: Served) -> Cut | None:
+    """Split a thrown-away request's pieces at the arrival of the message that made it stale:
+    the first message of its user beyond those its prompt folded."""
     found = MESSAGE_RE.findall(request.last_user_text)
-    text, delay = o.texts.get(id(request)), o.delays.get(id(request))
-    if not found or text is None or delay is None:
+    if not found:
         return None
     user = int(found[-1][0])
     covered = max(int(n) for _, n in found)
@@ -337,11 +479,9 @@ def cut(o: Outcome, request: RecordedRequest) -> Cut | None:
     if covered >= len(times):
         return None  # nothing newer: not a stale generation
     newer_at = times[covered]
-    pause = delay / (len(text.split()) + 3)
-    planned = int((newer_at - request.started_at) / pause) - 1
-    before = min(max(planned, 0), request.pieces_streamed)
-    last_piece_at = request.started_at + (request.pieces_streamed + 1) * pause
-    return Cut(before, request.pieces_streamed - before, int((last_piece_at - newer_at) * 1000))
+    before = min(request.pieces_by(newer_at), request.pieces)
+    ran_on = None if request.closed_at is None else int((request.closed_at - newer_at) * 1000)
+    return Cut(before, request.pieces - before, ran_on)
 
 
 @dataclass(frozen=True)
@@ -360,25 +500,25 @@ class Figures:
     thrown_before: int
     thrown_after: int
     unmatched: int
-    reactions_ms: list[int]
+    ran_on_ms: list[int]
     latencies_ms: list[int]
     replies_per_user: Counter[int]
     overtaken: int
     unanswered: list[str]
     stats: Stats
     lags_ms: list[int]
+    provider_lags_ms: list[int]
     wall_s: float
     problems: list[str]
 
     @classmethod
     def of(cls, o: Outcome) -> Figures:
         delivered = {s.text.strip() for sends in o.sent.values() for s in sends}
-        cancelled = [r for r in o.requests if r.cancelled]
-        finished = [r for r in o.requests if r.finished]
-        dropped = [r for r in finished if o.texts.get(id(r), "").strip() not in delivered]
-        thrown_fake = sum(r.pieces_streamed for r in cancelled) + sum(
-            r.pieces_streamed for r in dropped
-        )
+        served = o.provider.served
+        cancelled = [r for r in served if r.cancelled]
+        finished = [r for r in served if r.finished]
+        dropped = [r for r in finished if (r.text or "").strip() not in delivered]
+        thrown_fake = sum(r.pieces for r in cancelled) + sum(r.pieces for r in dropped)
         cuts = [c for c in (cut(o, r) for r in [*cancelled, *dropped]) if c is not None]
         latencies: list[int] = []
         per_user: Counter[int] = Counter()
@@ -403,24 +543,25 @@ class Figures:
             mode=o.mode,
             users=len(o.users),
             messages=sum(len(u.offsets) for u in o.users),
-            requests=len(o.requests),
+            requests=len(served),
             cancelled=len(cancelled),
             finished_sent=len(finished) - len(dropped),
             finished_dropped=len(dropped),
             replies=sum(len(s) for s in o.sent.values()),
-            generated=sum(r.pieces_streamed for r in o.requests),
+            generated=sum(r.pieces for r in served),
             thrown_fake=thrown_fake,
             thrown_stats=o.stats.interrupted_tokens + o.stats.discarded_tokens,
             thrown_before=sum(c.before for c in cuts),
             thrown_after=sum(c.after for c in cuts),
             unmatched=len(cancelled) + len(dropped) - len(cuts),
-            reactions_ms=sorted(c.reaction_ms for c in cuts),
+            ran_on_ms=sorted(c.ran_on_ms for c in cuts if c.ran_on_ms is not None),
             latencies_ms=sorted(latencies),
             replies_per_user=per_user,
             overtaken=overtaken,
             unanswered=unanswered,
             stats=o.stats,
             lags_ms=sorted(o.lags_ms),
+            provider_lags_ms=sorted(o.provider.lags_ms),
             wall_s=o.wall_s,
             problems=o.problems,
         )
@@ -429,7 +570,8 @@ class Figures:
         s = self.stats
         lat = self.latencies_ms
         lags = self.lags_ms or [0]
-        rx = self.reactions_ms
+        plags = self.provider_lags_ms or [0]
+        rx = self.ran_on_ms
         dist = ", ".join(f"{n}: {c}" for n, c in sorted(self.replies_per_user.items()))
         diff = self.thrown_fake - self.thrown_stats
         return [
@@ -456,7 +598,7 @@ class Figures:
                 + (f" ({self.unmatched} unmatched)" if self.unmatched else ""),
             ],
             [
-                "  newer message -> stream stops, p50 / p95 ms",
+                "  newer message -> stream ends, p50 / p95 ms",
                 f"{percentile(rx, 50)} / {percentile(rx, 95)}" if rx else "-",
             ],
             ["completion tokens (Stats)", str(s.completion_tokens)],
@@ -473,8 +615,12 @@ class Figures:
             ["last message -> reply, max ms", str(lat[-1]) if lat else "-"],
             ["users answered to the end (V == W)", f"{len(lat)} / {self.users}"],
             [
-                "event-loop lag p50 / p99 / max ms",
+                "event-loop lag p50 / p99 / max ms, bot",
                 f"{percentile(lags, 50)} / {percentile(lags, 99)} / {lags[-1]}",
+            ],
+            [
+                "event-loop lag p50 / p99 / max ms, provider",
+                f"{percentile(plags, 50)} / {percentile(plags, 99)} / {plags[-1]}",
             ],
             ["run time s (first message to settled)", f"{self.wall_s:.1f}"],
         ]
@@ -486,7 +632,7 @@ def ratio(a: int, b: int) -> str:
 
 def report(args: argparse.Namespace, on: Figures, off: Figures, version: str) -> None:
     print(f"server: {Path(server_binary()).name} {version} (embedded, unix socket)")
-    print(f"cpus: {os.cpu_count()}, fake provider and bot in one asyncio process, seed {args.seed}")
+    print(f"cpus: {os.cpu_count()}, bot and fake provider in two processes, seed {args.seed}")
     print(
         f"settings: quiet_ms={args.quiet_ms} max_wait_ms={args.max_wait_ms}, "
         f"lease ttl_ms=30000, interrupt_poll_ms={LLMSettings().interrupt_poll_ms}, "
@@ -533,13 +679,13 @@ def report(args: argparse.Namespace, on: Figures, off: Figures, version: str) ->
             "thrown away before the newer message",
             str(on.thrown_before),
             str(off.thrown_before),
-            ratio(on.thrown_before, off.thrown_fake) + " *",
+            ratio(off.thrown_before, off.thrown_fake) + " *",
         ]
     )
     print_table(["figure", "on", "off", "on / off"], rows)
     print(
-        "* pieces streamed before the message that made them stale, over all thrown away with"
-        "\n  interrupt off: the best ratio an instant interrupt could reach on this workload."
+        "* with interrupt off, the pieces streamed before the message that made them stale, over"
+        "\n  all it threw away: the best ratio an instant interrupt could reach on this workload."
     )
     verdict = on.thrown_fake * 2 <= off.thrown_fake
     print(
