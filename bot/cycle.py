@@ -316,9 +316,18 @@ class Cycle:
         self.stats.prompt_tokens += prompt_tokens
         self.stats.completion_tokens += completion_tokens
         try:
-            await self.store.add_usage(conversation, user, prompt_tokens, completion_tokens)
+            today = await self.store.add_usage(conversation, user, prompt_tokens, completion_tokens)
         except StoreUnavailable as exc:
             log.warning("could not count the tokens of %s: %s", conversation, exc)
+        else:
+            log.info(
+                "tokens for %s: prompt %d, completion %d%s; its user's today: %d",
+                conversation,
+                prompt_tokens,
+                completion_tokens,
+                "" if all(a.reported for a in usage.attempts) else " (partly estimated)",
+                today,
+            )
         return completion_tokens
 
     async def _send(self, lease: Lease, text: str, version: int, keeper: LeaseKeeper) -> None:
