@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from pydantic import BaseModel
 
+from bot import logs
 from bot.embedded import EmbeddedError
 from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
 
@@ -67,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # On the console the chat and the logs share a terminal, so only warnings show by default.
     default_level = "WARNING" if settings.platform == "console" else "INFO"
-    logging.basicConfig(
-        level=settings.log_level or default_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(settings, default_level)
     from bot.app import StartupError, serve
 
     try:

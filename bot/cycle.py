@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable
@@ -24,7 +23,7 @@ from bot.message import Outbound
 from bot.prompt import Prompt, Turn, estimated_tokens, fit, system_prompt
 from bot.settings import Settings
 from bot.split import split_message
-from bot.store import Grant, Lease, Store, StoreUnavailable
+from bot.store import Grant, Lease, Store, StoreUnavailable, lease_token
 from bot.tokens import Counter
 
 log = logging.getLogger(__name__)
@@ -149,7 +148,7 @@ class Cycle:
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
-        grant = await self.store.acquire(conversation, secrets.token_hex(16))
+        grant = await self.store.acquire(conversation, lease_token(self.settings.replica_id))
         if grant.status == "early":
             return Next(grant.retry_in_ms, working=True)
         if grant.status == "busy":

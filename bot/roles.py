@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 
 from bot.cancel import cancel_and_wait
-from bot.store import Store, StoreUnavailable
+from bot.store import Store, StoreUnavailable, lease_token
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +26,7 @@ async def run_exclusively(
     work: Callable[[], Awaitable[None]],
     ttl_ms: int,
     *,
+    owner: str = "replica",
     poll_s: float | None = None,
 ) -> None:
     """Run `work()` while this replica holds the role `name`, and only then.
@@ -41,7 +41,7 @@ async def run_exclusively(
     """
     ttl_s = ttl_ms / 1000
     claim_every_s = ttl_s / 3 if poll_s is None else poll_s
-    token = secrets.token_hex(16)
+    token = lease_token(owner)
     task: asyncio.Task[None] | None = None
     try:
         while True:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
@@ -121,6 +122,10 @@ class Runtime:
         message = clean(message, self.settings.max_message_chars)
         if not message.text.strip() and not message.attachments:
             return False
+        with logs.about(message.conversation):
+            return await self._ingest(message)
+
+    async def _ingest(self, message: InboundMessage) -> bool:
         conversation = message.conversation
         allowed = self.settings.access.allowed_users
         if allowed and message.user_id not in allowed:
@@ -152,6 +157,10 @@ class Runtime:
         self._running[conversation] = task
 
     async def _cycle(self, conversation: str) -> None:
+        with logs.about(conversation):
+            await self._cycle_logged(conversation)
+
+    async def _cycle_logged(self, conversation: str) -> None:
         try:
             self.typing.show(conversation)
             after = await self.cycle.run(conversation)
@@ -191,7 +200,9 @@ class Runtime:
         """Run `work()` only while this replica holds the role `name`, one replica at a time
         across the deployment, handing over within the lease TTL if the holder dies. See
         `bot.roles.run_exclusively`."""
-        await run_exclusively(self.store, name, work, self.settings.lease.ttl_ms)
+        await run_exclusively(
+            self.store, name, work, self.settings.lease.ttl_ms, owner=self.settings.replica_id
+        )
 
     async def stop(self) -> None:
         """Stop accepting, cancel cycles (each hands its lease back) and stop the timers.

@@ -9,12 +9,14 @@ field names here must not change.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -31,8 +33,16 @@ class ConfigError(ValueError):
 
 
 def _default_data_dir() -> Path:
+    # Under systemd, StateDirectory= is the one writable place (ProtectSystem=strict).
+    systemd_state = os.environ.get("STATE_DIRECTORY")
+    if systemd_state:
+        return Path(systemd_state.split(":", 1)[0])
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "lastword"
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class TelegramSettings(BaseModel):
@@ -157,6 +167,16 @@ class Settings(BaseSettings):
     sweep_interval_ms: int = Field(default=1000, ge=50)
     # Unset: INFO, or WARNING on the console where logs share the terminal with the chat.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    # text for a terminal; logfmt or json for the journal and log collectors: one line per
+    # event, with the replica and the conversation on every line of a cycle.
+    log_format: Literal["text", "logfmt", "json"] = "text"
+    # Names this process in logs, leases and `lastword status`; unique per replica.
+    replica_id: str = Field(default_factory=_default_replica_id, pattern=r"^[A-Za-z0-9._@:-]+$")
+    # On SIGTERM, a cycle that is generating may finish within this; then its conversation is
+    # handed back (lease released, messages kept) for another replica.
+    shutdown_grace_s: float = Field(default=8.0, ge=0, le=60)
+    # host:port serving /healthz and /metrics (Prometheus); unset: off.
+    metrics_listen: str | None = None
 
     @field_validator("redis_url")
     @classmethod
@@ -205,7 +225,34 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG") or "lastword.toml"
         toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_path)
-        return (init_settings, env_settings, dotenv_settings, toml)
+        credentials = CredentialsSource(settings_cls)
+        return (init_settings, env_settings, credentials, dotenv_settings, toml)
+
+
+class CredentialsSource(PydanticBaseSettingsSource):
+    """systemd credentials (`LoadCredential=` → `$CREDENTIALS_DIRECTORY`): a file named like
+    a setting's environment variable holds its value, e.g. `LASTWORD_TELEGRAM__TOKEN`. Secrets
+    then never sit in the environment or in a unit file."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ reads every credential at once.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        folder = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not folder or not Path(folder).is_dir():
+            return {}
+        values: dict[str, Any] = {}
+        for path in sorted(Path(folder).iterdir()):
+            if not path.name.startswith(ENV_PREFIX) or not path.is_file():
+                continue
+            *parents, leaf = path.name.removeprefix(ENV_PREFIX).lower().split("__")
+            node = values
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            # A trailing newline from `echo token > file` is not part of the secret.
+            node[leaf] = path.read_text().strip()
+        return values
 
 
 def load_settings() -> Settings:

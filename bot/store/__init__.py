@@ -33,6 +33,7 @@ Roles (one holder across all replicas for a shared job, such as a platform's sin
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import zlib
 from dataclasses import dataclass
@@ -85,6 +86,12 @@ ROLE_RELEASE = _load("role_release")
 
 # The hash tag of every role key: a role script touches this one slot only.
 ROLE_TAG = "{lw:role}"
+
+
+def lease_token(owner: str) -> str:
+    """A fresh, unguessable lease token that says which replica holds the lease (the part
+    before the "/"), so `lastword status` can tell who holds what."""
+    return f"{owner}/{secrets.token_hex(12)}"
 
 
 def shard_of(conversation: str) -> int:

@@ -1,0 +1,134 @@
+"""Logging: one line per event, as text for a terminal or as logfmt/JSON for the journal.
+
+Every line carries the replica's id, and every line logged while a conversation is being
+handled carries that conversation, set once per task through a context variable, so an
+admin can follow one conversation across replicas with a plain `grep`.
+
+Secrets never reach a log line: every configured secret (tokens, API key, Redis password)
+is replaced by `***` in the final text, whoever logged it. That matters because libraries log
+what they see; httpx, for one, logs each request URL, and the Telegram Bot API puts the bot
+token in the URL.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+from urllib.parse import urlparse
+
+from bot.settings import Settings
+
+conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "conversation", default=None
+)
+
+# Libraries whose INFO lines are noise at best (one per HTTP request) and leaks at worst.
+CHATTY = ("httpx", "httpcore", "openai", "discord.http", "discord.gateway", "telegram.ext")
+
+
+@contextmanager
+def about(conv: str) -> Iterator[None]:
+    """Tag every line logged inside (this task and tasks it starts) with `conv`."""
+    token = conversation.set(conv)
+    try:
+        yield
+    finally:
+        conversation.reset(token)
+
+
+def secrets_of(settings: Settings) -> list[str]:
+    """The values that must never appear in a log line."""
+    values = [
+        s.get_secret_value()
+        for s in (
+            settings.telegram.token,
+            settings.telegram.webhook_secret,
+            settings.discord.token,
+            settings.llm.api_key,
+        )
+        if s is not None
+    ]
+    if settings.redis_url:
+        password = urlparse(settings.redis_url).password
+        if password:
+            values.append(password)
+    # Longest first, so a secret that contains another is hidden whole.
+    return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+
+
+class Scrub:
+    """Replaces secrets in text."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.secrets = list(secrets)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+class LineFormatter(logging.Formatter):
+    """Formats a record as one line of text, logfmt or JSON, with the replica, the
+    conversation (when there is one) and any traceback folded into the line."""
+
+    def __init__(
+        self, style: Literal["text", "logfmt", "json"], replica: str, scrub: Scrub
+    ) -> None:
+        super().__init__()
+        self.style = style
+        self.replica = replica
+        self.scrub = scrub
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        message = self.scrub(message)
+        conv = conversation.get()
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        when += f".{int(record.msecs):03d}Z"
+        if self.style == "text":
+            where = f" [{conv}]" if conv else ""
+            return f"{when} {record.levelname} {record.name}{where}: {message}"
+        fields: dict[str, str] = {
+            "ts": when,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "replica": self.replica,
+        }
+        if conv:
+            fields["conversation"] = conv
+        fields["msg"] = message
+        if self.style == "json":
+            return json.dumps(fields, ensure_ascii=False)
+        return " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
+
+
+def _logfmt(value: str) -> str:
+    if value and not any(c in value for c in ' "=\\\n\t'):
+        return value
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def setup(settings: Settings, default_level: str) -> LineFormatter:
+    """Log to stderr (the journal, under systemd) in the configured format."""
+    formatter = LineFormatter(settings.log_format, settings.replica_id, Scrub(secrets_of(settings)))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    level = settings.log_level or default_level
+    root.setLevel(level)
+    for name in CHATTY:
+        # Their warnings still show; DEBUG asks for everything.
+        logging.getLogger(name).setLevel(level if level == "DEBUG" else "WARNING")
+    return formatter
