@@ -86,6 +86,12 @@ class LeaseKeeper:
         self.lease = lease
         self.ttl_s = store.ttl_ms / 1000
         self.confirmed_at = time.monotonic()
+        self._released = False
+
+    def released(self) -> None:
+        """The lease was handed back on purpose (a stale reply): stop renewing it, so a
+        renewal racing the hand-back is not mistaken for a takeover."""
+        self._released = True
 
     async def run(self, work: Awaitable[T]) -> T:
         task = asyncio.ensure_future(work)
@@ -103,7 +109,9 @@ class LeaseKeeper:
     async def _renew_until_lost(self, task: asyncio.Future[T]) -> None:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
-            if not await self._renew_or_expired():
+            if self._released:
+                return
+            if not await self._renew_or_expired() and not self._released:
                 task.cancel()
                 return
 
@@ -115,7 +123,8 @@ class LeaseKeeper:
             if await self.store.renew(self.lease):
                 self.confirmed_at = sent_at
                 return True
-            log.warning("lease on %s was taken over; stopping", self.lease.conversation)
+            if not self._released:
+                log.warning("lease on %s was taken over; stopping", self.lease.conversation)
             return False
         except StoreUnavailable as exc:
             # Keep working while the lease may still be ours; give up once it surely is not.
@@ -188,7 +197,7 @@ class Cycle:
             self.stats.lateness_ms.append(grant.lateness_ms)
             version = grant.version
             burst = plan(grant.watermark, grant.unanswered)
-            reply = await self._reply(grant, burst)
+            reply = await self._reply(grant, burst, keeper)
             if isinstance(reply, Next):
                 return reply
             text, spent = reply
@@ -196,6 +205,7 @@ class Cycle:
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)
             if verdict.status == "stale":
+                keeper.released()
                 self.stats.discarded += 1
                 self.stats.discarded_tokens += spent
                 log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
@@ -210,7 +220,9 @@ class Cycle:
         self.stats.replies += 1
         return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
 
-    async def _reply(self, grant: Grant, burst: Plan) -> tuple[str, int] | Next:
+    async def _reply(
+        self, grant: Grant, burst: Plan, keeper: LeaseKeeper
+    ) -> tuple[str, int] | Next:
         """The one reply to the burst and the completion tokens it cost: command answers
         first, then the model's answer to everything else (no model call when the burst is
         only commands, or its user is over the daily budget). `Next` instead if a newer
@@ -227,7 +239,7 @@ class Cycle:
         prompt = self._prompt(grant, burst)
         usage = Usage()
         try:
-            outcome = await self._generate(grant.lease, grant.version, prompt, usage)
+            outcome = await self._generate(grant.lease, grant.version, prompt, usage, keeper)
         except LLMError as exc:
             self.stats.apologies += 1
             log.error(
@@ -265,33 +277,43 @@ class Cycle:
         )
 
     async def _generate(
-        self, lease: Lease, version: int, prompt: Prompt, usage: Usage
+        self, lease: Lease, version: int, prompt: Prompt, usage: Usage, keeper: LeaseKeeper
     ) -> str | Next:
         """The model's answer; or, if a newer message arrives first (and interrupting is on),
         the generation is cancelled on the spot and the lease is already given back."""
         generation = asyncio.ensure_future(generate(self.llm, prompt, self.settings.llm, usage))
-        watcher = asyncio.create_task(self._watch(lease, version))
+        done = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(lease, version, keeper, done))
         try:
             await asyncio.wait({generation, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if watcher.done():
-                interrupted = watcher.result()
-                if interrupted is not None:
-                    return interrupted
+            if not watcher.done():
+                # The answer came first, but an interrupt may be on its way to the server,
+                # which may have taken the lease back already: let it land, never cut it off.
+                done.set()
+                await asyncio.wait({watcher})
+            interrupted = watcher.result()
+            if interrupted is not None:
+                return interrupted
             return await generation
         finally:
             await cancel_and_wait(watcher)
             # Cancelling closes the provider's stream, so it stops generating at once.
             await cancel_and_wait(generation)
 
-    async def _watch(self, lease: Lease, version: int) -> Next | None:
-        """Poll V while the model works. Returns the next look once the generation has gone
-        stale and the lease was handed back; None if it must finish (interrupting is off, or
-        the starvation guard wants this reply out)."""
+    async def _watch(
+        self, lease: Lease, version: int, keeper: LeaseKeeper, done: asyncio.Event
+    ) -> Next | None:
+        """Poll V while the model works, until `done`. Returns the next look once the
+        generation has gone stale and the lease was handed back; None if it must finish
+        (interrupting is off, the starvation guard wants this reply out, or it is done)."""
         if not self.settings.llm.interrupt:
             return None
         poll_s = self.settings.llm.interrupt_poll_ms / 1000
         while True:
-            await asyncio.sleep(poll_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), poll_s)
+            if done.is_set():
+                return None
             try:
                 if await self.store.version(lease.conversation) == version:
                     continue
@@ -302,6 +324,7 @@ class Cycle:
                 raise LeaseLost(lease.conversation)
             if verdict.status == "keep":
                 return None
+            keeper.released()
             return Next(verdict.next_in_ms, working=True)
 
     async def _account(self, conversation: str, user: str, prompt: Prompt, usage: Usage) -> int:

@@ -104,6 +104,8 @@ class Runtime:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = {}
         self._accepting = False
+        # The roles (such as "telegram:poller") this replica holds right now.
+        self.roles: set[str] = set()
 
     @property
     def stats(self) -> Stats:
@@ -200,9 +202,33 @@ class Runtime:
         """Run `work()` only while this replica holds the role `name`, one replica at a time
         across the deployment, handing over within the lease TTL if the holder dies. See
         `bot.roles.run_exclusively`."""
+
+        async def holding() -> None:
+            self.roles.add(name)
+            try:
+                await work()
+            finally:
+                self.roles.discard(name)
+
         await run_exclusively(
-            self.store, name, work, self.settings.lease.ttl_ms, owner=self.settings.replica_id
+            self.store, name, holding, self.settings.lease.ttl_ms, owner=self.settings.replica_id
         )
+
+    @property
+    def cycles_running(self) -> int:
+        return len(self._running)
+
+    async def drain(self, grace_s: float) -> None:
+        """The first half of a graceful stop: take nothing new in and start no new cycle, and
+        give the cycles already running up to `grace_s` to deliver their replies."""
+        self._accepting = False
+        await self.timers.stop()
+        running = list(self._running.values())
+        if running:
+            log.info("waiting up to %.1fs for %d cycles to finish", grace_s, len(running))
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            if late:
+                log.info("%d cycles still running; handing their conversations back", len(late))
 
     async def stop(self) -> None:
         """Stop accepting, cancel cycles (each hands its lease back) and stop the timers.

@@ -135,6 +135,8 @@ class Ingested:
     due_in_ms: int  # until the window's deadline; -1 when not accepted
     limited: bool = False  # dropped by the rate limit
     first_limited: bool = False  # ...and the first such in its window: tell the user once
+    opened_window: bool = False  # this message opened the debounce window
+    capped: bool = False  # the window's deadline is at its hard cap (max_wait)
 
 
 @dataclass(frozen=True)
@@ -273,13 +275,15 @@ class Store:
             RATE_WINDOW_MS,
             ACTIVE_KEEP_MS,
         ]
-        status, version, due_in = await self._run(self._ingest, keys, args)
+        status, version, due_in, window = await self._run(self._ingest, keys, args)
         return Ingested(
             accepted=status == 1,
             version=int(version),
             due_in_ms=int(due_in),
             limited=status in (2, 3),
             first_limited=status == 3,
+            opened_window=window == 1,
+            capped=window == 2,
         )
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:

@@ -3,14 +3,15 @@
 -- KEYS: state, pending, seen, window, due, rate, active
 -- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
 --       messages allowed per rate window (0: no limit), rate window ms, active keep ms
--- Returns {status, V, ms until the deadline or -1}; status 1 accepted, 0 a redelivery,
--- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window
+-- Returns {status, V, ms until the deadline or -1, window}; status 1 accepted, 0 a redelivery,
+-- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window;
+-- window 1 when this message opened it, 2 when its deadline is at the hard cap, else 0
 local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local active = KEYS[7]
 local now = now_ms()
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
-  return {0, tonumber(redis.call('HGET', state, 'v') or '0'), -1}
+  return {0, tonumber(redis.call('HGET', state, 'v') or '0'), -1, 0}
 end
 redis.call('ZADD', seen, now, ARGV[2])
 -- Redelivery happens within minutes, so remembering the newest ids per conversation is enough.
@@ -31,7 +32,7 @@ if limit > 0 then
   end
   if count > limit then
     local v = tonumber(redis.call('HGET', state, 'v') or '0')
-    return {count == limit + 1 and 3 or 2, v, -1}
+    return {count == limit + 1 and 3 or 2, v, -1, 0}
   end
 end
 
@@ -39,8 +40,16 @@ local v = redis.call('HINCRBY', state, 'v', 1)
 redis.call('HSET', pending, v, ARGV[3])
 
 -- The cap is anchored where the window opened, so a late message can never push it out.
-local opened = tonumber(redis.call('HGET', window, 'opened') or now)
-local deadline = math.min(now + tonumber(ARGV[4]), opened + tonumber(ARGV[5]))
+local was_open = redis.call('HGET', window, 'opened')
+local opened = tonumber(was_open or now)
+local cap = opened + tonumber(ARGV[5])
+local deadline = math.min(now + tonumber(ARGV[4]), cap)
 redis.call('HSET', window, 'opened', opened, 'deadline', deadline)
 redis.call('ZADD', due, deadline, ARGV[1])
-return {1, v, math.max(deadline - now, 0)}
+local flag = 0
+if not was_open then
+  flag = 1
+elseif deadline == cap then
+  flag = 2
+end
+return {1, v, math.max(deadline - now, 0), flag}
