@@ -12,9 +12,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
@@ -25,6 +25,7 @@ from bot.settings import Settings
 from bot.split import split_message
 from bot.store import Grant, Lease, Store, StoreUnavailable, lease_token
 from bot.tokens import Counter
+from bot.watch import VersionWatch
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class Cycle:
         self.outbound = outbound
         self.stats = Stats()
         self.counter = Counter()
+        self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
@@ -303,29 +305,29 @@ class Cycle:
     async def _watch(
         self, lease: Lease, version: int, keeper: LeaseKeeper, done: asyncio.Event
     ) -> Next | None:
-        """Poll V while the model works, until `done`. Returns the next look once the
-        generation has gone stale and the lease was handed back; None if it must finish
-        (interrupting is off, the starvation guard wants this reply out, or it is done)."""
+        """Wait for a newer message while the model works, until `done`. Returns the next
+        look once the generation has gone stale and the lease was handed back; None if it
+        must finish (interrupting is off, the starvation guard wants this reply out, or the
+        generation is done)."""
         if not self.settings.llm.interrupt:
             return None
-        poll_s = self.settings.llm.interrupt_poll_ms / 1000
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), poll_s)
+        moved = self.watch.watch(lease.conversation, version)
+        try:
+            await _first(moved.wait(), done.wait())
             if done.is_set():
                 return None
-            try:
-                if await self.store.version(lease.conversation) == version:
-                    continue
-                verdict = await self.store.interrupt(lease, version)
-            except StoreUnavailable:
-                continue  # the lease keeper decides whether the lease is still ours
-            if verdict.status == "lost":
-                raise LeaseLost(lease.conversation)
-            if verdict.status == "keep":
-                return None
-            keeper.released()
-            return Next(verdict.next_in_ms, working=True)
+            verdict = await self.store.interrupt(lease, version)
+        except StoreUnavailable:
+            # The pre-send check will drop the stale reply instead.
+            return None
+        finally:
+            self.watch.unwatch(lease.conversation, moved)
+        if verdict.status == "lost":
+            raise LeaseLost(lease.conversation)
+        if verdict.status == "keep":
+            return None
+        keeper.released()
+        return Next(verdict.next_in_ms, working=True)
 
     async def _account(self, conversation: str, user: str, prompt: Prompt, usage: Usage) -> int:
         """Count what the generation cost, in Redis, and learn from the provider's own count.
@@ -357,3 +359,13 @@ class Cycle:
             await keeper.ensure_fresh()
             key = f"{lease.conversation}:{version}:{index}"
             await self.outbound.send(lease.conversation, part, key)
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of `waits` finishes; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            await cancel_and_wait(task)

@@ -237,4 +237,5 @@ class Runtime:
         await self.timers.stop()
         # Each cancelled cycle hands its lease back on the way out.
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
+        await self.cycle.watch.stop()
         self.typing.stop()

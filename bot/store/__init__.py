@@ -422,13 +422,17 @@ class Store:
             raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return int(spent or 0)
 
-    async def version(self, conversation: str) -> int:
-        """V of a conversation: one cheap read, for watching a generation go stale."""
+    async def versions(self, conversations: list[str]) -> list[int]:
+        """V of each conversation, in one pipelined round trip: for watching generations
+        go stale."""
         try:
-            v = await self.redis.hget(Keys(conversation).state, "v")
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for conversation in conversations:
+                    pipe.hget(Keys(conversation).state, "v")
+                values: list[bytes | None] = await pipe.execute()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
-        return int(v or 0)
+        return [int(v or 0) for v in values]
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
