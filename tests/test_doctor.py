@@ -1,0 +1,426 @@
+"""`lastword doctor`: each check against the real thing it checks, or a loopback fake of it.
+
+The store is the test's real server; Telegram, Discord and the LLM are the loopback fakes,
+driven through the same client libraries the bot uses. Every failure test asserts that the
+report names the setting to fix, and none may leak a secret into the rendered output.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+import bot.store
+from bot.doctor import Check, exit_code, render, run_checks, store_scripts
+from bot.embedded import EmbeddedRedis
+from bot.settings import load_settings
+from tests.conftest import SettingsFactory
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.loopback import LoopbackServer
+from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
+
+pytestmark = pytest.mark.timeout(20)
+
+NAMES = ["settings", "store", "scripts", "platform", "llm"]
+# Distinctive, so that a leak anywhere in the output is found by a plain substring search.
+TG_TOKEN = "555000111:SECRET-tg-token-Zq8xv1"
+TG_WEBHOOK_SECRET = "SECRET-webhook-Kd93mz"
+DISCORD_TOKEN = "SECRET.discord-token.Ab12Cd34"
+API_KEY = "sk-SECRET-llm-key-Hq72pw"
+REDIS_PASSWORD = "SECRET-redis-pw-Lm55tr"
+SECRETS = (TG_TOKEN, TG_TOKEN.split(":", 1)[1], TG_WEBHOOK_SECRET, DISCORD_TOKEN, API_KEY)
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {check.name: check for check in checks}
+
+
+def assert_no_secret(text: str, *secrets: str) -> None:
+    for secret in (*SECRETS, *secrets):
+        assert secret not in text
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(TG_TOKEN, bot_username="doctor_bot") as fake:
+        yield fake
+
+
+@pytest.fixture
+async def openai_fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def discord_fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord(DISCORD_TOKEN, bot_username="doctorbot") as fake:
+        yield fake
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No LASTWORD_* variables, .env or lastword.toml from the developer's machine."""
+    for name in list(__import__("os").environ):
+        if name.startswith("LASTWORD_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    yield
+
+
+def llm_settings(fake: FakeOpenAI, **overrides: Any) -> dict[str, Any]:
+    return {
+        "provider": "openai",
+        "base_url": fake.base_url,
+        "api_key": API_KEY,
+        "model": FAKE_MODEL_ID,
+        **overrides,
+    }
+
+
+class ChatOnlyServer(LoopbackServer):
+    """An OpenAI-compatible server without `/models` (404), as some self-hosted ones are;
+    answers chat completions, or 401 when `key` is not the one it was given."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.bodies: list[dict[str, Any]] = []
+
+    def _add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._chat)
+
+    @property
+    def base_url(self) -> str:
+        return self.origin + "/v1"
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.key}":
+            error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
+            return web.json_response({"error": error}, status=401)
+        body = await request.json()
+        self.bodies.append(body)
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "p"},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+
+async def test_all_pass_with_telegram_openai_and_redis(
+    make_settings: SettingsFactory, telegram: FakeTelegram, openai_fake: FakeOpenAI
+) -> None:
+    settings = make_settings(
+        platform="telegram",
+        telegram={"token": TG_TOKEN, "api_url": telegram.api_url},
+        llm=llm_settings(openai_fake),
+    )
+    checks = await run_checks(settings)
+    report = render(checks)
+
+    assert [check.name for check in checks] == NAMES
+    assert all(check.ok for check in checks), report
+    assert exit_code(checks) == 0
+    found = by_name(checks)
+    assert "platform telegram" in found["settings"].detail
+    assert "redis 7" in found["store"].detail or "valkey" in found["store"].detail
+    assert found["scripts"].detail.startswith(f"{len(store_scripts())} scripts load")
+    assert found["platform"].detail == f"telegram: @doctor_bot ({telegram.bot_user['id']})"
+    assert f"model {FAKE_MODEL_ID} is listed" in found["llm"].detail
+    assert [call.method for call in telegram.calls] == ["getMe"]
+    assert "✗" not in report
+    assert_no_secret(report)
+
+
+async def test_no_secret_in_any_output(
+    make_settings: SettingsFactory,
+    server: EmbeddedRedis,
+    redis: Redis,
+    telegram: FakeTelegram,
+    openai_fake: FakeOpenAI,
+) -> None:
+    await redis.config_set("requirepass", REDIS_PASSWORD)
+    settings = make_settings(
+        platform="telegram",
+        redis_url=f"unix://{server.socket}?password={REDIS_PASSWORD}",
+        telegram={
+            "token": TG_TOKEN,
+            "api_url": telegram.api_url,
+            "mode": "webhook",
+            "webhook_secret": TG_WEBHOOK_SECRET,
+        },
+        llm=llm_settings(openai_fake),
+    )
+    checks = await run_checks(settings)
+    report = render(checks)
+
+    # Every service took the secrets, so each was really used, and none is shown.
+    assert all(check.ok for check in checks), report
+    assert "password=***" in by_name(checks)["settings"].detail
+    assert_no_secret(report, REDIS_PASSWORD)
+
+
+async def test_wrong_telegram_token_names_the_setting(
+    make_settings: SettingsFactory, telegram: FakeTelegram
+) -> None:
+    wrong = "555000111:SECRET-wrong-token-Xy77"
+    checks = await run_checks(
+        make_settings(platform="telegram", telegram={"token": wrong, "api_url": telegram.api_url})
+    )
+    platform = by_name(checks)["platform"]
+    report = render(checks)
+
+    assert not platform.ok
+    assert "Telegram refused LASTWORD_TELEGRAM__TOKEN" in platform.detail
+    assert "@BotFather" in platform.fix
+    assert exit_code(checks) == 1
+    # python-telegram-bot's own error text quotes the token it was given.
+    assert_no_secret(report, wrong, wrong.split(":", 1)[1])
+
+
+async def test_unreachable_telegram_names_the_api_url(make_settings: SettingsFactory) -> None:
+    api_url = f"http://127.0.0.1:{closed_port()}"
+    checks = await run_checks(
+        make_settings(platform="telegram", telegram={"token": TG_TOKEN, "api_url": api_url})
+    )
+    platform = by_name(checks)["platform"]
+
+    assert not platform.ok
+    assert f"cannot reach Telegram at {api_url}" in platform.detail
+    assert "LASTWORD_TELEGRAM__API_URL" in platform.fix
+
+
+def discord_settings(fake: FakeDiscord, token: str) -> dict[str, Any]:
+    return {"token": token, "api_url": fake.api_url, "gateway_url": fake.gateway_url}
+
+
+async def test_discord_token_and_message_content_intent(
+    make_settings: SettingsFactory, discord_fake: FakeDiscord
+) -> None:
+    settings = make_settings(
+        platform="discord", discord=discord_settings(discord_fake, DISCORD_TOKEN)
+    )
+    platform = by_name(await run_checks(settings))["platform"]
+
+    assert platform.ok, platform
+    assert platform.detail == (
+        f"discord: doctorbot ({discord_fake.bot_id}), message content intent on"
+    )
+
+
+async def test_discord_without_message_content_intent_fails(
+    make_settings: SettingsFactory, discord_fake: FakeDiscord
+) -> None:
+    discord_fake.enabled_privileged_intents = 0
+    settings = make_settings(
+        platform="discord", discord=discord_settings(discord_fake, DISCORD_TOKEN)
+    )
+    platform = by_name(await run_checks(settings))["platform"]
+
+    assert not platform.ok
+    assert "message content intent is off" in platform.detail
+    assert "Developer Portal" in platform.fix
+
+
+async def test_wrong_discord_token_names_the_setting(
+    make_settings: SettingsFactory, discord_fake: FakeDiscord
+) -> None:
+    wrong = "SECRET.wrong-discord.Qw90"
+    checks = await run_checks(
+        make_settings(platform="discord", discord=discord_settings(discord_fake, wrong))
+    )
+    platform = by_name(checks)["platform"]
+
+    assert not platform.ok
+    assert "Discord refused LASTWORD_DISCORD__TOKEN" in platform.detail
+    assert "LASTWORD_DISCORD__TOKEN" in platform.fix
+    assert_no_secret(render(checks), wrong)
+
+
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+async def test_down_redis_fails_clearly_and_quickly(
+    make_settings: SettingsFactory, short_dir: Path, where: str
+) -> None:
+    if where == "tcp":
+        url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{closed_port()}/0"
+        shown = "redis://:***@127.0.0.1:"
+    else:
+        url = f"unix://{short_dir}/no-such.sock"
+        shown = url
+    started = time.monotonic()
+    checks = await run_checks(make_settings(redis_url=url))
+    elapsed = time.monotonic() - started
+    found = by_name(checks)
+    report = render(checks)
+
+    assert elapsed < 6
+    assert not found["store"].ok
+    assert found["store"].detail.startswith(f"cannot reach Redis at {shown}")
+    assert found["store"].fix == "start Redis or fix LASTWORD_REDIS_URL"
+    assert not found["scripts"].ok
+    assert "not checked" in found["scripts"].detail
+    # The rest does not depend on the store and is still checked.
+    assert found["platform"].ok and found["llm"].ok
+    assert exit_code(checks) == 1
+    assert_no_secret(report, REDIS_PASSWORD)
+
+
+async def test_silent_redis_fails_within_the_timeout(make_settings: SettingsFactory) -> None:
+    # Accepts connections (the kernel does, from the backlog) and never answers: a black hole.
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        url = f"redis://127.0.0.1:{hole.getsockname()[1]}/0"
+        started = time.monotonic()
+        checks = await run_checks(make_settings(redis_url=url), timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    store = by_name(checks)["store"]
+
+    assert elapsed < 3
+    assert not store.ok
+    assert store.detail == f"no answer within 0.5 s from {url}"
+    assert "LASTWORD_REDIS_URL" in store.fix
+
+
+async def test_embedded_store_and_scripts(make_settings: SettingsFactory, short_dir: Path) -> None:
+    data_dir = short_dir / "not-yet" / "data"
+    checks = await run_checks(make_settings(redis_url=None, data_dir=data_dir))
+    found = by_name(checks)
+
+    assert found["store"].ok, found["store"]
+    assert found["store"].detail.startswith("embedded ")
+    assert f"data dir {data_dir} is writable" in found["store"].detail
+    assert found["scripts"].ok, found["scripts"]
+    assert found["scripts"].detail.endswith("scripts load on a temporary embedded server")
+    # Doctor leaves nothing behind in the data dir, not even the directory.
+    assert not data_dir.parent.exists()
+
+
+async def test_unusable_data_dir_fails(make_settings: SettingsFactory, short_dir: Path) -> None:
+    blocker = short_dir / "a-file"
+    blocker.write_text("")
+    checks = await run_checks(make_settings(redis_url=None, data_dir=blocker / "data"))
+    store = by_name(checks)["store"]
+
+    assert not store.ok
+    assert f"{blocker} is not a directory" in store.detail
+    assert "LASTWORD_DATA_DIR" in store.fix
+
+
+def test_every_store_script_is_checked() -> None:
+    files = {
+        entry.name.removesuffix(".lua")
+        for entry in resources.files(bot.store).iterdir()
+        if entry.name.endswith(".lua") and entry.name != "prelude.lua"
+    }
+    scripts = store_scripts()
+
+    assert set(scripts) == files
+    assert scripts["ingest"] == bot.store.INGEST
+
+
+async def test_unknown_model_names_the_setting(
+    make_settings: SettingsFactory, openai_fake: FakeOpenAI
+) -> None:
+    checks = await run_checks(make_settings(llm=llm_settings(openai_fake, model="no-such-model")))
+    llm = by_name(checks)["llm"]
+
+    assert not llm.ok
+    assert f"model no-such-model is not listed at {openai_fake.base_url}" in llm.detail
+    assert FAKE_MODEL_ID in llm.detail
+    assert "LASTWORD_LLM__MODEL" in llm.fix
+
+
+async def test_unreachable_llm_names_the_base_url(make_settings: SettingsFactory) -> None:
+    base_url = f"http://127.0.0.1:{closed_port()}/v1"
+    llm_values = {"provider": "openai", "base_url": base_url, "api_key": API_KEY}
+    llm = by_name(await run_checks(make_settings(llm=llm_values)))["llm"]
+
+    assert not llm.ok
+    assert llm.detail == f"cannot connect to {base_url}"
+    assert "LASTWORD_LLM__BASE_URL" in llm.fix
+
+
+async def test_llm_without_models_endpoint_falls_back_to_one_token(
+    make_settings: SettingsFactory,
+) -> None:
+    async with ChatOnlyServer(API_KEY) as chat:
+        llm_values = {"provider": "openai", "base_url": chat.base_url, "api_key": API_KEY}
+        llm = by_name(await run_checks(make_settings(llm=llm_values)))["llm"]
+
+    assert llm.ok, llm
+    assert "answered" in llm.detail and "(no /models)" in llm.detail
+    [body] = chat.bodies
+    assert body["max_tokens"] == 1
+
+
+async def test_refused_api_key_names_the_setting(make_settings: SettingsFactory) -> None:
+    async with ChatOnlyServer("the-right-key") as chat:
+        llm_values = {"provider": "openai", "base_url": chat.base_url, "api_key": API_KEY}
+        checks = await run_checks(make_settings(llm=llm_values))
+    llm = by_name(checks)["llm"]
+
+    assert not llm.ok
+    assert "refused the API key" in llm.detail
+    assert llm.fix == "fix LASTWORD_LLM__API_KEY"
+    assert_no_secret(render(checks))
+
+
+async def test_bad_config_is_the_only_check(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LASTWORD_PLATFORM", "telegram")
+    checks = await run_checks(load_settings)
+
+    assert len(checks) == 1
+    [settings] = checks
+    assert settings.name == "settings" and not settings.ok
+    assert "LASTWORD_TELEGRAM__TOKEN" in settings.detail
+    assert exit_code(checks) == 1
+    assert render(checks).startswith("✗ settings: LASTWORD_TELEGRAM__TOKEN")
+
+
+def test_render_shows_the_fix_under_a_failure_only() -> None:
+    checks = [
+        Check("store", True, "redis 7.2.4", fix="unused"),
+        Check("llm", False, "cannot connect", fix="fix LASTWORD_LLM__BASE_URL"),
+    ]
+
+    assert render(checks) == (
+        "✓ store: redis 7.2.4\n✗ llm: cannot connect\n    fix: fix LASTWORD_LLM__BASE_URL"
+    )
+
+
+async def test_console_and_echo_need_nothing(make_settings: SettingsFactory) -> None:
+    found = by_name(await run_checks(make_settings()))
+
+    assert found["platform"] == Check("platform", True, "console: no token needed")
+    assert found["llm"] == Check("llm", True, "offline echo model")
+    assert all(check.ok for check in found.values())

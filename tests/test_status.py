@@ -1,0 +1,347 @@
+"""`lastword status` data: heartbeats, roles, waiting conversations, leases and wake-ups, read
+from a real server after driving it through the real store scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.connection import ConnectionPool, UnixDomainSocketConnection
+
+from bot.app import make_store
+from bot.embedded import EmbeddedRedis
+from bot.message import InboundMessage
+from bot.status import Heartbeat, Status, beat, collect, duration, heartbeat_key, render
+from bot.store import Keys, Store, shard_of
+from tests.conftest import SettingsFactory, eventually, server_ms
+
+
+def message(chat: str, n: int, timestamp: float | None = None) -> InboundMessage:
+    if timestamp is None:
+        return InboundMessage("test", chat, "u1", f"m{n}", f"text {n}")
+    return InboundMessage("test", chat, "u1", f"m{n}", f"text {n}", timestamp=timestamp)
+
+
+def slow_store(redis: Redis, make_settings: SettingsFactory, quiet_ms: int = 60_000) -> Store:
+    """A store whose windows stay open for the whole test, so ingested messages stay owed."""
+    settings = make_settings(debounce={"quiet_ms": quiet_ms, "max_wait_ms": 120_000})
+    return make_store(settings, redis)
+
+
+async def replica_ids(redis: Redis) -> set[str]:
+    return {r.id for r in (await collect(redis)).replicas}
+
+
+async def test_beat_appears_with_its_fields_and_expires(redis: Redis) -> None:
+    await beat(redis, "r1", {"platform": "test", "cycles": 2}, ttl_ms=500)
+    now = await server_ms(redis)
+    status = await collect(redis, now_ms=now)
+    [replica] = status.replicas
+    assert replica.id == "r1"
+    assert (replica.pid, replica.host, replica.platform) == (
+        os.getpid(),
+        socket.gethostname(),
+        "test",
+    )
+    assert replica.info == {"cycles": "2"}
+    assert replica.last_beat_ms is not None and replica.started_at_ms == replica.last_beat_ms
+    assert replica.beat_age_ms == now - replica.last_beat_ms
+    assert 0 <= replica.beat_age_ms < 500
+    assert 0 < replica.expires_in_ms <= 500
+
+    async def gone() -> bool:
+        return "r1" not in await replica_ids(redis)
+
+    await eventually(gone, within_s=3)
+
+
+async def test_beat_keeps_the_start_time_and_drops_old_fields(redis: Redis) -> None:
+    started = await beat(redis, "r1", {"cycles": 1}, ttl_ms=5000)
+    again = await beat(redis, "r1", {"leases": 4}, ttl_ms=5000)
+    assert again == started
+    [replica] = (await collect(redis)).replicas
+    assert replica.info == {"leases": "4"}
+    # After the key expired (an outage), the caller's start time is kept.
+    await redis.delete(heartbeat_key("r1"))
+    assert await beat(redis, "r1", {}, ttl_ms=5000, started_at_ms=started - 60_000) == (
+        started - 60_000
+    )
+
+
+async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(redis: Redis) -> None:
+    leases = {"n": 0}
+    heartbeat = Heartbeat(
+        redis, "r2", ttl_ms=300, platform="test", info=lambda: {"leases": leases["n"]}
+    )
+    heartbeat.start()
+    try:
+
+        async def beating() -> bool:
+            return await redis.exists(heartbeat_key("r2")) == 1
+
+        await eventually(beating)
+        leases["n"] = 3
+
+        # Five beats span well over the 300 ms TTL: the key is only alive if they renew it.
+        async def renewed() -> bool:
+            return heartbeat.beats >= 5
+
+        await eventually(renewed)
+        [replica] = (await collect(redis)).replicas
+        assert (replica.id, replica.platform, replica.info) == ("r2", "test", {"leases": "3"})
+        assert heartbeat.failures == 0
+    finally:
+        await heartbeat.stop()
+    assert await redis.exists(heartbeat_key("r2")) == 0
+
+
+async def test_heartbeat_rides_out_an_outage_warning_once(
+    redis: Redis, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bot.status")
+    heartbeat = Heartbeat(redis, "r3", ttl_ms=150)
+    heartbeat.start()
+    try:
+
+        async def beaten() -> bool:
+            return heartbeat.beats >= 1
+
+        await eventually(beaten)
+        started = heartbeat.started_at_ms
+        await asyncio.to_thread(server.stop)
+
+        async def retried() -> bool:
+            return heartbeat.failures >= 3
+
+        await eventually(retried)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "r3" in warnings[0].getMessage()
+
+        await asyncio.to_thread(server.start)
+        beats = heartbeat.beats
+
+        async def back() -> bool:
+            return heartbeat.beats > beats and await redis.exists(heartbeat_key("r3")) == 1
+
+        await eventually(back)
+        assert any("restored" in r.getMessage() for r in caplog.records)
+        [replica] = (await collect(redis)).replicas
+        assert replica.started_at_ms == started
+    finally:
+        await heartbeat.stop()
+    assert await redis.exists(heartbeat_key("r3")) == 0
+
+
+async def test_a_held_role_shows_its_holder(redis: Redis, store: Store) -> None:
+    assert await store.claim_role("telegram-poller", "r3/abcd", 5000) == 1
+    status = await collect(redis)
+    [role] = status.roles
+    assert (role.name, role.lease.holder, role.lease.token) == ("telegram-poller", "r3", "r3/abcd")
+    assert role.lease.fence == 1
+    assert 0 < role.lease.expires_in_ms <= 5000
+    # A released role leaves its fence counter behind but is not shown as held.
+    assert await store.release_role("telegram-poller", "r3/abcd")
+    assert (await collect(redis)).roles == ()
+
+
+async def test_an_unanswered_conversation_shows_count_wait_and_next_look(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = slow_store(redis, make_settings)
+    before = await server_ms(redis)
+    first = (before - 2000) / 1000
+    for n in (1, 2, 3):
+        # The oldest message, not the newest, sets the wait.
+        assert (await store.ingest(message("1", n, first + n - 1))).accepted
+    now = await server_ms(redis)
+    status = await collect(redis, now_ms=now)
+    [waiting] = status.waiting
+    due = await redis.zscore(Keys("test:1").due, "test:1")
+    assert due is not None
+    assert waiting.conversation == "test:1"
+    assert waiting.unanswered == 3
+    assert waiting.waited_ms == now - (before - 2000)
+    assert waiting.next_look_ms == int(due) - now
+    assert 55_000 < waiting.next_look_ms <= 60_000
+    assert (waiting.lease, waiting.outbox) == (None, False)
+    assert status.leases == ()
+
+
+async def test_an_acquired_lease_shows_its_holder(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = slow_store(redis, make_settings, quiet_ms=0)
+    await store.ingest(message("7", 1))
+
+    # The window closes at the ingest's own millisecond; acquire once the server is past it.
+    async def acquired() -> bool:
+        return (await store.acquire("test:7", "r7/abc")).status == "acquired"
+
+    await eventually(acquired)
+    status = await collect(redis)
+    [held] = status.leases
+    assert (held.conversation, held.lease.holder, held.lease.fence) == ("test:7", "r7", 1)
+    assert 0 < held.lease.expires_in_ms <= store.ttl_ms
+    [waiting] = status.waiting
+    assert waiting.lease == held.lease
+    assert waiting.unanswered == 1
+    # The lease pushed the next look to its expiry, in case the holder dies.
+    assert 0 < waiting.next_look_ms <= store.ttl_ms
+
+
+async def test_the_oldest_wakeup_is_the_smallest_due_score(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    chats = {"a": 30_000, "b": 10_000, "c": 20_000}
+    assert len({shard_of(f"test:{chat}") for chat in chats}) > 1  # spans shards
+    for n, (chat, quiet) in enumerate(chats.items()):
+        await slow_store(redis, make_settings, quiet_ms=quiet).ingest(message(chat, n))
+    now = await server_ms(redis)
+    wakeup = (await collect(redis, now_ms=now)).oldest_wakeup
+    scores = {}
+    for chat in chats:
+        score = await redis.zscore(Keys(f"test:{chat}").due, f"test:{chat}")
+        assert score is not None
+        scores[chat] = int(score)
+    assert wakeup is not None
+    assert (wakeup.conversation, wakeup.due_at_ms) == ("test:b", min(scores.values()))
+    assert wakeup.overdue_ms == now - scores["b"] < 0
+
+    # An overdue wake-up (quiet 0, nobody sweeping) is older still, and shows as overdue.
+    await slow_store(redis, make_settings, quiet_ms=0).ingest(message("d", 9))
+    later = await server_ms(redis) + 50
+    wakeup = (await collect(redis, now_ms=later)).oldest_wakeup
+    assert wakeup is not None and wakeup.conversation == "test:d"
+    assert wakeup.overdue_ms >= 50
+
+
+async def populated(redis: Redis, make_settings: SettingsFactory) -> Status:
+    """A snapshot with every section filled: a replica, a role, a leased and a waiting chat."""
+    await beat(redis, "r7", {"platform": "test", "cycles": 1}, ttl_ms=10_000)
+    store = slow_store(redis, make_settings, quiet_ms=0)
+    await store.claim_role("telegram-poller", "r7/abcd", 10_000)
+    await store.ingest(message("7", 1))
+
+    async def acquired() -> bool:
+        return (await store.acquire("test:7", "r7/abc")).status == "acquired"
+
+    await eventually(acquired)
+    await slow_store(redis, make_settings).ingest(message("8", 2))
+    return await collect(redis)
+
+
+async def test_to_json_round_trips_with_stable_keys(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    data = (await populated(redis, make_settings)).to_json()
+    assert json.loads(json.dumps(data)) == data
+    assert set(data) == {"now_ms", "replicas", "roles", "conversations", "leases", "oldest_wakeup"}
+    assert data["replicas"][0]["id"] == "r7" and data["replicas"][0]["info"] == {"cycles": "1"}
+    assert data["roles"][0]["holder"] == "r7"
+    assert {c["conversation"] for c in data["conversations"]} == {"test:7", "test:8"}
+    [lease] = data["leases"]
+    assert lease == {
+        "conversation": "test:7",
+        "token": "r7/abc",
+        "holder": "r7",
+        "fence": 1,
+        "expires_in_ms": lease["expires_in_ms"],
+    }
+    assert 0 < lease["expires_in_ms"] <= 30_000
+    assert data["oldest_wakeup"]["conversation"] in {"test:7", "test:8"}
+
+
+async def test_render_shows_every_section(redis: Redis, make_settings: SettingsFactory) -> None:
+    text = render(await populated(redis, make_settings))
+    lines = text.splitlines()
+    for heading in (
+        "replicas (1)",
+        "roles (1)",
+        "conversations waiting (2)",
+        "leases held (1)",
+        "oldest wake-up",
+    ):
+        assert heading in lines
+
+    def row(first_cell: str, after: str) -> list[str]:
+        start = lines.index(after)
+        return next(line.split() for line in lines[start:] if line.split()[:1] == [first_cell])
+
+    replica = row("r7", "replicas (1)")
+    assert replica[1] == socket.gethostname() and replica[2] == str(os.getpid())
+    assert replica[3] == "test" and "telegram-poller" in replica and "cycles=1" in replica
+    assert row("telegram-poller", "roles (1)")[1:3] == ["r7", "1"]
+    # CONVERSATION UNANSWERED WAITED NEXT LOOK (two words: "in 1.5s") LEASE OUTBOX
+    leased = row("test:7", "conversations waiting (2)")
+    assert [leased[1], leased[3], *leased[5:]] == ["1", "in", "r7", "no"]
+    owed = row("test:8", "conversations waiting (2)")
+    assert [owed[1], owed[3], *owed[5:]] == ["1", "in", "none", "no"]
+    assert row("test:7", "leases held (1)")[1:3] == ["r7", "1"]
+    # Aligned: every row of a table starts its columns where the header's do.
+    header = next(line for line in lines if line.strip().startswith("CONVERSATION  UNANSWERED"))
+    for line in lines[lines.index(header) + 1 : lines.index(header) + 3]:
+        assert line[header.index("UNANSWERED") - 1] == " "
+        assert line[header.index("UNANSWERED")] != " "
+
+
+async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
+    status = await collect(redis)
+    assert status.to_json() | {"now_ms": 0} == {
+        "now_ms": 0,
+        "replicas": [],
+        "roles": [],
+        "conversations": [],
+        "leases": [],
+        "oldest_wakeup": None,
+    }
+    assert render(status).count("  none") == 5
+
+
+class CountingConnection(UnixDomainSocketConnection):
+    """Counts the writes to the server: one per command, one per whole pipeline."""
+
+    writes = 0
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        CountingConnection.writes += 1
+        await super().send_packed_command(*args, **kwargs)
+
+
+async def test_a_thousand_waiting_conversations_take_three_round_trips(
+    server: EmbeddedRedis, redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = slow_store(redis, make_settings)
+    for start in range(0, 1000, 100):
+        await asyncio.gather(*(store.ingest(message(str(n), n)) for n in range(start, start + 100)))
+    await beat(redis, "r1", {}, ttl_ms=10_000)
+    pool = ConnectionPool(connection_class=CountingConnection, path=str(server.socket))
+    counting = Redis.from_pool(pool)
+    try:
+        await counting.ping()  # connects (and handshakes) outside the count
+        CountingConnection.writes = 0
+        # One SCAN call covers this keyspace: only the pipelines are counted.
+        status = await collect(counting, scan_count=100_000)
+        assert CountingConnection.writes <= 3
+    finally:
+        await counting.aclose()
+    assert len(status.waiting) == 1000
+    assert {w.unanswered for w in status.waiting} == {1}
+    assert [r.id for r in status.replicas] == ["r1"]
+
+
+def test_durations_read_like_a_human_would_write_them() -> None:
+    assert [duration(ms) for ms in (None, 850, 12_340, 245_000, 7_380_000, 273_600_000)] == [
+        "-",
+        "850ms",
+        "12.3s",
+        "4m05s",
+        "2h03m",
+        "3d04h",
+    ]
+    assert duration(-1500) == "-1.5s"
