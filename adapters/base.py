@@ -44,3 +44,7 @@ class Adapter(Outbound, Protocol):
 
     async def run(self, sink: Sink) -> None:
         """Receive until the platform's input ends (or the task is cancelled on shutdown)."""
+
+    def connected(self) -> bool:
+        """Whether this replica can talk to the platform right now, for `/healthz`."""
+        ...

@@ -39,6 +39,9 @@ class ConsoleAdapter:
         # Set when stdout is gone (the reader closed the pipe): nothing more can be shown.
         self._output_gone = asyncio.Event()
 
+    def connected(self) -> bool:
+        return not self._output_gone.is_set()
+
     async def run(self, sink: Sink) -> None:
         if self.interactive:
             print("lastword console: type messages, Ctrl-D to finish.", file=sys.stderr)

@@ -140,6 +140,14 @@ class DiscordAdapter:
         # Channels whose user does not take DMs from the bot; told once, skipped until they
         # write again.
         self._closed: set[int] = set()
+        # The gateway connection, while this replica holds it.
+        self._gateway: _Gateway | None = None
+
+    def connected(self) -> bool:
+        gateway = self._gateway
+        if gateway is not None and not gateway.is_ready():
+            return False
+        return self._logged_in.is_set()
 
     async def run(self, sink: Sink) -> None:
         try:
@@ -158,6 +166,7 @@ class DiscordAdapter:
         """Hold the gateway: runs on one replica at a time, restarted on another if it dies."""
         gateway = _Gateway(sink, self.settings.catch_up_minutes)
         deliver = asyncio.create_task(self._deliver(sink, gateway.inbox), name="discord inbox")
+        self._gateway = gateway
         try:
             await _login(gateway, self._token)
             log.info("this replica holds the Discord gateway")
@@ -171,6 +180,7 @@ class DiscordAdapter:
             ) from None
         finally:
             # Whatever is still queued is in the DM history, for the next holder's catch-up.
+            self._gateway = None
             await cancel_and_wait(deliver)
             await gateway.close()
 

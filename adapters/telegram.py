@@ -128,9 +128,15 @@ class TelegramAdapter:
             get_updates_request=HTTPXRequest(read_timeout=10),
         )
         self._blocked: set[int] = set()
+        # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
+        self._connected = False
+
+    def connected(self) -> bool:
+        return self._connected
 
     async def run(self, sink: Sink) -> None:
         async with self.bot:
+            self._connected = True
             if self.settings.mode == "webhook":
                 await self._serve_webhook(sink)
             else:
@@ -202,8 +208,10 @@ class TelegramAdapter:
                     offset=offset, timeout=POLL_TIMEOUT_S, allowed_updates=ALLOWED_UPDATES
                 )
                 failures = 0
+                self._connected = True
             except (Conflict, NetworkError) as exc:
                 failures += 1
+                self._connected = failures < 3
                 delay = min(0.5 * 2**failures, 30) * random.uniform(0.5, 1.0)
                 log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)

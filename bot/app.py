@@ -15,17 +15,21 @@ from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
 from bot.message import Unavailable
+from bot.metrics import HealthServer
 from bot.runtime import Runtime
-from bot.settings import ConfigError, Settings
+from bot.settings import ConfigError, Settings, load_settings
 from bot.store import Store
-from bot.systemd import notify
+from bot.systemd import notify, watchdog_interval_s
 
 log = logging.getLogger("lastword")
 
-# How long shutdown waits for in-flight cycles to hand their leases back.
-STOP_TIMEOUT_S = 5.0
+# After the grace period, how long shutdown waits for the cycles still running to hand their
+# leases back.
+STOP_TIMEOUT_S = 1.5
 # How long shutdown then waits for leftover background work, such as a lease hand-back.
-DRAIN_TIMEOUT_S = 1.0
+DRAIN_TIMEOUT_S = 0.5
+# How often systemd hears what this replica is doing (STATUS=), at most.
+STATUS_INTERVAL_S = 5.0
 
 
 def redact(url: str) -> str:
@@ -126,34 +130,94 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
     runtime = Runtime(settings, store, llm, adapter)
     runtime.start()
+    health: HealthServer | None = None
+    if settings.metrics_listen:
+        health = HealthServer(settings.metrics_listen, runtime, adapter.connected)
+        try:
+            await health.start()
+        except (OSError, ValueError) as exc:
+            await runtime.stop()
+            raise StartupError(
+                f"LASTWORD_METRICS_LISTEN={settings.metrics_listen}: {exc}"
+            ) from None
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload, runtime)
     receiving = asyncio.create_task(adapter.run(runtime), name="adapter")
     stopping = asyncio.create_task(stop.wait(), name="stop")
+    pulse = asyncio.create_task(_pulse(runtime), name="systemd pulse")
     notify("READY=1")
-    log.info("lastword is running on %s", settings.platform)
+    log.info("lastword is running on %s as replica %s", settings.platform, settings.replica_id)
     try:
         await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         notify("STOPPING=1")
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         stopping.cancel()
-        await cancel_and_wait(receiving)
-        # Bounded, so SIGTERM always ends the process in time (SPEC: within 10 s). Whatever
-        # did not stop by then is safe in the store; its leases expire on their own.
-        halting = asyncio.create_task(runtime.stop(), name="runtime stop")
-        _, pending = await asyncio.wait({halting}, timeout=STOP_TIMEOUT_S)
-        if pending:
-            log.warning("the runtime did not stop within %ss; exiting anyway", STOP_TIMEOUT_S)
+        await _stop(runtime, receiving, runtime.settings.shutdown_grace_s)
+        await cancel_and_wait(pulse)
+        if health is not None:
+            await health.stop()
         # A cycle cancelled mid-way hands its lease back in a shielded task of its own: let
         # such leftovers finish while the store is still open, briefly.
-        leftovers = asyncio.all_tasks() - {asyncio.current_task(), halting}
+        leftovers = asyncio.all_tasks() - {asyncio.current_task()}
         if leftovers:
             await asyncio.wait(leftovers, timeout=DRAIN_TIMEOUT_S)
     if not receiving.cancelled() and receiving.exception() is not None:
         raise receiving.exception()  # type: ignore[misc]
     return 0
+
+
+async def _stop(runtime: Runtime, receiving: asyncio.Task[None], grace_s: float) -> None:
+    """The graceful stop, bounded in time. Messages are refused from now on (a webhook gets
+    503, so Telegram delivers them elsewhere) and held roles are handed over at once; the
+    cycles already running get `grace_s` to deliver their replies; whatever is still running
+    then hands its conversation back (lease released, messages kept) for another replica."""
+    try:
+        async with asyncio.timeout(grace_s + 0.5):
+            await runtime.drain(grace_s)
+    except TimeoutError:
+        log.warning("draining took longer than the grace period; handing back the rest")
+    await cancel_and_wait(receiving)
+    # Bounded, so SIGTERM always ends the process in time. Whatever did not stop by then is
+    # safe in the store; its leases expire on their own.
+    halting = asyncio.create_task(runtime.stop(), name="runtime stop")
+    _, pending = await asyncio.wait({halting}, timeout=STOP_TIMEOUT_S)
+    if pending:
+        log.warning("the runtime did not stop within %ss; exiting anyway", STOP_TIMEOUT_S)
+
+
+async def _pulse(runtime: Runtime) -> None:
+    """Tell systemd what this replica is doing, and that it is alive (the watchdog)."""
+    watchdog_s = watchdog_interval_s()
+    interval = min(watchdog_s or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
+    while True:
+        report = runtime.report()
+        notify(
+            f"STATUS=cycles running: {report['cycles']}, roles: {report['roles']}, "
+            f"accepting: {'yes' if report['accepting'] else 'no'}"
+        )
+        if watchdog_s is not None:
+            # The event loop runs, or this would not: that is what the watchdog guards.
+            notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
+
+
+def reload(runtime: Runtime) -> None:
+    """SIGHUP: read the settings again and apply what can change while running."""
+    try:
+        new = load_settings()
+    except ConfigError as exc:
+        log.error("reload refused, settings kept as they were: %s", exc)
+        return
+    applied, fixed = runtime.reload(new)
+    if applied:
+        log.info("reloaded settings; changed: %s", ", ".join(applied))
+    else:
+        log.info("reloaded settings; nothing changed")
+    if fixed:
+        log.warning("changed but only taken on after a restart: %s", ", ".join(fixed))

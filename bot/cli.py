@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 
 from pydantic import BaseModel
@@ -55,16 +56,32 @@ def parser() -> argparse.ArgumentParser:
         epilog=settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    status = commands.add_parser(
+        "status",
+        help="show replicas, role holders, waiting conversations and leases, from Redis",
+    )
+    status.add_argument("--json", action="store_true", help="the same, as JSON")
+    commands.add_parser(
+        "doctor",
+        help="check settings, Redis, scripts, platform token and LLM; exit 1 on any failure",
+    )
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser().parse_args(argv)
+    args = parser().parse_args(argv)
+    if args.command == "doctor":
+        from bot import doctor
+
+        # Doctor reports a configuration error as one of its checks.
+        return doctor.main()
     try:
         settings = load_settings()
     except ConfigError as exc:
         print(f"lastword: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.command == "status":
+        return asyncio.run(show_status(settings, as_json=args.json))
     # On the console the chat and the logs share a terminal, so only warnings show by default.
     default_level = "WARNING" if settings.platform == "console" else "INFO"
     logs.setup(settings, default_level)
@@ -80,3 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+
+
+async def show_status(settings: Settings, *, as_json: bool) -> int:
+    """Print `lastword status`: what Redis says about every replica of the deployment."""
+    from bot.app import make_client, redact
+    from bot.embedded import EmbeddedRedis
+    from bot.status import collect, render
+    from bot.store import StoreUnavailable
+
+    url = settings.redis_url or EmbeddedRedis(settings.data_dir).url
+    client = make_client(url)
+    try:
+        status = await collect(client)
+    except StoreUnavailable as exc:
+        where = "LASTWORD_REDIS_URL=" + redact(url) if settings.redis_url else url
+        print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await client.aclose()
+    if as_json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        print(render(status), end="")
+    return 0

@@ -57,11 +57,46 @@ class LeaseLost(Exception):
 
 
 @dataclass
-class Stats:
-    """Counters a replica keeps about its own cycles, for logs, benchmarks and tests."""
+class Buckets:
+    """A histogram kept as cumulative bucket counts, the shape Prometheus exposes."""
 
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+
+
+@dataclass
+class Stats:
+    """Counters a replica keeps about its own work, for metrics, logs, benchmarks and tests."""
+
+    # Intake (counted by the runtime): messages taken in, dropped as redeliveries, dropped by
+    # the rate limit, refused by the allow-list; windows opened, and messages that found
+    # their window at its hard cap.
+    ingested: int = 0
+    duplicates: int = 0
+    rate_limited: int = 0
+    refused: int = 0
+    windows_opened: int = 0
+    windows_capped: int = 0
+    # Cycles that took the lease; wake-ups with nothing owed (no-op) or not yet due / held
+    # elsewhere (deferred).
     cycles: int = 0
+    noop: int = 0
+    deferred: int = 0
     replies: int = 0
+    parts: int = 0
+    renewal_failures: int = 0
     discarded: int = 0
     forced: int = 0
     apologies: int = 0
@@ -77,14 +112,22 @@ class Stats:
     completion_tokens: int = 0
     # The most recent wake-up latenesses; bounded so a long-running replica does not grow.
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    lateness: Buckets = field(
+        default_factory=lambda: Buckets((5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000))
+    )
+    # Seconds from the request to the answer, for generations that finished.
+    llm_seconds: Buckets = field(
+        default_factory=lambda: Buckets((0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128))
+    )
 
 
 class LeaseKeeper:
     """Renews a lease every TTL/3 while work runs, and cancels the work if renewal fails."""
 
-    def __init__(self, store: Store, lease: Lease) -> None:
+    def __init__(self, store: Store, lease: Lease, stats: Stats) -> None:
         self.store = store
         self.lease = lease
+        self.stats = stats
         self.ttl_s = store.ttl_ms / 1000
         self.confirmed_at = time.monotonic()
         self._released = False
@@ -128,6 +171,7 @@ class LeaseKeeper:
                 log.warning("lease on %s was taken over; stopping", self.lease.conversation)
             return False
         except StoreUnavailable as exc:
+            self.stats.renewal_failures += 1
             # Keep working while the lease may still be ours; give up once it surely is not.
             alive = time.monotonic() - self.confirmed_at < self.ttl_s
             log.warning("lease renewal failed (%s); %s", exc, "retrying" if alive else "giving up")
@@ -161,15 +205,18 @@ class Cycle:
         """Do what is owed for `conversation`, and say when to look at it again."""
         grant = await self.store.acquire(conversation, lease_token(self.settings.replica_id))
         if grant.status == "early":
+            self.stats.deferred += 1
             return Next(grant.retry_in_ms, working=True)
         if grant.status == "busy":
+            self.stats.deferred += 1
             # Another replica holds it and shows typing; look again only in case it dies.
             return Next(grant.retry_in_ms, working=False)
         if grant.lease is None:
+            self.stats.noop += 1
             return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
-        keeper = LeaseKeeper(self.store, lease)
+        keeper = LeaseKeeper(self.store, lease, self.stats)
         try:
             return await keeper.run(self._work(grant, keeper))
         except LeaseLost:
@@ -197,6 +244,7 @@ class Cycle:
             log.info("resending the reply left in the outbox of %s", lease.conversation)
         else:
             self.stats.lateness_ms.append(grant.lateness_ms)
+            self.stats.lateness.observe(grant.lateness_ms)
             version = grant.version
             burst = plan(grant.watermark, grant.unanswered)
             reply = await self._reply(grant, burst, keeper)
@@ -240,8 +288,11 @@ class Cycle:
             return "\n\n".join((*burst.answers, OVER_BUDGET)), 0
         prompt = self._prompt(grant, burst)
         usage = Usage()
+        began = time.monotonic()
         try:
             outcome = await self._generate(grant.lease, grant.version, prompt, usage, keeper)
+            if not isinstance(outcome, Next):
+                self.stats.llm_seconds.observe(time.monotonic() - began)
         except LLMError as exc:
             self.stats.apologies += 1
             log.error(
@@ -359,6 +410,7 @@ class Cycle:
             await keeper.ensure_fresh()
             key = f"{lease.conversation}:{version}:{index}"
             await self.outbound.send(lease.conversation, part, key)
+            self.stats.parts += 1
 
 
 async def _first(*waits: Coroutine[Any, Any, Any]) -> None:

@@ -99,6 +99,10 @@ class LLM(Protocol):
         """One completion for `prompt`, recording its tokens in `usage` as it goes."""
         ...
 
+    def configure(self, settings: LLMSettings) -> None:
+        """Take on reloaded settings (model, temperature...); the connection stays as it is."""
+        ...
+
 
 class EchoLLM:
     """Offline and deterministic: answers with what it was asked. For demos and tests."""
@@ -107,6 +111,9 @@ class EchoLLM:
 
     def __init__(self, delay_ms: int = 0) -> None:
         self.delay_s = delay_ms / 1000
+
+    def configure(self, settings: LLMSettings) -> None:
+        self.delay_s = settings.echo_delay_ms / 1000
 
     async def complete(self, prompt: Prompt, usage: Usage) -> str:
         attempt = usage.start()
@@ -135,6 +142,9 @@ class OpenAILLM:
             timeout=settings.timeout_s,
             max_retries=0,
         )
+
+    def configure(self, settings: LLMSettings) -> None:
+        self.settings = settings
 
     def _request(self, prompt: Prompt) -> dict[str, Any]:
         s = self.settings

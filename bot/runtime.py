@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from bot import logs
 from bot.cancel import cancel_and_wait
@@ -20,6 +21,7 @@ from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.roles import run_exclusively
 from bot.settings import Settings
+from bot.status import Heartbeat
 from bot.store import Store
 from bot.timers import Timers
 
@@ -32,6 +34,39 @@ RETRY_AFTER_ERROR_MS = 1000
 RETRY_AFTER_ERROR_CAP_MS = 60_000
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
+
+
+# Settings a running replica cannot take on: they name what it is connected to.
+RESTART_ONLY = (
+    "platform",
+    "redis_url",
+    "data_dir",
+    "telegram",
+    "discord",
+    "replica_id",
+    "metrics_listen",
+    "log_format",
+    "sweep_interval_ms",
+)
+LLM_FIXED = (
+    "llm.provider",
+    "llm.base_url",
+    "llm.api_key",
+    "llm.timeout_s",
+    "llm.interrupt_poll_ms",
+)
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ."""
+    names: list[str] = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            names += _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            names.append(prefix + key)
+    return names
 
 
 def valid_utf8(value: str) -> str:
@@ -104,8 +139,12 @@ class Runtime:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = {}
         self._accepting = False
+        self._draining = asyncio.Event()
         # The roles (such as "telegram:poller") this replica holds right now.
         self.roles: set[str] = set()
+        self.heartbeat = Heartbeat(
+            store.redis, settings.replica_id, platform=settings.platform, info=self.report
+        )
 
     @property
     def stats(self) -> Stats:
@@ -113,7 +152,16 @@ class Runtime:
 
     def start(self) -> None:
         self.timers.start()
+        self.heartbeat.start()
         self._accepting = True
+
+    def report(self) -> dict[str, str | int]:
+        """What this replica is doing, for its heartbeat and systemd's status line."""
+        return {
+            "cycles": len(self._running),
+            "roles": ",".join(sorted(self.roles)) or "-",
+            "accepting": int(self._accepting),
+        }
 
     async def ingest(self, message: InboundMessage) -> bool:
         """Take one platform message in. Returns False if it was dropped: empty, a
@@ -130,12 +178,19 @@ class Runtime:
     async def _ingest(self, message: InboundMessage) -> bool:
         conversation = message.conversation
         allowed = self.settings.access.allowed_users
+        stats = self.stats
         if allowed and message.user_id not in allowed:
+            stats.refused += 1
             # Never stored, so never near the model; told once a day, by whichever replica.
             if await self.store.notice_once(conversation, REFUSAL_PERIOD_MS):
                 await self._notify(conversation, REFUSAL, "refused")
             return False
         result = await self.store.ingest(message)
+        stats.ingested += result.accepted
+        stats.rate_limited += result.limited
+        stats.duplicates += not result.accepted and not result.limited
+        stats.windows_opened += result.opened_window
+        stats.windows_capped += result.capped
         if result.first_limited:
             await self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
@@ -210,9 +265,59 @@ class Runtime:
             finally:
                 self.roles.discard(name)
 
-        await run_exclusively(
-            self.store, name, holding, self.settings.lease.ttl_ms, owner=self.settings.replica_id
+        runner = asyncio.create_task(
+            run_exclusively(
+                self.store,
+                name,
+                holding,
+                self.settings.lease.ttl_ms,
+                owner=self.settings.replica_id,
+            ),
+            name=f"role {name}",
         )
+        draining = asyncio.create_task(self._draining.wait())
+        try:
+            await asyncio.wait({runner, draining}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            draining.cancel()
+            if not runner.done():
+                # Shutting down: hand the role over now, so another replica polls or holds
+                # the gateway while this one finishes its replies.
+                await cancel_and_wait(runner)
+        if runner.cancelled() and self._draining.is_set():
+            # Stay here, so the adapter keeps its client open for the last replies, until
+            # the shutdown cancels the adapter.
+            await asyncio.Event().wait()
+        await runner
+
+    def reload(self, new: Settings) -> tuple[list[str], list[str]]:
+        """Apply the settings that can change while running (prompt, limits, allow-list,
+        timings...). Returns the names of the settings applied, and of those that changed but
+        need a restart (platform, store, credentials, addresses)."""
+        old = self.settings
+        changed = _changed(old.model_dump(), new.model_dump())
+        fixed = [
+            name for name in changed if name.split(".")[0] in RESTART_ONLY or name in LLM_FIXED
+        ]
+        keep = {name: getattr(old, name) for name in RESTART_ONLY}
+        keep["llm"] = new.llm.model_copy(
+            update={name.split(".")[1]: getattr(old.llm, name.split(".")[1]) for name in LLM_FIXED}
+        )
+        merged = new.model_copy(update=keep)
+        self.settings = self.cycle.settings = merged
+        store = self.store
+        store.quiet_ms = merged.debounce.quiet_ms
+        store.max_wait_ms = merged.debounce.max_wait_ms
+        store.ttl_ms = merged.lease.ttl_ms
+        store.history_cap = merged.history_cap
+        store.starvation_limit = merged.starvation_limit
+        store.rate_per_minute = merged.access.rate_per_minute
+        self.cycle.llm.configure(merged.llm)
+        return [name for name in changed if name not in fixed], fixed
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
 
     @property
     def cycles_running(self) -> int:
@@ -222,6 +327,7 @@ class Runtime:
         """The first half of a graceful stop: take nothing new in and start no new cycle, and
         give the cycles already running up to `grace_s` to deliver their replies."""
         self._accepting = False
+        self._draining.set()
         await self.timers.stop()
         running = list(self._running.values())
         if running:
@@ -239,3 +345,4 @@ class Runtime:
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
         await self.cycle.watch.stop()
         self.typing.stop()
+        await self.heartbeat.stop()

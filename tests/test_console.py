@@ -329,12 +329,14 @@ STOPS = {
 def test_signal_mid_generation_exits_cleanly_and_loses_nothing(
     data_dir: Path, notify_socket: socket.socket, stop: Callable[[Bot], None]
 ) -> None:
-    # The echo model "thinks" for 20 s, so the signal surely lands mid-generation.
+    # The echo model "thinks" for 20 s, so the signal surely lands mid-generation, and the
+    # grace period (1 s) ends long before the reply: the conversation is handed back.
     bot = Bot(
         data_dir,
         new_session=True,
         NOTIFY_SOCKET=notify_socket.getsockname(),
         LASTWORD_LLM__ECHO_DELAY_MS="20000",
+        LASTWORD_SHUTDOWN_GRACE_S="1",
     )
     try:
         wait_ready(notify_socket)
@@ -393,7 +395,11 @@ def test_ready_is_sent_over_notify_socket_once_accepting(
         assert bot.wait_lines(1) == ["You said: hello"]
         bot.close_stdin()
         code = bot.wait()
-        assert notify_socket.recv(4096) == b"STOPPING=1"
+        # STATUS= lines may come in between; STOPPING=1 comes last.
+        datagrams = []
+        while not datagrams or datagrams[-1] != b"STOPPING=1":
+            datagrams.append(notify_socket.recv(4096))
+        assert all(d.startswith(b"STATUS=") for d in datagrams[:-1]), datagrams
     finally:
         bot.kill()
     assert code == 0, bot.stderr()
