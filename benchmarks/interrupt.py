@@ -6,7 +6,9 @@ A burst workload runs twice on the same seed: once with `llm.interrupt` on (a ge
 cancelled as soon as a newer message arrives) and once off (the generation finishes and the
 pre-send check throws its reply away, as in the seeds). Each mode gets a fresh embedded server
 in a temporary directory, one in-process runtime, the real `OpenAILLM` (streaming) pointed at
-the loopback `FakeOpenAI`, and a platform that timestamps every send.
+the loopback `FakeOpenAI`, and a platform that timestamps every send. The fake runs in a child
+process of its own: sharing the bot's event loop, its per-piece sleeps drifted under load and
+stretched the 1-4 s latency several times over.
 
 Workload: each user starts at a random moment in the first `--stagger-s` seconds and sends 3-6
 messages; each gap is short (0.2-1 s, within the quiet window) or long (1.5-6 s, so that it
@@ -25,14 +27,18 @@ It measures, per mode:
   (requests are matched to sends by their text). From the runtime's `Stats`:
   `interrupted_tokens` (pieces the client had received when it cancelled) plus
   `discarded_tokens` (the usage the provider reported for replies the pre-send check
-  dropped). The fake's count can be a little higher: pieces in flight when the client hangs
-  up were written, and billed, but never read;
+  dropped). The fake's count is the bill and the reference; it can be higher: pieces written
+  before the client hung up but not yet read, and replies dropped on a lost lease, which
+  `Stats` counts nowhere. Each thrown-away request is also split at the arrival of the
+  message that made it stale (the fake's process samples every open stream every 10 ms):
+  pieces before it no interrupt could save, pieces after it are what interrupting can save;
 - median and p95 time from each user's last message (when `ingest` returned) to the send that
   covers it (the idempotency key carries the version a reply covers);
 - replies per user, and whether each reply covered everything its user had sent by the time
   it went out; at the end, V == W for every conversation and the last send covers the last
   message;
-- event-loop lag: the fake and the bot share one process, so a loaded loop inflates latency.
+- event-loop lag of the bot and of the fake: a loaded bot reads the stream late, which delays
+  both the reply and the interrupt.
 
 The ratio of thrown-away tokens, on / off, is issue 5's figure (it must be at most 0.5).
 A mode that does not settle within `--settle-s` prints what is missing instead of hanging.
@@ -680,6 +686,14 @@ def report(args: argparse.Namespace, on: Figures, off: Figures, version: str) ->
             str(on.thrown_before),
             str(off.thrown_before),
             ratio(off.thrown_before, off.thrown_fake) + " *",
+        ]
+    )
+    rows.append(
+        [
+            "thrown away after the newer message",
+            str(on.thrown_after),
+            str(off.thrown_after),
+            ratio(on.thrown_after, off.thrown_after),
         ]
     )
     print_table(["figure", "on", "off", "on / off"], rows)
