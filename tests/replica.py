@@ -100,11 +100,10 @@ async def ingest_lines(runtime: Runtime, replica: str) -> None:
 
 
 def counters(runtime: Runtime) -> dict[str, Any]:
-    """The cycle counters, without the (long) lateness samples."""
+    """The cycle counters, without the samples and histograms."""
     stats = runtime.stats
-    return {
-        f.name: getattr(stats, f.name) for f in dataclasses.fields(stats) if f.name != "lateness_ms"
-    }
+    values = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    return {name: value for name, value in values.items() if isinstance(value, int)}
 
 
 async def report_stats(runtime: Runtime, replica: str) -> None:

@@ -396,7 +396,7 @@ def test_ready_is_sent_over_notify_socket_once_accepting(
         bot.close_stdin()
         code = bot.wait()
         # STATUS= lines may come in between; STOPPING=1 comes last.
-        datagrams = []
+        datagrams: list[bytes] = []
         while not datagrams or datagrams[-1] != b"STOPPING=1":
             datagrams.append(notify_socket.recv(4096))
         assert all(d.startswith(b"STATUS=") for d in datagrams[:-1]), datagrams
