@@ -13,7 +13,9 @@ stretched the 1-4 s latency several times over.
 Workload: each user starts at a random moment in the first `--stagger-s` seconds and sends 3-6
 messages; each gap is short (0.2-1 s, within the quiet window) or long (1.5-6 s, so that it
 often lands while the reply to the earlier messages is being generated), half and half. The
-fake answers 150-300 words after a latency of 1-4 s, spread evenly over the streamed pieces.
+fake answers 150-300 words in a latency of 1-4 s: with `--ttft-s` the first piece comes that
+long into it (time to first token, at most half the latency) and the pieces are spread evenly
+over the rest; by default they are spread over all of it, from the start.
 Length and latency are drawn from a generator seeded with the seed and the request's last user
 turn, so that both modes see the same answer to the same prompt. The words are three letters
 each, so the fake's own usage count (characters / 4) equals the pieces it streams: one piece
@@ -119,8 +121,9 @@ def workload(args: argparse.Namespace) -> list[User]:
 class Provider:
     """What the fake answers: seeded by the prompt, so both modes get the same answers."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, ttft_s: float = 0.0) -> None:
         self.seed = seed
+        self.ttft_s = ttft_s
         # Request (by identity: the fake keeps every request it recorded) -> its answer.
         self.texts: dict[int, str] = {}
 
@@ -132,6 +135,10 @@ class Provider:
 
     def delay(self, request: RecordedRequest) -> float:
         return random.Random(f"{self.seed}:delay:{request.last_user_text}").uniform(1.0, 4.0)
+
+    def first_token(self, request: RecordedRequest) -> float:
+        """Time to first token, within the latency: at most half of it."""
+        return min(self.ttft_s, self.delay(request) / 2)
 
 
 # -- the provider, in a process of its own -------------------------------------------------
@@ -202,16 +209,18 @@ class Sampler:
             await asyncio.sleep(SAMPLE_S)
 
 
-def provider_main(seed: int, conn: Connection) -> None:
+def provider_main(seed: int, ttft_s: float, conn: Connection) -> None:
     """The provider's process: the fake on loopback until the bot has settled."""
-    asyncio.run(serve_provider(seed, conn))
+    asyncio.run(serve_provider(seed, ttft_s, conn))
 
 
-async def serve_provider(seed: int, conn: Connection) -> None:
-    provider = Provider(seed)
+async def serve_provider(seed: int, ttft_s: float, conn: Connection) -> None:
+    provider = Provider(seed, ttft_s)
     lag = LoopLag()
     async with FakeOpenAI(reply=provider.reply) as fake:
         fake.delay_for = provider.delay
+        if ttft_s > 0:
+            fake.first_token_for = provider.first_token
         sampler = Sampler(fake)
         tasks = [asyncio.create_task(sampler.run()), asyncio.create_task(lag.run())]
         conn.send(fake.base_url)
@@ -256,11 +265,11 @@ class ProviderProcess:
     the bot's load cannot stretch the provider's latency (both would share one event loop
     otherwise). time.monotonic() is one clock for both processes on Linux."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, ttft_s: float) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=provider_main, args=(seed, child), name="fake-openai", daemon=True
+            target=provider_main, args=(seed, ttft_s, child), name="fake-openai", daemon=True
         )
 
     async def start(self) -> str:
@@ -412,7 +421,7 @@ async def run_mode(args: argparse.Namespace, users: list[User], on: bool) -> Out
     lag = LoopLag()
     outbound = TimedOutbound()
     ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
-    provider = ProviderProcess(args.seed)
+    provider = ProviderProcess(args.seed, args.ttft_s)
     try:
         base_url = await provider.start()
         async with temporary_server() as server:
@@ -647,7 +656,8 @@ def report(args: argparse.Namespace, on: Figures, off: Figures, version: str) ->
     )
     print(
         f"workload: {args.users} users starting over {args.stagger_s:g} s, 3-6 messages each, "
-        "gaps 0.2-1 s or 1.5-6 s (1:1); replies 150-300 tokens, latency 1-4 s"
+        "gaps 0.2-1 s or 1.5-6 s (1:1); replies 150-300 tokens, latency 1-4 s, "
+        f"time to first token {args.ttft_s:g} s (at most half the latency)"
     )
     for figures in (on, off):
         print(f"\n== {figures.mode}")
@@ -727,6 +737,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-wait-ms", type=int, default=6000)
     parser.add_argument("--stagger-s", type=float, default=10.0, help="spread of user starts")
     parser.add_argument("--settle-s", type=float, default=30.0, help="after the last message")
+    parser.add_argument(
+        "--ttft-s",
+        type=float,
+        default=0.0,
+        help="time to first token, within each request's latency (at most half of it); "
+        "0: the pieces are spread over the whole latency",
+    )
     return parser.parse_args(argv)
 
 

@@ -114,6 +114,9 @@ class FakeOpenAI(LoopbackServer):
         self.delay_s: float = 0.0
         # Per request instead of delay_s when set: a provider whose latency varies.
         self.delay_for: Callable[[RecordedRequest], float] | None = None
+        # Of that latency, how long a stream waits before its first piece (time to first
+        # token: queueing and prefill); the rest is spread over the pieces. None: no wait.
+        self.first_token_for: Callable[[RecordedRequest], float] | None = None
         # Reasoning streamed as `reasoning_content` ahead of the answer (or sent alongside
         # it when not streaming), as reasoning models on some servers do.
         self.reasoning: Callable[[RecordedRequest], str] | None = None
@@ -406,7 +409,10 @@ class FakeOpenAI(LoopbackServer):
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        pause = delay / len(chunks)
+        first = min(self.first_token_for(recorded), delay) if self.first_token_for else 0.0
+        if first > 0:
+            await asyncio.sleep(first)
+        pause = (delay - first) / len(chunks)
         for data in chunks:
             if pause > 0:
                 await asyncio.sleep(pause)
