@@ -155,10 +155,13 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         notify("STOPPING=1")
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(signum)
+        # A second SIGTERM while stopping (an impatient admin) changes nothing: the stop is
+        # already bounded in time. The handlers stay until then, so it cannot kill us midway.
+        loop.remove_signal_handler(signal.SIGHUP)
         stopping.cancel()
         await _stop(runtime, receiving, runtime.settings.shutdown_grace_s)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
         await cancel_and_wait(pulse)
         if health is not None:
             await health.stop()

@@ -29,7 +29,17 @@ conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 # Libraries whose INFO lines are noise at best (one per HTTP request) and leaks at worst.
-CHATTY = ("httpx", "httpcore", "openai", "discord.http", "discord.gateway", "telegram.ext")
+CHATTY = (
+    "httpx",
+    "httpcore",
+    # The openai client's own copy of httpx logs under these names.
+    "httpx2",
+    "httpcore2",
+    "openai",
+    "discord.http",
+    "discord.gateway",
+    "telegram.ext",
+)
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from bot.message import InboundMessage
 from bot.store import Keys
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.test_console import MODULE, Bot, clean_env, data_dir, notify_socket, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
@@ -226,6 +226,58 @@ async def test_sigterm_during_generation_answers_exactly_once(
         await first.stop()
         if second is not None:
             await second.stop()
+
+
+async def test_a_webhook_answers_503_while_the_replica_drains(
+    server: EmbeddedRedis,
+    redis: Redis,
+    telegram: FakeTelegram,
+    provider: FakeOpenAI,
+    short_dir: Path,
+) -> None:
+    provider.delay_s = 1.5
+    port = free_port()
+    secret = "webhook-secret-for-drain"
+    env = telegram_env(
+        server,
+        telegram,
+        provider,
+        short_dir / "w",
+        LASTWORD_TELEGRAM__MODE="webhook",
+        LASTWORD_TELEGRAM__WEBHOOK_LISTEN=f"127.0.0.1:{port}",
+        LASTWORD_TELEGRAM__WEBHOOK_SECRET=secret,
+        LASTWORD_SHUTDOWN_GRACE_S="5",
+    )
+    url = f"http://127.0.0.1:{port}/telegram"
+    replica = await start(env, "w")
+    try:
+
+        async def listening() -> bool:
+            try:
+                await post_update(url, {"update_id": 1}, secret, timeout=1)
+            except OSError:
+                return False
+            return True
+
+        await eventually(listening, within_s=15)
+        first = telegram.private_text_update(CHAT, CHAT, "before the stop")
+        assert await post_update(url, first, secret) == 200
+        await provider.wait_for_request(timeout=10)
+        replica.process.send_signal(signal.SIGTERM)
+
+        # Draining: refused with 503, so Telegram keeps the update and delivers it again.
+        async def refused() -> bool:
+            late = telegram.private_text_update(CHAT, CHAT, "during the stop")
+            return await post_update(url, late, secret) == 503
+
+        await eventually(refused, within_s=3)
+        code, _ = await replica.terminate()
+        assert code == 0, "".join(replica.log)
+        assert [m.text for m in telegram.sent_messages] == ["Answer: before the stop"]
+        v, w = await redis.hmget(Keys(f"telegram:{CHAT}").state, ["v", "w"])
+        assert (v, w) == (b"1", b"1")  # the refused update was not taken in
+    finally:
+        await replica.stop()
 
 
 def test_logs_are_logfmt_with_replica_and_conversation_and_never_a_secret(
