@@ -106,7 +106,15 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
     from bot.status import collect, render
     from bot.store import StoreUnavailable
 
-    url = settings.redis_url or EmbeddedRedis(settings.data_dir).url
+    embedded = EmbeddedRedis(settings.data_dir)
+    if not settings.redis_url and not embedded.socket.exists():
+        print(
+            f"lastword: no bot is running with its embedded store in {settings.data_dir}; "
+            "status reads the store of a running bot (set LASTWORD_REDIS_URL for a shared one)",
+            file=sys.stderr,
+        )
+        return 1
+    url = settings.redis_url or embedded.url
     client = make_client(url)
     try:
         status = await collect(client)

@@ -456,6 +456,12 @@ def test_status_with_redis_down_is_one_clear_line(short_dir: Path) -> None:
     assert "pw-SECRET" not in result.stderr + result.stdout
 
 
+def test_status_without_a_running_embedded_store_says_so(short_dir: Path) -> None:
+    result = lastword("status", env=clean_env(short_dir / "nothing-here"))
+    assert result.returncode == 1
+    assert result.stderr.startswith("lastword: no bot is running with its embedded store")
+
+
 def test_doctor_reports_a_wrong_token_and_a_down_redis(short_dir: Path) -> None:
     async def scenario() -> subprocess.CompletedProcess[str]:
         async with FakeTelegram(TOKEN) as telegram:
