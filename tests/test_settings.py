@@ -234,3 +234,23 @@ def test_example_env_covers_every_setting() -> None:
     text = EXAMPLE_ENV.read_text()
     for name in [*map(env_name, leaves(Settings)), "LASTWORD_CONFIG"]:
         assert re.search(rf"^(# )?{name}=", text, re.M), f"{name} missing"
+
+
+def test_examples_name_no_setting_the_code_does_not_have() -> None:
+    """The other half of "exactly": a setting removed or renamed in the code must not linger
+    in the examples, where an admin would copy it and wonder why nothing changes."""
+    known = {env_name(path) for path in leaves(Settings)} | {"LASTWORD_CONFIG"}
+    in_env = set(re.findall(r"^(?:# )?(LASTWORD_\w+)=", EXAMPLE_ENV.read_text(), re.M))
+    assert in_env - known == set()
+    in_toml: set[str] = set()
+    section: tuple[str, ...] = ()
+    for line in EXAMPLE_TOML.read_text().splitlines():
+        header = re.fullmatch(r"\[(\w+)\]", line.strip())
+        if header:
+            section = (header.group(1),)
+            continue
+        key = re.match(r"^(?:# )?(\w+) = ", line)
+        if key:
+            in_toml.add(env_name((*section, key.group(1))))
+    assert in_toml - known == set()
+    assert len(in_toml) >= len(known) - 1  # and every one is there (LASTWORD_CONFIG is not)
