@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from urllib.parse import urlparse, urlunparse
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -19,7 +20,7 @@ from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
 from bot.store import Store
-from bot.systemd import notify, watchdog_interval_s
+from bot.systemd import notify, under_systemd, watchdog_interval_s
 
 log = logging.getLogger("lastword")
 
@@ -31,6 +32,10 @@ STOP_TIMEOUT_S = 1.0
 DRAIN_TIMEOUT_S = 0.5
 # How often systemd hears what this replica is doing (STATUS=), at most.
 STATUS_INTERVAL_S = 5.0
+# Under systemd, how long start-up waits for a shared Redis to come (back) up before failing.
+# Below the units' start timeout (90 s), and long enough that a Redis restart or a short
+# outage never exhausts their restart limit (10 starts in 10 minutes).
+STARTUP_WAIT_S = 60.0
 
 
 def redact(url: str) -> str:
@@ -103,7 +108,7 @@ async def serve(settings: Settings) -> int:
         raise ConfigError(f"LASTWORD_REDIS_URL: not a valid Redis URL ({redact(url)})") from exc
     store = make_store(settings, client)
     try:
-        await store.ping()
+        await _reach(store, redact(url), patient=embedded is None and under_systemd())
     except Unavailable as exc:
         await store.close()
         if embedded:
@@ -117,6 +122,26 @@ async def serve(settings: Settings) -> int:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _reach(store: Store, where: str, *, patient: bool) -> None:
+    """Ping the store. A service (under systemd) waits up to `STARTUP_WAIT_S` for a shared
+    Redis that is restarting, rather than exit at once: a short Redis outage then costs a
+    slow start, not a unit that hit its restart limit. A person at a terminal gets the
+    error at once."""
+    deadline = time.monotonic() + (STARTUP_WAIT_S if patient else 0)
+    delay = 0.5
+    while True:
+        try:
+            await store.ping()
+            return
+        except Unavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("waiting for Redis at %s (%s); retrying in %.1fs", where, exc, delay)
+            notify(f"STATUS=waiting for Redis at {where}")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:

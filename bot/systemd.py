@@ -11,6 +11,11 @@ import os
 import socket
 
 
+def under_systemd() -> bool:
+    """Whether a service manager listens for notifications (systemd `Type=notify`)."""
+    return bool(os.environ.get("NOTIFY_SOCKET"))
+
+
 def notify(state: str) -> bool:
     """Send e.g. "READY=1" to `$NOTIFY_SOCKET`. Returns False when not run under systemd, or
     when the socket is gone (a notification is never worth crashing for)."""

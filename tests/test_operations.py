@@ -89,6 +89,27 @@ def test_notify_ready_status_watchdog_then_stopping(
         bot.kill()
 
 
+def test_under_systemd_start_up_waits_for_a_redis_that_comes_up(
+    data_dir: Path, notify_socket: socket.socket, short_dir: Path
+) -> None:
+    late = EmbeddedRedis(short_dir / "late")
+    bot = Bot(data_dir, NOTIFY_SOCKET=notify_socket.getsockname(), LASTWORD_REDIS_URL=late.url)
+    try:
+        # Not reachable yet: the service says what it waits for instead of failing.
+        waiting = receive(notify_socket, b"STATUS=waiting for Redis at " + late.url.encode())
+        assert not any(b"READY=1" in d for d in waiting)
+        assert bot.process.poll() is None
+        late.start()
+        wait_ready(notify_socket)
+        bot.write("hello\n")
+        assert bot.wait_lines(1) == ["You said: hello"]
+        bot.close_stdin()
+        assert bot.wait(10) == 0
+    finally:
+        bot.kill()
+        late.stop()
+
+
 def test_no_watchdog_pings_for_another_process(
     data_dir: Path, notify_socket: socket.socket
 ) -> None:
