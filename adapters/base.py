@@ -7,10 +7,14 @@ the core asks through the `Outbound` methods. It never touches the store.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from bot.message import InboundMessage, Outbound
+from bot.message import InboundMessage, Outbound, Unavailable
+
+log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):
@@ -48,3 +52,20 @@ class Adapter(Outbound, Protocol):
     def connected(self) -> bool:
         """Whether this replica can talk to the platform right now, for `/healthz`."""
         ...
+
+
+async def until_stored(
+    take: Callable[[], Awaitable[object]], *, first_s: float = 0.2, cap_s: float = 5.0
+) -> None:
+    """Run `take()` (which hands one message to the core) until the store has it, backing
+    off while the store is down. For a source that will not deliver again (a gateway event, a
+    stdin line) or must not move on before it is stored (a poll's unconfirmed offset)."""
+    delay = first_s
+    while True:
+        try:
+            await take()
+            return
+        except Unavailable as exc:
+            log.warning("message not stored yet (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cap_s)

@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from adapters.base import Sink
+from adapters.base import Sink, until_stored
 from bot.cancel import cancel_and_wait
 from bot.message import InboundMessage, Unavailable
 
@@ -89,16 +89,8 @@ class ConsoleAdapter:
             message_id=f"{self.run_id}:{number}",
             text=text,
         )
-        delay = 0.1
-        while True:
-            try:
-                await sink.ingest(message)
-                return
-            except Unavailable as exc:
-                # stdin cannot redeliver, so the line is held here until the store is back.
-                log.warning("message not stored yet (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        # stdin cannot redeliver, so the line is held here until the store is back.
+        await until_stored(lambda: sink.ingest(message), first_s=0.1, cap_s=2.0)
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
         if self._output_gone.is_set():

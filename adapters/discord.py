@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from functools import partial
 from typing import Any
 
 import discord
@@ -29,7 +30,7 @@ import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from adapters.base import Sink
+from adapters.base import Sink, until_stored
 from bot.cancel import cancel_and_wait
 from bot.message import Attachment, InboundMessage, Unavailable
 from bot.settings import ConfigError, DiscordSettings
@@ -189,20 +190,12 @@ class DiscordAdapter:
         a message is never stored ahead of one that came before it."""
         while True:
             message = await inbox.get()
-            await self._take_until_stored(sink, message)
+            await until_stored(partial(self._take, sink, message))
 
-    async def _take_until_stored(self, sink: Sink, message: InboundMessage) -> None:
-        delay = 0.2
-        while True:
-            try:
-                # A user who writes again may have opened their DMs.
-                self._closed.discard(int(message.chat_id))
-                await sink.ingest(message)
-                return
-            except Unavailable as exc:
-                log.warning("message not stored yet (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    async def _take(self, sink: Sink, message: InboundMessage) -> None:
+        # A user who writes again may have opened their DMs.
+        self._closed.discard(int(message.chat_id))
+        await sink.ingest(message)
 
     # Sending
 

@@ -25,6 +25,7 @@ import json
 import logging
 import random
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +34,7 @@ from telegram.constants import ChatAction
 from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter
 from telegram.request import HTTPXRequest
 
-from adapters.base import Sink
+from adapters.base import Sink, until_stored
 from adapters.telegram_html import plain_text, render_part
 from bot.message import Attachment, InboundMessage, Unavailable
 from bot.settings import TelegramSettings
@@ -219,21 +220,10 @@ class TelegramAdapter:
             for update in updates:
                 message = normalize(update)
                 if message is not None:
-                    await self._ingest_until_stored(sink, message)
+                    await until_stored(partial(self._take, sink, message))
             if updates:
                 # Confirmed by the next call, after the whole batch is stored.
                 offset = updates[-1].update_id + 1
-
-    async def _ingest_until_stored(self, sink: Sink, message: InboundMessage) -> None:
-        delay = 0.2
-        while True:
-            try:
-                await self._take(sink, message)
-                return
-            except Unavailable as exc:
-                log.warning("update not stored yet (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     async def _take(self, sink: Sink, message: InboundMessage) -> None:
         # A user who writes again has unblocked the bot.
