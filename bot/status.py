@@ -27,12 +27,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.cancel import cancel_and_wait
-from bot.store import ROLE_TAG, SHARDS, Keys, StoreUnavailable, role_key
+from bot.store import ROLE_TAG, SHARDS, Keys, reaching_redis, role_key
 
 log = logging.getLogger(__name__)
 
@@ -363,10 +361,8 @@ async def collect(
     `now_ms` replaces the server's clock (tests). Raises `StoreUnavailable` when Redis
     cannot be reached.
     """
-    try:
+    with reaching_redis():
         return await _collect(redis, now_ms, scan_count)
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
 
 
 async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:

@@ -36,6 +36,8 @@ import json
 import secrets
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from importlib import resources
@@ -63,6 +65,15 @@ DAY_KEEP_MS = 2 * 86_400_000
 
 class StoreUnavailable(Unavailable):
     """Redis cannot be reached, or is a read-only replica after a failover. Try again later."""
+
+
+@contextmanager
+def reaching_redis() -> Iterator[None]:
+    """Turn the client's connection errors into `StoreUnavailable`, which callers handle."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
 
 
 def _load(name: str) -> str:
@@ -245,20 +256,17 @@ class Store:
     async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
         # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
         try:
-            return await script(keys=keys, args=args)
+            with reaching_redis():
+                return await script(keys=keys, args=args)
         except ReadOnlyError as exc:
             # A failover left us talking to a replica: drop the connections so the next
             # attempt resolves the new primary instead of failing the same way forever.
             await self.redis.connection_pool.disconnect()
             raise StoreUnavailable(f"Redis is read-only: {exc}") from exc
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
 
     async def ping(self) -> None:
-        try:
+        with reaching_redis():
             await self.redis.ping()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
 
     async def ingest(self, message: InboundMessage) -> Ingested:
         conversation = message.conversation
@@ -371,7 +379,7 @@ class Store:
 
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip."""
-        try:
+        with reaching_redis():
             try:
                 results = await self._due_pipeline(limit)
             except NoScriptError:
@@ -379,8 +387,6 @@ class Store:
                 # round trip to every sweep), so reload by hand after a restart.
                 await self.redis.script_load(DUE)
                 results = await self._due_pipeline(limit)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return [_text(c) for shard in results for c in shard]
 
     async def _due_pipeline(self, limit: int) -> list[list[bytes]]:
@@ -416,30 +422,24 @@ class Store:
 
     async def tokens_today(self, conversation: str) -> int:
         """Tokens the conversation's user has spent today (UTC)."""
-        try:
+        with reaching_redis():
             spent = await self.redis.hget(Keys(conversation).day(_today()), "tokens")
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return int(spent or 0)
 
     async def versions(self, conversations: list[str]) -> list[int]:
         """V of each conversation, in one pipelined round trip: for watching generations
         go stale."""
-        try:
+        with reaching_redis():
             async with self.redis.pipeline(transaction=False) as pipe:
                 for conversation in conversations:
                     pipe.hget(Keys(conversation).state, "v")
                 values: list[bytes | None] = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return [int(v or 0) for v in values]
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
-        try:
+        with reaching_redis():
             v, w = await self.redis.hmget(Keys(conversation).state, ["v", "w"])
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return int(v or 0), int(w or 0)
 
     async def recent(self, platform: str, within_ms: int) -> dict[str, str]:
@@ -449,7 +449,7 @@ class Store:
         prefix = f"{platform}:"
         # The client's clock is fine here: an hour-long window does not mind a skew of seconds.
         since = int(time.time() * 1000) - min(within_ms, ACTIVE_KEEP_MS)
-        try:
+        with reaching_redis():
             async with self.redis.pipeline(transaction=False) as pipe:
                 for shard in range(SHARDS):
                     pipe.zrangebyscore(f"{{lw:{shard}}}:active", since, "+inf")
@@ -459,8 +459,6 @@ class Store:
                 for conversation in conversations:
                     pipe.hget(Keys(conversation).state, "last")
                 lasts: list[bytes | None] = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
         return {c: _text(last) for c, last in zip(conversations, lasts, strict=True) if last}
 
     async def history(self, conversation: str) -> list[HistoryEntry]:
