@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from bot.store import Keys
 from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.telegram_server import FakeTelegram
+from tests.running import Running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,64 +52,19 @@ def bot_env(
     return env
 
 
-class Bot:
-    """One `lastword run` process, with its log collected to tell what it is doing."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.log: list[str] = []
-        assert process.stderr is not None
-        self._reader = asyncio.create_task(self._read(process.stderr))
-
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
-            self.log.append(line.decode(errors="replace"))
-
-    def said(self, text: str) -> int:
-        return sum(text in line for line in self.log)
-
-    @property
-    def holds_gateway(self) -> bool:
-        return self.said("this replica holds the Discord gateway") > 0
-
-    async def kill(self) -> None:
-        self.process.kill()
-        await self.process.wait()
-        await self._reader
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        await self._reader
-
-
-async def start_bot(env: dict[str, str]) -> Bot:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "run",
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    return Bot(process)
+# Logged by the one replica that holds the gateway.
+HOLDS_GATEWAY = "this replica holds the Discord gateway"
 
 
 @contextlib.asynccontextmanager
 async def discord_bots(
     count: int, server: EmbeddedRedis, fake: FakeDiscord, data_dir: Path, **extra: str
-) -> AsyncIterator[list[Bot]]:
+) -> AsyncIterator[list[Running]]:
     env = bot_env(server, fake, data_dir, **extra)
-    bots: list[Bot] = []
+    bots: list[Running] = []
     try:
         for _ in range(count):
-            bots.append(await start_bot(env))
+            bots.append(await Running.start(env))
         # Ready once one of them holds the gateway.
         await fake.wait_for_sessions(1, timeout=20)
         yield bots
@@ -190,11 +144,11 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         await settled(redis, channel, 1)
 
         async def one_holder() -> bool:
-            return sum(bot.holds_gateway for bot in bots) == 1
+            return sum(bot.said(HOLDS_GATEWAY) > 0 for bot in bots) == 1
 
         await eventually(one_holder, within_s=5)
         assert fake.connected_sessions() == 1
-        [holder] = [bot for bot in bots if bot.holds_gateway]
+        [holder] = [bot for bot in bots if bot.said(HOLDS_GATEWAY)]
         await holder.kill()
         await fake.wait_for(lambda: fake.connected_sessions() == 0, timeout=5)
 
@@ -207,7 +161,7 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         await settled(redis, channel, 5)
 
         survivors = [bot for bot in bots if bot is not holder]
-        assert sum(bot.holds_gateway for bot in survivors) == 1
+        assert sum(bot.said(HOLDS_GATEWAY) > 0 for bot in survivors) == 1
         assert fake.connected_sessions() == 1
         replies = texts(fake, channel)
         assert replies[0] == "You said: before"
@@ -221,7 +175,7 @@ async def test_a_crash_after_the_post_and_before_the_commit_posts_nothing_twice(
 ) -> None:
     channel = fake.dm_channel(USER)
     env = bot_env(server, fake, short_dir)
-    first = await start_bot(env)
+    first = await Running.start(env)
     try:
         await fake.wait_for_sessions(1, timeout=20)
         fake.hold_posts(True)
@@ -234,7 +188,7 @@ async def test_a_crash_after_the_post_and_before_the_commit_posts_nothing_twice(
     finally:
         await first.stop()
 
-    second = await start_bot(env)
+    second = await Running.start(env)
     try:
         # The outbox is re-sent with the same nonce once the dead holder's lease expires.
         await settled(redis, channel, 1)
@@ -364,9 +318,8 @@ async def test_a_wrong_token_is_one_clear_line(
     server: EmbeddedRedis, fake: FakeDiscord, short_dir: Path
 ) -> None:
     env = bot_env(server, fake, short_dir, LASTWORD_DISCORD__TOKEN="not-the-token")
-    bot = await start_bot(env)
-    code = await asyncio.wait_for(bot.process.wait(), 20)
-    await bot._reader
+    bot = await Running.start(env)
+    code = await bot.exited(20)
     assert code == 2
     errors = [line for line in bot.log if "LASTWORD_DISCORD__TOKEN" in line]
     assert errors == [
@@ -398,7 +351,7 @@ async def test_switching_from_telegram_to_discord_is_one_setting(
         env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
         env["LASTWORD_CONFIG"] = str(config)
 
-        on_telegram = await start_bot(env)
+        on_telegram = await Running.start(env)
         try:
             telegram.push_update(telegram.private_text_update(USER, USER, "on telegram"))
             await telegram.wait_for_sent(1, timeout=15)
@@ -407,7 +360,7 @@ async def test_switching_from_telegram_to_discord_is_one_setting(
         assert [m.text for m in telegram.sent_messages] == ["You said: on telegram"]
 
         config.write_text(body.replace('platform = "telegram"', 'platform = "discord"', 1))
-        on_discord = await start_bot(env)
+        on_discord = await Running.start(env)
         try:
             channel = fake.dm_channel(USER)
             await fake.wait_for_sessions(1, timeout=20)

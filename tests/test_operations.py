@@ -25,7 +25,8 @@ from bot.store import Keys
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.test_console import MODULE, Bot, clean_env, data_dir, notify_socket, wait_ready
+from tests.running import Running
+from tests.test_console import Bot, clean_env, data_dir, notify_socket, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,31 +134,6 @@ def test_no_watchdog_pings_for_another_process(
 # -- SIGTERM during generation, with two replicas on Telegram ----------------------------------
 
 
-class Replica:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.log: list[str] = []
-        assert process.stderr is not None
-        self._reader = asyncio.create_task(self._read(process.stderr))
-
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
-            self.log.append(line.decode(errors="replace"))
-
-    async def terminate(self) -> tuple[int, float]:
-        began = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.process.wait(), 15)
-        await self._reader
-        return code, time.monotonic() - began
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
-            await self.process.wait()
-        await self._reader
-
-
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(TOKEN) as fake:
@@ -190,15 +166,9 @@ def telegram_env(
     )
 
 
-async def start(env: dict[str, str], name: str) -> Replica:
-    process = await asyncio.create_subprocess_exec(
-        *MODULE,
-        env={**env, "LASTWORD_REPLICA_ID": name},
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=Path(env["LASTWORD_DATA_DIR"]).parent,
-    )
-    return Replica(process)
+async def start(env: dict[str, str], name: str) -> Running:
+    replica = {**env, "LASTWORD_REPLICA_ID": name}
+    return await Running.start(replica, cwd=Path(env["LASTWORD_DATA_DIR"]).parent)
 
 
 @pytest.mark.parametrize("finish", [True, False], ids=["finishes-in-grace", "handed-back"])
@@ -218,7 +188,7 @@ async def test_sigterm_during_generation_answers_exactly_once(
         telegram_env(server, telegram, provider, short_dir / "a", LASTWORD_SHUTDOWN_GRACE_S=grace),
         "a",
     )
-    second: Replica | None = None
+    second: Running | None = None
     try:
         # "a" polls (it started alone), takes the message in and generates.
         telegram.push_update(telegram.private_text_update(CHAT, CHAT, "hello"))

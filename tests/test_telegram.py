@@ -21,6 +21,7 @@ from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually
 from tests.fakes.telegram_server import FakeTelegram, post_update
+from tests.running import Running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -318,52 +319,19 @@ async def test_allow_list_and_rate_limit_hold(
         assert await counters(redis) == (2, 2)
 
 
-class Poller:
-    """A bot in polling mode whose log is collected, to tell which replica polls."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.log: list[str] = []
-        assert process.stderr is not None
-        self._reader = asyncio.create_task(self._read(process.stderr))
-
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
-            self.log.append(line.decode(errors="replace"))
-
-    @property
-    def polls(self) -> bool:
-        return any("this replica polls Telegram" in line for line in self.log)
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        await self._reader
+# Logged by the one replica that polls.
+POLLING = "this replica polls Telegram"
 
 
 @contextlib.asynccontextmanager
 async def polling_bots(
     count: int, server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path
-) -> AsyncIterator[list[Poller]]:
+) -> AsyncIterator[list[Running]]:
     env = bot_env(server, fake, data_dir, LASTWORD_LOG_LEVEL="INFO")
-    bots: list[Poller] = []
+    bots: list[Running] = []
     try:
         for _ in range(count):
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bot",
-                "run",
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            bots.append(Poller(process))
+            bots.append(await Running.start(env))
         yield bots
     finally:
         await asyncio.gather(*(bot.stop() for bot in bots))
@@ -391,10 +359,10 @@ async def test_one_poller_among_replicas_and_kill_9_hands_polling_over(
         await eventually(lambda: _settled(redis), within_s=5)
 
         async def one_poller() -> bool:
-            return sum(bot.polls for bot in bots) == 1
+            return sum(bot.said(POLLING) > 0 for bot in bots) == 1
 
         await eventually(one_poller, within_s=5)
-        [poller] = [bot for bot in bots if bot.polls]
+        [poller] = [bot for bot in bots if bot.said(POLLING)]
         poller.process.kill()
         await poller.process.wait()
 
@@ -402,7 +370,7 @@ async def test_one_poller_among_replicas_and_kill_9_hands_polling_over(
         # The lease TTL is 1.5 s: the survivor takes over and answers well within that.
         await fake.wait_for_sent(2, timeout=15)
         [survivor] = [bot for bot in bots if bot is not poller]
-        assert survivor.polls
+        assert survivor.said(POLLING)
         assert [m.text for m in fake.sent_messages] == ["You said: first", "You said: second"]
         # Telegram would have answered 409 to a second concurrent poller.
         assert fake.max_concurrent_get_updates == 1
