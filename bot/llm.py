@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import random
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -166,7 +168,6 @@ class OpenAILLM:
         return request
 
     async def complete(self, prompt: Prompt, usage: Usage) -> str:
-        import httpx
         import openai
 
         attempt = usage.start()
@@ -177,8 +178,7 @@ class OpenAILLM:
                 text = await self._whole(prompt, attempt)
         except openai.APIStatusError as exc:
             raise self._status_error(exc) from None
-        except (openai.APIConnectionError, httpx.HTTPError) as exc:
-            # httpx errors surface unwrapped when a stream breaks midway.
+        except openai.APIConnectionError as exc:
             raise LLMError(
                 f"cannot reach the provider: {type(exc).__name__}", kind="transient"
             ) from None
@@ -197,21 +197,32 @@ class OpenAILLM:
         return response.choices[0].message.content or ""
 
     async def _streamed(self, prompt: Prompt, attempt: Attempt) -> str:
-        stream = await self.client.chat.completions.create(**self._request(prompt))
+        # The raw event stream rather than the client's chunk objects: building one pydantic
+        # model per token cost about 80 us, which at a few hundred streams in flight kept a
+        # replica's event loop busy enough to read the stream, and notice a newer message,
+        # late. The client still makes the request and maps its status errors.
         parts: list[str] = []
-        # Closing the stream (also when this task is cancelled) drops the connection, which
-        # is how a provider learns to stop generating.
-        async with stream:
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    attempt.prompt_tokens = chunk.usage.prompt_tokens
-                    attempt.completion_tokens = chunk.usage.completion_tokens
+        request = self.client.chat.completions.with_streaming_response.create(
+            **self._request(prompt)
+        )
+        # Leaving the block (also when this task is cancelled) drops the connection, which is
+        # how a provider learns to stop generating.
+        async with request as response:
+            async for chunk in sse_events(response.iter_lines()):
+                if error := chunk.get("error"):
+                    raise LLMError(
+                        f"the provider failed mid-stream: {self._scrub(_error_message(error))}",
+                        kind="transient",
+                    )
+                if usage := chunk.get("usage"):
+                    attempt.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    attempt.completion_tokens = int(usage.get("completion_tokens") or 0)
                     attempt.reported = True
-                for choice in chunk.choices:
-                    content = choice.delta.content
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content")
                     # Reasoning streams as its own field on some servers: billed, not shown.
-                    reasoning = getattr(choice.delta, "reasoning_content", None)
-                    if not attempt.reported and (content or reasoning):
+                    if not attempt.reported and (content or delta.get("reasoning_content")):
                         attempt.completion_tokens += 1  # about one token per chunk
                     if content:
                         parts.append(content)
@@ -251,6 +262,40 @@ class OpenAILLM:
         """A provider's own words, fit for logs: some echo the key they were given."""
         key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
         return text.replace(key, "***") if key else text
+
+
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of a server-sent event stream, up to `[DONE]`. Event names, ids and
+    comments carry nothing for chat completions; a payload may span several `data:` lines."""
+    data: list[str] = []
+    async for line in _unbroken(lines):
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            payload, data = "\n".join(data), []
+            if payload == "[DONE]":
+                return
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                raise LLMError("the provider sent a malformed event", kind="transient") from None
+            if isinstance(event, dict):
+                yield event
+
+
+async def _unbroken(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    try:
+        async for line in lines:
+            yield line
+    except Exception as exc:
+        # Only the transport runs in here: whatever it raises (httpx or httpx2 by the client's
+        # version, ssl, anyio) means the stream broke midway.
+        raise LLMError(f"the stream broke: {type(exc).__name__}", kind="transient") from None
+
+
+def _error_message(error: object) -> str:
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message or "no reason given")
 
 
 def _error_code(exc: openai.APIStatusError) -> str | None:

@@ -12,14 +12,14 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.cycle import APOLOGY
-from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate
+from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
 from bot.message import InboundMessage
 from bot.prompt import FOLD_HEADER, Prompt, Turn
 from bot.runtime import Runtime
@@ -135,6 +135,68 @@ async def test_plain_completion_returns_the_text(fake: FakeOpenAI) -> None:
     # The provider's own count, as it reported it.
     [attempt] = usage.attempts
     assert attempt.reported and attempt.prompt_tokens > 0 and attempt.completion_tokens > 0
+
+
+async def test_streamed_completion_returns_the_text_and_the_reported_usage(
+    fake: FakeOpenAI,
+) -> None:
+    fake.reply = lambda request: "one two three, four five six"
+    usage = Usage()
+    assert await openai_llm(fake).complete(prompt("count"), usage) == "one two three, four five six"
+    [request] = fake.requests
+    assert request.stream and request.body["stream_options"] == {"include_usage": True}
+    assert request.finished and not request.cancelled
+    # The usage chunk at the end of the stream (the fake counts characters / 4 + 1), not
+    # the one-per-piece count.
+    [attempt] = usage.attempts
+    assert attempt.reported and attempt.prompt_tokens > 0
+    assert attempt.completion_tokens == 8 != request.pieces_streamed
+
+
+@pytest.mark.parametrize("how", ["error", "drop"])
+async def test_a_stream_that_breaks_midway_is_retried(
+    fake: FakeOpenAI, how: Literal["error", "drop"], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    fake.reply = lambda request: " ".join(f"word{i}" for i in range(40))
+    fake.break_next_stream(how)
+    settings = LLMSettings(**llm_config(fake))
+    usage = Usage()
+    answer = await generate(OpenAILLM(settings), prompt("hi"), settings, usage)
+    assert answer == fake.reply(fake.requests[-1])
+    first, second = fake.requests
+    assert (first.dropped, first.finished) == ((True, False) if how == "drop" else (False, True))
+    assert second.finished and not second.dropped
+    # The broken attempt's tokens were generated, so they are counted too.
+    broken, whole = usage.attempts
+    assert not broken.reported and broken.completion_tokens == first.pieces_streamed > 0
+    assert whole.reported
+    [retried] = [r for r in caplog.records if r.name == "bot.llm"]
+    assert ("overloaded" if how == "error" else "the stream broke") in retried.getMessage()
+
+
+async def test_events_are_read_as_the_sse_format_has_them() -> None:
+    lines = [
+        ": a comment, as proxies send to keep the connection open",
+        "event: message",
+        'data: {"a":',
+        "data: 1}",
+        "",
+        "",
+        'data:{"b": 2}',
+        "id: 7",
+        "",
+        "data: [DONE]",
+        "",
+        'data: {"after": "done"}',
+        "",
+    ]
+
+    async def source() -> AsyncIterator[str]:
+        for line in lines:
+            yield line
+
+    assert [event async for event in sse_events(source())] == [{"a": 1}, {"b": 2}]
 
 
 async def test_timeout_is_transient_and_hangs_up(fake: FakeOpenAI) -> None:

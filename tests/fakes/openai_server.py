@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -54,6 +54,8 @@ class RecordedRequest:
     started_at: float
     finished: bool = False
     cancelled: bool = False
+    # The fake cut the connection itself (break_next_stream("drop")).
+    dropped: bool = False
     # Content pieces written to a stream so far (about one token each): what the provider
     # generated, and billed, before the client finished or hung up.
     pieces_streamed: int = 0
@@ -121,6 +123,7 @@ class FakeOpenAI(LoopbackServer):
         # it when not streaming), as reasoning models on some servers do.
         self.reasoning: Callable[[RecordedRequest], str] | None = None
         self._errors: list[ScriptedError] = []
+        self._breaks: list[Literal["error", "drop"]] = []
         self._gate = asyncio.Event()
         self._gate.set()
         # Replaced on every state change so waiters can sleep on "something changed" without
@@ -154,6 +157,11 @@ class FakeOpenAI(LoopbackServer):
     def fail_next(self, *errors: ScriptedError) -> None:
         """Queue errors; each following request answers with the next one instead of a reply."""
         self._errors.extend(errors)
+
+    def break_next_stream(self, how: Literal["error", "drop"]) -> None:
+        """The next streamed answer stops halfway: with an error event, as providers send
+        when they fail mid-generation (`error`), or by dropping the connection (`drop`)."""
+        self._breaks.append(how)
 
     @staticmethod
     def rate_limited(retry_after_s: float) -> ScriptedError:
@@ -413,7 +421,22 @@ class FakeOpenAI(LoopbackServer):
         if first > 0:
             await asyncio.sleep(first)
         pause = (delay - first) / len(chunks)
-        for data in chunks:
+        broken = self._breaks.pop(0) if self._breaks else None
+        for index, data in enumerate(chunks):
+            if broken and index == len(chunks) // 2:
+                if broken == "error":
+                    error = _error_body("The server is overloaded.", "server_error", None)
+                    await response.write(f"data: {json.dumps(error)}\n\n".encode())
+                    await response.write_eof()
+                    recorded.finished = True
+                    self._notify()
+                    return response
+                # Cut the connection under the response: the client sees a body that stops
+                # mid-stream, as when a provider's server or a proxy goes away.
+                recorded.dropped = True
+                assert request.transport is not None
+                request.transport.abort()
+                return response
             if pause > 0:
                 await asyncio.sleep(pause)
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
