@@ -12,9 +12,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
@@ -290,7 +290,7 @@ class Cycle:
         usage = Usage()
         began = time.monotonic()
         try:
-            outcome = await self._generate(grant.lease, grant.version, prompt, usage, keeper)
+            outcome = await self._generate(grant, prompt, usage, keeper)
             if not isinstance(outcome, Next):
                 self.stats.llm_seconds.observe(time.monotonic() - began)
         except LLMError as exc:
@@ -330,53 +330,37 @@ class Cycle:
         )
 
     async def _generate(
-        self, lease: Lease, version: int, prompt: Prompt, usage: Usage, keeper: LeaseKeeper
+        self, grant: Grant, prompt: Prompt, usage: Usage, keeper: LeaseKeeper
     ) -> str | Next:
         """The model's answer; or, if a newer message arrives first (and interrupting is on),
-        the generation is cancelled on the spot and the lease is already given back."""
+        `Next`: the request was cancelled on the spot and the lease handed back."""
+        assert grant.lease is not None
+        lease = grant.lease
         generation = asyncio.ensure_future(generate(self.llm, prompt, self.settings.llm, usage))
-        done = asyncio.Event()
-        watcher = asyncio.create_task(self._watch(lease, version, keeper, done))
+        # At the starvation limit the pre-send check forces this reply out whatever arrives,
+        # so it is not worth interrupting.
+        if not self.settings.llm.interrupt or grant.discards >= self.settings.starvation_limit:
+            try:
+                return await generation
+            finally:
+                await cancel_and_wait(generation)
+        moved = self.watch.watch(lease.conversation, grant.version)
+        newer = asyncio.ensure_future(moved.wait())
         try:
-            await asyncio.wait({generation, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not watcher.done():
-                # The answer came first, but an interrupt may be on its way to the server,
-                # which may have taken the lease back already: let it land, never cut it off.
-                done.set()
-                await asyncio.wait({watcher})
-            interrupted = watcher.result()
-            if interrupted is not None:
-                return interrupted
-            return await generation
-        finally:
-            await cancel_and_wait(watcher)
-            # Cancelling closes the provider's stream, so it stops generating at once.
-            await cancel_and_wait(generation)
-
-    async def _watch(
-        self, lease: Lease, version: int, keeper: LeaseKeeper, done: asyncio.Event
-    ) -> Next | None:
-        """Wait for a newer message while the model works, until `done`. Returns the next
-        look once the generation has gone stale and the lease was handed back; None if it
-        must finish (interrupting is off, the starvation guard wants this reply out, or the
-        generation is done)."""
-        if not self.settings.llm.interrupt:
-            return None
-        moved = self.watch.watch(lease.conversation, version)
-        try:
-            await _first(moved.wait(), done.wait())
-            if done.is_set():
-                return None
-            verdict = await self.store.interrupt(lease, version)
-        except StoreUnavailable:
-            # The pre-send check will drop the stale reply instead.
-            return None
+            await asyncio.wait({generation, newer}, return_when=asyncio.FIRST_COMPLETED)
+            if generation.done():
+                # The answer came first, or with the news: the pre-send check decides.
+                return generation.result()
+            # Stop paying for tokens before anything else: cancelling closes the provider's
+            # stream. The lease goes back while the cancellation unwinds.
+            generation.cancel()
+            verdict = await self.store.interrupt(lease)
         finally:
             self.watch.unwatch(lease.conversation, moved)
+            await cancel_and_wait(newer)
+            await cancel_and_wait(generation)
         if verdict.status == "lost":
             raise LeaseLost(lease.conversation)
-        if verdict.status == "keep":
-            return None
         keeper.released()
         return Next(verdict.next_in_ms, working=True)
 
@@ -411,13 +395,3 @@ class Cycle:
             key = f"{lease.conversation}:{version}:{index}"
             await self.outbound.send(lease.conversation, part, key)
             self.stats.parts += 1
-
-
-async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
-    """Wait until the first of `waits` finishes; cancel the rest."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            await cancel_and_wait(task)

@@ -62,7 +62,7 @@ async def start(
 ) -> AsyncIterator[Any]:
     runtimes: list[Runtime] = []
 
-    def build(**llm: Any) -> Bot:
+    def build(starvation_limit: int = 3, **llm: Any) -> Bot:
         config: dict[str, Any] = {
             "provider": "openai",
             "base_url": fake.base_url,
@@ -73,7 +73,7 @@ async def start(
             "retry_base_s": 0.01,
         }
         config.update(llm)
-        settings = make_settings(llm=config)
+        settings = make_settings(llm=config, starvation_limit=starvation_limit)
         outbound = RecordingOutbound()
         runtime = Runtime(settings, make_store(settings, redis), OpenAILLM(settings.llm), outbound)
         runtime.start()
@@ -129,6 +129,36 @@ async def test_with_interrupt_off_the_request_finishes_and_its_reply_is_discarde
     stats = bot.runtime.stats
     assert stats.interrupted == 0 and stats.discarded == 1
     assert stats.discarded_tokens > 0
+
+
+async def test_at_the_starvation_limit_a_generation_is_not_interrupted_and_goes_out(
+    fake: FakeOpenAI, start: Any
+) -> None:
+    # A user who always writes again while the model is answering: two interrupts, then the
+    # guard lets the third generation finish and go out as it is.
+    bot: Bot = start(starvation_limit=2)
+    fake.delay_for = lambda request: 1.0 if len(fake.requests) <= 3 else 0.1
+    await bot.say(1)
+    for n in (1, 2, 3):
+        request = await fake.wait_for_request(
+            lambda r, n=n: len(fake.requests) == n and first_streaming(r), timeout=10
+        )
+        await bot.say(n + 1)
+    await fake.wait_for_request(lambda r: r is request and (r.finished or r.cancelled), timeout=5)
+    await bot.settled()
+
+    first, second, third, fourth = fake.requests
+    assert first.cancelled and second.cancelled
+    assert third.finished and not third.cancelled
+    stats = bot.runtime.stats
+    assert (stats.interrupted, stats.forced, stats.discarded) == (2, 1, 0)
+    # The forced reply covers messages 1-3; the fourth gets a reply of its own.
+    assert bot.outbound.texts() == [
+        f"Answer to: {third.last_user_text}",
+        f"Answer to: {fourth.last_user_text}",
+    ]
+    assert all(f"text {n}" in third.last_user_text for n in (1, 2, 3))
+    assert "text 4" in fourth.last_user_text and "text 3" not in fourth.last_user_text
 
 
 async def test_history_is_trimmed_to_the_budget_and_unanswered_messages_stay_whole(

@@ -182,6 +182,8 @@ class Grant:
     version: int = 0  # V when the lease was taken
     watermark: int = 0  # W when the lease was taken
     lateness_ms: int = 0  # how long after the window's deadline the lease was taken
+    # Replies discarded in a row as stale: at the starvation limit, this one goes out as it is.
+    discards: int = 0
     resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
     unanswered: tuple[InboundMessage, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
@@ -197,9 +199,9 @@ class Ended:
 
 @dataclass(frozen=True)
 class Interrupt:
-    """What to do with a generation that a newer message made stale."""
+    """How handing back the lease of a cancelled, stale generation went."""
 
-    status: Literal["stale", "keep", "lost"]  # stale: the lease is given back; stop now
+    status: Literal["stale", "lost"]  # stale: the lease is given back
     next_in_ms: int = -1
 
 
@@ -311,13 +313,14 @@ class Store:
             return Grant(status, retry_in_ms=int(reply[1]))  # type: ignore[arg-type]
         if status == "idle":
             return Grant("idle")
-        _, fence, version, watermark, lateness, resend, unanswered, history = reply
+        _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply
         return Grant(
             "acquired",
             lease=Lease(conversation, token, int(fence)),
             version=int(version),
             watermark=int(watermark),
             lateness_ms=int(lateness),
+            discards=int(discards),
             resend=(_text(resend[0]), int(resend[1])) if resend else None,
             unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
             history=tuple(HistoryEntry.from_json(_text(h)) for h in history),
@@ -334,18 +337,12 @@ class Store:
         ok, next_in = await self._run(self._release, keys, [lease.conversation, lease.token])
         return Ended(bool(ok), int(next_in))
 
-    async def interrupt(self, lease: Lease, version: int) -> Interrupt:
-        """A newer message than `version` arrived mid-generation: hand the lease back, unless
-        the starvation guard says this generation must finish and go out (`keep`)."""
+    async def interrupt(self, lease: Lease) -> Interrupt:
+        """A newer message arrived mid-generation and the generation is cancelled: hand the
+        lease back, counting a discard towards the starvation guard."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.window, k.due]
-        args: list[str | int] = [
-            lease.conversation,
-            lease.token,
-            lease.fence,
-            version,
-            self.starvation_limit,
-        ]
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence]
         raw_status, value = await self._run(self._interrupt, keys, args)
         status = _text(raw_status)
         return Interrupt(status, int(value))  # type: ignore[arg-type]

@@ -5,8 +5,8 @@
 --   {'busy', ms until the lease expires}
 --   {'early', ms until the moved deadline}
 --   {'idle'}                      nothing is owed (V == W); a stale wake-up is a no-op
---   {'acquired', fence, V, W, lateness ms, {outbox text, outbox version} or {},
---    {pending json (W, V]}, {history json}}
+--   {'acquired', fence, V, W, lateness ms, discards in a row, {outbox text, outbox version}
+--    or {}, {pending json (W, V]}, {history json}}
 local state, window, lease, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local pending, history, outbox = KEYS[5], KEYS[6], KEYS[7]
 local conv, ttl = ARGV[1], tonumber(ARGV[3])
@@ -19,8 +19,8 @@ if held > 0 then
   return {'busy', held}
 end
 
-local v = tonumber(redis.call('HGET', state, 'v') or '0')
-local w = tonumber(redis.call('HGET', state, 'w') or '0')
+local counters = redis.call('HMGET', state, 'v', 'w', 'discards')
+local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version')
 local has_outbox = left[1] ~= false
 
@@ -68,4 +68,4 @@ elseif v > w then
   end
 end
 local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
-return {'acquired', fence, v, w, lateness, resend, unanswered, past}
+return {'acquired', fence, v, w, lateness, tonumber(counters[3] or '0'), resend, unanswered, past}

@@ -1,20 +1,13 @@
--- A newer message arrived while a reply was being generated: give the lease back at once, as
--- the pre-send check would after the generation, unless the starvation guard wants this
--- reply to go out anyway. The discard counts towards that guard as a stale reply does.
+-- A newer message arrived while a reply was being generated, and the holder has already
+-- cancelled the generation: give the lease back at once, as the pre-send check would after it.
+-- The discard counts towards the starvation guard as a stale reply does. (A holder whose
+-- reply the guard will force out does not interrupt at all: it learns the count on acquire.)
 -- KEYS: lease, state, window, due
--- ARGV: conversation, token, fence, version the prompt covered, starvation limit
--- Returns {'stale', ms until the next look} | {'keep', 0} | {'lost', -1}
+-- ARGV: conversation, token, fence
+-- Returns {'stale', ms until the next look} | {'lost', -1}
 local lease, state, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if not holds(lease, ARGV[2], ARGV[3]) then
   return {'lost', -1}
-end
-if tonumber(redis.call('HGET', state, 'v')) == tonumber(ARGV[4]) then
-  return {'keep', 0}
-end
-local discards = tonumber(redis.call('HGET', state, 'discards') or '0')
-if discards >= tonumber(ARGV[5]) then
-  -- Starvation guard: let this generation finish; the pre-send check will force it out.
-  return {'keep', 0}
 end
 redis.call('HINCRBY', state, 'discards', 1)
 redis.call('DEL', lease)
