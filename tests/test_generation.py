@@ -140,9 +140,11 @@ async def test_at_the_starvation_limit_a_generation_is_not_interrupted_and_goes_
     fake.delay_for = lambda request: 1.0 if len(fake.requests) <= 3 else 0.1
     await bot.say(1)
     for n in (1, 2, 3):
-        request = await fake.wait_for_request(
-            lambda r, n=n: len(fake.requests) == n and first_streaming(r), timeout=10
-        )
+
+        def nth_streaming(r: RecordedRequest, n: int = n) -> bool:
+            return len(fake.requests) == n and first_streaming(r)
+
+        request = await fake.wait_for_request(nth_streaming, timeout=10)
         await bot.say(n + 1)
     await fake.wait_for_request(lambda r: r is request and (r.finished or r.cancelled), timeout=5)
     await bot.settled()
