@@ -107,6 +107,11 @@ class Stats:
     interrupted: int = 0
     interrupted_tokens: int = 0
     discarded_tokens: int = 0
+    # What the interrupts saved, estimated: a cancelled generation would likely have gone on
+    # to the mean length of the finished ones (0 until one has finished).
+    saved_tokens: int = 0
+    finished: int = 0
+    finished_tokens: int = 0
     over_budget: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -289,9 +294,11 @@ class Cycle:
         prompt = self._prompt(grant, burst)
         usage = Usage()
         began = time.monotonic()
+        answered = False
         try:
             outcome = await self._generate(grant, prompt, usage, keeper)
             if not isinstance(outcome, Next):
+                answered = True
                 self.stats.llm_seconds.observe(time.monotonic() - began)
         except LLMError as exc:
             self.stats.apologies += 1
@@ -303,15 +310,23 @@ class Cycle:
             )
             outcome = APOLOGY
         spent = await self._account(conversation, burst.for_model[-1].user_id, prompt, usage)
+        stats = self.stats
         if isinstance(outcome, Next):
-            self.stats.interrupted += 1
-            self.stats.interrupted_tokens += spent
+            saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
+            stats.interrupted += 1
+            stats.interrupted_tokens += spent
+            stats.saved_tokens += saved
             log.info(
-                "interrupted the generation for %s after %d tokens: a newer message arrived",
+                "interrupted the generation for %s after %d tokens (about %d saved): "
+                "a newer message arrived",
                 conversation,
                 spent,
+                saved,
             )
             return outcome
+        if answered:
+            stats.finished += 1
+            stats.finished_tokens += spent
         return "\n\n".join((*burst.answers, outcome)), spent
 
     def _prompt(self, grant: Grant, burst: Plan) -> Prompt:

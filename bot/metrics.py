@@ -61,6 +61,11 @@ COUNTERS = (
         "interrupted_tokens",
     ),
     ("llm_discarded_tokens", "Tokens of finished replies discarded as stale", "discarded_tokens"),
+    (
+        "llm_saved_tokens",
+        "Tokens interrupts saved, estimated by the mean finished generation",
+        "saved_tokens",
+    ),
 )
 
 

@@ -114,6 +114,30 @@ async def test_a_message_mid_generation_cancels_the_request_at_once(
     assert 0 < stats.interrupted_tokens <= first.pieces_streamed + 1
 
 
+async def test_an_interrupt_estimates_what_it_saved_from_the_finished_generations(
+    fake: FakeOpenAI, start: Any
+) -> None:
+    bot: Bot = start()
+    fake.reply = lambda request: "word " * 200
+    await bot.say(1)
+    await bot.settled()
+    stats = bot.runtime.stats
+    assert (stats.finished, stats.saved_tokens) == (1, 0)
+    finished_tokens = stats.finished_tokens
+    assert finished_tokens == len("word " * 200) // 4 + 1  # the usage the fake reports
+
+    fake.delay_for = lambda request: 4.0 if len(fake.requests) == 2 else 0.1
+    await bot.say(2)
+    second = await fake.wait_for_request(
+        lambda r: fake.requests.index(r) == 1 and first_streaming(r)
+    )
+    await bot.say(3)
+    await bot.settled()
+    assert second.cancelled and stats.interrupted == 1
+    # The one finished generation is the yardstick: what it took, less what was streamed.
+    assert stats.saved_tokens == finished_tokens - stats.interrupted_tokens > 0
+
+
 async def test_with_interrupt_off_the_request_finishes_and_its_reply_is_discarded(
     fake: FakeOpenAI, start: Any
 ) -> None:
@@ -142,7 +166,7 @@ async def test_at_the_starvation_limit_a_generation_is_not_interrupted_and_goes_
     for n in (1, 2, 3):
 
         def nth_streaming(r: RecordedRequest, n: int = n) -> bool:
-            return len(fake.requests) == n and first_streaming(r)
+            return fake.requests.index(r) == n - 1 and first_streaming(r)
 
         request = await fake.wait_for_request(nth_streaming, timeout=10)
         await bot.say(n + 1)
