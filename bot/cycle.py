@@ -367,7 +367,9 @@ class Cycle:
                 # The answer came first, or with the news: the pre-send check decides.
                 return generation.result()
             # Stop paying for tokens before anything else: cancelling closes the provider's
-            # stream. The lease goes back while the cancellation unwinds.
+            # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
+            # reach just now, StoreUnavailable ends the cycle as any store failure does: the
+            # generation is gone either way, and the lease is released or expires.)
             generation.cancel()
             verdict = await self.store.interrupt(lease)
         finally:
