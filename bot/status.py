@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bot.cancel import cancel_and_wait
-from bot.store import ROLE_TAG, SHARDS, Keys, reaching_redis, role_key
+from bot.store import ROLE_TAG, SHARDS, Keys, reaching_redis, role_key, usage_day_keys
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ HEARTBEAT_PREFIX = "{lw:replica}:"
 DEFAULT_HEARTBEAT_TTL_MS = 15_000
 # Keys looked at per SCAN call while searching for heartbeats.
 SCAN_COUNT = 1000
+# Conversations listed under the tokens spent today.
+TOP_CONVERSATIONS = 10
 # Fields the heartbeat script owns; the rest of the hash is the replica's own information.
 _OWN_FIELDS = ("pid", "host", "platform", "started_at", "last_beat")
 
@@ -293,6 +295,26 @@ class Wakeup:
 
 
 @dataclass(frozen=True)
+class TokensToday:
+    """Tokens spent on one UTC day, by every replica, and the conversations that spent most."""
+
+    day: str
+    prompt: int = 0
+    completion: int = 0
+    generations: int = 0
+    top: tuple[tuple[str, int], ...] = ()  # (conversation, tokens), most first
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "day": self.day,
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "generations": self.generations,
+            "top": [{"conversation": c, "tokens": t} for c, t in self.top],
+        }
+
+
+@dataclass(frozen=True)
 class Status:
     """One snapshot of the shared state. `to_json()` gives, with stable keys:
 
@@ -305,6 +327,7 @@ class Status:
                         longest wait first
         leases          [{conversation, token, holder, fence, expires_in_ms}], by conversation
         oldest_wakeup   {conversation, due_at_ms, overdue_ms} | null
+        tokens_today    {day, prompt, completion, generations, top: [{conversation, tokens}]}
 
     Times are ms; `holder` is the replica id from the token, null if the token has none;
     `waited_ms` is null when the oldest message cannot be read. The parts are read in a few
@@ -317,6 +340,7 @@ class Status:
     waiting: tuple[Waiting, ...] = ()
     leases: tuple[HeldLease, ...] = ()
     oldest_wakeup: Wakeup | None = None
+    tokens_today: TokensToday | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -326,6 +350,7 @@ class Status:
             "conversations": [w.to_json() for w in self.waiting],
             "leases": [lease.to_json() for lease in self.leases],
             "oldest_wakeup": None if self.oldest_wakeup is None else self.oldest_wakeup.to_json(),
+            "tokens_today": None if self.tokens_today is None else self.tokens_today.to_json(),
         }
 
 
@@ -367,6 +392,10 @@ async def collect(
 
 async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
     pattern = f"{HEARTBEAT_PREFIX}*"
+    # The replicas' clocks pick the day they count tokens under, so this one picks it too.
+    day = (
+        datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
+    ).date()
     async with redis.pipeline(transaction=False) as pipe:
         pipe.time()
         # The fence counters name every role ever taken: no scan needed for roles.
@@ -374,6 +403,10 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
         pipe.scan(0, match=pattern, count=scan_count)
         for shard in range(SHARDS):
             pipe.zrange(f"{{lw:{shard}}}:due", 0, -1, withscores=True)
+        for shard in range(SHARDS):
+            totals, ranking = usage_day_keys(shard, day)
+            pipe.hgetall(totals)
+            pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
         first: list[Any] = await pipe.execute()
     seconds, micros = first[0]
     now = int(seconds) * 1000 + int(micros) // 1000 if now_ms is None else now_ms
@@ -384,9 +417,10 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
         cursor, found = await redis.scan(cursor, match=pattern, count=scan_count)
         beat_keys.update(_text(k) for k in found)
     due: dict[str, int] = {}
-    for shard in first[3:]:
+    for shard in first[3 : 3 + SHARDS]:
         for member, score in shard:
             due[_text(member)] = int(score)
+    tokens_today = _tokens_today(day.isoformat(), first[3 + SHARDS :])
     replica_keys = sorted(beat_keys)
     conversations = sorted(due)
 
@@ -460,7 +494,22 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
         waiting=tuple(waiting),
         leases=tuple(leases),
         oldest_wakeup=wakeup,
+        tokens_today=tokens_today,
     )
+
+
+def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
+    """Sum the shards' totals and merge their rankings (each the shard's top conversations,
+    so the merged top is exact)."""
+    sums = {"prompt": 0, "completion": 0, "generations": 0}
+    ranked: list[tuple[str, int]] = []
+    for totals, ranking in zip(per_shard[::2], per_shard[1::2], strict=True):
+        fields = {_text(k): _int(v) or 0 for k, v in totals.items()}
+        for name in sums:
+            sums[name] += fields.get(name, 0)
+        ranked += [(_text(member), int(score)) for member, score in ranking]
+    ranked.sort(key=lambda pair: (-pair[1], pair[0]))
+    return TokensToday(day, top=tuple(ranked[:TOP_CONVERSATIONS]), **sums)
 
 
 def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:
@@ -614,4 +663,15 @@ def render(status: Status) -> str:
     else:
         rows = [[wakeup.conversation, _relative(-wakeup.overdue_ms)]]
         lines += ["  " + line for line in _table(["CONVERSATION", "DUE"], rows)]
+
+    tokens = status.tokens_today
+    if tokens is not None:
+        lines += [
+            "",
+            f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
+            f"{tokens.completion:,} completion in {tokens.generations:,} generations",
+        ]
+        if tokens.top:
+            rows = [[conversation, f"{spent:,}"] for conversation, spent in tokens.top]
+            lines += ["  " + line for line in _table(["CONVERSATION", "TOKENS"], rows)]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -241,7 +242,15 @@ async def test_to_json_round_trips_with_stable_keys(
 ) -> None:
     data = (await populated(redis, make_settings)).to_json()
     assert json.loads(json.dumps(data)) == data
-    assert set(data) == {"now_ms", "replicas", "roles", "conversations", "leases", "oldest_wakeup"}
+    assert set(data) == {
+        "now_ms",
+        "replicas",
+        "roles",
+        "conversations",
+        "leases",
+        "oldest_wakeup",
+        "tokens_today",
+    }
     assert data["replicas"][0]["id"] == "r7" and data["replicas"][0]["info"] == {"cycles": "1"}
     assert data["roles"][0]["holder"] == "r7"
     assert {c["conversation"] for c in data["conversations"]} == {"test:7", "test:8"}
@@ -292,6 +301,7 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
 
 async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
     status = await collect(redis)
+    today = datetime.now(UTC).date().isoformat()
     assert status.to_json() | {"now_ms": 0} == {
         "now_ms": 0,
         "replicas": [],
@@ -299,8 +309,52 @@ async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
         "conversations": [],
         "leases": [],
         "oldest_wakeup": None,
+        "tokens_today": {
+            "day": today,
+            "prompt": 0,
+            "completion": 0,
+            "generations": 0,
+            "top": [],
+        },
     }
     assert render(status).count("  none") == 5
+    assert f"tokens today ({today}, UTC): 0 prompt + 0 completion in 0 generations" in render(
+        status
+    )
+
+
+async def test_tokens_today_add_up_over_shards_and_rank_the_conversations(
+    redis: Redis, store: Store
+) -> None:
+    # Conversations in different shards, so the totals and the ranking are merged.
+    conversations = sorted({shard_of(f"test:{n}"): f"test:{n}" for n in range(100)}.values())
+    spent = {c: (100 * (i + 1), 10 * (i + 1)) for i, c in enumerate(conversations[:12])}
+    for conversation, (prompt, completion) in spent.items():
+        await store.add_usage(conversation, "u", prompt, completion)
+    await store.add_usage(conversations[0], "u", 5000, 0)  # now the biggest spender
+    tokens = (await collect(redis)).tokens_today
+    assert tokens is not None
+    assert tokens.prompt == sum(p for p, _ in spent.values()) + 5000
+    assert tokens.completion == sum(c for _, c in spent.values())
+    assert tokens.generations == len(spent) + 1
+    expected = sorted(
+        ((c, p + k + (5000 if c == conversations[0] else 0)) for c, (p, k) in spent.items()),
+        key=lambda pair: -pair[1],
+    )
+    assert list(tokens.top) == expected[:10]
+    assert tokens.top[0] == (conversations[0], 5110)
+    text = render(await collect(redis)).splitlines()
+    header = text.index(
+        f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
+        f"{tokens.completion:,} completion in {tokens.generations} generations"
+    )
+    assert text[header + 1].split() == ["CONVERSATION", "TOKENS"]
+    assert text[header + 2].split() == [conversations[0], "5,110"]
+
+    # Tomorrow starts from nothing: the counts are per UTC day.
+    tomorrow = (await server_ms(redis)) + 86_400_000
+    later = (await collect(redis, now_ms=tomorrow)).tokens_today
+    assert later is not None and (later.prompt, later.generations, later.top) == (0, 0, ())
 
 
 class CountingConnection(UnixDomainSocketConnection):

@@ -22,6 +22,9 @@ Key layout, for a conversation in shard N (of `SHARDS`):
     {lw:N}:c:<conversation>:day:<D>  hash    tokens spent on UTC day D; expires after two days
     {lw:N}:due                       zset    conversation -> when to look at it next
     {lw:N}:active                    zset    conversation -> when it last sent a new message
+    {lw:N}:usage:<D>:totals          hash    prompt, completion, generations of the shard on
+                                             UTC day D; expires after two days
+    {lw:N}:usage:<D>:ranking         zset    conversation -> its tokens on day D; likewise
 
 Roles (one holder across all replicas for a shared job, such as a platform's single poller;
 `role` and `role_release`), all in one slot:
@@ -137,6 +140,14 @@ class Keys:
 
     def day(self, when: date) -> str:
         return f"{self._base}:day:{when.isoformat()}"
+
+
+def usage_day_keys(shard: int, when: date) -> tuple[str, str]:
+    """A shard's tokens of one day: totals (hash: prompt, completion, generations), and its
+    conversations ranked by tokens (sorted set). In the shard's slot, so the usage script can
+    write them with the conversation's own keys."""
+    base = f"{{lw:{shard}}}:usage:{when.isoformat()}"
+    return f"{base}:totals", f"{base}:ranking"
 
 
 @dataclass(frozen=True)
@@ -414,8 +425,10 @@ class Store:
         """Count the tokens a reply cost; returns what the conversation's user spent today.
         A DM conversation is one user, so its day is the user's day."""
         k = Keys(conversation)
-        keys = [k.usage, k.day(_today())]
-        return int(await self._run(self._usage, keys, [prompt, completion, user, DAY_KEEP_MS]))
+        today = _today()
+        keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
+        args: list[str | int] = [prompt, completion, user, DAY_KEEP_MS, conversation]
+        return int(await self._run(self._usage, keys, args))
 
     async def tokens_today(self, conversation: str) -> int:
         """Tokens the conversation's user has spent today (UTC)."""

@@ -1,13 +1,21 @@
--- Add the tokens one reply cost to the conversation's totals and to its user's day.
--- KEYS: usage, day
--- ARGV: prompt tokens, completion tokens, user id, day ttl ms
+-- Add the tokens one reply cost to the conversation's totals, to its user's day, and to the
+-- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
+-- KEYS: usage, day, shard day totals, shard day ranking
+-- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation
 -- Returns the tokens spent on the day so far.
-local usage, day = KEYS[1], KEYS[2]
+local usage, day, totals, ranking = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prompt, completion = tonumber(ARGV[1]), tonumber(ARGV[2])
+local keep = tonumber(ARGV[4])
 redis.call('HINCRBY', usage, 'prompt', prompt)
 redis.call('HINCRBY', usage, 'completion', completion)
 redis.call('HINCRBY', usage, 'replies', 1)
 redis.call('HSET', usage, 'user', ARGV[3])
+redis.call('HINCRBY', totals, 'prompt', prompt)
+redis.call('HINCRBY', totals, 'completion', completion)
+redis.call('HINCRBY', totals, 'generations', 1)
+redis.call('ZINCRBY', ranking, prompt + completion, ARGV[5])
+redis.call('PEXPIRE', totals, keep)
+redis.call('PEXPIRE', ranking, keep)
 local spent = redis.call('HINCRBY', day, 'tokens', prompt + completion)
-redis.call('PEXPIRE', day, tonumber(ARGV[4]))
+redis.call('PEXPIRE', day, keep)
 return spent
