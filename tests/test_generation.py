@@ -89,14 +89,16 @@ def first_streaming(request: RecordedRequest) -> bool:
     return request.stream and request.pieces_streamed > 0
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_a_message_mid_generation_cancels_the_request_at_once(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Any, stream: bool
 ) -> None:
-    bot: Bot = start()
-    # A slow provider: the first answer would take 4 s to stream.
+    bot: Bot = start(stream=stream)
+    # A slow provider: the first answer would take 4 s (to stream, or to come at all).
     fake.delay_for = lambda request: 4.0 if len(fake.requests) == 1 else 0.2
     await bot.say(1, "first")
-    first = await fake.wait_for_request(first_streaming, timeout=10)
+    # Streamed: once tokens flow; plain: once the provider has the request.
+    first = await fake.wait_for_request(first_streaming if stream else lambda r: True, timeout=10)
     said_at = time.monotonic()
     await bot.say(2, "second")
     await fake.wait_for_request(lambda r: r is first and r.cancelled, timeout=5)
@@ -110,8 +112,12 @@ async def test_a_message_mid_generation_cancels_the_request_at_once(
     assert len(fake.requests) == 2 and not first.finished
     stats = bot.runtime.stats
     assert stats.interrupted == 1 and stats.discarded == 0
-    # The tokens it had streamed by then are counted as spent on nothing.
-    assert 0 < stats.interrupted_tokens <= first.pieces_streamed + 1
+    # The tokens it had streamed by then are counted as spent on nothing (a plain request
+    # that was cut off reports none).
+    if stream:
+        assert 0 < stats.interrupted_tokens <= first.pieces_streamed + 1
+    else:
+        assert stats.interrupted_tokens == 0 == first.pieces_streamed
 
 
 async def test_an_interrupt_estimates_what_it_saved_from_the_finished_generations(
