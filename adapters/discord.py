@@ -12,7 +12,7 @@ being lost or answered twice:
 - a RESUME may replay `MESSAGE_CREATE`s already seen: the core drops a repeated message id;
 - a gap with no gateway (a failover, a restart) delivers nothing sent meanwhile: on each new
   session the holder reads the history of recently active DM channels after the last message
-  it took in;
+  it took in, and their live messages wait until it has, so the gap is stored first;
 - a reply part re-sent after a crash carries the same `nonce` with `enforce_nonce`, so Discord
   returns the first copy instead of posting a second.
 """
@@ -246,21 +246,56 @@ class _Gateway(discord.Client):
         self.sink = sink
         self.catch_up_minutes = catch_up_minutes
         self.inbox: asyncio.Queue[InboundMessage] = asyncio.Queue()
+        # While a catch-up runs, live messages of the conversations whose history it has yet
+        # to read wait here, so that none is stored ahead of an older one from the gap. None:
+        # no catch-up; `_unread` None: which conversations it reads is not known yet (all wait).
+        self._held: list[InboundMessage] | None = None
+        self._unread: set[str] | None = None
+        # A session that ends during its catch-up starts another: one at a time.
+        self._catching_up = asyncio.Lock()
 
-    def _queue(self, message: discord.Message, *, edited: bool = False) -> bool:
+    def _normalize(
+        self, message: discord.Message, *, edited: bool = False
+    ) -> InboundMessage | None:
+        assert self.user is not None
+        return normalize(message, self.user.id, edited=edited)
+
+    def _live(self, message: discord.Message, *, edited: bool = False) -> None:
         # Synchronous: discord.py runs each handler as its own task, in arrival order, and
         # queueing before any await keeps that order.
-        assert self.user is not None
-        found = normalize(message, self.user.id, edited=edited)
-        if found is not None:
+        found = self._normalize(message, edited=edited)
+        if found is None:
+            return
+        if self._held is not None and self._waits(found):
+            self._held.append(found)
+        else:
             self.inbox.put_nowait(found)
-        return found is not None
+
+    def _waits(self, message: InboundMessage) -> bool:
+        """Whether a live message must wait for the catch-up to read its conversation first."""
+        return self._unread is None or message.conversation in self._unread
+
+    def _release(self, read: str | None = None) -> None:
+        """Queue the held messages that need wait no longer: those of conversation `read`
+        (its history is queued), of conversations the catch-up does not read, or, with
+        nothing left to read, all of them; in arrival order."""
+        if self._held is None:
+            return
+        if read is not None and self._unread is not None:
+            self._unread.discard(read)
+        waiting = []
+        for message in self._held:
+            if self._waits(message):
+                waiting.append(message)
+            else:
+                self.inbox.put_nowait(message)
+        self._held = waiting
 
     async def on_message(self, message: discord.Message) -> None:
-        self._queue(message)
+        self._live(message)
 
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        self._queue(payload.message, edited=True)
+        self._live(payload.message, edited=True)
 
     async def on_ready(self) -> None:
         # A new session, not a RESUME: nothing sent while none was open was delivered.
@@ -272,11 +307,23 @@ class _Gateway(discord.Client):
         are dropped by the core's dedupe."""
         if not self.catch_up_minutes:
             return
+        async with self._catching_up:
+            self._held, self._unread = [], None
+            try:
+                await self._read_gap()
+            finally:
+                self._unread = set()
+                self._release()
+                self._held = None
+
+    async def _read_gap(self) -> None:
         try:
             recent = await self.sink.recent(PLATFORM, self.catch_up_minutes * 60)
         except Unavailable as exc:
             log.warning("cannot read recent conversations for the catch-up: %s", exc)
             return
+        self._unread = set(recent)
+        self._release()
         found = 0
         for conversation, last in recent.items():
             channel = self.get_partial_messageable(
@@ -288,9 +335,12 @@ class _Gateway(discord.Client):
                 async for item in channel.history(
                     limit=CATCH_UP_LIMIT, after=after, oldest_first=True
                 ):
-                    found += self._queue(item)
+                    if (message := self._normalize(item)) is not None:
+                        self.inbox.put_nowait(message)
+                        found += 1
             except discord.HTTPException as exc:
                 log.warning("cannot read the history of %s: %s", conversation, exc)
+            self._release(read=conversation)
         log.info("catch-up: %d conversations read, %d messages found", len(recent), found)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:

@@ -170,6 +170,33 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         assert answered == "during / the / switch / after"
 
 
+async def test_live_messages_wait_for_the_catch_up_so_the_gap_is_stored_first(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    channel = fake.dm_channel(USER)
+    async with discord_bots(1, server, fake, short_dir):
+        await fake.user_sends(USER, "before")
+        await settled(redis, channel, 1)
+        # Two messages the gateway lost, then a new session whose catch-up is slow to read
+        # the history: a live message arrives while it reads.
+        for text in ("gap one", "gap two"):
+            await fake.user_sends(USER, text, dispatch=False)
+        fake.hold_history(True)
+        reads = fake.history_reads
+        await fake.invalidate_sessions()
+        await fake.wait_for(lambda: fake.history_reads > reads, timeout=15)
+        await fake.wait_for_sessions(1, timeout=5)
+        await fake.user_sends(USER, "live")
+        # Nothing the bot does shows that it has a message it must hold back, so this is a
+        # bounded wait: without the hold, the message would be stored within it.
+        await asyncio.sleep(0.3)
+        assert await counters(redis, channel) == (1, 1), "the live message was stored early"
+        fake.hold_history(False)
+        await settled(redis, channel, 4)
+    # One reply for the three, in the order they were sent.
+    assert texts(fake, channel) == ["You said: before", "You said: gap one / gap two / live"]
+
+
 async def test_a_crash_after_the_post_and_before_the_commit_posts_nothing_twice(
     server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
 ) -> None:

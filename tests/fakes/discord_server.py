@@ -294,6 +294,10 @@ class FakeDiscord(LoopbackServer):
         self._errors: dict[int | None, list[ScriptedError | None]] = {}
         self._post_gate = asyncio.Event()
         self._post_gate.set()
+        self._history_gate = asyncio.Event()
+        self._history_gate.set()
+        # History reads received (held or not), for tests that act while one is in flight.
+        self.history_reads = 0
         self._sessions: dict[str, _Session] = {}
         self._connections: set[_Connection] = set()
         # Replaced on every state change so waiters can sleep on "something changed" without
@@ -324,8 +328,9 @@ class FakeDiscord(LoopbackServer):
         app.router.add_route("*", "/{tail:.*}", self._not_found)
 
     def _before_stop(self) -> None:
-        # Held POSTs would otherwise keep cleanup waiting until its timeout.
+        # Held requests would otherwise keep cleanup waiting until its timeout.
         self._post_gate.set()
+        self._history_gate.set()
 
     async def stop(self) -> None:
         # Websocket handlers run as long as their socket; say goodbye as Discord does on a
@@ -404,6 +409,14 @@ class FakeDiscord(LoopbackServer):
         else:
             self._post_gate.set()
 
+    def hold_history(self, on: bool) -> None:
+        """While on, channel history reads are answered only once this is turned off: the
+        moment a catch-up is reading the history and live messages keep coming."""
+        if on:
+            self._history_gate.clear()
+        else:
+            self._history_gate.set()
+
     # -- scripting: users and channels -------------------------------------------------------
 
     def dm_channel(self, user_id: int) -> int:
@@ -455,10 +468,12 @@ class FakeDiscord(LoopbackServer):
         guild_id: int | None = None,
         channel_id: int | None = None,
         bot: bool = False,
+        dispatch: bool = True,
     ) -> dict[str, Any]:
         """``user_id`` posts a message: to their DM with the bot, unless ``guild_id`` or
         ``channel_id`` say otherwise. It is stored in the channel history and dispatched as
-        ``MESSAGE_CREATE``; returns the message as the gateway carries it."""
+        ``MESSAGE_CREATE`` (unless ``dispatch`` is false: an event the gateway lost, found
+        only in the history); returns the message as the gateway carries it."""
         if guild_id is not None:
             channel_id = self.guild_channel(guild_id, channel_id)
         elif channel_id is None:
@@ -470,7 +485,8 @@ class FakeDiscord(LoopbackServer):
             user["bot"] = True
         message = self._new_message(channel_id, user, content, attachments or [])
         payload = self._gateway_message(message)
-        await self._dispatch_message("MESSAGE_CREATE", payload)
+        if dispatch:
+            await self._dispatch_message("MESSAGE_CREATE", payload)
         return payload
 
     async def user_edits(self, message_id: int, new_content: str) -> dict[str, Any]:
@@ -1048,6 +1064,9 @@ class FakeDiscord(LoopbackServer):
 
     async def _get_messages(self, request: web.Request) -> web.Response:
         channel = self._channel(request)
+        self.history_reads += 1
+        self._notify()
+        await self._history_gate.wait()
         query = request.query
         try:
             limit = int(query.get("limit", "50"))
