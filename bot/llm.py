@@ -268,13 +268,20 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]
     """The JSON payloads of a server-sent event stream, up to `[DONE]`. Event names, ids and
     comments carry nothing for chat completions; a payload may span several `data:` lines."""
     data: list[str] = []
+    done = False
     async for line in _unbroken(lines):
+        # After [DONE] the body is still read to its end, short as it is: an HTTP/1.1
+        # connection closed with bytes unread cannot go back to the pool, and a new one to a
+        # provider costs a TLS handshake on every generation.
+        if done:
+            continue
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
         elif not line and data:
             payload, data = "\n".join(data), []
             if payload == "[DONE]":
-                return
+                done = True
+                continue
             try:
                 event = json.loads(payload)
             except ValueError:

@@ -153,6 +153,20 @@ async def test_streamed_completion_returns_the_text_and_the_reported_usage(
     assert attempt.completion_tokens == 8 != request.pieces_streamed
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_generations_reuse_one_connection_to_the_provider(
+    fake: FakeOpenAI, stream: bool
+) -> None:
+    # A new connection to a real provider costs a TLS handshake on every reply.
+    llm = openai_llm(fake, stream=stream)
+    try:
+        for n in range(3):
+            assert await llm.complete(prompt(f"hi {n}"), Usage())
+    finally:
+        await llm.client.close()
+    assert len({r.connection for r in fake.requests}) == 1 and fake.requests[0].connection
+
+
 @pytest.mark.parametrize("how", ["error", "drop"])
 async def test_a_stream_that_breaks_midway_is_retried(
     fake: FakeOpenAI, how: Literal["error", "drop"], caplog: pytest.LogCaptureFixture

@@ -52,6 +52,9 @@ class RecordedRequest:
     # on how the client library happens to spell them.
     headers: dict[str, str]
     started_at: float
+    # The client's port, which names the TCP connection that carried it: requests that share
+    # one came over a pooled, reused connection.
+    connection: int = 0
     finished: bool = False
     cancelled: bool = False
     # The fake cut the connection itself (break_next_stream("drop")).
@@ -88,6 +91,11 @@ def _content_text(content: Any) -> str:
             if isinstance(part, dict) and part.get("type") == "text"
         )
     return ""
+
+
+def _client_port(request: web.Request) -> int:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return int(peer[1]) if peer else 0
 
 
 def _estimate_tokens(text: str) -> int:
@@ -285,6 +293,7 @@ class FakeOpenAI(LoopbackServer):
             body=body,
             headers={key.lower(): value for key, value in request.headers.items()},
             started_at=time.monotonic(),
+            connection=_client_port(request),
         )
         self.requests.append(recorded)
         self._notify()
