@@ -136,6 +136,8 @@ class OpenAILLM:
         from openai import AsyncOpenAI
 
         self.settings = settings
+        # Ask for the usage at the end of a stream until the provider says it cannot.
+        self._stream_usage = True
         api_key = settings.api_key.get_secret_value() if settings.api_key else "unset"
         # Retries are ours (see `generate`), so that every attempt counts against one policy.
         self.client: AsyncOpenAI = AsyncOpenAI(
@@ -156,7 +158,7 @@ class OpenAILLM:
             "max_tokens": s.max_tokens,
             "stream": s.stream,
         }
-        if s.stream:
+        if s.stream and self._stream_usage:
             # The usage comes in a last chunk of its own, only when asked for.
             request["stream_options"] = {"include_usage": True}
         if s.temperature is not None:
@@ -177,6 +179,14 @@ class OpenAILLM:
             else:
                 text = await self._whole(prompt, attempt)
         except openai.APIStatusError as exc:
+            if self._refuses_stream_options(exc):
+                # Nothing was generated: ask again at once, without it, from now on.
+                usage.attempts.remove(attempt)
+                self._stream_usage = False
+                log.warning(
+                    "the provider does not take stream_options; tokens are counted by chunk"
+                )
+                return await self.complete(prompt, usage)
             raise self._status_error(exc) from None
         except openai.APIConnectionError as exc:
             raise LLMError(
@@ -227,6 +237,16 @@ class OpenAILLM:
                     if content:
                         parts.append(content)
         return "".join(parts)
+
+    def _refuses_stream_options(self, exc: openai.APIStatusError) -> bool:
+        # Servers that predate it (Azure OpenAI before API version 2024-09-01-preview, older
+        # vLLM and Ollama) refuse the whole request rather than ignore the field.
+        return (
+            self.settings.stream
+            and self._stream_usage
+            and exc.status_code in (400, 422)
+            and "stream_options" in exc.message
+        )
 
     def _status_error(self, exc: openai.APIStatusError) -> LLMError:
         status = exc.status_code

@@ -167,6 +167,32 @@ async def test_generations_reuse_one_connection_to_the_provider(
     assert len({r.connection for r in fake.requests}) == 1 and fake.requests[0].connection
 
 
+async def test_a_provider_that_refuses_stream_options_still_streams(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    fake.refuse_stream_options = True
+    fake.reply = lambda request: "one two three four"
+    llm = openai_llm(fake)
+    first, second = Usage(), Usage()
+    try:
+        assert await llm.complete(prompt("hi"), first) == "one two three four"
+        assert await llm.complete(prompt("again"), second) == "one two three four"
+    finally:
+        await llm.client.close()
+    # Refused once, then asked without it, and not again for the next reply.
+    [refused] = fake.rejected
+    assert refused["stream"] is True and "stream_options" in refused
+    assert [r.stream for r in fake.requests] == [True, True]
+    assert all("stream_options" not in r.body for r in fake.requests)
+    # No usage chunk without it: the tokens are counted by chunk, and the refusal costs none.
+    for usage, request in ((first, fake.requests[0]), (second, fake.requests[1])):
+        [attempt] = usage.attempts
+        assert not attempt.reported and attempt.completion_tokens == request.pieces_streamed
+    [warning] = [r for r in caplog.records if r.name == "bot.llm"]
+    assert "stream_options" in warning.getMessage()
+
+
 @pytest.mark.parametrize("how", ["error", "drop"])
 async def test_a_stream_that_breaks_midway_is_retried(
     fake: FakeOpenAI, how: Literal["error", "drop"], caplog: pytest.LogCaptureFixture

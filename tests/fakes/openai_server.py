@@ -132,6 +132,11 @@ class FakeOpenAI(LoopbackServer):
         self.reasoning: Callable[[RecordedRequest], str] | None = None
         self._errors: list[ScriptedError] = []
         self._breaks: list[Literal["error", "drop"]] = []
+        # Answer a request carrying `stream_options` with a 400, as servers that predate it do
+        # (Azure OpenAI before API version 2024-09-01-preview, older vLLM and Ollama).
+        self.refuse_stream_options = False
+        # Bodies of the requests answered 400 before they were recorded as requests.
+        self.rejected: list[Any] = []
         self._gate = asyncio.Event()
         self._gate.set()
         # Replaced on every state change so waiters can sleep on "something changed" without
@@ -279,7 +284,10 @@ class FakeOpenAI(LoopbackServer):
                 status=400,
             )
         problem = _validate(body)
+        if problem is None and self.refuse_stream_options and "stream_options" in body:
+            problem = "Unrecognized request argument supplied: stream_options"
         if problem is not None:
+            self.rejected.append(body)
             return web.json_response(
                 _error_body(problem, "invalid_request_error", None), status=400
             )
