@@ -239,8 +239,8 @@ class OpenAILLM:
         return "".join(parts)
 
     def _refuses_stream_options(self, exc: openai.APIStatusError) -> bool:
-        # Servers that predate it (Azure OpenAI before API version 2024-09-01-preview, older
-        # vLLM and Ollama) refuse the whole request rather than ignore the field.
+        # Servers that predate it (older Azure OpenAI API versions, vLLM and Ollama) refuse
+        # the whole request rather than ignore the field.
         return (
             self.settings.stream
             and self._stream_usage

@@ -133,7 +133,7 @@ class FakeOpenAI(LoopbackServer):
         self._errors: list[ScriptedError] = []
         self._breaks: list[Literal["error", "drop"]] = []
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
-        # (Azure OpenAI before API version 2024-09-01-preview, older vLLM and Ollama).
+        # (older Azure OpenAI API versions, vLLM and Ollama).
         self.refuse_stream_options = False
         # Bodies of the requests answered 400 before they were recorded as requests.
         self.rejected: list[Any] = []
