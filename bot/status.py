@@ -577,101 +577,82 @@ def _holder(lease: LeaseInfo | None) -> str:
     return lease.holder if lease.holder is not None else f"? ({lease.token[:8]})"
 
 
+def _section(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A titled table, indented, after a blank line; "none" when it has no rows."""
+    body = ["  " + line for line in _table(headers, rows)] if rows else ["  none"]
+    return ["", title, *body]
+
+
 def render(status: Status) -> str:
     """The snapshot as text for a terminal: one aligned table per section, "none" if empty."""
     when = datetime.fromtimestamp(status.now_ms / 1000, UTC).isoformat(timespec="seconds")
-    lines = [f"lastword status at {when.replace('+00:00', 'Z')} (server clock)", ""]
+    lines = [f"lastword status at {when.replace('+00:00', 'Z')} (server clock)"]
 
-    lines.append(f"replicas ({len(status.replicas)})")
-    if status.replicas:
-        rows = []
-        for r in status.replicas:
-            leases = sum(1 for held in status.leases if held.lease.holder == r.id)
-            roles = ",".join(role.name for role in status.roles if role.lease.holder == r.id)
-            up = None if r.started_at_ms is None else status.now_ms - r.started_at_ms
-            rows.append(
-                [
-                    r.id,
-                    r.host or "-",
-                    "-" if r.pid is None else str(r.pid),
-                    r.platform or "-",
-                    duration(up),
-                    f"{duration(r.beat_age_ms)} ago",
-                    str(leases),
-                    roles or "-",
-                    " ".join(f"{k}={v}" for k, v in r.info.items()) or "-",
-                ]
-            )
-        headers = ["ID", "HOST", "PID", "PLATFORM", "UP", "LAST BEAT", "LEASES", "ROLES", "INFO"]
-        lines += ["  " + line for line in _table(headers, rows)]
-    else:
-        lines.append("  none")
-
-    lines += ["", f"roles ({len(status.roles)})"]
-    if status.roles:
-        rows = [
+    rows = []
+    for r in status.replicas:
+        leases = sum(1 for held in status.leases if held.lease.holder == r.id)
+        roles = ",".join(role.name for role in status.roles if role.lease.holder == r.id)
+        up = None if r.started_at_ms is None else status.now_ms - r.started_at_ms
+        rows.append(
             [
-                role.name,
-                _holder(role.lease),
-                str(role.lease.fence),
-                duration(role.lease.expires_in_ms),
+                r.id,
+                r.host or "-",
+                "-" if r.pid is None else str(r.pid),
+                r.platform or "-",
+                duration(up),
+                f"{duration(r.beat_age_ms)} ago",
+                str(leases),
+                roles or "-",
+                " ".join(f"{k}={v}" for k, v in r.info.items()) or "-",
             ]
-            for role in status.roles
-        ]
-        lines += ["  " + line for line in _table(["NAME", "HOLDER", "FENCE", "EXPIRES IN"], rows)]
-    else:
-        lines.append("  none")
+        )
+    headers = ["ID", "HOST", "PID", "PLATFORM", "UP", "LAST BEAT", "LEASES", "ROLES", "INFO"]
+    lines += _section(f"replicas ({len(status.replicas)})", headers, rows)
 
-    lines += ["", f"conversations waiting ({len(status.waiting)})"]
-    if status.waiting:
-        rows = [
-            [
-                w.conversation,
-                str(w.unanswered),
-                duration(w.waited_ms),
-                _relative(w.next_look_ms),
-                _holder(w.lease),
-                "yes" if w.outbox else "no",
-            ]
-            for w in status.waiting
-        ]
-        headers = ["CONVERSATION", "UNANSWERED", "WAITED", "NEXT LOOK", "LEASE", "OUTBOX"]
-        lines += ["  " + line for line in _table(headers, rows)]
-    else:
-        lines.append("  none")
+    rows = [
+        [role.name, _holder(role.lease), str(role.lease.fence), duration(role.lease.expires_in_ms)]
+        for role in status.roles
+    ]
+    headers = ["NAME", "HOLDER", "FENCE", "EXPIRES IN"]
+    lines += _section(f"roles ({len(status.roles)})", headers, rows)
 
-    lines += ["", f"leases held ({len(status.leases)})"]
-    if status.leases:
-        rows = [
-            [
-                held.conversation,
-                _holder(held.lease),
-                str(held.lease.fence),
-                duration(held.lease.expires_in_ms),
-            ]
-            for held in status.leases
+    rows = [
+        [
+            w.conversation,
+            str(w.unanswered),
+            duration(w.waited_ms),
+            _relative(w.next_look_ms),
+            _holder(w.lease),
+            "yes" if w.outbox else "no",
         ]
-        headers = ["CONVERSATION", "HOLDER", "FENCE", "EXPIRES IN"]
-        lines += ["  " + line for line in _table(headers, rows)]
-    else:
-        lines.append("  none")
+        for w in status.waiting
+    ]
+    headers = ["CONVERSATION", "UNANSWERED", "WAITED", "NEXT LOOK", "LEASE", "OUTBOX"]
+    lines += _section(f"conversations waiting ({len(status.waiting)})", headers, rows)
 
-    lines += ["", "oldest wake-up"]
+    rows = [
+        [
+            held.conversation,
+            _holder(held.lease),
+            str(held.lease.fence),
+            duration(held.lease.expires_in_ms),
+        ]
+        for held in status.leases
+    ]
+    headers = ["CONVERSATION", "HOLDER", "FENCE", "EXPIRES IN"]
+    lines += _section(f"leases held ({len(status.leases)})", headers, rows)
+
     wakeup = status.oldest_wakeup
-    if wakeup is None:
-        lines.append("  none")
-    else:
-        rows = [[wakeup.conversation, _relative(-wakeup.overdue_ms)]]
-        lines += ["  " + line for line in _table(["CONVERSATION", "DUE"], rows)]
+    rows = [] if wakeup is None else [[wakeup.conversation, _relative(-wakeup.overdue_ms)]]
+    lines += _section("oldest wake-up", ["CONVERSATION", "DUE"], rows)
 
     tokens = status.tokens_today
     if tokens is not None:
-        lines += [
-            "",
+        title = (
             f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-            f"{tokens.completion:,} completion in {tokens.generations:,} generations",
-        ]
-        if tokens.top:
-            rows = [[conversation, f"{spent:,}"] for conversation, spent in tokens.top]
-            lines += ["  " + line for line in _table(["CONVERSATION", "TOKENS"], rows)]
+            f"{tokens.completion:,} completion in {tokens.generations:,} generations"
+        )
+        rows = [[conversation, f"{spent:,}"] for conversation, spent in tokens.top]
+        # No "none" under it: the totals line says as much.
+        lines += _section(title, ["CONVERSATION", "TOKENS"], rows) if rows else ["", title]
     return "\n".join(lines) + "\n"
