@@ -29,6 +29,16 @@ class Sink(Protocol):
         """
         ...
 
+    async def remember(self, name: str, value: str | None, ttl_s: float) -> None:
+        """Keep a small value for `ttl_s` seconds where every replica can read it (None:
+        forget it), such as the gateway session a new gateway holder resumes. Raises
+        `Unavailable` if the store cannot be reached."""
+        ...
+
+    async def recall(self, name: str) -> str | None:
+        """A value kept by `remember` on any replica, or None. Raises `Unavailable`."""
+        ...
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name` (for example
         "telegram:poller"): exactly one replica of the deployment runs it at a time, and if
@@ -54,18 +64,36 @@ class Adapter(Outbound, Protocol):
         ...
 
 
+def describe(message: InboundMessage) -> str:
+    """How logs name a message: its platform id and its conversation."""
+    return f"message {message.message_id} of {message.conversation}"
+
+
 async def until_stored(
-    take: Callable[[], Awaitable[object]], *, first_s: float = 0.2, cap_s: float = 5.0
+    take: Callable[[], Awaitable[object]],
+    what: str,
+    *,
+    first_s: float = 0.2,
+    cap_s: float = 5.0,
+    error_cap_s: float = 60.0,
 ) -> None:
-    """Run `take()` (which hands one message to the core) until the store has it, backing
-    off while the store is down. For a source that will not deliver again (a gateway event, a
-    stdin line) or must not move on before it is stored (a poll's unconfirmed offset)."""
+    """Run `take()` (which hands the message `what` to the core) until the store has it,
+    backing off while the store is down. For a source that will not deliver again (a gateway
+    event, a stdin line) or must not move on before it is stored (a poll's unconfirmed offset).
+
+    An error nobody expected (a bug, an unclassified Redis reply) is logged with its
+    traceback and retried too, backing off up to `error_cap_s`: the message is never dropped
+    unstored, and the loop that called this never dies of it."""
     delay = first_s
     while True:
         try:
             await take()
             return
         except Unavailable as exc:
-            log.warning("message not stored yet (%s); retrying in %.1fs", exc, delay)
+            log.warning("%s not stored yet (%s); retrying in %.1fs", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, cap_s)
+        except Exception:
+            log.exception("%s could not be stored; retrying in %.1fs", what, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, error_cap_s)

@@ -90,7 +90,7 @@ class ConsoleAdapter:
             text=text,
         )
         # stdin cannot redeliver, so the line is held here until the store is back.
-        await until_stored(lambda: sink.ingest(message), first_s=0.1, cap_s=2.0)
+        await until_stored(lambda: sink.ingest(message), f"line {number}", first_s=0.1, cap_s=2.0)
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
         if self._output_gone.is_set():

@@ -30,7 +30,7 @@ import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from adapters.base import Sink, until_stored
+from adapters.base import Sink, describe, until_stored
 from bot.cancel import cancel_and_wait
 from bot.message import Attachment, InboundMessage, Unavailable
 from bot.settings import ConfigError, DiscordSettings
@@ -190,7 +190,7 @@ class DiscordAdapter:
         a message is never stored ahead of one that came before it."""
         while True:
             message = await inbox.get()
-            await until_stored(partial(self._take, sink, message))
+            await until_stored(partial(self._take, sink, message), describe(message))
 
     async def _take(self, sink: Sink, message: InboundMessage) -> None:
         # A user who writes again may have opened their DMs.

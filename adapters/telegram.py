@@ -34,7 +34,7 @@ from telegram.constants import ChatAction
 from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter
 from telegram.request import HTTPXRequest
 
-from adapters.base import Sink, until_stored
+from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_part
 from bot.message import Attachment, InboundMessage, Unavailable
 from bot.settings import TelegramSettings
@@ -220,7 +220,7 @@ class TelegramAdapter:
             for update in updates:
                 message = normalize(update)
                 if message is not None:
-                    await until_stored(partial(self._take, sink, message))
+                    await until_stored(partial(self._take, sink, message), describe(message))
             if updates:
                 # Confirmed by the next call, after the whole batch is stored.
                 offset = updates[-1].update_id + 1

@@ -56,6 +56,31 @@ class Unavailable(Exception):
     not acknowledge it to the platform: retry, or let the platform redeliver."""
 
 
+class SendFailed(Exception):
+    """A reply part was not delivered, with the adapter's verdict on trying again.
+
+    `permanent`: sending it again can never succeed (the channel is gone, the bot may not
+    post there, the platform rejects the request as malformed); the core gives the reply up
+    at once. Otherwise the failure is transient (a 5xx, a network error, a long 429): the core
+    tries the reply again later, backed off across replicas, a bounded number of times. Any
+    other exception from `send` counts as transient too.
+    """
+
+    def __init__(self, reason: str, *, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
+
+
+class Unreachable(SendFailed):
+    """The user cannot get messages from the bot until they write again: they blocked it, or
+    closed their DMs. The core counts the reply as delivered (nothing else can be done for it)
+    and marks the conversation in the store, for every replica, until the user's next message.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, permanent=True)
+
+
 class Outbound(Protocol):
     """What the core asks of a platform. Implemented by every adapter."""
 
@@ -68,7 +93,8 @@ class Outbound(Protocol):
         """Deliver one part of a reply.
 
         `idempotency_key` is the same when a reply part is re-sent after a crash, so platforms
-        that can deduplicate (Discord's nonce) deliver it once.
+        that can deduplicate (Discord's nonce) deliver it once. Raises `Unreachable` when the
+        user cannot be reached, and `SendFailed` with the adapter's verdict on other failures.
         """
 
     async def typing(self, conversation: str) -> None:

@@ -15,9 +15,18 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bot.cancel import cancel_and_wait
+from bot.settings import ConfigError
 from bot.store import Store, StoreUnavailable, lease_token
 
 log = logging.getLogger(__name__)
+
+# On shutdown, how long a role's work may take to wind down once cancelled (a gateway holder
+# stores the DMs it still has queued) before it is cancelled again and the role released.
+HANDOVER_S = 2.0
+# After the work fails with an unexpected error, the role is handed back (another replica may
+# fare better) and claimed again after this long, doubling per failure in a row up to the cap.
+RESTART_AFTER_S = 1.0
+RESTART_CAP_S = 60.0
 
 
 async def run_exclusively(
@@ -35,14 +44,17 @@ async def run_exclusively(
     holds it), then runs `work()` and renews the role every TTL/3. If the role is lost (taken
     over, or Redis unreachable for longer than the TTL, so another replica may have it by
     now), the work is cancelled and the wait starts over: `work` must be safe to restart.
-    When `work()` returns, the role is released and this returns; if it raises, the role is
-    released and the error propagates. When this is cancelled (shutdown), the work is
-    cancelled and the role released, so another replica takes over at once.
+    When `work()` returns, the role is released and this returns. If it raises a
+    `ConfigError` (nothing a restart can fix), the role is released and the error propagates;
+    any other error is logged, the role handed back, and the work started again once the role
+    is back, after a backoff. When this is cancelled (shutdown), the work is cancelled and
+    given `HANDOVER_S` to wind down, and the role released, so another replica takes over.
     """
     ttl_s = ttl_ms / 1000
     claim_every_s = ttl_s / 3 if poll_s is None else poll_s
     token = lease_token(owner)
     task: asyncio.Task[None] | None = None
+    failures = 0
     try:
         while True:
             fence, confirmed_at = await _claim(store, name, token, ttl_ms, claim_every_s)
@@ -58,10 +70,22 @@ async def run_exclusively(
             # The work ended on its own: hand the role back, then return or raise as it did.
             await _release(store, name, token)
             finished, task = task, None
-            return finished.result()
+            error = finished.exception()
+            if error is None or isinstance(error, ConfigError):
+                return finished.result()
+            failures += 1
+            delay = min(RESTART_AFTER_S * 2 ** (failures - 1), RESTART_CAP_S)
+            log.error(
+                "role %s failed (%d in a row); handed back, claiming again in %.0fs",
+                name,
+                failures,
+                delay,
+                exc_info=error,
+            )
+            await asyncio.sleep(delay)
     except asyncio.CancelledError:
         if task is not None:
-            await cancel_and_wait(task)
+            await cancel_and_wait(task, retry_s=HANDOVER_S)
         # Also after a claim whose answer the cancellation cut off: the release is
         # token-checked, so it is a no-op unless the role is ours.
         await _release(store, name, token)

@@ -19,7 +19,7 @@ from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
-from bot.roles import run_exclusively
+from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings
 from bot.status import Heartbeat
 from bot.store import Store
@@ -140,6 +140,7 @@ class Runtime:
         self._failures: dict[str, int] = {}
         self._accepting = False
         self._draining = asyncio.Event()
+        self._role_runners: set[asyncio.Task[None]] = set()
         # The roles (such as "telegram:poller") this replica holds right now.
         self.roles: set[str] = set()
         self.heartbeat = Heartbeat(
@@ -253,6 +254,12 @@ class Runtime:
         platform id of the last message taken in from it."""
         return await self.store.recent(platform, int(within_s * 1000))
 
+    async def remember(self, name: str, value: str | None, ttl_s: float) -> None:
+        await self.store.remember(name, value, int(ttl_s * 1000))
+
+    async def recall(self, name: str) -> str | None:
+        return await self.store.recall(name)
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name`, one replica at a time
         across the deployment, handing over within the lease TTL if the holder dies. See
@@ -275,6 +282,8 @@ class Runtime:
             ),
             name=f"role {name}",
         )
+        self._role_runners.add(runner)
+        runner.add_done_callback(self._role_runners.discard)
         draining = asyncio.create_task(self._draining.wait())
         try:
             await asyncio.wait({runner, draining}, return_when=asyncio.FIRST_COMPLETED)
@@ -282,8 +291,9 @@ class Runtime:
             draining.cancel()
             if not runner.done():
                 # Shutting down: hand the role over now, so another replica polls or holds
-                # the gateway while this one finishes its replies.
-                await cancel_and_wait(runner)
+                # the gateway while this one finishes its replies. One cancel, then time to
+                # wind down: the work may still store what it has queued.
+                await cancel_and_wait(runner, retry_s=HANDOVER_S)
         if runner.cancelled() and self._draining.is_set():
             # Stay here, so the adapter keeps its client open for the last replies, until
             # the shutdown cancels the adapter.
@@ -325,14 +335,21 @@ class Runtime:
 
     async def drain(self, grace_s: float) -> None:
         """The first half of a graceful stop: take nothing new in and start no new cycle, and
-        give the cycles already running up to `grace_s` to deliver their replies."""
-        self._accepting = False
+        give the cycles already running up to `grace_s` to deliver their replies.
+
+        Roles go first, while messages are still taken in: the poller or gateway holder
+        stores what it has already received, then hands its role to another replica."""
+        began = asyncio.get_running_loop().time()
         self._draining.set()
+        if self._role_runners:
+            await asyncio.wait(set(self._role_runners), timeout=HANDOVER_S + 0.5)
+        self._accepting = False
         await self.timers.stop()
         running = list(self._running.values())
-        if running:
-            log.info("waiting up to %.1fs for %d cycles to finish", grace_s, len(running))
-            _, late = await asyncio.wait(running, timeout=grace_s)
+        left_s = max(grace_s - (asyncio.get_running_loop().time() - began), 0.0)
+        if running and left_s > 0:
+            log.info("waiting up to %.1fs for %d cycles to finish", left_s, len(running))
+            _, late = await asyncio.wait(running, timeout=left_s)
             if late:
                 log.info("%d cycles still running; handing their conversations back", len(late))
 

@@ -20,6 +20,7 @@ from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
 from bot.roles import run_exclusively
 from bot.runtime import Runtime
+from bot.settings import ConfigError
 from bot.store import Store, role_key
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.outbound import RecordingOutbound
@@ -175,16 +176,44 @@ async def test_the_role_is_released_when_the_work_returns(
     assert await other_store.claim_role("r", "b", 10_000) is not None
 
 
-async def test_an_error_from_the_work_propagates_and_releases_the_role(
+async def test_a_config_error_from_the_work_propagates_and_releases_the_role(
     store: Store, redis: Redis
 ) -> None:
     work = Work()
-    work.error = ValueError("boom")
+    work.error = ConfigError("LASTWORD_X: wrong")
     work.finish.set()
-    with pytest.raises(ValueError, match="boom"):
+    with pytest.raises(ConfigError, match="wrong"):
         async with asyncio.timeout(2):
             await run_exclusively(store, "r", work, 10_000)
     assert await redis.exists(role_key("r")) == 0
+
+
+async def test_any_other_error_hands_the_role_back_and_restarts_the_work(
+    store: Store, other_store: Store, redis: Redis
+) -> None:
+    # A 429 the adapter did not expect must not end the process: the role goes back (so
+    # another replica may try), and the work starts again after a backoff.
+    work = Work()
+    work.error = ValueError("boom")
+    work.finish.set()
+    runner = asyncio.create_task(run_exclusively(store, "r", work, 10_000, poll_s=0.05))
+    try:
+        await eventually(lambda: _at_least(work, 1))
+        await eventually(lambda: _released(redis))
+        # Free for another replica during the backoff.
+        assert await other_store.claim_role("r", "b", 300) is not None
+        await eventually(lambda: _at_least(work, 2), within_s=4)
+        assert not runner.done()
+    finally:
+        await cancel_and_wait(runner)
+
+
+async def _at_least(work: Work, starts: int) -> bool:
+    return work.starts >= starts
+
+
+async def _released(redis: Redis) -> bool:
+    return await redis.exists(role_key("r")) == 0
 
 
 async def test_shutdown_hands_the_role_over_at_once(

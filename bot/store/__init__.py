@@ -31,6 +31,8 @@ Roles (one holder across all replicas for a shared job, such as a platform's sin
 
     {lw:role}:<name>                 hash    token, fence; expires on its own
     {lw:role}                        hash    role name -> last fence handed out
+    {lw:role}:kept:<name>            string  a small value a role holder keeps for the next
+                                             holder (a gateway session to resume); expires
 """
 
 from __future__ import annotations
@@ -420,6 +422,20 @@ class Store:
     async def release_role(self, name: str, token: str) -> bool:
         """Give the role back if it is still ours; False (and no change) otherwise."""
         return bool(await self._run(self._role_release, [role_key(name)], [token]))
+
+    async def remember(self, name: str, value: str | None, ttl_ms: int) -> None:
+        """Keep `value` under `name` for `ttl_ms`, for any replica to read (None: forget)."""
+        key = f"{ROLE_TAG}:kept:{name}"
+        with reaching_redis():
+            if value is None:
+                await self.redis.delete(key)
+            else:
+                await self.redis.set(key, value, px=max(ttl_ms, 1))
+
+    async def recall(self, name: str) -> str | None:
+        with reaching_redis():
+            value = await self.redis.get(f"{ROLE_TAG}:kept:{name}")
+        return None if value is None else _text(value)
 
     async def add_usage(self, conversation: str, user: str, prompt: int, completion: int) -> int:
         """Count the tokens a reply cost; returns what the conversation's user spent today.
