@@ -84,6 +84,7 @@ def make_store(settings: Settings, redis: Redis) -> Store:
         history_cap=settings.history_cap,
         starvation_limit=settings.starvation_limit,
         rate_per_minute=settings.access.rate_per_minute,
+        retention_ms=int(settings.retention_days * 86_400_000),
     )
 
 

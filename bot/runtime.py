@@ -322,6 +322,7 @@ class Runtime:
         store.history_cap = merged.history_cap
         store.starvation_limit = merged.starvation_limit
         store.rate_per_minute = merged.access.rate_per_minute
+        store.retention_ms = int(merged.retention_days * 86_400_000)
         self.cycle.llm.configure(merged.llm)
         return [name for name in changed if name not in fixed], fixed
 

@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     access: AccessSettings = AccessSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2)
+    # A conversation idle for this long (no message, no reply) expires whole from Redis, and
+    # its next message starts afresh. Fractions are allowed (tests use seconds).
+    retention_days: float = Field(default=30.0, gt=0)
     # Longer messages are cut, with a note, before they are stored.
     max_message_chars: int = Field(default=8000, ge=100)
     # Replies discarded in a row as stale before the next one goes out regardless.

@@ -247,6 +247,7 @@ class Store:
         history_cap: int,
         starvation_limit: int,
         rate_per_minute: int = 0,
+        retention_ms: int = 30 * 86_400_000,
     ) -> None:
         self.redis = redis
         self.quiet_ms = quiet_ms
@@ -255,6 +256,7 @@ class Store:
         self.history_cap = history_cap
         self.starvation_limit = starvation_limit
         self.rate_per_minute = rate_per_minute
+        self.retention_ms = retention_ms
         self._ingest = redis.register_script(INGEST)
         self._notice = redis.register_script(NOTICE)
         self._acquire = redis.register_script(ACQUIRE)
