@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import time
+from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -20,6 +21,7 @@ from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
 from bot.store import Store
+from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
 
 log = logging.getLogger("lastword")
@@ -63,14 +65,35 @@ class StartupError(Exception):
     """The bot cannot start; the message is meant for the operator, on one line."""
 
 
+# Every Redis call ends within this, answered or not. A primary that vanishes without a reset
+# (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
+# timeout, about 15 minutes. Each script is a few dozen operations, far below it.
+REDIS_TIMEOUT_S = 5.0
+REDIS_CONNECT_TIMEOUT_S = 2.0
+# A connection idle this long is checked with a PING before it is used again.
+REDIS_HEALTH_CHECK_S = 15
+
+
 def make_client(url: str) -> Redis:
-    """A client whose pool waits for a free connection when all are busy.
+    """A client whose every call is bounded in time, and whose pool waits for a free
+    connection when all are busy.
 
     redis-py's default pool fails with "Too many connections" instead, so a replica with more
-    than a hundred conversations due at once would fail cycles and answer a second late.
+    than a hundred conversations due at once would fail cycles and answer a second late. A
+    call that times out drops its connection, so hung connections cannot fill the pool.
     """
+    options: dict[str, Any] = {}
+    if not url.startswith("unix:"):
+        # TCP only (a unix socket takes no such option): the kernel notices a dead peer.
+        options["socket_keepalive"] = True
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=100, timeout=10, socket_connect_timeout=2
+        url,
+        max_connections=100,
+        timeout=10,
+        socket_timeout=REDIS_TIMEOUT_S,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        health_check_interval=REDIS_HEALTH_CHECK_S,
+        **options,
     )
     return Redis.from_pool(pool)
 
@@ -157,9 +180,12 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
     runtime = Runtime(settings, store, llm, adapter)
     runtime.start()
+    supervisor = Supervisor()
     health: HealthServer | None = None
     if settings.metrics_listen:
-        health = HealthServer(settings.metrics_listen, runtime, adapter.connected)
+        health = HealthServer(
+            settings.metrics_listen, runtime, adapter.connected, lambda: supervisor.down
+        )
         try:
             await health.start()
         except (OSError, ValueError) as exc:
@@ -173,7 +199,10 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload, runtime)
-    receiving = asyncio.create_task(adapter.run(runtime), name="adapter")
+    receiving = asyncio.create_task(
+        supervisor.keep(f"{settings.platform} intake", lambda: adapter.run(runtime)),
+        name="adapter",
+    )
     stopping = asyncio.create_task(stop.wait(), name="stop")
     pulse = asyncio.create_task(_pulse(runtime), name="systemd pulse")
     notify("READY=1")

@@ -19,11 +19,20 @@ from typing import TypeVar
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
 from bot.llm import LLM, LLMError, Usage, generate
-from bot.message import Outbound
+from bot.message import Outbound, SendFailed, Unavailable, Unreachable
 from bot.prompt import Prompt, Turn, estimated_tokens, fit, system_prompt
 from bot.settings import Settings
 from bot.split import split_message
-from bot.store import Grant, Lease, Store, StoreUnavailable, lease_token
+from bot.store import (
+    RETRY_AFTER_ERROR_MS,
+    Ended,
+    Grant,
+    Lease,
+    Outcome,
+    Store,
+    StoreUnavailable,
+    lease_token,
+)
 from bot.tokens import Counter
 from bot.watch import VersionWatch
 
@@ -38,6 +47,15 @@ ATTACHMENT_NOTE = (
 )
 
 T = TypeVar("T")
+
+# A reply whose sending failed this many times in a row (a transient platform error each
+# time, backed off 1, 2, 4... s across replicas: about two minutes) is given up, so one broken
+# chat cannot wedge its conversation for ever. A permanent error gives it up at once.
+SEND_ATTEMPTS = 8
+# A commit the store refused for a moment is tried again this soon, doubling up to the cap,
+# for as long as the lease is ours.
+COMMIT_RETRY_S = 0.05
+COMMIT_RETRY_CAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,12 @@ class Stats:
     apologies: int = 0
     resent: int = 0
     lost: int = 0
+    # Attempts that failed (a platform or store error) and were handed back, backed off;
+    # replies given up after a permanent error or too many failures; replies to users who
+    # cannot be reached (they blocked the bot, or closed their DMs).
+    failed: int = 0
+    abandoned: int = 0
+    unreachable: int = 0
     # Generations cancelled because a newer message arrived, and the tokens they had
     # streamed by then; tokens of finished replies thrown away by the pre-send check.
     interrupted: int = 0
@@ -127,14 +151,20 @@ class Stats:
 
 
 class LeaseKeeper:
-    """Renews a lease every TTL/3 while work runs, and cancels the work if renewal fails."""
+    """Renews a lease every TTL/3 while work runs, and cancels the work if renewal fails.
 
-    def __init__(self, store: Store, lease: Lease, stats: Stats) -> None:
+    Freshness is measured from when the acquire (or the last renewal that succeeded) was
+    sent, never from when its answer came: the expiry counts from when the server ran the
+    script, and a pause between that and reading the answer must not make a lease that
+    another replica may hold by now look fresh. Every renewal is bounded by the time left.
+    """
+
+    def __init__(self, store: Store, lease: Lease, stats: Stats, confirmed_at: float) -> None:
         self.store = store
         self.lease = lease
         self.stats = stats
         self.ttl_s = store.ttl_ms / 1000
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = confirmed_at
         self._released = False
 
     def released(self) -> None:
@@ -164,36 +194,43 @@ class LeaseKeeper:
                 task.cancel()
                 return
 
-    async def _renew_or_expired(self) -> bool:
-        # The new expiry counts from when the server ran the script, which is no earlier
-        # than when the call was sent: measure from there, never from the answer.
+    async def _renew(self) -> bool | None:
+        """Renew now: True if renewed, False if the lease is someone else's, None if the
+        store did not answer within the time the lease has left."""
         sent_at = time.monotonic()
+        left_s = self.ttl_s - (sent_at - self.confirmed_at)
         try:
-            if await self.store.renew(self.lease):
-                self.confirmed_at = sent_at
-                return True
-            if not self._released:
-                log.warning("lease on %s was taken over; stopping", self.lease.conversation)
-            return False
-        except StoreUnavailable as exc:
+            async with asyncio.timeout(max(left_s, 0.0)):
+                renewed = await self.store.renew(self.lease)
+        except (StoreUnavailable, TimeoutError) as exc:
             self.stats.renewal_failures += 1
+            log.warning("lease renewal failed: %s", exc or "no answer in the time left")
+            return None
+        if renewed:
+            self.confirmed_at = sent_at
+        return renewed
+
+    async def _renew_or_expired(self) -> bool:
+        renewed = await self._renew()
+        if renewed is None:
             # Keep working while the lease may still be ours; give up once it surely is not.
             alive = time.monotonic() - self.confirmed_at < self.ttl_s
-            log.warning("lease renewal failed (%s); %s", exc, "retrying" if alive else "giving up")
+            if not alive:
+                log.warning(
+                    "lease on %s can no longer be confirmed; stopping", self.lease.conversation
+                )
             return alive
+        if not renewed and not self._released:
+            log.warning("lease on %s was taken over; stopping", self.lease.conversation)
+        return renewed
 
-    async def ensure_fresh(self) -> None:
-        """Before a side effect: if so much time has passed (a pause, a slow send) that the
-        lease may have expired, confirm it now rather than act on a lease someone else holds."""
-        if time.monotonic() - self.confirmed_at > self.ttl_s / 2:
-            sent_at = time.monotonic()
-            try:
-                ok = await self.store.renew(self.lease)
-            except StoreUnavailable:
-                ok = False
-            if not ok:
-                raise LeaseLost(self.lease.conversation)
-            self.confirmed_at = sent_at
+    async def ensure_fresh(self, *, always: bool = False) -> None:
+        """Before a side effect: confirm the lease (token and fence) if so much time has
+        passed (a pause, a slow send) that it may have expired, or `always`, rather than act
+        on a lease someone else holds."""
+        stale = time.monotonic() - self.confirmed_at > self.ttl_s / 2
+        if (always or stale) and not await self._renew():
+            raise LeaseLost(self.lease.conversation)
 
 
 class Cycle:
@@ -208,42 +245,81 @@ class Cycle:
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
-        grant = await self.store.acquire(conversation, lease_token(self.settings.replica_id))
+        token = lease_token(self.settings.replica_id)
+        sent_at = time.monotonic()
+        try:
+            grant = await self.store.acquire(conversation, token)
+        except BaseException:
+            # The script may have run and only its answer been lost (a timeout, a cut
+            # connection, shutdown): the lease may be ours. The token is known, so free it
+            # now rather than leave the conversation waiting for the TTL; the release is
+            # token-checked, so it is a no-op if the lease is not ours.
+            self._hand_back(Lease(conversation, token, 0))
+            raise
         if grant.status == "early":
             self.stats.deferred += 1
             return Next(grant.retry_in_ms, working=True)
-        if grant.status == "busy":
+        if grant.status in ("busy", "backoff"):
             self.stats.deferred += 1
-            # Another replica holds it and shows typing; look again only in case it dies.
+            # Another replica holds it and shows typing, or a failed attempt is backed off:
+            # look again then.
             return Next(grant.retry_in_ms, working=False)
         if grant.lease is None:
             self.stats.noop += 1
             return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
-        keeper = LeaseKeeper(self.store, lease, self.stats)
+        keeper = LeaseKeeper(self.store, lease, self.stats, confirmed_at=sent_at)
         try:
             return await keeper.run(self._work(grant, keeper))
         except LeaseLost:
             self.stats.lost += 1
             log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
             return NOTHING
+        except Exception as exc:
+            # A failed attempt (a platform or store error, a bug): hand the conversation back
+            # with the next attempt backed off, whichever replica makes it.
+            self.stats.failed += 1
+            if isinstance(exc, Unavailable):
+                log.warning("cycle for %s failed: %s", conversation, exc)
+            else:
+                log.exception("cycle for %s failed", conversation)
+            return await self._back_off(lease)
         except BaseException:
-            # A crash-like exit (an error, shutdown): hand the conversation back now rather
-            # than after the TTL. Token-checked, so it can never free someone else's lease.
-            release = asyncio.ensure_future(self.store.release(lease))
-            # Collect its outcome even if we are cancelled while waiting for it.
-            release.add_done_callback(lambda t: t.cancelled() or t.exception())
-            with contextlib.suppress(Exception):
-                await asyncio.shield(release)
+            # Shutdown: hand the conversation back now rather than after the TTL.
+            await self._await_hand_back(lease)
             raise
+
+    def _hand_back(self, lease: Lease, *, failed: bool = False) -> asyncio.Future[Ended]:
+        """Release the lease in a task of its own, so that it completes even if the caller is
+        cancelled meanwhile. Token-checked: it can never free someone else's lease."""
+        release = asyncio.ensure_future(self.store.release(lease, failed=failed))
+        # Collect its outcome whoever waits for it, or nobody.
+        release.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return release
+
+    async def _await_hand_back(self, lease: Lease) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._hand_back(lease))
+
+    async def _back_off(self, lease: Lease) -> Next:
+        try:
+            ended = await asyncio.shield(self._hand_back(lease, failed=True))
+        except Exception as exc:
+            # The store is out of reach too: the lease expires on its own, and the due-index
+            # still holds the conversation for the sweep.
+            log.warning("could not hand %s back: %s", lease.conversation, exc)
+            return Next(RETRY_AFTER_ERROR_MS, working=False)
+        return Next(ended.next_in_ms, working=False)
 
     async def _work(self, grant: Grant, keeper: LeaseKeeper) -> Next:
         assert grant.lease is not None
         lease = grant.lease
         if grant.resend is not None:
             # A holder crashed after its pre-send check: send the same text again, never a
-            # freshly generated one (SPEC step 8).
+            # freshly generated one (SPEC step 8). First make sure the lease is still ours: a
+            # pause after the acquire may have let another replica resend and commit it.
+            await keeper.ensure_fresh(always=True)
             text, version = grant.resend
             self.stats.resent += 1
             log.info("resending the reply left in the outbox of %s", lease.conversation)
@@ -268,12 +344,63 @@ class Cycle:
             if verdict.forced:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
-        await self._send(lease, text, version, keeper)
-        ended = await self.store.commit(lease)
-        if not ended.ok:
-            raise LeaseLost(lease.conversation)
-        self.stats.replies += 1
+        outcome = await self._deliver(lease, text, version, keeper, grant.failures)
+        ended = await self._commit(lease, outcome)
+        if outcome == "sent":
+            self.stats.replies += 1
         return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
+
+    async def _deliver(
+        self, lease: Lease, text: str, version: int, keeper: LeaseKeeper, failures: int
+    ) -> Outcome:
+        """Send the reply, and say what became of it. A transient failure propagates (the
+        attempt is backed off and the outbox kept) until `SEND_ATTEMPTS` in a row."""
+        try:
+            await self._send(lease, text, version, keeper)
+        except LeaseLost:
+            raise
+        except Unreachable as exc:
+            self.stats.unreachable += 1
+            log.warning(
+                "%s cannot be reached (%s): its messages count as answered, and it is marked "
+                "until the user writes again",
+                lease.conversation,
+                exc,
+            )
+            return "unreachable"
+        except Exception as exc:
+            attempts = failures + 1
+            if not (isinstance(exc, SendFailed) and exc.permanent) and attempts < SEND_ATTEMPTS:
+                raise
+            self.stats.abandoned += 1
+            log.error(
+                "gave up the reply to %s (version %d) after %d attempts: %s",
+                lease.conversation,
+                version,
+                attempts,
+                exc,
+            )
+            return "abandoned"
+        return "sent"
+
+    async def _commit(self, lease: Lease, outcome: Outcome) -> Ended:
+        """Commit, retrying a refusal of the store while the lease is ours: left undone, the
+        reply already delivered would be sent again by the next holder. The keeper cancels
+        this once the lease can no longer be confirmed."""
+        delay = COMMIT_RETRY_S
+        while True:
+            try:
+                ended = await self.store.commit(lease, outcome)
+            except StoreUnavailable as exc:
+                log.warning(
+                    "commit of %s failed (%s); retrying in %.2fs", lease.conversation, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, COMMIT_RETRY_CAP_S)
+                continue
+            if not ended.ok:
+                raise LeaseLost(lease.conversation)
+            return ended
 
     async def _reply(
         self, grant: Grant, burst: Plan, keeper: LeaseKeeper

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -48,6 +48,17 @@ COUNTERS = (
     ("replies", "Replies delivered", "replies"),
     ("reply_parts", "Reply parts delivered (a long reply is split)", "parts"),
     ("replies_resent", "Replies re-sent from the outbox after a crash", "resent"),
+    (
+        "replies_abandoned",
+        "Replies given up after a permanent platform error or too many failed sends",
+        "abandoned",
+    ),
+    (
+        "replies_unreachable",
+        "Replies to users who blocked the bot or closed their DMs",
+        "unreachable",
+    ),
+    ("cycles_failed", "Cycles that failed and were handed back, backed off", "failed"),
     ("apologies", "Apologies sent because the LLM failed", "apologies"),
     ("over_budget", "Bursts answered with the daily-budget notice", "over_budget"),
     ("lease_acquisitions", "Conversation leases taken", "cycles"),
@@ -112,10 +123,18 @@ class StatsCollector(Collector):
 class HealthServer:
     """Serves `/healthz` and `/metrics` on `listen` (host:port)."""
 
-    def __init__(self, listen: str, runtime: Runtime, connected: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        listen: str,
+        runtime: Runtime,
+        connected: Callable[[], bool],
+        down: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
         self.listen = listen
         self.runtime = runtime
         self.connected = connected
+        # Long-running loops that ended with an error and wait for their restart.
+        self.down = down
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(lambda: runtime.stats, runtime))
         self._runner: web.AppRunner | None = None
@@ -146,6 +165,8 @@ class HealthServer:
             checks["redis"] = f"unreachable: {exc or 'timed out'}"
         checks["adapter"] = "ok" if self.connected() else "not connected"
         checks["accepting"] = "ok" if self.runtime.accepting else "shutting down"
+        down = self.down()
+        checks["loops"] = "ok" if not down else "restarting: " + ", ".join(sorted(down))
         healthy = all(value == "ok" for value in checks.values())
         return web.json_response(
             {"status": "ok" if healthy else "unhealthy", "checks": checks},

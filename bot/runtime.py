@@ -22,16 +22,17 @@ from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings
 from bot.status import Heartbeat
-from bot.store import Store
+from bot.store import RETRY_AFTER_ERROR_MS, Store
 from bot.timers import Timers
 
 log = logging.getLogger(__name__)
 
-# When a cycle fails for a reason other than the lease (Redis down, a platform error), look
-# again after this long, doubling per failure in a row up to the cap; the lease was handed
-# back, so any replica may pick it up. The cap keeps a broken platform from a busy loop.
-RETRY_AFTER_ERROR_MS = 1000
-RETRY_AFTER_ERROR_CAP_MS = 60_000
+# Notices (a refusal, a rate-limit warning) go out in the background, never inside ingest: a
+# 429 on one would otherwise stall intake for everyone behind the single poller or gateway.
+# Each is bounded in time, and so is how many may be in flight; beyond that they are dropped
+# (they are best effort: the message they concern was dropped on purpose anyway).
+NOTICE_TIMEOUT_S = 30.0
+NOTICES_IN_FLIGHT = 100
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
 
@@ -137,7 +138,7 @@ class Runtime:
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._failures: dict[str, int] = {}
+        self._notices: set[asyncio.Task[None]] = set()
         self._accepting = False
         self._draining = asyncio.Event()
         self._role_runners: set[asyncio.Task[None]] = set()
@@ -184,7 +185,7 @@ class Runtime:
             stats.refused += 1
             # Never stored, so never near the model; told once a day, by whichever replica.
             if await self.store.notice_once(conversation, REFUSAL_PERIOD_MS):
-                await self._notify(conversation, REFUSAL, "refused")
+                self._notify(conversation, REFUSAL, "refused")
             return False
         result = await self.store.ingest(message)
         stats.ingested += result.accepted
@@ -193,19 +194,27 @@ class Runtime:
         stats.windows_opened += result.opened_window
         stats.windows_capped += result.capped
         if result.first_limited:
-            await self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
+            self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
             self.typing.show(message.conversation)
             self.timers.arm(message.conversation, result.due_in_ms)
         return result.accepted
 
-    async def _notify(self, conversation: str, text: str, key: str) -> None:
-        """A notice outside any reply. Best effort: the message it concerns was dropped on
-        purpose, so a failed notice loses nothing."""
+    def _notify(self, conversation: str, text: str, key: str) -> None:
+        """Send a notice outside any reply, in the background."""
+        if len(self._notices) >= NOTICES_IN_FLIGHT:
+            log.warning("too many notices in flight; not telling %s: %s", conversation, text)
+            return
+        task = asyncio.create_task(self._send_notice(conversation, text, key))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    async def _send_notice(self, conversation: str, text: str, key: str) -> None:
         try:
-            await self.outbound.send(conversation, text, f"{conversation}:notice:{key}")
+            async with asyncio.timeout(NOTICE_TIMEOUT_S):
+                await self.outbound.send(conversation, text, f"{conversation}:notice:{key}")
         except Exception as exc:
-            log.warning("could not send a notice to %s: %s", conversation, exc)
+            log.warning("could not send a notice to %s: %s", conversation, exc or "timed out")
 
     def wake(self, conversation: str) -> None:
         """Start a cycle for `conversation` unless this process already runs one."""
@@ -221,16 +230,16 @@ class Runtime:
     async def _cycle_logged(self, conversation: str) -> None:
         try:
             self.typing.show(conversation)
+            # A failure with the lease held is backed off in the store, for every replica.
             after = await self.cycle.run(conversation)
-            self._failures.pop(conversation, None)
         except Exception as exc:
-            failures = self._failures[conversation] = self._failures.get(conversation, 0) + 1
-            delay = min(RETRY_AFTER_ERROR_MS * 2 ** (failures - 1), RETRY_AFTER_ERROR_CAP_MS)
-            after = Next(delay, working=False)
+            # Without the lease (the acquire failed): the conversation stays in the due-index,
+            # so look again soon, here or by any replica's sweep.
+            after = Next(RETRY_AFTER_ERROR_MS, working=False)
             if isinstance(exc, Unavailable):
-                log.warning("cycle for %s interrupted: %s", conversation, exc)
+                log.warning("cycle for %s could not start: %s", conversation, exc)
             else:
-                log.exception("cycle for %s failed (%d in a row)", conversation, failures)
+                log.exception("cycle for %s could not start", conversation)
         finally:
             self._running.pop(conversation, None)
         if after.in_ms >= 0:
@@ -362,5 +371,7 @@ class Runtime:
         # Each cancelled cycle hands its lease back on the way out.
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
         await self.cycle.watch.stop()
+        for notice in list(self._notices):
+            notice.cancel()
         self.typing.stop()
         await self.heartbeat.stop()

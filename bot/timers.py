@@ -69,6 +69,11 @@ class Timers:
             except Unavailable as exc:
                 log.warning("sweep skipped: %s", exc)
                 continue
+            except Exception:
+                # Whatever it was (an unclassified error reply, a bug), the sweep is how
+                # orphaned conversations get finished: it must outlive it.
+                log.exception("sweep failed; trying again at the next one")
+                continue
             if self._stopped:
                 return
             # Overdue in the store beats any local timer: that timer may be a "busy"

@@ -285,7 +285,7 @@ def test_lines_typed_while_redis_is_down_are_answered_when_it_returns(
         server.stop()
         bot.write("c\nd\n")
         # The bot tried to store "c", failed, and holds it rather than dropping it or dying.
-        wait_stderr(bot, "message not stored yet")
+        wait_stderr(bot, "not stored yet")
         assert bot.process.poll() is None
 
         server.start()

@@ -9,7 +9,10 @@ in share a hash tag.
 Key layout, for a conversation in shard N (of `SHARDS`):
 
     {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards,
-                                             last (the platform id of the last new message)
+                                             last (the platform id of the last new message),
+                                             failures and retry_at (failed attempts in a row,
+                                             when to try next), unreachable (1: the user
+                                             blocked us or closed DMs; cleared when they write)
     {lw:N}:c:<conversation>:pending  hash    version -> message json, for (W, V]
     {lw:N}:c:<conversation>:seen     zset    platform message ids, for dedupe
     {lw:N}:c:<conversation>:window   hash    opened, deadline (ms, server clock)
@@ -26,6 +29,10 @@ Key layout, for a conversation in shard N (of `SHARDS`):
                                              UTC day D; expires after two days
     {lw:N}:usage:<D>:ranking         zset    conversation -> its tokens on day D; likewise
 
+A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
+together after `retention_ms` without a message or a reply: every step that writes them renews
+their lifetime.
+
 Roles (one holder across all replicas for a shared job, such as a platform's single poller;
 `role` and `role_release`), all in one slot:
 
@@ -41,8 +48,8 @@ import json
 import secrets
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from importlib import resources
@@ -51,15 +58,21 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.message import InboundMessage, Unavailable
 
 # Fixed for the life of a deployment: changing it moves conversations to other shards.
 SHARDS = 16
-# Platform message ids remembered per conversation for dedupe.
+# Platform message ids remembered per conversation for dedupe: at most this many, and none
+# older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
 SEEN_CAP = 1000
+SEEN_KEEP_MS = 25 * 3600_000
+# After a failed attempt at a conversation (a platform or store error), the next one waits
+# this long, doubling per failure in a row up to the cap, whichever replica makes it.
+RETRY_AFTER_ERROR_MS = 1000
+RETRY_AFTER_ERROR_CAP_MS = 60_000
 # The rate limit counts messages per minute.
 RATE_WINDOW_MS = 60_000
 # How long a conversation stays in the activity index after its last message.
@@ -69,16 +82,59 @@ DAY_KEEP_MS = 2 * 86_400_000
 
 
 class StoreUnavailable(Unavailable):
-    """Redis cannot be reached, or is a read-only replica after a failover. Try again later."""
+    """Redis cannot be reached, or refuses for now (out of memory, loading, read-only after a
+    failover...). Try again later."""
+
+    def __init__(self, reason: str, *, reconnect: bool = False) -> None:
+        super().__init__(reason)
+        # The connections point at a node that no longer serves us (a demoted primary, a
+        # moved slot): drop them so the next attempt resolves the right one.
+        self.reconnect = reconnect
+
+
+# Error replies that say "not now" rather than "never": the first word of the reply.
+# OOM: at maxmemory with noeviction (writes refused until memory is freed); BUSY: a script or
+# function runs too long; LOADING: the dataset is being loaded after a restart; MASTERDOWN,
+# TRYAGAIN, CLUSTERDOWN: a failover or resharding is under way; NOSCRIPT: an empty script
+# cache after a restart (scripts are reloaded on the next attempt).
+TRANSIENT_REPLIES = frozenset(
+    {"OOM", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"}
+)
+# These mean the connection talks to the wrong node: a replica after a failover (READONLY),
+# or a cluster node that does not own the slot, seen by a plain client (MOVED, ASK).
+WRONG_NODE_REPLIES = frozenset({"READONLY", "MOVED", "ASK"})
+
+
+def classify(exc: ResponseError) -> StoreUnavailable | None:
+    """The retryable `StoreUnavailable` for an error reply that is transient, else None (a
+    bug or a misconfiguration: the caller lets it propagate, and it is logged as an error).
+    Error replies raised inside a script keep their first word, so this works for both."""
+    text = str(exc).strip()
+    # A reply relayed from inside a script may come as "ERR Error running script ...: OOM".
+    words = text.replace(":", " ").split()
+    first = words[0] if words else ""
+    if first == "ERR":
+        first = next((w for w in words if w in TRANSIENT_REPLIES | WRONG_NODE_REPLIES), first)
+    if first in WRONG_NODE_REPLIES:
+        return StoreUnavailable(f"Redis answered {first}: {text}", reconnect=True)
+    if first in TRANSIENT_REPLIES:
+        return StoreUnavailable(f"Redis answered {first}: {text}")
+    return None
 
 
 @contextmanager
 def reaching_redis() -> Iterator[None]:
-    """Turn the client's connection errors into `StoreUnavailable`, which callers handle."""
+    """Turn the client's connection errors and transient error replies into
+    `StoreUnavailable`, which callers handle; other errors propagate as they are."""
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+    except ResponseError as exc:
+        unavailable = classify(exc)
+        if unavailable is None:
+            raise
+        raise unavailable from exc
 
 
 def _load(name: str) -> str:
@@ -189,7 +245,7 @@ class HistoryEntry:
 class Grant:
     """What a wake-up got. Only `acquired` carries a lease and the work to do."""
 
-    status: Literal["acquired", "busy", "early", "idle"]
+    status: Literal["acquired", "busy", "early", "backoff", "idle"]
     retry_in_ms: int = -1  # for busy and early: when to look again
     lease: Lease | None = None
     version: int = 0  # V when the lease was taken
@@ -200,6 +256,12 @@ class Grant:
     resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
     unanswered: tuple[InboundMessage, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
+    # Attempts in a row that failed (a platform or store error) before this one.
+    failures: int = 0
+
+
+# What became of a reply at commit: delivered, the user cannot be reached, or given up.
+Outcome = Literal["sent", "unreachable", "abandoned"]
 
 
 @dataclass(frozen=True)
@@ -270,25 +332,32 @@ class Store:
         self._role = redis.register_script(ROLE)
         self._role_release = redis.register_script(ROLE_RELEASE)
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
-        # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
+    @asynccontextmanager
+    async def _reaching(self) -> AsyncIterator[None]:
+        """`reaching_redis`, and after a reply that says we talk to the wrong node, the
+        connections dropped so the next attempt resolves the right one."""
         try:
             with reaching_redis():
-                return await script(keys=keys, args=args)
-        except ReadOnlyError as exc:
-            # A failover left us talking to a replica: drop the connections so the next
-            # attempt resolves the new primary instead of failing the same way forever.
-            await self.redis.connection_pool.disconnect()
-            raise StoreUnavailable(f"Redis is read-only: {exc}") from exc
+                yield
+        except StoreUnavailable as exc:
+            if exc.reconnect:
+                await self.redis.connection_pool.disconnect()
+            raise
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
+        # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
+        async with self._reaching():
+            return await script(keys=keys, args=args)
 
     async def ping(self) -> None:
-        with reaching_redis():
+        async with self._reaching():
             await self.redis.ping()
 
     async def ingest(self, message: InboundMessage) -> Ingested:
         conversation = message.conversation
         k = Keys(conversation)
         keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate, k.active]
+        keys += [k.history, k.outbox, k.usage]
         args: list[str | int] = [
             conversation,
             message.message_id,
@@ -299,6 +368,8 @@ class Store:
             self.rate_per_minute,
             RATE_WINDOW_MS,
             ACTIVE_KEEP_MS,
+            SEEN_KEEP_MS,
+            self.retention_ms,
         ]
         status, version, due_in, window = await self._run(self._ingest, keys, args)
         return Ingested(
@@ -324,11 +395,11 @@ class Store:
             self._acquire, keys, [conversation, token, self.ttl_ms, self.history_cap]
         )
         status = _text(reply[0])
-        if status in ("busy", "early"):
+        if status in ("busy", "early", "backoff"):
             return Grant(status, retry_in_ms=int(reply[1]))  # type: ignore[arg-type]
         if status == "idle":
             return Grant("idle")
-        _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply
+        _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply[:9]
         return Grant(
             "acquired",
             lease=Lease(conversation, token, int(fence)),
@@ -339,6 +410,7 @@ class Store:
             resend=(_text(resend[0]), int(resend[1])) if resend else None,
             unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
             history=tuple(HistoryEntry.from_json(_text(h)) for h in history),
+            failures=int(reply[9]),
         )
 
     async def renew(self, lease: Lease) -> bool:
@@ -346,10 +418,19 @@ class Store:
         args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.ttl_ms]
         return bool(await self._run(self._renew, [k.lease, k.due], args))
 
-    async def release(self, lease: Lease) -> Ended:
+    async def release(self, lease: Lease, *, failed: bool = False) -> Ended:
+        """Give the lease back without a reply. `failed`: the attempt failed, so the next
+        one, by any replica, is backed off (`RETRY_AFTER_ERROR_MS`, doubling, capped)."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.window, k.due]
-        ok, next_in = await self._run(self._release, keys, [lease.conversation, lease.token])
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            int(failed),
+            RETRY_AFTER_ERROR_MS,
+            RETRY_AFTER_ERROR_CAP_MS,
+        ]
+        ok, next_in = await self._run(self._release, keys, args)
         return Ended(bool(ok), int(next_in))
 
     async def interrupt(self, lease: Lease) -> Interrupt:
@@ -375,6 +456,7 @@ class Store:
             text,
             self.starvation_limit,
             reset,
+            self.retention_ms,
         ]
         raw_status, value = await self._run(self._presend, keys, args)
         status = _text(raw_status)
@@ -382,16 +464,27 @@ class Store:
             return PreSend("ok", forced=bool(value))
         return PreSend("stale" if status == "stale" else "lost", next_in_ms=int(value))
 
-    async def commit(self, lease: Lease) -> Ended:
+    async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
+        """W moves to the version the outbox covers and the lease is released. `outcome`
+        says what became of the reply: only a sent one joins the history; `unreachable`
+        marks the conversation until the user writes again."""
         k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due]
-        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.history_cap]
+        keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due, k.seen]
+        keys.append(k.usage)
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            lease.fence,
+            self.history_cap,
+            outcome,
+            self.retention_ms,
+        ]
         ok, next_in = await self._run(self._commit, keys, args)
         return Ended(bool(ok), int(next_in))
 
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip."""
-        with reaching_redis():
+        async with self._reaching():
             try:
                 results = await self._due_pipeline(limit)
             except NoScriptError:
@@ -428,14 +521,14 @@ class Store:
     async def remember(self, name: str, value: str | None, ttl_ms: int) -> None:
         """Keep `value` under `name` for `ttl_ms`, for any replica to read (None: forget)."""
         key = f"{ROLE_TAG}:kept:{name}"
-        with reaching_redis():
+        async with self._reaching():
             if value is None:
                 await self.redis.delete(key)
             else:
                 await self.redis.set(key, value, px=max(ttl_ms, 1))
 
     async def recall(self, name: str) -> str | None:
-        with reaching_redis():
+        async with self._reaching():
             value = await self.redis.get(f"{ROLE_TAG}:kept:{name}")
         return None if value is None else _text(value)
 
@@ -445,28 +538,34 @@ class Store:
         k = Keys(conversation)
         today = _today()
         keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
-        args: list[str | int] = [prompt, completion, user, DAY_KEEP_MS, conversation]
+        args: list[str | int] = [
+            prompt,
+            completion,
+            user,
+            DAY_KEEP_MS,
+            conversation,
+            self.retention_ms,
+        ]
         return int(await self._run(self._usage, keys, args))
 
     async def tokens_today(self, conversation: str) -> int:
         """Tokens the conversation's user has spent today (UTC)."""
-        with reaching_redis():
+        async with self._reaching():
             spent = await self.redis.hget(Keys(conversation).day(_today()), "tokens")
         return int(spent or 0)
 
     async def versions(self, conversations: list[str]) -> list[int]:
         """V of each conversation, in one pipelined round trip: for watching generations
         go stale."""
-        with reaching_redis():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for conversation in conversations:
-                    pipe.hget(Keys(conversation).state, "v")
-                values: list[bytes | None] = await pipe.execute()
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            for conversation in conversations:
+                pipe.hget(Keys(conversation).state, "v")
+            values: list[bytes | None] = await pipe.execute()
         return [int(v or 0) for v in values]
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
-        with reaching_redis():
+        async with self._reaching():
             v, w = await self.redis.hmget(Keys(conversation).state, ["v", "w"])
         return int(v or 0), int(w or 0)
 
@@ -477,7 +576,7 @@ class Store:
         prefix = f"{platform}:"
         # The client's clock is fine here: an hour-long window does not mind a skew of seconds.
         since = int(time.time() * 1000) - min(within_ms, ACTIVE_KEEP_MS)
-        with reaching_redis():
+        async with self._reaching():
             async with self.redis.pipeline(transaction=False) as pipe:
                 for shard in range(SHARDS):
                     pipe.zrangebyscore(f"{{lw:{shard}}}:active", since, "+inf")
@@ -490,7 +589,8 @@ class Store:
         return {c: _text(last) for c, last in zip(conversations, lasts, strict=True) if last}
 
     async def history(self, conversation: str) -> list[HistoryEntry]:
-        raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
+        async with self._reaching():
+            raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(_text(h)) for h in raw]
 
     async def close(self) -> None:

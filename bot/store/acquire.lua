@@ -4,9 +4,10 @@
 -- Returns one of
 --   {'busy', ms until the lease expires}
 --   {'early', ms until the moved deadline}
+--   {'backoff', ms until the next attempt after failed ones}
 --   {'idle'}                      nothing is owed (V == W); a stale wake-up is a no-op
 --   {'acquired', fence, V, W, lateness ms, discards in a row, {outbox text, outbox version}
---    or {}, {pending json (W, V]}, {history json}}
+--    or {}, {pending json (W, V]}, {history json}, failed attempts in a row}
 local state, window, lease, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local pending, history, outbox = KEYS[5], KEYS[6], KEYS[7]
 local conv, ttl = ARGV[1], tonumber(ARGV[3])
@@ -19,7 +20,7 @@ if held > 0 then
   return {'busy', held}
 end
 
-local counters = redis.call('HMGET', state, 'v', 'w', 'discards')
+local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at')
 local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version')
 local has_outbox = left[1] ~= false
@@ -28,6 +29,14 @@ if v <= w and not has_outbox then
   redis.call('DEL', window)
   redis.call('ZREM', due, conv)
   return {'idle'}
+end
+
+-- After failed attempts the next one waits, whichever replica looks (SPEC: a retry is backed
+-- off across replicas).
+local retry_at = tonumber(counters[5] or '0')
+if retry_at > now then
+  redis.call('ZADD', due, retry_at, conv)
+  return {'backoff', retry_at - now}
 end
 
 local lateness = 0
@@ -68,4 +77,5 @@ elseif v > w then
   end
 end
 local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
-return {'acquired', fence, v, w, lateness, tonumber(counters[3] or '0'), resend, unanswered, past}
+local discards, failures = tonumber(counters[3] or '0'), tonumber(counters[4] or '0')
+return {'acquired', fence, v, w, lateness, discards, resend, unanswered, past, failures}

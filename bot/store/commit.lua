@@ -2,11 +2,16 @@
 -- move to the history, the outbox is cleared and the lease released, all in one step.
 -- History is only ever appended and trimmed, never rewritten, so no update is lost; a /reset
 -- among the covered messages empties it first, and only what came after the /reset is kept.
--- KEYS: lease, state, pending, history, outbox, window, due
--- ARGV: conversation, token, fence, history cap
+-- The outcome says what became of the reply: 'sent'; 'unreachable' (the user blocked the bot or
+-- closed their DMs: marked until they write again, unless they already did); 'abandoned' (a
+-- permanent platform error, or too many failed attempts). Only a sent reply joins the history,
+-- which holds what the user saw; the messages it covered are answered either way.
+-- KEYS: lease, state, pending, history, outbox, window, due, seen, usage
+-- ARGV: conversation, token, fence, history cap, outcome, retention ms
 -- Returns {committed (0/1), ms until the next look or -1}
 local lease, state, pending, history = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local outbox, window, due = KEYS[5], KEYS[6], KEYS[7]
+local outcome = ARGV[5]
 if not holds(lease, ARGV[2], ARGV[3]) then
   return {0, -1}
 end
@@ -29,11 +34,18 @@ if covered ~= nil and covered > w then
       redis.call('HDEL', pending, i)
     end
   end
-  redis.call('RPUSH', history,
-    '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
+  if outcome == 'sent' then
+    redis.call('RPUSH', history,
+      '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
+  end
   redis.call('LTRIM', history, -tonumber(ARGV[4]), -1)
   redis.call('HSET', state, 'w', covered)
 end
+if outcome == 'unreachable' and tonumber(redis.call('HGET', state, 'v') or '0') == covered then
+  redis.call('HSET', state, 'unreachable', 1)
+end
 redis.call('HSET', state, 'discards', 0)
+redis.call('HDEL', state, 'failures', 'retry_at')
 redis.call('DEL', outbox, lease)
+keep_alive(tonumber(ARGV[6]), state, pending, history, KEYS[8], KEYS[9])
 return {1, reschedule(state, window, due, ARGV[1], now_ms())}

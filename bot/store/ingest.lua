@@ -1,20 +1,24 @@
 -- Ingest one message: dedupe, rate-limit, bump V, store it as pending, open or extend the
 -- window, and put the deadline in the due-index. One round trip; nothing waits for the LLM.
--- KEYS: state, pending, seen, window, due, rate, active
+-- KEYS: state, pending, seen, window, due, rate, active, history, outbox, usage
 -- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
---       messages allowed per rate window (0: no limit), rate window ms, active keep ms
+--       messages allowed per rate window (0: no limit), rate window ms, active keep ms,
+--       seen keep ms, retention ms
 -- Returns {status, V, ms until the deadline or -1, window}; status 1 accepted, 0 a redelivery,
 -- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window;
 -- window 1 when this message opened it, 2 when its deadline is at the hard cap, else 0
 local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local active = KEYS[7]
+local retention = tonumber(ARGV[11])
 local now = now_ms()
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
   return {0, tonumber(redis.call('HGET', state, 'v') or '0'), -1, 0}
 end
 redis.call('ZADD', seen, now, ARGV[2])
--- Redelivery happens within minutes, so remembering the newest ids per conversation is enough.
+-- An id need only outlive the platforms' redelivery horizon (Telegram keeps an update for a
+-- day), and no more than the newest ids: bounded by age and by count.
+redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - tonumber(ARGV[10]))
 redis.call('ZREMRANGEBYRANK', seen, 0, -(tonumber(ARGV[6]) + 1))
 
 -- Who spoke lately, and the last message taken from them: a platform that can miss messages
@@ -38,6 +42,8 @@ end
 
 local v = redis.call('HINCRBY', state, 'v', 1)
 redis.call('HSET', pending, v, ARGV[3])
+-- The user wrote: whatever kept them from our replies (a block, closed DMs) may be over.
+redis.call('HDEL', state, 'unreachable')
 
 -- The cap is anchored where the window opened, so a late message can never push it out.
 local was_open = redis.call('HGET', window, 'opened')
@@ -46,6 +52,7 @@ local cap = opened + tonumber(ARGV[5])
 local deadline = math.min(now + tonumber(ARGV[4]), cap)
 redis.call('HSET', window, 'opened', opened, 'deadline', deadline)
 redis.call('ZADD', due, deadline, ARGV[1])
+keep_alive(retention, state, pending, seen, window, KEYS[8], KEYS[9], KEYS[10])
 local flag = 0
 if not was_open then
   flag = 1

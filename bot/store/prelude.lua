@@ -29,3 +29,12 @@ local function holds(lease_key, token, fence)
   local current = redis.call('HMGET', lease_key, 'token', 'fence')
   return current[1] == token and (fence == nil or current[2] == fence)
 end
+
+-- Retention: every key a conversation keeps for long gets the same lifetime, renewed by every
+-- step that writes it, so an idle conversation expires whole and its next message starts
+-- afresh. (A key that does not exist is left alone: PEXPIRE creates nothing.)
+local function keep_alive(ms, ...)
+  for _, key in ipairs({...}) do
+    redis.call('PEXPIRE', key, ms)
+  end
+end

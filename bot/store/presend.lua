@@ -4,7 +4,7 @@
 -- already scheduled the cycle that will cover everything.
 -- KEYS: lease, state, outbox, window, due
 -- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit,
---       version of the last /reset among the covered messages (0: none)
+--       version of the last /reset among the covered messages (0: none), retention ms
 -- Returns {'ok', forced (0/1)} | {'stale', ms until the next look} | {'lost', -1}
 local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if not holds(lease, ARGV[2], ARGV[3]) then
@@ -22,4 +22,5 @@ if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
   forced = 1
 end
 redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3], 'reset', ARGV[7])
+keep_alive(tonumber(ARGV[8]), outbox)
 return {'ok', forced}

@@ -1,7 +1,7 @@
 -- Add the tokens one reply cost to the conversation's totals, to its user's day, and to the
 -- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
 -- KEYS: usage, day, shard day totals, shard day ranking
--- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation
+-- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation, retention ms
 -- Returns the tokens spent on the day so far.
 local usage, day, totals, ranking = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prompt, completion = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -10,6 +10,7 @@ redis.call('HINCRBY', usage, 'prompt', prompt)
 redis.call('HINCRBY', usage, 'completion', completion)
 redis.call('HINCRBY', usage, 'replies', 1)
 redis.call('HSET', usage, 'user', ARGV[3])
+keep_alive(tonumber(ARGV[6]), usage)
 redis.call('HINCRBY', totals, 'prompt', prompt)
 redis.call('HINCRBY', totals, 'completion', completion)
 redis.call('HINCRBY', totals, 'generations', 1)
