@@ -8,7 +8,13 @@ they deliver:
 - stdin: one normalized `InboundMessage` JSON per line; each is ingested (retried while the
   store is unavailable) and answered with ``{"event": "ingested", ...}``;
 - stdout: one JSON line per event: ``ready`` once it accepts messages, ``sent`` for every
-  reply part the core delivers, ``stats`` whenever the cycle counters change, ``stopped``.
+  reply part the core delivers, ``send_failed`` for every send the platform refused,
+  ``stats`` whenever the cycle counters change, ``stopped``.
+
+A test scripts the platform's failures through the file named by ``REPLICA_SEND_CONTROL``, read
+at every send, so all replicas see the same script: absent or empty, sends succeed;
+``transient`` or ``permanent``, each send fails so (`SendFailed`); ``hold <ms>``, each send is
+delivered (``sent``) and then takes that long to return, as a slow platform would.
 
 SIGTERM (or the end of stdin, so an orphaned replica never outlives its test) stops it
 cleanly and it exits 0. The replica's name is its LLM API key, so the fake LLM server can
@@ -26,12 +32,13 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bot.app import make_client, make_store
 from bot.cancel import cancel_and_wait
 from bot.llm import make_llm
-from bot.message import InboundMessage, Unavailable
+from bot.message import InboundMessage, SendFailed, Unavailable
 from bot.runtime import Runtime
 from bot.settings import Settings, load_settings
 
@@ -53,10 +60,23 @@ class PipeOutbound:
     max_message_chars = 4096
     typing_interval_s = 1.0
 
-    def __init__(self, replica: str) -> None:
+    def __init__(self, replica: str, control: Path | None) -> None:
         self.replica = replica
+        self.control = control
+
+    def _script(self) -> list[str]:
+        if self.control is None:
+            return []
+        try:
+            return self.control.read_text().split()
+        except FileNotFoundError:
+            return []
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+        script = self._script()
+        if script and script[0] in ("transient", "permanent"):
+            emit("send_failed", conversation=conversation, key=idempotency_key, t=time.time())
+            raise SendFailed(f"scripted {script[0]} failure", permanent=script[0] == "permanent")
         emit(
             "sent",
             conversation=conversation,
@@ -65,6 +85,8 @@ class PipeOutbound:
             replica=self.replica,
             t=time.time(),
         )
+        if script and script[0] == "hold":
+            await asyncio.sleep(int(script[1]) / 1000)
 
     async def typing(self, conversation: str) -> None:
         # The typing indicator is not under test here; keep stdout to what tests assert on.
@@ -147,8 +169,10 @@ async def main() -> int:
         log.error("LASTWORD_REDIS_URL must point at the test server")
         return 2
     store = make_store(settings, make_client(settings.redis_url))
+    control_path = os.environ.get("REPLICA_SEND_CONTROL")
+    control = Path(control_path) if control_path else None
     runtime = Runtime(
-        settings, store, make_llm(settings.llm, settings.llm_provider), PipeOutbound(name)
+        settings, store, make_llm(settings.llm, settings.llm_provider), PipeOutbound(name, control)
     )
     runtime.start()
 

@@ -108,17 +108,18 @@ WRONG_NODE_REPLIES = frozenset({"READONLY", "MOVED", "ASK"})
 def classify(exc: ResponseError) -> StoreUnavailable | None:
     """The retryable `StoreUnavailable` for an error reply that is transient, else None (a
     bug or a misconfiguration: the caller lets it propagate, and it is logged as an error).
-    Error replies raised inside a script keep their first word, so this works for both."""
+    An error raised inside a script keeps its code, so this works for scripts too."""
     text = str(exc).strip()
-    # A reply relayed from inside a script may come as "ERR Error running script ...: OOM".
-    words = text.replace(":", " ").split()
-    first = words[0] if words else ""
-    if first == "ERR":
-        first = next((w for w in words if w in TRANSIENT_REPLIES | WRONG_NODE_REPLIES), first)
-    if first in WRONG_NODE_REPLIES:
-        return StoreUnavailable(f"Redis answered {first}: {text}", reconnect=True)
-    if first in TRANSIENT_REPLIES:
-        return StoreUnavailable(f"Redis answered {first}: {text}")
+    # redis-py strips the codes it knows from the message and keeps them here.
+    code = getattr(exc, "status_code", None) or text.split(" ", 1)[0]
+    if code == "READONLY":
+        return StoreUnavailable(
+            f"Redis is read-only (a replica after a failover?): {text}", reconnect=True
+        )
+    if code in WRONG_NODE_REPLIES:
+        return StoreUnavailable(f"Redis answered {code}: {text}", reconnect=True)
+    if code in TRANSIENT_REPLIES:
+        return StoreUnavailable(f"Redis answered {code}: {text}")
     return None
 
 
