@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from bot.app import make_store
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
-from bot.store import Keys
+from bot.store import Keys, classify
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram, post_update
+from tests.running import Running
 from tests.test_replicas import Cluster, covering_reply, message
 
 pytestmark = pytest.mark.timeout(90)
@@ -237,3 +245,106 @@ async def test_an_idle_conversation_expires_whole_and_starts_afresh(
         assert bots.sent()[1]["text"] == "covers c1m2"
         await eventually(lambda: settled(redis), within_s=5)
         assert await redis.llen(k.history) == 2
+
+
+async def test_an_intake_that_fails_is_restarted_and_healthz_says_so_meanwhile(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    # The webhook's port is taken (another process, a slow predecessor): the intake fails
+    # to start. Before, that ended the process; now it is restarted with a backoff, and
+    # /healthz answers 503 meanwhile, so systemd and a load balancer can see it.
+    webhook_port, metrics_port = free_port(), free_port()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", webhook_port))
+    squatter.listen()
+    async with FakeTelegram() as telegram:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+        env.update(
+            {
+                "LASTWORD_PLATFORM": "telegram",
+                "LASTWORD_REDIS_URL": server.url,
+                "LASTWORD_DATA_DIR": str(short_dir / "data"),
+                "LASTWORD_TELEGRAM__TOKEN": telegram.token,
+                "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
+                "LASTWORD_TELEGRAM__MODE": "webhook",
+                "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{webhook_port}",
+                "LASTWORD_TELEGRAM__WEBHOOK_SECRET": "s3cret",
+                "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
+                "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+                "LASTWORD_LLM__PROVIDER": "echo",
+            }
+        )
+        bot = await Running.start(env, cwd=short_dir)
+        try:
+            await eventually(lambda: _said(bot, "telegram intake stopped with an error"), 15)
+
+            async def unhealthy() -> bool:
+                status, body = await asyncio.to_thread(get, metrics_port)
+                return status == 503 and "restarting: telegram intake" in body
+
+            await eventually(unhealthy, within_s=5)
+            assert bot.process.returncode is None
+            squatter.close()
+
+            # The next attempt (1, 2, 4 s after the failures) binds and registers the webhook.
+            await telegram.wait_for_calls("setWebhook", 1, timeout=10)
+            assert (await asyncio.to_thread(get, metrics_port))[0] == 200
+            update = telegram.private_text_update(42, 42, "hello")
+            assert (
+                await post_update(f"http://127.0.0.1:{webhook_port}/telegram", update, "s3cret")
+                == 200
+            )
+            await telegram.wait_for_sent(1, timeout=10)
+            assert telegram.sent_messages[0].text == "You said: hello"
+        finally:
+            squatter.close()
+            await bot.stop()
+
+
+async def _said(bot: Running, text: str) -> bool:
+    return bot.said(text) > 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError:
+        return 0, ""
+
+
+@pytest.mark.parametrize(
+    ("reply", "retryable", "reconnect"),
+    [
+        ("OOM command not allowed when used memory > 'maxmemory'.", True, False),
+        ("BUSY Redis is busy running a script.", True, False),
+        ("MASTERDOWN Link with MASTER is down", True, False),
+        ("TRYAGAIN Multiple keys request during rehashing of slot", True, False),
+        ("CLUSTERDOWN The cluster is down", True, False),
+        ("NOSCRIPT No matching script.", True, False),
+        ("READONLY You can't write against a read only replica.", True, True),
+        ("MOVED 3999 127.0.0.1:6381", True, True),
+        ("ASK 3999 127.0.0.1:6381", True, True),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", False, False),
+        ("ERR Error running script: attempt to compare nil with number", False, False),
+    ],
+)
+def test_error_replies_are_classified_once(reply: str, retryable: bool, reconnect: bool) -> None:
+    # The exception as redis-py's own parser builds it from the server's reply (it strips
+    # the codes it knows from the message, so the code must be read where it keeps it).
+    error = BaseParser.parse_error(reply)
+    assert isinstance(error, ResponseError)
+    verdict = classify(error)
+    assert (verdict is not None) == retryable
+    if verdict is not None:
+        assert verdict.reconnect == reconnect
+        assert reply.split()[0] in str(verdict) or "read-only" in str(verdict)
