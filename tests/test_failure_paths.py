@@ -341,7 +341,7 @@ def get(port: int) -> tuple[int, str]:
 def test_error_replies_are_classified_once(reply: str, retryable: bool, reconnect: bool) -> None:
     # The exception as redis-py's own parser builds it from the server's reply (it strips
     # the codes it knows from the message, so the code must be read where it keeps it).
-    error = BaseParser.parse_error(reply)
+    error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
     assert isinstance(error, ResponseError)
     verdict = classify(error)
     assert (verdict is not None) == retryable
