@@ -52,6 +52,11 @@ class VersionWatch:
                 # still drops the stale reply.
                 log.debug("version watch skipped a poll: %s", exc)
                 continue
+            except Exception:
+                # Unexpected, and not fatal for the same reason; the watch must outlive it,
+                # or every generation on this replica would run to its end.
+                log.exception("version watch failed a poll")
+                continue
             for (_, (version, moved)), current in zip(watched, versions, strict=True):
                 if current != version:
                     moved.set()
