@@ -2,7 +2,8 @@
 
 Each check answers one question an operator has when the bot will not start or stays silent:
 are the settings valid, is the store reachable and recent enough, do our Lua scripts load on
-it, does the platform accept the token, and does the LLM endpoint know the model. Every check
+it, can it evict our keys when memory runs short, does the platform accept the token, and does
+the LLM endpoint know the model. Every check
 is bounded in time, so doctor itself never hangs on a black-holed address, and a failed check
 says how to fix it.
 
@@ -103,17 +104,12 @@ async def run_checks(
     )
     checks.append(store)
     if store.ok:
-        scripts = await _guarded(
-            _scripts_check(settings, timeout_s),
-            # Without a URL a temporary server must start first: give it the time it needs.
-            timeout_s if settings.redis_url else 2 * timeout_s,
-            Check("scripts", False, f"SCRIPT LOAD got no answer within {timeout_s:g} s"),
-        )
+        checks += await _server_checks(settings, timeout_s)
     else:
-        scripts = Check(
-            "scripts", False, "not checked: the store is not usable", "fix the store first"
-        )
-    checks.append(scripts)
+        checks += [
+            Check(name, False, "not checked: the store is not usable", "fix the store first")
+            for name in ("scripts", "memory")
+        ]
     checks.append(
         await _guarded(
             _platform_check(settings, timeout_s),
@@ -404,9 +400,11 @@ def store_scripts() -> dict[str, str]:
     return {name: getattr(bot.store, name.upper()) for name in names}
 
 
-async def _scripts_check(settings: Settings, timeout_s: float) -> Check:
+async def _server_checks(settings: Settings, timeout_s: float) -> list[Check]:
+    """The checks run on the server itself: the scripts load, and the eviction policy. Without
+    a URL, both run on one throw-away embedded server, started as lastword starts its own."""
     if settings.redis_url:
-        return await _load_scripts(settings.redis_url, "", timeout_s)
+        return await _on_server(settings.redis_url, "", timeout_s)
     from bot.embedded import EmbeddedError, EmbeddedRedis
 
     # A throw-away server: the real data dir may be in use by a running lastword, and this
@@ -414,19 +412,40 @@ async def _scripts_check(settings: Settings, timeout_s: float) -> Check:
     folder = Path(tempfile.mkdtemp(prefix="lw-doctor-"))
     embedded = EmbeddedRedis(folder, appendonly=False)
     try:
-        # On this thread on purpose: the server dies with the thread that started it.
-        url = embedded.start(timeout_s=timeout_s)
-        return await _load_scripts(url, " on a temporary embedded server", timeout_s)
-    except EmbeddedError as exc:
-        return Check(
-            "scripts",
-            False,
-            f"the embedded server did not start: {exc}",
-            "see the store check, or set LASTWORD_REDIS_URL",
-        )
+        try:
+            # On this thread on purpose: the server dies with the thread that started it.
+            # (Blocking, but bounded by its own timeout.)
+            url = embedded.start(timeout_s=timeout_s)
+        except Exception as exc:  # doctor reports every failure as a ✗ line
+            reason = str(exc) if isinstance(exc, EmbeddedError) else f"{type(exc).__name__}: {exc}"
+            fix = "see the store check, or set LASTWORD_REDIS_URL"
+            return [
+                Check("scripts", False, f"the embedded server did not start: {reason}", fix),
+                Check("memory", False, "not checked: the embedded server did not start", fix),
+            ]
+        return await _on_server(url, " on a temporary embedded server", timeout_s)
     finally:
         embedded.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _on_server(url: str, where: str, timeout_s: float) -> list[Check]:
+    scripts = await _guarded(
+        _load_scripts(url, where, timeout_s),
+        timeout_s,
+        Check("scripts", False, f"SCRIPT LOAD got no answer within {timeout_s:g} s"),
+    )
+    memory = await _guarded(
+        _memory_check(url, where, timeout_s),
+        timeout_s,
+        Check(
+            "memory",
+            False,
+            f"INFO memory got no answer within {timeout_s:g} s",
+            f"check by hand that maxmemory-policy is {SAFE_POLICY}",
+        ),
+    )
+    return [scripts, memory]
 
 
 async def _load_scripts(url: str, where: str, timeout_s: float) -> Check:
@@ -450,7 +469,144 @@ async def _load_scripts(url: str, where: str, timeout_s: float) -> Check:
     return Check("scripts", True, f"{len(scripts)} scripts load{where}")
 
 
-# 4. Platform
+# 4. Memory
+
+# The one policy under which Redis never drops a key to make room. Any other may evict a lease
+# (two holders at once), a debounce window (a cap forgotten) or an accepted but unanswered
+# message (lost after the platform was told it was stored). The volatile-* policies pick only
+# keys with a TTL, which is no comfort: leases and windows expire, and every conversation key
+# carries its retention lifetime.
+SAFE_POLICY = "noeviction"
+POLICY_FIX = (
+    f"CONFIG SET maxmemory-policy {SAFE_POLICY}, and the same in redis.conf so a restart keeps "
+    "it (on a managed service: its parameter group or settings). At the memory limit Redis "
+    "then refuses writes with OOM, which lastword treats as the store being unavailable (a "
+    "webhook answers 503, messages are held and retried) instead of losing state silently"
+)
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    policy: str | None  # None: the server would not say
+    maxmemory: int  # bytes; 0 is no limit
+    used: str = ""  # used_memory_human, when INFO gave it
+    refused: str = ""  # why neither INFO nor CONFIG GET told us the policy
+
+
+async def _memory_check(url: str, where: str, timeout_s: float) -> Check:
+    from redis.exceptions import RedisError
+
+    client = _client(url, timeout_s)
+    try:
+        found = await _read_memory_policy(client)
+    except (RedisError, OSError) as exc:
+        return Check(
+            "memory",
+            False,
+            f"cannot read maxmemory-policy{where}: {exc}",
+            f"check by hand that maxmemory-policy is {SAFE_POLICY}",
+        )
+    finally:
+        await client.aclose()
+    return memory_verdict(found, where)
+
+
+async def _read_memory_policy(client: Redis) -> MemoryPolicy:
+    """INFO memory first: it needs no admin right (the store check already ran INFO), and
+    managed services that rename or disable CONFIG (ElastiCache, whose default policy is
+    volatile-lru) still report the policy there. CONFIG GET for a server whose INFO does not."""
+    from redis.exceptions import ResponseError
+
+    refused: list[str] = []
+    try:
+        info = await client.info("memory")
+    except ResponseError as exc:  # e.g. an ACL that allows some INFO sections only
+        refused.append(f"INFO memory: {exc}")
+        info = {}
+    if "maxmemory_policy" in info:
+        return MemoryPolicy(
+            str(info["maxmemory_policy"]),
+            int(info.get("maxmemory") or 0),
+            str(info.get("used_memory_human") or ""),
+        )
+    if not refused:
+        refused.append("INFO memory does not report it")
+    try:
+        # A pattern, not several names: CONFIG GET takes one parameter before Redis 7.
+        config = await client.config_get("maxmemory*")
+    except ResponseError as exc:  # renamed, disabled, or denied by an ACL
+        refused.append(f"CONFIG GET: {exc}")
+        config = {}
+    if "maxmemory-policy" in config:
+        return MemoryPolicy(str(config["maxmemory-policy"]), int(config.get("maxmemory") or 0))
+    if len(refused) == 1:
+        refused.append("CONFIG GET does not report it")
+    return MemoryPolicy(None, 0, refused="; ".join(refused))
+
+
+def memory_verdict(found: MemoryPolicy, where: str = "") -> Check:
+    """✓ only for noeviction. Everything else is a ✗, including the two cases that are not
+    (yet) losing anything, because what they risk is silent loss of accepted messages and the
+    fix costs lastword nothing:
+
+    - a policy that evicts, with no maxmemory: nothing is evicted today, but limits get set
+      at the worst moment (memory pressure, a resize, a managed plan), often at run time by
+      someone who does not know lastword's needs, and eviction then starts without a word.
+      Choosing an eviction policy at all says a limit is expected.
+    - a policy the server will not tell (only a server whose INFO lacks it and whose CONFIG
+      is refused; real Redis 5+ and Valkey always report it in INFO): ✓ means checked, and
+      this was not, so it stays ✗ until someone looks.
+    """
+    if found.policy is None:
+        return Check(
+            "memory",
+            False,
+            f"could not check maxmemory-policy{where}: {found.refused}",
+            f"check by hand that maxmemory-policy is {SAFE_POLICY} (CONFIG GET maxmemory-policy "
+            "as an admin, or the provider's console); any other policy may evict leases, "
+            "debounce windows and accepted messages",
+        )
+    if found.maxmemory:
+        limit = f"maxmemory {_bytes(found.maxmemory)}"
+        if found.used:
+            limit += f" ({found.used} used)"
+    else:
+        limit = "no maxmemory"
+    if found.policy == SAFE_POLICY:
+        detail = f"maxmemory-policy {SAFE_POLICY}, {limit}{where}"
+        if found.maxmemory:
+            detail += ": at the limit writes fail with OOM and lastword holds messages"
+        return Check("memory", True, detail)
+    evicts = (
+        "keys with a TTL (leases, windows and, for retention, every conversation key)"
+        if found.policy.startswith("volatile-")
+        else "any key"
+    )
+    what = "leases, debounce windows and accepted but unanswered messages"
+    if found.maxmemory:
+        detail = (
+            f"maxmemory-policy {found.policy}, {limit}{where}: at the limit Redis evicts "
+            f"{evicts}, and may drop {what}"
+        )
+    else:
+        detail = (
+            f"maxmemory-policy {found.policy}, {limit}{where}: nothing is evicted while there "
+            f"is no limit, but once maxmemory is set Redis evicts {evicts}, and may drop {what}"
+        )
+    return Check("memory", False, detail, POLICY_FIX)
+
+
+def _bytes(count: int) -> str:
+    """A byte count for people: 104857600 -> "100.0 MiB"."""
+    size, unit = float(count), "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+# 5. Platform
 
 
 async def _platform_check(settings: Settings, timeout_s: float) -> Check:
@@ -559,7 +715,7 @@ async def _discord_check(settings: Settings) -> Check:
     return Check("platform", True, f"{found}, message content intent on")
 
 
-# 5. LLM
+# 6. LLM
 
 
 def _llm_url(settings: Settings) -> str:

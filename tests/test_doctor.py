@@ -19,7 +19,15 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 import bot.store
-from bot.doctor import Check, exit_code, render, run_checks, store_scripts
+from bot.doctor import (
+    Check,
+    MemoryPolicy,
+    exit_code,
+    memory_verdict,
+    render,
+    run_checks,
+    store_scripts,
+)
 from bot.embedded import EmbeddedRedis
 from bot.settings import load_settings
 from tests.conftest import SettingsFactory
@@ -30,7 +38,7 @@ from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.timeout(20)
 
-NAMES = ["settings", "store", "scripts", "platform", "llm"]
+NAMES = ["settings", "store", "scripts", "memory", "platform", "llm"]
 # Distinctive, so that a leak anywhere in the output is found by a plain substring search.
 TG_TOKEN = "555000111:SECRET-tg-token-Zq8xv1"
 TG_WEBHOOK_SECRET = "SECRET-webhook-Kd93mz"
@@ -152,6 +160,8 @@ async def test_all_pass_with_telegram_openai_and_redis(
     assert "platform telegram" in found["settings"].detail
     assert "redis 7" in found["store"].detail or "valkey" in found["store"].detail
     assert found["scripts"].detail.startswith(f"{len(store_scripts())} scripts load")
+    # A fresh server's defaults: noeviction and no limit.
+    assert found["memory"].detail == "maxmemory-policy noeviction, no maxmemory"
     assert found["platform"].detail == f"telegram: @doctor_bot ({telegram.bot_user['id']})"
     assert f"model {FAKE_MODEL_ID} is listed" in found["llm"].detail
     assert [call.method for call in telegram.calls] == ["getMe"]
@@ -286,6 +296,8 @@ async def test_down_redis_fails_clearly_and_quickly(
     assert found["store"].fix == "start Redis or fix LASTWORD_REDIS_URL"
     assert not found["scripts"].ok
     assert "not checked" in found["scripts"].detail
+    assert not found["memory"].ok
+    assert "not checked" in found["memory"].detail
     # The rest does not depend on the store and is still checked.
     assert found["platform"].ok and found["llm"].ok
     assert exit_code(checks) == 1
@@ -319,6 +331,10 @@ async def test_embedded_store_and_scripts(make_settings: SettingsFactory, short_
     assert f"data dir {data_dir} is writable" in found["store"].detail
     assert found["scripts"].ok, found["scripts"]
     assert found["scripts"].detail.endswith("scripts load on a temporary embedded server")
+    # Read from the temporary server, which starts as lastword starts its own: the defaults.
+    assert found["memory"] == Check(
+        "memory", True, "maxmemory-policy noeviction, no maxmemory on a temporary embedded server"
+    )
     # Doctor leaves nothing behind in the data dir, not even the directory.
     assert not data_dir.parent.exists()
 
@@ -332,6 +348,152 @@ async def test_unusable_data_dir_fails(make_settings: SettingsFactory, short_dir
     assert not store.ok
     assert f"{blocker} is not a directory" in store.detail
     assert "LASTWORD_DATA_DIR" in store.fix
+
+
+# -- memory: the eviction policy ------------------------------------------------------------------
+
+
+async def memory_check(make_settings: SettingsFactory, **overrides: Any) -> Check:
+    checks = await run_checks(make_settings(**overrides))
+    return by_name(checks)["memory"]
+
+
+async def test_noeviction_with_a_limit_passes(make_settings: SettingsFactory, redis: Redis) -> None:
+    await redis.config_set("maxmemory", 100 * 1024 * 1024)
+    memory = await memory_check(make_settings)
+
+    assert memory.ok, memory
+    assert memory.detail.startswith("maxmemory-policy noeviction, maxmemory 100.0 MiB (")
+    assert memory.detail.endswith(
+        " used): at the limit writes fail with OOM and lastword holds messages"
+    )
+
+
+@pytest.mark.parametrize(
+    "policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-ttl"]
+)
+async def test_an_evicting_policy_with_a_limit_fails(
+    make_settings: SettingsFactory, redis: Redis, policy: str
+) -> None:
+    await redis.config_set("maxmemory", 100 * 1024 * 1024)
+    await redis.config_set("maxmemory-policy", policy)
+    checks = await run_checks(make_settings())
+    memory = by_name(checks)["memory"]
+
+    assert not memory.ok
+    assert memory.detail.startswith(f"maxmemory-policy {policy}, maxmemory 100.0 MiB (")
+    assert "at the limit Redis evicts" in memory.detail
+    assert "accepted but unanswered messages" in memory.detail
+    # volatile-* is no safer: lastword's keys carry TTLs, so they are what it evicts.
+    if policy.startswith("volatile-"):
+        assert "keys with a TTL (leases, windows" in memory.detail
+    else:
+        assert "evicts any key" in memory.detail
+    assert memory.fix.startswith(
+        "CONFIG SET maxmemory-policy noeviction, and the same in redis.conf"
+    )
+    assert "OOM" in memory.fix and "503" in memory.fix
+    assert exit_code(checks) == 1
+    assert f"✗ memory: maxmemory-policy {policy}" in render(checks)
+
+
+async def test_an_evicting_policy_without_a_limit_fails_too(
+    make_settings: SettingsFactory, redis: Redis
+) -> None:
+    # Nothing is evicted today; one CONFIG SET maxmemory would start it without a word.
+    await redis.config_set("maxmemory-policy", "allkeys-lru")
+    memory = await memory_check(make_settings)
+
+    assert not memory.ok
+    assert memory.detail.startswith("maxmemory-policy allkeys-lru, no maxmemory: nothing is")
+    assert "once maxmemory is set Redis evicts any key" in memory.detail
+    assert "CONFIG SET maxmemory-policy noeviction" in memory.fix
+
+
+async def test_fixing_the_policy_makes_the_check_pass(
+    make_settings: SettingsFactory, redis: Redis
+) -> None:
+    await redis.config_set("maxmemory", 100 * 1024 * 1024)
+    await redis.config_set("maxmemory-policy", "volatile-lru")
+    assert not (await memory_check(make_settings)).ok
+
+    await redis.config_set("maxmemory-policy", "noeviction")
+    assert (await memory_check(make_settings)).ok
+
+
+async def restricted_user(redis: Redis, *rules: str) -> str:
+    """A user allowed everything but `rules` take away, as a managed Redis hands out; returns
+    its password."""
+    await redis.acl_setuser(
+        "lw", enabled=True, passwords=[f"+{REDIS_PASSWORD}"], keys=["*"], channels=["*"],
+        commands=["+@all", *rules],
+    )  # fmt: skip
+    return REDIS_PASSWORD
+
+
+async def test_refused_config_reads_the_policy_from_info(
+    make_settings: SettingsFactory, server: EmbeddedRedis, redis: Redis
+) -> None:
+    # ElastiCache and others rename or disable CONFIG; INFO still says what the policy is.
+    await redis.config_set("maxmemory", 100 * 1024 * 1024)
+    await redis.config_set("maxmemory-policy", "volatile-lru")
+    password = await restricted_user(redis, "-config")
+    url = f"unix://{server.socket}?username=lw&password={password}"
+    checks = await run_checks(make_settings(redis_url=url))
+    memory = by_name(checks)["memory"]
+
+    assert by_name(checks)["store"].ok and by_name(checks)["scripts"].ok
+    assert not memory.ok
+    assert memory.detail.startswith("maxmemory-policy volatile-lru, maxmemory 100.0 MiB")
+    assert_no_secret(render(checks), REDIS_PASSWORD)
+
+
+async def test_info_without_memory_falls_back_to_config_get(
+    make_settings: SettingsFactory, server: EmbeddedRedis, redis: Redis
+) -> None:
+    await redis.config_set("maxmemory-policy", "allkeys-lfu")
+    # The store check's INFO sections stay allowed; INFO memory does not.
+    password = await restricted_user(redis, "-info", "+info|server", "+info|replication")
+    url = f"unix://{server.socket}?username=lw&password={password}"
+    checks = await run_checks(make_settings(redis_url=url))
+    memory = by_name(checks)["memory"]
+
+    assert by_name(checks)["store"].ok
+    assert not memory.ok
+    assert memory.detail.startswith("maxmemory-policy allkeys-lfu, no maxmemory")
+
+
+async def test_a_policy_that_cannot_be_read_fails_with_a_manual_fix(
+    make_settings: SettingsFactory, server: EmbeddedRedis, redis: Redis
+) -> None:
+    # The policy is the safe one, but doctor cannot see that: ✓ would claim a check not made.
+    password = await restricted_user(redis, "-config", "-info", "+info|server", "+info|replication")
+    url = f"unix://{server.socket}?username=lw&password={password}"
+    checks = await run_checks(make_settings(redis_url=url))
+    memory = by_name(checks)["memory"]
+
+    assert by_name(checks)["store"].ok
+    assert not memory.ok
+    assert memory.detail.startswith("could not check maxmemory-policy: INFO memory: ")
+    assert "CONFIG GET: " in memory.detail and "no permissions" in memory.detail
+    assert memory.fix.startswith("check by hand that maxmemory-policy is noeviction")
+    assert exit_code(checks) == 1
+    assert_no_secret(render(checks), REDIS_PASSWORD)
+
+
+def test_memory_verdict_for_a_server_that_reports_no_policy() -> None:
+    # A Redis-compatible server whose INFO memory and CONFIG GET answer without the policy.
+    found = MemoryPolicy(
+        None, 0, refused="INFO memory does not report it; CONFIG GET does not report it"
+    )
+    verdict = memory_verdict(found)
+
+    assert not verdict.ok
+    assert verdict.detail == (
+        "could not check maxmemory-policy: INFO memory does not report it; "
+        "CONFIG GET does not report it"
+    )
+    assert "check by hand" in verdict.fix
 
 
 def test_every_store_script_is_checked() -> None:
