@@ -9,12 +9,16 @@ before they finish, so neither is used:
   retries). Any number of replicas may serve it behind a load balancer.
 - **polling**: `getUpdates` is called by hand, and the offset that confirms a batch is only
   sent once the whole batch is stored. Telegram allows one poller per token, so the replicas
-  elect one with the core's role lease; the others only send replies.
+  elect one with the core's role lease; the others only send replies. The poller outlives
+  every error: flood control (429) is waited out as told, anything else is backed off.
 
 Replies are rendered from the model's Markdown to Telegram HTML, part by part, falling back to
-plain text when Telegram rejects the entities. Flood control (429) is waited out while the
-core keeps the conversation's lease renewed; a user who blocked the bot is logged once and
-the reply counts as delivered, so the conversation moves on.
+plain text when Telegram rejects the entities. Flood control is waited out while the core
+keeps the conversation's lease renewed, up to a minute; a longer wait, or a network error that
+persists, is handed back to the core as a transient `SendFailed`, to try again later. A user
+who blocked the bot is `Unreachable` (the core counts the reply as delivered and marks the
+conversation until they write again); any other request Telegram rejects (chat not found) is
+a permanent `SendFailed`, and the core gives the reply up.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from telegram.request import HTTPXRequest
 
 from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_part
-from bot.message import Attachment, InboundMessage, Unavailable
+from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
 from bot.settings import TelegramSettings
 
 log = logging.getLogger(__name__)
@@ -49,8 +53,17 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 POLL_TIMEOUT_S = 25
 # Attachments the model cannot read, in the order they are looked for.
 ATTACHMENT_KINDS = ("photo", "sticker", "voice", "audio", "video", "video_note", "animation")
-# Transient send failures (network, 5xx) are retried this often before the cycle gives up.
+# Transient send failures (network, 5xx) are retried this often before the attempt is handed
+# back to the core.
 SEND_ATTEMPTS = 5
+# Flood control longer than this is not waited out holding the conversation's lease: the core
+# tries the reply again later, backed off in the store.
+MAX_FLOOD_WAIT_S = 60.0
+# Backoff of a failing poll: doubling from the first delay up to the cap, with jitter.
+POLL_BACKOFF_FIRST_S = 0.5
+POLL_BACKOFF_CAP_S = 30.0
+# After this many failed polls in a row, /healthz reports the adapter as not connected.
+POLL_FAILURES_UNHEALTHY = 3
 
 
 def normalize(update: Update) -> InboundMessage | None:
@@ -66,9 +79,10 @@ def normalize(update: Update) -> InboundMessage | None:
     message_id = str(message.message_id)
     text = message.text or message.caption or ""
     if edited:
-        # An edit is new input; its id differs per edit so dedupe keeps each one.
-        stamp = int(message.edit_date.timestamp()) if message.edit_date else update.update_id
-        message_id = f"{message_id}:edit:{stamp}"
+        # An edit is new input, so each edit needs an id of its own. The update id is one per
+        # edit (edit_date has whole seconds only: two quick edits would share it) and stays
+        # the same when Telegram delivers the update again, so dedupe still drops that.
+        message_id = f"{message_id}:edit:{update.update_id}"
         text = f"(edited) {text}"
     return InboundMessage(
         platform=PLATFORM,
@@ -128,7 +142,6 @@ class TelegramAdapter:
             request=HTTPXRequest(connection_pool_size=64),
             get_updates_request=HTTPXRequest(read_timeout=10),
         )
-        self._blocked: set[int] = set()
         # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
         self._connected = False
 
@@ -187,10 +200,15 @@ class TelegramAdapter:
             if message is None:
                 return web.json_response({"ignored": True})
             try:
-                await self._take(sink, message)
+                await sink.ingest(message)
             except Unavailable:
                 # Not stored: Telegram must deliver it again later.
                 return web.json_response({"error": "try again"}, status=503)
+            except Exception:
+                # A bug or an error reply nobody classified: not stored either, so Telegram
+                # retries, and the log names the conversation it held up.
+                log.exception("%s could not be stored", describe(message))
+                return web.json_response({"error": "internal error"}, status=500)
             return web.json_response({"ok": True})
 
         return handle
@@ -198,44 +216,54 @@ class TelegramAdapter:
     # Receiving: polling
 
     async def _poll(self, sink: Sink) -> None:
-        # getUpdates is refused while a webhook is set.
-        await self.bot.delete_webhook()
         log.info("this replica polls Telegram")
+        webhook_deleted = False
         offset: int | None = None
         failures = 0
+        backoff = POLL_BACKOFF_FIRST_S
         while True:
             try:
+                if not webhook_deleted:
+                    # getUpdates is refused while a webhook is set.
+                    await self.bot.delete_webhook()
+                    webhook_deleted = True
                 updates = await self.bot.get_updates(
                     offset=offset, timeout=POLL_TIMEOUT_S, allowed_updates=ALLOWED_UPDATES
                 )
-                failures = 0
-                self._connected = True
+                for update in updates:
+                    message = normalize(update)
+                    if message is not None:
+                        await until_stored(partial(sink.ingest, message), describe(message))
+            except RetryAfter as exc:
+                # Told exactly when to come back, so the backoff stays as it was.
+                delay = _seconds(exc.retry_after) + random.uniform(0.1, 0.5)
+                log.warning("Telegram flood control on polling; retrying in %.1fs", delay)
             except (Conflict, NetworkError) as exc:
-                failures += 1
-                self._connected = failures < 3
-                delay = min(0.5 * 2**failures, 30) * random.uniform(0.5, 1.0)
-                log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
+                # TimedOut is a NetworkError; a 409 means another poller, often one just
+                # handed over, whose long poll Telegram has not ended yet.
+                delay = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, POLL_BACKOFF_CAP_S)
+                log.warning("polling Telegram failed (%s); retrying in %.1fs", exc, delay)
+            except Exception:
+                delay = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, POLL_BACKOFF_CAP_S)
+                log.exception("polling Telegram failed unexpectedly; retrying in %.1fs", delay)
+            else:
+                failures = 0
+                backoff = POLL_BACKOFF_FIRST_S
+                self._connected = True
+                if updates:
+                    # Confirmed by the next call, after the whole batch is stored.
+                    offset = updates[-1].update_id + 1
                 continue
-            for update in updates:
-                message = normalize(update)
-                if message is not None:
-                    await until_stored(partial(self._take, sink, message), describe(message))
-            if updates:
-                # Confirmed by the next call, after the whole batch is stored.
-                offset = updates[-1].update_id + 1
-
-    async def _take(self, sink: Sink, message: InboundMessage) -> None:
-        # A user who writes again has unblocked the bot.
-        self._blocked.discard(int(message.chat_id))
-        await sink.ingest(message)
+            failures += 1
+            self._connected = failures < POLL_FAILURES_UNHEALTHY
+            await asyncio.sleep(delay)
 
     # Sending
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
         chat_id = _chat_id(conversation)
-        if chat_id in self._blocked:
-            return
         try:
             body, parse_mode = render_part(text)
         except ValueError:
@@ -249,28 +277,28 @@ class TelegramAdapter:
                 await self.bot.send_message(chat_id, body, parse_mode=parse_mode)
                 return
             except RetryAfter as exc:
-                # Flood control: wait as told; the core renews the lease meanwhile.
                 wait = _seconds(exc.retry_after)
+                if wait > MAX_FLOOD_WAIT_S:
+                    raise SendFailed(f"flood control for {wait:.0f}s") from exc
+                # The core renews the lease meanwhile.
                 log.info("telegram flood control: waiting %.1fs", wait)
                 await asyncio.sleep(wait)
             except Forbidden as exc:
-                self._blocked.add(chat_id)
-                log.warning("chat %s cannot be reached (%s); dropping replies to it", chat_id, exc)
-                return
+                raise Unreachable(str(exc)) from exc
             except BadRequest as exc:
                 if parse_mode is None or "parse entities" not in str(exc).lower():
-                    raise
+                    # Telegram refused the request itself (chat not found, ...): the same
+                    # request can never succeed.
+                    raise SendFailed(str(exc), permanent=True) from exc
                 log.info("telegram rejected the HTML entities; resending as plain text")
                 body, parse_mode = plain_text(text), None
             except NetworkError as exc:
                 if attempt == SEND_ATTEMPTS:
-                    raise
+                    raise SendFailed(f"sendMessage kept failing: {exc}") from exc
                 delay = min(0.5 * 2**attempt, 10) * random.uniform(0.5, 1.0)
                 log.warning("sendMessage failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-        raise NetworkError("sendMessage kept failing")
+        raise SendFailed("sendMessage kept failing")
 
     async def typing(self, conversation: str) -> None:
-        chat_id = _chat_id(conversation)
-        if chat_id not in self._blocked:
-            await self.bot.send_chat_action(chat_id, ChatAction.TYPING)
+        await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)

@@ -223,6 +223,47 @@ async def test_scripted_bad_request_forbidden_and_server_error(
     assert len(fake.sent_messages) == 1
 
 
+async def test_failure_phases_follow_each_other_from_the_first_call(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.fail_for("getUpdates", 0.3, fake.too_many_requests(1))
+    fake.fail_for("getupdates", 0.3, fake.server_error(502))
+    # The first phase's clock starts at the first call, not when it was scripted.
+    await asyncio.sleep(0.4)
+    with pytest.raises(RetryAfter):
+        await bot.get_updates(timeout=0)
+    with pytest.raises(RetryAfter):
+        await bot.get_updates(timeout=0)
+    await asyncio.sleep(0.35)  # the first phase runs out
+    with pytest.raises(NetworkError, match="Bad Gateway"):
+        await bot.get_updates(timeout=0)
+    await asyncio.sleep(0.35)  # so does the second
+    assert await bot.get_updates(timeout=0) == ()
+    assert [c.status for c in fake.calls_to("getUpdates")] == [429, 429, 502, 200]
+
+
+async def test_a_failing_chat_fails_every_call_about_it_until_lifted(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.fail_chat(7, fake.forbidden_blocked())
+    with pytest.raises(Forbidden, match="bot was blocked by the user"):
+        await bot.send_message(7, "hello")
+    with pytest.raises(Forbidden):
+        await bot.send_chat_action(7, ChatAction.TYPING)
+    await bot.send_message(8, "another chat is fine")
+    fake.fail_chat(7, fake.chat_not_found())
+    with pytest.raises(BadRequest, match=r"(?i)chat not found"):
+        await bot.send_message(7, "hello")
+    fake.fail_chat(7, None)
+    await bot.send_message(7, "hello again")
+    assert [(c.chat_id, c.status) for c in fake.calls_to("sendMessage")] == [
+        (7, 403),
+        (8, 200),
+        (7, 400),
+        (7, 200),
+    ]
+
+
 async def test_set_webhook_records_and_blocks_polling(fake: FakeTelegram, bot: Bot) -> None:
     assert await bot.set_webhook(
         "https://bot.example/tg",

@@ -272,14 +272,18 @@ async def test_media_edits_and_groups_become_the_right_input(
 async def test_a_user_who_blocked_the_bot_is_skipped_and_the_conversation_moves_on(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:
-    fake.fail_next("sendMessage", fake.forbidden_blocked())
+    fake.fail_chat(CHAT, fake.forbidden_blocked())
     async with webhook_bot(server, fake, short_dir) as bot:
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "bye")) == 200
-        # The reply counts as delivered: W advances and nothing is retried.
+        # The reply counts as delivered: W advances, nothing is retried, and the store marks
+        # the conversation for every replica.
         await eventually(lambda: _settled(redis), within_s=10)
         assert [c.status for c in fake.calls_to("sendMessage")] == [403]
+        assert await redis.hget(Keys(CONVERSATION).state, "unreachable") == b"1"
         # Writing again means the user unblocked the bot: replies flow again.
+        fake.fail_chat(CHAT, None)
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "back")) == 200
+        assert await redis.hget(Keys(CONVERSATION).state, "unreachable") is None
         await fake.wait_for_sent(1, timeout=10)
         assert [m.text for m in fake.sent_messages] == ["You said: back"]
 

@@ -5,8 +5,9 @@ drive that same library against this fake instead of mocking it, so the wire for
 JSON encoded parameters, the ``{"ok": ..., "result": ...}`` envelope, error codes with their
 ``parameters``) and the library's own behaviour (exception classes such as ``RetryAfter``,
 ``BadRequest``, ``Forbidden`` and ``Conflict``; timeouts; long polling) are exercised for real,
-while the test keeps full control: it queues updates for ``getUpdates``, scripts errors per
-method, sees every call, and plays Telegram's webhook delivery with :func:`post_update`.
+while the test keeps full control: it queues updates for ``getUpdates``, scripts errors (the
+next calls of a method, every call for a stretch of time, every call about one chat), sees
+every call, and plays Telegram's webhook delivery with :func:`post_update`.
 
 PTB builds request URLs as ``{base_url}{token}/{method}``, so a bot points at the fake with
 ``base_url=f"{fake.api_url}/bot"``; :attr:`FakeTelegram.api_url` is the Bot API base that
@@ -143,6 +144,16 @@ class ScriptedError:
 
 
 @dataclass
+class _Phase:
+    """A stretch of time during which every call of a method fails with one error."""
+
+    error: ScriptedError
+    seconds: float
+    # When the first call it answered arrived; the phase ends `seconds` after that.
+    began: float | None = None
+
+
+@dataclass
 class WebhookConfig:
     """What the last successful ``setWebhook`` asked for."""
 
@@ -198,6 +209,8 @@ class FakeTelegram(LoopbackServer):
         self._message_ids: dict[int | str, int] = {}
         self._bot_messages: dict[tuple[int | str, int], dict[str, Any]] = {}
         self._errors: dict[str, list[ScriptedError | None]] = {}
+        self._phases: dict[str, list[_Phase]] = {}
+        self._chat_errors: dict[int | str, ScriptedError] = {}
         self._polls: list[_Poll] = []
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
@@ -226,6 +239,24 @@ class FakeTelegram(LoopbackServer):
         """
         self._errors.setdefault(_CANONICAL.get(method.lower(), method), []).extend(errors)
 
+    def fail_for(self, method: str, seconds: float, error: ScriptedError) -> None:
+        """Answer every call of ``method`` with ``error`` for ``seconds``, counted from the
+        first call it answers (so a test need not know when the bot starts calling). Phases
+        for one method follow each other in the order they were scripted; errors queued by
+        :meth:`fail_next` come first. E.g. 429 for 5 s, then 502 for 5 s, then calls succeed.
+        """
+        method = _CANONICAL.get(method.lower(), method)
+        self._phases.setdefault(method, []).append(_Phase(error, seconds))
+
+    def fail_chat(self, chat_id: int | str, error: ScriptedError | None) -> None:
+        """Answer every call about ``chat_id`` (sending, typing, editing) with ``error`` from
+        now on, as Telegram does for a user who blocked the bot or a chat that is gone; None
+        lifts it (the user unblocked the bot)."""
+        if error is None:
+            self._chat_errors.pop(chat_id, None)
+        else:
+            self._chat_errors[chat_id] = error
+
     @staticmethod
     def too_many_requests(retry_after: int) -> ScriptedError:
         return ScriptedError(
@@ -244,6 +275,10 @@ class FakeTelegram(LoopbackServer):
     @staticmethod
     def forbidden_blocked() -> ScriptedError:
         return ScriptedError(403, "Forbidden: bot was blocked by the user")
+
+    @staticmethod
+    def chat_not_found() -> ScriptedError:
+        return ScriptedError(400, "Bad Request: chat not found")
 
     @staticmethod
     def server_error(status: int = 500) -> ScriptedError:
@@ -523,8 +558,7 @@ class FakeTelegram(LoopbackServer):
         if task is not None:
             self._handler_tasks.add(task)
         try:
-            queued = self._errors.get(method)
-            scripted = queued.pop(0) if queued else None
+            scripted = self._scripted(call)
             if scripted is not None:
                 raise _CallError(scripted)
             result = await self._perform(call)
@@ -540,6 +574,21 @@ class FakeTelegram(LoopbackServer):
         call.result = result
         self._notify()
         return _envelope({"ok": True, "result": result}, 200)
+
+    def _scripted(self, call: RecordedCall) -> ScriptedError | None:
+        queued = self._errors.get(call.method)
+        if queued:
+            return queued.pop(0)
+        phases = self._phases.get(call.method, [])
+        while phases:
+            phase = phases[0]
+            if phase.began is None:
+                phase.began = call.at
+            if call.at - phase.began < phase.seconds:
+                return phase.error
+            phases.pop(0)
+        chat_id = call.chat_id
+        return None if chat_id is None else self._chat_errors.get(chat_id)
 
     async def _perform(self, call: RecordedCall) -> Any:
         p = call.params
