@@ -229,6 +229,7 @@ async def test_a_chat_that_is_not_found_gives_the_reply_up_and_the_next_message_
         assert await post_update(url, fake.private_text_update(CHAT, CHAT, "now?"), SECRET) == 200
         await fake.wait_for_sent(1, timeout=10)
         assert [m.text for m in fake.sent_messages] == ["You said: now?"]
+        await eventually(lambda: settled(redis), within_s=5)  # committed after the send
         assert await counters(redis) == (2, 2)
 
 
