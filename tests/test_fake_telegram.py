@@ -224,8 +224,9 @@ async def test_scripted_bad_request_forbidden_and_server_error(
 
 
 async def test_failure_phases_follow_each_other_from_the_first_call(
-    fake: FakeTelegram, bot: Bot
+    fake: FakeTelegram, bot: Bot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")  # as in test_scripted_429_is_retry_after
     fake.fail_for("getUpdates", 0.3, fake.too_many_requests(1))
     fake.fail_for("getupdates", 0.3, fake.server_error(502))
     # The first phase's clock starts at the first call, not when it was scripted.
