@@ -233,6 +233,23 @@ async def test_a_chat_that_is_not_found_gives_the_reply_up_and_the_next_message_
         assert await counters(redis) == (2, 2)
 
 
+async def test_flood_control_longer_than_a_minute_is_handed_back_not_waited_out(
+    server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
+) -> None:
+    fake.fail_next("sendMessage", fake.too_many_requests(120))
+    async with contextlib.AsyncExitStack() as stack:
+        _, url = await start_webhook(server, fake, short_dir, stack)
+        assert await post_update(url, fake.private_text_update(CHAT, CHAT, "hey"), SECRET) == 200
+        # The core tries the reply again after its own backoff, seconds rather than minutes;
+        # the conversation's lease was not held for the two minutes meanwhile.
+        await fake.wait_for_sent(1, timeout=15)
+        flooded, sent = fake.calls_to("sendMessage")
+        assert (flooded.status, sent.status) == (429, 200)
+        assert sent.at - flooded.at < 15
+        assert sent.text == flooded.text == "You said: hey"  # the same reply, from the outbox
+        await eventually(lambda: settled(redis), within_s=5)
+
+
 async def test_a_user_who_unblocked_the_bot_is_answered_by_a_replica_that_saw_the_block(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:
