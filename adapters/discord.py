@@ -6,39 +6,78 @@ Every replica logs in over REST only, which is all it needs to send replies and 
 indicators for the conversations whose cycles it runs.
 
 The gateway has no acknowledgement to hold back, so what it delivers is queued in arrival
-order and stored by one task, retried while the store is down. Three things keep a DM from
-being lost or answered twice:
+order and stored by one task, retried while the store is down. What keeps a DM from being lost
+or answered twice:
 
-- a RESUME may replay `MESSAGE_CREATE`s already seen: the core drops a repeated message id;
-- a gap with no gateway (a failover, a restart) delivers nothing sent meanwhile: on each new
-  session the holder reads the history of recently active DM channels after the last message
-  it took in, and their live messages wait until it has, so the gap is stored first;
+- the holder keeps its gateway session in the store as it goes: the session id, the resume
+  URL, and the sequence number of the last event whose DM is stored (never past one that is
+  not). The next holder, after a crash, a hand-over or a restart, RESUMEs that session, and
+  Discord replays every event since that number, including DMs sent while no replica was
+  connected, from any user;
+- a replay repeats `MESSAGE_CREATE`s already stored: the core drops a repeated message id;
+- a holder stopped on purpose (SIGTERM, a lost role) first closes its connection without
+  ending the session (close code 4000: Discord ends a session closed with 1000 or 1001), then
+  stores what it has queued, within the core's hand-over time;
+- when Discord refuses the RESUME (the session expired), the holder starts a new session and
+  catches up: for each recently active conversation, it reads the history after the last
+  message it took in. Live DMs wait from the moment the new session is asked for until the
+  catch-up has read their conversation, so the gap is stored first;
+- the queue in memory is capped: beyond the cap, newer DMs are dropped from memory, and the
+  sequence kept in the store stays before them; once the queue is stored, the holder reconnects
+  and RESUMEs from there, so Discord delivers them again;
 - a reply part re-sent after a crash carries the same `nonce` with `enforce_nonce`, so Discord
   returns the first copy instead of posting a second.
+
+Send errors are classified for the core: a user who does not take DMs from the bot is
+`Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a
+429) is a permanent `SendFailed`; a 5xx, a network error, or a rate limit longer than
+`MAX_RATE_LIMIT_WAIT_S` is a transient one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
+import math
+from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
+import aiohttp
 import discord
+import discord.client
 import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 from adapters.base import Sink, describe, until_stored
 from bot.cancel import cancel_and_wait
-from bot.message import Attachment, InboundMessage, Unavailable
+from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
 from bot.settings import ConfigError, DiscordSettings
 
 log = logging.getLogger(__name__)
 
 PLATFORM = "discord"
 GATEWAY_ROLE = "discord:gateway"
+# Where the holder keeps its gateway session for the next holder to resume.
+SESSION_KEY = "discord:gateway:session"
+# Kept this long after its last update: long after Discord would still resume it, so a holder
+# that died is always followed by a RESUME attempt, never by a session known to nobody.
+SESSION_TTL_S = 900.0
+# How often the kept sequence is moved forward while it changes; kept behind, it only makes
+# the next holder's replay longer.
+KEEP_EVERY_S = 1.0
+# Close code of a hand-over: anything but 1000 and 1001 leaves the session resumable.
+RESUMABLE_CLOSE = 4000
+# DMs held in memory, received but not stored (the store is down): beyond this, newer ones are
+# dropped from memory and come back by a RESUME once the queue is stored.
+INBOX_CAP = 10_000
+# Backoff while the store cannot say which session to resume, or which conversations to
+# catch up on.
+RETRY_FIRST_S = 0.2
+RETRY_CAP_S = 5.0
 # DMs and their text, nothing else: no guild events, no presences, no member lists. Message
 # content is a privileged intent: it must be switched on in the Developer Portal.
 INTENTS = discord.Intents.none()
@@ -116,13 +155,25 @@ def _channel_id(conversation: str) -> int:
 
 
 def _point_at(settings: DiscordSettings) -> None:
-    """Aim discord.py at the configured REST base and gateway.
+    """Aim discord.py at the configured REST base and gateway, and have it open a gateway
+    holder's first connection with RESUME when there is a session to take over.
 
-    discord.py reads both from class attributes and offers no per-client option; one process
-    serves one Discord bot, so setting them for the process is what is meant.
+    discord.py reads all of these from module and class attributes and offers no per-client
+    option; one process serves one Discord bot, so setting them for the process is what is
+    meant.
     """
     Route.BASE = settings.api_url.rstrip("/")
     DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(settings.gateway_url)
+    discord.client.DiscordWebSocket = _GatewaySocket  # type: ignore[misc]
+
+
+def _verdict(conversation: str, exc: discord.HTTPException) -> SendFailed:
+    """What a refused send means for the core."""
+    if exc.code == CANNOT_DM:
+        return Unreachable(f"{conversation} does not accept DMs from the bot: {exc}")
+    # A 429 here is Cloudflare's (discord.py waits out Discord's own): it passes.
+    permanent = 400 <= exc.status < 500 and exc.status != 429
+    return SendFailed(f"Discord refused a reply part to {conversation}: {exc}", permanent=permanent)
 
 
 class DiscordAdapter:
@@ -138,15 +189,12 @@ class DiscordAdapter:
         _point_at(settings)
         self.rest = discord.Client(intents=INTENTS, max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT_S)
         self._logged_in = asyncio.Event()
-        # Channels whose user does not take DMs from the bot; told once, skipped until they
-        # write again.
-        self._closed: set[int] = set()
         # The gateway connection, while this replica holds it.
         self._gateway: _Gateway | None = None
 
     def connected(self) -> bool:
         gateway = self._gateway
-        if gateway is not None and not gateway.is_ready():
+        if gateway is not None and not gateway.live():
             return False
         return self._logged_in.is_set()
 
@@ -165,46 +213,34 @@ class DiscordAdapter:
 
     async def _listen(self, sink: Sink) -> None:
         """Hold the gateway: runs on one replica at a time, restarted on another if it dies."""
-        gateway = _Gateway(sink, self.settings.catch_up_minutes)
-        deliver = asyncio.create_task(self._deliver(sink, gateway.inbox), name="discord inbox")
-        self._gateway = gateway
-        try:
-            await _login(gateway, self._token)
-            log.info("this replica holds the Discord gateway")
-            # Reconnects and RESUMEs by itself; returns only once the client is closed.
-            await gateway.connect(reconnect=True)
-        except discord.PrivilegedIntentsRequired:
-            raise ConfigError(
-                "LASTWORD_DISCORD__TOKEN: this bot may not read message content; turn on "
-                "Bot → Privileged Gateway Intents → Message Content Intent in the Discord "
-                "Developer Portal"
-            ) from None
-        finally:
-            # Whatever is still queued is in the DM history, for the next holder's catch-up.
-            self._gateway = None
-            await cancel_and_wait(deliver)
-            await gateway.close()
-
-    async def _deliver(self, sink: Sink, inbox: asyncio.Queue[InboundMessage]) -> None:
-        """Store what the gateway delivered, one at a time, in arrival order: one writer, so
-        a message is never stored ahead of one that came before it."""
         while True:
-            message = await inbox.get()
-            await until_stored(partial(self._take, sink, message), describe(message))
-
-    async def _take(self, sink: Sink, message: InboundMessage) -> None:
-        # A user who writes again may have opened their DMs.
-        self._closed.discard(int(message.chat_id))
-        await sink.ingest(message)
+            gateway = _Gateway(sink, self.settings.catch_up_minutes)
+            self._gateway = gateway
+            try:
+                await _login(gateway, self._token)
+                gateway.take_over(await _recall(sink))
+                log.info("this replica holds the Discord gateway")
+                await gateway.hold()
+                return
+            except _Overflowed as exc:
+                log.warning("%s; resuming the Discord session to receive them again", exc)
+            except discord.PrivilegedIntentsRequired:
+                raise ConfigError(
+                    "LASTWORD_DISCORD__TOKEN: this bot may not read message content; turn on "
+                    "Bot → Privileged Gateway Intents → Message Content Intent in the Discord "
+                    "Developer Portal"
+                ) from None
+            finally:
+                self._gateway = None
+                await gateway.close()
 
     # Sending
 
     async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
         await self._logged_in.wait()
-        channel_id = _channel_id(conversation)
-        if channel_id in self._closed:
-            return
-        channel = self.rest.get_partial_messageable(channel_id, type=discord.ChannelType.private)
+        channel = self.rest.get_partial_messageable(
+            _channel_id(conversation), type=discord.ChannelType.private
+        )
         try:
             # discord.py waits out a 429 itself; the core keeps the lease renewed meanwhile.
             await channel.send(
@@ -212,18 +248,18 @@ class DiscordAdapter:
                 nonce=nonce(idempotency_key),
                 allowed_mentions=discord.AllowedMentions.none(),
             )
-        except discord.Forbidden as exc:
-            if exc.code != CANNOT_DM:
-                raise
-            # Nothing can be delivered: count it as delivered, so the conversation moves on.
-            self._closed.add(channel_id)
-            log.warning("%s does not accept DMs from the bot; dropping replies to it", conversation)
+        except discord.RateLimited as exc:
+            raise SendFailed(
+                f"Discord rate limits replies to {conversation} for {exc.retry_after:.0f}s"
+            ) from exc
+        except discord.HTTPException as exc:
+            raise _verdict(conversation, exc) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise SendFailed(f"cannot reach Discord to reply to {conversation}: {exc!r}") from exc
 
     async def typing(self, conversation: str) -> None:
         await self._logged_in.wait()
-        channel_id = _channel_id(conversation)
-        if channel_id not in self._closed:
-            await self.rest.http.send_typing(channel_id)
+        await self.rest.http.send_typing(_channel_id(conversation))
 
 
 async def _login(client: discord.Client, token: str) -> None:
@@ -233,8 +269,84 @@ async def _login(client: discord.Client, token: str) -> None:
         raise ConfigError("LASTWORD_DISCORD__TOKEN: Discord refused the bot token") from None
 
 
+async def _recall(sink: Sink) -> _Session | None:
+    """The session the last holder kept, waiting for the store: without it, the DMs that
+    Discord would replay could not be stored anyway."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            kept = await sink.recall(SESSION_KEY)
+        except Unavailable as exc:
+            log.warning("cannot read the Discord session to resume (%s); retrying", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP_S)
+            continue
+        return None if kept is None else _Session.loads(kept)
+
+
+@dataclass(frozen=True)
+class _Session:
+    """A gateway session another holder can RESUME, at `url`: Discord replays every event
+    after `seq`."""
+
+    id: str
+    seq: int
+    url: str
+    # The session began after a gap whose catch-up has not finished: whoever resumes it
+    # catches up too.
+    catch_up: bool
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, kept: str) -> _Session | None:
+        try:
+            return cls(**json.loads(kept))
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable Discord session %r: %s", kept, exc)
+            return None
+
+
+@dataclass(frozen=True)
+class _Received:
+    message: InboundMessage
+    # The (session id, sequence number) of the event that carried it; None for a message
+    # read from the history.
+    event: tuple[str, int] | None
+
+
+class _Overflowed(Exception):
+    def __init__(self, dropped: int) -> None:
+        super().__init__(
+            f"{dropped} Discord DMs were dropped from memory while the store could not take them"
+        )
+
+
+class _GatewaySocket(DiscordWebSocket):
+    """discord.py's gateway socket, but a `_Gateway` with a session to take over opens its
+    first connection with RESUME, at that session's resume URL, instead of IDENTIFY.
+
+    `Client.connect` starts every client with IDENTIFY and keeps what it would resume in a
+    local variable; it opens each connection by calling this class method through its module's
+    name for the class, which `_point_at` sets to this subclass: the one seam before the first
+    IDENTIFY. Everything else, a refused RESUME included (op 9 false: a new IDENTIFY), is the
+    library's own.
+    """
+
+    @classmethod
+    async def from_client(cls, client: discord.Client, **params: Any) -> Self:
+        if isinstance(client, _Gateway) and (session := client.pop_takeover()) is not None:
+            params.update(
+                resume=True, session=session.id, sequence=session.seq, gateway=yarl.URL(session.url)
+            )
+        return await super().from_client(client, **params)
+
+
 class _Gateway(discord.Client):
-    """The gateway connection: queues the DMs it receives, and catches up on each new session."""
+    """The gateway connection: queues the DMs it receives with the event that carried them,
+    stores them in that order, keeps the session for the next holder, and catches up after a
+    gap."""
 
     def __init__(self, sink: Sink, catch_up_minutes: int) -> None:
         super().__init__(
@@ -245,31 +357,202 @@ class _Gateway(discord.Client):
         )
         self.sink = sink
         self.catch_up_minutes = catch_up_minutes
-        self.inbox: asyncio.Queue[InboundMessage] = asyncio.Queue()
-        # While a catch-up runs, live messages of the conversations whose history it has yet
-        # to read wait here, so that none is stored ahead of an older one from the gap. None:
-        # no catch-up; `_unread` None: which conversations it reads is not known yet (all wait).
-        self._held: list[InboundMessage] | None = None
+        self.inbox: asyncio.Queue[_Received] = asyncio.Queue(maxsize=INBOX_CAP)
+        # The events whose DM is received but not stored: the kept sequence stays before them.
+        self._unstored: set[tuple[str, int]] = set()
+        self._storing = 0
+        # DMs dropped from memory since the queue was full; all later ones are dropped too, so
+        # that the RESUME brings them back in order.
+        self._dropped = 0
+        self._takeover: _Session | None = None
+        # A session is open (READY or RESUMED, until a disconnect).
+        self._live = asyncio.Event()
+        # While a catch-up is owed, live DMs of the conversations whose history it has yet to
+        # read wait here, so that none is stored ahead of an older one from the gap. None: no
+        # catch-up; `_unread` None: which conversations it reads is not known yet (all wait).
+        self._held: list[_Received] | None = None
         self._unread: set[str] | None = None
-        # A session that ends during its catch-up starts another: one at a time.
-        self._catching_up = asyncio.Lock()
+        self._owes_catch_up = False
+        # Counts gaps: a catch-up that began before the latest one does not end the hold.
+        self._gap = 0
+        self._catching_up: asyncio.Task[None] | None = None
 
-    def _normalize(
-        self, message: discord.Message, *, edited: bool = False
-    ) -> InboundMessage | None:
+    def live(self) -> bool:
+        return self._live.is_set()
+
+    def take_over(self, session: _Session | None) -> None:
+        """Open the first connection by resuming `session`, kept by the last holder."""
+        self._takeover = session
+        if session is not None:
+            log.info("resuming the Discord session of the last gateway holder at %d", session.seq)
+            if session.catch_up:
+                self._begin_gap()
+
+    def pop_takeover(self) -> _Session | None:
+        session, self._takeover = self._takeover, None
+        return session
+
+    async def hold(self) -> None:
+        """Connect and store what arrives until cancelled (or the connection ends for good, or
+        the queue overflowed), then hand the session over."""
+        connect = asyncio.create_task(self.connect(reconnect=True), name="discord gateway")
+        deliver = asyncio.create_task(self._deliver(), name="discord inbox")
+        try:
+            await asyncio.wait({connect, deliver}, return_when=asyncio.FIRST_COMPLETED)
+            # The inbox never returns: if it ended, it raised, and that ends the connection.
+            for task in (deliver, connect):
+                if task.done():
+                    task.result()
+        finally:
+            await self._hand_over(connect, deliver)
+
+    async def _hand_over(self, connect: asyncio.Task[None], deliver: asyncio.Task[None]) -> None:
+        """Leave the session to the next holder: stop receiving without ending the session,
+        store what is queued, and keep how far that got. Held DMs, and what a catch-up cut
+        short had yet to read, are left to the next holder's RESUME and catch-up."""
+        if self._catching_up is not None:
+            await cancel_and_wait(self._catching_up)
+        # Before the socket closes: discord.py would reconnect.
+        await cancel_and_wait(connect)
+        if self.ws is not None and self.ws.open:
+            await self.ws.close(code=RESUMABLE_CLOSE)
+        if not deliver.done():
+            queued = self.inbox.qsize() + self._storing
+            if queued:
+                log.info("handing the Discord gateway over: storing %d queued DMs first", queued)
+            await self.inbox.join()
+        await cancel_and_wait(deliver)
+        session = self._session()
+        if session is not None:
+            await self._keep(session)
+
+    # Receiving
+
+    def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
+        # discord.py calls this while it parses an event, with `ws.sequence` still that
+        # event's; its handlers run later, as tasks, when more events may have been parsed. So
+        # DMs are taken here, each with the sequence number a RESUME would replay it from.
+        try:
+            if event == "message":
+                self._received(args[0])
+            elif event == "raw_message_edit":
+                self._received(args[0].message, edited=True)
+            elif event in ("connect", "resumed"):
+                self._live.set()
+            elif event == "disconnect":
+                self._live.clear()
+        except Exception:
+            log.exception("error taking in the Discord %s event", event)
+        super().dispatch(event, *args, **kwargs)
+
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        # A new session is about to be asked for: nothing sent while none was open will be
+        # delivered, and its first DMs (even those discord.py passes on while it waits for
+        # guilds, before READY counts as done) wait for the catch-up.
+        self._live.clear()
+        self._begin_gap()
+        await super().before_identify_hook(shard_id, initial=initial)
+
+    def _received(self, message: discord.Message, *, edited: bool = False) -> None:
         assert self.user is not None
-        return normalize(message, self.user.id, edited=edited)
-
-    def _live(self, message: discord.Message, *, edited: bool = False) -> None:
-        # Synchronous: discord.py runs each handler as its own task, in arrival order, and
-        # queueing before any await keeps that order.
-        found = self._normalize(message, edited=edited)
+        found = normalize(message, self.user.id, edited=edited)
         if found is None:
             return
+        ws = self.ws
+        event = None
+        if ws.session_id is not None and ws.sequence is not None:
+            event = (ws.session_id, ws.sequence)
+            self._unstored.add(event)
+        received = _Received(found, event)
         if self._held is not None and self._waits(found):
-            self._held.append(found)
+            if len(self._held) < INBOX_CAP and not self._dropped:
+                self._held.append(received)
+            else:
+                self._drop(received)
         else:
-            self.inbox.put_nowait(found)
+            self._queue(received)
+
+    def _queue(self, received: _Received) -> None:
+        if self._dropped:
+            self._drop(received)
+            return
+        try:
+            self.inbox.put_nowait(received)
+        except asyncio.QueueFull:
+            self._drop(received)
+
+    def _drop(self, received: _Received) -> None:
+        if not self._dropped:
+            log.warning(
+                "%d Discord DMs are waiting for the store: dropping newer ones from memory "
+                "until they are stored, then resuming the session to receive them again",
+                INBOX_CAP,
+            )
+        self._dropped += 1
+
+    async def _deliver(self) -> None:
+        """Store what the gateway delivered, one at a time, in arrival order: one writer, so
+        a message is never stored ahead of one that came before it. Keeps the session, with
+        the sequence number of the last event stored, for the next holder."""
+        loop = asyncio.get_running_loop()
+        kept: _Session | None = None
+        kept_at = -math.inf
+        while True:
+            if self._dropped and self.inbox.empty():
+                raise _Overflowed(self._dropped)
+            session = self._session()
+            since = loop.time() - kept_at
+            due = since >= SESSION_TTL_S / 3 or (session != kept and since >= KEEP_EVERY_S)
+            if session is not None and due and await self._keep(session):
+                kept, kept_at = session, loop.time()
+            try:
+                async with asyncio.timeout(KEEP_EVERY_S):
+                    received = await self.inbox.get()
+            except TimeoutError:
+                continue
+            self._storing = 1
+            message = received.message
+            await until_stored(partial(self.sink.ingest, message), describe(message))
+            self._storing = 0
+            if received.event is not None:
+                self._unstored.discard(received.event)
+            self.inbox.task_done()
+
+    def _session(self) -> _Session | None:
+        """This session as the next holder should resume it: from the last event before the
+        first DM not stored."""
+        ws = self.ws
+        if ws is None or ws.session_id is None or ws.sequence is None:
+            return None
+        waiting = [seq for session, seq in self._unstored if session == ws.session_id]
+        seq = min(waiting) - 1 if waiting else ws.sequence
+        return _Session(ws.session_id, seq, str(ws.gateway), self._owes_catch_up)
+
+    async def _keep(self, session: _Session) -> bool:
+        try:
+            await self.sink.remember(SESSION_KEY, session.dumps(), SESSION_TTL_S)
+        except Unavailable as exc:
+            log.warning("cannot keep the Discord session for the next holder: %s", exc)
+            return False
+        except Exception:
+            log.exception("cannot keep the Discord session for the next holder")
+            return False
+        return True
+
+    # Catching up after a gap
+
+    def _begin_gap(self) -> None:
+        """Nothing sent before this session was delivered by it: hold its live DMs, and catch
+        up once it is open."""
+        if not self.catch_up_minutes:
+            return
+        self._gap += 1
+        self._owes_catch_up = True
+        self._unread = None
+        if self._held is None:
+            self._held = []
+        if self._catching_up is None or self._catching_up.done():
+            self._catching_up = asyncio.create_task(self._catch_up(), name="discord catch-up")
 
     def _waits(self, message: InboundMessage) -> bool:
         """Whether a live message must wait for the catch-up to read its conversation first."""
@@ -284,44 +567,45 @@ class _Gateway(discord.Client):
         if read is not None and self._unread is not None:
             self._unread.discard(read)
         waiting = []
-        for message in self._held:
-            if self._waits(message):
-                waiting.append(message)
+        for received in self._held:
+            if self._waits(received.message):
+                waiting.append(received)
             else:
-                self.inbox.put_nowait(message)
+                self._queue(received)
         self._held = waiting
 
-    async def on_message(self, message: discord.Message) -> None:
-        self._live(message)
-
-    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        self._live(payload.message, edited=True)
-
-    async def on_ready(self) -> None:
-        # A new session, not a RESUME: nothing sent while none was open was delivered.
-        await self.catch_up()
-
-    async def catch_up(self) -> None:
-        """Take in DMs sent while no replica held the gateway: for each recently active
-        conversation, its history after the last message taken in. Any already taken in
-        are dropped by the core's dedupe."""
-        if not self.catch_up_minutes:
-            return
-        async with self._catching_up:
-            self._held, self._unread = [], None
+    async def _catch_up(self) -> None:
+        """Take in DMs sent while no session was open: for each recently active conversation,
+        its history after the last message taken in, once the new session is open (what is
+        sent after that comes live). Any already taken in are dropped by the core's dedupe.
+        Again if another gap began meanwhile, or if it failed: the held DMs wait for it."""
+        delay = RETRY_FIRST_S
+        while self._owes_catch_up:
+            await self._live.wait()
+            gap = self._gap
             try:
-                await self._read_gap()
-            finally:
-                self._unread = set()
-                self._release()
-                self._held = None
+                read = await self._read_gap(gap)
+            except Unavailable as exc:
+                log.warning("cannot read recent conversations for the catch-up: %s", exc)
+            except Exception:
+                log.exception("the Discord catch-up failed")
+            else:
+                if read and gap == self._gap:
+                    self._owes_catch_up = False
+                    self._unread = set()
+                    self._release()
+                    self._held = None
+                continue
+            log.info("catching up again in %.1fs", delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP_S)
 
-    async def _read_gap(self) -> None:
-        try:
-            recent = await self.sink.recent(PLATFORM, self.catch_up_minutes * 60)
-        except Unavailable as exc:
-            log.warning("cannot read recent conversations for the catch-up: %s", exc)
-            return
+    async def _read_gap(self, gap: int) -> bool:
+        """Read the gap into the inbox; False if a newer gap began meanwhile."""
+        assert self.user is not None
+        recent = await self.sink.recent(PLATFORM, self.catch_up_minutes * 60)
+        if gap != self._gap:
+            return False
         self._unread = set(recent)
         self._release()
         found = 0
@@ -335,13 +619,17 @@ class _Gateway(discord.Client):
                 async for item in channel.history(
                     limit=CATCH_UP_LIMIT, after=after, oldest_first=True
                 ):
-                    if (message := self._normalize(item)) is not None:
-                        self.inbox.put_nowait(message)
+                    if (message := normalize(item, self.user.id)) is not None:
+                        # Waits for room: a reader, unlike the gateway, can be held back.
+                        await self.inbox.put(_Received(message, None))
                         found += 1
-            except discord.HTTPException as exc:
+            except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 log.warning("cannot read the history of %s: %s", conversation, exc)
+            if gap != self._gap:
+                return False
             self._release(read=conversation)
         log.info("catch-up: %d conversations read, %d messages found", len(recent), found)
+        return True
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         log.exception("error in the Discord %s handler", event_method)

@@ -298,7 +298,7 @@ async def test_gateway_ready_identify_and_zlib_stream(fake: FakeDiscord) -> None
         assert client.ws is not None and client.ws.session_id is not None
         # READY went out compressed and was understood: discord.py took the fake's URL for
         # RESUMEs from it.
-        assert str(client.ws.gateway) == fake.gateway_url
+        assert str(client.ws.gateway) == fake.resume_gateway_url
     await fake.wait_for_sessions(0, WAIT_S)
 
 
@@ -354,6 +354,17 @@ async def test_heartbeats_are_acknowledged(fake: FakeDiscord) -> None:
         assert client.latency < 1.0
 
 
+async def test_heartbeats_tell_what_the_client_received(fake: FakeDiscord) -> None:
+    fake.heartbeat_interval_ms = 100
+    async with gateway_client(fake) as client:
+        await fake.wait_for(fake.received_all, WAIT_S)
+        await fake.user_sends(USER, "one")
+        await fake.user_sends(USER, "two")
+        assert not fake.received_all()
+        await fake.wait_for(fake.received_all, WAIT_S)
+        assert (await client.next_user_message()).content == "one"
+
+
 @pytest.mark.parametrize("gap", ["reconnect", "drop"])
 async def test_resume_replays_missed_events(fake: FakeDiscord, gap: str) -> None:
     async with gateway_client(fake) as client:
@@ -377,6 +388,7 @@ async def test_resume_replays_missed_events(fake: FakeDiscord, gap: str) -> None
         assert fake.connected_sessions() == 1
         # The RESUME went to resume_gateway_url, with the same transport.
         assert [c["compress"] for c in fake.gateway_connections] == ["zlib-stream"] * 2
+        assert fake.gateway_paths == ["/gateway", "/resume"]
 
 
 async def test_replay_from_start_redelivers_seen_events(fake: FakeDiscord) -> None:
@@ -434,6 +446,38 @@ async def test_close_code_decides_whether_a_session_resumes(fake: FakeDiscord) -
     assert fake.close_codes[:3] == [1000, 1000, 4000]
 
 
+async def test_another_connection_resumes_a_session_from_the_sequence_it_sends(
+    fake: FakeDiscord,
+) -> None:
+    """What a new gateway holder does: RESUME the session a dead process left, on a socket of
+    its own, and get every event after the sequence number it names."""
+    async with gateway_client(fake) as client:
+        await fake.user_sends(USER, "first")
+        await fake.user_sends(USER, "second")
+        assert [(await client.next_user_message()).content for _ in range(2)] == [
+            "first",
+            "second",
+        ]
+        assert client.ws.session_id is not None
+        session_id = client.ws.session_id
+        # The dispatches so far: READY (1), "first" (2), "second" (3).
+        assert client.ws.sequence == 3
+        await client.ws.close(code=4000)
+        await fake.wait_for_sessions(0, WAIT_S)
+        await client.close()
+    await fake.user_sends(USER, "third")
+
+    resume = {"op": 6, "d": {"token": fake.token, "session_id": session_id, "seq": 1}}
+    frames = await raw_gateway(fake, [resume], expect=5)
+    replayed = [(f["s"], f["t"], f["d"].get("content")) for f in frames[1:]]
+    assert replayed == [
+        (2, "MESSAGE_CREATE", "first"),
+        (3, "MESSAGE_CREATE", "second"),
+        (4, "MESSAGE_CREATE", "third"),
+        (5, "RESUMED", None),
+    ]
+
+
 # -- the wire, without discord.py ------------------------------------------------------------
 
 
@@ -471,7 +515,7 @@ async def test_zlib_stream_frames_share_one_context(fake: FakeDiscord) -> None:
     assert ack["op"] == 11
     assert (ready["op"], ready["t"], ready["s"]) == (0, "READY", 1)
     assert ready["d"]["v"] == 10
-    assert ready["d"]["resume_gateway_url"] == fake.gateway_url
+    assert ready["d"]["resume_gateway_url"] == fake.resume_gateway_url
     assert ready["d"]["application"]["id"] == str(fake.application_id)
 
     plain = await raw_gateway(fake, [], expect=1, compress=False)

@@ -30,8 +30,12 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
 - Channel history is answered newest first; ``after`` returns the oldest ``limit`` messages
   after the id (still newest first), ``around`` centres on the id.
 - A session stays resumable when its socket drops or the client closes with a code other than
-  1000/1001; events for it are logged meanwhile and replayed on RESUME (op 6), followed by a
-  ``RESUMED`` dispatch. An unknown or invalidated session gets op 9 ``false``.
+  1000/1001; events for it are logged meanwhile and replayed on RESUME (op 6) after the
+  sequence number the client sends, on any connection (another process may resume it),
+  followed by a ``RESUMED`` dispatch. An unknown or invalidated session gets op 9 ``false``.
+- READY names a ``resume_gateway_url`` of its own (``/resume`` here), where a RESUME should go;
+  as on Discord, one sent to the main URL works too. Each heartbeat carries the sequence number
+  of the last event the client received, which the fake records.
 - DMs carry their content whether or not the session asked for the message content intent;
   guild messages that do not mention the bot are blanked for a session without it.
 """
@@ -166,6 +170,8 @@ class _Session:
     intents: int
     shard: list[int] | None
     seq: int = 0
+    # The sequence number the client last reported in a heartbeat: what it has received.
+    heartbeat_seq: int | None = None
     # Every dispatch after READY, as sent: what RESUME replays.
     log: list[dict[str, Any]] = field(default_factory=list)
     connection: _Connection | None = None
@@ -280,6 +286,8 @@ class FakeDiscord(LoopbackServer):
         self.heartbeat_acks = 0
         # Query parameters of every gateway connection, in order (v, encoding, compress).
         self.gateway_connections: list[dict[str, str]] = []
+        # The URL path of every gateway connection, in order: "/gateway" or "/resume".
+        self.gateway_paths: list[str] = []
         # How each gateway socket ended, in order: the close code (the client's, or the one
         # the fake sent), None if the socket just died.
         self.close_codes: list[int | None] = []
@@ -308,6 +316,7 @@ class FakeDiscord(LoopbackServer):
 
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_get("/gateway", self._handle_gateway_ws)
+        app.router.add_get("/resume", self._handle_gateway_ws)
         api = "/api/v10"
         app.router.add_get(f"{api}/gateway", self._handle_get_gateway)
         routes: list[tuple[str, str, Callable[[web.Request], Any]]] = [
@@ -349,6 +358,11 @@ class FakeDiscord(LoopbackServer):
     def gateway_url(self) -> str:
         """``ws://127.0.0.1:PORT/gateway``; discord.py appends ``?v=10&encoding=json&...``."""
         return "ws" + self.origin[len("http") :] + "/gateway"
+
+    @property
+    def resume_gateway_url(self) -> str:
+        """``ws://127.0.0.1:PORT/resume``: the ``resume_gateway_url`` READY hands out."""
+        return "ws" + self.origin[len("http") :] + "/resume"
 
     @property
     def bot_id(self) -> int:
@@ -554,6 +568,11 @@ class FakeDiscord(LoopbackServer):
         """Every message in ``channel_id``, oldest first."""
         channel = self._channels.get(channel_id)
         return list(channel.messages) if channel is not None else []
+
+    def received_all(self) -> bool:
+        """Whether every connected client has reported, in a heartbeat, the sequence number of
+        the last event dispatched to its session: it has received them all."""
+        return all(s.heartbeat_seq == s.seq for s in self._live_sessions())
 
     def connected_sessions(self) -> int:
         """Sessions that are identified, not invalidated, and have an open socket."""
@@ -764,6 +783,7 @@ class FakeDiscord(LoopbackServer):
     async def _handle_gateway_ws(self, request: web.Request) -> web.StreamResponse:
         params = dict(request.query)
         self.gateway_connections.append(params)
+        self.gateway_paths.append(request.path)
         compress = params.get("compress")
         encoding = params.get("encoding", "json")
         # Permessage-deflate off: Discord compresses at the payload level (zlib-stream).
@@ -825,6 +845,8 @@ class FakeDiscord(LoopbackServer):
         """Handle one client frame; False once the socket was closed."""
         ws = conn.ws
         if op == OP_HEARTBEAT:
+            if conn.session is not None and isinstance(d, int):
+                conn.session.heartbeat_seq = d
             await conn.send({"op": OP_HEARTBEAT_ACK, "d": None, "s": None, "t": None})
             self.heartbeat_acks += 1
             self._notify()
@@ -872,7 +894,7 @@ class FakeDiscord(LoopbackServer):
             "guilds": [],
             "session_id": session.id,
             "session_type": "normal",
-            "resume_gateway_url": self.gateway_url,
+            "resume_gateway_url": self.resume_gateway_url,
             "private_channels": [],
             "presences": [],
             "relationships": [],
