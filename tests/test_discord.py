@@ -16,7 +16,7 @@ from bot.commands import HELP, REFUSAL
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually
-from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.discord_server import FakeDiscord, ScriptedError
 from tests.fakes.telegram_server import FakeTelegram
 from tests.running import Running
 
@@ -317,13 +317,46 @@ async def test_a_user_with_dms_closed_is_logged_once_and_the_conversation_moves_
         await fake.user_sends(USER, "hi")
         await settled(redis, channel, 1)
         assert texts(fake, channel) == []
+        # Unreachable: counted as answered at once, never tried again.
         assert bot.said("does not accept DMs") == 1
+        assert [post.status for post in fake.posts] == [403]
 
         # Writing again shows the DMs are open: answered as usual.
         await fake.user_sends(USER, "again")
         await fake.wait_for_bot_messages(channel, 1, timeout=10)
         await settled(redis, channel, 2)
         assert texts(fake, channel) == ["You said: again"]
+
+
+@pytest.mark.parametrize(
+    ("error", "statuses"),
+    [
+        (ScriptedError(404, {"message": "Unknown Channel", "code": 10003}), [404]),
+        (ScriptedError(403, {"message": "Missing Access", "code": 50001}), [403]),
+        (ScriptedError(400, {"message": "Invalid Form Body", "code": 50035}), [400]),
+        (FakeDiscord.server_error(503), [503, 200]),
+        # Longer than MAX_RATE_LIMIT_WAIT_S: not waited out holding the lease.
+        (FakeDiscord.rate_limited(120, global_=True), [429, 200]),
+    ],
+    ids=["unknown-channel", "missing-access", "bad-request", "5xx", "long-429"],
+)
+async def test_a_refused_reply_is_given_up_or_tried_again_as_the_error_says(
+    server: EmbeddedRedis,
+    redis: Redis,
+    fake: FakeDiscord,
+    short_dir: Path,
+    error: ScriptedError,
+    statuses: list[int],
+) -> None:
+    channel = fake.dm_channel(USER)
+    retried = len(statuses) > 1
+    async with discord_bots(1, server, fake, short_dir) as [bot]:
+        fake.fail_next_post(channel, error)
+        await fake.user_sends(USER, "hi")
+        await settled(redis, channel, 1)
+        assert [post.status for post in fake.posts] == statuses
+        assert texts(fake, channel) == (["You said: hi"] if retried else [])
+        assert bot.said("gave up the reply") == (0 if retried else 1)
 
 
 async def test_commands_and_the_allow_list_hold_on_discord(

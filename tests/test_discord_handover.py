@@ -7,7 +7,9 @@ holds every live DM of a new session from the start, so the gap is stored first.
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -170,3 +172,79 @@ async def test_a_dm_sent_while_discord_py_waits_for_guilds_waits_for_the_catch_u
     # Had the live DM been stored first, the catch-up would have read the history after it
     # and never found "gap".
     assert texts(fake, channel) == ["You said: before", "You said: gap / live"]
+
+
+async def test_a_holder_stopped_during_its_catch_up_leaves_it_to_the_next(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    fake.heartbeat_interval_ms = 100
+    channel = fake.dm_channel(USER)
+    async with discord_bots(2, server, fake, short_dir) as bots:
+        await fake.user_sends(USER, "before")
+        await settled(redis, channel, 1)
+        holder = await the_holder(bots)
+        await fake.user_sends(USER, "gap", dispatch=False)
+        # A new session whose catch-up is slow to read the history; a live DM of that
+        # conversation waits for it in the holder's memory when the holder is stopped.
+        fake.hold_history(True)
+        reads = fake.history_reads
+        await fake.invalidate_sessions()
+        await fake.wait_for(lambda: fake.history_reads > reads, timeout=15)
+        await fake.user_sends(USER, "live")
+        await fake.wait_for(fake.received_all, timeout=5)
+        code, _ = await holder.terminate()
+        assert code == 0
+        fake.hold_history(False)
+        # The next holder resumes the session, catch-up owed and all.
+        await settled(redis, channel, 3)
+        assert (fake.identify_count, fake.resume_count) == (2, 1)
+    assert texts(fake, channel) == ["You said: before", "You said: gap / live"]
+
+
+async def start_with_inbox_cap(env: dict[str, str], cap: int) -> Running:
+    """`lastword run`, but with the adapter's inbox capped at `cap` DMs instead of 10,000."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        f"import adapters.discord; adapters.discord.INBOX_CAP = {cap}\n"
+        "from bot.cli import main\nraise SystemExit(main(['run']))",
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return Running(process)
+
+
+async def test_dms_dropped_from_a_full_inbox_come_back_by_a_resume(
+    server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
+) -> None:
+    fake.heartbeat_interval_ms = 100
+    env = bot_env(server, fake, short_dir, LASTWORD_LEASE__TTL_MS="4000")
+    users = [USER + n for n in range(6)]
+    channels = [fake.dm_channel(user) for user in users]
+    assert server.process is not None
+    holder = await start_with_inbox_cap(env, 3)
+    try:
+        await fake.wait_for_sessions(1, timeout=20)
+
+        async def caught_up() -> bool:
+            return holder.said(CAUGHT_UP) == 1
+
+        await eventually(caught_up, within_s=5)
+        # Six DMs while the store is down: more than the inbox holds.
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            for user in users:
+                await fake.user_sends(user, f"hello from {user}")
+            await fake.wait_for(fake.received_all, timeout=5)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        for channel in channels:
+            await settled(redis, channel, 1)
+    finally:
+        await holder.stop()
+    assert holder.said("dropping newer ones from memory") == 1
+    # Those dropped were replayed by a RESUME of the same session.
+    assert (fake.identify_count, fake.resume_count) == (1, 1)
+    for user, channel in zip(users, channels, strict=True):
+        assert texts(fake, channel) == [f"You said: hello from {user}"]
