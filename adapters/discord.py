@@ -358,12 +358,14 @@ class _Gateway(discord.Client):
         self.sink = sink
         self.catch_up_minutes = catch_up_minutes
         self.inbox: asyncio.Queue[_Received] = asyncio.Queue(maxsize=INBOX_CAP)
-        # The events whose DM is received but not stored: the kept sequence stays before them.
+        # The events whose DM is in memory, not stored yet: the kept sequence stays before them.
         self._unstored: set[tuple[str, int]] = set()
         self._storing = 0
         # DMs dropped from memory since the queue was full; all later ones are dropped too, so
-        # that the RESUME brings them back in order.
+        # that the RESUME brings them back in order. Per session, the first one dropped, which
+        # the kept sequence stays before: the rest need no memory.
         self._dropped = 0
+        self._dropped_from: dict[str, int] = {}
         self._takeover: _Session | None = None
         # A session is open (READY or RESUMED, until a disconnect).
         self._live = asyncio.Event()
@@ -404,7 +406,13 @@ class _Gateway(discord.Client):
                 if task.done():
                     task.result()
         finally:
-            await self._hand_over(connect, deliver)
+            try:
+                await self._hand_over(connect, deliver)
+            finally:
+                # Cut short by a second cancellation: nothing may outlive the hand-over.
+                for left in (self._catching_up, connect, deliver):
+                    if left is not None:
+                        left.cancel()
 
     async def _hand_over(self, connect: asyncio.Task[None], deliver: asyncio.Task[None]) -> None:
         """Leave the session to the next holder: stop receiving without ending the session,
@@ -414,8 +422,7 @@ class _Gateway(discord.Client):
             await cancel_and_wait(self._catching_up)
         # Before the socket closes: discord.py would reconnect.
         await cancel_and_wait(connect)
-        if self.ws is not None and self.ws.open:
-            await self.ws.close(code=RESUMABLE_CLOSE)
+        await self.close()
         if not deliver.done():
             queued = self.inbox.qsize() + self._storing
             if queued:
@@ -425,6 +432,13 @@ class _Gateway(discord.Client):
         session = self._session()
         if session is not None:
             await self._keep(session)
+
+    async def close(self) -> None:
+        # discord.py closes the socket with 1000, after which Discord refuses to resume the
+        # session. Called once `connect` has ended: it would reconnect on a closed socket.
+        if self.ws is not None and self.ws.open:
+            await self.ws.close(code=RESUMABLE_CLOSE)
+        await super().close()
 
     # Receiving
 
@@ -489,6 +503,11 @@ class _Gateway(discord.Client):
                 INBOX_CAP,
             )
         self._dropped += 1
+        if received.event is not None:
+            self._unstored.discard(received.event)
+            session, seq = received.event
+            # A held DM released after a later one was dropped comes before it.
+            self._dropped_from[session] = min(seq, self._dropped_from.get(session, seq))
 
     async def _deliver(self) -> None:
         """Store what the gateway delivered, one at a time, in arrival order: one writer, so
@@ -525,6 +544,8 @@ class _Gateway(discord.Client):
         if ws is None or ws.session_id is None or ws.sequence is None:
             return None
         waiting = [seq for session, seq in self._unstored if session == ws.session_id]
+        if ws.session_id in self._dropped_from:
+            waiting.append(self._dropped_from[ws.session_id])
         seq = min(waiting) - 1 if waiting else ws.sequence
         return _Session(ws.session_id, seq, str(ws.gateway), self._owes_catch_up)
 

@@ -93,9 +93,13 @@ async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
     for channel in channels:
         assert await counters(redis, channel) == (1, 0)
 
+    # It closed without ending its session (not 1000/1001): the next holder resumes it.
+    assert fake.close_codes == [4000]
+
     async with discord_bots(1, server, fake, short_dir):
         for channel in channels:
             await settled(redis, channel, 1)
+        assert (fake.identify_count, fake.resume_count) == (1, 1)
     for user, channel in zip(users, channels, strict=True):
         assert texts(fake, channel) == [f"You said: hello from {user}"]
 
