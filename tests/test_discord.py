@@ -152,7 +152,8 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         await holder.kill()
         await fake.wait_for(lambda: fake.connected_sessions() == 0, timeout=5)
 
-        # Sent while no replica holds the gateway: Discord delivers them to no one.
+        # Sent while no replica holds the gateway: Discord delivers them once the next holder
+        # resumes the dead one's session.
         for text in ("during", "the", "switch"):
             await fake.user_sends(USER, text)
         await fake.wait_for_sessions(1, timeout=15)
@@ -163,6 +164,7 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         survivors = [bot for bot in bots if bot is not holder]
         assert sum(bot.said(HOLDS_GATEWAY) > 0 for bot in survivors) == 1
         assert fake.connected_sessions() == 1
+        assert (fake.identify_count, fake.resume_count) == (1, 1)
         replies = texts(fake, channel)
         assert replies[0] == "You said: before"
         # Every word answered exactly once, in order, whatever the grouping.
