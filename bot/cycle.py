@@ -204,7 +204,7 @@ class LeaseKeeper:
                 renewed = await self.store.renew(self.lease)
         except (StoreUnavailable, TimeoutError) as exc:
             self.stats.renewal_failures += 1
-            log.warning("lease renewal failed: %s", exc or "no answer in the time left")
+            log.warning("lease renewal failed: %s", str(exc) or "no answer in the time left")
             return None
         if renewed:
             self.confirmed_at = sent_at
