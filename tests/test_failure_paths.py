@@ -33,6 +33,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running
 from tests.test_replicas import Cluster, covering_reply, message
+from tests.test_telegram import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -304,12 +305,6 @@ async def test_an_intake_that_fails_is_restarted_and_healthz_says_so_meanwhile(
 
 async def _said(bot: Running, text: str) -> bool:
     return bot.said(text) > 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(port: int) -> tuple[int, str]:
