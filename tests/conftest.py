@@ -11,15 +11,20 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.embedded import EmbeddedRedis
+from bot.llm import LLM, EchoLLM, OpenAILLM
+from bot.runtime import Runtime
 from bot.settings import Settings
-from bot.store import Store
+from bot.store import Keys, Store
+from tests.fakes.outbound import RecordingOutbound
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -90,10 +95,146 @@ async def server_ms(redis: Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 3.0) -> None:
-    """Poll `check` until it holds; fail with TimeoutError after `within_s` seconds."""
-    async with asyncio.timeout(within_s):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.01)
+async def eventually(
+    check: Callable[[], Awaitable[T]],
+    within_s: float = 3.0,
+    *,
+    what: str | None = None,
+    describe: Callable[[], Awaitable[object]] | None = None,
+) -> T:
+    """Poll `check` until it returns something true, and return that.
+
+    After `within_s` seconds, fail with an AssertionError that names what was awaited (`what`,
+    else the check's name) and shows the last state seen: what `describe()` says then, else
+    the check's last result.
+    """
+    last: list[T] = []  # the check's last (false) result, once it has returned one
+    limit = asyncio.timeout(within_s)
+    try:
+        async with limit:
+            while True:
+                result = await check()
+                if result:
+                    return result
+                last[:] = [result]
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the check's own timeout, not ours
+        name = what or getattr(check, "__qualname__", repr(check))
+        if describe is not None:
+            seen = await _described(describe)
+        else:
+            seen = repr(last[0]) if last else "nothing (the check never returned)"
+        raise AssertionError(
+            f"{name} did not hold within {within_s:g}s; last seen: {seen}"
+        ) from None
+
+
+async def _described(describe: Callable[[], Awaitable[object]]) -> str:
+    """What `describe()` says, bounded in time: the state it reads may be what hangs."""
+    try:
+        async with asyncio.timeout(2.0):
+            return str(await describe())
+    except Exception as exc:  # a failure to describe must not hide the failure itself
+        return f"(could not read it: {exc!r})"
+
+
+async def counters(redis: Redis, conversation: str) -> tuple[int | None, int | None]:
+    """V and W of `conversation` as stored (None where the field is missing)."""
+    v, w = await redis.hmget(Keys(conversation).state, ["v", "w"])
+    return (None if v is None else int(v)), (None if w is None else int(w))
+
+
+async def settled(
+    where: Redis | Runtime,
+    conversation: str,
+    *,
+    version: int | None = None,
+    within_s: float = 10.0,
+) -> None:
+    """Wait until every message taken in for `conversation` has been answered: its watermark
+    W has caught up with its version V (and V is `version`, when given).
+
+    Given a `Runtime`, its own `settled()` decides (V == W, and no cycle of it runs there);
+    given a Redis client, V == W > 0 in the store. Fails after `within_s` seconds with an
+    AssertionError showing V and W.
+    """
+    redis = where.store.redis if isinstance(where, Runtime) else where
+
+    async def state() -> str:
+        v, w = await counters(redis, conversation)
+        wanted = "V == W > 0" if version is None else f"V == W == {version}"
+        running = f", {where.cycles_running} cycles running" if isinstance(where, Runtime) else ""
+        return f"V={v} W={w} (wanted {wanted}){running}"
+
+    if isinstance(where, Runtime):
+        try:
+            async with asyncio.timeout(within_s):
+                await where.settled(conversation)
+        except TimeoutError:
+            raise AssertionError(
+                f"{conversation} not settled within {within_s:g}s: {await _described(state)}"
+            ) from None
+        if version is not None:
+            assert (await counters(redis, conversation))[0] == version, await state()
+        return
+
+    async def caught_up() -> bool:
+        v, w = await counters(redis, conversation)
+        return v is not None and v == w and (version is None or v == version)
+
+    await eventually(caught_up, within_s, what=f"{conversation} settling", describe=state)
+
+
+class RuntimeFactory(Protocol):
+    async def __call__(
+        self,
+        settings: Settings | None = None,
+        /,
+        *,
+        model: LLM | None = None,
+        outbound: RecordingOutbound | None = None,
+        **overrides: Any,
+    ) -> tuple[Runtime, RecordingOutbound]: ...
+
+
+@pytest.fixture
+async def runtime_factory(
+    redis: Redis, make_settings: SettingsFactory
+) -> AsyncIterator[RuntimeFactory]:
+    """Start a `Runtime` over the real store, with a platform that records what it is sent.
+
+    `await runtime_factory(settings)` or `await runtime_factory(**make_settings_overrides)`;
+    the model is `model`, else the one the settings name (OpenAILLM for "openai", else the
+    echo). Returns the runtime and its outbound. Every runtime is stopped, and every
+    OpenAILLM client closed, at teardown.
+    """
+    started: list[tuple[Runtime, LLM]] = []
+
+    async def start(
+        settings: Settings | None = None,
+        /,
+        *,
+        model: LLM | None = None,
+        outbound: RecordingOutbound | None = None,
+        **overrides: Any,
+    ) -> tuple[Runtime, RecordingOutbound]:
+        if settings is None:
+            settings = make_settings(**overrides)
+        else:
+            assert not overrides, "pass settings or overrides, not both"
+        if model is None:
+            model = OpenAILLM(settings.llm) if settings.llm_provider == "openai" else EchoLLM()
+        if outbound is None:
+            outbound = RecordingOutbound()
+        runtime = Runtime(settings, make_store(settings, redis), model, outbound)
+        runtime.start()
+        started.append((runtime, model))
+        return runtime, outbound
+
+    yield start
+    for runtime, model in reversed(started):
+        await runtime.stop()
+        if isinstance(model, OpenAILLM):
+            await model.client.close()
