@@ -1,22 +1,60 @@
-"""Chat platforms. `create` picks one by the `LASTWORD_PLATFORM` setting."""
+"""Chat platforms, as plug-ins: `LASTWORD_PLATFORM` names one by its entry point.
+
+A platform is an object registered in the `lastword.adapters` entry point group (the
+built-in console, telegram and discord ones too, in pyproject.toml). Only the picked one is
+loaded, so a platform's library is imported only when that platform is used.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
 from adapters.base import Adapter
+from bot.check import Check, PlatformCheck
 from bot.settings import ConfigError, Settings
+
+GROUP = "lastword.adapters"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What a platform plug-in offers: its adapter, made from the settings, and the check
+    `lastword doctor` runs on its settings (bounded in time by itself)."""
+
+    create: Callable[[Settings], Adapter]
+    check: PlatformCheck
+
+
+def installed() -> list[str]:
+    """The names `LASTWORD_PLATFORM` may take here."""
+    return sorted({entry.name for entry in entry_points(group=GROUP)})
+
+
+def find(name: str) -> Platform:
+    """The platform registered as `name`; a `ConfigError` naming the installed ones if none
+    is."""
+    found = entry_points(group=GROUP, name=name)
+    if not found:
+        raise ConfigError(
+            f"LASTWORD_PLATFORM: no platform {name!r} is installed "
+            f"(installed: {', '.join(installed()) or 'none'})"
+        )
+    platform = next(iter(found)).load()
+    if not isinstance(platform, Platform):
+        raise ConfigError(f"LASTWORD_PLATFORM: the {name!r} plug-in is not a lastword Platform")
+    return platform
 
 
 def create(settings: Settings) -> Adapter:
-    if settings.platform == "console":
-        from adapters.console import ConsoleAdapter
+    return find(settings.platform).create(settings)
 
-        return ConsoleAdapter()
-    if settings.platform == "telegram":
-        from adapters.telegram import TelegramAdapter
 
-        return TelegramAdapter(settings.telegram)
-    if settings.platform == "discord":
-        from adapters.discord import DiscordAdapter
-
-        return DiscordAdapter(settings.discord)
-    raise ConfigError(f"LASTWORD_PLATFORM: {settings.platform} is not available in this version")
+async def check(settings: Settings, timeout_s: float) -> Check:
+    """The configured platform's doctor check; a failed one if it is not installed."""
+    try:
+        platform = find(settings.platform)
+    except ConfigError as exc:
+        return Check("platform", False, str(exc), "set LASTWORD_PLATFORM to an installed one")
+    return await platform.check(settings, timeout_s)

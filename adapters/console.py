@@ -17,9 +17,12 @@ import threading
 import uuid
 from collections.abc import Callable
 
+from adapters import Platform
 from adapters.base import Sink, until_stored
 from bot.cancel import cancel_and_wait
+from bot.check import Check
 from bot.message import InboundMessage, Unavailable
+from bot.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -169,3 +172,10 @@ def _silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+async def check(settings: Settings, timeout_s: float) -> Check:
+    return Check("platform", True, "console: no token needed")
+
+
+PLUGIN = Platform(create=lambda settings: ConsoleAdapter(), check=check)

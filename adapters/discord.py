@@ -52,10 +52,12 @@ import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
+from adapters import Platform
 from adapters.base import Sink, describe, until_stored
 from bot.cancel import cancel_and_wait
+from bot.check import Check, guarded
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
-from bot.settings import ConfigError, DiscordSettings
+from bot.settings import ConfigError, DiscordSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -654,3 +656,72 @@ class _Gateway(discord.Client):
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         log.exception("error in the Discord %s handler", event_method)
+
+
+# Application flags that say the message content intent is switched on in the Developer
+# Portal (verified apps get the first, unverified ones the second). The adapter asks for
+# that privileged intent, and Discord closes the gateway (4014) if it is off.
+GATEWAY_MESSAGE_CONTENT = 1 << 18
+GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
+# `lastword doctor`'s advice when the REST API does not answer.
+UNREACHABLE_FIX = "check the network, or LASTWORD_DISCORD__API_URL"
+
+
+async def check(settings: Settings, timeout_s: float) -> Check:
+    """Whether Discord accepts the token and the message content intent is on, for
+    `lastword doctor`."""
+    return await guarded(
+        _check(settings),
+        timeout_s,
+        Check("platform", False, f"discord: no answer within {timeout_s:g} s", UNREACHABLE_FIX),
+    )
+
+
+async def _check(settings: Settings) -> Check:
+    assert settings.discord.token is not None  # the settings refuse discord without one
+    _point_at(settings.discord)
+    api_url = settings.discord.api_url.rstrip("/")
+    client = discord.Client(intents=INTENTS)
+    try:
+        # login() is GET /users/@me, then GET /oauth2/applications/@me for the flags.
+        await client.login(settings.discord.token.get_secret_value())
+        user = client.user
+        flags = client.application_flags.value
+    except discord.LoginFailure:
+        return Check(
+            "platform",
+            False,
+            f"Discord refused LASTWORD_DISCORD__TOKEN (GET /users/@me at {api_url})",
+            "copy the bot token from the Developer Portal (Bot > Reset Token) "
+            "into LASTWORD_DISCORD__TOKEN",
+        )
+    except discord.HTTPException as exc:
+        return Check(
+            "platform",
+            False,
+            f"Discord answered {exc.status} at {api_url}: {exc.text[:200]}",
+            UNREACHABLE_FIX,
+        )
+    except (aiohttp.ClientError, OSError) as exc:
+        return Check(
+            "platform",
+            False,
+            f"cannot reach Discord at {api_url}: {type(exc).__name__}",
+            UNREACHABLE_FIX,
+        )
+    finally:
+        await client.close()
+    assert user is not None
+    found = f"discord: {user.name} ({user.id})"
+    if not flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED):
+        return Check(
+            "platform",
+            False,
+            f"{found}, but the message content intent is off",
+            "switch on Message Content Intent in the Developer Portal (Bot > Privileged "
+            "Gateway Intents); without it Discord refuses the gateway connection",
+        )
+    return Check("platform", True, f"{found}, message content intent on")
+
+
+PLUGIN = Platform(create=lambda settings: DiscordAdapter(settings.discord), check=check)

@@ -35,13 +35,23 @@ from typing import Any
 from aiohttp import web
 from telegram import Bot, Message, Update
 from telegram.constants import ChatAction
-from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
 from telegram.request import HTTPXRequest
 
+from adapters import Platform
 from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_part
+from bot.check import Check, guarded
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
-from bot.settings import TelegramSettings
+from bot.settings import Settings, TelegramSettings
 
 log = logging.getLogger(__name__)
 
@@ -302,3 +312,52 @@ class TelegramAdapter:
 
     async def typing(self, conversation: str) -> None:
         await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+
+
+# `lastword doctor`'s advice when the Bot API does not answer.
+UNREACHABLE_FIX = "check the network, or LASTWORD_TELEGRAM__API_URL"
+
+
+async def check(settings: Settings, timeout_s: float) -> Check:
+    """Whether Telegram accepts the token (getMe), for `lastword doctor`."""
+    return await guarded(
+        _check(settings, timeout_s),
+        timeout_s,
+        Check("platform", False, f"telegram: no answer within {timeout_s:g} s", UNREACHABLE_FIX),
+    )
+
+
+async def _check(settings: Settings, timeout_s: float) -> Check:
+    assert settings.telegram.token is not None  # the settings refuse telegram without one
+    api_url = settings.telegram.api_url.rstrip("/")
+    bot = Bot(
+        settings.telegram.token.get_secret_value(),
+        base_url=api_url + "/bot",
+        request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
+        get_updates_request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
+    )
+    try:
+        # initialize() is getMe, the token's own check.
+        await bot.initialize()
+        me = bot.bot
+    except InvalidToken:
+        # Not the exception's text: python-telegram-bot quotes the token in it.
+        return Check(
+            "platform",
+            False,
+            f"Telegram refused LASTWORD_TELEGRAM__TOKEN (getMe at {api_url})",
+            "copy the token from @BotFather into LASTWORD_TELEGRAM__TOKEN",
+        )
+    except TelegramError as exc:
+        return Check(
+            "platform",
+            False,
+            f"cannot reach Telegram at {api_url}: {type(exc).__name__}",
+            UNREACHABLE_FIX,
+        )
+    finally:
+        await bot.shutdown()
+    return Check("platform", True, f"telegram: @{me.username} ({me.id})")
+
+
+PLUGIN = Platform(create=lambda settings: TelegramAdapter(settings.telegram), check=check)

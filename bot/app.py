@@ -7,7 +7,6 @@ import logging
 import signal
 import time
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -16,6 +15,7 @@ from adapters.base import Adapter
 from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
+from bot.logs import redact
 from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
@@ -38,27 +38,6 @@ STATUS_INTERVAL_S = 5.0
 # Below the units' start timeout (90 s), and long enough that a Redis restart or a short
 # outage never exhausts their restart limit (10 starts in 10 minutes).
 STARTUP_WAIT_S = 60.0
-
-
-def redact(url: str) -> str:
-    """The URL without its password, fit for logs and error messages.
-
-    Works on the raw text (no port parsing), so it cannot fail on a malformed URL, and it
-    also hides a `password=` query parameter, which redis-py accepts too.
-    """
-    parts = urlparse(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":***"
-    netloc = f"{userinfo}{at}{host}"
-    query = "&".join(
-        "password=***" if pair.lower().startswith("password=") else pair
-        for pair in parts.query.split("&")
-    )
-    if (netloc, query) == (parts.netloc, parts.query):
-        # Unchanged: keep the text as given (urlunparse would turn unix:///x into unix:/x).
-        return url
-    return urlunparse(parts._replace(netloc=netloc, query=query))
 
 
 class StartupError(Exception):

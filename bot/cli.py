@@ -71,10 +71,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "doctor":
+        import adapters
         from bot import doctor
 
-        # Doctor reports a configuration error as one of its checks.
-        return doctor.main()
+        # Doctor reports a configuration error as one of its checks, so the platform's check
+        # is picked once the settings are loaded.
+        return doctor.main(adapters.check)
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def show_status(settings: Settings, *, as_json: bool) -> int:
     """Print `lastword status`: what Redis says about every replica of the deployment."""
-    from bot.app import make_client, redact
+    from bot.app import make_client
     from bot.embedded import EmbeddedRedis
     from bot.status import collect, render
     from bot.store import StoreUnavailable
@@ -119,7 +121,7 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
     try:
         status = await collect(client)
     except StoreUnavailable as exc:
-        where = "LASTWORD_REDIS_URL=" + redact(url) if settings.redis_url else url
+        where = "LASTWORD_REDIS_URL=" + logs.redact(url) if settings.redis_url else url
         print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -10,6 +10,9 @@ says how to fix it.
 Nothing a check reports may reveal a secret: details are written from what we know, not from
 the libraries' own error text where that may quote a token (python-telegram-bot's does), and
 every detail is scrubbed of the configured secrets before it is returned.
+
+The platform's check is the one doctor does not know: it speaks the platform's library, so it
+lives with the platform's adapter, and the caller (the composition root) hands it in.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlparse
 
+from bot.check import Check, PlatformCheck, guarded
+from bot.logs import Scrub, redact, secrets_of
 from bot.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -38,23 +42,9 @@ CHECK_TIMEOUT_S = 5.0
 # only mode). Everything else they use (EVALSHA, PEXPIRE, multi-field HSET from 4.0, SET NX PX)
 # is older. Valkey reports a Redis-compatible `redis_version` of at least 7.2.
 MIN_REDIS_VERSION = (5, 0)
-# Application flags that say the message content intent is switched on in the Developer
-# Portal (verified apps get the first, unverified ones the second). The adapter asks for
-# that privileged intent, and Discord closes the gateway (4014) if it is off.
-GATEWAY_MESSAGE_CONTENT = 1 << 18
-GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
-# What the scrubbed secrets are replaced with.
-MASK = "***"
-
-
-@dataclass
-class Check:
-    """The outcome of one check: `detail` says what was found, `fix` what to do when not ok."""
-
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
+# A platform's check bounds itself, with advice only it can give; doctor waits this much
+# longer before giving up on one that does not.
+PLATFORM_BACKSTOP_S = 1.0
 
 
 def render(checks: list[Check]) -> str:
@@ -72,9 +62,9 @@ def exit_code(checks: list[Check]) -> int:
     return 0 if checks and all(check.ok for check in checks) else 1
 
 
-def main() -> int:
+def main(platform_check: PlatformCheck) -> int:
     """Run every check, print the report to stdout and return the exit code."""
-    checks = asyncio.run(run_checks())
+    checks = asyncio.run(run_checks(platform_check=platform_check))
     print(render(checks))
     return exit_code(checks)
 
@@ -82,6 +72,7 @@ def main() -> int:
 async def run_checks(
     source: Settings | Callable[[], Settings] = load_settings,
     *,
+    platform_check: PlatformCheck,
     timeout_s: float = CHECK_TIMEOUT_S,
 ) -> list[Check]:
     """Every check, in order. Settings that do not load make the only check: without them
@@ -89,10 +80,10 @@ async def run_checks(
     settings_check, settings = _settings_check(source)
     if settings is None:
         return [settings_check]
-    secrets = _secrets(settings)
+    scrub = Scrub(secrets_of(settings))
     checks = [settings_check]
 
-    store = await _guarded(
+    store = await guarded(
         _store_check(settings, timeout_s),
         timeout_s,
         Check(
@@ -111,19 +102,14 @@ async def run_checks(
             for name in ("scripts", "memory")
         ]
     checks.append(
-        await _guarded(
-            _platform_check(settings, timeout_s),
-            timeout_s,
-            Check(
-                "platform",
-                False,
-                f"{settings.platform}: no answer within {timeout_s:g} s",
-                _platform_url_fix(settings),
-            ),
+        await guarded(
+            platform_check(settings, timeout_s),
+            timeout_s + PLATFORM_BACKSTOP_S,
+            Check("platform", False, f"{settings.platform}: no answer within {timeout_s:g} s"),
         )
     )
     checks.append(
-        await _guarded(
+        await guarded(
             _llm_check(settings, timeout_s),
             timeout_s,
             Check(
@@ -134,59 +120,7 @@ async def run_checks(
             ),
         )
     )
-    return [_scrub(check, secrets) for check in checks]
-
-
-async def _guarded(work: Awaitable[Check], timeout_s: float, on_timeout: Check) -> Check:
-    """The check's result within `timeout_s`; `on_timeout` if it takes longer. An unexpected
-    error fails the check instead of ending doctor with a traceback."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await work
-    except TimeoutError:
-        return on_timeout
-    except Exception as exc:  # doctor reports every failure as a ✗ line
-        return Check(on_timeout.name, False, f"unexpected error: {type(exc).__name__}: {exc}")
-
-
-# Secrets
-
-
-def _secrets(settings: Settings) -> list[str]:
-    """Every configured secret, longest first so that a secret containing another is masked
-    whole."""
-    found: list[str] = []
-    for secret in (
-        settings.telegram.token,
-        settings.telegram.webhook_secret,
-        settings.discord.token,
-        settings.llm.api_key,
-    ):
-        if secret is not None:
-            found.append(secret.get_secret_value())
-    if settings.redis_url:
-        parts = urlparse(settings.redis_url)
-        if parts.password:
-            found.append(parts.password)
-        found += parse_qs(parts.query).get("password", [])
-    # Headers sent to the LLM may carry credentials of their own (an Authorization header).
-    found += settings.llm.extra_headers.values()
-    # Too short to be a secret, and masking them would mangle ordinary words.
-    return sorted({secret for secret in found if len(secret) >= 4}, key=len, reverse=True)
-
-
-def _scrub(check: Check, secrets: list[str]) -> Check:
-    detail, fix = check.detail, check.fix
-    for secret in secrets:
-        detail = detail.replace(secret, MASK)
-        fix = fix.replace(secret, MASK)
-    return replace(check, detail=detail, fix=fix)
-
-
-def _redact(url: str) -> str:
-    from bot.app import redact
-
-    return redact(url)
+    return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
 
 
 # 1. Settings
@@ -216,7 +150,7 @@ def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, S
 
 def _store_name(settings: Settings) -> str:
     if settings.redis_url:
-        return _redact(settings.redis_url)
+        return redact(settings.redis_url)
     return f"embedded in {settings.data_dir}"
 
 
@@ -261,7 +195,7 @@ async def _store_check(settings: Settings, timeout_s: float) -> Check:
 async def _redis_check(url: str, timeout_s: float) -> Check:
     from redis.exceptions import AuthenticationError, RedisError
 
-    shown = _redact(url)
+    shown = redact(url)
     fix = "start Redis or fix LASTWORD_REDIS_URL"
     try:
         client = _client(url, timeout_s)
@@ -430,12 +364,12 @@ async def _server_checks(settings: Settings, timeout_s: float) -> list[Check]:
 
 
 async def _on_server(url: str, where: str, timeout_s: float) -> list[Check]:
-    scripts = await _guarded(
+    scripts = await guarded(
         _load_scripts(url, where, timeout_s),
         timeout_s,
         Check("scripts", False, f"SCRIPT LOAD got no answer within {timeout_s:g} s"),
     )
-    memory = await _guarded(
+    memory = await guarded(
         _memory_check(url, where, timeout_s),
         timeout_s,
         Check(
@@ -606,120 +540,11 @@ def _bytes(count: int) -> str:
     return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
-# 5. Platform
-
-
-async def _platform_check(settings: Settings, timeout_s: float) -> Check:
-    if settings.platform == "telegram":
-        return await _telegram_check(settings, timeout_s)
-    if settings.platform == "discord":
-        return await _discord_check(settings)
-    return Check("platform", True, f"{settings.platform}: no token needed")
-
-
-def _platform_url_fix(settings: Settings) -> str:
-    if settings.platform == "telegram":
-        return "check the network, or LASTWORD_TELEGRAM__API_URL"
-    if settings.platform == "discord":
-        return "check the network, or LASTWORD_DISCORD__API_URL"
-    return ""
-
-
-async def _telegram_check(settings: Settings, timeout_s: float) -> Check:
-    from telegram import Bot
-    from telegram.error import InvalidToken, TelegramError
-    from telegram.request import HTTPXRequest
-
-    assert settings.telegram.token is not None  # the settings refuse telegram without one
-    api_url = settings.telegram.api_url.rstrip("/")
-    request = HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s)
-    bot = Bot(
-        settings.telegram.token.get_secret_value(),
-        base_url=api_url + "/bot",
-        request=request,
-        get_updates_request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
-    )
-    try:
-        # initialize() is getMe, the token's own check.
-        await bot.initialize()
-        me = bot.bot
-    except InvalidToken:
-        # Not the exception's text: python-telegram-bot quotes the token in it.
-        return Check(
-            "platform",
-            False,
-            f"Telegram refused LASTWORD_TELEGRAM__TOKEN (getMe at {api_url})",
-            "copy the token from @BotFather into LASTWORD_TELEGRAM__TOKEN",
-        )
-    except TelegramError as exc:
-        return Check(
-            "platform",
-            False,
-            f"cannot reach Telegram at {api_url}: {type(exc).__name__}",
-            _platform_url_fix(settings),
-        )
-    finally:
-        await bot.shutdown()
-    return Check("platform", True, f"telegram: @{me.username} ({me.id})")
-
-
-async def _discord_check(settings: Settings) -> Check:
-    import aiohttp
-    import discord
-
-    from adapters.discord import INTENTS, _point_at
-
-    assert settings.discord.token is not None  # the settings refuse discord without one
-    _point_at(settings.discord)
-    api_url = settings.discord.api_url.rstrip("/")
-    client = discord.Client(intents=INTENTS)
-    try:
-        # login() is GET /users/@me, then GET /oauth2/applications/@me for the flags.
-        await client.login(settings.discord.token.get_secret_value())
-        user = client.user
-        flags = client.application_flags.value
-    except discord.LoginFailure:
-        return Check(
-            "platform",
-            False,
-            f"Discord refused LASTWORD_DISCORD__TOKEN (GET /users/@me at {api_url})",
-            "copy the bot token from the Developer Portal (Bot > Reset Token) "
-            "into LASTWORD_DISCORD__TOKEN",
-        )
-    except discord.HTTPException as exc:
-        return Check(
-            "platform",
-            False,
-            f"Discord answered {exc.status} at {api_url}: {exc.text[:200]}",
-            _platform_url_fix(settings),
-        )
-    except (aiohttp.ClientError, OSError) as exc:
-        return Check(
-            "platform",
-            False,
-            f"cannot reach Discord at {api_url}: {type(exc).__name__}",
-            _platform_url_fix(settings),
-        )
-    finally:
-        await client.close()
-    assert user is not None
-    found = f"discord: {user.name} ({user.id})"
-    if not flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED):
-        return Check(
-            "platform",
-            False,
-            f"{found}, but the message content intent is off",
-            "switch on Message Content Intent in the Developer Portal (Bot > Privileged "
-            "Gateway Intents); without it Discord refuses the gateway connection",
-        )
-    return Check("platform", True, f"{found}, message content intent on")
-
-
-# 6. LLM
+# 5. LLM
 
 
 def _llm_url(settings: Settings) -> str:
-    return _redact(settings.llm.base_url or "https://api.openai.com/v1")
+    return redact(settings.llm.base_url or "https://api.openai.com/v1")
 
 
 async def _llm_check(settings: Settings, timeout_s: float) -> Check:

@@ -4,10 +4,11 @@ Every line carries the replica's id, and every line logged while a conversation 
 handled carries that conversation, set once per task through a context variable, so an
 admin can follow one conversation across replicas with a plain `grep`.
 
-Secrets never reach a log line: every configured secret (tokens, API key, Redis password)
-is replaced by `***` in the final text, whoever logged it. That matters because libraries log
-what they see; httpx, for one, logs each request URL, and the Telegram Bot API puts the bot
-token in the URL.
+Secrets never reach a log line: every configured secret (tokens, API key, Redis password,
+LLM header values) is replaced by `***` in the final text, whoever logged it. That matters
+because libraries log what they see; httpx, for one, logs each request URL, and the Telegram
+Bot API puts the bot token in the URL. This module is the one place that knows what a secret
+is: error messages and `lastword doctor` mask them with the same `Scrub` and `redact`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Literal
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlparse, urlunparse
 
 from bot.settings import Settings
+
+# What a secret is replaced with.
+MASK = "***"
 
 conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "conversation", default=None
@@ -70,7 +74,10 @@ def secrets_of(settings: Settings) -> list[str]:
             values.append(parts.password)
         # redis-py also takes the password as a query parameter.
         values += parse_qs(parts.query).get("password", [])
-    # Longest first, so a secret that contains another is hidden whole.
+    # Headers sent to the LLM may carry credentials of their own (an Authorization header).
+    values += settings.llm.extra_headers.values()
+    # Shorter values are too short to be secrets, and masking them would mangle ordinary
+    # words. Longest first, so a secret that contains another is hidden whole.
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
 
@@ -82,8 +89,30 @@ class Scrub:
 
     def __call__(self, text: str) -> str:
         for secret in self.secrets:
-            text = text.replace(secret, "***")
+            text = text.replace(secret, MASK)
         return text
+
+
+def redact(url: str) -> str:
+    """The URL without its password, fit for logs and error messages, before any settings
+    (and so any `Scrub`) exist, or for a URL that is not in them.
+
+    Works on the raw text (no port parsing), so it cannot fail on a malformed URL, and it
+    also hides a `password=` query parameter, which redis-py accepts too.
+    """
+    parts = urlparse(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":" + MASK
+    netloc = f"{userinfo}{at}{host}"
+    query = "&".join(
+        "password=" + MASK if pair.lower().startswith("password=") else pair
+        for pair in parts.query.split("&")
+    )
+    if (netloc, query) == (parts.netloc, parts.query):
+        # Unchanged: keep the text as given (urlunparse would turn unix:///x into unix:/x).
+        return url
+    return urlunparse(parts._replace(netloc=netloc, query=query))
 
 
 class LineFormatter(logging.Formatter):

@@ -148,7 +148,10 @@ class Settings(BaseSettings):
         extra="ignore",
     )
 
-    platform: Literal["console", "telegram", "discord"] = "console"
+    # A platform installed in the `lastword.adapters` entry point group: console, telegram,
+    # discord or a plug-in's. Which ones are installed is only known where they are loaded,
+    # so a name none answers to is refused there, naming those that are.
+    platform: str = "console"
     redis_url: str | None = None
     # Where the embedded store keeps its socket and append-only file.
     data_dir: Path = Field(default_factory=_default_data_dir)

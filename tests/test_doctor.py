@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,11 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
+import adapters
 import bot.store
-from bot.doctor import (
-    Check,
-    MemoryPolicy,
-    exit_code,
-    memory_verdict,
-    render,
-    run_checks,
-    store_scripts,
-)
+from bot import doctor
+from bot.check import Check
+from bot.doctor import MemoryPolicy, exit_code, memory_verdict, render, store_scripts
 from bot.embedded import EmbeddedRedis
 from bot.settings import load_settings
 from tests.conftest import SettingsFactory
@@ -37,6 +33,9 @@ from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.timeout(20)
+
+# As `lastword doctor` runs them: the composition root hands in the platform's check.
+run_checks = partial(doctor.run_checks, platform_check=adapters.check)
 
 NAMES = ["settings", "store", "scripts", "memory", "platform", "llm"]
 # Distinctive, so that a leak anywhere in the output is found by a plain substring search.
