@@ -141,6 +141,20 @@ def test_configuration_error_is_one_line_naming_the_setting(
     assert not data_dir.exists()
 
 
+def test_a_platform_not_installed_is_one_line_naming_the_installed_ones(data_dir: Path) -> None:
+    result = lastword(data_dir, "run", LASTWORD_PLATFORM="irc")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        "lastword: configuration error: LASTWORD_PLATFORM: no platform 'irc' is installed "
+        "(installed: "
+    )
+    # The built-ins at least; a plug-in installed here would be listed too.
+    assert all(name in lines[0] for name in ("console", "discord", "telegram"))
+    assert not data_dir.exists()
+
+
 def test_invalid_toml_is_a_configuration_error(data_dir: Path, short_dir: Path) -> None:
     config = short_dir / "broken.toml"
     config.write_text("[debounce\nquiet_ms = 5\n")

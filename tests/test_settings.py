@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+import adapters
+from bot.check import Check
 from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -254,3 +257,69 @@ def test_examples_name_no_setting_the_code_does_not_have() -> None:
             in_toml.add(env_name((*section, key.group(1))))
     assert in_toml - known == set()
     assert len(in_toml) >= len(known) - 1  # and every one is there (LASTWORD_CONFIG is not)
+
+
+# Platforms are plug-ins: LASTWORD_PLATFORM names an entry point of the `lastword.adapters`
+# group, which the built-in platforms register too.
+
+PLUGIN = """
+from adapters import Platform
+from adapters.console import ConsoleAdapter
+from bot.check import Check
+
+
+async def check(settings, timeout_s):
+    return Check("platform", True, f"irc: checked within {timeout_s:g} s")
+
+
+PLUGIN = Platform(create=lambda settings: ConsoleAdapter(), check=check)
+"""
+
+
+def test_the_builtin_platforms_are_entry_points() -> None:
+    import adapters.console
+    import adapters.discord
+    import adapters.telegram
+
+    found = {entry.name: entry.load() for entry in entry_points(group=adapters.GROUP)}
+    assert found["console"] is adapters.console.PLUGIN
+    assert found["telegram"] is adapters.telegram.PLUGIN
+    assert found["discord"] is adapters.discord.PLUGIN
+
+
+async def test_any_installed_platform_is_picked_by_name(
+    cwd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed distribution, as pip would leave it: its metadata and its module.
+    site = tmp_path / "site"
+    metadata = site / "lastword_irc-1.0.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: lastword-irc\nVersion: 1.0\n")
+    (metadata / "entry_points.txt").write_text("[lastword.adapters]\nirc = lastword_irc:PLUGIN\n")
+    (site / "lastword_irc.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("LASTWORD_PLATFORM", "irc")
+
+    settings = load_settings()
+    assert settings.platform == "irc"
+    assert "irc" in adapters.installed()
+    assert adapters.create(settings).platform == "console"
+    assert await adapters.check(settings, 0.5) == Check(
+        "platform", True, "irc: checked within 0.5 s"
+    )
+
+
+async def test_a_platform_not_installed_names_the_installed_ones(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Any name is a valid setting: only the installed plug-ins know whether it is one of them.
+    monkeypatch.setenv("LASTWORD_PLATFORM", "irc")
+    settings = load_settings()
+    with pytest.raises(ConfigError) as caught:
+        adapters.create(settings)
+    message = str(caught.value)
+    assert message.startswith("LASTWORD_PLATFORM: no platform 'irc' is installed")
+    assert all(name in message for name in ("console", "telegram", "discord"))
+    # `lastword doctor` says the same as a failed check.
+    check = await adapters.check(settings, 0.5)
+    assert (check.name, check.ok, check.detail) == ("platform", False, message)
