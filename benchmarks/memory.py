@@ -309,7 +309,7 @@ async def sample_conversation(url: str, conversation: str) -> list[Sample]:
 
 
 async def _sample(admin: Redis, conversation: str) -> list[Sample]:
-    prefix = Keys(conversation).state.removesuffix(":state")
+    prefix = Keys(conversation).base
     found: list[Sample] = []
     async for raw in admin.scan_iter(match=f"{prefix}:*", count=1000):
         key = raw.decode()

@@ -17,11 +17,11 @@ from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
+from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings
-from bot.status import Heartbeat
 from bot.store import RETRY_AFTER_ERROR_MS, Store
 from bot.timers import Timers
 
@@ -145,7 +145,7 @@ class Runtime:
         # The roles (such as "telegram:poller") this replica holds right now.
         self.roles: set[str] = set()
         self.heartbeat = Heartbeat(
-            store.redis, settings.replica_id, platform=settings.platform, info=self.report
+            store, settings.replica_id, platform=settings.platform, info=self.report
         )
 
     @property

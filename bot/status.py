@@ -6,39 +6,32 @@ and for how long they have waited, who holds their leases, and whether wake-ups 
 late. Everything here is read from Redis, so the view is the same whichever machine runs it,
 and ages are measured on the server's clock (`TIME`), the one every deadline uses.
 
-Replicas announce themselves with a heartbeat, a hash that expires on its own:
-
-    {lw:replica}:<replica id>   hash   pid, host, platform, started_at (ms), last_beat (ms),
-                                       plus whatever the replica adds (e.g. cycles, leases)
-
-A crashed replica stops beating and its key expires, so "alive" means "beat within its TTL".
+Replicas are found by their heartbeats (`bot.heartbeat`); every key read here is named in
+`bot.store.keys`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import os
-import socket
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from bot.cancel import cancel_and_wait
-from bot.store import ROLE_TAG, SHARDS, Keys, reaching_redis, role_key, usage_day_keys
+from bot.store import reaching_redis
+from bot.store.keys import (
+    HEARTBEAT_PATTERN,
+    ROLE_TAG,
+    SHARDS,
+    Keys,
+    due_key,
+    replica_of,
+    role_key,
+    usage_day_keys,
+)
 
-log = logging.getLogger(__name__)
-
-# Its own hash tag: the heartbeats are not part of any conversation's slot.
-HEARTBEAT_PREFIX = "{lw:replica}:"
-# Long enough that a replica busy for a few seconds (or a Redis hiccup) does not vanish from
-# the status, short enough that a dead one disappears while the operator still looks.
-DEFAULT_HEARTBEAT_TTL_MS = 15_000
 # Keys looked at per SCAN call while searching for heartbeats.
 SCAN_COUNT = 1000
 # Conversations listed under the tokens spent today.
@@ -46,146 +39,12 @@ TOP_CONVERSATIONS = 10
 # Fields the heartbeat script owns; the rest of the hash is the replica's own information.
 _OWN_FIELDS = ("pid", "host", "platform", "started_at", "last_beat")
 
-# One step, on the server's clock: the beat time never comes from the replica's clock, and
-# the start time survives the key expiring during an outage (the caller passes it back).
-# KEYS: the heartbeat hash. ARGV: ttl ms, started_at ms ('' = keep the recorded one, or now),
-# then field, value pairs. Returns started_at.
-_BEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local started = ARGV[2]
-if started == '' then
-  started = redis.call('HGET', KEYS[1], 'started_at') or string.format('%d', now)
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'started_at', started, 'last_beat', string.format('%d', now),
-  unpack(ARGV, 3))
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
-return tonumber(started)
-"""
-
-
-def heartbeat_key(replica_id: str) -> str:
-    return f"{HEARTBEAT_PREFIX}{replica_id}"
-
 
 def holder_of(token: str) -> str | None:
     """The replica that holds a lease or role: tokens are `"<replica id>/<random hex>"`.
     None for a token without a replica id (written by an older version)."""
     holder, slash, _ = token.partition("/")
     return holder if slash else None
-
-
-async def beat(
-    redis: Redis,
-    replica_id: str,
-    info: Mapping[str, str | int],
-    ttl_ms: int,
-    *,
-    started_at_ms: int | None = None,
-) -> int:
-    """Write the replica's heartbeat hash and (re)arm its expiry of `ttl_ms`.
-
-    The hash holds pid and host (of this process unless `info` says otherwise), `started_at`
-    and `last_beat` (server clock, ms), and every field of `info`. Fields left out of `info`
-    since the last beat are dropped, so the hash never shows stale numbers. `started_at_ms`
-    keeps the replica's start time across a key that expired meanwhile; without it the
-    recorded one is kept, or now for a new key. Returns the start time recorded, for the
-    next beat. Raises Redis errors: the caller decides whether to retry.
-    """
-    fields: dict[str, str] = {"pid": str(os.getpid()), "host": socket.gethostname()}
-    fields.update({k: str(v) for k, v in info.items() if k not in ("started_at", "last_beat")})
-    args: list[str | int] = [ttl_ms, "" if started_at_ms is None else started_at_ms]
-    for name, value in fields.items():
-        args += [name, value]
-    script = redis.register_script(_BEAT)  # reloads itself on NOSCRIPT
-    return int(await script(keys=[heartbeat_key(replica_id)], args=args))
-
-
-class Heartbeat:
-    """Keeps a replica's heartbeat alive: `beat` every TTL/3 from `start()` until `stop()`.
-
-    Redis errors never escape: the first failure of an outage is logged as a warning (not
-    every retry, so an outage does not flood the journal), the beat is retried at the next
-    tick, and the recovery is logged once. `stop()` deletes the key (best effort), so a
-    replica that shuts down cleanly leaves the status at once; a crashed one expires.
-    `info` is called at every beat, so it can report live numbers (cycles running, leases).
-    """
-
-    def __init__(
-        self,
-        redis: Redis,
-        replica_id: str,
-        ttl_ms: int = DEFAULT_HEARTBEAT_TTL_MS,
-        *,
-        platform: str = "",
-        info: Callable[[], Mapping[str, str | int]] | None = None,
-    ) -> None:
-        self.redis = redis
-        self.replica_id = replica_id
-        self.key = heartbeat_key(replica_id)
-        self.ttl_ms = ttl_ms
-        self.interval_s = ttl_ms / 3000
-        self.platform = platform
-        self.info = info
-        self.beats = 0  # successful beats, for tests and diagnostics
-        self.failures = 0  # failed beats, likewise
-        self.started_at_ms: int | None = None
-        self._down = False
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name=f"heartbeat {self.replica_id}")
-
-    async def stop(self) -> None:
-        """Stop beating and delete the key, waiting at most one beat interval for Redis."""
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-        try:
-            async with asyncio.timeout(max(self.interval_s, 0.5)):
-                await self.redis.delete(self.key)
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("could not remove heartbeat %s (it will expire): %s", self.key, exc)
-
-    async def run(self) -> None:
-        """Beat until cancelled. Never raises anything but the cancellation."""
-        while True:
-            await self._beat_once()
-            await asyncio.sleep(self.interval_s)
-
-    def _fields(self) -> dict[str, str | int]:
-        fields: dict[str, str | int] = {"platform": self.platform} if self.platform else {}
-        if self.info is not None:
-            try:
-                fields.update(self.info())
-            except Exception:
-                # A bug in the caller's numbers must not make a live replica look dead.
-                log.exception("heartbeat info failed; beating without it")
-        return fields
-
-    async def _beat_once(self) -> None:
-        try:
-            # Bounded: a beat stuck longer than the interval is late anyway; try afresh.
-            async with asyncio.timeout(self.interval_s):
-                self.started_at_ms = await beat(
-                    self.redis,
-                    self.replica_id,
-                    self._fields(),
-                    self.ttl_ms,
-                    started_at_ms=self.started_at_ms,
-                )
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.failures += 1
-            if not self._down:
-                self._down = True
-                log.warning("heartbeat %s failed, retrying: %r", self.key, exc)
-            return
-        self.beats += 1
-        if self._down:
-            self._down = False
-            log.info("heartbeat %s restored", self.key)
 
 
 @dataclass(frozen=True)
@@ -196,14 +55,6 @@ class LeaseInfo:
     holder: str | None
     fence: int
     expires_in_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "token": self.token,
-            "holder": self.holder,
-            "fence": self.fence,
-            "expires_in_ms": self.expires_in_ms,
-        }
 
 
 @dataclass(frozen=True)
@@ -220,19 +71,6 @@ class Replica:
     expires_in_ms: int  # until its heartbeat expires unless it beats again
     info: dict[str, str] = field(default_factory=dict)  # the replica's own fields
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host": self.host,
-            "pid": self.pid,
-            "platform": self.platform,
-            "started_at_ms": self.started_at_ms,
-            "last_beat_ms": self.last_beat_ms,
-            "beat_age_ms": self.beat_age_ms,
-            "expires_in_ms": self.expires_in_ms,
-            "info": dict(self.info),
-        }
-
 
 @dataclass(frozen=True)
 class Role:
@@ -240,9 +78,6 @@ class Role:
 
     name: str
     lease: LeaseInfo
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, **self.lease.to_json()}
 
 
 @dataclass(frozen=True)
@@ -256,16 +91,6 @@ class Waiting:
     outbox: bool  # a reply passed the pre-send check and is being (or must be re-)sent
     lease: LeaseInfo | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "conversation": self.conversation,
-            "unanswered": self.unanswered,
-            "waited_ms": self.waited_ms,
-            "next_look_ms": self.next_look_ms,
-            "outbox": self.outbox,
-            "lease": None if self.lease is None else self.lease.to_json(),
-        }
-
 
 @dataclass(frozen=True)
 class HeldLease:
@@ -273,9 +98,6 @@ class HeldLease:
 
     conversation: str
     lease: LeaseInfo
-
-    def to_json(self) -> dict[str, Any]:
-        return {"conversation": self.conversation, **self.lease.to_json()}
 
 
 @dataclass(frozen=True)
@@ -286,12 +108,13 @@ class Wakeup:
     due_at_ms: int
     overdue_ms: int  # now - due_at; negative: not due yet
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "conversation": self.conversation,
-            "due_at_ms": self.due_at_ms,
-            "overdue_ms": self.overdue_ms,
-        }
+
+@dataclass(frozen=True)
+class Spender:
+    """A conversation and the tokens it spent on a day."""
+
+    conversation: str
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -302,16 +125,23 @@ class TokensToday:
     prompt: int = 0
     completion: int = 0
     generations: int = 0
-    top: tuple[tuple[str, int], ...] = ()  # (conversation, tokens), most first
+    top: tuple[Spender, ...] = ()  # most first
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "day": self.day,
-            "prompt": self.prompt,
-            "completion": self.completion,
-            "generations": self.generations,
-            "top": [{"conversation": c, "tokens": t} for c, t in self.top],
-        }
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # JSON has no tuples, and a snapshot should equal its own JSON read back.
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in pairs}
+
+
+def _json(part: Any) -> dict[str, Any]:
+    return asdict(part, dict_factory=_json_object)
+
+
+def _flat(held: Role | HeldLease) -> dict[str, Any]:
+    """What holds a lease, and the lease's own fields, as one object."""
+    data = _json(held)
+    lease: dict[str, Any] = data.pop("lease")
+    return data | lease
 
 
 @dataclass(frozen=True)
@@ -343,14 +173,16 @@ class Status:
     tokens_today: TokensToday | None = None
 
     def to_json(self) -> dict[str, Any]:
+        # By hand at this level only: roles and leases are flat, and the waiting ones are
+        # "conversations" in the output.
         return {
             "now_ms": self.now_ms,
-            "replicas": [r.to_json() for r in self.replicas],
-            "roles": [r.to_json() for r in self.roles],
-            "conversations": [w.to_json() for w in self.waiting],
-            "leases": [lease.to_json() for lease in self.leases],
-            "oldest_wakeup": None if self.oldest_wakeup is None else self.oldest_wakeup.to_json(),
-            "tokens_today": None if self.tokens_today is None else self.tokens_today.to_json(),
+            "replicas": [_json(r) for r in self.replicas],
+            "roles": [_flat(r) for r in self.roles],
+            "conversations": [_json(w) for w in self.waiting],
+            "leases": [_flat(held) for held in self.leases],
+            "oldest_wakeup": None if self.oldest_wakeup is None else _json(self.oldest_wakeup),
+            "tokens_today": None if self.tokens_today is None else _json(self.tokens_today),
         }
 
 
@@ -390,45 +222,103 @@ async def collect(
         return await _collect(redis, now_ms, scan_count)
 
 
+@dataclass(frozen=True)
+class _Indexes:
+    """What the first round trip finds: the names of everything else to read."""
+
+    now_ms: int  # server clock
+    role_names: list[str]
+    heartbeats: list[str]  # keys
+    due: dict[str, int]  # conversation -> when to look at it next
+    tokens_today: TokensToday
+
+
+@dataclass(frozen=True)
+class _Owed:
+    conversation: str
+    version: int
+    watermark: int
+    outbox: bool
+    lease: LeaseInfo | None
+
+
+@dataclass(frozen=True)
+class _Holders:
+    """What the second round trip finds."""
+
+    replicas: list[Replica]
+    roles: list[Role]
+    leases: list[HeldLease]
+    owed: list[_Owed]
+
+
 async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
-    pattern = f"{HEARTBEAT_PREFIX}*"
     # The replicas' clocks pick the day they count tokens under, so this one picks it too.
     day = (
         datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
     ).date()
+    indexes = await _read_indexes(redis, day, scan_count)
+    now = indexes.now_ms if now_ms is None else now_ms
+    holders = await _read_holders(redis, indexes, now)
+    waiting = await _read_waiting(redis, holders.owed, indexes.due, now)
+    wakeup = None
+    if indexes.due:
+        due = indexes.due
+        first_due = min(due, key=lambda c: (due[c], c))
+        wakeup = Wakeup(first_due, due[first_due], now - due[first_due])
+    return Status(
+        now_ms=now,
+        replicas=tuple(holders.replicas),
+        roles=tuple(holders.roles),
+        waiting=tuple(waiting),
+        leases=tuple(holders.leases),
+        oldest_wakeup=wakeup,
+        tokens_today=indexes.tokens_today,
+    )
+
+
+async def _read_indexes(redis: Redis, day: date, scan_count: int) -> _Indexes:
+    """The server's clock, the role names, the heartbeat keys, every shard's due-index and
+    its tokens of `day`: one round trip, plus a SCAN call per further `scan_count` keys."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.time()
         # The fence counters name every role ever taken: no scan needed for roles.
         pipe.hkeys(ROLE_TAG)
-        pipe.scan(0, match=pattern, count=scan_count)
+        pipe.scan(0, match=HEARTBEAT_PATTERN, count=scan_count)
         for shard in range(SHARDS):
-            pipe.zrange(f"{{lw:{shard}}}:due", 0, -1, withscores=True)
+            pipe.zrange(due_key(shard), 0, -1, withscores=True)
         for shard in range(SHARDS):
             totals, ranking = usage_day_keys(shard, day)
             pipe.hgetall(totals)
             pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
         first: list[Any] = await pipe.execute()
     seconds, micros = first[0]
-    now = int(seconds) * 1000 + int(micros) // 1000 if now_ms is None else now_ms
-    role_names = sorted(_text(n) for n in first[1])
     cursor, found = first[2]
-    beat_keys = {_text(k) for k in found}
+    heartbeats = {_text(k) for k in found}
     while int(cursor) != 0:
-        cursor, found = await redis.scan(cursor, match=pattern, count=scan_count)
-        beat_keys.update(_text(k) for k in found)
+        cursor, found = await redis.scan(cursor, match=HEARTBEAT_PATTERN, count=scan_count)
+        heartbeats.update(_text(k) for k in found)
     due: dict[str, int] = {}
     for shard in first[3 : 3 + SHARDS]:
         for member, score in shard:
             due[_text(member)] = int(score)
-    tokens_today = _tokens_today(day.isoformat(), first[3 + SHARDS :])
-    replica_keys = sorted(beat_keys)
-    conversations = sorted(due)
+    return _Indexes(
+        now_ms=int(seconds) * 1000 + int(micros) // 1000,
+        role_names=sorted(_text(n) for n in first[1]),
+        heartbeats=sorted(heartbeats),
+        due=due,
+        tokens_today=_tokens_today(day.isoformat(), first[3 + SHARDS :]),
+    )
 
+
+async def _read_holders(redis: Redis, indexes: _Indexes, now: int) -> _Holders:
+    """Every heartbeat, role lease and due conversation's counters and lease: one round trip."""
+    conversations = sorted(indexes.due)
     async with redis.pipeline(transaction=False) as pipe:
-        for key in replica_keys:
+        for key in indexes.heartbeats:
             pipe.hgetall(key)
             pipe.pttl(key)
-        for name in role_names:
+        for name in indexes.role_names:
             pipe.hmget(role_key(name), ["token", "fence"])
             pipe.pttl(role_key(name))
         for conversation in conversations:
@@ -440,19 +330,19 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
         details: list[Any] = await pipe.execute()
     at = 0
     replicas = []
-    for key in replica_keys:
+    for key in indexes.heartbeats:
         fields, pttl = details[at], details[at + 1]
         at += 2
         if fields and pttl != -2:
             replicas.append(_replica(key, fields, pttl, now))
     roles = []
-    for name in role_names:
+    for name in indexes.role_names:
         (token, fence), pttl = details[at], details[at + 1]
         at += 2
         held = _lease(token, fence, pttl)
         if held is not None:
             roles.append(Role(name, held))
-    owed: list[tuple[str, int, int, bool, LeaseInfo | None]] = []
+    owed = []
     leases = []
     for conversation in conversations:
         (v, w), (token, fence), pttl, outbox = details[at : at + 4]
@@ -462,40 +352,32 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
             leases.append(HeldLease(conversation, held))
         version, watermark = _int(v) or 0, _int(w) or 0
         if version > watermark or outbox:
-            owed.append((conversation, version, watermark, bool(outbox), held))
+            owed.append(_Owed(conversation, version, watermark, bool(outbox), held))
+    return _Holders(replicas, roles, leases, owed)
 
+
+async def _read_waiting(
+    redis: Redis, owed: list[_Owed], due: dict[str, int], now: int
+) -> list[Waiting]:
+    """The conversations that owe a reply, longest wait first, read from each one's oldest
+    unanswered message: one round trip (none when nothing is owed)."""
     async with redis.pipeline(transaction=False) as pipe:
-        for conversation, _, watermark, _, _ in owed:
-            pipe.hget(Keys(conversation).pending, str(watermark + 1))
+        for o in owed:
+            pipe.hget(Keys(o.conversation).pending, str(o.watermark + 1))
         oldest: list[Any] = await pipe.execute() if owed else []
     waiting = [
         Waiting(
-            conversation,
-            unanswered=max(version - watermark, 0),
+            o.conversation,
+            unanswered=max(o.version - o.watermark, 0),
             waited_ms=_waited(message, now),
-            next_look_ms=due[conversation] - now,
-            outbox=outbox,
-            lease=held,
+            next_look_ms=due[o.conversation] - now,
+            outbox=o.outbox,
+            lease=o.lease,
         )
-        for (conversation, version, watermark, outbox, held), message in zip(
-            owed, oldest, strict=True
-        )
+        for o, message in zip(owed, oldest, strict=True)
     ]
     waiting.sort(key=lambda w: (w.waited_ms is None, -(w.waited_ms or 0), w.conversation))
-
-    wakeup = None
-    if due:
-        first_due = min(due, key=lambda c: (due[c], c))
-        wakeup = Wakeup(first_due, due[first_due], now - due[first_due])
-    return Status(
-        now_ms=now,
-        replicas=tuple(replicas),
-        roles=tuple(roles),
-        waiting=tuple(waiting),
-        leases=tuple(leases),
-        oldest_wakeup=wakeup,
-        tokens_today=tokens_today,
-    )
+    return waiting
 
 
 def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
@@ -509,14 +391,15 @@ def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
             sums[name] += fields.get(name, 0)
         ranked += [(_text(member), int(score)) for member, score in ranking]
     ranked.sort(key=lambda pair: (-pair[1], pair[0]))
-    return TokensToday(day, top=tuple(ranked[:TOP_CONVERSATIONS]), **sums)
+    top = tuple(Spender(c, tokens) for c, tokens in ranked[:TOP_CONVERSATIONS])
+    return TokensToday(day, top=top, **sums)
 
 
 def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:
     fields = {_text(k): _text(v) for k, v in raw.items()}
     last_beat = _int(fields.get("last_beat"))
     return Replica(
-        id=key.removeprefix(HEARTBEAT_PREFIX),
+        id=replica_of(key),
         host=fields.get("host", ""),
         pid=_int(fields.get("pid")),
         platform=fields.get("platform", ""),
@@ -652,7 +535,7 @@ def render(status: Status) -> str:
             f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
             f"{tokens.completion:,} completion in {tokens.generations:,} generations"
         )
-        rows = [[conversation, f"{spent:,}"] for conversation, spent in tokens.top]
+        rows = [[spender.conversation, f"{spender.tokens:,}"] for spender in tokens.top]
         # No "none" under it: the totals line says as much.
         lines += _section(title, ["CONVERSATION", "TOKENS"], rows) if rows else ["", title]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import date
 from typing import Any
 
 import pytest
@@ -18,7 +19,19 @@ from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.message import Attachment, InboundMessage
-from bot.store import SHARDS, Ended, Grant, Keys, Lease, PreSend, Store, shard_of
+from bot.store import Ended, Grant, Lease, PreSend, Store
+from bot.store.keys import (
+    HEARTBEAT_PATTERN,
+    ROLE_TAG,
+    SHARDS,
+    Keys,
+    due_key,
+    heartbeat_key,
+    kept_key,
+    role_key,
+    shard_of,
+    usage_day_keys,
+)
 from tests.conftest import SettingsFactory, eventually, server_ms
 
 pytestmark = pytest.mark.timeout(30)
@@ -259,8 +272,27 @@ def test_conversation_keys_share_one_slot_with_their_due_shard(conversation: str
     names = [k.state, k.pending, k.seen, k.window, k.lease, k.outbox, k.history, k.due]
     assert len(set(names)) == len(names)
     assert {keyslot(name) for name in names} == {keyslot(k.due)}
-    assert k.due == f"{{lw:{shard_of(conversation)}}}:due"
+    assert k.due == due_key(shard_of(conversation))
     assert 0 <= shard_of(conversation) < SHARDS
+
+
+def test_key_names_are_those_of_existing_deployments() -> None:
+    # Written out here, not taken from `bot.store.keys`: a deployment's data lives under these
+    # names, so a change there that renames any of them must fail here.
+    k = Keys("telegram:42")
+    kinds = ["state", "pending", "seen", "window", "lease", "outbox", "history", "rate"]
+    kinds += ["notice", "usage"]
+    names = {kind: getattr(k, kind) for kind in kinds}
+    assert names == {kind: "{lw:5}:c:telegram:42:" + kind for kind in kinds}
+    assert k.day(date(2024, 5, 6)) == "{lw:5}:c:telegram:42:day:2024-05-06"
+    assert (k.due, k.active) == ("{lw:5}:due", "{lw:5}:active")
+    assert usage_day_keys(3, date(2024, 5, 6)) == (
+        "{lw:3}:usage:2024-05-06:totals",
+        "{lw:3}:usage:2024-05-06:ranking",
+    )
+    assert (ROLE_TAG, role_key("telegram:poller")) == ("{lw:role}", "{lw:role}:telegram:poller")
+    assert kept_key("discord:session") == "{lw:role}:kept:discord:session"
+    assert (heartbeat_key("r1"), HEARTBEAT_PATTERN) == ("{lw:replica}:r1", "{lw:replica}:*")
 
 
 async def test_scripts_write_only_keys_of_the_conversations_slot(

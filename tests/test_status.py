@@ -17,9 +17,11 @@ from redis.asyncio.connection import ConnectionPool, UnixDomainSocketConnection
 
 from bot.app import make_store
 from bot.embedded import EmbeddedRedis
+from bot.heartbeat import Heartbeat
 from bot.message import InboundMessage
-from bot.status import Heartbeat, Status, beat, collect, duration, heartbeat_key, render
-from bot.store import Keys, Store, shard_of
+from bot.status import Spender, Status, collect, duration, render
+from bot.store import Store
+from bot.store.keys import Keys, heartbeat_key, shard_of
 from tests.conftest import SettingsFactory, eventually, server_ms
 
 
@@ -39,8 +41,8 @@ async def replica_ids(redis: Redis) -> set[str]:
     return {r.id for r in (await collect(redis)).replicas}
 
 
-async def test_beat_appears_with_its_fields_and_expires(redis: Redis) -> None:
-    await beat(redis, "r1", {"platform": "test", "cycles": 2}, ttl_ms=500)
+async def test_beat_appears_with_its_fields_and_expires(redis: Redis, store: Store) -> None:
+    await store.beat("r1", {"platform": "test", "cycles": 2}, ttl_ms=500)
     now = await server_ms(redis)
     status = await collect(redis, now_ms=now)
     [replica] = status.replicas
@@ -62,23 +64,25 @@ async def test_beat_appears_with_its_fields_and_expires(redis: Redis) -> None:
     await eventually(gone, within_s=3)
 
 
-async def test_beat_keeps_the_start_time_and_drops_old_fields(redis: Redis) -> None:
-    started = await beat(redis, "r1", {"cycles": 1}, ttl_ms=5000)
-    again = await beat(redis, "r1", {"leases": 4}, ttl_ms=5000)
+async def test_beat_keeps_the_start_time_and_drops_old_fields(redis: Redis, store: Store) -> None:
+    started = await store.beat("r1", {"cycles": 1}, ttl_ms=5000)
+    again = await store.beat("r1", {"leases": 4}, ttl_ms=5000)
     assert again == started
     [replica] = (await collect(redis)).replicas
     assert replica.info == {"leases": "4"}
     # After the key expired (an outage), the caller's start time is kept.
     await redis.delete(heartbeat_key("r1"))
-    assert await beat(redis, "r1", {}, ttl_ms=5000, started_at_ms=started - 60_000) == (
+    assert await store.beat("r1", {}, ttl_ms=5000, started_at_ms=started - 60_000) == (
         started - 60_000
     )
 
 
-async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(redis: Redis) -> None:
+async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(
+    redis: Redis, store: Store
+) -> None:
     leases = {"n": 0}
     heartbeat = Heartbeat(
-        redis, "r2", ttl_ms=300, platform="test", info=lambda: {"leases": leases["n"]}
+        store, "r2", ttl_ms=300, platform="test", info=lambda: {"leases": leases["n"]}
     )
     heartbeat.start()
     try:
@@ -103,10 +107,10 @@ async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(redis: Red
 
 
 async def test_heartbeat_rides_out_an_outage_warning_once(
-    redis: Redis, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+    redis: Redis, store: Store, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bot.status")
-    heartbeat = Heartbeat(redis, "r3", ttl_ms=150)
+    caplog.set_level(logging.INFO, logger="bot.heartbeat")
+    heartbeat = Heartbeat(store, "r3", ttl_ms=150)
     heartbeat.start()
     try:
 
@@ -224,8 +228,8 @@ async def test_the_oldest_wakeup_is_the_smallest_due_score(
 
 async def populated(redis: Redis, make_settings: SettingsFactory) -> Status:
     """A snapshot with every section filled: a replica, a role, a leased and a waiting chat."""
-    await beat(redis, "r7", {"platform": "test", "cycles": 1}, ttl_ms=10_000)
     store = slow_store(redis, make_settings, quiet_ms=0)
+    await store.beat("r7", {"platform": "test", "cycles": 1}, ttl_ms=10_000)
     await store.claim_role("telegram-poller", "r7/abcd", 10_000)
     await store.ingest(message("7", 1))
 
@@ -341,8 +345,8 @@ async def test_tokens_today_add_up_over_shards_and_rank_the_conversations(
         ((c, p + k + (5000 if c == conversations[0] else 0)) for c, (p, k) in spent.items()),
         key=lambda pair: -pair[1],
     )
-    assert list(tokens.top) == expected[:10]
-    assert tokens.top[0] == (conversations[0], 5110)
+    assert list(tokens.top) == [Spender(c, spent) for c, spent in expected[:10]]
+    assert tokens.top[0] == Spender(conversations[0], 5110)
     text = render(await collect(redis)).splitlines()
     header = text.index(
         f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
@@ -373,7 +377,7 @@ async def test_a_thousand_waiting_conversations_take_three_round_trips(
     store = slow_store(redis, make_settings)
     for start in range(0, 1000, 100):
         await asyncio.gather(*(store.ingest(message(str(n), n)) for n in range(start, start + 100)))
-    await beat(redis, "r1", {}, ttl_ms=10_000)
+    await store.beat("r1", {}, ttl_ms=10_000)
     pool = ConnectionPool(connection_class=CountingConnection, path=str(server.socket))
     counting = Redis.from_pool(pool)
     try:

@@ -1,54 +1,21 @@
 """The store: every atomic step of the flow as one Lua script against Redis.
 
-Each script file next to this module is one step (`ingest`, `acquire`, `renew`, `release`,
-`interrupt`, `presend`, `commit`, `due`, `usage`); `prelude.lua` holds their shared helpers
-and is loaded in front of each. Every script touches the keys of one hash slot only, so the
-same code runs on Redis Cluster: a conversation's keys and the shard of the due-index it lives
-in share a hash tag.
+Each script file next to this module is one step (`ingest`, `notice`, `acquire`, `renew`,
+`release`, `interrupt`, `presend`, `commit`, `due`, `usage`, `role`, `role_release`,
+`heartbeat`);
+`prelude.lua` holds their shared helpers and is loaded in front of each.
 
-Key layout, for a conversation in shard N (of `SHARDS`):
-
-    {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards,
-                                             last (the platform id of the last new message),
-                                             failures and retry_at (failed attempts in a row,
-                                             when to try next), unreachable (1: the user
-                                             blocked us or closed DMs; cleared when they write)
-    {lw:N}:c:<conversation>:pending  hash    version -> message json, for (W, V]
-    {lw:N}:c:<conversation>:seen     zset    platform message ids, for dedupe
-    {lw:N}:c:<conversation>:window   hash    opened, deadline (ms, server clock)
-    {lw:N}:c:<conversation>:lease    hash    token, fence; expires on its own
-    {lw:N}:c:<conversation>:outbox   hash    text, version, fence of a reply being sent
-    {lw:N}:c:<conversation>:history  list    json entries, oldest first, capped
-    {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
-    {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
-    {lw:N}:c:<conversation>:usage    hash    prompt, completion (tokens), replies, user
-    {lw:N}:c:<conversation>:day:<D>  hash    tokens spent on UTC day D; expires after two days
-    {lw:N}:due                       zset    conversation -> when to look at it next
-    {lw:N}:active                    zset    conversation -> when it last sent a new message
-    {lw:N}:usage:<D>:totals          hash    prompt, completion, generations of the shard on
-                                             UTC day D; expires after two days
-    {lw:N}:usage:<D>:ranking         zset    conversation -> its tokens on day D; likewise
-
-A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
-together after `retention_ms` without a message or a reply: every step that writes them renews
-their lifetime.
-
-Roles (one holder across all replicas for a shared job, such as a platform's single poller;
-`role` and `role_release`), all in one slot:
-
-    {lw:role}:<name>                 hash    token, fence; expires on its own
-    {lw:role}                        hash    role name -> last fence handed out
-    {lw:role}:kept:<name>            string  a small value a role holder keeps for the next
-                                             holder (a gateway session to resume); expires
+Every key name comes from `bot.store.keys`, which also describes the layout.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import socket
 import time
-import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -62,9 +29,21 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.message import InboundMessage, Unavailable
+from bot.store.keys import (
+    ROLE_TAG,
+    active_key,
+    due_key,
+    heartbeat_key,
+    kept_key,
+    usage_day_keys,
+)
 
-# Fixed for the life of a deployment: changing it moves conversations to other shards.
-SHARDS = 16
+# `X as X`: names other modules have always imported from here, re-exported.
+from bot.store.keys import SHARDS as SHARDS
+from bot.store.keys import Keys as Keys
+from bot.store.keys import role_key as role_key
+from bot.store.keys import shard_of as shard_of
+
 # Platform message ids remembered per conversation for dedupe: at most this many, and none
 # older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
 SEEN_CAP = 1000
@@ -156,57 +135,13 @@ COMMIT = _load("commit")
 DUE = _load("due")
 ROLE = _load("role")
 ROLE_RELEASE = _load("role_release")
-
-# The hash tag of every role key: a role script touches this one slot only.
-ROLE_TAG = "{lw:role}"
+HEARTBEAT = _load("heartbeat")
 
 
 def lease_token(owner: str) -> str:
     """A fresh, unguessable lease token that says which replica holds the lease (the part
     before the "/"), so `lastword status` can tell who holds what."""
     return f"{owner}/{secrets.token_hex(12)}"
-
-
-def shard_of(conversation: str) -> int:
-    return zlib.crc32(conversation.encode()) % SHARDS
-
-
-def role_key(name: str) -> str:
-    """The key of a role's lease. The fence counters live in `ROLE_TAG` itself, a name no
-    role key can take, since every role key has a `:` after the tag."""
-    return f"{ROLE_TAG}:{name}"
-
-
-class Keys:
-    """The names of one conversation's keys; all share the hash tag of its shard."""
-
-    def __init__(self, conversation: str) -> None:
-        tag = f"{{lw:{shard_of(conversation)}}}"
-        base = f"{tag}:c:{conversation}"
-        self.state = f"{base}:state"
-        self.pending = f"{base}:pending"
-        self.seen = f"{base}:seen"
-        self.window = f"{base}:window"
-        self.lease = f"{base}:lease"
-        self.outbox = f"{base}:outbox"
-        self.history = f"{base}:history"
-        self.rate = f"{base}:rate"
-        self.notice = f"{base}:notice"
-        self.usage = f"{base}:usage"
-        self._base = base
-        self.due = f"{tag}:due"
-        self.active = f"{tag}:active"
-
-    def day(self, when: date) -> str:
-        return f"{self._base}:day:{when.isoformat()}"
-
-
-def usage_day_keys(shard: int, when: date) -> tuple[str, str]:
-    """A shard's tokens of one day: totals (hash: prompt, completion, generations), and its
-    conversations ranked by tokens (sorted set). In the shard's slot, so the usage script can
-    write them with the conversation's own keys."""
-    base = f"{{lw:{shard}}}:usage:{when.isoformat()}"
-    return f"{base}:totals", f"{base}:ranking"
 
 
 @dataclass(frozen=True)
@@ -332,6 +267,7 @@ class Store:
         self._due = redis.register_script(DUE)
         self._role = redis.register_script(ROLE)
         self._role_release = redis.register_script(ROLE_RELEASE)
+        self._heartbeat = redis.register_script(HEARTBEAT)
 
     @asynccontextmanager
     async def _reaching(self) -> AsyncIterator[None]:
@@ -498,7 +434,7 @@ class Store:
     async def _due_pipeline(self, limit: int) -> list[list[bytes]]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for shard in range(SHARDS):
-                pipe.evalsha(self._due.sha, 1, f"{{lw:{shard}}}:due", limit)
+                pipe.evalsha(self._due.sha, 1, due_key(shard), limit)
             results: list[list[bytes]] = await pipe.execute()
         return results
 
@@ -521,7 +457,7 @@ class Store:
 
     async def remember(self, name: str, value: str | None, ttl_ms: int) -> None:
         """Keep `value` under `name` for `ttl_ms`, for any replica to read (None: forget)."""
-        key = f"{ROLE_TAG}:kept:{name}"
+        key = kept_key(name)
         async with self._reaching():
             if value is None:
                 await self.redis.delete(key)
@@ -530,7 +466,7 @@ class Store:
 
     async def recall(self, name: str) -> str | None:
         async with self._reaching():
-            value = await self.redis.get(f"{ROLE_TAG}:kept:{name}")
+            value = await self.redis.get(kept_key(name))
         return None if value is None else _text(value)
 
     async def add_usage(self, conversation: str, user: str, prompt: int, completion: int) -> int:
@@ -580,7 +516,7 @@ class Store:
         async with self._reaching():
             async with self.redis.pipeline(transaction=False) as pipe:
                 for shard in range(SHARDS):
-                    pipe.zrangebyscore(f"{{lw:{shard}}}:active", since, "+inf")
+                    pipe.zrangebyscore(active_key(shard), since, "+inf")
                 shards: list[list[bytes]] = await pipe.execute()
             conversations = [c for s in shards for c in map(_text, s) if c.startswith(prefix)]
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -593,6 +529,35 @@ class Store:
         async with self._reaching():
             raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(_text(h)) for h in raw]
+
+    async def beat(
+        self,
+        replica_id: str,
+        info: Mapping[str, str | int],
+        ttl_ms: int,
+        *,
+        started_at_ms: int | None = None,
+    ) -> int:
+        """Write the replica's heartbeat hash and (re)arm its expiry of `ttl_ms`.
+
+        The hash holds pid and host (of this process unless `info` says otherwise),
+        `started_at` and `last_beat` (server clock, ms), and every field of `info`. Fields
+        left out of `info` since the last beat are dropped, so the hash never shows stale
+        numbers. `started_at_ms` keeps the replica's start time across a key that expired
+        meanwhile; without it the recorded one is kept, or now for a new key. Returns the
+        start time recorded, for the next beat.
+        """
+        fields: dict[str, str] = {"pid": str(os.getpid()), "host": socket.gethostname()}
+        fields.update({k: str(v) for k, v in info.items() if k not in ("started_at", "last_beat")})
+        args: list[str | int] = [ttl_ms, "" if started_at_ms is None else started_at_ms]
+        for name, value in fields.items():
+            args += [name, value]
+        return int(await self._run(self._heartbeat, [heartbeat_key(replica_id)], args))
+
+    async def remove_beat(self, replica_id: str) -> None:
+        """Delete the replica's heartbeat, so it leaves the status at once."""
+        async with self._reaching():
+            await self.redis.delete(heartbeat_key(replica_id))
 
     async def close(self) -> None:
         await self.redis.aclose()
