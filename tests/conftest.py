@@ -207,8 +207,8 @@ async def runtime_factory(
 
     `await runtime_factory(settings)` or `await runtime_factory(**make_settings_overrides)`;
     the model is `model`, else the one the settings name (OpenAILLM for "openai", else the
-    echo). Returns the runtime and its outbound. Every runtime is stopped, and every
-    OpenAILLM client closed, at teardown.
+    echo). Returns the runtime and its outbound. Every runtime is stopped (again, if the test
+    stopped it: that is harmless), and every OpenAILLM client closed, at teardown.
     """
     started: list[tuple[Runtime, LLM]] = []
 

@@ -15,16 +15,12 @@ from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
-from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.embedded import EmbeddedRedis
-from bot.llm import EchoLLM
-from bot.message import Attachment, InboundMessage
-from bot.runtime import Runtime
+from bot.message import Attachment
 from bot.store import Keys
-from tests.conftest import SettingsFactory
-from tests.fakes.outbound import RecordingOutbound
+from tests.builders import message
+from tests.conftest import RuntimeFactory, settled
 from tests.test_cli import closed_port
 from tests.test_console import (
     CONVERSATION,
@@ -49,14 +45,6 @@ def said(replies: list[str]) -> list[str]:
     return covered
 
 
-def message(
-    n: int, text: str, display_name: str = "", attachments: tuple[Attachment, ...] = ()
-) -> InboundMessage:
-    return InboundMessage(
-        "test", "1", "u1", f"m{n}", text, display_name=display_name, attachments=attachments
-    )
-
-
 @pytest.fixture
 def data_dir(short_dir: Path) -> Iterator[Path]:
     path = short_dir / "data"
@@ -67,28 +55,19 @@ def data_dir(short_dir: Path) -> Iterator[Path]:
 # --- empty and whitespace-only messages ----------------------------------------------------
 
 
-async def test_blank_messages_are_dropped_in_process(
-    redis: Redis, make_settings: SettingsFactory
-) -> None:
-    settings = make_settings()
-    outbound = RecordingOutbound()
-    store = make_store(settings, redis)
-    runtime = Runtime(settings, store, EchoLLM(), outbound)
-    runtime.start()
-    try:
-        for n, blank in enumerate(["", " ", "\n\t  \r\n", "\u3000\u00a0"]):
-            assert await runtime.ingest(message(n, blank)) is False
-        assert await store.counters("test:1") == (0, 0)  # no version bump
-        # An attachment with no caption is a message, not a blank one.
-        photo = message(10, "", attachments=(Attachment("photo", "file-1"),))
-        assert await runtime.ingest(photo) is True
-        assert await runtime.ingest(message(11, "real")) is True
-        await runtime.settled("test:1")
-        # One reply, covering only what was said: the blanks left no trace in it.
-        assert outbound.texts() == ["You said: [photo] / real"]
-        assert await store.counters("test:1") == (2, 2)
-    finally:
-        await runtime.stop()
+async def test_blank_messages_are_dropped_in_process(runtime_factory: RuntimeFactory) -> None:
+    runtime, outbound = await runtime_factory()
+    for n, blank in enumerate(["", " ", "\n\t  \r\n", "\u3000\u00a0"]):
+        assert await runtime.ingest(message(blank, n=n)) is False
+    assert await runtime.store.counters("test:1") == (0, 0)  # no version bump
+    # An attachment with no caption is a message, not a blank one.
+    photo = message("", n=10, attachments=(Attachment("photo", "file-1"),))
+    assert await runtime.ingest(photo) is True
+    assert await runtime.ingest(message("real", n=11)) is True
+    await settled(runtime, "test:1")
+    # One reply, covering only what was said: the blanks left no trace in it.
+    assert outbound.texts() == ["You said: [photo] / real"]
+    assert await runtime.store.counters("test:1") == (2, 2)
 
 
 def test_blank_lines_are_dropped_on_the_console(data_dir: Path) -> None:
@@ -111,22 +90,13 @@ def test_only_blank_lines_give_no_reply(data_dir: Path) -> None:
 # --- a 100 kB message ----------------------------------------------------------------------
 
 
-async def test_huge_message_is_truncated_with_a_note(
-    redis: Redis, make_settings: SettingsFactory
-) -> None:
-    settings = make_settings()
-    limit = settings.max_message_chars
-    outbound = RecordingOutbound()
-    store = make_store(settings, redis)
-    runtime = Runtime(settings, store, EchoLLM(), outbound)
-    runtime.start()
+async def test_huge_message_is_truncated_with_a_note(runtime_factory: RuntimeFactory) -> None:
+    runtime, outbound = await runtime_factory()
+    limit = runtime.settings.max_message_chars
     text = "word " * 20_000  # 100 kB
-    try:
-        assert await runtime.ingest(message(1, text))
-        await runtime.settled("test:1")
-    finally:
-        await runtime.stop()
-    stored = [h.text for h in await store.history("test:1") if h.role == "user"]
+    assert await runtime.ingest(message(text))
+    await settled(runtime, "test:1")
+    stored = [h.text for h in await runtime.store.history("test:1") if h.role == "user"]
     assert len(stored) == 1
     assert stored[0].startswith(text[:limit])
     assert f"{len(text) - limit} more characters were cut" in stored[0]
@@ -165,41 +135,26 @@ def test_terminal_that_cannot_show_the_reply_still_gets_it(data_dir: Path) -> No
 
 
 async def test_lone_surrogates_in_text_are_stored_and_answered(
-    redis: Redis, make_settings: SettingsFactory
+    runtime_factory: RuntimeFactory,
 ) -> None:
-    settings = make_settings()
-    outbound = RecordingOutbound()
-    store = make_store(settings, redis)
-    runtime = Runtime(settings, store, EchoLLM(), outbound)
-    runtime.start()
-    try:
-        assert await runtime.ingest(message(1, "bad \udcff text \ud83d"))
-        await runtime.settled("test:1")
-    finally:
-        await runtime.stop()
+    runtime, outbound = await runtime_factory()
+    assert await runtime.ingest(message("bad \udcff text \ud83d"))
+    await settled(runtime, "test:1")
     [reply] = outbound.texts()
     reply.encode("utf-8")  # valid text: no surrogate got through
     assert reply.startswith("You said: bad ")
     assert reply.endswith(" text ?")
-    [user, _] = await store.history("test:1")
+    [user, _] = await runtime.store.history("test:1")
     user.text.encode("utf-8")
 
 
 async def test_lone_surrogates_in_other_fields_are_stored_and_answered(
-    redis: Redis, make_settings: SettingsFactory
+    runtime_factory: RuntimeFactory,
 ) -> None:
-    settings = make_settings()
-    outbound = RecordingOutbound()
-    runtime = Runtime(settings, make_store(settings, redis), EchoLLM(), outbound)
-    runtime.start()
-    try:
-        broken = message(
-            1, "hi", display_name="Ann \ud83d", attachments=(Attachment("photo", "f\udcff"),)
-        )
-        assert await runtime.ingest(broken)
-        await runtime.settled("test:1")
-    finally:
-        await runtime.stop()
+    runtime, outbound = await runtime_factory()
+    broken = message("hi", display_name="Ann \ud83d", attachments=(Attachment("photo", "f\udcff"),))
+    assert await runtime.ingest(broken)
+    await settled(runtime, "test:1")
     assert len(outbound.texts()) == 1
 
 

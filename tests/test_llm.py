@@ -7,7 +7,6 @@ bodies reach `OpenAILLM` exactly as a real provider's would.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -15,16 +14,14 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import pytest
-from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.cycle import APOLOGY
 from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
-from bot.message import InboundMessage
 from bot.prompt import FOLD_HEADER, Prompt, Turn
 from bot.runtime import Runtime
 from bot.settings import LLMSettings
-from tests.conftest import SettingsFactory
+from tests.builders import message
+from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI, ScriptedError
 from tests.fakes.outbound import RecordingOutbound
 
@@ -373,79 +370,60 @@ async def test_permanent_failures_are_not_retried(
 # -- the apology, end to end in one process --------------------------------------------------
 
 
-def message(n: int) -> InboundMessage:
-    return InboundMessage("test", "1", "u1", f"m{n}", f"text {n}")
-
-
 async def run_burst_against_failing_model(
-    fake: FakeOpenAI, redis: Redis, make_settings: SettingsFactory, *errors: ScriptedError
+    fake: FakeOpenAI, runtime_factory: RuntimeFactory, *errors: ScriptedError
 ) -> tuple[Runtime, RecordingOutbound]:
-    settings = make_settings(llm=llm_config(fake))
-    outbound = RecordingOutbound()
-    runtime = Runtime(settings, make_store(settings, redis), OpenAILLM(settings.llm), outbound)
     fake.fail_next(*errors)
-    runtime.start()
+    runtime, outbound = await runtime_factory(llm=llm_config(fake))
     for n in (1, 2, 3):
-        assert await runtime.ingest(message(n))
-    async with asyncio.timeout(10):
-        await runtime.settled("test:1")
+        assert await runtime.ingest(message(n=n))
+    await settled(runtime, "test:1")
     return runtime, outbound
 
 
 async def test_permanent_failure_sends_one_apology_covering_the_burst(
-    fake: FakeOpenAI,
-    redis: Redis,
-    make_settings: SettingsFactory,
-    caplog: pytest.LogCaptureFixture,
+    fake: FakeOpenAI, runtime_factory: RuntimeFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     # Only one request is expected: a retry would get a real answer, not an apology.
     runtime, outbound = await run_burst_against_failing_model(
-        fake, redis, make_settings, key_echoing_401()
+        fake, runtime_factory, key_echoing_401()
     )
-    try:
-        assert outbound.texts() == [APOLOGY]
-        assert len(fake.requests) == 1
-        assert fake.requests[0].last_user_text == f"{FOLD_HEADER}\n1. text 1\n2. text 2\n3. text 3"
-        assert await runtime.store.counters("test:1") == (3, 3)
-        assert runtime.stats.apologies == 1
-        assert any(
-            r.levelno == logging.ERROR and "LASTWORD_LLM__API_KEY" in r.getMessage()
-            for r in caplog.records
-        )
+    assert outbound.texts() == [APOLOGY]
+    assert len(fake.requests) == 1
+    assert fake.requests[0].last_user_text == f"{FOLD_HEADER}\n1. text 1\n2. text 2\n3. text 3"
+    assert await runtime.store.counters("test:1") == (3, 3)
+    assert runtime.stats.apologies == 1
+    assert any(
+        r.levelno == logging.ERROR and "LASTWORD_LLM__API_KEY" in r.getMessage()
+        for r in caplog.records
+    )
 
-        # The provider has recovered: the next message gets a real answer, with the apology
-        # in the history as the reply that covered the burst.
-        assert await runtime.ingest(message(4))
-        async with asyncio.timeout(10):
-            await runtime.settled("test:1")
-        assert outbound.texts() == [APOLOGY, "You said: text 4"]
-        assert await runtime.store.counters("test:1") == (4, 4)
-        assert fake.requests[1].messages[1:] == [
-            {"role": "user", "content": "text 1\ntext 2\ntext 3"},
-            {"role": "assistant", "content": APOLOGY},
-            {"role": "user", "content": "text 4"},
-        ]
-    finally:
-        await runtime.stop()
+    # The provider has recovered: the next message gets a real answer, with the apology
+    # in the history as the reply that covered the burst.
+    assert await runtime.ingest(message(n=4))
+    await settled(runtime, "test:1")
+    assert outbound.texts() == [APOLOGY, "You said: text 4"]
+    assert await runtime.store.counters("test:1") == (4, 4)
+    assert fake.requests[1].messages[1:] == [
+        {"role": "user", "content": "text 1\ntext 2\ntext 3"},
+        {"role": "assistant", "content": APOLOGY},
+        {"role": "user", "content": "text 4"},
+    ]
+    await runtime.stop()  # what it logs on the way out is checked too
     assert_key_not_logged(caplog)
 
 
 async def test_exhausted_transient_failures_also_end_in_one_apology(
-    fake: FakeOpenAI,
-    redis: Redis,
-    make_settings: SettingsFactory,
-    caplog: pytest.LogCaptureFixture,
+    fake: FakeOpenAI, runtime_factory: RuntimeFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     # retries=2: three attempts, all failing, then the apology rather than retrying forever.
     runtime, outbound = await run_burst_against_failing_model(
-        fake, redis, make_settings, *(FakeOpenAI.server_error() for _ in range(3))
+        fake, runtime_factory, *(FakeOpenAI.server_error() for _ in range(3))
     )
-    try:
-        assert outbound.texts() == [APOLOGY]
-        assert len(fake.requests) == 3
-        assert await runtime.store.counters("test:1") == (3, 3)
-    finally:
-        await runtime.stop()
+    assert outbound.texts() == [APOLOGY]
+    assert len(fake.requests) == 3
+    assert await runtime.store.counters("test:1") == (3, 3)
+    await runtime.stop()  # what it logs on the way out is checked too
     assert_key_not_logged(caplog)
