@@ -2,22 +2,23 @@
 
 A cycle runs on whichever replica wins the lease. Everything it needs comes from the store
 when the lease is taken, so any replica can finish any conversation. While it works, a
-keeper renews the lease every TTL/3; if a renewal fails, the work is cancelled on the spot.
+keeper (`bot.lease`) renews the lease every TTL/3; once it is lost, the work is cancelled on
+the spot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
+from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
 from bot.message import Outbound, SendFailed, Unavailable, Unreachable
 from bot.prompt import Prompt, Turn, estimated_tokens, fit, system_prompt
@@ -46,8 +47,6 @@ ATTACHMENT_NOTE = (
     "them: say so politely, and answer whatever text came with them."
 )
 
-T = TypeVar("T")
-
 # A reply whose sending failed this many times in a row (a transient platform error each
 # time, backed off 1, 2, 4... s across replicas: about two minutes) is given up, so one broken
 # chat cannot wedge its conversation for ever. A permanent error gives it up at once.
@@ -68,10 +67,6 @@ class Next:
 
 
 NOTHING = Next(-1, working=False)
-
-
-class LeaseLost(Exception):
-    """Another replica holds the conversation now; this one must not send or commit."""
 
 
 @dataclass
@@ -150,89 +145,6 @@ class Stats:
     )
 
 
-class LeaseKeeper:
-    """Renews a lease every TTL/3 while work runs, and cancels the work if renewal fails.
-
-    Freshness is measured from when the acquire (or the last renewal that succeeded) was
-    sent, never from when its answer came: the expiry counts from when the server ran the
-    script, and a pause between that and reading the answer must not make a lease that
-    another replica may hold by now look fresh. Every renewal is bounded by the time left.
-    """
-
-    def __init__(self, store: Store, lease: Lease, stats: Stats, confirmed_at: float) -> None:
-        self.store = store
-        self.lease = lease
-        self.stats = stats
-        self.ttl_s = store.ttl_ms / 1000
-        self.confirmed_at = confirmed_at
-        self._released = False
-
-    def released(self) -> None:
-        """The lease was handed back on purpose (a stale reply): stop renewing it, so a
-        renewal racing the hand-back is not mistaken for a takeover."""
-        self._released = True
-
-    async def run(self, work: Awaitable[T]) -> T:
-        task = asyncio.ensure_future(work)
-        renewer = asyncio.create_task(self._renew_until_lost(task))
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if renewer.done() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise LeaseLost(self.lease.conversation) from None
-            raise
-        finally:
-            await cancel_and_wait(renewer)
-            await cancel_and_wait(task)
-
-    async def _renew_until_lost(self, task: asyncio.Future[T]) -> None:
-        while True:
-            await asyncio.sleep(self.ttl_s / 3)
-            if self._released:
-                return
-            if not await self._renew_or_expired() and not self._released:
-                task.cancel()
-                return
-
-    async def _renew(self) -> bool | None:
-        """Renew now: True if renewed, False if the lease is someone else's, None if the
-        store did not answer within the time the lease has left."""
-        sent_at = time.monotonic()
-        left_s = self.ttl_s - (sent_at - self.confirmed_at)
-        try:
-            async with asyncio.timeout(max(left_s, 0.0)):
-                renewed = await self.store.renew(self.lease)
-        except (StoreUnavailable, TimeoutError) as exc:
-            self.stats.renewal_failures += 1
-            log.warning("lease renewal failed: %s", str(exc) or "no answer in the time left")
-            return None
-        if renewed:
-            self.confirmed_at = sent_at
-        return renewed
-
-    async def _renew_or_expired(self) -> bool:
-        renewed = await self._renew()
-        if renewed is None:
-            # Keep working while the lease may still be ours; give up once it surely is not.
-            alive = time.monotonic() - self.confirmed_at < self.ttl_s
-            if not alive:
-                log.warning(
-                    "lease on %s can no longer be confirmed; stopping", self.lease.conversation
-                )
-            return alive
-        if not renewed and not self._released:
-            log.warning("lease on %s was taken over; stopping", self.lease.conversation)
-        return renewed
-
-    async def ensure_fresh(self, *, always: bool = False) -> None:
-        """Before a side effect: confirm the lease (token and fence) if so much time has
-        passed (a pause, a slow send) that it may have expired, or `always`, rather than act
-        on a lease someone else holds."""
-        stale = time.monotonic() - self.confirmed_at > self.ttl_s / 2
-        if (always or stale) and not await self._renew():
-            raise LeaseLost(self.lease.conversation)
-
-
 class Cycle:
     def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
         self.settings = settings
@@ -269,7 +181,13 @@ class Cycle:
             return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
-        keeper = LeaseKeeper(self.store, lease, self.stats, confirmed_at=sent_at)
+        keeper = LeaseKeeper(
+            f"lease on {conversation}",
+            functools.partial(self.store.renew, lease),
+            self.store.ttl_ms,
+            confirmed_at=sent_at,
+            on_failure=self._renewal_failed,
+        )
         try:
             return await keeper.run(self._work(grant, keeper))
         except LeaseLost:
@@ -289,6 +207,9 @@ class Cycle:
             # Shutdown: hand the conversation back now rather than after the TTL.
             await self._await_hand_back(lease)
             raise
+
+    def _renewal_failed(self) -> None:
+        self.stats.renewal_failures += 1
 
     def _hand_back(self, lease: Lease, *, failed: bool = False) -> asyncio.Future[Ended]:
         """Release the lease in a task of its own, so that it completes even if the caller is

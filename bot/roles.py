@@ -10,11 +10,12 @@ role expires and another replica takes the job over within the TTL.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from bot.cancel import cancel_and_wait
+from bot.lease import LeaseKeeper, LeaseLost
 from bot.settings import ConfigError
 from bot.store import Store, StoreUnavailable, lease_token
 
@@ -53,41 +54,48 @@ async def run_exclusively(
     ttl_s = ttl_ms / 1000
     claim_every_s = ttl_s / 3 if poll_s is None else poll_s
     token = lease_token(owner)
-    task: asyncio.Task[None] | None = None
     failures = 0
     try:
         while True:
             fence, confirmed_at = await _claim(store, name, token, ttl_ms, claim_every_s)
             log.info("took role %s (fence %d)", name, fence)
-            task = asyncio.create_task(_call(work), name=f"role {name}")
-            holder = _Holder(store, name, token, fence, ttl_ms, confirmed_at)
-            if not await holder.hold(task):
-                log.info("lost role %s (fence %d); stopping its work", name, fence)
-                await cancel_and_wait(task)
-                if task.cancelled():
-                    task = None
-                    continue
-            # The work ended on its own: hand the role back, then return or raise as it did.
-            await _release(store, name, token)
-            finished, task = task, None
-            error = finished.exception()
-            if error is None or isinstance(error, ConfigError):
-                return finished.result()
-            failures += 1
-            delay = min(RESTART_AFTER_S * 2 ** (failures - 1), RESTART_CAP_S)
-            log.error(
-                "role %s failed (%d in a row); handed back, claiming again in %.0fs",
-                name,
-                failures,
-                delay,
-                exc_info=error,
+            keeper = LeaseKeeper(
+                f"role {name}",
+                functools.partial(store.renew_role, name, token, fence, ttl_ms),
+                ttl_ms,
+                confirmed_at,
             )
-            await asyncio.sleep(delay)
+            try:
+                await keeper.run(
+                    asyncio.create_task(_call(work), name=f"role {name}"),
+                    wind_down_s=HANDOVER_S,
+                )
+            except LeaseLost:
+                log.info("lost role %s (fence %d); its work is stopped", name, fence)
+                continue
+            except Exception as error:
+                # Hand the role back, then raise a configuration error (nothing a restart can
+                # fix) or start again after a backoff.
+                await _release(store, name, token)
+                if isinstance(error, ConfigError):
+                    raise
+                failures += 1
+                delay = min(RESTART_AFTER_S * 2 ** (failures - 1), RESTART_CAP_S)
+                log.error(
+                    "role %s failed (%d in a row); handed back, claiming again in %.0fs",
+                    name,
+                    failures,
+                    delay,
+                    exc_info=error,
+                )
+                await asyncio.sleep(delay)
+                continue
+            await _release(store, name, token)
+            return
     except asyncio.CancelledError:
-        if task is not None:
-            await cancel_and_wait(task, retry_s=HANDOVER_S)
-        # Also after a claim whose answer the cancellation cut off: the release is
-        # token-checked, so it is a no-op unless the role is ours.
+        # Any work running was given its wind-down by the keeper. Released also after a claim
+        # whose answer the cancellation cut off: the release is token-checked, so it is a
+        # no-op unless the role is ours.
         await _release(store, name, token)
         raise
 
@@ -121,54 +129,3 @@ async def _release(store: Store, name: str, token: str) -> None:
                 log.info("released role %s", name)
     except (StoreUnavailable, TimeoutError) as exc:
         log.warning("could not release role %s (it will expire): %s", name, exc)
-
-
-class _Holder:
-    """Renews a held role every TTL/3 until the work ends or the role is lost; the logic of
-    `bot.cycle.LeaseKeeper`, for a role."""
-
-    def __init__(
-        self, store: Store, name: str, token: str, fence: int, ttl_ms: int, confirmed_at: float
-    ) -> None:
-        self.store = store
-        self.name = name
-        self.token = token
-        self.fence = fence
-        self.ttl_ms = ttl_ms
-        self.ttl_s = ttl_ms / 1000
-        self.confirmed_at = confirmed_at
-
-    async def hold(self, task: asyncio.Future[None]) -> bool:
-        """True once `task` has ended while the role was ours; False as soon as it is lost."""
-        while True:
-            await asyncio.wait({task}, timeout=self.ttl_s / 3)
-            if task.done():
-                return True
-            if not await self._renew_or_expired():
-                return False
-
-    async def _renew_or_expired(self) -> bool:
-        # The new expiry counts from when the server ran the script, which is no earlier than
-        # when the call was sent: measure from there, never from the answer.
-        sent_at = time.monotonic()
-        left_s = self.ttl_s - (sent_at - self.confirmed_at)
-        try:
-            # A renewal that hangs past the expiry must not keep the work running meanwhile.
-            async with asyncio.timeout(max(left_s, 0.0)):
-                renewed = await self.store.renew_role(
-                    self.name, self.token, self.fence, self.ttl_ms
-                )
-        except (StoreUnavailable, TimeoutError) as exc:
-            alive = time.monotonic() - self.confirmed_at < self.ttl_s
-            log.warning(
-                "renewing role %s failed (%s); %s",
-                self.name,
-                exc,
-                "retrying" if alive else "giving up",
-            )
-            return alive
-        if renewed:
-            self.confirmed_at = sent_at
-            return True
-        log.warning("role %s was taken over", self.name)
-        return False
