@@ -5,23 +5,20 @@ reach the user, and the usage counted in Redis."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.cycle import APOLOGY
-from bot.llm import OpenAILLM
-from bot.message import InboundMessage
 from bot.runtime import Runtime
 from bot.store import Keys
-from tests.conftest import SettingsFactory
+from tests.builders import message
+from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.fakes.outbound import RecordingOutbound
 
@@ -37,10 +34,6 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
         yield server
 
 
-def message(n: int, text: str | None = None) -> InboundMessage:
-    return InboundMessage("test", "1", "u1", f"m{n}", text or f"text {n}")
-
-
 class Bot:
     """A started runtime over the real store, talking to the fake provider."""
 
@@ -49,20 +42,20 @@ class Bot:
         self.outbound = outbound
 
     async def say(self, n: int, text: str | None = None) -> None:
-        assert await self.runtime.ingest(message(n, text))
+        assert await self.runtime.ingest(message(text, n=n))
 
-    async def settled(self, timeout: float = 15) -> None:  # noqa: ASYNC109
-        async with asyncio.timeout(timeout):
-            await self.runtime.settled(CONV)
+    async def settled(self) -> None:
+        await settled(self.runtime, CONV, within_s=15)
+
+
+Start = Callable[..., Awaitable[Bot]]
 
 
 @pytest.fixture
-async def start(
-    fake: FakeOpenAI, make_settings: SettingsFactory, redis: Redis
-) -> AsyncIterator[Any]:
-    runtimes: list[Runtime] = []
+def start(fake: FakeOpenAI, runtime_factory: RuntimeFactory) -> Start:
+    """Starts a runtime talking to the fake provider; keyword arguments set `llm` settings."""
 
-    def build(starvation_limit: int = 3, **llm: Any) -> Bot:
+    async def build(starvation_limit: int = 3, **llm: Any) -> Bot:
         config: dict[str, Any] = {
             "provider": "openai",
             "base_url": fake.base_url,
@@ -73,16 +66,9 @@ async def start(
             "retry_base_s": 0.01,
         }
         config.update(llm)
-        settings = make_settings(llm=config, starvation_limit=starvation_limit)
-        outbound = RecordingOutbound()
-        runtime = Runtime(settings, make_store(settings, redis), OpenAILLM(settings.llm), outbound)
-        runtime.start()
-        runtimes.append(runtime)
-        return Bot(runtime, outbound)
+        return Bot(*await runtime_factory(llm=config, starvation_limit=starvation_limit))
 
-    yield build
-    for runtime in runtimes:
-        await runtime.stop()
+    return build
 
 
 def first_streaming(request: RecordedRequest) -> bool:
@@ -91,9 +77,9 @@ def first_streaming(request: RecordedRequest) -> bool:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_a_message_mid_generation_cancels_the_request_at_once(
-    fake: FakeOpenAI, start: Any, stream: bool
+    fake: FakeOpenAI, start: Start, stream: bool
 ) -> None:
-    bot: Bot = start(stream=stream)
+    bot = await start(stream=stream)
     # A slow provider: the first answer would take 4 s (to stream, or to come at all).
     fake.delay_for = lambda request: 4.0 if len(fake.requests) == 1 else 0.2
     await bot.say(1, "first")
@@ -121,9 +107,9 @@ async def test_a_message_mid_generation_cancels_the_request_at_once(
 
 
 async def test_an_interrupt_estimates_what_it_saved_from_the_finished_generations(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
-    bot: Bot = start()
+    bot = await start()
     fake.reply = lambda request: "word " * 200
     await bot.say(1)
     await bot.settled()
@@ -145,9 +131,9 @@ async def test_an_interrupt_estimates_what_it_saved_from_the_finished_generation
 
 
 async def test_with_interrupt_off_the_request_finishes_and_its_reply_is_discarded(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
-    bot: Bot = start(interrupt=False)
+    bot = await start(interrupt=False)
     fake.delay_for = lambda request: 1.5 if len(fake.requests) == 1 else 0.1
     await bot.say(1, "first")
     first = await fake.wait_for_request(first_streaming, timeout=10)
@@ -162,11 +148,11 @@ async def test_with_interrupt_off_the_request_finishes_and_its_reply_is_discarde
 
 
 async def test_at_the_starvation_limit_a_generation_is_not_interrupted_and_goes_out(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
     # A user who always writes again while the model is answering: two interrupts, then the
     # guard lets the third generation finish and go out as it is.
-    bot: Bot = start(starvation_limit=2)
+    bot = await start(starvation_limit=2)
     fake.delay_for = lambda request: 1.0 if len(fake.requests) <= 3 else 0.1
     await bot.say(1)
     for n in (1, 2, 3):
@@ -194,10 +180,10 @@ async def test_at_the_starvation_limit_a_generation_is_not_interrupted_and_goes_
 
 
 async def test_history_is_trimmed_to_the_budget_and_unanswered_messages_stay_whole(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
     # A budget that holds a few short turns but not the long one from the start.
-    bot: Bot = start(context_tokens=600, max_tokens=100, stream=False)
+    bot = await start(context_tokens=600, max_tokens=100, stream=False)
     await bot.say(1, "old " * 300)
     await bot.settled()
     for n in range(2, 6):
@@ -218,9 +204,9 @@ async def test_history_is_trimmed_to_the_budget_and_unanswered_messages_stay_who
 
 
 async def test_a_burst_too_big_for_the_budget_keeps_its_newest_messages(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
-    bot: Bot = start(context_tokens=600, max_tokens=100, stream=False)
+    bot = await start(context_tokens=600, max_tokens=100, stream=False)
     for n in range(1, 5):
         await bot.say(n, f"part{n} " + "y" * 700)
     await bot.settled()
@@ -231,9 +217,9 @@ async def test_a_burst_too_big_for_the_budget_keeps_its_newest_messages(
 
 @pytest.mark.parametrize("error", ["429", "500"])
 async def test_rate_limits_and_server_errors_are_retried_then_succeed(
-    fake: FakeOpenAI, start: Any, error: str
+    fake: FakeOpenAI, start: Start, error: str
 ) -> None:
-    bot: Bot = start()
+    bot = await start()
     failure = FakeOpenAI.rate_limited(0.4) if error == "429" else FakeOpenAI.server_error()
     fake.fail_next(failure, failure)
     await bot.say(1, "hello")
@@ -247,9 +233,9 @@ async def test_rate_limits_and_server_errors_are_retried_then_succeed(
 
 
 async def test_a_context_length_error_shrinks_the_history_and_succeeds(
-    fake: FakeOpenAI, start: Any
+    fake: FakeOpenAI, start: Start
 ) -> None:
-    bot: Bot = start(stream=False)
+    bot = await start(stream=False)
     for n in range(1, 5):
         await bot.say(n, f"turn {n}")
         await bot.settled()
@@ -263,8 +249,8 @@ async def test_a_context_length_error_shrinks_the_history_and_succeeds(
     assert bot.runtime.stats.apologies == 0
 
 
-async def test_a_401_fails_fast_with_one_apology(fake: FakeOpenAI, start: Any) -> None:
-    bot: Bot = start()
+async def test_a_401_fails_fast_with_one_apology(fake: FakeOpenAI, start: Start) -> None:
+    bot = await start()
     fake.fail_next(FakeOpenAI.unauthorized())
     for n in (1, 2, 3):
         await bot.say(n)
@@ -273,8 +259,8 @@ async def test_a_401_fails_fast_with_one_apology(fake: FakeOpenAI, start: Any) -
     assert len(fake.requests) == 1
 
 
-async def test_the_deadline_bounds_every_retry(fake: FakeOpenAI, start: Any) -> None:
-    bot: Bot = start(deadline_s=1.0, retries=50, retry_base_s=0.1)
+async def test_the_deadline_bounds_every_retry(fake: FakeOpenAI, start: Start) -> None:
+    bot = await start(deadline_s=1.0, retries=50, retry_base_s=0.1)
     fake.delay_s = 0.3
     fake.fail_next(*(FakeOpenAI.server_error() for _ in range(50)))
     began = time.monotonic()
@@ -287,9 +273,9 @@ async def test_the_deadline_bounds_every_retry(fake: FakeOpenAI, start: Any) -> 
 
 
 async def test_reasoning_never_reaches_the_user_or_the_history(
-    fake: FakeOpenAI, start: Any, redis: Redis
+    fake: FakeOpenAI, start: Start, redis: Redis
 ) -> None:
-    bot: Bot = start()
+    bot = await start()
     fake.reply = lambda request: "<think>the secret plan</think>\n\nThe answer."
     fake.reasoning = lambda request: "more secret musing"
     await bot.say(1, "why?")
@@ -301,9 +287,9 @@ async def test_reasoning_never_reaches_the_user_or_the_history(
 
 
 async def test_settings_reach_the_provider_and_usage_is_counted(
-    fake: FakeOpenAI, start: Any, redis: Redis
+    fake: FakeOpenAI, start: Start, redis: Redis
 ) -> None:
-    bot: Bot = start(
+    bot = await start(
         system_prompt="Today is {date}; now {time}; braces {kept}.",
         temperature=0.3,
         max_tokens=200,
