@@ -16,6 +16,7 @@ from bot.commands import HELP, REFUSAL
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually
+from tests.conftest import settled as conversation_settled
 from tests.fakes.discord_server import FakeDiscord, ScriptedError
 from tests.fakes.telegram_server import FakeTelegram
 from tests.running import Running
@@ -84,10 +85,8 @@ async def counters(redis: Redis, channel: int) -> tuple[int, int]:
 
 
 async def settled(redis: Redis, channel: int, version: int) -> None:
-    async def check() -> bool:
-        return await counters(redis, channel) == (version, version)
-
-    await eventually(check, within_s=10)
+    """Wait until the DM channel's V and W are both `version` (fails showing them)."""
+    await conversation_settled(redis, f"discord:{channel}", version=version)
 
 
 def texts(fake: FakeDiscord, channel: int) -> list[str]:

@@ -28,7 +28,7 @@ from bot.app import make_store
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys, classify
-from tests.conftest import SettingsFactory, eventually
+from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running
@@ -58,19 +58,22 @@ def cluster(
     )
 
 
-async def settled(redis: Redis, conversation: str = CONVERSATION) -> bool:
-    v, w = await redis.hmget(Keys(conversation).state, ["v", "w"])
-    return v is not None and v == w
-
-
 async def logged(cluster: Cluster, name: str, text: str, times: int = 1) -> None:
     """Wait until replica `name` has logged `text` at least `times` times. (Its log is a
     file, not its stdout, so `Cluster.wait_for` would not look again when it grows.)"""
 
-    async def enough() -> bool:
-        return cluster.replicas[name].log_path.read_text().count(text) >= times
+    def count() -> int:
+        return cluster.replicas[name].log_path.read_text().count(text)
 
-    await eventually(enough, within_s=10)
+    async def enough() -> bool:
+        return count() >= times
+
+    async def seen() -> str:
+        return f"logged {count()} times"
+
+    await eventually(
+        enough, within_s=10, what=f"{name} logging {text!r} {times} times", describe=seen
+    )
 
 
 async def write(cluster: Cluster, name: str, msg: InboundMessage) -> None:
@@ -116,7 +119,7 @@ async def test_a_commit_refused_once_is_retried_not_resent(
             await logged(bots, "r0", "commit of pipe:1 failed")
         finally:
             await redis.config_set("maxmemory", 0)
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         # Long enough for a lease (1.5 s) to expire and a sweep to resend, had it been left.
         await asyncio.sleep(2.5)
         assert [e["text"] for e in bots.sent()] == ["covers c1m1"]
@@ -131,7 +134,7 @@ async def test_a_permanent_send_error_gives_the_reply_up_and_the_next_message_is
         await bots.deliver("r0", message(1, 1))
         await bots.wait_for(lambda: bool(bots.of("send_failed")), timeout=10, what="a send")
         # Given up at once: the messages count as answered, nothing is left to resend.
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert await redis.exists(Keys(CONVERSATION).outbox) == 0
         await bots.wait_for(
             lambda: bots.stats("r0").get("abandoned") == 1, timeout=5, what="the count"
@@ -142,7 +145,7 @@ async def test_a_permanent_send_error_gives_the_reply_up_and_the_next_message_is
         control(short_dir).unlink()
         await bots.deliver("r0", message(1, 2))
         await bots.wait_for(lambda: bool(bots.sent()), timeout=10, what="the next reply")
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         # The new message is answered, and the given-up reply is never sent late.
         assert [e["text"] for e in bots.sent()] == ["covers c1m2"]
 
@@ -170,7 +173,7 @@ async def test_the_backoff_between_failed_sends_holds_across_three_replicas(
         # The platform recovers: the reply goes out once, at the next attempt.
         control(short_dir).unlink()
         await bots.wait_for(lambda: bool(bots.sent()), timeout=15, what="the reply")
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert [e["text"] for e in bots.sent()] == ["covers c1m1"]
 
 
@@ -202,7 +205,7 @@ async def test_the_sweeper_survives_an_error_it_did_not_expect(
     # A due-index shard of the wrong type makes every sweep fail with WRONGTYPE, an error
     # reply nobody classified. The sweep must log it and go on: it is how orphaned
     # conversations get finished.
-    orphan = InboundMessage("pipe", "7", "u7", "c7m1", "about c7m1, please")
+    orphan = message(7, 1)
     garbage = Keys("pipe:3").due if Keys("pipe:3").due != Keys(orphan.conversation).due else ""
     assert garbage, "pick a conversation in another shard"
     await redis.set(garbage, "not a sorted set")
@@ -226,7 +229,7 @@ async def test_an_idle_conversation_expires_whole_and_starts_afresh(
     ) as bots:
         await bots.deliver("r0", message(1, 1))
         await bots.wait_for(lambda: bool(bots.sent()), timeout=10, what="the reply")
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         k = Keys(CONVERSATION)
         kept = [key for key in (k.state, k.pending, k.seen, k.history, k.usage)]
         present = [key for key in kept if await redis.exists(key)]
@@ -244,7 +247,7 @@ async def test_an_idle_conversation_expires_whole_and_starts_afresh(
         # A fresh start: version 1 again, and a history of this turn only.
         assert await redis.hget(k.state, "v") == b"1"
         assert bots.sent()[1]["text"] == "covers c1m2"
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert await redis.llen(k.history) == 2
 
 

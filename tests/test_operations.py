@@ -20,9 +20,9 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
-from bot.message import InboundMessage
 from bot.store import Keys
-from tests.conftest import SettingsFactory, eventually
+from tests.builders import message
+from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running
@@ -205,11 +205,7 @@ async def test_sigterm_during_generation_answers_exactly_once(
             assert any("handing their conversations back" in line for line in first.log)
         await telegram.wait_for_sent(1, timeout=15)
 
-        async def settled() -> bool:
-            v, w = await redis.hmget(Keys(f"telegram:{CHAT}").state, ["v", "w"])
-            return v == w == b"1"
-
-        await eventually(settled, within_s=10)
+        await settled(redis, f"telegram:{CHAT}", version=1, within_s=10)
         assert [m.text for m in telegram.sent_messages] == ["Answer: hello"]
         # The poller role moved to "b" at the start of the stop, not after the grace period.
         assert any("this replica polls Telegram" in line for line in second.log)
@@ -418,10 +414,10 @@ async def test_status_json_shows_a_held_lease_and_an_unanswered_conversation(
 
     store = make_store(make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}), redis)
     for n in (1, 2):
-        await store.ingest(InboundMessage("telegram", "77", "u77", f"m{n}", f"hi {n}"))
+        await store.ingest(message(f"hi {n}", n=n, conversation="telegram:77", user="u77"))
     grant = await store.acquire("telegram:77", "replica-9/abc")
     assert grant.lease is not None
-    await store.ingest(InboundMessage("telegram", "78", "u78", "m1", "waiting"))
+    await store.ingest(message("waiting", n=1, conversation="telegram:78", user="u78"))
 
     env = clean_env(short_dir / "s", LASTWORD_REDIS_URL=server.url)
     result = await asyncio.to_thread(lastword, "status", "--json", env=env)

@@ -45,6 +45,7 @@ from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys
 from bot.timers import Timers
+from tests.builders import message as build_message
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 
@@ -117,8 +118,14 @@ def conversation_of(token: str) -> str:
 
 
 def message(conv: int, n: int) -> InboundMessage:
+    """Message `n` of conversation `conv`, carrying its token (`c<conv>m<n>`), also its id."""
     token = f"c{conv}m{n}"
-    return InboundMessage(PLATFORM, str(conv), f"u{conv}", token, f"about {token}, please")
+    return build_message(
+        f"about {token}, please",
+        conversation=f"{PLATFORM}:{conv}",
+        user=f"u{conv}",
+        message_id=token,
+    )
 
 
 def replica_env(name: str, redis_url: str, llm_url: str, workdir: Path) -> dict[str, str]:
@@ -348,14 +355,36 @@ class Cluster:
 
 async def quiescent(redis: Redis, conversations: Iterable[str]) -> bool:
     """Nothing owed, held, half-sent or scheduled for any of `conversations`."""
+    return not await loose_ends(redis, conversations)
+
+
+async def loose_ends(redis: Redis, conversations: Iterable[str]) -> list[str]:
+    """What is still owed, held, half-sent or scheduled for `conversations`, if anything."""
+    left: list[str] = []
     for conversation in conversations:
         k = Keys(conversation)
         v, w = await redis.hmget(k.state, ["v", "w"])
-        if v != w or await redis.exists(k.lease, k.outbox):
-            return False
-        if await redis.zscore(k.due, conversation) is not None:
-            return False
-    return True
+        if v != w:
+            left.append(f"{conversation}: V={v and int(v)} W={w and int(w)}")
+        left += [
+            f"{conversation}: {key} exists"
+            for key in (k.lease, k.outbox)
+            if await redis.exists(key)
+        ]
+        if (due := await redis.zscore(k.due, conversation)) is not None:
+            left.append(f"{conversation}: due at {due:.0f}")
+    return left
+
+
+async def quiet(redis: Redis, conversations: Iterable[str], within_s: float) -> None:
+    """Wait until the store is quiet for `conversations`; fails listing what is left."""
+    names = sorted(conversations)
+    await eventually(
+        lambda: quiescent(redis, names),
+        within_s,
+        what=f"the store going quiet for {names}",
+        describe=lambda: loose_ends(redis, names),
+    )
 
 
 def accepted_times(cluster: Cluster) -> dict[str, float]:
@@ -470,12 +499,7 @@ async def settle(
         raise AssertionError(f"{exc}: never answered: {missing}") from None
     conversations = {conversation_of(m) for m in wanted}
     # A replica that lost a race for the lease looks again when it would expire.
-    try:
-        await eventually(
-            lambda: quiescent(redis, conversations), within_s=(TTL_MS + SWEEP_MS) / 1000 + 5
-        )
-    except TimeoutError:
-        raise AssertionError(f"the store never went quiet for {sorted(conversations)}") from None
+    await quiet(redis, conversations, within_s=(TTL_MS + SWEEP_MS) / 1000 + 5)
 
 
 @dataclass(frozen=True)
@@ -755,4 +779,4 @@ async def test_the_daily_token_budget_holds_across_processes(
             assert cluster.sent(conversation)[1]["text"] == OVER_BUDGET
             assert cluster.sent(conversation)[1]["replica"] == "r1"
             assert len(fake.requests) == 1
-            await eventually(lambda: quiescent(redis, [conversation]), within_s=5)
+            await quiet(redis, [conversation], within_s=5)

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from bot.commands import RESET
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
-from tests.conftest import eventually
+from tests.conftest import eventually, settled
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running
 
@@ -123,7 +123,7 @@ async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
         for text in ("one", "two", "three"):
             assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         [reply] = fake.sent_messages
         assert reply.text == "You said: one / two / three"
         assert reply.chat_id == CHAT
@@ -132,11 +132,6 @@ async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
         typing = fake.calls_to("sendChatAction")
         assert typing and all(c.params.get("action") == "typing" for c in typing)
         assert typing[0].at < reply.at
-
-
-async def _settled(redis: Redis) -> bool:
-    v, w = await counters(redis)
-    return v == w > 0
 
 
 async def test_wrong_or_missing_secret_is_refused_and_not_ingested(
@@ -149,7 +144,7 @@ async def test_wrong_or_missing_secret_is_refused_and_not_ingested(
         # A correct delivery afterwards is the only one answered.
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "hello"), SECRET) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert [m.text for m in fake.sent_messages] == ["You said: hello"]
         assert await counters(redis) == (1, 1)
 
@@ -183,7 +178,7 @@ async def test_the_same_update_twice_gives_one_reply(
         assert await bot.post(update) == 200
         assert await bot.post(update) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert [m.text for m in fake.sent_messages] == ["You said: only once"]
         assert await counters(redis) == (1, 1)
 
@@ -210,7 +205,7 @@ async def test_long_reply_comes_in_ordered_parts_with_balanced_fences(
     assert len(text) > 10_000
     async with webhook_bot(server, fake, short_dir, LASTWORD_MAX_MESSAGE_CHARS="20000") as bot:
         assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
-        await eventually(lambda: _settled(redis), within_s=15)
+        await settled(redis, CONVERSATION, within_s=15)
         parts = [m.text or "" for m in fake.sent_messages]
     assert len(parts) >= 3
     assert all(len(p) <= 4096 for p in parts)
@@ -230,7 +225,7 @@ async def test_flood_control_delays_the_second_part_and_loses_nothing(
     async with webhook_bot(server, fake, short_dir) as bot:
         assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
         await fake.wait_for_sent(2, timeout=15)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         attempts = fake.calls_to("sendMessage")
         assert [c.status for c in attempts] == [200, 429, 200]
         assert attempts[2].at - attempts[1].at >= 1.0  # retry_after was honoured
@@ -263,7 +258,7 @@ async def test_media_edits_and_groups_become_the_right_input(
         assert await bot.post(edited) == 200
         assert await bot.post(fake.group_text_update(-100, CHAT, "in a group")) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         [reply] = fake.sent_messages
         assert reply.text == "You said: [sticker] / my cat [photo] / (edited) fixed typo"
         assert await counters(redis) == (3, 3)
@@ -277,7 +272,7 @@ async def test_a_user_who_blocked_the_bot_is_skipped_and_the_conversation_moves_
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "bye")) == 200
         # The reply counts as delivered: W advances, nothing is retried, and the store marks
         # the conversation for every replica.
-        await eventually(lambda: _settled(redis), within_s=10)
+        await settled(redis, CONVERSATION, within_s=10)
         assert [c.status for c in fake.calls_to("sendMessage")] == [403]
         assert await redis.hget(Keys(CONVERSATION).state, "unreachable") == b"1"
         # Writing again means the user unblocked the bot: replies flow again.
@@ -294,12 +289,12 @@ async def test_reset_command_empties_the_history(
     async with webhook_bot(server, fake, short_dir) as bot:
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "remember me")) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: _settled(redis), within_s=5)  # committed after the send
+        await settled(redis, CONVERSATION, within_s=5)  # committed after the send
         assert await redis.llen(Keys(CONVERSATION).history) == 2
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "/reset")) == 200
         await fake.wait_for_sent(2, timeout=10)
         assert fake.sent_messages[-1].text == RESET
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         # Only the reset's own confirmation remains.
         assert await redis.llen(Keys(CONVERSATION).history) == 1
 
@@ -315,7 +310,7 @@ async def test_allow_list_and_rate_limit_hold(
         assert "private" in (fake.sent_messages[0].text or "")
         for text in ("a", "b", "c", "d"):
             assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
-        await eventually(lambda: _settled(redis), within_s=10)
+        await settled(redis, CONVERSATION, within_s=10)
         await fake.wait_for_sent(3, timeout=10)
         to_user = [m.text for m in fake.sent_messages if m.chat_id == CHAT]
         assert to_user[-1] == "You said: a / b"
@@ -348,7 +343,7 @@ async def test_polling_burst_gives_one_reply_and_confirms_the_offset(
         ids = [fake.push_update(fake.private_text_update(CHAT, CHAT, t)) for t in "abc"]
         await fake.wait_for_sent(1, timeout=15)
         await fake.wait_for_confirmed(ids[-1], timeout=15)
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert [m.text for m in fake.sent_messages] == ["You said: a / b / c"]
 
 
@@ -360,7 +355,7 @@ async def test_one_poller_among_replicas_and_kill_9_hands_polling_over(
         await fake.wait_for_sent(1, timeout=15)
         # Committed before the kill: a kill between send and commit would (by design) make
         # the survivor resend the same reply from the outbox.
-        await eventually(lambda: _settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
 
         async def one_poller() -> bool:
             return sum(bot.said(POLLING) > 0 for bot in bots) == 1
@@ -398,14 +393,9 @@ async def test_three_webhook_replicas_give_one_reply_per_burst(
                     assert await target.post(update) == 200
         await fake.wait_for_sent(len(chats), timeout=20)
 
-        async def all_settled() -> bool:
-            for chat in chats:
-                v, w = await redis.hmget(Keys(f"telegram:{chat}").state, ["v", "w"])
-                if int(v or 0) != 3 or int(w or 0) != 3:
-                    return False
-            return True
-
-        await eventually(all_settled, within_s=10)
+        await asyncio.gather(
+            *(settled(redis, f"telegram:{chat}", version=3, within_s=10) for chat in chats)
+        )
     replies = {m.chat_id: m.text for m in fake.sent_messages}
     assert len(fake.sent_messages) == len(chats)  # one reply per burst, none twice
     for chat in chats:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
-from tests.conftest import eventually
+from tests.conftest import eventually, settled
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, WebhookConfig, post_update
 from tests.running import Running
 from tests.test_telegram import CHAT, CONVERSATION, SECRET, bot_env, counters, free_port
@@ -96,11 +96,6 @@ async def health(port: int) -> tuple[int, str]:
         return 0, ""
 
 
-async def settled(redis: Redis) -> bool:
-    v, w = await counters(redis)
-    return v == w > 0
-
-
 def spacing(calls: list[RecordedCall]) -> list[float]:
     return [later.at - earlier.at for earlier, later in itertools.pairwise(calls)]
 
@@ -130,7 +125,7 @@ async def test_polling_outlives_flood_control_then_bad_gateway_on_two_replicas(
         await eventually(reported_down, within_s=8)
         await fake.wait_for_sent(1, timeout=25)
         await fake.wait_for_confirmed(ids[-1], timeout=5)
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
 
         async def reported_up() -> bool:
             return await health(port) == (200, "ok")
@@ -208,7 +203,7 @@ async def test_two_edits_within_one_second_are_both_taken_in(
         for update in (original, first, second, second):  # the last one redelivered
             assert await post_update(url, update, SECRET) == 200
         await fake.wait_for_sent(1, timeout=10)
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert await counters(redis) == (3, 3)
         [reply] = fake.sent_messages
         assert reply.text == "You said: helo / (edited) hello / (edited) hello there"
@@ -222,14 +217,14 @@ async def test_a_chat_that_is_not_found_gives_the_reply_up_and_the_next_message_
         bot, url = await start_webhook(server, fake, short_dir, stack)
         assert await post_update(url, fake.private_text_update(CHAT, CHAT, "hi?"), SECRET) == 200
         # Given up at the first refusal, not retried for minutes: the conversation moves on.
-        await eventually(lambda: settled(redis), within_s=10)
+        await settled(redis, CONVERSATION, within_s=10)
         await eventually(_said(bot, f"gave up the reply to {CONVERSATION}"), within_s=5)
         assert [c.status for c in fake.calls_to("sendMessage")] == [400]
         fake.fail_chat(CHAT, None)
         assert await post_update(url, fake.private_text_update(CHAT, CHAT, "now?"), SECRET) == 200
         await fake.wait_for_sent(1, timeout=10)
         assert [m.text for m in fake.sent_messages] == ["You said: now?"]
-        await eventually(lambda: settled(redis), within_s=5)  # committed after the send
+        await settled(redis, CONVERSATION, within_s=5)  # committed after the send
         assert await counters(redis) == (2, 2)
 
 
@@ -247,7 +242,7 @@ async def test_flood_control_longer_than_a_minute_is_handed_back_not_waited_out(
         assert (flooded.status, sent.status) == (429, 200)
         assert sent.at - flooded.at < 15
         assert sent.text == flooded.text == "You said: hey"  # the same reply, from the outbox
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
 
 
 async def test_a_user_who_unblocked_the_bot_is_answered_by_a_replica_that_saw_the_block(
@@ -259,7 +254,7 @@ async def test_a_user_who_unblocked_the_bot_is_answered_by_a_replica_that_saw_th
         a, a_url = await start_webhook(server, fake, short_dir / "a", stack)
         assert await post_update(a_url, fake.private_text_update(CHAT, CHAT, "bye"), SECRET) == 200
         # Replica A learns of the block; the mark is in the store, for every replica.
-        await eventually(lambda: settled(redis), within_s=10)
+        await settled(redis, CONVERSATION, within_s=10)
         assert [c.status for c in fake.calls_to("sendMessage")] == [403]
         assert await redis.hget(state, "unreachable") == b"1"
         await eventually(_said(a, f"{CONVERSATION} cannot be reached"), within_s=5)
@@ -274,7 +269,7 @@ async def test_a_user_who_unblocked_the_bot_is_answered_by_a_replica_that_saw_th
         assert await redis.hget(state, "unreachable") is None
         await fake.wait_for_sent(1, timeout=10)
         assert [m.text for m in fake.sent_messages] == ["You said: back"]
-        await eventually(lambda: settled(redis), within_s=5)
+        await settled(redis, CONVERSATION, within_s=5)
         assert await counters(redis) == (2, 2)
         assert a.process.returncode is None
 
