@@ -175,6 +175,7 @@ def _silence_stdout() -> None:
 
 
 async def check(settings: Settings, timeout_s: float) -> Check:
+    """The console needs no token and no network: there is nothing to ask."""
     return Check("platform", True, "console: no token needed")
 
 

@@ -105,7 +105,11 @@ async def run_checks(
         await guarded(
             platform_check(settings, timeout_s),
             timeout_s + PLATFORM_BACKSTOP_S,
-            Check("platform", False, f"{settings.platform}: no answer within {timeout_s:g} s"),
+            Check(
+                "platform",
+                False,
+                f"{settings.platform}: no answer within {timeout_s + PLATFORM_BACKSTOP_S:g} s",
+            ),
         )
     )
     checks.append(

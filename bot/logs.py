@@ -57,7 +57,7 @@ def about(conv: str) -> Iterator[None]:
 
 
 def secrets_of(settings: Settings) -> list[str]:
-    """The values that must never appear in a log line."""
+    """The values that must never appear in a log line, an error message or a doctor report."""
     values = [
         s.get_secret_value()
         for s in (

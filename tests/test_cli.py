@@ -211,6 +211,7 @@ def test_tokens_and_keys_never_printed(data_dir: Path) -> None:
         LASTWORD_LLM__BASE_URL=f"http://127.0.0.1:{closed_port()}/v1",
         LASTWORD_TELEGRAM__TOKEN=f"123:{SECRET}",
         LASTWORD_DISCORD__TOKEN=SECRET,
+        LASTWORD_LLM__EXTRA_HEADERS=f'{{"X-Api-Token": "tok-{SECRET}"}}',
     )
     assert result.returncode == 0, result.stderr
     assert "LLM: openai" in result.stderr
