@@ -64,7 +64,7 @@ class LeaseKeeper:
         hand-back is not mistaken for a takeover."""
         self._released = True
 
-    def left_s(self) -> float:
+    def _left_s(self) -> float:
         """How long the lease is surely ours still (negative once it may not be)."""
         return self.ttl_s - (time.monotonic() - self.confirmed_at)
 
@@ -93,13 +93,13 @@ class LeaseKeeper:
         renewal propagates."""
         if self.lost or self._released:
             raise LeaseLost(self.name)
-        stale = self.left_s() < self.ttl_s / 2
+        stale = self._left_s() < self.ttl_s / 2
         if (always or stale) and not await self._confirm():
             raise LeaseLost(self.name)
 
     async def _keep(self, work: asyncio.Future[Any]) -> None:
         while True:
-            await asyncio.sleep(min(self.ttl_s / 3, max(self.left_s(), 0.0)))
+            await asyncio.sleep(min(self.ttl_s / 3, max(self._left_s(), 0.0)))
             if self._released:
                 return
             try:
@@ -113,7 +113,7 @@ class LeaseKeeper:
                 return
             if renewed is False:
                 log.warning("%s was taken over; stopping", self.name)
-            elif renewed is None and self.left_s() <= 0:
+            elif renewed is None and self._left_s() <= 0:
                 log.warning("%s can no longer be confirmed; stopping", self.name)
             else:
                 # Renewed, or not answered while the lease may still be ours: try again.
@@ -127,7 +127,7 @@ class LeaseKeeper:
         store did not answer within the time the lease has left."""
         sent_at = time.monotonic()
         try:
-            async with asyncio.timeout(max(self.left_s(), 0.0)):
+            async with asyncio.timeout(max(self._left_s(), 0.0)):
                 renewed = await self._renew()
         except (StoreUnavailable, TimeoutError) as exc:
             self._on_failure()

@@ -98,7 +98,9 @@ async def hold_conversation(store: Store) -> Held:
         grant = await store.acquire("test:1", lease_token("us"))
         return None if grant.lease is None else (sent_at, grant.lease)
 
-    sent_at, ours = await eventually(acquired, what="the conversation's lease")
+    taken = await eventually(acquired, what="the conversation's lease")
+    assert taken is not None
+    sent_at, ours = taken
 
     async def take_over() -> bool:
         return (await store.acquire("test:1", lease_token("thief"))).lease is not None
