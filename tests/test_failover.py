@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 
 from bot.app import make_client, make_store
 from bot.embedded import EmbeddedRedis
-from bot.message import InboundMessage
 from bot.store import StoreUnavailable
+from tests.builders import message
 from tests.conftest import SettingsFactory, eventually
 
 
@@ -44,12 +44,12 @@ async def test_a_read_only_replica_is_reported_then_promoted(
         await eventually(synced, within_s=10)
         client = make_client(replica.url)
         store = make_store(make_settings(), client)
-        message = InboundMessage("test", "1", "u1", "m1", "hello")
+        hello = message("hello")
         with pytest.raises(StoreUnavailable, match="read-only"):
-            await store.ingest(message)
+            await store.ingest(hello)
 
         await admin.replicaof("NO", "ONE")  # the failover promotes it
-        result = await store.ingest(message)
+        result = await store.ingest(hello)
         assert result.accepted and result.version == 1
         await admin.aclose()
     finally:
