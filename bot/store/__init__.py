@@ -2,8 +2,7 @@
 
 Each script file next to this module is one step (`ingest`, `notice`, `acquire`, `renew`,
 `release`, `interrupt`, `presend`, `commit`, `due`, `usage`, `role`, `role_release`,
-`heartbeat`);
-`prelude.lua` holds their shared helpers and is loaded in front of each.
+`heartbeat`); `prelude.lua` holds their shared helpers and is loaded in front of each.
 
 Every key name comes from `bot.store.keys`, which also describes the layout.
 """
