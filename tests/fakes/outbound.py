@@ -36,9 +36,16 @@ class RecordingOutbound:
         return [s.text for s in self.sent if conversation in (None, s.conversation)]
 
     async def wait_for(self, count: int, timeout: float = 10.0) -> list[Sent]:  # noqa: ASYNC109
-        """Wait until at least `count` parts were sent; raises TimeoutError otherwise."""
-        async with asyncio.timeout(timeout):
-            while len(self.sent) < count:
-                self._changed.clear()
-                await self._changed.wait()
+        """Wait until at least `count` parts were sent; fails with an AssertionError listing
+        what was sent otherwise."""
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self.sent) < count:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"gave up waiting for {count} parts sent after {timeout:g}s; "
+                f"{len(self.sent)} were: {self.texts()!r}"
+            ) from None
         return list(self.sent)
