@@ -1,0 +1,432 @@
+"""The protocol model test: the real Lua scripts on a real server, driven by Hypothesis as
+several replicas that deliver, redeliver, wait, acquire, renew, interrupt, pre-send, send,
+commit, release, lose their lease and crash, in any order.
+
+Each simulated replica is its own `Store` with its own connections; a holder is a replica
+with a lease and the step of the cycle it has reached. Pausing needs no rule of its own: a
+holder sits in the list while others act (its lease may expire meanwhile) and any later rule
+resumes it, as a replica resumed after SIGSTOP would. A crash is a holder that never calls
+again.
+
+Time: windows are real and short (milliseconds), so deadlines pass on the server's clock.
+A lease's expiry and a failed attempt's backoff (seconds, both) are fast-forwarded instead:
+the lease's TTL is cut to a millisecond, `retry_at` is moved to now. The scripts compare both
+with the server's clock and nothing else, so this is what waiting would do; the model keeps
+when they would have run out, for the due-index check. Because outcomes depend on the clock,
+holders and messages are picked by a drawn number from plain lists, never from Hypothesis
+bundles, so what Hypothesis draws does not depend on the clock.
+
+Inside the steps, every answer a script gives is checked against whether the caller held the
+lease (its token and fence, read from the server just before). After every step, the
+invariants are read from the server itself.
+
+The seed is printed (pytest shows it on failure); LASTWORD_MODEL_SEED replays one, and
+LASTWORD_MODEL_EXAMPLES runs more examples than CI's bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from redis.asyncio import Redis
+
+from bot.embedded import EmbeddedRedis
+from bot.message import InboundMessage
+from bot.store import Grant, Keys, Store, lease_token
+from tests.conftest import eventually
+
+pytestmark = pytest.mark.timeout(300)
+
+CONVERSATIONS = ("model:a", "model:b")
+REPLICAS = 3
+QUIET_MS = 5
+MAX_WAIT_MS = 15
+# Never runs out by itself within a test; `expire` ends a lease on purpose.
+TTL_MS = 60_000
+STARVATION_LIMIT = 1
+EXAMPLES = int(os.environ.get("LASTWORD_MODEL_EXAMPLES", "200"))
+STEPS = 50
+
+T = TypeVar("T")
+Outcome = Literal["sent", "unreachable", "abandoned"]
+replica_ = st.integers(0, REPLICAS - 1)
+conversation_ = st.sampled_from(CONVERSATIONS)
+pick = st.integers(0, 2**16)
+
+
+@dataclass
+class Holder:
+    """A replica holding, or believing it holds, a conversation's lease."""
+
+    replica: int
+    grant: Grant
+    stage: Literal["acquired", "presented", "sent", "ended"]
+    version: int  # what its reply covers: the grant's V, or the outbox's version on a resend
+    text: str = ""
+
+    @property
+    def lease(self) -> Any:
+        assert self.grant.lease is not None
+        return self.grant.lease
+
+    def __repr__(self) -> str:
+        return f"Holder(r{self.replica}, {self.lease.conversation}, fence {self.lease.fence})"
+
+
+def integers(raw: Mapping[Any, Any]) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in raw.items() if v.lstrip(b"-").isdigit()}
+
+
+class Protocol(RuleBasedStateMachine):
+    url = ""  # the server's, set by the test that started it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.redis = Redis.from_url(self.url)
+        self.replicas = [
+            Store(
+                Redis.from_url(self.url),
+                quiet_ms=QUIET_MS,
+                max_wait_ms=MAX_WAIT_MS,
+                ttl_ms=TTL_MS,
+                history_cap=20,
+                starvation_limit=STARVATION_LIMIT,
+            )
+            for _ in range(REPLICAS)
+        ]
+        self.holders: list[Holder] = []
+        self.messages: list[InboundMessage] = []
+        # The model, which the server must agree with.
+        self.accepted = dict.fromkeys(CONVERSATIONS, 0)
+        self.watermark = dict.fromkeys(CONVERSATIONS, 0)
+        self.fence = dict.fromkeys(CONVERSATIONS, 0)
+        self.opened: dict[str, int] = {}  # when each open window opened, on the server's clock
+        # When the last lease and the last backoff would have run out, had they not been
+        # fast-forwarded.
+        self.lease_until = dict.fromkeys(CONVERSATIONS, 0)
+        self.backoff_until = dict.fromkeys(CONVERSATIONS, 0)
+        self.committed: set[tuple[str, int]] = set()
+        self.outbox: dict[str, tuple[str, int]] = {}
+
+    def run(self, step: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(step)
+
+    def teardown(self) -> None:
+        async def close() -> None:
+            for store in self.replicas:
+                await store.close()
+            await self.redis.aclose()
+
+        self.run(close())
+        self.loop.close()
+
+    def holder(self, n: int) -> Holder | None:
+        return self.holders[n % len(self.holders)] if self.holders else None
+
+    # Read from the server directly: the model never takes a script's word for it.
+
+    async def _now(self) -> int:
+        seconds, micros = await self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _integers(self, key: str) -> dict[str, int]:
+        return integers(await self.redis.hgetall(key))
+
+    async def _state(self, conv: str) -> dict[str, int]:
+        return await self._integers(Keys(conv).state)
+
+    async def _held(self, holder: Holder) -> bool:
+        """Whether the holder's token and fence are the lease's."""
+        key = Keys(holder.lease.conversation).lease
+        token, fence = await self.redis.hmget(key, ["token", "fence"])
+        return (token, fence) == (holder.lease.token.encode(), str(holder.lease.fence).encode())
+
+    def _leased(self, conv: str) -> None:
+        """A lease was taken or renewed just now: remember when it would run out."""
+        self.lease_until[conv] = self.run(self._now()) + TTL_MS
+
+    def _ended(self, holder: Holder) -> None:
+        """The holder gave its lease back: nothing waits for its expiry any more."""
+        holder.stage = "ended"
+        self.lease_until[holder.lease.conversation] = 0
+
+    async def _past_deadline(self, conv: str) -> None:
+        deadline = await self.redis.hget(Keys(conv).window, "deadline")
+        if deadline is not None:
+
+            async def passed() -> bool:
+                return await self._now() > int(deadline)
+
+            await eventually(passed, within_s=1)
+
+    @initialize(replica=replica_, burst=st.integers(1, 3))
+    def first_messages(self, replica: int, burst: int) -> None:
+        """An empty server, and a burst waiting in each conversation: most runs then reach
+        the interesting steps sooner."""
+        self.run(self.redis.flushall())
+        for conv in CONVERSATIONS:
+            self.deliver(replica, conv, burst)
+
+    # Messages arrive.
+
+    @rule(replica=replica_, conv=conversation_, burst=st.integers(1, 3))
+    def deliver(self, replica: int, conv: str, burst: int) -> None:
+        for _ in range(burst):
+            n = len(self.messages) + 1
+            message = InboundMessage("model", conv.split(":")[1], "u", f"m{n}", f"text {n}")
+            ingested = self.run(self.replicas[replica].ingest(message))
+            assert ingested.accepted, "a new message id was dropped"
+            self.accepted[conv] += 1
+            assert ingested.version == self.accepted[conv]
+            self.messages.append(message)
+            if ingested.opened_window:
+                window = self.run(self._integers(Keys(conv).window))
+                self.opened[conv] = window["opened"]
+
+    @rule(n=pick, replica=replica_)
+    def redeliver(self, n: int, replica: int) -> None:
+        if self.messages:
+            message = self.messages[n % len(self.messages)]
+            ingested = self.run(self.replicas[replica].ingest(message))
+            assert not ingested.accepted, f"{message.message_id} was taken in twice"
+            assert ingested.version == self.accepted[message.conversation]
+
+    @rule(conv=conversation_)
+    def pass_the_deadline(self, conv: str) -> None:
+        self.run(self._past_deadline(conv))
+
+    @rule(conv=conversation_)
+    def wait_out_the_backoff(self, conv: str) -> None:
+        async def skip() -> None:
+            state = Keys(conv).state
+            if await self.redis.hexists(state, "retry_at"):
+                await self.redis.hset(state, "retry_at", await self._now())
+
+        self.run(skip())
+
+    # The cycle.
+
+    @rule(replica=replica_, conv=conversation_, on_time=st.booleans())
+    def acquire(self, replica: int, conv: str, on_time: bool) -> None:
+        """A wake-up: at the deadline (`on_time`), or whenever a replica happens to look."""
+        if on_time:
+            self.run(self._past_deadline(conv))
+        before = self.run(self._state(conv))
+        busy: int = self.run(self.redis.exists(Keys(conv).lease))
+        now = self.run(self._now())
+        grant = self.run(self.replicas[replica].acquire(conv, lease_token(f"r{replica}")))
+        owed = before.get("v", 0) > before.get("w", 0) or conv in self.outbox
+        if busy:
+            assert grant.status == "busy", f"a held lease was {grant.status}"
+        elif not owed:
+            assert grant.status == "idle", f"nothing owed, yet {grant.status}"
+        elif before.get("retry_at", 0) > now + 5:
+            assert grant.status == "backoff", f"a backed-off conversation was {grant.status}"
+        if grant.status == "idle":
+            self.opened.pop(conv, None)
+        if grant.status != "acquired":
+            return
+        fence = grant.lease.fence if grant.lease else 0
+        assert fence > self.fence[conv], "a fence was handed out twice"
+        self.fence[conv] = fence
+        assert (grant.version, grant.watermark) == (self.accepted[conv], self.watermark[conv])
+        self._leased(conv)
+        if grant.resend is not None:
+            # I3: a crashed holder's reply goes out as it was recorded, never regenerated.
+            assert grant.resend == self.outbox[conv]
+            text, version = grant.resend
+            self.holders.append(Holder(replica, grant, "presented", version, text))
+            return
+        assert conv not in self.outbox
+        self.opened.pop(conv, None)  # the window is consumed
+        numbers = [int(m.message_id[1:]) for m in grant.unanswered]
+        assert len(numbers) == grant.version - grant.watermark, "an unanswered message is lost"
+        assert numbers == sorted(numbers), "unanswered messages out of order"
+        self.holders.append(Holder(replica, grant, "acquired", grant.version))
+
+    @rule(n=pick)
+    def expire(self, n: int) -> None:
+        """The holder pauses (or its renewals stop getting through) until its lease runs out."""
+        if (holder := self.holder(n)) is not None:
+
+            async def run_out() -> None:
+                if await self._held(holder):
+                    await self.redis.pexpire(Keys(holder.lease.conversation).lease, 1)
+
+                async def gone() -> bool:
+                    return not await self._held(holder)
+
+                await eventually(gone, within_s=1)
+
+            self.run(run_out())
+
+    @rule(n=pick)
+    def renew(self, n: int) -> None:
+        if (holder := self.holder(n)) is not None:
+            held = self.run(self._held(holder))
+            renewed = self.run(self.replicas[holder.replica].renew(holder.lease))
+            assert renewed == held, f"renew said {renewed}; held: {held}"
+            if renewed:
+                self._leased(holder.lease.conversation)
+
+    @rule(n=pick)
+    def interrupt(self, n: int) -> None:
+        if (holder := self.holder(n)) is not None:
+            held = self.run(self._held(holder))
+            outcome = self.run(self.replicas[holder.replica].interrupt(holder.lease))
+            assert (outcome.status == "stale") == held, outcome
+            if outcome.status == "stale":
+                self._ended(holder)
+
+    @rule(n=pick, newer=st.booleans())
+    def presend(self, n: int, newer: bool = False) -> None:
+        """The pre-send check; `newer`: a message arrives just before it, the race the check
+        and the starvation guard exist for."""
+        holder = self.holder(n)
+        if holder is None or holder.stage != "acquired":
+            return
+        conv = holder.lease.conversation
+        if newer:
+            self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
+        held = self.run(self._held(holder))
+        before = self.run(self._state(conv))
+        text = f"reply by r{holder.replica} fence {holder.lease.fence} to v{holder.version}"
+        checked = self.run(
+            self.replicas[holder.replica].presend(holder.lease, holder.version, text)
+        )
+        if checked.status == "lost":
+            assert not held, "a holder with the lease was refused"
+            return
+        assert held, f"a superseded holder's pre-send said {checked.status}"
+        current = before.get("v", 0) == holder.version
+        starving = before.get("discards", 0) + 1 > STARVATION_LIMIT
+        if checked.status == "ok":
+            assert current or (starving and checked.forced), "a stale reply passed the check"
+            holder.stage, holder.text = "presented", text
+            self.outbox[conv] = (text, holder.version)
+        else:
+            assert not current and not starving, "a current reply was called stale"
+            self._ended(holder)
+
+    @rule(n=pick)
+    def send(self, n: int) -> None:
+        """The platform call, between the pre-send check and the commit; the store sees none
+        of it."""
+        if (holder := self.holder(n)) is not None and holder.stage == "presented":
+            holder.stage = "sent"
+
+    @rule(n=pick, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
+    def commit(self, n: int, outcome: Outcome) -> None:
+        holder = self.holder(n)
+        if holder is None or holder.stage != "sent":
+            return
+        conv = holder.lease.conversation
+        held = self.run(self._held(holder))
+        ended = self.run(self.replicas[holder.replica].commit(holder.lease, outcome))
+        assert ended.ok == held, f"commit said {ended.ok}; held: {held}"
+        if not ended.ok:
+            return
+        w = self.watermark[conv]
+        covered = {(conv, v) for v in range(w + 1, holder.version + 1)}
+        assert not covered & self.committed, f"committed twice: {covered & self.committed}"
+        self.committed |= covered
+        self.watermark[conv] = max(w, holder.version)
+        self.outbox.pop(conv, None)
+        self._ended(holder)
+
+    @rule(n=pick, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
+    def advance(self, n: int, outcome: Outcome) -> None:
+        """The next step of a holder's cycle, whichever it is: most runs get far this way."""
+        if (holder := self.holder(n)) is not None:
+            if holder.stage == "acquired":
+                self.presend(n)
+            elif holder.stage == "presented":
+                self.send(n)
+            elif holder.stage == "sent":
+                self.commit(n, outcome)
+
+    @rule(n=pick, failed=st.booleans())
+    def release(self, n: int, failed: bool) -> None:
+        if (holder := self.holder(n)) is None:
+            return
+        conv = holder.lease.conversation
+        held = self.run(self._held(holder))
+        ended = self.run(self.replicas[holder.replica].release(holder.lease, failed=failed))
+        # Release checks the token only: no token is handed out twice, so that is enough.
+        assert ended.ok == held, f"release said {ended.ok}; held: {held}"
+        if ended.ok:
+            self._ended(holder)
+            if failed:
+                self.backoff_until[conv] = self.run(self._state(conv))["retry_at"]
+
+    @rule(n=pick)
+    def crash(self, n: int) -> None:
+        """The holder stops calling, at whatever step it had reached."""
+        if (holder := self.holder(n)) is not None:
+            self.holders.remove(holder)
+
+    # After every step.
+
+    @invariant()
+    def the_server_agrees(self) -> None:
+        for conv in CONVERSATIONS:
+            self.run(self._check(conv))
+
+    async def _check(self, conv: str) -> None:
+        k = Keys(conv)
+        now = await self._now()
+        state = await self._state(conv)
+        v, w = state.get("v", 0), state.get("w", 0)
+        assert v == self.accepted[conv], f"{conv}: V is {v}, {self.accepted[conv]} accepted"
+        assert w >= self.watermark[conv], f"{conv}: W went back to {w}"
+        assert w == self.watermark[conv], f"{conv}: W moved to {w} without a commit"
+        pending = await self.redis.hlen(k.pending)
+        assert v - w == pending, f"{conv}: V-W is {v - w} but {pending} are pending"
+        window = await self._integers(k.window)
+        if window:
+            assert window["opened"] == self.opened.get(conv), f"{conv}: window moved: {window}"
+            cap = window["opened"] + MAX_WAIT_MS
+            assert window["deadline"] <= cap, f"{conv}: deadline past the cap: {window}"
+        if v > w:
+            due = await self.redis.zscore(k.due, conv)
+            assert due is not None, f"{conv}: V {v} > W {w} but not in the due-index"
+            # Looked at again no later than the first moment something may be done.
+            latest = max(
+                now, window.get("deadline", 0), self.lease_until[conv], self.backoff_until[conv]
+            )
+            assert due <= latest + 2, f"{conv}: due at {due:.0f}, should be by {latest}"
+
+
+def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> None:
+    chosen = int(os.environ.get("LASTWORD_MODEL_SEED") or random.randrange(2**32))
+    print(f"model test seed {chosen}: rerun with LASTWORD_MODEL_SEED={chosen}")
+    Protocol.url = server.url
+    run_state_machine_as_test(
+        seed(chosen)(Protocol),
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            database=None,
+            # No shrinking: outcomes depend on the real clock, so a replay may differ and
+            # shrinking then takes minutes; a failure prints its whole run instead.
+            phases=[Phase.explicit, Phase.reuse, Phase.generate],
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
