@@ -20,7 +20,7 @@ from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
-from bot.store import Store
+from bot.store import Store, StoreSettings
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
 
@@ -78,16 +78,7 @@ def make_client(url: str) -> Redis:
 
 
 def make_store(settings: Settings, redis: Redis) -> Store:
-    return Store(
-        redis,
-        quiet_ms=settings.debounce.quiet_ms,
-        max_wait_ms=settings.debounce.max_wait_ms,
-        ttl_ms=settings.lease.ttl_ms,
-        history_cap=settings.history_cap,
-        starvation_limit=settings.starvation_limit,
-        rate_per_minute=settings.access.rate_per_minute,
-        retention_ms=int(settings.retention_days * 86_400_000),
-    )
+    return Store(redis, StoreSettings.of(settings))
 
 
 async def serve(settings: Settings) -> int:

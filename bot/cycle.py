@@ -155,6 +155,12 @@ class Cycle:
         self.counter = Counter()
         self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
 
+    def configure(self, settings: Settings) -> None:
+        """Take on reloaded settings, the model's with them. The version watch keeps its
+        interval (`llm.interrupt_poll_ms` needs a restart)."""
+        self.settings = settings
+        self.llm.configure(settings.llm)
+
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
         token = lease_token(self.settings.replica_id)
@@ -184,7 +190,7 @@ class Cycle:
         keeper = LeaseKeeper(
             f"lease on {conversation}",
             functools.partial(self.store.renew, lease),
-            self.store.ttl_ms,
+            self.store.settings.ttl_ms,
             confirmed_at=sent_at,
             on_failure=self._renewal_failed,
         )

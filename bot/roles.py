@@ -124,7 +124,7 @@ async def _claim(
 async def _release(store: Store, name: str, token: str) -> None:
     try:
         # Bounded: shutdown must not hang on an unreachable store; the role expires anyway.
-        async with asyncio.timeout(store.ttl_ms / 1000):
+        async with asyncio.timeout(store.settings.ttl_ms / 1000):
             if await store.release_role(name, token):
                 log.info("released role %s", name)
     except (StoreUnavailable, TimeoutError) as exc:

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 from bot import logs
 from bot.cancel import cancel_and_wait
@@ -21,8 +20,8 @@ from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.message import Attachment, InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
-from bot.settings import Settings
-from bot.store import RETRY_AFTER_ERROR_MS, Store
+from bot.settings import Settings, reloaded
+from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
 
 log = logging.getLogger(__name__)
@@ -35,39 +34,6 @@ NOTICE_TIMEOUT_S = 30.0
 NOTICES_IN_FLIGHT = 100
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
-
-
-# Settings a running replica cannot take on: they name what it is connected to.
-RESTART_ONLY = (
-    "platform",
-    "redis_url",
-    "data_dir",
-    "telegram",
-    "discord",
-    "replica_id",
-    "metrics_listen",
-    "log_format",
-    "sweep_interval_ms",
-)
-LLM_FIXED = (
-    "llm.provider",
-    "llm.base_url",
-    "llm.api_key",
-    "llm.timeout_s",
-    "llm.interrupt_poll_ms",
-)
-
-
-def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted names of the settings that differ."""
-    names: list[str] = []
-    for key in sorted(old.keys() | new.keys()):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            names += _changed(a, b, f"{prefix}{key}.")
-        elif a != b:
-            names.append(prefix + key)
-    return names
 
 
 def valid_utf8(value: str) -> str:
@@ -313,27 +279,10 @@ class Runtime:
         """Apply the settings that can change while running (prompt, limits, allow-list,
         timings...). Returns the names of the settings applied, and of those that changed but
         need a restart (platform, store, credentials, addresses)."""
-        old = self.settings
-        changed = _changed(old.model_dump(), new.model_dump())
-        fixed = [
-            name for name in changed if name.split(".")[0] in RESTART_ONLY or name in LLM_FIXED
-        ]
-        keep = {name: getattr(old, name) for name in RESTART_ONLY}
-        keep["llm"] = new.llm.model_copy(
-            update={name.split(".")[1]: getattr(old.llm, name.split(".")[1]) for name in LLM_FIXED}
-        )
-        merged = new.model_copy(update=keep)
-        self.settings = self.cycle.settings = merged
-        store = self.store
-        store.quiet_ms = merged.debounce.quiet_ms
-        store.max_wait_ms = merged.debounce.max_wait_ms
-        store.ttl_ms = merged.lease.ttl_ms
-        store.history_cap = merged.history_cap
-        store.starvation_limit = merged.starvation_limit
-        store.rate_per_minute = merged.access.rate_per_minute
-        store.retention_ms = int(merged.retention_days * 86_400_000)
-        self.cycle.llm.configure(merged.llm)
-        return [name for name in changed if name not in fixed], fixed
+        self.settings, applied, fixed = reloaded(self.settings, new)
+        self.store.configure(StoreSettings.of(self.settings))
+        self.cycle.configure(self.settings)
+        return applied, fixed
 
     @property
     def accepting(self) -> bool:

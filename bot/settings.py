@@ -236,6 +236,54 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, credentials, dotenv_settings, toml)
 
 
+# What a reload cannot change: these name what a running replica is connected to, so they
+# are kept as they were until a restart. Everything else is taken on at once (`reloaded`).
+RESTART_ONLY = (
+    "platform",
+    "redis_url",
+    "data_dir",
+    "telegram",
+    "discord",
+    "replica_id",
+    "metrics_listen",
+    "log_format",
+    "sweep_interval_ms",
+)
+LLM_FIXED = (
+    "llm.provider",
+    "llm.base_url",
+    "llm.api_key",
+    "llm.timeout_s",
+    "llm.interrupt_poll_ms",
+)
+
+
+def reloaded(old: Settings, new: Settings) -> tuple[Settings, list[str], list[str]]:
+    """What a running replica takes on from `new`: `new` with the settings that need a
+    restart kept from `old`. Also the names of the settings that changed and are applied,
+    and of those that changed but need a restart (platform, store, credentials, addresses)."""
+    changed = _changed(old.model_dump(), new.model_dump())
+    fixed = [name for name in changed if name.split(".")[0] in RESTART_ONLY or name in LLM_FIXED]
+    keep: dict[str, Any] = {name: getattr(old, name) for name in RESTART_ONLY}
+    keep["llm"] = new.llm.model_copy(
+        update={name.split(".")[1]: getattr(old.llm, name.split(".")[1]) for name in LLM_FIXED}
+    )
+    applied = [name for name in changed if name not in fixed]
+    return new.model_copy(update=keep), applied, fixed
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ."""
+    names: list[str] = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            names += _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            names.append(prefix + key)
+    return names
+
+
 class CredentialsSource(PydanticBaseSettingsSource):
     """systemd credentials (`LoadCredential=` → `$CREDENTIALS_DIRECTORY`): a file named like
     a setting's environment variable holds its value, e.g. `LASTWORD_TELEGRAM__TOKEN`. Secrets

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from bot.cancel import cancel_and_wait
 from bot.roles import run_exclusively
-from bot.store import Store
+from bot.store import Store, StoreSettings
 
 # How often the work says it is running.
 BEAT_S = 0.05
@@ -41,9 +41,10 @@ async def stdin_closed() -> None:
 async def main(url: str, name: str, ttl_ms: int) -> None:
     redis = Redis.from_url(url)
     # Only the role calls are used; the other settings do not matter here.
-    store = Store(
-        redis, quiet_ms=100, max_wait_ms=1000, ttl_ms=ttl_ms, history_cap=10, starvation_limit=3
+    settings = StoreSettings(
+        quiet_ms=100, max_wait_ms=1000, ttl_ms=ttl_ms, history_cap=10, starvation_limit=3
     )
+    store = Store(redis, settings)
     sys.stdout.write(f"ready {os.getpid()}\n")
     sys.stdout.flush()
     runner = asyncio.create_task(run_exclusively(store, name, beat, ttl_ms))

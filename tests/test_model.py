@@ -47,7 +47,7 @@ from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
-from bot.store import Grant, Keys, Store, lease_token
+from bot.store import Grant, Keys, Store, StoreSettings, lease_token
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -102,11 +102,13 @@ class Protocol(RuleBasedStateMachine):
         self.replicas = [
             Store(
                 Redis.from_url(self.url),
-                quiet_ms=QUIET_MS,
-                max_wait_ms=MAX_WAIT_MS,
-                ttl_ms=TTL_MS,
-                history_cap=20,
-                starvation_limit=STARVATION_LIMIT,
+                StoreSettings(
+                    quiet_ms=QUIET_MS,
+                    max_wait_ms=MAX_WAIT_MS,
+                    ttl_ms=TTL_MS,
+                    history_cap=20,
+                    starvation_limit=STARVATION_LIMIT,
+                ),
             )
             for _ in range(REPLICAS)
         ]

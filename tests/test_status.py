@@ -192,12 +192,12 @@ async def test_an_acquired_lease_shows_its_holder(
     status = await collect(redis)
     [held] = status.leases
     assert (held.conversation, held.lease.holder, held.lease.fence) == ("test:7", "r7", 1)
-    assert 0 < held.lease.expires_in_ms <= store.ttl_ms
+    assert 0 < held.lease.expires_in_ms <= store.settings.ttl_ms
     [waiting] = status.waiting
     assert waiting.lease == held.lease
     assert waiting.unanswered == 1
     # The lease pushed the next look to its expiry, in case the holder dies.
-    assert 0 < waiting.next_look_ms <= store.ttl_ms
+    assert 0 < waiting.next_look_ms <= store.settings.ttl_ms
 
 
 async def test_the_oldest_wakeup_is_the_smallest_due_score(

@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.message import InboundMessage, Unavailable
+from bot.settings import Settings
 from bot.store.keys import (
     ROLE_TAG,
     active_key,
@@ -144,6 +145,31 @@ def lease_token(owner: str) -> str:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """What the scripts are told with each call. Replaced whole by a reload (`Store.configure`)."""
+
+    quiet_ms: int
+    max_wait_ms: int
+    ttl_ms: int
+    history_cap: int
+    starvation_limit: int
+    rate_per_minute: int = 0
+    retention_ms: int = 30 * 86_400_000
+
+    @classmethod
+    def of(cls, settings: Settings) -> StoreSettings:
+        return cls(
+            quiet_ms=settings.debounce.quiet_ms,
+            max_wait_ms=settings.debounce.max_wait_ms,
+            ttl_ms=settings.lease.ttl_ms,
+            history_cap=settings.history_cap,
+            starvation_limit=settings.starvation_limit,
+            rate_per_minute=settings.access.rate_per_minute,
+            retention_ms=int(settings.retention_days * 86_400_000),
+        )
+
+
+@dataclass(frozen=True)
 class Ingested:
     accepted: bool  # False: a redelivery, or dropped by the rate limit
     version: int
@@ -234,26 +260,9 @@ def _text(value: bytes | str) -> str:
 class Store:
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
-    def __init__(
-        self,
-        redis: Redis,
-        *,
-        quiet_ms: int,
-        max_wait_ms: int,
-        ttl_ms: int,
-        history_cap: int,
-        starvation_limit: int,
-        rate_per_minute: int = 0,
-        retention_ms: int = 30 * 86_400_000,
-    ) -> None:
+    def __init__(self, redis: Redis, settings: StoreSettings) -> None:
         self.redis = redis
-        self.quiet_ms = quiet_ms
-        self.max_wait_ms = max_wait_ms
-        self.ttl_ms = ttl_ms
-        self.history_cap = history_cap
-        self.starvation_limit = starvation_limit
-        self.rate_per_minute = rate_per_minute
-        self.retention_ms = retention_ms
+        self.settings = settings
         self._ingest = redis.register_script(INGEST)
         self._notice = redis.register_script(NOTICE)
         self._acquire = redis.register_script(ACQUIRE)
@@ -267,6 +276,10 @@ class Store:
         self._role = redis.register_script(ROLE)
         self._role_release = redis.register_script(ROLE_RELEASE)
         self._heartbeat = redis.register_script(HEARTBEAT)
+
+    def configure(self, settings: StoreSettings) -> None:
+        """Take on reloaded settings: every script call from now on is told the new ones."""
+        self.settings = settings
 
     @asynccontextmanager
     async def _reaching(self) -> AsyncIterator[None]:
@@ -298,14 +311,14 @@ class Store:
             conversation,
             message.message_id,
             message.to_json(),
-            self.quiet_ms,
-            self.max_wait_ms,
+            self.settings.quiet_ms,
+            self.settings.max_wait_ms,
             SEEN_CAP,
-            self.rate_per_minute,
+            self.settings.rate_per_minute,
             RATE_WINDOW_MS,
             ACTIVE_KEEP_MS,
             SEEN_KEEP_MS,
-            self.retention_ms,
+            self.settings.retention_ms,
         ]
         status, version, due_in, window = await self._run(self._ingest, keys, args)
         return Ingested(
@@ -328,7 +341,9 @@ class Store:
         k = Keys(conversation)
         keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
         reply = await self._run(
-            self._acquire, keys, [conversation, token, self.ttl_ms, self.history_cap]
+            self._acquire,
+            keys,
+            [conversation, token, self.settings.ttl_ms, self.settings.history_cap],
         )
         status = _text(reply[0])
         if status in ("busy", "early", "backoff"):
@@ -351,7 +366,7 @@ class Store:
 
     async def renew(self, lease: Lease) -> bool:
         k = Keys(lease.conversation)
-        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.ttl_ms]
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.settings.ttl_ms]
         return bool(await self._run(self._renew, [k.lease, k.due], args))
 
     async def release(self, lease: Lease, *, failed: bool = False) -> Ended:
@@ -390,9 +405,9 @@ class Store:
             lease.fence,
             version,
             text,
-            self.starvation_limit,
+            self.settings.starvation_limit,
             reset,
-            self.retention_ms,
+            self.settings.retention_ms,
         ]
         raw_status, value = await self._run(self._presend, keys, args)
         status = _text(raw_status)
@@ -411,9 +426,9 @@ class Store:
             lease.conversation,
             lease.token,
             lease.fence,
-            self.history_cap,
+            self.settings.history_cap,
             outcome,
-            self.retention_ms,
+            self.settings.retention_ms,
         ]
         ok, next_in = await self._run(self._commit, keys, args)
         return Ended(bool(ok), int(next_in))
@@ -480,7 +495,7 @@ class Store:
             user,
             DAY_KEEP_MS,
             conversation,
-            self.retention_ms,
+            self.settings.retention_ms,
         ]
         return int(await self._run(self._usage, keys, args))
 
