@@ -108,9 +108,9 @@ async def cycle(store: Store, chat: int, reply: str) -> None:
         if grant.status == "acquired":
             break
         # The window closes at its deadline on the server's clock: at most a millisecond.
-        if grant.status != "early":
+        if grant.status != "early" or grant.look_in_ms is None:
             raise RuntimeError(f"{conversation}: acquire answered {grant.status}")
-        await asyncio.sleep(max(grant.retry_in_ms, 1) / 1000)
+        await asyncio.sleep(max(grant.look_in_ms, 1) / 1000)
     assert grant.lease is not None
     await store.add_usage(conversation, str(chat), PROMPT_TOKENS, COMPLETION_TOKENS)
     verdict = await store.presend(grant.lease, grant.version, reply)

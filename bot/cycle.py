@@ -59,14 +59,14 @@ COMMIT_RETRY_CAP_S = 1.0
 
 @dataclass(frozen=True)
 class Next:
-    """When to look at the conversation again (-1: nothing owed, or another replica's), and
+    """When to look at the conversation again (None: nothing owed, or another replica's), and
     whether this replica is still the one working towards its reply (so it shows typing)."""
 
-    in_ms: int
+    look_in_ms: int | None
     working: bool
 
 
-NOTHING = Next(-1, working=False)
+NOTHING = Next(None, working=False)
 
 
 @dataclass
@@ -176,12 +176,12 @@ class Cycle:
             raise
         if grant.status == "early":
             self.stats.deferred += 1
-            return Next(grant.retry_in_ms, working=True)
+            return Next(grant.look_in_ms, working=True)
         if grant.status in ("busy", "backoff"):
             self.stats.deferred += 1
             # Another replica holds it and shows typing, or a failed attempt is backed off:
             # look again then.
-            return Next(grant.retry_in_ms, working=False)
+            return Next(grant.look_in_ms, working=False)
         if grant.lease is None:
             self.stats.noop += 1
             return NOTHING
@@ -237,7 +237,7 @@ class Cycle:
             # still holds the conversation for the sweep.
             log.warning("could not hand %s back: %s", lease.conversation, exc)
             return Next(RETRY_AFTER_ERROR_MS, working=False)
-        return Next(ended.next_in_ms, working=False)
+        return Next(ended.look_in_ms, working=False)
 
     async def _work(self, grant: Grant, keeper: LeaseKeeper) -> Next:
         assert grant.lease is not None
@@ -267,7 +267,7 @@ class Cycle:
                 self.stats.discarded += 1
                 self.stats.discarded_tokens += spent
                 log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
-                return Next(verdict.next_in_ms, working=True)
+                return Next(verdict.look_in_ms, working=True)
             if verdict.forced:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
@@ -275,7 +275,7 @@ class Cycle:
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
-        return Next(ended.next_in_ms, working=ended.next_in_ms >= 0)
+        return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
 
     async def _deliver(
         self, lease: Lease, text: str, version: int, keeper: LeaseKeeper, failures: int
@@ -433,7 +433,7 @@ class Cycle:
         if verdict.status == "lost":
             raise LeaseLost(lease.conversation)
         keeper.released()
-        return Next(verdict.next_in_ms, working=True)
+        return Next(verdict.look_in_ms, working=True)
 
     async def _account(self, conversation: str, user: str, prompt: Prompt, usage: Usage) -> int:
         """Count what the generation cost, in Redis, and learn from the provider's own count.

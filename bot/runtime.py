@@ -162,8 +162,8 @@ class Runtime:
         if result.first_limited:
             self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
-            self.typing.show(message.conversation)
-            self.timers.arm(message.conversation, result.due_in_ms)
+            self.typing.show(conversation)
+            self._look_again(conversation, result.look_in_ms)
         return result.accepted
 
     def _notify(self, conversation: str, text: str, key: str) -> None:
@@ -208,10 +208,13 @@ class Runtime:
                 log.exception("cycle for %s could not start", conversation)
         finally:
             self._running.pop(conversation, None)
-        if after.in_ms >= 0:
-            self.timers.arm(conversation, after.in_ms)
+        self._look_again(conversation, after.look_in_ms)
         if not after.working:
             self.typing.hide(conversation)
+
+    def _look_again(self, conversation: str, look_in_ms: int | None) -> None:
+        if look_in_ms is not None:
+            self.timers.arm(conversation, look_in_ms)
 
     async def settled(self, conversation: str, poll_s: float = 0.05) -> None:
         """Wait until every accepted message of `conversation` has been answered."""

@@ -33,8 +33,8 @@ class Timers:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = False
 
-    def arm(self, conversation: str, delay_ms: int) -> None:
-        """Wake `conversation` after `delay_ms`, replacing any earlier timer for it.
+    def arm(self, conversation: str, look_in_ms: int) -> None:
+        """Wake `conversation` after `look_in_ms`, replacing any earlier timer for it.
 
         The newest delay always wins: it comes from the server's latest view of the window.
         Once stopped, nothing is armed: the due-index keeps the conversation for any replica.
@@ -46,7 +46,7 @@ class Timers:
             old.cancel()
         loop = asyncio.get_running_loop()
         self._handles[conversation] = loop.call_later(
-            max(delay_ms, 0) / 1000, self._fire, conversation
+            max(look_in_ms, 0) / 1000, self._fire, conversation
         )
 
     def _fire(self, conversation: str) -> None:

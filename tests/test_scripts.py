@@ -102,8 +102,8 @@ async def acquire_when_ready(
             grant = await store.acquire(conversation, token)
             if grant.status == "acquired":
                 return grant
-            assert grant.status in ("early", "busy"), grant
-            await asyncio.sleep(min(max(grant.retry_in_ms, 1), 20) / 1000)
+            assert grant.status in ("early", "busy") and grant.look_in_ms is not None, grant
+            await asyncio.sleep(min(max(grant.look_in_ms, 1), 20) / 1000)
 
 
 async def cycle_once(store: Store, conversation: str, reply: str) -> Grant:
@@ -126,7 +126,7 @@ async def test_redelivery_does_not_bump_version(store: Store, redis: Redis) -> N
     again = await store.ingest(InboundMessage("test", "1", "u1", "m1", "changed"))
     assert not again.accepted
     assert again.version == 1
-    assert again.due_in_ms == -1
+    assert again.look_in_ms is None
 
     second = await store.ingest(message(2))
     assert second.accepted and second.version == 2
@@ -193,7 +193,7 @@ async def test_window_extends_but_never_past_cap(
     deadline = await int_field(redis, k.window, "deadline")
     assert before <= opened <= after
     assert deadline == opened + quiet
-    assert first.due_in_ms == quiet
+    assert first.look_in_ms == quiet
     assert await due_score(redis, CONV) == deadline
 
     # Keep typing for well over max_wait: the deadline follows the quiet period, then sticks
@@ -209,7 +209,8 @@ async def test_window_extends_but_never_past_cap(
         assert int(window["opened"]) == opened, "a later message moved the anchor"
         assert min(before + quiet, opened + cap) <= deadline <= min(after + quiet, opened + cap)
         assert deadline >= previous
-        assert max(deadline - after, 0) <= result.due_in_ms <= max(deadline - before, 0)
+        assert result.look_in_ms is not None
+        assert max(deadline - after, 0) <= result.look_in_ms <= max(deadline - before, 0)
         assert await due_score(redis, CONV) == deadline
         previous = deadline
         n += 1
@@ -217,7 +218,7 @@ async def test_window_extends_but_never_past_cap(
 
     assert n > 10
     assert deadline == opened + cap
-    assert result.due_in_ms == 0
+    assert result.look_in_ms == 0
     assert await store.counters(CONV) == (n, 0)
 
     # The lease consumes the window; the next message opens a fresh one with its own anchor.
@@ -354,7 +355,8 @@ async def test_acquire_is_early_before_the_deadline_then_acquired(
     after = await server_ms(redis)
     assert early.status == "early"
     assert early.lease is None
-    assert deadline - after <= early.retry_in_ms <= deadline - before
+    assert early.look_in_ms is not None
+    assert deadline - after <= early.look_in_ms <= deadline - before
     assert not await redis.exists(k.lease)
     assert await due_score(redis, CONV) == deadline
     assert await redis.exists(k.window)
@@ -400,7 +402,8 @@ async def test_acquire_is_busy_while_leased(redis: Redis, make_settings: Setting
     left_after = await redis.pttl(k.lease)
     assert busy.status == "busy"
     assert busy.lease is None
-    assert left_after <= busy.retry_in_ms <= left_before <= 1500
+    assert busy.look_in_ms is not None
+    assert left_after <= busy.look_in_ms <= left_before <= 1500
     assert await hash_of(redis, k.lease) == held
     # Looked at again when the lease runs out, in case its holder died.
     score = await due_score(redis, CONV)
@@ -572,14 +575,14 @@ async def test_release_by_a_non_owner_changes_nothing(
     assert grant.lease is not None
     before = await snapshot(redis, CONV)
 
-    assert await store.release(Lease(CONV, "intruder", grant.lease.fence)) == Ended(False, -1)
+    assert await store.release(Lease(CONV, "intruder", grant.lease.fence)) == Ended(False, None)
     assert await snapshot(redis, CONV) == before
     assert await redis.pttl(k.lease) > 0
 
     # The owner's release frees it and, with a reply still owed, schedules the next look.
     before_ms = await server_ms(redis)
     ended = await store.release(grant.lease)
-    assert ended.ok and ended.next_in_ms == 0
+    assert ended.ok and ended.look_in_ms == 0
     assert not await redis.exists(k.lease)
     score = await due_score(redis, CONV)
     assert score is not None and score >= before_ms
@@ -604,13 +607,13 @@ async def test_stale_fence_is_rejected_after_expiry(
     # A wakes up and carries on with its old token and fence; every step is refused.
     assert not await slow.renew(a.lease)
     assert await slow.presend(a.lease, a.version, "from A") == PreSend("lost")
-    assert await slow.commit(a.lease) == Ended(False, -1)
-    assert await slow.release(a.lease) == Ended(False, -1)
+    assert await slow.commit(a.lease) == Ended(False, None)
+    assert await slow.release(a.lease) == Ended(False, None)
     # The fence alone is checked too: B's token with A's fence is not B's lease.
     impostor = Lease(CONV, "token-b", a.lease.fence)
     assert not await slow.renew(impostor)
     assert await slow.presend(impostor, a.version, "from A") == PreSend("lost")
-    assert await slow.commit(impostor) == Ended(False, -1)
+    assert await slow.commit(impostor) == Ended(False, None)
 
     assert await snapshot(redis, CONV) == before
     assert await hash_of(redis, k.lease) == held
@@ -673,7 +676,8 @@ async def test_presend_rejects_a_changed_version(
     # Rescheduled at the new message's deadline (or now, had it already passed).
     score = await due_score(redis, CONV)
     assert score is not None and deadline <= score <= max(deadline, after)
-    assert score - after <= verdict.next_in_ms <= score - before
+    assert verdict.look_in_ms is not None
+    assert score - after <= verdict.look_in_ms <= score - before
 
     # The next cycle covers both messages.
     again = await acquire_when_ready(store, CONV, "next")
@@ -726,7 +730,7 @@ async def test_starvation_guard_forces_a_reply_after_limit_discards(
     # The forced reply commits what it covered; the newest message stays owed.
     assert grant.lease is not None
     ended = await store.commit(grant.lease)
-    assert ended.ok and ended.next_in_ms >= 0
+    assert ended.ok and ended.look_in_ms is not None
     assert await store.counters(CONV) == (n, n - 1)
     assert await int_field(redis, k.state, "discards") == 0
 
@@ -761,8 +765,8 @@ async def test_commit_moves_everything_in_one_step(
     before = await server_ms(redis)
     ended = await store.commit(grant.lease)
     after = await server_ms(redis)
-    assert ended.ok
-    assert deadline - after <= ended.next_in_ms <= deadline - before
+    assert ended.ok and ended.look_in_ms is not None
+    assert deadline - after <= ended.look_in_ms <= deadline - before
     assert await store.counters(CONV) == (4, 3)
     assert [(h.role, h.version, h.text) for h in await store.history(CONV)] == [
         ("user", 1, "text 1"),
@@ -816,7 +820,7 @@ async def test_commit_with_a_wrong_token_changes_nothing(
         Lease(CONV, "owner", grant.lease.fence + 1),
         Lease("test:other", "owner", grant.lease.fence),
     ):
-        assert await store.commit(wrong) == Ended(False, -1)
+        assert await store.commit(wrong) == Ended(False, None)
         assert await snapshot(redis, CONV) == before
     assert await redis.pttl(k.lease) > 0
 

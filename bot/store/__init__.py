@@ -173,7 +173,7 @@ class StoreSettings:
 class Ingested:
     accepted: bool  # False: a redelivery, or dropped by the rate limit
     version: int
-    due_in_ms: int  # until the window's deadline; -1 when not accepted
+    look_in_ms: int | None  # until the window's deadline; None when not accepted
     limited: bool = False  # dropped by the rate limit
     first_limited: bool = False  # ...and the first such in its window: tell the user once
     opened_window: bool = False  # this message opened the debounce window
@@ -207,7 +207,7 @@ class Grant:
     """What a wake-up got. Only `acquired` carries a lease and the work to do."""
 
     status: Literal["acquired", "busy", "early", "backoff", "idle"]
-    retry_in_ms: int = -1  # for busy and early: when to look again
+    look_in_ms: int | None = None  # for busy, early and backoff: when to look again
     lease: Lease | None = None
     version: int = 0  # V when the lease was taken
     watermark: int = 0  # W when the lease was taken
@@ -230,7 +230,7 @@ class Ended:
     """The outcome of a step that may end the lease, and when to look at the conversation next."""
 
     ok: bool
-    next_in_ms: int  # -1: nothing owed
+    look_in_ms: int | None  # None: nothing owed
 
 
 @dataclass(frozen=True)
@@ -238,14 +238,14 @@ class Interrupt:
     """How handing back the lease of a cancelled, stale generation went."""
 
     status: Literal["stale", "lost"]  # stale: the lease is given back
-    next_in_ms: int = -1
+    look_in_ms: int | None = None
 
 
 @dataclass(frozen=True)
 class PreSend:
     status: Literal["ok", "stale", "lost"]
     forced: bool = False  # sent despite being stale, by the starvation guard
-    next_in_ms: int = -1
+    look_in_ms: int | None = None
 
 
 def _today() -> date:
@@ -255,6 +255,13 @@ def _today() -> date:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _look_in(ms: int | bytes) -> int | None:
+    """When to look at a conversation again, from a script's reply: its -1 means never
+    (nothing is owed, or it is not ours to look at)."""
+    value = int(ms)
+    return None if value < 0 else value
 
 
 class Store:
@@ -324,7 +331,7 @@ class Store:
         return Ingested(
             accepted=status == 1,
             version=int(version),
-            due_in_ms=int(due_in),
+            look_in_ms=_look_in(due_in),
             limited=status in (2, 3),
             first_limited=status == 3,
             opened_window=window == 1,
@@ -347,7 +354,7 @@ class Store:
         )
         status = _text(reply[0])
         if status in ("busy", "early", "backoff"):
-            return Grant(status, retry_in_ms=int(reply[1]))  # type: ignore[arg-type]
+            return Grant(status, look_in_ms=_look_in(reply[1]))  # type: ignore[arg-type]
         if status == "idle":
             return Grant("idle")
         _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply[:9]
@@ -381,8 +388,8 @@ class Store:
             RETRY_AFTER_ERROR_MS,
             RETRY_AFTER_ERROR_CAP_MS,
         ]
-        ok, next_in = await self._run(self._release, keys, args)
-        return Ended(bool(ok), int(next_in))
+        ok, look_in = await self._run(self._release, keys, args)
+        return Ended(bool(ok), _look_in(look_in))
 
     async def interrupt(self, lease: Lease) -> Interrupt:
         """A newer message arrived mid-generation and the generation is cancelled: hand the
@@ -392,7 +399,7 @@ class Store:
         args: list[str | int] = [lease.conversation, lease.token, lease.fence]
         raw_status, value = await self._run(self._interrupt, keys, args)
         status = _text(raw_status)
-        return Interrupt(status, int(value))  # type: ignore[arg-type]
+        return Interrupt(status, _look_in(value))  # type: ignore[arg-type]
 
     async def presend(self, lease: Lease, version: int, text: str, reset: int = 0) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
@@ -413,7 +420,7 @@ class Store:
         status = _text(raw_status)
         if status == "ok":
             return PreSend("ok", forced=bool(value))
-        return PreSend("stale" if status == "stale" else "lost", next_in_ms=int(value))
+        return PreSend("stale" if status == "stale" else "lost", look_in_ms=_look_in(value))
 
     async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
         """W moves to the version the outbox covers and the lease is released. `outcome`
@@ -430,8 +437,8 @@ class Store:
             outcome,
             self.settings.retention_ms,
         ]
-        ok, next_in = await self._run(self._commit, keys, args)
-        return Ended(bool(ok), int(next_in))
+        ok, look_in = await self._run(self._commit, keys, args)
+        return Ended(bool(ok), _look_in(look_in))
 
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip."""
