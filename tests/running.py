@@ -5,10 +5,32 @@ kill it the way systemd or a crash would."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
 from pathlib import Path
+
+
+def clean_environ() -> dict[str, str]:
+    """This process's environment minus anything that configures lastword: the developer's own
+    LASTWORD_* settings must not reach a bot under test."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
+
+
+def run_env(platform: str, redis_url: str, data_dir: Path) -> dict[str, str]:
+    """The environment of a `lastword run` on `platform` with the echo model and short timings,
+    over the server at `redis_url`; the platform's own settings go on top."""
+    return clean_environ() | {
+        "LASTWORD_PLATFORM": platform,
+        "LASTWORD_REDIS_URL": redis_url,
+        "LASTWORD_DATA_DIR": str(data_dir),
+        "LASTWORD_DEBOUNCE__QUIET_MS": "300",
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
+        "LASTWORD_LEASE__TTL_MS": "1500",
+        "LASTWORD_SWEEP_INTERVAL_MS": "200",
+        "LASTWORD_LLM__PROVIDER": "echo",
+    }
 
 
 class Running:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from tests.conftest import eventually
 from tests.conftest import settled as conversation_settled
 from tests.fakes.discord_server import FakeDiscord, ScriptedError
 from tests.fakes.telegram_server import FakeTelegram
-from tests.running import Running
+from tests.running import Running, clean_environ, run_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,25 +31,13 @@ MESSAGE_CONTENT = 1 << 15
 def bot_env(
     server: EmbeddedRedis, fake: FakeDiscord, data_dir: Path, **extra: str
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
-    env.update(
-        {
-            "LASTWORD_PLATFORM": "discord",
-            "LASTWORD_REDIS_URL": server.url,
-            "LASTWORD_DATA_DIR": str(data_dir),
-            "LASTWORD_DISCORD__TOKEN": fake.token,
-            "LASTWORD_DISCORD__API_URL": fake.api_url,
-            "LASTWORD_DISCORD__GATEWAY_URL": fake.gateway_url,
-            "LASTWORD_DEBOUNCE__QUIET_MS": "300",
-            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
-            "LASTWORD_LEASE__TTL_MS": "1500",
-            "LASTWORD_SWEEP_INTERVAL_MS": "200",
-            "LASTWORD_LLM__PROVIDER": "echo",
-            "LASTWORD_LOG_LEVEL": "INFO",
-        }
-    )
-    env.update(extra)
-    return env
+    discord = {
+        "LASTWORD_DISCORD__TOKEN": fake.token,
+        "LASTWORD_DISCORD__API_URL": fake.api_url,
+        "LASTWORD_DISCORD__GATEWAY_URL": fake.gateway_url,
+        "LASTWORD_LOG_LEVEL": "INFO",
+    }
+    return run_env("discord", server.url, data_dir) | discord | extra
 
 
 # Logged by the one replica that holds the gateway.
@@ -91,6 +78,24 @@ async def settled(redis: Redis, channel: int, version: int) -> None:
 
 def texts(fake: FakeDiscord, channel: int) -> list[str]:
     return [str(m["content"]) for m in fake.bot_messages(channel)]
+
+
+def first_and_the_rest(fake: FakeDiscord, channel: int) -> tuple[str, str]:
+    """The first reply in `channel`, and what the others answered, joined with " / ": every
+    word answered exactly once and in order reads the same whatever the grouping."""
+    replies = texts(fake, channel)
+    return replies[0], " / ".join(reply.removeprefix("You said: ") for reply in replies[1:])
+
+
+async def the_holder(bots: list[Running]) -> Running:
+    """The one bot that holds the gateway, once exactly one says so."""
+
+    async def one() -> bool:
+        return sum(bot.said(HOLDS_GATEWAY) > 0 for bot in bots) == 1
+
+    await eventually(one, within_s=5)
+    [holder] = [bot for bot in bots if bot.said(HOLDS_GATEWAY)]
+    return holder
 
 
 async def test_a_burst_of_three_dms_gets_one_reply(
@@ -142,12 +147,8 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         await fake.wait_for_bot_messages(channel, 1, timeout=10)
         await settled(redis, channel, 1)
 
-        async def one_holder() -> bool:
-            return sum(bot.said(HOLDS_GATEWAY) > 0 for bot in bots) == 1
-
-        await eventually(one_holder, within_s=5)
+        holder = await the_holder(bots)
         assert fake.connected_sessions() == 1
-        [holder] = [bot for bot in bots if bot.said(HOLDS_GATEWAY)]
         await holder.kill()
         await fake.wait_for(lambda: fake.connected_sessions() == 0, timeout=5)
 
@@ -164,11 +165,10 @@ async def test_one_gateway_among_three_replicas_and_kill_9_hands_it_over(
         assert sum(bot.said(HOLDS_GATEWAY) > 0 for bot in survivors) == 1
         assert fake.connected_sessions() == 1
         assert (fake.identify_count, fake.resume_count) == (1, 1)
-        replies = texts(fake, channel)
-        assert replies[0] == "You said: before"
-        # Every word answered exactly once, in order, whatever the grouping.
-        answered = " / ".join(r.removeprefix("You said: ") for r in replies[1:])
-        assert answered == "during / the / switch / after"
+        assert first_and_the_rest(fake, channel) == (
+            "You said: before",
+            "during / the / switch / after",
+        )
 
 
 async def test_live_messages_wait_for_the_catch_up_so_the_gap_is_stored_first(
@@ -409,8 +409,7 @@ async def test_switching_from_telegram_to_discord_is_one_setting(
             f'gateway_url = "{fake.gateway_url}"\n'
         )
         config.write_text(body)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
-        env["LASTWORD_CONFIG"] = str(config)
+        env = clean_environ() | {"LASTWORD_CONFIG": str(config)}
 
         on_telegram = await Running.start(env)
         try:

@@ -8,9 +8,10 @@ holds every live DM of a new session from the start, so the gap is stored first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,14 @@ from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord
 from tests.running import Running
 from tests.test_discord import (
-    HOLDS_GATEWAY,
     USER,
     bot_env,
     counters,
     discord_bots,
+    first_and_the_rest,
     settled,
     texts,
+    the_holder,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,13 +46,38 @@ async def fake() -> AsyncIterator[FakeDiscord]:
         yield discord
 
 
-async def the_holder(bots: list[Running]) -> Running:
-    async def one() -> bool:
-        return sum(bot.said(HOLDS_GATEWAY) > 0 for bot in bots) == 1
+async def first_session_caught_up(fake: FakeDiscord, holder: Running) -> None:
+    """Until the holder's first session is open and its catch-up done: until then, the DMs of
+    a new session wait in memory for the catch-up."""
+    await fake.wait_for_sessions(1, timeout=20)
 
-    await eventually(one, within_s=5)
-    [holder] = [bot for bot in bots if bot.said(HOLDS_GATEWAY)]
-    return holder
+    async def caught_up() -> bool:
+        return holder.said(CAUGHT_UP) == 1
+
+    await eventually(caught_up, within_s=5)
+
+
+@contextlib.contextmanager
+def store_frozen(server: EmbeddedRedis) -> Iterator[None]:
+    """The store stops answering (SIGSTOP) until the block ends."""
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
+async def hello_from_each(fake: FakeDiscord, users: list[int]) -> None:
+    """A DM from each user, all of them received by the holder."""
+    for user in users:
+        await fake.user_sends(user, f"hello from {user}")
+    await fake.wait_for(fake.received_all, timeout=5)
+
+
+def assert_each_answered_once(fake: FakeDiscord, users: list[int], channels: list[int]) -> None:
+    for user, channel in zip(users, channels, strict=True):
+        assert texts(fake, channel) == [f"You said: hello from {user}"]
 
 
 async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
@@ -62,30 +89,18 @@ async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
     env = bot_env(server, fake, short_dir, LASTWORD_LEASE__TTL_MS="4000")
     users = [USER + n for n in range(5)]
     channels = [fake.dm_channel(user) for user in users]
-    assert server.process is not None
     holder = await Running.start(env)
     try:
-        await fake.wait_for_sessions(1, timeout=20)
-
-        async def caught_up() -> bool:
-            return holder.said(CAUGHT_UP) == 1
-
-        # Until then, the DMs of a new session wait in memory for the catch-up.
-        await eventually(caught_up, within_s=5)
+        await first_session_caught_up(fake, holder)
         # The store stops answering: what the gateway delivers now stays queued in the holder.
-        server.process.send_signal(signal.SIGSTOP)
-        try:
-            for user in users:
-                await fake.user_sends(user, f"hello from {user}")
-            await fake.wait_for(fake.received_all, timeout=5)
+        with store_frozen(server):
+            await hello_from_each(fake, users)
             holder.process.send_signal(signal.SIGTERM)
 
             async def handing_over() -> bool:
                 return holder.said(STORING_FIRST.format(len(users))) == 1
 
             await eventually(handing_over, within_s=5)
-        finally:
-            server.process.send_signal(signal.SIGCONT)
         assert await holder.exited(15) == 0
     finally:
         await holder.stop()
@@ -100,8 +115,7 @@ async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
         for channel in channels:
             await settled(redis, channel, 1)
         assert (fake.identify_count, fake.resume_count) == (1, 1)
-    for user, channel in zip(users, channels, strict=True):
-        assert texts(fake, channel) == [f"You said: hello from {user}"]
+    assert_each_answered_once(fake, users, channels)
 
 
 async def test_a_new_users_dm_sent_while_no_replica_holds_the_gateway_is_answered_once(
@@ -149,11 +163,7 @@ async def test_a_refused_resume_starts_a_new_session_and_catches_up(
         await fake.user_sends(USER, "after")
         await settled(redis, channel, 5)
         assert fake.resume_count == 1
-    replies = texts(fake, channel)
-    assert replies[0] == "You said: before"
-    # Every word answered exactly once, in order, whatever the grouping.
-    answered = " / ".join(reply.removeprefix("You said: ") for reply in replies[1:])
-    assert answered == "during / the / gap / after"
+    assert first_and_the_rest(fake, channel) == ("You said: before", "during / the / gap / after")
 
 
 async def test_a_dm_sent_while_discord_py_waits_for_guilds_waits_for_the_catch_up(
@@ -226,23 +236,12 @@ async def test_dms_dropped_from_a_full_inbox_come_back_by_a_resume(
     env = bot_env(server, fake, short_dir, LASTWORD_LEASE__TTL_MS="4000")
     users = [USER + n for n in range(6)]
     channels = [fake.dm_channel(user) for user in users]
-    assert server.process is not None
     holder = await start_with_inbox_cap(env, 3)
     try:
-        await fake.wait_for_sessions(1, timeout=20)
-
-        async def caught_up() -> bool:
-            return holder.said(CAUGHT_UP) == 1
-
-        await eventually(caught_up, within_s=5)
+        await first_session_caught_up(fake, holder)
         # Six DMs while the store is down: more than the inbox holds.
-        server.process.send_signal(signal.SIGSTOP)
-        try:
-            for user in users:
-                await fake.user_sends(user, f"hello from {user}")
-            await fake.wait_for(fake.received_all, timeout=5)
-        finally:
-            server.process.send_signal(signal.SIGCONT)
+        with store_frozen(server):
+            await hello_from_each(fake, users)
         for channel in channels:
             await settled(redis, channel, 1)
     finally:
@@ -250,5 +249,4 @@ async def test_dms_dropped_from_a_full_inbox_come_back_by_a_resume(
     assert holder.said("dropping newer ones from memory") == 1
     # Those dropped were replayed by a RESUME of the same session.
     assert (fake.identify_count, fake.resume_count) == (1, 1)
-    for user, channel in zip(users, channels, strict=True):
-        assert texts(fake, channel) == [f"You said: hello from {user}"]
+    assert_each_answered_once(fake, users, channels)
