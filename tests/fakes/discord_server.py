@@ -300,6 +300,8 @@ class FakeDiscord(LoopbackServer):
         # (author id, nonce as sent) -> (message id, time.monotonic() of creation)
         self._nonces: dict[tuple[int, str], tuple[int, float]] = {}
         self._errors: dict[int | None, list[ScriptedError | None]] = {}
+        # channel id -> the error every message POST to it gets (see fail_channel)
+        self._channel_errors: dict[int, ScriptedError] = {}
         self._post_gate = asyncio.Event()
         self._post_gate.set()
         self._history_gate = asyncio.Event()
@@ -378,6 +380,19 @@ class FakeDiscord(LoopbackServer):
         one can be made to fail. A channel's own queue is used before the any-channel one.
         """
         self._errors.setdefault(channel_id, []).extend(errors)
+
+    def fail_channel(self, channel_id: int, error: ScriptedError | None) -> None:
+        """Answer every message POST to ``channel_id`` with ``error`` from now on (after any
+        queued by :meth:`fail_next_post`), performing nothing; None lifts it."""
+        if error is None:
+            self._channel_errors.pop(channel_id, None)
+        else:
+            self._channel_errors[channel_id] = error
+
+    @staticmethod
+    def missing_access() -> ScriptedError:
+        """What a POST to a channel the bot may no longer see gets."""
+        return _error(403, "Missing Access", 50001)
 
     @staticmethod
     def rate_limited(retry_after: float, global_: bool = False) -> ScriptedError:
@@ -516,6 +531,17 @@ class FakeDiscord(LoopbackServer):
         await self._dispatch_message("MESSAGE_UPDATE", payload)
         return payload
 
+    async def redeliver(self, message_id: int) -> dict[str, Any]:
+        """Dispatch ``MESSAGE_CREATE`` again for a stored message, unchanged, with a new
+        sequence number: the same event delivered twice, as a replay after a RESUME does.
+        Returns the payload."""
+        message = self._messages.get(message_id)
+        if message is None:
+            raise KeyError(f"unknown message {message_id}")
+        payload = self._gateway_message(message)
+        await self._dispatch_message("MESSAGE_CREATE", payload)
+        return payload
+
     # -- scripting: gateway ------------------------------------------------------------------
 
     async def request_reconnect(self) -> None:
@@ -573,6 +599,15 @@ class FakeDiscord(LoopbackServer):
         """Whether every connected client has reported, in a heartbeat, the sequence number of
         the last event dispatched to its session: it has received them all."""
         return all(s.heartbeat_seq == s.seq for s in self._live_sessions())
+
+    def first_event(self, message_id: int) -> tuple[str, int] | None:
+        """(session id, sequence number) of the first ``MESSAGE_CREATE`` that carried
+        ``message_id``, sessions taken in the order they were made; None if none did."""
+        for session in self._sessions.values():
+            for frame in session.log:
+                if frame["t"] == "MESSAGE_CREATE" and frame["d"].get("id") == str(message_id):
+                    return session.id, int(frame["s"])
+        return None
 
     def connected_sessions(self) -> int:
         """Sessions that are identified, not invalidated, and have an open socket."""
@@ -1169,7 +1204,7 @@ class FakeDiscord(LoopbackServer):
             queue = self._errors.get(key)
             if queue:
                 return queue.pop(0)
-        return None
+        return self._channel_errors.get(channel_id)
 
     async def _perform_post(
         self, channel: _Channel, body: dict[str, Any], post: RecordedPost
