@@ -229,7 +229,7 @@ Outcome = Literal["sent", "unreachable", "abandoned"]
 class Ended:
     """The outcome of a step that may end the lease, and when to look at the conversation next."""
 
-    ok: bool
+    ok: bool  # False: the lease was no longer ours, and nothing changed
     look_in_ms: int | None  # None: nothing owed
 
 
@@ -327,15 +327,16 @@ class Store:
             SEEN_KEEP_MS,
             self.settings.retention_ms,
         ]
-        status, version, due_in, window = await self._run(self._ingest, keys, args)
+        raw_status, version, due_in, raw_window = await self._run(self._ingest, keys, args)
+        status, window = _text(raw_status), _text(raw_window)
         return Ingested(
-            accepted=status == 1,
+            accepted=status == "accepted",
             version=int(version),
             look_in_ms=_look_in(due_in),
-            limited=status in (2, 3),
-            first_limited=status == 3,
-            opened_window=window == 1,
-            capped=window == 2,
+            limited=status in ("limited", "first_limited"),
+            first_limited=status == "first_limited",
+            opened_window=window == "opened",
+            capped=window == "capped",
         )
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
@@ -388,8 +389,8 @@ class Store:
             RETRY_AFTER_ERROR_MS,
             RETRY_AFTER_ERROR_CAP_MS,
         ]
-        ok, look_in = await self._run(self._release, keys, args)
-        return Ended(bool(ok), _look_in(look_in))
+        status, look_in = await self._run(self._release, keys, args)
+        return Ended(_text(status) == "released", _look_in(look_in))
 
     async def interrupt(self, lease: Lease) -> Interrupt:
         """A newer message arrived mid-generation and the generation is cancelled: hand the
@@ -416,11 +417,11 @@ class Store:
             reset,
             self.settings.retention_ms,
         ]
-        raw_status, value = await self._run(self._presend, keys, args)
-        status = _text(raw_status)
-        if status == "ok":
-            return PreSend("ok", forced=bool(value))
-        return PreSend("stale" if status == "stale" else "lost", look_in_ms=_look_in(value))
+        reply = await self._run(self._presend, keys, args)
+        status = _text(reply[0])
+        if status in ("ok", "forced"):
+            return PreSend("ok", forced=status == "forced")
+        return PreSend("stale" if status == "stale" else "lost", look_in_ms=_look_in(reply[1]))
 
     async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
         """W moves to the version the outbox covers and the lease is released. `outcome`
@@ -437,8 +438,8 @@ class Store:
             outcome,
             self.settings.retention_ms,
         ]
-        ok, look_in = await self._run(self._commit, keys, args)
-        return Ended(bool(ok), _look_in(look_in))
+        status, look_in = await self._run(self._commit, keys, args)
+        return Ended(_text(status) == "committed", _look_in(look_in))
 
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip."""

@@ -8,12 +8,12 @@
 -- which holds what the user saw; the messages it covered are answered either way.
 -- KEYS: lease, state, pending, history, outbox, window, due, seen, usage
 -- ARGV: conversation, token, fence, history cap, outcome, retention ms
--- Returns {committed (0/1), ms until the next look or -1}
+-- Returns {'committed' | 'lost', ms until the next look or -1}
 local lease, state, pending, history = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local outbox, window, due = KEYS[5], KEYS[6], KEYS[7]
 local outcome = ARGV[5]
 if not holds(lease, ARGV[2], ARGV[3]) then
-  return {0, -1}
+  return {'lost', -1}
 end
 
 local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset')
@@ -48,4 +48,4 @@ redis.call('HSET', state, 'discards', 0)
 redis.call('HDEL', state, 'failures', 'retry_at')
 redis.call('DEL', outbox, lease)
 keep_alive(tonumber(ARGV[6]), state, pending, history, KEYS[8], KEYS[9])
-return {1, reschedule(state, window, due, ARGV[1], now_ms())}
+return {'committed', reschedule(state, window, due, ARGV[1], now_ms())}

@@ -4,16 +4,17 @@
 -- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
 --       messages allowed per rate window (0: no limit), rate window ms, active keep ms,
 --       seen keep ms, retention ms
--- Returns {status, V, ms until the deadline or -1, window}; status 1 accepted, 0 a redelivery,
--- 2 dropped by the rate limit, 3 dropped by the rate limit and the first such in its window;
--- window 1 when this message opened it, 2 when its deadline is at the hard cap, else 0
+-- Returns {status, V, ms until the deadline or -1, window}; status 'accepted', 'duplicate' (a
+-- redelivery), 'limited' (dropped by the rate limit) or 'first_limited' (dropped by the rate
+-- limit, and the first such in its window); window 'opened' when this message opened it,
+-- 'capped' when its deadline is at the hard cap, 'extended' otherwise, 'none' if dropped
 local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local active = KEYS[7]
 local retention = tonumber(ARGV[11])
 local now = now_ms()
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
-  return {0, tonumber(redis.call('HGET', state, 'v') or '0'), -1, 0}
+  return {'duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none'}
 end
 redis.call('ZADD', seen, now, ARGV[2])
 -- An id need only outlive the platforms' redelivery horizon (Telegram keeps an update for a
@@ -36,7 +37,7 @@ if limit > 0 then
   end
   if count > limit then
     local v = tonumber(redis.call('HGET', state, 'v') or '0')
-    return {count == limit + 1 and 3 or 2, v, -1, 0}
+    return {count == limit + 1 and 'first_limited' or 'limited', v, -1, 'none'}
   end
 end
 
@@ -53,10 +54,10 @@ local deadline = math.min(now + tonumber(ARGV[4]), cap)
 redis.call('HSET', window, 'opened', opened, 'deadline', deadline)
 redis.call('ZADD', due, deadline, ARGV[1])
 keep_alive(retention, state, pending, seen, window, KEYS[8], KEYS[9], KEYS[10])
-local flag = 0
+local flag = 'extended'
 if not was_open then
-  flag = 1
+  flag = 'opened'
 elseif deadline == cap then
-  flag = 2
+  flag = 'capped'
 end
-return {1, v, math.max(deadline - now, 0), flag}
+return {'accepted', v, math.max(deadline - now, 0), flag}

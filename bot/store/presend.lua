@@ -5,13 +5,14 @@
 -- KEYS: lease, state, outbox, window, due
 -- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit,
 --       version of the last /reset among the covered messages (0: none), retention ms
--- Returns {'ok', forced (0/1)} | {'stale', ms until the next look} | {'lost', -1}
+-- Returns {'ok'} | {'forced'} (stale, but sent by the starvation guard)
+--       | {'stale', ms until the next look} | {'lost', -1}
 local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if not holds(lease, ARGV[2], ARGV[3]) then
   return {'lost', -1}
 end
 
-local forced = 0
+local status = 'ok'
 if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
   local discards = redis.call('HINCRBY', state, 'discards', 1)
   if discards <= tonumber(ARGV[6]) then
@@ -19,8 +20,8 @@ if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
     return {'stale', reschedule(state, window, due, ARGV[1], now_ms())}
   end
   -- Starvation guard: too many discards in a row, so this reply goes out as it is.
-  forced = 1
+  status = 'forced'
 end
 redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3], 'reset', ARGV[7])
 keep_alive(tonumber(ARGV[8]), outbox)
-return {'ok', forced}
+return {status}

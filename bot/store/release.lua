@@ -5,10 +5,10 @@
 -- so the backoff holds whichever replica looks next.
 -- KEYS: lease, state, window, due
 -- ARGV: conversation, token, failed (0/1), first backoff ms, backoff cap ms
--- Returns {released (0/1), ms until the next look or -1}
+-- Returns {'released' | 'lost', ms until the next look or -1}
 local lease, state, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if not holds(lease, ARGV[2], nil) then
-  return {0, -1}
+  return {'lost', -1}
 end
 redis.call('DEL', lease)
 local now = now_ms()
@@ -17,6 +17,6 @@ if ARGV[3] == '1' then
   local delay = math.min(tonumber(ARGV[4]) * 2 ^ math.min(failures - 1, 30), tonumber(ARGV[5]))
   redis.call('HSET', state, 'retry_at', now + delay)
   redis.call('ZADD', due, now + delay, ARGV[1])
-  return {1, delay}
+  return {'released', delay}
 end
-return {1, reschedule(state, window, due, ARGV[1], now)}
+return {'released', reschedule(state, window, due, ARGV[1], now)}
