@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import socket
 import time
 import urllib.error
@@ -31,7 +30,7 @@ from bot.store import Keys, classify
 from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.running import Running
+from tests.running import Running, clean_environ
 from tests.test_replicas import Cluster, covering_reply, message
 from tests.test_telegram import free_port
 
@@ -263,22 +262,19 @@ async def test_an_intake_that_fails_is_restarted_and_healthz_says_so_meanwhile(
     squatter.bind(("127.0.0.1", webhook_port))
     squatter.listen()
     async with FakeTelegram() as telegram:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
-        env.update(
-            {
-                "LASTWORD_PLATFORM": "telegram",
-                "LASTWORD_REDIS_URL": server.url,
-                "LASTWORD_DATA_DIR": str(short_dir / "data"),
-                "LASTWORD_TELEGRAM__TOKEN": telegram.token,
-                "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
-                "LASTWORD_TELEGRAM__MODE": "webhook",
-                "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{webhook_port}",
-                "LASTWORD_TELEGRAM__WEBHOOK_SECRET": "s3cret",
-                "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
-                "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
-                "LASTWORD_LLM__PROVIDER": "echo",
-            }
-        )
+        env = clean_environ() | {
+            "LASTWORD_PLATFORM": "telegram",
+            "LASTWORD_REDIS_URL": server.url,
+            "LASTWORD_DATA_DIR": str(short_dir / "data"),
+            "LASTWORD_TELEGRAM__TOKEN": telegram.token,
+            "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
+            "LASTWORD_TELEGRAM__MODE": "webhook",
+            "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{webhook_port}",
+            "LASTWORD_TELEGRAM__WEBHOOK_SECRET": "s3cret",
+            "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
+            "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+            "LASTWORD_LLM__PROVIDER": "echo",
+        }
         bot = await Running.start(env, cwd=short_dir)
         try:
             await eventually(lambda: _said(bot, "telegram intake stopped with an error"), 15)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import socket
@@ -21,7 +20,7 @@ from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually, settled
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.running import Running
+from tests.running import Running, run_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,23 +38,8 @@ def free_port() -> int:
 def bot_env(
     server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, **extra: str
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
-    env.update(
-        {
-            "LASTWORD_PLATFORM": "telegram",
-            "LASTWORD_REDIS_URL": server.url,
-            "LASTWORD_DATA_DIR": str(data_dir),
-            "LASTWORD_TELEGRAM__TOKEN": fake.token,
-            "LASTWORD_TELEGRAM__API_URL": fake.api_url,
-            "LASTWORD_DEBOUNCE__QUIET_MS": "300",
-            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
-            "LASTWORD_LEASE__TTL_MS": "1500",
-            "LASTWORD_SWEEP_INTERVAL_MS": "200",
-            "LASTWORD_LLM__PROVIDER": "echo",
-        }
-    )
-    env.update(extra)
-    return env
+    telegram = {"LASTWORD_TELEGRAM__TOKEN": fake.token, "LASTWORD_TELEGRAM__API_URL": fake.api_url}
+    return run_env("telegram", server.url, data_dir) | telegram | extra
 
 
 class Webhook:
@@ -113,6 +97,22 @@ async def counters(redis: Redis) -> tuple[int, int]:
     return int(v or 0), int(w or 0)
 
 
+async def sent_texts(
+    fake: FakeTelegram, count: int = 1, *, within_s: float = 10
+) -> list[str | None]:
+    """The texts of the messages the bot sent, once it has sent at least `count`."""
+    await fake.wait_for_sent(count, timeout=within_s)
+    return [m.text for m in fake.sent_messages]
+
+
+async def answered_once(fake: FakeTelegram, redis: Redis, text: str) -> None:
+    """The one reply went out, echoing `text`, and was committed: V == W == 1."""
+    await fake.wait_for_sent(1, timeout=10)
+    await settled(redis, CONVERSATION, within_s=5)
+    assert [m.text for m in fake.sent_messages] == [f"You said: {text}"]
+    assert await counters(redis) == (1, 1)
+
+
 async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:
@@ -143,10 +143,7 @@ async def test_wrong_or_missing_secret_is_refused_and_not_ingested(
         assert await bot.post(update, secret=None) in (401, 403)
         # A correct delivery afterwards is the only one answered.
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "hello"), SECRET) == 200
-        await fake.wait_for_sent(1, timeout=10)
-        await settled(redis, CONVERSATION, within_s=5)
-        assert [m.text for m in fake.sent_messages] == ["You said: hello"]
-        assert await counters(redis) == (1, 1)
+        await answered_once(fake, redis, "hello")
 
 
 async def test_malformed_and_ignored_updates_never_crash_the_bot(
@@ -165,8 +162,7 @@ async def test_malformed_and_ignored_updates_never_crash_the_bot(
         group = fake.group_text_update(-100, CHAT, "hi all")
         assert await bot.post(group) == 200  # acknowledged, ignored
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "still here?")) == 200
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: still here?"]
+        assert await sent_texts(fake) == ["You said: still here?"]
         assert bot.process.returncode is None
 
 
@@ -177,10 +173,7 @@ async def test_the_same_update_twice_gives_one_reply(
         update = fake.private_text_update(CHAT, CHAT, "only once")
         assert await bot.post(update) == 200
         assert await bot.post(update) == 200
-        await fake.wait_for_sent(1, timeout=10)
-        await settled(redis, CONVERSATION, within_s=5)
-        assert [m.text for m in fake.sent_messages] == ["You said: only once"]
-        assert await counters(redis) == (1, 1)
+        await answered_once(fake, redis, "only once")
 
 
 async def test_redis_down_gives_5xx_and_the_retry_is_answered(
@@ -192,8 +185,7 @@ async def test_redis_down_gives_5xx_and_the_retry_is_answered(
         assert await bot.post(update) >= 500
         server.start()
         assert await bot.post(update) == 200  # Telegram's retry
-        await fake.wait_for_sent(1, timeout=15)
-        assert [m.text for m in fake.sent_messages] == ["You said: are you up?"]
+        assert await sent_texts(fake, within_s=15) == ["You said: are you up?"]
 
 
 async def test_long_reply_comes_in_ordered_parts_with_balanced_fences(
@@ -279,8 +271,7 @@ async def test_a_user_who_blocked_the_bot_is_skipped_and_the_conversation_moves_
         fake.fail_chat(CHAT, None)
         assert await bot.post(fake.private_text_update(CHAT, CHAT, "back")) == 200
         assert await redis.hget(Keys(CONVERSATION).state, "unreachable") is None
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: back"]
+        assert await sent_texts(fake) == ["You said: back"]
 
 
 async def test_reset_command_empties_the_history(

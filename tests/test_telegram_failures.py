@@ -19,7 +19,15 @@ from bot.store import Keys
 from tests.conftest import eventually, settled
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, WebhookConfig, post_update
 from tests.running import Running
-from tests.test_telegram import CHAT, CONVERSATION, SECRET, bot_env, counters, free_port
+from tests.test_telegram import (
+    CHAT,
+    CONVERSATION,
+    SECRET,
+    bot_env,
+    counters,
+    free_port,
+    sent_texts,
+)
 
 pytestmark = pytest.mark.timeout(45)
 
@@ -156,8 +164,7 @@ async def test_a_webhook_that_cannot_be_deleted_at_first_does_not_end_polling(
         assert [c.status for c in deletes] == [429, 500, 200]
         assert deletes[1].at - deletes[0].at >= 1.0  # retry_after was honoured
         fake.push_update(fake.private_text_update(CHAT, CHAT, "polling yet?"))
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: polling yet?"]
+        assert await sent_texts(fake) == ["You said: polling yet?"]
         # Polling began only once the webhook was gone (Telegram would answer 409 before).
         assert all(c.status in (200, None) for c in fake.calls_to("getUpdates"))
         assert fake.calls_to("getUpdates")[0].at > deletes[-1].at
@@ -184,8 +191,7 @@ async def test_an_unexpected_error_while_taking_a_webhook_update_answers_500_and
         await redis.delete(garbage)
         # Telegram delivers it again, as it does after any 5xx.
         assert await post_update(url, update, SECRET) == 200
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: anyone?"]
+        assert await sent_texts(fake) == ["You said: anyone?"]
         assert bot.process.returncode is None
 
 
@@ -222,8 +228,7 @@ async def test_a_chat_that_is_not_found_gives_the_reply_up_and_the_next_message_
         assert [c.status for c in fake.calls_to("sendMessage")] == [400]
         fake.fail_chat(CHAT, None)
         assert await post_update(url, fake.private_text_update(CHAT, CHAT, "now?"), SECRET) == 200
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: now?"]
+        assert await sent_texts(fake) == ["You said: now?"]
         await settled(redis, CONVERSATION, within_s=5)  # committed after the send
         assert await counters(redis) == (2, 2)
 
@@ -267,8 +272,7 @@ async def test_a_user_who_unblocked_the_bot_is_answered_by_a_replica_that_saw_th
         assert await post_update(b_url, back, SECRET) == 200
         await b.kill()
         assert await redis.hget(state, "unreachable") is None
-        await fake.wait_for_sent(1, timeout=10)
-        assert [m.text for m in fake.sent_messages] == ["You said: back"]
+        assert await sent_texts(fake) == ["You said: back"]
         await settled(redis, CONVERSATION, within_s=5)
         assert await counters(redis) == (2, 2)
         assert a.process.returncode is None
