@@ -27,8 +27,10 @@ a partition is silent, a heal delivers what was held (or resets, if asked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -45,9 +47,7 @@ from tests.test_replicas import (
     PLATFORM,
     TTL_MS,
     Cluster,
-    accepted_times,
-    check_conversation,
-    conversation_of,
+    check_replies,
     covering_reply,
     message,
     quiescent,
@@ -100,6 +100,34 @@ class MixedCluster(Cluster):
             timeout=30,
             what=f"{name} to be ready",
         )
+
+
+# The replica that reaches Redis through the proxy, so that a partition cuts it off.
+CUT_OFF = "r0"
+
+
+@contextlib.asynccontextmanager
+async def cut_off_by_a_proxy(
+    server: EmbeddedRedis,
+    workdir: Path,
+    reply: Callable[[RecordedRequest], str],
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[tuple[TcpProxy, FakeOpenAI, MixedCluster]]:
+    """One replica, `CUT_OFF`, reaching Redis through a proxy that can partition it from the
+    server; the fake LLM answers with `reply`. A replica added later reaches Redis directly."""
+    async with (
+        TcpProxy(server.socket) as proxy,
+        FakeOpenAI(reply=reply) as fake,
+        MixedCluster(
+            server,
+            fake,
+            workdir,
+            size=1,
+            per_replica={CUT_OFF: {"LASTWORD_REDIS_URL": proxy.url}},
+            env=env,
+        ) as cluster,
+    ):
+        yield proxy, fake, cluster
 
 
 def counter(cluster: Cluster, name: str, field: str) -> int:
@@ -186,13 +214,9 @@ async def test_a_frozen_server_cancels_the_generation_and_every_message_is_answe
         # message, and stops cleanly.
         assert await cluster.deliver(holder, message(0, 3))
         await settle(cluster, redis, ["c0m3"], timeout=I3_BOUND_S + 5)
-        for name in cluster.names:
-            assert await cluster.terminate(name) == 0, f"{name} did not stop cleanly"
+        await cluster.terminate_all()
 
-        accepted = accepted_times(cluster)
-        replies = await check_conversation(
-            redis, CONVERSATION, accepted, cluster.sent(CONVERSATION), since=resumed_at
-        )
+        replies = await check_replies(cluster, redis, CONVERSATION, since=resumed_at)
         assert [r.tokens for r in replies] == [["c0m1", "c0m2"], ["c0m3"]]
 
 
@@ -201,23 +225,12 @@ async def test_a_silent_partition_cancels_the_generation_and_another_replica_ans
 ) -> None:
     """One replica cut off from Redis by a black hole (no reset, no answer); another, which
     reaches Redis directly, finishes the conversation once the lease has expired."""
-    async with (
-        TcpProxy(server.socket) as proxy,
-        FakeOpenAI(reply=covering_reply) as fake,
-        MixedCluster(
-            server,
-            fake,
-            short_dir,
-            size=1,
-            per_replica={"r0": {"LASTWORD_REDIS_URL": proxy.url}},
-        ) as cluster,
-    ):
-        cut_off = "r0"
+    async with cut_off_by_a_proxy(server, short_dir, covering_reply) as (proxy, fake, cluster):
         fake.hold()
         for n in (1, 2):
-            assert await cluster.deliver(cut_off, message(0, n))
+            assert await cluster.deliver(CUT_OFF, message(0, n))
         held = await fake.wait_for_request(lambda r: "c0m1" in tokens(r.last_user_text))
-        assert held.api_key == cut_off
+        assert held.api_key == CUT_OFF
         # The second replica comes only now, so the first is sure to hold the lease.
         await cluster.add("r1")
         assert await redis.exists(Keys(CONVERSATION).lease)
@@ -225,7 +238,7 @@ async def test_a_silent_partition_cancels_the_generation_and_another_replica_ans
         proxy.partition()
         partitioned_at = time.monotonic()
         await cancelled_within(fake, held, partitioned_at, "partition")
-        await lost_its_lease(cluster, cut_off)
+        await lost_its_lease(cluster, CUT_OFF)
 
         # The other replica takes the conversation over once the lease expired on the server:
         # not before (I4), though the cut-off one cannot hand it back.
@@ -249,29 +262,19 @@ async def test_a_silent_partition_cancels_the_generation_and_another_replica_ans
         # answers, once. Deliberate wait: a late send would come within a lease TTL.
         proxy.heal()
         await asyncio.sleep(TTL_S)
-        assert cluster.of("sent", cut_off) == [], "the cut-off replica sent after its lease"
-        assert await cluster.deliver(cut_off, message(0, 3))
+        assert cluster.of("sent", CUT_OFF) == [], "the cut-off replica sent after its lease"
+        assert await cluster.deliver(CUT_OFF, message(0, 3))
         await settle(cluster, redis, ["c0m3"], timeout=I3_BOUND_S + 5)
         # A message to another conversation, which only the healed replica hears of, so its
         # store calls must work again: its own timer or either sweep answers it.
-        assert await cluster.deliver(cut_off, message(1, 1))
+        assert await cluster.deliver(CUT_OFF, message(1, 1))
         await settle(cluster, redis, ["c1m1"], timeout=I3_BOUND_S + 5)
-        for name in cluster.names:
-            assert await cluster.terminate(name) == 0, f"{name} did not stop cleanly"
+        await cluster.terminate_all()
 
-        accepted = accepted_times(cluster)
-        replies = await check_conversation(
-            redis,
-            CONVERSATION,
-            {m: t for m, t in accepted.items() if conversation_of(m) == CONVERSATION},
-            cluster.sent(CONVERSATION),
-            since=released_at,
-        )
+        replies = await check_replies(cluster, redis, CONVERSATION, since=released_at)
         assert [r.tokens for r in replies] == [["c0m1", "c0m2"], ["c0m3"]]
         assert replies[0].replica == "r1"
-        await check_conversation(
-            redis, f"{PLATFORM}:1", {"c1m1": accepted["c1m1"]}, cluster.sent(f"{PLATFORM}:1")
-        )
+        await check_replies(cluster, redis, f"{PLATFORM}:1")
 
 
 def long_reply(request: RecordedRequest) -> str:
@@ -293,22 +296,15 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
     # Each part holds the send longer than TTL/3: the reply takes longer than a lease TTL.
     hold_ms = 700
     (short_dir / "send-control").write_text(f"hold {hold_ms}")
-    async with (
-        TcpProxy(server.socket) as proxy,
-        FakeOpenAI(reply=long_reply) as fake,
-        MixedCluster(
-            server,
-            fake,
-            short_dir,
-            size=1,
-            per_replica={"r0": {"LASTWORD_REDIS_URL": proxy.url}},
-            env={"REPLICA_SEND_CONTROL": str(short_dir / "send-control")},
-        ) as cluster,
+    send_control = {"REPLICA_SEND_CONTROL": str(short_dir / "send-control")}
+    async with cut_off_by_a_proxy(server, short_dir, long_reply, send_control) as (
+        proxy,
+        fake,
+        cluster,
     ):
-        cut_off = "r0"
-        assert await cluster.deliver(cut_off, message(0, 1))
+        assert await cluster.deliver(CUT_OFF, message(0, 1))
         await cluster.wait_for(
-            lambda: bool(cluster.of("sent", cut_off)), timeout=10, what="the first part"
+            lambda: bool(cluster.of("sent", CUT_OFF)), timeout=10, what="the first part"
         )
         proxy.partition()
         partitioned_at = time.time()
@@ -323,7 +319,7 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
             what="r1 to finish the reply",
         )
 
-        first = cluster.of("sent", cut_off)
+        first = cluster.of("sent", CUT_OFF)
         after = [float(e["t"]) - partitioned_at for e in first if float(e["t"]) > partitioned_at]
         print(
             f"\ncut off mid-reply: {len(first)} of 4 parts sent, {len(after)} after the partition"
@@ -331,11 +327,11 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
             + f" (lease TTL {TTL_MS} ms)"
         )
         late = [e["key"] for e in first if float(e["t"]) > expired_by]
-        assert not late, f"{cut_off} sent {late} after its lease had expired"
-        await lost_its_lease(cluster, cut_off)
+        assert not late, f"{CUT_OFF} sent {late} after its lease had expired"
+        await lost_its_lease(cluster, CUT_OFF)
         resent = {e["key"]: e["text"] for e in cluster.of("sent", "r1")}
         assert sorted(resent) == [f"{CONVERSATION}:1:{n}" for n in range(4)], sorted(resent)
-        assert len(first) < len(resent), f"{cut_off} was not stopped mid-reply"
+        assert len(first) < len(resent), f"{CUT_OFF} was not stopped mid-reply"
         for part in first:
             assert resent[part["key"]] == part["text"], "the resend is not the same text"
         assert int(cluster.stats("r1").get("resent", 0)) == 1
@@ -345,10 +341,9 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
         # come within a lease TTL), and stops cleanly.
         proxy.heal()
         await asyncio.sleep(TTL_S)
-        assert cluster.of("sent", cut_off) == first
+        assert cluster.of("sent", CUT_OFF) == first
         await eventually(lambda: quiescent(redis, [CONVERSATION]), within_s=TTL_S + 5)
-        for name in cluster.names:
-            assert await cluster.terminate(name) == 0, f"{name} did not stop cleanly"
+        await cluster.terminate_all()
         raw_v, raw_w = await redis.hmget(Keys(CONVERSATION).state, ["v", "w"])
         assert raw_v == raw_w == b"1"
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import random
 import re
 import signal
@@ -48,6 +47,7 @@ from bot.timers import Timers
 from tests.builders import message as build_message
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.running import clean_environ
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -129,29 +129,24 @@ def message(conv: int, n: int) -> InboundMessage:
 
 
 def replica_env(name: str, redis_url: str, llm_url: str, workdir: Path) -> dict[str, str]:
-    # The developer's own LASTWORD_* settings must not leak into the replicas.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LASTWORD_")}
-    env.update(
-        {
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "LASTWORD_REDIS_URL": redis_url,
-            "LASTWORD_DATA_DIR": str(workdir / "data"),
-            "LASTWORD_LLM__PROVIDER": "openai",
-            "LASTWORD_LLM__BASE_URL": llm_url,
-            "LASTWORD_LLM__API_KEY": name,
-            "LASTWORD_LLM__TIMEOUT_S": "10",
-            "LASTWORD_LLM__RETRIES": "2",
-            "LASTWORD_LLM__RETRY_BASE_S": "0.05",
-            "LASTWORD_DEBOUNCE__QUIET_MS": str(QUIET_MS),
-            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(MAX_WAIT_MS),
-            "LASTWORD_LEASE__TTL_MS": str(TTL_MS),
-            "LASTWORD_SWEEP_INTERVAL_MS": str(SWEEP_MS),
-            # Every entry must stay visible for the history check.
-            "LASTWORD_HISTORY_CAP": "1000",
-        }
-    )
-    return env
+    return clean_environ() | {
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "LASTWORD_REDIS_URL": redis_url,
+        "LASTWORD_DATA_DIR": str(workdir / "data"),
+        "LASTWORD_LLM__PROVIDER": "openai",
+        "LASTWORD_LLM__BASE_URL": llm_url,
+        "LASTWORD_LLM__API_KEY": name,
+        "LASTWORD_LLM__TIMEOUT_S": "10",
+        "LASTWORD_LLM__RETRIES": "2",
+        "LASTWORD_LLM__RETRY_BASE_S": "0.05",
+        "LASTWORD_DEBOUNCE__QUIET_MS": str(QUIET_MS),
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(MAX_WAIT_MS),
+        "LASTWORD_LEASE__TTL_MS": str(TTL_MS),
+        "LASTWORD_SWEEP_INTERVAL_MS": str(SWEEP_MS),
+        # Every entry must stay visible for the history check.
+        "LASTWORD_HISTORY_CAP": "1000",
+    }
 
 
 def process_state(pid: int) -> str:
@@ -330,6 +325,11 @@ class Cluster:
             ) from None
         return code
 
+    async def terminate_all(self, names: Iterable[str] | None = None) -> None:
+        """Stop every replica (or those named), each of which must exit cleanly."""
+        for name in self.names if names is None else names:
+            assert await self.terminate(name) == 0, f"{name} did not stop cleanly"
+
     async def close(self) -> None:
         for replica in self.replicas.values():
             if replica.process.returncode is None:
@@ -483,6 +483,21 @@ async def check_conversation(
     return replies
 
 
+async def check_replies(
+    cluster: Cluster, redis: Redis, conversation: str, *, since: float = 0.0
+) -> list[Reply]:
+    """`check_conversation` for one conversation, with every message of it the cluster took
+    in and every reply to it the cluster sent."""
+    accepted = accepted_times(cluster)
+    return await check_conversation(
+        redis,
+        conversation,
+        {m: t for m, t in accepted.items() if conversation_of(m) == conversation},
+        cluster.sent(conversation),
+        since=since,
+    )
+
+
 async def settle(
     cluster: Cluster,
     redis: Redis,
@@ -553,8 +568,7 @@ async def test_random_bursts_across_replicas(
         await asyncio.gather(*(play(cluster, steps) for steps in plans))
         messages = [step.message.message_id for steps in plans for step in steps]
         await settle(cluster, redis, messages, timeout=I3_BOUND_S + 5)
-        for name in cluster.names:
-            assert await cluster.terminate(name) == 0, f"{name} did not stop cleanly"
+        await cluster.terminate_all()
 
         accepted = accepted_times(cluster)
         assert set(accepted) == set(messages)
@@ -633,17 +647,12 @@ async def test_kill_9_mid_generation(server: EmbeddedRedis, redis: Redis, short_
         )
         # The victim's connection died with it: its generation never completed.
         await fake.wait_for_request(lambda r: r is victim_request and r.cancelled, timeout=5)
-        for name in survivors:
-            assert await cluster.terminate(name) == 0
+        await cluster.terminate_all(survivors)
 
         assert victim not in {e["replica"] for e in cluster.sent()}
-        accepted = accepted_times(cluster)
         for conv, wanted in expected.items():
             conversation = f"{PLATFORM}:{conv}"
-            mine = {m: t for m, t in accepted.items() if conversation_of(m) == conversation}
-            replies = await check_conversation(
-                redis, conversation, mine, cluster.sent(conversation), since=released_at
-            )
+            replies = await check_replies(cluster, redis, conversation, since=released_at)
             # Each draft in flight was discarded as stale, died with the victim, or went out
             # as it was: either way exactly one reply covers everything.
             assert [r.tokens for r in replies] == [wanted], conversation
@@ -706,22 +715,12 @@ async def test_paused_holder_is_fenced(
         await settle(cluster, redis, ["c0m3", "c1m1"], timeout=I3_BOUND_S + 5)
         assert await cluster.terminate(holder) == 0
 
-        accepted = accepted_times(cluster)
-        replies = await check_conversation(
-            redis,
-            conversation,
-            {m: t for m, t in accepted.items() if conversation_of(m) == conversation},
-            cluster.sent(conversation),
-            since=released_at,
-        )
+        replies = await check_replies(cluster, redis, conversation, since=released_at)
         assert [(r.replica, r.tokens) for r in replies] == [
             (takeover.api_key, ["c0m1", "c0m2"]),
             (holder, ["c0m3"]),
         ]
-        other = f"{PLATFORM}:1"
-        replies = await check_conversation(
-            redis, other, {"c1m1": accepted["c1m1"]}, cluster.sent(other)
-        )
+        replies = await check_replies(cluster, redis, f"{PLATFORM}:1")
         assert [r.replica for r in replies] == [holder]
 
 
