@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import Any
 
 import discord
 import discord.client
@@ -220,14 +220,12 @@ class _Screen(io.TextIOBase):
     """The console's stdout or stderr: a terminal that keeps what was written, and when.
     Once `broken`, writing fails as on a closed pipe."""
 
+    encoding = "utf-8"
+
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[tuple[str, float]] = []
         self.broken = False
-
-    @property
-    def encoding(self) -> str:
-        return "utf-8"
 
     def isatty(self) -> bool:
         return True
@@ -270,16 +268,37 @@ class ConsolePlatform:
         self.stderr = _Screen()
         self.run_id = ""
         self._lines = 0
-        self._saved: tuple[Any, TextIO, TextIO] | None = None
+        # The streams replaced, by name, with what was there before.
+        self._saved: dict[str, Any] = {}
         self._threads: set[threading.Thread] = set()
 
+    def _install(self) -> None:
+        """Put the fake terminal in place of sys.stdin, stdout and stderr, where it is not.
+        Again before each message: pytest's output capture puts its own streams back at the
+        start of each test phase, and the adapter looks them up as it writes."""
+        for name, stream in (
+            ("stdin", self.keyboard),
+            ("stdout", self.stdout),
+            ("stderr", self.stderr),
+        ):
+            if getattr(sys, name) is not stream:
+                self._saved[name] = getattr(sys, name)
+                setattr(sys, name, stream)
+
     async def start(self) -> None:
-        # Before the adapter is made: it looks at its streams then.
-        self._saved = (sys.stdin, sys.stdout, sys.stderr)
+        # Before the adapter is made: it asks its streams whether they are a terminal then,
+        # and its reader thread takes stdin's file descriptor as it starts.
         self._threads = set(threading.enumerate())
-        sys.stdin, sys.stdout, sys.stderr = self.keyboard, self.stdout, self.stderr  # type: ignore[assignment]
+        self._install()
 
     async def stop(self) -> None:
+        for name, stream in (
+            ("stdin", self.keyboard),
+            ("stdout", self.stdout),
+            ("stderr", self.stderr),
+        ):
+            if getattr(sys, name) is stream:
+                setattr(sys, name, self._saved[name])
         # End of input: the adapter's reader thread reads it and ends; only then is its file
         # descriptor closed, so the thread can never read another file that reuses it.
         os.close(self.keyboard.write_fd)
@@ -288,8 +307,6 @@ class ConsolePlatform:
             reader.join(timeout=5)
         if not any(reader.is_alive() for reader in readers):
             os.close(self.keyboard.read_fd)
-        if self._saved is not None:
-            sys.stdin, sys.stdout, sys.stderr = self._saved
 
     def settings(self) -> dict[str, Any]:
         return {"platform": "console"}
@@ -300,6 +317,7 @@ class ConsolePlatform:
         self.run_id = adapter.run_id
 
     async def user_sends(self, text: str) -> str:
+        self._install()
         self.keyboard.type(text)
         self._lines += 1
         return f"{self.run_id}:{self._lines}"
