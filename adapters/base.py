@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from bot.backoff import Backoff
 from bot.message import InboundMessage, Outbound, Unavailable
 
 log = logging.getLogger(__name__)
@@ -84,16 +85,16 @@ async def until_stored(
     An error nobody expected (a bug, an unclassified Redis reply) is logged with its
     traceback and retried too, backing off up to `error_cap_s`: the message is never dropped
     unstored, and the loop that called this never dies of it."""
-    delay = first_s
+    store_down = Backoff(first_s, cap_s)
+    broken = Backoff(first_s, error_cap_s)
     while True:
         try:
             await take()
             return
         except Unavailable as exc:
+            delay = store_down.next_delay()
             log.warning("%s not stored yet (%s); retrying in %.1fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, cap_s)
         except Exception:
+            delay = broken.next_delay()
             log.exception("%s could not be stored; retrying in %.1fs", what, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, error_cap_s)
+        await asyncio.sleep(delay)

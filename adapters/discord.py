@@ -54,6 +54,7 @@ from discord.http import Route
 
 from adapters import Platform
 from adapters.base import Sink, describe, until_stored
+from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
@@ -274,14 +275,13 @@ async def _login(client: discord.Client, token: str) -> None:
 async def _recall(sink: Sink) -> _Session | None:
     """The session the last holder kept, waiting for the store: without it, the DMs that
     Discord would replay could not be stored anyway."""
-    delay = RETRY_FIRST_S
+    backoff = Backoff(RETRY_FIRST_S, RETRY_CAP_S)
     while True:
         try:
             kept = await sink.recall(SESSION_KEY)
         except Unavailable as exc:
             log.warning("cannot read the Discord session to resume (%s); retrying", exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_CAP_S)
+            await asyncio.sleep(backoff.next_delay())
             continue
         return None if kept is None else _Session.loads(kept)
 
@@ -602,7 +602,7 @@ class _Gateway(discord.Client):
         its history after the last message taken in, once the new session is open (what is
         sent after that comes live). Any already taken in are dropped by the core's dedupe.
         Again if another gap began meanwhile, or if it failed: the held DMs wait for it."""
-        delay = RETRY_FIRST_S
+        backoff = Backoff(RETRY_FIRST_S, RETRY_CAP_S)
         while self._owes_catch_up:
             await self._live.wait()
             gap = self._gap
@@ -619,9 +619,9 @@ class _Gateway(discord.Client):
                     self._release()
                     self._held = None
                 continue
+            delay = backoff.next_delay()
             log.info("catching up again in %.1fs", delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_CAP_S)
 
     async def _read_gap(self, gap: int) -> bool:
         """Read the gap into the inbox; False if a newer gap began meanwhile."""

@@ -49,6 +49,7 @@ from telegram.request import HTTPXRequest
 from adapters import Platform
 from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_part
+from bot.backoff import Backoff
 from bot.check import Check, guarded
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
 from bot.settings import Settings, TelegramSettings
@@ -64,8 +65,10 @@ POLL_TIMEOUT_S = 25
 # Attachments the model cannot read, in the order they are looked for.
 ATTACHMENT_KINDS = ("photo", "sticker", "voice", "audio", "video", "video_note", "animation")
 # Transient send failures (network, 5xx) are retried this often before the attempt is handed
-# back to the core.
+# back to the core, backed off from the first delay up to the cap, with jitter.
 SEND_ATTEMPTS = 5
+SEND_RETRY_FIRST_S = 1.0
+SEND_RETRY_CAP_S = 10.0
 # Flood control longer than this is not waited out holding the conversation's lease: the core
 # tries the reply again later, backed off in the store.
 MAX_FLOOD_WAIT_S = 60.0
@@ -230,7 +233,7 @@ class TelegramAdapter:
         webhook_deleted = False
         offset: int | None = None
         failures = 0
-        backoff = POLL_BACKOFF_FIRST_S
+        backoff = Backoff(POLL_BACKOFF_FIRST_S, POLL_BACKOFF_CAP_S, jitter=0.5)
         while True:
             try:
                 if not webhook_deleted:
@@ -251,16 +254,14 @@ class TelegramAdapter:
             except (Conflict, NetworkError) as exc:
                 # TimedOut is a NetworkError; a 409 means another poller, often one just
                 # handed over, whose long poll Telegram has not ended yet.
-                delay = backoff * random.uniform(0.5, 1.0)
-                backoff = min(backoff * 2, POLL_BACKOFF_CAP_S)
+                delay = backoff.next_delay()
                 log.warning("polling Telegram failed (%s); retrying in %.1fs", exc, delay)
             except Exception:
-                delay = backoff * random.uniform(0.5, 1.0)
-                backoff = min(backoff * 2, POLL_BACKOFF_CAP_S)
+                delay = backoff.next_delay()
                 log.exception("polling Telegram failed unexpectedly; retrying in %.1fs", delay)
             else:
                 failures = 0
-                backoff = POLL_BACKOFF_FIRST_S
+                backoff.reset()
                 self._connected = True
                 if updates:
                     # Confirmed by the next call, after the whole batch is stored.
@@ -282,6 +283,7 @@ class TelegramAdapter:
             await self.send(conversation, text[:half], idempotency_key + "a")
             await self.send(conversation, text[half:], idempotency_key + "b")
             return
+        backoff = Backoff(SEND_RETRY_FIRST_S, SEND_RETRY_CAP_S, jitter=0.5)
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
                 await self.bot.send_message(chat_id, body, parse_mode=parse_mode)
@@ -305,7 +307,7 @@ class TelegramAdapter:
             except NetworkError as exc:
                 if attempt == SEND_ATTEMPTS:
                     raise SendFailed(f"sendMessage kept failing: {exc}") from exc
-                delay = min(0.5 * 2**attempt, 10) * random.uniform(0.5, 1.0)
+                delay = backoff.next_delay()
                 log.warning("sendMessage failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
         raise SendFailed("sendMessage kept failing")

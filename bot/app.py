@@ -12,6 +12,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 import adapters
 from adapters.base import Adapter
+from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
@@ -124,18 +125,18 @@ async def _reach(store: Store, where: str, *, patient: bool) -> None:
     slow start, not a unit that hit its restart limit. A person at a terminal gets the
     error at once."""
     deadline = time.monotonic() + (STARTUP_WAIT_S if patient else 0)
-    delay = 0.5
+    backoff = Backoff(0.5, 5.0)
     while True:
         try:
             await store.ping()
             return
         except Unavailable as exc:
+            delay = backoff.next_delay()
             if time.monotonic() + delay > deadline:
                 raise
             log.warning("waiting for Redis at %s (%s); retrying in %.1fs", where, exc, delay)
             notify(f"STATUS=waiting for Redis at {where}")
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
 
 
 async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:

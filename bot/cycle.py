@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
 from bot.lease import LeaseKeeper, LeaseLost
@@ -314,16 +315,16 @@ class Cycle:
         """Commit, retrying a refusal of the store while the lease is ours: left undone, the
         reply already delivered would be sent again by the next holder. The keeper cancels
         this once the lease can no longer be confirmed."""
-        delay = COMMIT_RETRY_S
+        backoff = Backoff(COMMIT_RETRY_S, COMMIT_RETRY_CAP_S)
         while True:
             try:
                 ended = await self.store.commit(lease, outcome)
             except StoreUnavailable as exc:
+                delay = backoff.next_delay()
                 log.warning(
                     "commit of %s failed (%s); retrying in %.2fs", lease.conversation, exc, delay
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, COMMIT_RETRY_CAP_S)
                 continue
             if not ended.ok:
                 raise LeaseLost(lease.conversation)

@@ -18,13 +18,13 @@ import asyncio
 import email.utils
 import json
 import logging
-import random
 import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from bot.backoff import Backoff
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
 from bot.tokens import estimate
@@ -353,7 +353,8 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
     """One answer for the prompt, reasoning stripped, within `settings.deadline_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.deadline_s
-    retries = 0
+    # Uncapped in effect: a wait past the deadline is refused below.
+    backoff = Backoff(settings.retry_base_s, settings.deadline_s, jitter=0.5)
     shrunk = False
     while True:
         try:
@@ -379,18 +380,18 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
                     )
                     prompt, shrunk = smaller, True
                     continue
-            if exc.kind != "transient" or retries >= settings.retries:
+            if exc.kind != "transient" or backoff.failures >= settings.retries:
                 raise
-            backoff = settings.retry_base_s * 2**retries * random.uniform(0.5, 1.5)
-            delay = max(backoff, exc.retry_after or 0.0)
+            delay = max(backoff.next_delay(), exc.retry_after or 0.0)
             if loop.time() + delay >= deadline:
                 raise LLMError(
                     f"{exc}; the next attempt would miss LASTWORD_LLM__DEADLINE_S",
                     kind="permanent",
                 ) from None
-            log.warning("LLM attempt %d failed (%s); retrying in %.2fs", retries + 1, exc, delay)
+            log.warning(
+                "LLM attempt %d failed (%s); retrying in %.2fs", backoff.failures, exc, delay
+            )
             await asyncio.sleep(delay)
-            retries += 1
 
 
 def make_llm(settings: LLMSettings, provider: Literal["openai", "echo"]) -> LLM:

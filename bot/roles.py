@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from bot.backoff import Backoff
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.settings import ConfigError
 from bot.store import Store, StoreUnavailable, lease_token
@@ -54,7 +55,7 @@ async def run_exclusively(
     ttl_s = ttl_ms / 1000
     claim_every_s = ttl_s / 3 if poll_s is None else poll_s
     token = lease_token(owner)
-    failures = 0
+    backoff = Backoff(RESTART_AFTER_S, RESTART_CAP_S)
     try:
         while True:
             fence, confirmed_at = await _claim(store, name, token, ttl_ms, claim_every_s)
@@ -79,12 +80,11 @@ async def run_exclusively(
                 await _release(store, name, token)
                 if isinstance(error, ConfigError):
                     raise
-                failures += 1
-                delay = min(RESTART_AFTER_S * 2 ** (failures - 1), RESTART_CAP_S)
+                delay = backoff.next_delay()
                 log.error(
                     "role %s failed (%d in a row); handed back, claiming again in %.0fs",
                     name,
-                    failures,
+                    backoff.failures,
                     delay,
                     exc_info=error,
                 )

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from bot.backoff import Backoff
 from bot.settings import ConfigError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Supervisor:
     async def keep(self, name: str, start: Callable[[], Awaitable[None]]) -> None:
         """Run `start()` until it returns (its input ended); restart it after any error but a
         `ConfigError`, which propagates."""
-        failures = 0
+        backoff = Backoff(RESTART_AFTER_S, RESTART_CAP_S)
         while True:
             began = time.monotonic()
             try:
@@ -45,13 +46,12 @@ class Supervisor:
                 raise
             except Exception:
                 if time.monotonic() - began > RECOVERED_AFTER_S:
-                    failures = 0
-                failures += 1
-                delay = min(RESTART_AFTER_S * 2 ** (failures - 1), RESTART_CAP_S)
+                    backoff.reset()
+                delay = backoff.next_delay()
                 log.exception(
                     "%s stopped with an error (%d in a row); restarting it in %.0fs",
                     name,
-                    failures,
+                    backoff.failures,
                     delay,
                 )
             self._down.add(name)

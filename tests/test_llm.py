@@ -336,7 +336,7 @@ async def test_transient_failures_are_retried_with_backoff(
     assert answer == "third time lucky"
     assert len(fake.requests) == 3
     starts = [r.started_at for r in fake.requests]
-    # Jitter is 0.5-1.5x of base * 2**attempt, so each wait is at least half of that.
+    # Jitter takes at most half off base * 2**attempt, so each wait is at least half of that.
     assert starts[1] - starts[0] >= base_s * 0.5
     assert starts[2] - starts[1] >= base_s * 2 * 0.5
     retried = [r for r in caplog.records if r.name == "bot.llm" and r.levelno == logging.WARNING]
