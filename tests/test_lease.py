@@ -72,6 +72,14 @@ class Renewals:
         return LeaseKeeper(held.name, self, TTL_MS, held.confirmed_at, on_failure=self.failed)
 
 
+def kept(
+    held: Held, *, raise_first: Exception | None = None, hold: asyncio.Event | None = None
+) -> tuple[Renewals, LeaseKeeper]:
+    """A keeper of `held`, and the `Renewals` it renews through (see there for the options)."""
+    renewals = Renewals(held.renew, raise_first=raise_first, hold=hold)
+    return renewals, renewals.keeper(held)
+
+
 @pytest.fixture
 async def store(redis: Redis, make_settings: SettingsFactory) -> Store:
     """The store, with conversation leases as short as the roles here."""
@@ -121,8 +129,7 @@ async def lease(request: pytest.FixtureRequest, store: Store) -> Held:
 
 
 async def test_renewals_keep_the_lease_past_its_ttl(lease: Held) -> None:
-    renewals = Renewals(lease.renew)
-    keeper = renewals.keeper(lease)
+    renewals, keeper = kept(lease)
 
     async def work() -> str:
         # A job three TTLs long: without renewals the lease would expire twice over.
@@ -138,8 +145,7 @@ async def test_renewals_keep_the_lease_past_its_ttl(lease: Held) -> None:
 async def test_a_lease_taken_over_cancels_the_work(
     role: Held, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     work = Work()
     runner = asyncio.create_task(keeper.run(work()))
     try:
@@ -174,8 +180,7 @@ async def test_a_renewal_that_hangs_is_cut_off_by_the_time_left(
     """The server frozen (SIGSTOP): the renewal's socket stays open and nothing answers. The
     test's client has no socket timeout, so only the keeper's own bound ends the call."""
     assert server.process is not None
-    renewals = Renewals(lease.renew)
-    keeper = renewals.keeper(lease)
+    renewals, keeper = kept(lease)
     work = Work()
     runner = asyncio.create_task(keeper.run(work()))
     try:
@@ -204,8 +209,7 @@ async def _renewed(renewals: Renewals) -> bool:
 async def test_a_renewal_that_fails_is_retried_until_the_time_left_runs_out(
     role: Held, server: EmbeddedRedis
 ) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     work = Work()
     runner = asyncio.create_task(keeper.run(work()))
     try:
@@ -226,8 +230,7 @@ async def test_a_renewal_that_fails_is_retried_until_the_time_left_runs_out(
 async def test_an_unexpected_renewal_error_is_logged_and_retried(
     role: Held, caplog: pytest.LogCaptureFixture
 ) -> None:
-    renewals = Renewals(role.renew, raise_first=RuntimeError("a bug in the renewal"))
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role, raise_first=RuntimeError("a bug in the renewal"))
 
     async def work() -> str:
         await asyncio.sleep(2 * TTL_S)
@@ -242,9 +245,8 @@ async def test_an_unexpected_renewal_error_is_logged_and_retried(
 
 
 async def test_a_release_is_not_mistaken_for_a_loss(role: Held, store: Store) -> None:
-    renewals = Renewals(role.renew, hold=asyncio.Event())
+    renewals, keeper = kept(role, hold=asyncio.Event())
     assert renewals.hold is not None
-    keeper = renewals.keeper(role)
 
     async def work() -> str:
         # Hand the lease back while a renewal is in flight: it will be refused.
@@ -265,8 +267,7 @@ async def test_a_release_is_not_mistaken_for_a_loss(role: Held, store: Store) ->
 
 
 async def test_ensure_fresh_confirms_only_a_stale_lease_unless_told_always(role: Held) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     await keeper.ensure_fresh()
     assert renewals.calls == 0
     await keeper.ensure_fresh(always=True)
@@ -283,8 +284,7 @@ async def test_ensure_fresh_confirms_only_a_stale_lease_unless_told_always(role:
 async def test_ensure_fresh_raises_once_the_lease_is_someone_elses(
     role: Held, store: Store
 ) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     assert await store.release_role("r", "us")
     assert await role.take_over()
     # Fresh by the clock, so not confirmed: that is the point of the TTL/2 margin.
@@ -300,8 +300,7 @@ async def test_ensure_fresh_raises_once_the_lease_is_someone_elses(
 async def test_ensure_fresh_raises_when_the_store_cannot_confirm(
     role: Held, server: EmbeddedRedis
 ) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     server.stop()
     with pytest.raises(LeaseLost):
         await keeper.ensure_fresh(always=True)
@@ -310,15 +309,13 @@ async def test_ensure_fresh_raises_when_the_store_cannot_confirm(
 
 async def test_ensure_fresh_lets_an_unexpected_error_through(role: Held) -> None:
     # A bug is not a lost lease: the caller fails the attempt (and backs it off) instead.
-    renewals = Renewals(role.renew, raise_first=RuntimeError("a bug in the renewal"))
-    keeper = renewals.keeper(role)
+    _, keeper = kept(role, raise_first=RuntimeError("a bug in the renewal"))
     with pytest.raises(RuntimeError, match="a bug"):
         await keeper.ensure_fresh(always=True)
 
 
 async def test_ensure_fresh_after_a_release_raises_without_asking(role: Held) -> None:
-    renewals = Renewals(role.renew)
-    keeper = renewals.keeper(role)
+    renewals, keeper = kept(role)
     keeper.released()
     with pytest.raises(LeaseLost):
         await keeper.ensure_fresh(always=True)
@@ -326,7 +323,7 @@ async def test_ensure_fresh_after_a_release_raises_without_asking(role: Held) ->
 
 
 async def test_cancelling_the_run_gives_the_work_its_wind_down(role: Held) -> None:
-    keeper = Renewals(role.renew).keeper(role)
+    _, keeper = kept(role)
     cancels = 0
     wound_down = asyncio.Event()
     started = asyncio.Event()
