@@ -420,14 +420,17 @@ async def test_fixing_the_policy_makes_the_check_pass(
     assert (await memory_check(make_settings)).ok
 
 
-async def restricted_user(redis: Redis, *rules: str) -> str:
-    """A user allowed everything but `rules` take away, as a managed Redis hands out; returns
-    its password."""
+async def checks_as_restricted_user(
+    make_settings: SettingsFactory, server: EmbeddedRedis, redis: Redis, *rules: str
+) -> list[Check]:
+    """Doctor's checks, connected as a user allowed everything but `rules` take away, as a
+    managed Redis hands out."""
     await redis.acl_setuser(
         "lw", enabled=True, passwords=[f"+{REDIS_PASSWORD}"], keys=["*"], channels=["*"],
         commands=["+@all", *rules],
     )  # fmt: skip
-    return REDIS_PASSWORD
+    url = f"unix://{server.socket}?username=lw&password={REDIS_PASSWORD}"
+    return await run_checks(make_settings(redis_url=url))
 
 
 async def test_refused_config_reads_the_policy_from_info(
@@ -436,9 +439,7 @@ async def test_refused_config_reads_the_policy_from_info(
     # ElastiCache and others rename or disable CONFIG; INFO still says what the policy is.
     await redis.config_set("maxmemory", 100 * 1024 * 1024)
     await redis.config_set("maxmemory-policy", "volatile-lru")
-    password = await restricted_user(redis, "-config")
-    url = f"unix://{server.socket}?username=lw&password={password}"
-    checks = await run_checks(make_settings(redis_url=url))
+    checks = await checks_as_restricted_user(make_settings, server, redis, "-config")
     memory = by_name(checks)["memory"]
 
     assert by_name(checks)["store"].ok and by_name(checks)["scripts"].ok
@@ -452,9 +453,9 @@ async def test_info_without_memory_falls_back_to_config_get(
 ) -> None:
     await redis.config_set("maxmemory-policy", "allkeys-lfu")
     # The store check's INFO sections stay allowed; INFO memory does not.
-    password = await restricted_user(redis, "-info", "+info|server", "+info|replication")
-    url = f"unix://{server.socket}?username=lw&password={password}"
-    checks = await run_checks(make_settings(redis_url=url))
+    checks = await checks_as_restricted_user(
+        make_settings, server, redis, "-info", "+info|server", "+info|replication"
+    )
     memory = by_name(checks)["memory"]
 
     assert by_name(checks)["store"].ok
@@ -466,9 +467,9 @@ async def test_a_policy_that_cannot_be_read_fails_with_a_manual_fix(
     make_settings: SettingsFactory, server: EmbeddedRedis, redis: Redis
 ) -> None:
     # The policy is the safe one, but doctor cannot see that: ✓ would claim a check not made.
-    password = await restricted_user(redis, "-config", "-info", "+info|server", "+info|replication")
-    url = f"unix://{server.socket}?username=lw&password={password}"
-    checks = await run_checks(make_settings(redis_url=url))
+    checks = await checks_as_restricted_user(
+        make_settings, server, redis, "-config", "-info", "+info|server", "+info|replication"
+    )
     memory = by_name(checks)["memory"]
 
     assert by_name(checks)["store"].ok

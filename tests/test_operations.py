@@ -64,6 +64,15 @@ def receive(sock: socket.socket, wanted: bytes) -> list[bytes]:
             return seen
 
 
+def stop_as_systemd(bot: Bot, sock: socket.socket) -> list[bytes]:
+    """SIGTERM, as systemd stops the unit: the datagrams until STOPPING=1, after which the bot
+    must exit 0."""
+    bot.process.send_signal(signal.SIGTERM)
+    seen = receive(sock, b"STOPPING=1")
+    assert bot.wait(10) == 0, bot.stderr()
+    return seen
+
+
 # -- systemd ---------------------------------------------------------------------------------
 
 
@@ -83,9 +92,7 @@ def test_notify_ready_status_watchdog_then_stopping(
         receive(notify_socket, b"WATCHDOG=1")
         assert time.monotonic() - pings_started < 1.0  # at half of WatchdogSec, not slower
         assert any(d.startswith(b"STATUS=cycles running: 0") for d in seen), seen
-        bot.process.send_signal(signal.SIGTERM)
-        receive(notify_socket, b"STOPPING=1")
-        assert bot.wait(10) == 0, bot.stderr()
+        stop_as_systemd(bot, notify_socket)
     finally:
         bot.kill()
 
@@ -123,9 +130,7 @@ def test_no_watchdog_pings_for_another_process(
     )
     try:
         wait_ready(notify_socket)
-        bot.process.send_signal(signal.SIGTERM)
-        seen = receive(notify_socket, b"STOPPING=1")
-        assert bot.wait(10) == 0
+        seen = stop_as_systemd(bot, notify_socket)
     finally:
         bot.kill()
     assert not any(b"WATCHDOG=1" in d for d in seen)

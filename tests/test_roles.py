@@ -4,6 +4,7 @@ within the TTL when its holder dies, and at once when it shuts down."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -110,13 +111,23 @@ async def test_an_expired_role_is_taken_over_with_a_higher_fence(store: Store) -
     assert await store.renew_role("r", "b", taken[0], 5000)
 
 
+@contextlib.asynccontextmanager
+async def working(store: Store, work: Work) -> AsyncIterator[asyncio.Task[None]]:
+    """`work` run exclusively as role "r" (TTL_MS, claims polled every 50 ms), once it has
+    started; stopped on the way out."""
+    runner = asyncio.create_task(run_exclusively(store, "r", work, TTL_MS, poll_s=0.05))
+    try:
+        await eventually(work.is_running)
+        yield runner
+    finally:
+        await cancel_and_wait(runner)
+
+
 async def test_work_is_cancelled_when_the_role_is_lost_then_resumes_when_it_is_back(
     store: Store, redis: Redis
 ) -> None:
     work = Work()
-    runner = asyncio.create_task(run_exclusively(store, "r", work, TTL_MS, poll_s=0.05))
-    try:
-        await eventually(work.is_running)
+    async with working(store, work) as runner:
         # Another holder takes over (as after an expiry the holder did not notice in time).
         await redis.delete(role_key("r"))
         thief = await store.claim_role("r", "thief", 10_000)
@@ -135,8 +146,6 @@ async def test_work_is_cancelled_when_the_role_is_lost_then_resumes_when_it_is_b
 
         await eventually(restarted, within_s=2.0)
         assert int(await redis.hget(role_key("r"), "fence") or 0) > thief
-    finally:
-        await cancel_and_wait(runner)
     assert work.cancels == 2
     assert await redis.exists(role_key("r")) == 0
 
@@ -145,9 +154,7 @@ async def test_work_is_cancelled_when_the_store_is_unreachable_past_the_ttl(
     store: Store, server: EmbeddedRedis
 ) -> None:
     work = Work()
-    runner = asyncio.create_task(run_exclusively(store, "r", work, TTL_MS, poll_s=0.05))
-    try:
-        await eventually(work.is_running)
+    async with working(store, work) as runner:
         stopping_at = time.monotonic()
         server.stop()
 
@@ -160,8 +167,6 @@ async def test_work_is_cancelled_when_the_store_is_unreachable_past_the_ttl(
         # role is surely ours for 2/3 of the TTL after it, and a failed renewal is retried.
         assert work.cancelled_at - stopping_at >= TTL_MS / 3000
         assert not runner.done()  # still trying to claim, for when the store is back
-    finally:
-        await cancel_and_wait(runner)
 
 
 async def test_the_role_is_released_when_the_work_returns(
