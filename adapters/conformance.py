@@ -29,6 +29,14 @@ exactly as `lastword run` runs it. The suite checks that:
 (f) a send the platform refuses for good is reported as permanent (`SendFailed` with
     `permanent=True`, or `Unreachable`), and one it refuses for now as transient.
 
+The suite stands on both sides of the adapter: the `Sink` it is given records every
+`ingest` (and raises in the runtime's place while (a) plays a store outage), and the runtime
+sends through a recording `Outbound` that keeps what each failed send raised, the adapter's
+verdict for (f). Everything else is the platform's, as the fake reports it: what counts as an
+acknowledgement (a webhook's 200, a confirmed offset, a kept gateway sequence) is the fake's
+`acknowledged`. The adapter is made through the entry point, so the package must be installed
+(`pip install -e .`) for its tests.
+
 A property that cannot apply to a platform (a terminal has no acknowledgement) is declared
 in `FakePlatform.not_applicable` with the reason, and its test is skipped with that reason;
 every other test runs.
@@ -49,7 +57,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,7 +107,7 @@ PROPERTIES = (
 )
 
 # How long the debounce waits for the user's last word; a burst is sent well within it.
-QUIET_MS = 300
+QUIET_MS = 500
 MAX_WAIT_MS = 3000
 # How long the echo model takes over the reply in the typing test.
 GENERATION_S = 1.2
@@ -268,7 +276,6 @@ class Running:
     outbound: WatchedOutbound
     model: EchoLLM
     task: asyncio.Task[None]
-    notes: list[str] = field(default_factory=list)
 
     async def settled(self, within_s: float = WAIT_S) -> None:
         """Wait until every message taken in so far has been answered (or given up)."""
@@ -505,13 +512,14 @@ class AdapterConformance:
         # Delivered again while the reply is still being waited for, then after it.
         await platform.redeliver(message_id)
         await eventually(
-            lambda: len(sink.outcomes(message_id)) >= 2, f"{message_id} to be delivered again"
+            lambda: len(sink.outcomes(message_id)) >= 2,
+            f"the redelivery to reach the core as {message_id} again",
         )
         await bot.settled()
         await platform.redeliver(message_id)
         await eventually(
             lambda: len(sink.outcomes(message_id)) >= 3,
-            f"{message_id} to be delivered a third time",
+            f"the second redelivery to reach the core as {message_id} again",
         )
         await bot.settled()
         assert sink.outcomes(message_id) == [True, False, False], (
