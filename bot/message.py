@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 
@@ -45,10 +45,37 @@ class InboundMessage:
         data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
         return cls(**data)
 
+    def cleaned(self, max_chars: int) -> InboundMessage:
+        """The message made safe to store: valid UTF-8 in every field, and text past
+        `max_chars` characters cut off with a note saying how much."""
+        v = _valid_utf8
+        return replace(
+            self,
+            chat_id=v(self.chat_id),
+            user_id=v(self.user_id),
+            message_id=v(self.message_id),
+            display_name=v(self.display_name),
+            text=_cut(v(self.text), max_chars),
+            reply_to_id=None if self.reply_to_id is None else v(self.reply_to_id),
+            attachments=tuple(Attachment(v(a.kind), v(a.ref)) for a in self.attachments),
+        )
+
     def prompt_text(self) -> str:
         """The text the model sees: the message, plus a marker for each attachment."""
         markers = " ".join(f"[{a.kind}]" for a in self.attachments)
         return f"{self.text} {markers}".strip() if markers else self.text
+
+
+def _valid_utf8(value: str) -> str:
+    """Lone surrogates (from a lenient decoder, or a JSON escape) cannot be stored: replace them."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _cut(text: str, max_chars: int) -> str:
+    if len(text) > max_chars:
+        cut = len(text) - max_chars
+        text = text[:max_chars] + f"\n[… {cut} more characters were cut: the message was too long]"
+    return text
 
 
 class Unavailable(Exception):

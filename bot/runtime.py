@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 from bot import logs
 from bot.cancel import cancel_and_wait
@@ -18,7 +17,7 @@ from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next, Stats
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
-from bot.message import Attachment, InboundMessage, Outbound, Unavailable
+from bot.message import InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
@@ -34,35 +33,6 @@ NOTICE_TIMEOUT_S = 30.0
 NOTICES_IN_FLIGHT = 100
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
-
-
-def valid_utf8(value: str) -> str:
-    """Lone surrogates (from a lenient decoder, or a JSON escape) cannot be stored: replace them."""
-    return value.encode("utf-8", "replace").decode("utf-8")
-
-
-def clean(message: InboundMessage, limit: int) -> InboundMessage:
-    """The message made safe to store: valid UTF-8 in every field, and text past `limit`
-    characters cut off with a note saying how much."""
-    v = valid_utf8
-    return replace(
-        message,
-        chat_id=v(message.chat_id),
-        user_id=v(message.user_id),
-        message_id=v(message.message_id),
-        display_name=v(message.display_name),
-        text=clean_text(message.text, limit),
-        reply_to_id=None if message.reply_to_id is None else v(message.reply_to_id),
-        attachments=tuple(Attachment(v(a.kind), v(a.ref)) for a in message.attachments),
-    )
-
-
-def clean_text(text: str, limit: int) -> str:
-    text = valid_utf8(text)
-    if len(text) > limit:
-        cut = len(text) - limit
-        text = text[:limit] + f"\n[… {cut} more characters were cut: the message was too long]"
-    return text
 
 
 class Typing:
@@ -137,7 +107,7 @@ class Runtime:
         `Unavailable` if it could not be stored: do not acknowledge it then."""
         if not self._accepting:
             raise Unavailable("this replica is shutting down")
-        message = clean(message, self.settings.max_message_chars)
+        message = message.cleaned(self.settings.max_message_chars)
         if not message.text.strip() and not message.attachments:
             return False
         with logs.about(message.conversation):
