@@ -46,15 +46,44 @@ async def fake() -> AsyncIterator[FakeDiscord]:
         yield discord
 
 
-async def first_session_caught_up(fake: FakeDiscord, holder: Running) -> None:
-    """Until the holder's first session is open and its catch-up done: until then, the DMs of
-    a new session wait in memory for the catch-up."""
-    await fake.wait_for_sessions(1, timeout=20)
+async def start_with_inbox_cap(env: dict[str, str], cap: int) -> Running:
+    """`lastword run`, but with the adapter's inbox capped at `cap` DMs instead of 10,000."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        f"import adapters.discord; adapters.discord.INBOX_CAP = {cap}\n"
+        "from bot.cli import main\nraise SystemExit(main(['run']))",
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return Running(process)
 
-    async def caught_up() -> bool:
-        return holder.said(CAUGHT_UP) == 1
 
-    await eventually(caught_up, within_s=5)
+@contextlib.asynccontextmanager
+async def lone_holder(
+    server: EmbeddedRedis, fake: FakeDiscord, data_dir: Path, inbox_cap: int | None = None
+) -> AsyncIterator[Running]:
+    """One `lastword run` (its adapter's inbox capped at `inbox_cap` DMs, if given), once its
+    first session is open and its catch-up done: until then, the DMs of a new session wait in
+    memory for the catch-up. Stopped on the way out."""
+    # Heartbeats every 100 ms tell the fake what the holder has received.
+    fake.heartbeat_interval_ms = 100
+    # A lease that outlives the store's pauses, so the holder keeps its role throughout.
+    env = bot_env(server, fake, data_dir, LASTWORD_LEASE__TTL_MS="4000")
+    holder = await (
+        Running.start(env) if inbox_cap is None else start_with_inbox_cap(env, inbox_cap)
+    )
+    try:
+        await fake.wait_for_sessions(1, timeout=20)
+
+        async def caught_up() -> bool:
+            return holder.said(CAUGHT_UP) == 1
+
+        await eventually(caught_up, within_s=5)
+        yield holder
+    finally:
+        await holder.stop()
 
 
 @contextlib.contextmanager
@@ -83,15 +112,9 @@ def assert_each_answered_once(fake: FakeDiscord, users: list[int], channels: lis
 async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
     server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
 ) -> None:
-    # Heartbeats every 100 ms tell the fake what the holder has received.
-    fake.heartbeat_interval_ms = 100
-    # A lease that outlives the store's pause below, so the holder keeps its role throughout.
-    env = bot_env(server, fake, short_dir, LASTWORD_LEASE__TTL_MS="4000")
     users = [USER + n for n in range(5)]
     channels = [fake.dm_channel(user) for user in users]
-    holder = await Running.start(env)
-    try:
-        await first_session_caught_up(fake, holder)
+    async with lone_holder(server, fake, short_dir) as holder:
         # The store stops answering: what the gateway delivers now stays queued in the holder.
         with store_frozen(server):
             await hello_from_each(fake, users)
@@ -102,8 +125,6 @@ async def test_sigterm_stores_the_queued_dms_before_the_gateway_is_handed_over(
 
             await eventually(handing_over, within_s=5)
         assert await holder.exited(15) == 0
-    finally:
-        await holder.stop()
     # Stored before the role was handed over: no replica has run since.
     for channel in channels:
         assert await counters(redis, channel) == (1, 0)
@@ -215,37 +236,17 @@ async def test_a_holder_stopped_during_its_catch_up_leaves_it_to_the_next(
     assert texts(fake, channel) == ["You said: before", "You said: gap / live"]
 
 
-async def start_with_inbox_cap(env: dict[str, str], cap: int) -> Running:
-    """`lastword run`, but with the adapter's inbox capped at `cap` DMs instead of 10,000."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        f"import adapters.discord; adapters.discord.INBOX_CAP = {cap}\n"
-        "from bot.cli import main\nraise SystemExit(main(['run']))",
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    return Running(process)
-
-
 async def test_dms_dropped_from_a_full_inbox_come_back_by_a_resume(
     server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
 ) -> None:
-    fake.heartbeat_interval_ms = 100
-    env = bot_env(server, fake, short_dir, LASTWORD_LEASE__TTL_MS="4000")
     users = [USER + n for n in range(6)]
     channels = [fake.dm_channel(user) for user in users]
-    holder = await start_with_inbox_cap(env, 3)
-    try:
-        await first_session_caught_up(fake, holder)
+    async with lone_holder(server, fake, short_dir, inbox_cap=3) as holder:
         # Six DMs while the store is down: more than the inbox holds.
         with store_frozen(server):
             await hello_from_each(fake, users)
         for channel in channels:
             await settled(redis, channel, 1)
-    finally:
-        await holder.stop()
     assert holder.said("dropping newer ones from memory") == 1
     # Those dropped were replayed by a RESUME of the same session.
     assert (fake.identify_count, fake.resume_count) == (1, 1)
