@@ -54,7 +54,6 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import logging
 import multiprocessing
 import os
 import random
@@ -70,6 +69,7 @@ from typing import cast
 
 from pydantic import SecretStr
 
+from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_client, make_store
 from bot.cycle import Stats
@@ -776,10 +776,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    started = time.monotonic()
-    asyncio.run(run(parse_args(argv)))
-    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    with timed_run():
+        asyncio.run(run(parse_args(argv)))
 
 
 if __name__ == "__main__":

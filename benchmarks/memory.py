@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
 from bot.app import make_client, make_store
 from bot.doctor import store_scripts
@@ -446,31 +446,21 @@ def report_case(result: Result, args: argparse.Namespace) -> None:
                 per(later.bytes, n),
             ]
         )
-    own_idle = sum(k.bytes for k in idle.kinds.values())
-    own_after = sum(k.bytes for k in after.kinds.values())
-    rows.append(["all own keys", "", per(own_idle, n), "", "", "", per(own_after, n)])
-    rows.append(
-        [
+    totals = [
+        (
+            "all own keys",
+            sum(k.bytes for k in idle.kinds.values()),
+            sum(k.bytes for k in after.kinds.values()),
+        ),
+        (
             f"shared ({idle.shared_keys} keys: due, active, usage day)",
-            "",
-            per(idle.shared_bytes, n),
-            "",
-            "",
-            "",
-            per(after.shared_bytes, n),
-        ]
-    )
-    rows.append(
-        [
-            "used_memory delta",
-            "",
-            per(idle.used_memory, n),
-            "",
-            "",
-            "",
-            per(after.used_memory, n),
-        ]
-    )
+            idle.shared_bytes,
+            after.shared_bytes,
+        ),
+        ("used_memory delta", idle.used_memory, after.used_memory),
+    ]
+    # Bytes only, idle and after: the key counts and TTLs are the kinds' own.
+    rows += [[name, "", per(now, n), "", "", "", per(later, n)] for name, now, later in totals]
     print_table(
         [
             "key kind",
@@ -597,12 +587,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    started = time.monotonic()
-    results = asyncio.run(run(args))
-    report(results, args)
-    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    with timed_run():
+        args = parse_args(argv)
+        report(asyncio.run(run(args)), args)
 
 
 if __name__ == "__main__":

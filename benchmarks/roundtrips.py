@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import time
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -31,6 +30,7 @@ from typing import ClassVar
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import UnixDomainSocketConnection
 
+from benchmarks.command_line import timed_run
 from benchmarks.wakeup import (
     NullOutbound,
     bench_settings,
@@ -262,32 +262,27 @@ async def run(args: argparse.Namespace) -> list[Measured]:
                     echo_delay_ms=0,
                 )
             )
+            # (c) and (e): a slow model and a short TTL, so that the cycles renew their leases.
+            renewing = functools.partial(
+                cycles,
+                server,
+                admin,
+                args,
+                count=args.renew_n,
+                ttl_ms=args.renew_ttl_ms,
+                echo_delay_ms=args.renew_delay_ms,
+            )
             await admin.flushall()
             results.append(
-                await cycles(
-                    server,
-                    admin,
-                    args,
+                await renewing(
                     label="c",
                     phase=f"(c) cycle, {args.renew_delay_ms} ms LLM, TTL {args.renew_ttl_ms}",
-                    count=args.renew_n,
-                    ttl_ms=args.renew_ttl_ms,
-                    echo_delay_ms=args.renew_delay_ms,
                     interrupt=False,
                 )
             )
             await admin.flushall()
             results.append(
-                await cycles(
-                    server,
-                    admin,
-                    args,
-                    label="e",
-                    phase=f"(e) as (c), interrupt watch every {POLL_MS} ms",
-                    count=args.renew_n,
-                    ttl_ms=args.renew_ttl_ms,
-                    echo_delay_ms=args.renew_delay_ms,
-                )
+                await renewing(label="e", phase=f"(e) as (c), interrupt watch every {POLL_MS} ms")
             )
         finally:
             await admin.aclose()
@@ -360,12 +355,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    started = time.monotonic()
-    results = asyncio.run(run(args))
-    report(results, args)
-    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    with timed_run():
+        args = parse_args(argv)
+        report(asyncio.run(run(args)), args)
 
 
 if __name__ == "__main__":

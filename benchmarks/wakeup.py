@@ -34,6 +34,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from benchmarks.command_line import timed_run
 from bot.app import make_client, make_store
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import EchoLLM
@@ -298,13 +299,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Errors only on screen: failed cycles are counted in the table, not logged one by one.
-    for handler in logging.getLogger().handlers:
-        handler.setLevel(logging.ERROR)
-    started = time.monotonic()
-    asyncio.run(run(parse_args(argv)))
-    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    with timed_run():
+        # Errors only on screen: failed cycles are counted in the table, not logged one by one.
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.ERROR)
+        asyncio.run(run(parse_args(argv)))
 
 
 if __name__ == "__main__":
