@@ -3,7 +3,6 @@ then business as usual once the node is promoted (SPEC: READONLY without a crash
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,7 @@ from bot.embedded import EmbeddedRedis
 from bot.store import StoreUnavailable
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.fakes.loopback import free_port
 
 
 async def test_a_read_only_replica_is_reported_then_promoted(

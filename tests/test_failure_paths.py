@@ -28,11 +28,11 @@ from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Keys, classify
 from tests.conftest import SettingsFactory, eventually, settled
+from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running, clean_environ
 from tests.test_replicas import Cluster, covering_reply, message
-from tests.test_telegram import free_port
 
 pytestmark = pytest.mark.timeout(90)
 

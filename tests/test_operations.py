@@ -23,6 +23,7 @@ from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually, settled
+from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 __all__ = ["data_dir", "notify_socket"]  # fixtures, imported for pytest to find
 CHAT = 4242
 TOKEN = "123456789:AAFakeTelegramTokenForTests0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def lastword(

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import random
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from bot.commands import RESET
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually, settled
+from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update
 from tests.running import Running, run_env
 
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.timeout(60)
 SECRET = "s3cret-webhook-token"
 CHAT = 4242
 CONVERSATION = f"telegram:{CHAT}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bot_env(

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually, settled
+from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, WebhookConfig, post_update
 from tests.running import Running
 from tests.test_telegram import (
@@ -25,7 +26,6 @@ from tests.test_telegram import (
     SECRET,
     bot_env,
     counters,
-    free_port,
     sent_texts,
 )
 

@@ -1,16 +1,41 @@
 """The lifecycle every loopback fake shares: an aiohttp app on 127.0.0.1 with an OS-chosen
-port, started and stopped around a test, whose handlers can be cancelled on the way out."""
+port, started and stopped around a test, whose handlers can be cancelled on the way out; and
+a free loopback port for a server the test does not start itself."""
 
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
+import socket
 from typing import Any, Self
 
 from aiohttp import web
 
 
-class LoopbackServer:
+def free_port() -> int:
+    """A loopback port nothing listens on right now (for a server a test starts later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class StartStop:
+    """`async with` starts it and stops it, whatever happened inside."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+class LoopbackServer(StartStop):
     def __init__(self) -> None:
         # Handlers register themselves here so stop() can cancel the ones still running.
         self._handler_tasks: set[asyncio.Task[Any]] = set()
@@ -51,18 +76,6 @@ class LoopbackServer:
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
         await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def origin(self) -> str:

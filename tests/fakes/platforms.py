@@ -29,8 +29,8 @@ from adapters.conformance import (
 from adapters.console import ConsoleAdapter
 from adapters.discord import SESSION_KEY
 from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.test_telegram import free_port
 
 # The one user of each test, who talks to the bot in a private chat.
 TELEGRAM_CHAT = 4242

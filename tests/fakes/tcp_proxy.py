@@ -34,8 +34,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from tests.fakes.loopback import StartStop
 
 CHUNK = 64 * 1024
 
@@ -69,7 +69,7 @@ class _Connection:
             writer.transport.abort()
 
 
-class TcpProxy:
+class TcpProxy(StartStop):
     """Forwards TCP connections on 127.0.0.1 to `target`: a unix socket path, or a
     ``(host, port)`` pair. Use as an async context manager, or `start()` and `stop()`."""
 
@@ -136,18 +136,6 @@ class TcpProxy:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def partition(self) -> None:
         """From now on, hold every byte in both directions; close nothing."""

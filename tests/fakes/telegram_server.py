@@ -347,18 +347,19 @@ class FakeTelegram(LoopbackServer):
         message_id: int | None = None,
         first_name: str = "Ann",
     ) -> dict[str, Any]:
-        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
-        message["sticker"] = {
-            "file_id": f"sticker-{message['message_id']}",
-            "file_unique_id": f"us-{message['message_id']}",
-            "type": "regular",
-            "width": 512,
-            "height": 512,
-            "is_animated": False,
-            "is_video": False,
-            "emoji": emoji,
-        }
-        return self._update("message", message)
+        def sticker(mid: int) -> dict[str, Any]:
+            return {
+                "file_id": f"sticker-{mid}",
+                "file_unique_id": f"us-{mid}",
+                "type": "regular",
+                "width": 512,
+                "height": 512,
+                "is_animated": False,
+                "is_video": False,
+                "emoji": emoji,
+            }
+
+        return self._media_update(chat_id, user_id, first_name, message_id, "sticker", sticker)
 
     def photo_update(
         self,
@@ -368,27 +369,19 @@ class FakeTelegram(LoopbackServer):
         message_id: int | None = None,
         first_name: str = "Ann",
     ) -> dict[str, Any]:
-        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
-        mid = message["message_id"]
-        message["photo"] = [
-            {
-                "file_id": f"photo-{mid}-s",
-                "file_unique_id": f"up-{mid}-s",
-                "width": 90,
-                "height": 90,
-                "file_size": 1200,
-            },
-            {
-                "file_id": f"photo-{mid}-m",
-                "file_unique_id": f"up-{mid}-m",
-                "width": 800,
-                "height": 800,
-                "file_size": 64000,
-            },
-        ]
-        if caption is not None:
-            message["caption"] = caption
-        return self._update("message", message)
+        def sizes(mid: int) -> list[dict[str, Any]]:
+            return [
+                {
+                    "file_id": f"photo-{mid}-{size}",
+                    "file_unique_id": f"up-{mid}-{size}",
+                    "width": edge,
+                    "height": edge,
+                    "file_size": weight,
+                }
+                for size, edge, weight in (("s", 90, 1200), ("m", 800, 64000))
+            ]
+
+        return self._media_update(chat_id, user_id, first_name, message_id, "photo", sizes, caption)
 
     def voice_update(
         self,
@@ -398,15 +391,15 @@ class FakeTelegram(LoopbackServer):
         message_id: int | None = None,
         first_name: str = "Ann",
     ) -> dict[str, Any]:
-        message = self._inbound(chat_id, user_id, first_name, "private", message_id)
-        mid = message["message_id"]
-        message["voice"] = {
-            "file_id": f"voice-{mid}",
-            "file_unique_id": f"uv-{mid}",
-            "duration": duration,
-            "mime_type": "audio/ogg",
-        }
-        return self._update("message", message)
+        def voice(mid: int) -> dict[str, Any]:
+            return {
+                "file_id": f"voice-{mid}",
+                "file_unique_id": f"uv-{mid}",
+                "duration": duration,
+                "mime_type": "audio/ogg",
+            }
+
+        return self._media_update(chat_id, user_id, first_name, message_id, "voice", voice)
 
     def document_update(
         self,
@@ -417,14 +410,31 @@ class FakeTelegram(LoopbackServer):
         message_id: int | None = None,
         first_name: str = "Ann",
     ) -> dict[str, Any]:
+        def document(mid: int) -> dict[str, Any]:
+            return {
+                "file_id": f"doc-{mid}",
+                "file_unique_id": f"ud-{mid}",
+                "file_name": file_name,
+                "mime_type": "application/octet-stream",
+            }
+
+        return self._media_update(
+            chat_id, user_id, first_name, message_id, "document", document, caption
+        )
+
+    def _media_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        first_name: str,
+        message_id: int | None,
+        field: str,
+        content: Callable[[int], Any],
+        caption: str | None = None,
+    ) -> dict[str, Any]:
+        """A private message carrying `field` (built from the message id), and a caption."""
         message = self._inbound(chat_id, user_id, first_name, "private", message_id)
-        mid = message["message_id"]
-        message["document"] = {
-            "file_id": f"doc-{mid}",
-            "file_unique_id": f"ud-{mid}",
-            "file_name": file_name,
-            "mime_type": "application/octet-stream",
-        }
+        message[field] = content(message["message_id"])
         if caption is not None:
             message["caption"] = caption
         return self._update("message", message)
