@@ -898,7 +898,9 @@ class FakeDiscord(LoopbackServer):
         await ws.close(code=CLOSE_UNKNOWN_OPCODE, message=b"Unknown opcode.")
         return False
 
-    async def _identify(self, conn: _Connection, d: Any) -> bool:
+    async def _may_authenticate(self, conn: _Connection, d: Any) -> bool:
+        """Whether an IDENTIFY or RESUME may go on: the socket has no session yet and the token
+        is right. Otherwise the socket is closed with the code Discord uses."""
         ws = conn.ws
         if conn.session is not None:
             await ws.close(code=CLOSE_ALREADY_AUTHENTICATED, message=b"Already authenticated.")
@@ -906,6 +908,12 @@ class FakeDiscord(LoopbackServer):
         if not isinstance(d, dict) or d.get("token") != self.token:
             await ws.close(code=CLOSE_AUTHENTICATION_FAILED, message=b"Authentication failed.")
             return False
+        return True
+
+    async def _identify(self, conn: _Connection, d: Any) -> bool:
+        if not await self._may_authenticate(conn, d):
+            return False
+        ws = conn.ws
         intents = d.get("intents")
         if not isinstance(intents, int) or isinstance(intents, bool) or intents < 0:
             await ws.close(code=CLOSE_INVALID_INTENTS, message=b"Invalid intent(s).")
@@ -949,12 +957,7 @@ class FakeDiscord(LoopbackServer):
         return True
 
     async def _resume(self, conn: _Connection, d: Any) -> bool:
-        ws = conn.ws
-        if conn.session is not None:
-            await ws.close(code=CLOSE_ALREADY_AUTHENTICATED, message=b"Already authenticated.")
-            return False
-        if not isinstance(d, dict) or d.get("token") != self.token:
-            await ws.close(code=CLOSE_AUTHENTICATION_FAILED, message=b"Authentication failed.")
+        if not await self._may_authenticate(conn, d):
             return False
         self.resume_count += 1
         session = self._sessions.get(str(d.get("session_id")))
