@@ -22,6 +22,7 @@ from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
+from bot.typing_indicator import Typing
 
 log = logging.getLogger(__name__)
 
@@ -33,36 +34,6 @@ NOTICE_TIMEOUT_S = 30.0
 NOTICES_IN_FLIGHT = 100
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
-
-
-class Typing:
-    """Keeps a typing indicator alive per conversation, from first message to reply."""
-
-    def __init__(self, outbound: Outbound) -> None:
-        self.outbound = outbound
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-
-    def show(self, conversation: str) -> None:
-        if conversation not in self._tasks:
-            self._tasks[conversation] = asyncio.create_task(self._repeat(conversation))
-
-    def hide(self, conversation: str) -> None:
-        task = self._tasks.pop(conversation, None)
-        if task is not None:
-            task.cancel()
-
-    async def _repeat(self, conversation: str) -> None:
-        while True:
-            try:
-                await self.outbound.typing(conversation)
-            except Exception as exc:
-                # An indicator is a nicety; a platform hiccup must not end the conversation.
-                log.debug("typing indicator failed for %s: %s", conversation, exc)
-            await asyncio.sleep(self.outbound.typing_interval_s)
-
-    def stop(self) -> None:
-        for conversation in list(self._tasks):
-            self.hide(conversation)
 
 
 class Runtime:
