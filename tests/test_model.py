@@ -3,10 +3,10 @@ several replicas that deliver, redeliver, wait, acquire, renew, interrupt, pre-s
 commit, release, lose their lease and crash, in any order.
 
 Each simulated replica is its own `Store` with its own connections; a holder is a replica
-with a lease and the step of the cycle it has reached. Pausing needs no rule of its own: a
-holder sits in the list while others act (its lease may expire meanwhile) and any later rule
-resumes it, as a replica resumed after SIGSTOP would. A crash is a holder that never calls
-again.
+with a lease and the step of the cycle it has reached. Any holder may sit in the list while
+others act and act again later, as a replica resumed after SIGSTOP would; `pause_and_resume`
+plays the seeds' case on purpose (paused past its lease, taken over, then its next step). A
+crash is a holder that never calls again.
 
 Time: windows are real and short (milliseconds), so deadlines pass on the server's clock.
 A lease's expiry and a failed attempt's backoff (seconds, both) are fast-forwarded instead:
@@ -67,6 +67,8 @@ Outcome = Literal["sent", "unreachable", "abandoned"]
 replica_ = st.integers(0, REPLICAS - 1)
 conversation_ = st.sampled_from(CONVERSATIONS)
 pick = st.integers(0, 2**16)
+# The stages of a holder that has not given its lease back (it may have lost it, though).
+ACTIVE = ("acquired", "presented", "sent")
 
 
 @dataclass
@@ -138,8 +140,11 @@ class Protocol(RuleBasedStateMachine):
         self.run(close())
         self.loop.close()
 
-    def holder(self, n: int) -> Holder | None:
-        return self.holders[n % len(self.holders)] if self.holders else None
+    def holder(self, n: int, *stages: str) -> Holder | None:
+        """The n-th holder (modulo), among those at one of `stages` if given: a step that
+        only a holder at some stage can take picks among those, so runs get further."""
+        candidates = [h for h in self.holders if not stages or h.stage in stages]
+        return candidates[n % len(candidates)] if candidates else None
 
     # Read from the server directly: the model never takes a script's word for it.
 
@@ -265,18 +270,29 @@ class Protocol(RuleBasedStateMachine):
     @rule(n=pick)
     def expire(self, n: int) -> None:
         """The holder pauses (or its renewals stop getting through) until its lease runs out."""
-        if (holder := self.holder(n)) is not None:
+        if (holder := self.holder(n, *ACTIVE)) is not None:
+            self._expire(holder)
 
-            async def run_out() -> None:
-                if await self._held(holder):
-                    await self.redis.pexpire(Keys(holder.lease.conversation).lease, 1)
+    def _expire(self, holder: Holder) -> None:
+        async def run_out() -> None:
+            if await self._held(holder):
+                await self.redis.pexpire(Keys(holder.lease.conversation).lease, 1)
 
-                async def gone() -> bool:
-                    return not await self._held(holder)
+            async def gone() -> bool:
+                return not await self._held(holder)
 
-                await eventually(gone, within_s=1)
+            await eventually(gone, within_s=1)
 
-            self.run(run_out())
+        self.run(run_out())
+
+    @rule(n=pick, replica=replica_, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
+    def pause_and_resume(self, n: int, replica: int, outcome: Outcome) -> None:
+        """The seeds' stalled holder: paused past its lease while another replica takes the
+        conversation over, it resumes where it stopped and takes its next step."""
+        if (holder := self.holder(n, *ACTIVE)) is not None:
+            self._expire(holder)
+            self.acquire(replica, holder.lease.conversation, on_time=True)
+            self._next_step(holder, outcome)
 
     @rule(n=pick)
     def renew(self, n: int) -> None:
@@ -297,12 +313,13 @@ class Protocol(RuleBasedStateMachine):
                 self._ended(holder)
 
     @rule(n=pick, newer=st.booleans())
-    def presend(self, n: int, newer: bool = False) -> None:
+    def presend(self, n: int, newer: bool) -> None:
         """The pre-send check; `newer`: a message arrives just before it, the race the check
         and the starvation guard exist for."""
-        holder = self.holder(n)
-        if holder is None or holder.stage != "acquired":
-            return
+        if (holder := self.holder(n, "acquired")) is not None:
+            self._presend(holder, newer)
+
+    def _presend(self, holder: Holder, newer: bool) -> None:
         conv = holder.lease.conversation
         if newer:
             self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
@@ -323,21 +340,23 @@ class Protocol(RuleBasedStateMachine):
             holder.stage, holder.text = "presented", text
             self.outbox[conv] = (text, holder.version)
         else:
-            assert not current and not starving, "a current reply was called stale"
+            assert not current, "a current reply was called stale"
+            assert not starving, "the starvation guard did not force the reply out"
             self._ended(holder)
 
     @rule(n=pick)
     def send(self, n: int) -> None:
         """The platform call, between the pre-send check and the commit; the store sees none
         of it."""
-        if (holder := self.holder(n)) is not None and holder.stage == "presented":
+        if (holder := self.holder(n, "presented")) is not None:
             holder.stage = "sent"
 
     @rule(n=pick, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
     def commit(self, n: int, outcome: Outcome) -> None:
-        holder = self.holder(n)
-        if holder is None or holder.stage != "sent":
-            return
+        if (holder := self.holder(n, "sent")) is not None:
+            self._commit(holder, outcome)
+
+    def _commit(self, holder: Holder, outcome: Outcome) -> None:
         conv = holder.lease.conversation
         held = self.run(self._held(holder))
         ended = self.run(self.replicas[holder.replica].commit(holder.lease, outcome))
@@ -355,13 +374,16 @@ class Protocol(RuleBasedStateMachine):
     @rule(n=pick, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
     def advance(self, n: int, outcome: Outcome) -> None:
         """The next step of a holder's cycle, whichever it is: most runs get far this way."""
-        if (holder := self.holder(n)) is not None:
-            if holder.stage == "acquired":
-                self.presend(n)
-            elif holder.stage == "presented":
-                self.send(n)
-            elif holder.stage == "sent":
-                self.commit(n, outcome)
+        if (holder := self.holder(n, *ACTIVE)) is not None:
+            self._next_step(holder, outcome)
+
+    def _next_step(self, holder: Holder, outcome: Outcome) -> None:
+        if holder.stage == "acquired":
+            self._presend(holder, newer=False)
+        elif holder.stage == "presented":
+            holder.stage = "sent"
+        elif holder.stage == "sent":
+            self._commit(holder, outcome)
 
     @rule(n=pick, failed=st.booleans())
     def release(self, n: int, failed: bool) -> None:
