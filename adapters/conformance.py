@@ -58,6 +58,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -508,20 +509,19 @@ class AdapterConformance:
     async def test_a_redelivered_message_is_answered_once(self, bot: Running) -> None:
         platform, sink = bot.platform, bot.sink
         message_id = await platform.user_sends("only once")
+
+        def delivered(times: int) -> bool:
+            return len(sink.outcomes(message_id)) >= times
+
         await eventually(lambda: sink.stored(message_id), f"{message_id} to be stored")
         # Delivered again while the reply is still being waited for, then after it.
-        await platform.redeliver(message_id)
-        await eventually(
-            lambda: len(sink.outcomes(message_id)) >= 2,
-            f"the redelivery to reach the core as {message_id} again",
-        )
-        await bot.settled()
-        await platform.redeliver(message_id)
-        await eventually(
-            lambda: len(sink.outcomes(message_id)) >= 3,
-            f"the second redelivery to reach the core as {message_id} again",
-        )
-        await bot.settled()
+        for deliveries in (2, 3):
+            await platform.redeliver(message_id)
+            await eventually(
+                partial(delivered, deliveries),
+                f"delivery {deliveries} to reach the core as {message_id} again",
+            )
+            await bot.settled()
         assert sink.outcomes(message_id) == [True, False, False], (
             "a redelivery must be dropped as a duplicate"
         )
