@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
+from bot.connect import Client
 from bot.store import reaching_redis
 from bot.store.keys import (
     HEARTBEAT_PATTERN,
@@ -208,13 +209,15 @@ def _lease(token: Any, fence: Any, pttl: int) -> LeaseInfo | None:
 
 
 async def collect(
-    redis: Redis, *, now_ms: int | None = None, scan_count: int = SCAN_COUNT
+    redis: Client, *, now_ms: int | None = None, scan_count: int = SCAN_COUNT
 ) -> Status:
     """Read a snapshot of replicas, roles, waiting conversations, leases and wake-ups.
 
     Three pipelined round trips, whatever the number of conversations (the due-index and
     role names first, then every key they name, then each waiting conversation's oldest
     message), plus one per `scan_count` keys of the keyspace while looking for heartbeats.
+    On a Redis Cluster each pipeline is split by node and sent to all at once, the heartbeats
+    are looked for on every primary, and the clock is read in a call of its own.
     `now_ms` replaces the server's clock (tests). Raises `StoreUnavailable` when Redis
     cannot be reached.
     """
@@ -252,7 +255,7 @@ class _Holders:
     owed: list[_Owed]
 
 
-async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
+async def _collect(redis: Client, now_ms: int | None, scan_count: int) -> Status:
     # The replicas' clocks pick the day they count tokens under, so this one picks it too.
     day = (
         datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
@@ -277,20 +280,17 @@ async def _collect(redis: Redis, now_ms: int | None, scan_count: int) -> Status:
     )
 
 
-async def _read_indexes(redis: Redis, day: date, scan_count: int) -> _Indexes:
+async def _read_indexes(redis: Client, day: date, scan_count: int) -> _Indexes:
     """The server's clock, the role names, the heartbeat keys, every shard's due-index and
     its tokens of `day`: one round trip, plus a SCAN call per further `scan_count` keys."""
+    if isinstance(redis, RedisCluster):
+        return await _read_cluster_indexes(redis, day, scan_count)
     async with redis.pipeline(transaction=False) as pipe:
         pipe.time()
         # The fence counters name every role ever taken: no scan needed for roles.
         pipe.hkeys(ROLE_TAG)
         pipe.scan(0, match=HEARTBEAT_PATTERN, count=scan_count)
-        for shard in range(SHARDS):
-            pipe.zrange(due_key(shard), 0, -1, withscores=True)
-        for shard in range(SHARDS):
-            totals, ranking = usage_day_keys(shard, day)
-            pipe.hgetall(totals)
-            pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
+        _read_shards(pipe, day)
         first: list[Any] = await pipe.execute()
     seconds, micros = first[0]
     cursor, found = first[2]
@@ -298,20 +298,52 @@ async def _read_indexes(redis: Redis, day: date, scan_count: int) -> _Indexes:
     while int(cursor) != 0:
         cursor, found = await redis.scan(cursor, match=HEARTBEAT_PATTERN, count=scan_count)
         heartbeats.update(_text(k) for k in found)
+    return _indexes(int(seconds) * 1000 + int(micros) // 1000, first[1], heartbeats, day, first[3:])
+
+
+async def _read_cluster_indexes(redis: RedisCluster, day: date, scan_count: int) -> _Indexes:
+    """`_read_indexes` on a cluster: the keyed reads in one pipeline, split by node and sent
+    to all at once; the clock from one node; the heartbeats by a SCAN of every primary (the
+    keyspace of a cluster is the union of theirs)."""
+    async with redis.pipeline() as pipe:
+        pipe.hkeys(ROLE_TAG)
+        _read_shards(pipe, day)
+        first: list[Any] = await pipe.execute()
+    seconds, micros = await redis.time()
+    heartbeats = {
+        _text(k) async for k in redis.scan_iter(match=HEARTBEAT_PATTERN, count=scan_count)
+    }
+    return _indexes(int(seconds) * 1000 + int(micros) // 1000, first[0], heartbeats, day, first[1:])
+
+
+def _read_shards(pipe: Any, day: date) -> None:
+    """Queue the reads of every shard's due-index, then its totals and ranking of `day`."""
+    for shard in range(SHARDS):
+        pipe.zrange(due_key(shard), 0, -1, withscores=True)
+    for shard in range(SHARDS):
+        totals, ranking = usage_day_keys(shard, day)
+        pipe.hgetall(totals)
+        pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
+
+
+def _indexes(
+    now_ms: int, role_names: list[Any], heartbeats: set[str], day: date, shards: list[Any]
+) -> _Indexes:
+    """What `_read_shards` queued, read back, with the rest of the first round trip."""
     due: dict[str, int] = {}
-    for shard in first[3 : 3 + SHARDS]:
+    for shard in shards[:SHARDS]:
         for member, score in shard:
             due[_text(member)] = int(score)
     return _Indexes(
-        now_ms=int(seconds) * 1000 + int(micros) // 1000,
-        role_names=sorted(_text(n) for n in first[1]),
+        now_ms=now_ms,
+        role_names=sorted(_text(n) for n in role_names),
         heartbeats=sorted(heartbeats),
         due=due,
-        tokens_today=_tokens_today(day.isoformat(), first[3 + SHARDS :]),
+        tokens_today=_tokens_today(day.isoformat(), shards[SHARDS:]),
     )
 
 
-async def _read_holders(redis: Redis, indexes: _Indexes, now: int) -> _Holders:
+async def _read_holders(redis: Client, indexes: _Indexes, now: int) -> _Holders:
     """Every heartbeat, role lease and due conversation's counters and lease: one round trip."""
     conversations = sorted(indexes.due)
     async with redis.pipeline(transaction=False) as pipe:
@@ -357,7 +389,7 @@ async def _read_holders(redis: Redis, indexes: _Indexes, now: int) -> _Holders:
 
 
 async def _read_waiting(
-    redis: Redis, owed: list[_Owed], due: dict[str, int], now: int
+    redis: Client, owed: list[_Owed], due: dict[str, int], now: int
 ) -> list[Waiting]:
     """The conversations that owe a reply, longest wait first, read from each one's oldest
     unanswered message: one round trip (none when nothing is owed)."""

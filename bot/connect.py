@@ -1,0 +1,229 @@
+"""Connecting to Redis: one setting, `LASTWORD_REDIS_URL`, for every shape of deployment.
+
+    redis://[user:password@]host:port[/db]     one server; or, when the node it names has
+    rediss://...                               cluster mode on (`INFO cluster`), the whole
+                                               Redis Cluster, found from that node
+    unix:///path/to/redis.sock                 one server on a unix socket
+    redis+sentinel://[user:password@]host:port[,host:port...]/<master name>[?db=N]
+    rediss+sentinel://...                      the primary that those Sentinels name,
+                                               followed across failovers
+
+In a Sentinel URL the user and password are the data nodes'; the Sentinels' own, if they
+have one, go in the query (`sentinel_username=`, `sentinel_password=`). `rediss+sentinel`
+speaks TLS to both. Other query parameters are redis-py's, as in a `redis://` URL.
+
+Every client made here has the same bounds in every mode: each call ends within
+`REDIS_TIMEOUT_S`, a connection is opened within `REDIS_CONNECT_TIMEOUT_S`, TCP keepalive is
+on, an idle connection is checked with a PING after `REDIS_HEALTH_CHECK_S`, and at most
+`MAX_CONNECTIONS` connections are open to each node. With one server or Sentinel a call waits
+up to `POOL_WAIT_S` for a free connection; redis-py's cluster client cannot wait, so there a
+call beyond the bound fails at once (a retryable `StoreUnavailable`).
+
+Nothing here imports the rest of lastword: settings validate URLs with `parse_sentinel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+from redis import Redis as SyncRedis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ResponseError
+
+# Every Redis call ends within this, answered or not. A primary that vanishes without a reset
+# (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
+# timeout, about 15 minutes. Each script is a few dozen operations, far below it.
+REDIS_TIMEOUT_S = 5.0
+REDIS_CONNECT_TIMEOUT_S = 2.0
+# A connection idle this long is checked with a PING before it is used again.
+REDIS_HEALTH_CHECK_S = 15
+# Connections open at once, per node; and how long a call waits for one when all are busy.
+MAX_CONNECTIONS = 100
+POOL_WAIT_S = 10
+# The cluster client follows MOVED and ASK itself and, on a connection error or CLUSTERDOWN,
+# reloads the slot map and tries again: this many times, briefly, so a call during a failover
+# still ends soon (as a `StoreUnavailable`) and the caller's own backoff takes over.
+CLUSTER_RETRIES = 3
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+
+# What lastword talks to: one server (or a Sentinel-managed primary), or a cluster.
+Client = Redis | RedisCluster
+Mode = Literal["standalone", "cluster", "sentinel"]
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a `redis+sentinel://` URL names."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    tls: bool
+    # Options for the data nodes' connections (user, password, db, TLS options...).
+    options: dict[str, Any]
+    # Options for the Sentinels' connections (their own user and password).
+    sentinel_options: dict[str, Any]
+
+
+def is_sentinel(url: str) -> bool:
+    return urlparse(url).scheme in SENTINEL_SCHEMES
+
+
+def parse_sentinel(url: str) -> SentinelTarget:
+    """Raises ValueError, without quoting the URL (it may carry a password)."""
+    parts = urlparse(url)
+    if parts.scheme not in SENTINEL_SCHEMES:
+        raise ValueError("must start with redis+sentinel:// or rediss+sentinel://")
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    sentinels: list[tuple[str, int]] = []
+    for entry in hostlist.split(","):
+        host, colon, port = entry.strip().rpartition(":")
+        if not colon:
+            host, port = port, "26379"
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("each Sentinel must be host:port, the port a number up to 65535")
+        sentinels.append((host, int(port)))
+    master = unquote(parts.path.strip("/"))
+    if not master or "/" in master:
+        raise ValueError("the path must name the primary: redis+sentinel://host:port/<name>")
+    tls = parts.scheme == "rediss+sentinel"
+    query: dict[str, str] = {}
+    for pair in filter(None, parts.query.split("&")):
+        name, _, value = pair.partition("=")
+        query[name] = value
+    sentinel_options: dict[str, Any] = {}
+    for name in ("sentinel_username", "sentinel_password"):
+        if name in query:
+            sentinel_options[name.removeprefix("sentinel_")] = unquote(query.pop(name))
+    # redis-py parses the rest as it would for one server's URL: credentials, db, TLS
+    # options. (The host is a placeholder: the Sentinels name the primary.)
+    rest = "&".join(f"{k}={v}" for k, v in query.items())
+    plain = f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}"
+    options: dict[str, Any] = dict(parse_url(f"{plain}localhost?{rest}"))
+    for name in ("host", "port"):
+        options.pop(name, None)
+    if options.pop("connection_class", None) is SSLConnection:
+        options["ssl"] = True
+    return SentinelTarget(tuple(sentinels), master, tls, options, sentinel_options)
+
+
+def _bounds(url: str) -> dict[str, Any]:
+    """The timeouts and health checks every connection gets, whatever the mode."""
+    options: dict[str, Any] = {
+        "socket_timeout": REDIS_TIMEOUT_S,
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "health_check_interval": REDIS_HEALTH_CHECK_S,
+    }
+    if urlparse(url).scheme != "unix":
+        # TCP only (a unix socket takes no such option): the kernel notices a dead peer.
+        options["socket_keepalive"] = True
+    return options
+
+
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """Sentinel's pool (connections go to whichever node the Sentinels call the primary now),
+    waiting for a free connection rather than failing, like the one-server pool."""
+
+
+def cluster_enabled(url: str) -> bool:
+    """Whether the node a `redis://` or `rediss://` URL names runs in cluster mode. Asks it
+    (`INFO cluster`), so it raises redis-py's errors when the node cannot be reached. A
+    server that refuses INFO is taken as a single one."""
+    probe = SyncRedis.from_url(url, **_bounds(url))
+    try:
+        try:
+            info = probe.info("cluster")
+        except ResponseError:
+            return False
+        return str(info.get("cluster_enabled", 0)) == "1"
+    finally:
+        probe.close()
+
+
+def make_client(url: str, *, cluster: bool | None = None) -> Client:
+    """The client for `url`, with the bounds above. `cluster`: whether a `redis://` or
+    `rediss://` URL names a cluster; None asks the node (`cluster_enabled`), which may raise
+    redis-py's connection errors. Raises ValueError for a URL it cannot use."""
+    scheme = urlparse(url).scheme
+    if scheme in SENTINEL_SCHEMES:
+        return _sentinel_client(parse_sentinel(url))
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"unsupported scheme {scheme!r}")
+    if cluster is None:
+        cluster = scheme != "unix" and cluster_enabled(url)
+    if cluster:
+        return RedisCluster.from_url(
+            url,
+            max_connections=MAX_CONNECTIONS,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES),
+            **_bounds(url),
+        )
+    # redis-py's default pool fails with "Too many connections" when all are busy, so a
+    # replica with more than a hundred conversations due at once would fail cycles and
+    # answer a second late. A call that times out drops its connection, so hung
+    # connections cannot fill the pool.
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S, **_bounds(url)
+    )
+    return Redis.from_pool(pool)
+
+
+def _sentinel_client(target: SentinelTarget) -> Redis:
+    bounds = _bounds("redis://")
+    sentinel_options = {k: v for k, v in bounds.items() if k != "health_check_interval"}
+    sentinel_options |= target.sentinel_options
+    if target.tls:
+        sentinel_options["ssl"] = True
+        for name, value in target.options.items():
+            if name.startswith("ssl_"):
+                sentinel_options[name] = value
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    client: Redis = sentinel.master_for(
+        target.master,
+        connection_pool_class=BlockingSentinelPool,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT_S,
+        # A PING on every new connection, so one to a dead address fails before it is used.
+        check_connection=True,
+        **(target.options | bounds),
+    )
+    return client
+
+
+async def open_client(url: str) -> Client:
+    """`make_client`, asking the node named whether it runs a cluster without blocking the
+    event loop. Raises redis-py's errors when it cannot be reached, ValueError for a bad URL."""
+    import asyncio
+
+    scheme = urlparse(url).scheme
+    cluster = False
+    if scheme in ("redis", "rediss"):
+        cluster = await asyncio.to_thread(cluster_enabled, url)
+    return make_client(url, cluster=cluster)
+
+
+def mode_of(client: Client) -> Mode:
+    if isinstance(client, RedisCluster):
+        return "cluster"
+    if isinstance(client.connection_pool, SentinelConnectionPool):
+        return "sentinel"
+    return "standalone"
+
+
+async def drop_connections(client: Client) -> None:
+    """Close every connection, so the next call finds the right node afresh: the cluster
+    client reloads its slot map, Sentinel's pool asks the Sentinels for the primary."""
+    if isinstance(client, RedisCluster):
+        # The cluster client stays usable: its next call starts by reloading the slot map.
+        await client.aclose()
+    else:
+        await client.connection_pool.disconnect()

