@@ -6,14 +6,16 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Any
-
-from redis.asyncio import BlockingConnectionPool, Redis
 
 import adapters
 from adapters.base import Adapter
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
+from bot.connect import REDIS_CONNECT_TIMEOUT_S as REDIS_CONNECT_TIMEOUT_S
+from bot.connect import REDIS_HEALTH_CHECK_S as REDIS_HEALTH_CHECK_S
+from bot.connect import REDIS_TIMEOUT_S as REDIS_TIMEOUT_S
+from bot.connect import Client, open_client
+from bot.connect import make_client as connect_client
 from bot.embedded import EmbeddedRedis
 from bot.llm import make_llm
 from bot.logs import redact
@@ -21,7 +23,7 @@ from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
-from bot.store import Store, StoreSettings
+from bot.store import Store, StoreSettings, reaching_redis
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
 
@@ -45,40 +47,21 @@ class StartupError(Exception):
     """The bot cannot start; the message is meant for the operator, on one line."""
 
 
-# Every Redis call ends within this, answered or not. A primary that vanishes without a reset
-# (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
-# timeout, about 15 minutes. Each script is a few dozen operations, far below it.
-REDIS_TIMEOUT_S = 5.0
-REDIS_CONNECT_TIMEOUT_S = 2.0
-# A connection idle this long is checked with a PING before it is used again.
-REDIS_HEALTH_CHECK_S = 15
-
-
-def make_client(url: str) -> Redis:
-    """A client whose every call is bounded in time, and whose pool waits for a free
-    connection when all are busy.
-
-    redis-py's default pool fails with "Too many connections" instead, so a replica with more
-    than a hundred conversations due at once would fail cycles and answer a second late. A
-    call that times out drops its connection, so hung connections cannot fill the pool.
+def make_client(url: str) -> Client:
+    """The client for `LASTWORD_REDIS_URL` (`bot.connect`): one server, a Redis Cluster (when
+    the node named runs in cluster mode; asking it may raise redis-py's connection errors), or
+    the primary a set of Sentinels names. Whatever the mode, every call is bounded in time
+    (`REDIS_TIMEOUT_S`, `REDIS_CONNECT_TIMEOUT_S`), TCP keepalive is on, idle connections are
+    checked after `REDIS_HEALTH_CHECK_S`, and at most 100 connections are open per node; with
+    one server or Sentinel a call waits for a free one rather than fail with "Too many
+    connections", so a replica with more than a hundred conversations due at once does not
+    fail cycles. A call that times out drops its connection, so hung connections cannot fill
+    the pool.
     """
-    options: dict[str, Any] = {}
-    if not url.startswith("unix:"):
-        # TCP only (a unix socket takes no such option): the kernel notices a dead peer.
-        options["socket_keepalive"] = True
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=100,
-        timeout=10,
-        socket_timeout=REDIS_TIMEOUT_S,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        health_check_interval=REDIS_HEALTH_CHECK_S,
-        **options,
-    )
-    return Redis.from_pool(pool)
+    return connect_client(url)
 
 
-def make_store(settings: Settings, redis: Redis) -> Store:
+def make_store(settings: Settings, redis: Client) -> Store:
     return Store(redis, StoreSettings.of(settings))
 
 
@@ -95,17 +78,13 @@ async def serve(settings: Settings) -> int:
         url = embedded.start()
         log.info("embedded store running at %s", url)
     try:
-        client = make_client(url)
+        store = await _reach(settings, url, patient=embedded is None and under_systemd())
     except ValueError as exc:
         if embedded:
             embedded.stop()
         # Not the URL itself: it may carry a password, and the error text may quote it.
         raise ConfigError(f"LASTWORD_REDIS_URL: not a valid Redis URL ({redact(url)})") from exc
-    store = make_store(settings, client)
-    try:
-        await _reach(store, redact(url), patient=embedded is None and under_systemd())
     except Unavailable as exc:
-        await store.close()
         if embedded:
             embedded.stop()
         raise StartupError(
@@ -119,18 +98,26 @@ async def serve(settings: Settings) -> int:
             await asyncio.to_thread(embedded.stop)
 
 
-async def _reach(store: Store, where: str, *, patient: bool) -> None:
-    """Ping the store. A service (under systemd) waits up to `STARTUP_WAIT_S` for a shared
-    Redis that is restarting, rather than exit at once: a short Redis outage then costs a
-    slow start, not a unit that hit its restart limit. A person at a terminal gets the
-    error at once."""
+async def _reach(settings: Settings, url: str, *, patient: bool) -> Store:
+    """Connect (asking the node whether it runs a cluster) and ping the store. A service
+    (under systemd) waits up to `STARTUP_WAIT_S` for a shared Redis that is restarting,
+    rather than exit at once: a short Redis outage then costs a slow start, not a unit that
+    hit its restart limit. A person at a terminal gets the error at once. Raises ValueError
+    for a URL that names no Redis, `Unavailable` when it cannot be reached."""
+    where = redact(url)
     deadline = time.monotonic() + (STARTUP_WAIT_S if patient else 0)
     backoff = Backoff(0.5, 5.0)
     while True:
+        store: Store | None = None
         try:
+            with reaching_redis():
+                client = await open_client(url)
+            store = make_store(settings, client)
             await store.ping()
-            return
+            return store
         except Unavailable as exc:
+            if store is not None:
+                await store.close()
             delay = backoff.next_delay()
             if time.monotonic() + delay > deadline:
                 raise

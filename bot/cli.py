@@ -58,12 +58,14 @@ def parser() -> argparse.ArgumentParser:
     )
     status = commands.add_parser(
         "status",
-        help="show replicas, role holders, waiting conversations and leases, from Redis",
+        help="show replicas, role holders, waiting conversations and leases, from Redis "
+        "(every primary of a cluster)",
     )
     status.add_argument("--json", action="store_true", help="the same, as JSON")
     commands.add_parser(
         "doctor",
-        help="check settings, Redis, scripts, platform token and LLM; exit 1 on any failure",
+        help="check settings, Redis (one server, cluster or Sentinel), scripts, platform token "
+        "and LLM; exit 1 on any failure",
     )
     return top
 
@@ -103,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
 async def show_status(settings: Settings, *, as_json: bool) -> int:
     """Print `lastword status`: what Redis says about every replica of the deployment."""
-    from bot.app import make_client
+    from bot.connect import open_client
     from bot.embedded import EmbeddedRedis
     from bot.status import collect, render
-    from bot.store import StoreUnavailable
+    from bot.store import StoreUnavailable, reaching_redis
 
     embedded = EmbeddedRedis(settings.data_dir)
     if not settings.redis_url and not embedded.socket.exists():
@@ -117,11 +119,17 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
         )
         return 1
     url = settings.redis_url or embedded.url
-    client = make_client(url)
+    where = "LASTWORD_REDIS_URL=" + logs.redact(url) if settings.redis_url else url
+    try:
+        with reaching_redis():
+            # One server, a cluster (every primary is read) or Sentinel's primary.
+            client = await open_client(url)
+    except StoreUnavailable as exc:
+        print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
+        return 1
     try:
         status = await collect(client)
     except StoreUnavailable as exc:
-        where = "LASTWORD_REDIS_URL=" + logs.redact(url) if settings.redis_url else url
         print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
         return 1
     finally:

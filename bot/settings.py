@@ -152,6 +152,9 @@ class Settings(BaseSettings):
     # discord or a plug-in's. Which ones are installed is only known where they are loaded,
     # so a name none answers to is refused there, naming those that are.
     platform: str = "console"
+    # redis:// or rediss:// (a cluster when the node named has cluster mode on), unix://, or
+    # redis+sentinel://host:port[,host:port...]/<primary name> (rediss+sentinel: TLS); unset:
+    # the embedded store. See bot/connect.py.
     redis_url: str | None = None
     # Where the embedded store keeps its socket and append-only file.
     data_dir: Path = Field(default_factory=_default_data_dir)
@@ -191,8 +194,16 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         parts = urlparse(value)
+        if parts.scheme in ("redis+sentinel", "rediss+sentinel"):
+            from bot.connect import parse_sentinel
+
+            parse_sentinel(value)  # its errors never quote the URL
+            return value
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+            raise ValueError(
+                "must start with redis://, rediss://, unix://, redis+sentinel:// or "
+                "rediss+sentinel://"
+            )
         try:
             parts.port  # noqa: B018 (parsing the port is the check)
         except ValueError:

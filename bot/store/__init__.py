@@ -21,12 +21,22 @@ from datetime import UTC, date, datetime
 from importlib import resources
 from typing import Any, Literal
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bot.connect import Client, drop_connections
 from bot.message import InboundMessage, Unavailable
 from bot.settings import Settings
 from bot.store.keys import (
@@ -84,13 +94,31 @@ TRANSIENT_REPLIES = frozenset(
 WRONG_NODE_REPLIES = frozenset({"READONLY", "MOVED", "ASK"})
 
 
+# The cluster client's own words for a cluster it cannot use for now (its slot map could not
+# be loaded: no node answers, slots uncovered mid-failover, nodes disagree mid-resharding).
+CLUSTER_UNREACHABLE = (
+    "Redis Cluster cannot be connected",
+    "All slots are not covered",
+    "startup_nodes could not agree",
+)
+
+
 def classify(exc: ResponseError) -> StoreUnavailable | None:
     """The retryable `StoreUnavailable` for an error reply that is transient, else None (a
     bug or a misconfiguration: the caller lets it propagate, and it is logged as an error).
     An error raised inside a script keeps its code, so this works for scripts too."""
     text = str(exc).strip()
-    # redis-py strips the codes it knows from the message and keeps them here.
+    # redis-py strips the codes it knows from the message and keeps them here, or says
+    # which it was by the exception's class (the cluster's errors).
     code = getattr(exc, "status_code", None) or text.split(" ", 1)[0]
+    if isinstance(exc, ReadOnlyError):
+        code = "READONLY"
+    elif isinstance(exc, AskError):  # MovedError too
+        code = "MOVED" if type(exc).__name__ == "MovedError" else "ASK"
+    elif isinstance(exc, ClusterDownError):  # MasterDownError too
+        code = "MASTERDOWN" if type(exc).__name__ == "MasterDownError" else "CLUSTERDOWN"
+    elif isinstance(exc, TryAgainError):
+        code = "TRYAGAIN"
     if code == "READONLY":
         return StoreUnavailable(
             f"Redis is read-only (a replica after a failover?): {text}", reconnect=True
@@ -115,6 +143,16 @@ def reaching_redis() -> Iterator[None]:
         if unavailable is None:
             raise
         raise unavailable from exc
+    except ClusterError as exc:
+        # Redirections or CLUSTERDOWN on every retry the cluster client made.
+        raise StoreUnavailable(f"Redis Cluster is not usable now: {exc}") from exc
+    except RedisClusterException as exc:
+        # Others of these are bugs (keys of several slots in one call): they propagate.
+        if isinstance(exc, SlotNotCoveredError) or str(exc).startswith(CLUSTER_UNREACHABLE):
+            raise StoreUnavailable(
+                f"Redis Cluster is not usable now: {exc}", reconnect=True
+            ) from exc
+        raise
 
 
 def _load(name: str) -> str:
@@ -267,7 +305,7 @@ def _look_in(ms: int | bytes) -> int | None:
 class Store:
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
-    def __init__(self, redis: Redis, settings: StoreSettings) -> None:
+    def __init__(self, redis: Client, settings: StoreSettings) -> None:
         self.redis = redis
         self.settings = settings
         self._ingest = redis.register_script(INGEST)
@@ -297,7 +335,8 @@ class Store:
                 yield
         except StoreUnavailable as exc:
             if exc.reconnect:
-                await self.redis.connection_pool.disconnect()
+                # For the cluster client also its slot map; Sentinel's pool asks anew.
+                await drop_connections(self.redis)
             raise
 
     async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
@@ -442,7 +481,8 @@ class Store:
         return Ended(_text(status) == "committed", _look_in(look_in))
 
     async def due(self, limit: int = 100) -> list[str]:
-        """Conversations, across all shards, whose next look is overdue. One round trip."""
+        """Conversations, across all shards, whose next look is overdue. One round trip (on a
+        cluster, one to each primary, all at once: the pipeline is split by node)."""
         async with self._reaching():
             try:
                 results = await self._due_pipeline(limit)
@@ -514,8 +554,8 @@ class Store:
         return int(spent or 0)
 
     async def versions(self, conversations: list[str]) -> list[int]:
-        """V of each conversation, in one pipelined round trip: for watching generations
-        go stale."""
+        """V of each conversation, in one pipelined round trip (on a cluster, one per primary
+        holding any of them, at once): for watching generations go stale."""
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
             for conversation in conversations:
                 pipe.hget(Keys(conversation).state, "v")
