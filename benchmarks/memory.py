@@ -58,7 +58,7 @@ from bot.store import SEEN_CAP, SEEN_KEEP_MS, Keys, PreSend, Store
 # A conversation's own key: its shard's tag, "c", the conversation (which has a ":" itself),
 # and the kind; a day's usage key has the day after its kind.
 CONVERSATION_KEY = re.compile(
-    r"^\{lw:\d+\}:c:(?P<conversation>.+?):(?P<kind>day|[a-z]+)(:[-\d]+)?$"
+    r"^\{lw:[\d.]+\}:c:(?P<conversation>.+?):(?P<kind>day|[a-z]+)(:[-\d]+)?$"
 )
 PLATFORM = "telegram"
 # Telegram-like ids: a chat id of ten digits, message ids counting up.

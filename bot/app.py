@@ -91,11 +91,25 @@ async def serve(settings: Settings) -> int:
             f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}"
         ) from None
     try:
+        await _check_layout(store)
         return await _serve(settings, store, adapter)
     finally:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _check_layout(store: Store) -> None:
+    """Refuse to start on a store whose conversations are laid out in other shards (legacy
+    data: `lastword migrate-shards` moves it). Exit 2, so systemd does not restart into it."""
+    from bot.store.migrate import LayoutError
+
+    try:
+        await store.check_layout()
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
+    except Unavailable as exc:
+        raise StartupError(f"cannot check the store's shard layout: {exc}") from None
 
 
 async def _reach(settings: Settings, url: str, *, patient: bool) -> Store:

@@ -67,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
         help="check settings, Redis (one server, cluster or Sentinel), scripts, platform token "
         "and LLM; exit 1 on any failure",
     )
+    commands.add_parser(
+        "migrate-shards",
+        help="move the conversations of a store made before the 64 shards to them (stop every "
+        "replica first); safe to run again",
+    )
     return top
 
 
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "status":
         return asyncio.run(show_status(settings, as_json=args.json))
+    if args.command == "migrate-shards":
+        return asyncio.run(migrate_shards(settings))
     # On the console the chat and the logs share a terminal, so only warnings show by default.
     default_level = "WARNING" if settings.platform == "console" else "INFO"
     logs.setup(settings, default_level)
@@ -138,4 +145,56 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
         print(json.dumps(status.to_json(), indent=2))
     else:
         print(render(status), end="")
+    return 0
+
+
+async def migrate_shards(settings: Settings) -> int:
+    """`lastword migrate-shards`: move the conversations of the legacy 16-shard layout to
+    this version's (`bot.store.migrate`), with every replica stopped. The embedded store is
+    started for it, as `run` would (and refused if a bot runs on it)."""
+    from bot.connect import open_client
+    from bot.embedded import EmbeddedRedis
+    from bot.store import StoreUnavailable, reaching_redis
+    from bot.store.keys import SHARDS
+    from bot.store.migrate import LayoutError, migrate
+
+    embedded: EmbeddedRedis | None = None
+    if settings.redis_url:
+        url = settings.redis_url
+        where = "LASTWORD_REDIS_URL=" + logs.redact(url)
+    else:
+        embedded = EmbeddedRedis(settings.data_dir)
+        try:
+            url = where = embedded.start()
+        except EmbeddedError as exc:
+            print(f"lastword: {exc}", file=sys.stderr)
+            return 1
+    try:
+        with reaching_redis():
+            # One server, a cluster (every primary is scanned) or Sentinel's primary.
+            client = await open_client(url)
+        try:
+            with reaching_redis():
+                done = await migrate(client, lambda line: print(line, file=sys.stderr))
+        finally:
+            await client.aclose()
+    except LayoutError as exc:
+        print(f"lastword: {exc}", file=sys.stderr)
+        return 1
+    except StoreUnavailable as exc:
+        print(f"lastword: cannot migrate the store at {where}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    if done.nothing:
+        print(f"nothing to migrate: the store is laid out in {SHARDS} shards (recorded)")
+    else:
+        print(
+            f"migrated {done.conversations} conversations ({done.keys} keys), "
+            f"{done.index_entries} index entries and {done.usage_keys} usage keys "
+            f"to the {SHARDS} shards; the layout is recorded"
+        )
+    for key in done.skipped:
+        print(f"left in place, not understood: {key}", file=sys.stderr)
     return 0

@@ -22,12 +22,16 @@ from bot.message import Attachment, InboundMessage
 from bot.store import Ended, Grant, Lease, PreSend, Store
 from bot.store.keys import (
     HEARTBEAT_PATTERN,
+    LEGACY_SHARDS,
+    META_KEY,
     ROLE_TAG,
     SHARDS,
     Keys,
     due_key,
     heartbeat_key,
     kept_key,
+    legacy_shard_of,
+    legacy_tag,
     role_key,
     shard_of,
     usage_day_keys,
@@ -284,13 +288,16 @@ def test_key_names_are_those_of_existing_deployments() -> None:
     kinds = ["state", "pending", "seen", "window", "lease", "outbox", "history", "rate"]
     kinds += ["notice", "usage"]
     names = {kind: getattr(k, kind) for kind in kinds}
-    assert names == {kind: "{lw:5}:c:telegram:42:" + kind for kind in kinds}
-    assert k.day(date(2024, 5, 6)) == "{lw:5}:c:telegram:42:day:2024-05-06"
-    assert (k.due, k.active) == ("{lw:5}:due", "{lw:5}:active")
+    assert names == {kind: "{lw:53.5995}:c:telegram:42:" + kind for kind in kinds}
+    assert k.day(date(2024, 5, 6)) == "{lw:53.5995}:c:telegram:42:day:2024-05-06"
+    assert (k.due, k.active) == ("{lw:53.5995}:due", "{lw:53.5995}:active")
     assert usage_day_keys(3, date(2024, 5, 6)) == (
-        "{lw:3}:usage:2024-05-06:totals",
-        "{lw:3}:usage:2024-05-06:ranking",
+        "{lw:3.2945}:usage:2024-05-06:totals",
+        "{lw:3.2945}:usage:2024-05-06:ranking",
     )
+    assert (SHARDS, META_KEY) == (64, "{lw:meta}")
+    # The legacy layout, which `lastword migrate-shards` moves: 16 shards, `{lw:N}`.
+    assert (LEGACY_SHARDS, legacy_tag(5), legacy_shard_of("telegram:42")) == (16, "{lw:5}", 5)
     assert (ROLE_TAG, role_key("telegram:poller")) == ("{lw:role}", "{lw:role}:telegram:poller")
     assert kept_key("discord:session") == "{lw:role}:kept:discord:session"
     assert (heartbeat_key("r1"), HEARTBEAT_PATTERN) == ("{lw:replica}:r1", "{lw:replica}:*")

@@ -348,6 +348,14 @@ class Store:
         async with self._reaching():
             await self.redis.ping()
 
+    async def check_layout(self) -> None:
+        """At start-up: record the shard layout at the first start, and refuse a store laid
+        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`)."""
+        from bot.store.migrate import check_layout
+
+        async with self._reaching():
+            await check_layout(self.redis)
+
     async def ingest(self, message: InboundMessage) -> Ingested:
         conversation = message.conversation
         k = Keys(conversation)

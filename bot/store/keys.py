@@ -6,28 +6,41 @@ after an upgrade must agree on them, so none may change without a migration.
 Every script touches the keys of one hash slot only, so the same code runs on Redis Cluster:
 a conversation's keys and the shard of the due-index it lives in share a hash tag.
 
-Key layout, for a conversation in shard N (of `SHARDS`):
+Conversations are spread over `SHARDS` (64) shards, `shard_of` a stable hash of the
+conversation id. Shard N's hash tag is `TAGS[N]`, `{lw:N.<nonce>}`, its nonce chosen so that the
+tag's cluster slot is the midpoint of the N-th 64th of the 16384 slots: the shards are spread
+evenly over the slot space, so a cluster of up to 64 primaries with an even slot split gets an
+even share of them (3 primaries: 21/22/21), and moving one slot moves at most a 64th of the
+data. Below, {T} stands for the tag of the conversation's shard.
 
-    {lw:N}:c:<conversation>:state    hash    v (version), w (watermark), fence, discards,
+The layout itself is recorded in the store, `{lw:meta}` (hash: shards, tags, the digest of
+`TAGS`), written at first start; a bot whose layout differs refuses to start. Deployments made
+before it keep their data under 16 shards tagged `{lw:0}`..`{lw:15}` (`LEGACY_SHARDS`,
+`legacy_tag`), with the same names after the tag: `lastword migrate-shards` moves it
+(`bot.store.migrate`).
+
+Key layout, for a conversation in the shard tagged {T}:
+
+    {T}:c:<conversation>:state       hash    v (version), w (watermark), fence, discards,
                                              last (the platform id of the last new message),
                                              failures and retry_at (failed attempts in a row,
                                              when to try next), unreachable (1: the user
                                              blocked us or closed DMs; cleared when they write)
-    {lw:N}:c:<conversation>:pending  hash    version -> message json, for (W, V]
-    {lw:N}:c:<conversation>:seen     zset    platform message ids, for dedupe
-    {lw:N}:c:<conversation>:window   hash    opened, deadline (ms, server clock)
-    {lw:N}:c:<conversation>:lease    hash    token, fence; expires on its own
-    {lw:N}:c:<conversation>:outbox   hash    text, version, fence of a reply being sent
-    {lw:N}:c:<conversation>:history  list    json entries, oldest first, capped
-    {lw:N}:c:<conversation>:rate     string  messages in the current rate-limit window
-    {lw:N}:c:<conversation>:notice   string  set while a one-off notice must not repeat
-    {lw:N}:c:<conversation>:usage    hash    prompt, completion (tokens), replies, user
-    {lw:N}:c:<conversation>:day:<D>  hash    tokens spent on UTC day D; expires after two days
-    {lw:N}:due                       zset    conversation -> when to look at it next
-    {lw:N}:active                    zset    conversation -> when it last sent a new message
-    {lw:N}:usage:<D>:totals          hash    prompt, completion, generations of the shard on
+    {T}:c:<conversation>:pending     hash    version -> message json, for (W, V]
+    {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
+    {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)
+    {T}:c:<conversation>:lease       hash    token, fence; expires on its own
+    {T}:c:<conversation>:outbox      hash    text, version, fence of a reply being sent
+    {T}:c:<conversation>:history     list    json entries, oldest first, capped
+    {T}:c:<conversation>:rate        string  messages in the current rate-limit window
+    {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
+    {T}:c:<conversation>:usage       hash    prompt, completion (tokens), replies, user
+    {T}:c:<conversation>:day:<D>     hash    tokens spent on UTC day D; expires after two days
+    {T}:due                          zset    conversation -> when to look at it next
+    {T}:active                       zset    conversation -> when it last sent a new message
+    {T}:usage:<D>:totals             hash    prompt, completion, generations of the shard on
                                              UTC day D; expires after two days
-    {lw:N}:usage:<D>:ranking         zset    conversation -> its tokens on day D; likewise
+    {T}:usage:<D>:ranking            zset    conversation -> its tokens on day D; likewise
 
 A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
 together after `retention_ms` without a message or a reply: every step that writes them renews
@@ -40,6 +53,11 @@ Roles (one holder across all replicas for a shared job, such as a platform's sin
     {lw:role}                        hash    role name -> last fence handed out
     {lw:role}:kept:<name>            string  a small value a role holder keeps for the next
                                              holder (a gateway session to resume); expires
+
+The layout of the shards, written once, at the first start (`Store.check_layout`), or by
+`lastword migrate-shards`, in a slot of its own:
+
+    {lw:meta}                        hash    shards (64), tags (`TAGS_DIGEST`)
 
 Replicas announce themselves with a heartbeat (`heartbeat`), a hash that expires on its own,
 under a hash tag of its own, since it belongs to no conversation's slot:
@@ -54,8 +72,41 @@ from __future__ import annotations
 import zlib
 from datetime import date
 
-# Fixed for the life of a deployment: changing it moves conversations to other shards.
-SHARDS = 16
+# Fixed for the life of a deployment: changing it, or a tag, moves conversations to other
+# shards. The store records both (`META_KEY`); a bot that disagrees refuses to start.
+SHARDS = 64
+
+# The hash tag of each shard. Shard N's is `{lw:N.<nonce>}` with the smallest nonce (counting
+# from 0) whose CRC16 slot, as Redis Cluster computes it, is N * 256 + 128: the midpoint of the
+# N-th 64th of the slot space. Computed once and kept as they are (a deployment's data lives
+# under them); tests/test_shards.py checks the spacing. Never `{lw:<digits>}`: those are the
+# legacy tags.
+# fmt: off
+TAGS: tuple[str, ...] = (
+    "{lw:0.10592}", "{lw:1.22676}", "{lw:2.51782}", "{lw:3.2945}", "{lw:4.5785}",
+    "{lw:5.23512}", "{lw:6.25708}", "{lw:7.40780}", "{lw:8.17428}", "{lw:9.288}",
+    "{lw:10.108223}", "{lw:11.2953}", "{lw:12.15349}", "{lw:13.3813}", "{lw:14.944}",
+    "{lw:15.801}", "{lw:16.9218}", "{lw:17.40790}", "{lw:18.19288}", "{lw:19.1908}",
+    "{lw:20.416}", "{lw:21.553}", "{lw:22.9039}", "{lw:23.18979}", "{lw:24.4184}",
+    "{lw:25.14108}", "{lw:26.12312}", "{lw:27.1909}", "{lw:28.2716}", "{lw:29.2243}",
+    "{lw:30.1090}", "{lw:31.15618}", "{lw:32.11192}", "{lw:33.23276}", "{lw:34.16821}",
+    "{lw:35.18291}", "{lw:36.15584}", "{lw:37.22112}", "{lw:38.3947}", "{lw:39.28333}",
+    "{lw:40.10263}", "{lw:41.11144}", "{lw:42.1785}", "{lw:43.16079}", "{lw:44.9587}",
+    "{lw:45.6945}", "{lw:46.13748}", "{lw:47.40071}", "{lw:48.8391}", "{lw:49.2821}",
+    "{lw:50.17693}", "{lw:51.20205}", "{lw:52.28262}", "{lw:53.5995}", "{lw:54.13285}",
+    "{lw:55.21161}", "{lw:56.2932}", "{lw:57.8282}", "{lw:58.10729}", "{lw:59.43010}",
+    "{lw:60.18755}", "{lw:61.19472}", "{lw:62.38198}", "{lw:63.7934}",
+)
+# fmt: on
+# What the store records of `TAGS`: a change of any tag changes it.
+TAGS_DIGEST = f"{zlib.crc32(','.join(TAGS).encode()):08x}"
+
+# The layout of every deployment made before the tags above: 16 shards, tagged `{lw:0}` to
+# `{lw:15}`, the same hash of the conversation id. Only `lastword migrate-shards` uses it.
+LEGACY_SHARDS = 16
+
+# The recorded layout (see the module's docstring).
+META_KEY = "{lw:meta}"
 
 # The hash tag of every role key: a role script touches this one slot only. It also names the
 # hash of fence counters, which no role key can be, since every role key has a `:` after it.
@@ -70,8 +121,18 @@ def shard_of(conversation: str) -> int:
     return zlib.crc32(conversation.encode()) % SHARDS
 
 
-def _shard_tag(shard: int) -> str:
+def legacy_shard_of(conversation: str) -> int:
+    """The shard a conversation had in the legacy layout (`LEGACY_SHARDS`)."""
+    return zlib.crc32(conversation.encode()) % LEGACY_SHARDS
+
+
+def legacy_tag(shard: int) -> str:
+    """The hash tag of a legacy shard: `{lw:N}`."""
     return f"{{lw:{shard}}}"
+
+
+def _shard_tag(shard: int) -> str:
+    return TAGS[shard]
 
 
 def due_key(shard: int) -> str:
