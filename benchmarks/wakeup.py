@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from bot.app import make_client, make_store
+from bot.connect import Client
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import EchoLLM
 from bot.message import InboundMessage
@@ -175,7 +176,7 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
 async def local_timers(
     case: str,
     server: EmbeddedRedis,
-    redis: Redis,
+    redis: Client,
     args: argparse.Namespace,
     *,
     spread_s: float,
@@ -209,7 +210,7 @@ async def local_timers(
 
 
 async def orphans(
-    server: EmbeddedRedis, redis: Redis, args: argparse.Namespace, sweep_ms: int
+    server: EmbeddedRedis, redis: Client, args: argparse.Namespace, sweep_ms: int
 ) -> Row:
     """Messages ingested through a store no runtime owns: only the sweep can find them."""
     case = f"orphan via sweep, interval {sweep_ms} ms"

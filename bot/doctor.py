@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bot.check import Check, PlatformCheck, guarded
 from bot.logs import Scrub, redact, secrets_of
@@ -34,6 +34,7 @@ from bot.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 # Each check gets this long; a check that takes longer is reported as failed.
 CHECK_TIMEOUT_S = 5.0
@@ -177,17 +178,57 @@ def _minimum() -> str:
 
 
 def _client(url: str, timeout_s: float) -> Redis:
+    """A client of the node the URL names (for a Sentinel URL, of the primary the Sentinels
+    name now)."""
     from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+
+    from bot.connect import is_sentinel, parse_sentinel
+
+    # No retries: doctor reports what it finds at once rather than backing off for seconds.
+    bounds: dict[str, Any] = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s}
+    if is_sentinel(url):
+        target = parse_sentinel(url)
+        sentinel_options = bounds | target.sentinel_options | ({"ssl": True} if target.tls else {})
+        sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+        client: Redis = sentinels.master_for(
+            target.master, retry=Retry(NoBackoff(), 0), **(target.options | bounds)
+        )
+        return client
+    return Redis.from_url(url, retry=Retry(NoBackoff(), 0), **bounds)
+
+
+def _cluster_client(url: str, timeout_s: float) -> RedisCluster:
+    from redis.asyncio.cluster import RedisCluster
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    # No retries: doctor reports what it finds at once rather than backing off for seconds.
-    return Redis.from_url(
+    return RedisCluster.from_url(
         url,
         socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+async def _cluster_enabled(client: Redis) -> bool:
+    """Whether the node runs in cluster mode (a server that refuses INFO cluster does not)."""
+    from redis.exceptions import ResponseError
+
+    try:
+        info = await client.info("cluster")
+    except ResponseError:
+        return False
+    return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def _server_version(server: dict[str, Any]) -> tuple[str, str, str]:
+    """(name, version, Redis-compatible version) from INFO server."""
+    name = str(server.get("server_name") or ("valkey" if "valkey_version" in server else "redis"))
+    compatible = str(server.get("redis_version", ""))
+    return name, str(server.get(f"{name}_version") or compatible or "unknown"), compatible
 
 
 async def _store_check(settings: Settings, timeout_s: float) -> Check:
@@ -212,6 +253,8 @@ async def _redis_check(url: str, timeout_s: float) -> Check:
         ping_ms = (time.monotonic() - started) * 1000
         server = await client.info("server")
         replication = await client.info("replication")
+        cluster = await _cluster_enabled(client)
+        where = await _sentinel_view(client)
     except AuthenticationError as exc:
         return Check(
             "store",
@@ -223,10 +266,12 @@ async def _redis_check(url: str, timeout_s: float) -> Check:
         return Check("store", False, f"cannot reach Redis at {shown}: {exc}", fix)
     finally:
         await client.aclose()
-    name = str(server.get("server_name") or ("valkey" if "valkey_version" in server else "redis"))
-    compatible = str(server.get("redis_version", ""))
-    version = str(server.get(f"{name}_version") or compatible or "unknown")
+    if cluster:
+        return await _cluster_check(url, shown, timeout_s)
+    name, version, compatible = _server_version(server)
     found = f"{name} {version} at {shown} (PING {ping_ms:.1f} ms)"
+    if where:
+        found = f"{where}: {name} {version} (PING {ping_ms:.1f} ms)"
     if _too_old(_parse_version(compatible)):
         return Check(
             "store",
@@ -240,6 +285,66 @@ async def _redis_check(url: str, timeout_s: float) -> Check:
             False,
             f"{found} is a read-only replica",
             "point LASTWORD_REDIS_URL at the primary",
+        )
+    return Check("store", True, found)
+
+
+async def _sentinel_view(client: Redis) -> str:
+    """For a client of a Sentinel-managed primary: the mode, the primary and its replicas
+    as the Sentinels name them. Empty for any other client."""
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return ""
+    manager = pool.sentinel_manager
+    host, port = await manager.discover_master(pool.service_name)
+    replicas = await manager.discover_slaves(pool.service_name)
+    return (
+        f"Sentinel mode ({len(manager.sentinels)} Sentinels), primary {pool.service_name!r} "
+        f"at {host}:{port}, {len(replicas)} replica{'' if len(replicas) == 1 else 's'}"
+        + (f" ({', '.join(f'{h}:{p}' for h, p in replicas)})" if replicas else "")
+    )
+
+
+async def _cluster_check(url: str, shown: str, timeout_s: float) -> Check:
+    """The store check of a Redis Cluster: its primaries and replicas, each node's version."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    client = _cluster_client(url, timeout_s)
+    try:
+        await client.initialize()
+        nodes = client.get_nodes()
+        versions = {}
+        for node in nodes:
+            versions[node.name] = _server_version(await client.info("server", target_nodes=node))
+    except (RedisError, RedisClusterException, OSError) as exc:
+        return Check(
+            "store",
+            False,
+            f"Redis Cluster at {shown}: cannot read its nodes: {exc}",
+            "check that every cluster node is up (CLUSTER INFO says cluster_state:ok)",
+        )
+    finally:
+        await client.aclose()
+    primaries = sorted(n.name for n in nodes if n.server_type == "primary")
+    replicas = sorted(n.name for n in nodes if n.server_type != "primary")
+    found = (
+        f"Redis Cluster at {shown}: {len(primaries)} primaries ({', '.join(primaries)}), "
+        f"{len(replicas)} replicas ({', '.join(replicas) or 'none'}); "
+    )
+    shown_versions = {f"{name} {version}" for name, version, _ in versions.values()}
+    if len(shown_versions) == 1:
+        found += f"{shown_versions.pop()} on all {len(versions)} nodes"
+    else:
+        found += ", ".join(f"{node} {name} {v}" for node, (name, v, _) in sorted(versions.items()))
+    old = sorted(node for node, (_, _, c) in versions.items() if _too_old(_parse_version(c)))
+    if old:
+        return Check(
+            "store",
+            False,
+            f"{found}: too old on {', '.join(old)}, lastword needs Redis {_minimum()} or later",
+            f"upgrade every node to Redis {_minimum()}+ (or Valkey)",
         )
     return Check("store", True, found)
 
@@ -387,14 +492,34 @@ async def _on_server(url: str, where: str, timeout_s: float) -> list[Check]:
 
 
 async def _load_scripts(url: str, where: str, timeout_s: float) -> Check:
+    from redis.asyncio.cluster import RedisCluster
     from redis.exceptions import RedisError
 
     scripts = store_scripts()
-    client = _client(url, timeout_s)
+    probe = _client(url, timeout_s)
     try:
+        cluster = await _cluster_enabled(probe)
+    except RedisError as exc:
+        return Check("scripts", False, f"cannot reach Redis{where}: {exc}")
+    finally:
+        await probe.aclose()
+    client: Redis | RedisCluster = (
+        _cluster_client(url, timeout_s) if cluster else _client(url, timeout_s)
+    )
+    try:
+        if isinstance(client, RedisCluster):
+            # Every primary runs the scripts of its own slots: each must load them all.
+            await client.initialize()
+            primaries = sorted(node.name for node in client.get_primaries())
+            where = f" on each of the {len(primaries)} primaries ({', '.join(primaries)}){where}"
         for name, source in scripts.items():
             try:
-                await client.script_load(source)
+                if isinstance(client, RedisCluster):
+                    await client.execute_command(
+                        "SCRIPT LOAD", source, target_nodes=RedisCluster.PRIMARIES
+                    )
+                else:
+                    await client.script_load(source)
             except RedisError as exc:
                 return Check(
                     "scripts",

@@ -8,7 +8,8 @@ primaries with a replica each; REPLICAOF and SENTINEL MONITOR / SET for a primar
 and three Sentinels. Every wait is bounded and fails saying what it waited for; teardown kills
 every process started.
 
-Fixtures (import them into a test module): `cluster` and `sentinel`.
+Fixtures (import them into a test module): `cluster` and `sentinel`. `runtime_on` runs a real
+`Runtime` on whatever a settings' `redis_url` names, with a recording platform.
 """
 
 from __future__ import annotations
@@ -18,17 +19,25 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis import Redis
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
+from bot.app import make_store
+from bot.connect import open_client
 from bot.embedded import server_binary
+from bot.llm import EchoLLM
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.store import Keys
 from tests.fakes.loopback import free_port
+from tests.fakes.outbound import RecordingOutbound
 
 # A node is declared failed after this long unreachable, and its replica takes over.
 CLUSTER_NODE_TIMEOUT_MS = 1000
@@ -286,6 +295,40 @@ def start_sentinel(folder: Path) -> SentinelSetup:
         setup.stop()
         raise
     return setup
+
+
+def primary_of(conversation: str) -> int:
+    """Which primary (0, 1, 2: the index of its slot range) holds a conversation's keys."""
+    slot = key_slot(Keys(conversation).state.encode())
+    return next(i for i, (first, last) in enumerate(SLOT_RANGES) if first <= slot <= last)
+
+
+def conversations_on_each_primary(each: int, prefix: str = "test:") -> list[str]:
+    """`each` conversations per primary, in order of the primaries."""
+    found: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    n = 0
+    while any(len(v) < each for v in found.values()):
+        n += 1
+        conversation = f"{prefix}{n}"
+        if len(found[primary_of(conversation)]) < each:
+            found[primary_of(conversation)].append(conversation)
+    return [c for i in range(3) for c in found[i]]
+
+
+@contextlib.asynccontextmanager
+async def runtime_on(settings: Settings) -> AsyncIterator[tuple[Runtime, RecordingOutbound]]:
+    """A started `Runtime` on the store `settings.redis_url` names, with the echo model and a
+    platform that records what it is sent; stopped, and its client closed, on leaving."""
+    assert settings.redis_url
+    store = make_store(settings, await open_client(settings.redis_url))
+    outbound = RecordingOutbound()
+    runtime = Runtime(settings, store, EchoLLM(), outbound)
+    runtime.start()
+    try:
+        yield runtime, outbound
+    finally:
+        await runtime.stop()
+        await store.close()
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_store
+from bot.connect import Client
 from bot.embedded import EmbeddedRedis
 from bot.llm import LLM, EchoLLM, OpenAILLM
 from bot.runtime import Runtime
@@ -143,7 +144,7 @@ async def _described(describe: Callable[[], Awaitable[object]]) -> str:
         return f"(could not read it: {exc!r})"
 
 
-async def counters(redis: Redis, conversation: str) -> tuple[int | None, int | None]:
+async def counters(redis: Client, conversation: str) -> tuple[int | None, int | None]:
     """V and W of `conversation` as stored (None where the field is missing)."""
     v, w = await redis.hmget(Keys(conversation).state, ["v", "w"])
     return (None if v is None else int(v)), (None if w is None else int(w))

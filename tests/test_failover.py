@@ -9,6 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.app import make_client, make_store
+from bot.connect import Client
 from bot.embedded import EmbeddedRedis
 from bot.store import StoreUnavailable
 from tests.builders import message
@@ -23,7 +24,7 @@ async def test_a_read_only_replica_is_reported_then_promoted(
     primary.start()
     replica = EmbeddedRedis(short_dir / "replica")
     replica.start()
-    client: Redis | None = None
+    client: Client | None = None
     try:
         async with Redis.from_url(primary.url) as source:
             # By default the primary waits 5 s for more replicas before a full sync.

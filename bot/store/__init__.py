@@ -504,7 +504,8 @@ class Store:
     async def _due_pipeline(self, limit: int) -> list[list[bytes]]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for shard in range(SHARDS):
-                pipe.evalsha(self._due.sha, 1, due_key(shard), limit)
+                # As a raw command: the cluster pipeline refuses its evalsha() helper.
+                pipe.execute_command("EVALSHA", self._due.sha, 1, due_key(shard), limit)
             results: list[list[bytes]] = await pipe.execute()
         return results
 

@@ -1,0 +1,170 @@
+"""Redis Cluster: a real three-primary cluster (each primary with a replica), named by one
+node's `redis://` URL and nothing else. Conversations spread over every primary; the runtime,
+roles, heartbeats, usage, the sweep, `lastword status` and `lastword doctor` work across
+them; a primary killed mid-run makes Store calls fail with `StoreUnavailable` only, until its
+replica has taken over."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.exceptions import MovedError
+
+import adapters
+from bot import doctor
+from bot.app import make_store
+from bot.connect import mode_of, open_client
+from bot.status import collect
+from bot.store import Keys, StoreUnavailable, lease_token
+from tests.builders import message
+from tests.clusters import (
+    Cluster,
+    cluster,
+    conversations_on_each_primary,
+    primary_of,
+    runtime_on,
+)
+from tests.conftest import SettingsFactory, eventually, settled
+
+__all__ = ["cluster"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.timeout(40)
+
+
+def holders(cluster: Cluster, conversations: list[str]) -> dict[int, set[str]]:
+    """Primary port -> the conversations whose state key it holds."""
+    found: dict[int, set[str]] = {}
+    for server in cluster.primaries:
+        found[server.port] = set()
+        with server.admin() as client:
+            for conversation in conversations:
+                try:
+                    if client.exists(Keys(conversation).state):
+                        found[server.port].add(conversation)
+                except MovedError:
+                    pass  # the slot is another node's
+    return found
+
+
+async def test_bursts_are_answered_in_conversations_on_every_primary(
+    cluster: Cluster, make_settings: SettingsFactory
+) -> None:
+    conversations = conversations_on_each_primary(2)
+    settings = make_settings(redis_url=cluster.url, replica_id="r1")
+    async with runtime_on(settings) as (runtime, outbound):
+        assert mode_of(runtime.store.redis) == "cluster"
+        for conversation in conversations:
+            for n in (1, 2, 3):
+                assert await runtime.ingest(message(n=n, conversation=conversation))
+        await outbound.wait_for(len(conversations))
+        for conversation in conversations:
+            await settled(runtime, conversation, version=3)
+        # One reply per burst, covering its three messages.
+        assert sorted(s.conversation for s in outbound.sent) == sorted(conversations)
+        assert all("text 1" in s.text and "text 3" in s.text for s in outbound.sent)
+        # The interrupt watch reads V of conversations on every primary in one call.
+        assert await runtime.store.versions(conversations) == [3] * len(conversations)
+    held = holders(cluster, conversations)
+    assert all(held.values()), f"a primary holds no conversation: {held}"
+    assert set().union(*held.values()) == set(conversations)
+
+
+async def test_roles_heartbeats_usage_sweep_status_and_doctor(
+    cluster: Cluster, make_settings: SettingsFactory
+) -> None:
+    conversations = conversations_on_each_primary(1, prefix="test:swept-")
+    base = make_settings(redis_url=cluster.url, debounce={"quiet_ms": 50, "max_wait_ms": 500})
+    feeder = make_store(base, await open_client(cluster.url))
+    try:
+        # The sweep: every shard's due-index, on every primary, in one pipelined call.
+        for conversation in conversations:
+            assert (await feeder.ingest(message(n=1, conversation=conversation))).accepted
+
+        async def all_due() -> bool:
+            return set(await feeder.due()) == set(conversations)
+
+        await eventually(all_due, 5, what="every conversation in the sweep")
+
+        # Usage lands in the shards of three primaries; status adds it up.
+        for conversation in conversations:
+            await feeder.add_usage(conversation, "u1", 100, 10)
+
+        async with (
+            runtime_on(base.model_copy(update={"replica_id": "r1"})) as (one, out_one),
+            runtime_on(base.model_copy(update={"replica_id": "r2"})) as (two, out_two),
+        ):
+            # Neither runtime heard of these messages: their sweeps find and answer them.
+            async def answered() -> bool:
+                sent = {s.conversation for s in out_one.sent + out_two.sent}
+                return sent >= set(conversations)
+
+            await eventually(answered, 10, what="the sweep to answer every conversation")
+
+            # One holder of a role across replicas, whatever node holds its slot.
+            token = lease_token("r1")
+            fence = await one.store.claim_role("poller", token, 10_000)
+            assert fence
+            assert await two.store.claim_role("poller", lease_token("r2"), 10_000) is None
+            assert await one.store.renew_role("poller", token, fence, 10_000)
+
+            client = await open_client(cluster.url)
+            try:
+
+                async def both_beat() -> bool:
+                    status = await collect(client)
+                    return {r.id for r in status.replicas} >= {"r1", "r2"}
+
+                await eventually(both_beat, 5, what="both heartbeats in the status")
+                status = await collect(client)
+            finally:
+                await client.aclose()
+        assert [(r.name, r.lease.holder) for r in status.roles] == [("poller", "r1")]
+        assert status.tokens_today is not None
+        assert status.tokens_today.prompt >= 300 and status.tokens_today.completion >= 30
+        assert {s.conversation for s in status.tokens_today.top} >= set(conversations)
+    finally:
+        await feeder.close()
+
+    checks = {
+        c.name: c
+        for c in await doctor.run_checks(
+            make_settings(redis_url=cluster.url), platform_check=adapters.check
+        )
+    }
+    store, scripts = checks["store"], checks["scripts"]
+    assert store.ok and scripts.ok, (store, scripts)
+    assert "Redis Cluster" in store.detail and "3 primaries" in store.detail
+    assert "3 replicas" in store.detail and "on all 6 nodes" in store.detail
+    for server in cluster.servers:
+        assert f":{server.port}" in store.detail
+    assert "each of the 3 primaries" in scripts.detail
+
+
+async def test_a_store_call_during_a_failover_is_unavailable_until_the_replica_takes_over(
+    cluster: Cluster, make_settings: SettingsFactory
+) -> None:
+    [conversation] = [c for c in conversations_on_each_primary(1) if primary_of(c) == 0]
+    others = conversations_on_each_primary(1, prefix="test:other-")
+    store = make_store(make_settings(redis_url=cluster.url), await open_client(cluster.url))
+    try:
+        assert (await store.ingest(message(n=1, conversation=conversation))).accepted
+        cluster.primaries[0].kill()
+        refusals = 0
+        n = 2
+        deadline = time.monotonic() + 25
+        while True:
+            try:
+                await store.ingest(message(n=n, conversation=conversation))
+                await store.versions([conversation, *others])
+                await store.due()
+                break
+            except StoreUnavailable:
+                refusals += 1
+                n += 1
+            # Anything else fails the test here, as it is.
+            assert time.monotonic() < deadline, "the replica never took over"
+        assert refusals > 0, "no call failed while the primary was down"
+        assert cluster.replicas[0].port in cluster.primary_ports()
+    finally:
+        await store.close()
