@@ -9,14 +9,23 @@ from __future__ import annotations
 import time
 
 import pytest
-from redis.exceptions import MovedError
+from redis.exceptions import (
+    ClusterCrossSlotError,
+    ClusterDownError,
+    ClusterError,
+    MasterDownError,
+    MovedError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 import adapters
 from bot import doctor
 from bot.app import make_store
 from bot.connect import mode_of, open_client
 from bot.status import collect
-from bot.store import Keys, StoreUnavailable, lease_token
+from bot.store import Keys, StoreUnavailable, lease_token, reaching_redis
 from tests.builders import message
 from tests.clusters import (
     Cluster,
@@ -85,6 +94,8 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
             return set(await feeder.due()) == set(conversations)
 
         await eventually(all_due, 5, what="every conversation in the sweep")
+        # The catch-up after a platform gap reads every shard's activity index.
+        assert set(await feeder.recent("test", 60_000)) == set(conversations)
 
         # Usage lands in the shards of three primaries; status adds it up.
         for conversation in conversations:
@@ -168,3 +179,36 @@ async def test_a_store_call_during_a_failover_is_unavailable_until_the_replica_t
         assert cluster.replicas[0].port in cluster.primary_ports()
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ClusterDownError("The cluster is down"),
+        MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        MovedError("6272 127.0.0.1:7001"),
+        ClusterError("TTL exhausted."),
+        SlotNotCoveredError("Command # 1 (GET x) of pipeline: slot 6272 is not covered"),
+        RedisClusterException("Redis Cluster cannot be connected. Please provide at least one"),
+        RedisClusterException("All slots are not covered after query all startup_nodes."),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_the_cluster_clients_errors_are_retryable(error: Exception) -> None:
+    """As redis-py's cluster client raises them (its parser strips the reply's code)."""
+    with pytest.raises(StoreUnavailable), reaching_redis():
+        raise error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ClusterCrossSlotError("Keys in request don't hash to the same slot"),
+        RedisClusterException("No way to dispatch this command to Redis Cluster."),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_bug_is_not_made_retryable(error: Exception) -> None:
+    with pytest.raises(type(error)), reaching_redis():
+        raise error

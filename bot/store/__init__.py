@@ -26,6 +26,8 @@ from redis.exceptions import (
     AskError,
     ClusterDownError,
     ClusterError,
+    MasterDownError,
+    MovedError,
     NoScriptError,
     ReadOnlyError,
     RedisClusterException,
@@ -113,10 +115,10 @@ def classify(exc: ResponseError) -> StoreUnavailable | None:
     code = getattr(exc, "status_code", None) or text.split(" ", 1)[0]
     if isinstance(exc, ReadOnlyError):
         code = "READONLY"
-    elif isinstance(exc, AskError):  # MovedError too
-        code = "MOVED" if type(exc).__name__ == "MovedError" else "ASK"
-    elif isinstance(exc, ClusterDownError):  # MasterDownError too
-        code = "MASTERDOWN" if type(exc).__name__ == "MasterDownError" else "CLUSTERDOWN"
+    elif isinstance(exc, AskError):
+        code = "MOVED" if isinstance(exc, MovedError) else "ASK"
+    elif isinstance(exc, ClusterDownError):
+        code = "MASTERDOWN" if isinstance(exc, MasterDownError) else "CLUSTERDOWN"
     elif isinstance(exc, TryAgainError):
         code = "TRYAGAIN"
     if code == "READONLY":
@@ -137,7 +139,9 @@ def reaching_redis() -> Iterator[None]:
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+        # Sentinel's client says so when the primary it used answers READONLY: demoted.
+        demoted = "previous master is now a slave" in str(exc)
+        raise StoreUnavailable(f"Redis is unreachable: {exc}", reconnect=demoted) from exc
     except ResponseError as exc:
         unavailable = classify(exc)
         if unavailable is None:
