@@ -24,6 +24,7 @@ from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
 from bot.store import Store, StoreSettings, reaching_redis
+from bot.store.durability import Refused, embedded_appendfsync
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
 
@@ -72,7 +73,8 @@ async def serve(settings: Settings) -> int:
     if settings.redis_url:
         url = settings.redis_url
     else:
-        embedded = EmbeddedRedis(settings.data_dir)
+        fsync = embedded_appendfsync(settings.durability)
+        embedded = EmbeddedRedis(settings.data_dir, appendfsync=fsync)
         # Started from the main thread on purpose: PR_SET_PDEATHSIG fires when the thread that
         # forked the server ends, so a worker thread's exit would kill the server with it.
         url = embedded.start()
@@ -91,12 +93,25 @@ async def serve(settings: Settings) -> int:
             f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}"
         ) from None
     try:
+        await _check_durability(store, settings, embedded=embedded is not None)
         await _check_layout(store)
         return await _serve(settings, store, adapter)
     finally:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _check_durability(store: Store, settings: Settings, *, embedded: bool) -> None:
+    """Refuse to start at a durability level the server cannot honour (a configuration
+    error, exit 2, so systemd does not restart into it)."""
+    try:
+        with reaching_redis():
+            await store.durability.prepare(settings.durability, embedded=embedded)
+    except Refused as exc:
+        raise ConfigError(str(exc)) from None
+    except Unavailable as exc:
+        raise StartupError(f"cannot check LASTWORD_DURABILITY against Redis: {exc}") from None
 
 
 async def _check_layout(store: Store) -> None:

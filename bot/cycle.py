@@ -56,6 +56,18 @@ SEND_ATTEMPTS = 8
 # for as long as the lease is ours.
 COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
+# Characters of a lease token's random part in a reply part's idempotency key.
+KEY_SALT_CHARS = 8
+
+
+def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
+    """The idempotency key (Discord: hashed into the nonce) of reply part `index`: the same for
+    the same part re-sent from the outbox, new for any other reply. Besides the version it
+    names the lease that passed the pre-send check, by its fence and the random part of its
+    token: a store that lost its last writes in a crash (LASTWORD_DURABILITY=fast) hands out
+    the same version again, and the same fence, but never the same token."""
+    salt = token.rpartition("/")[2][:KEY_SALT_CHARS]
+    return f"{conversation}:{version}:{index}:{fence}:{salt}"
 
 
 @dataclass(frozen=True)
@@ -272,19 +284,27 @@ class Cycle:
             if verdict.forced:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
-        outcome = await self._deliver(lease, text, version, keeper, grant.failures)
+        # Whose pre-send check the reply passed: this lease's, or for a resend the crashed one's.
+        sent_by = grant.resend_lease if grant.resend is not None else (lease.fence, lease.token)
+        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures)
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
 
     async def _deliver(
-        self, lease: Lease, text: str, version: int, keeper: LeaseKeeper, failures: int
+        self,
+        lease: Lease,
+        text: str,
+        version: int,
+        sent_by: tuple[int, str],
+        keeper: LeaseKeeper,
+        failures: int,
     ) -> Outcome:
         """Send the reply, and say what became of it. A transient failure propagates (the
         attempt is backed off and the outbox kept) until `SEND_ATTEMPTS` in a row."""
         try:
-            await self._send(lease, text, version, keeper)
+            await self._send(lease, text, version, sent_by, keeper)
         except LeaseLost:
             raise
         except Unreachable as exc:
@@ -461,9 +481,16 @@ class Cycle:
             )
         return completion_tokens
 
-    async def _send(self, lease: Lease, text: str, version: int, keeper: LeaseKeeper) -> None:
+    async def _send(
+        self,
+        lease: Lease,
+        text: str,
+        version: int,
+        sent_by: tuple[int, str],
+        keeper: LeaseKeeper,
+    ) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
             await keeper.ensure_fresh()
-            key = f"{lease.conversation}:{version}:{index}"
+            key = idempotency_key(lease.conversation, version, index, *sent_by)
             await self.outbound.send(lease.conversation, part, key)
             self.stats.parts += 1

@@ -97,10 +97,22 @@ async def run_checks(
     checks.append(store)
     if store.ok:
         checks += await _server_checks(settings, timeout_s)
+        checks.append(
+            await guarded(
+                durability_check(settings, timeout_s),
+                timeout_s,
+                Check(
+                    "durability",
+                    False,
+                    f"no answer within {timeout_s:g} s from {_store_name(settings)}",
+                    "check WAITAOF and appendfsync on the server by hand",
+                ),
+            )
+        )
     else:
         checks += [
             Check(name, False, "not checked: the store is not usable", "fix the store first")
-            for name in ("scripts", "memory")
+            for name in ("scripts", "memory", "durability")
         ]
     checks.append(
         await guarded(
@@ -530,6 +542,44 @@ async def _load_scripts(url: str, where: str, timeout_s: float) -> Check:
     finally:
         await client.aclose()
     return Check("scripts", True, f"{len(scripts)} scripts load{where}")
+
+
+async def durability_check(settings: Settings, timeout_s: float) -> Check:
+    """Can the server honour LASTWORD_DURABILITY? As `lastword run` checks at start-up. The
+    embedded store is started to suit the level (`appendfsync always` above fast)."""
+    from redis.exceptions import RedisError
+
+    from bot.store.durability import (
+        Durability,
+        Refused,
+        Server,
+        describe,
+        embedded_appendfsync,
+        waits_for,
+    )
+
+    level = settings.durability
+    try:
+        if settings.redis_url is None:
+            fsync = embedded_appendfsync(level)
+            server = Server(waitaof=False, appendonly=True, appendfsync=fsync, embedded=True)
+            waits = waits_for(level, server)
+        else:
+            client = _client(settings.redis_url, timeout_s)
+            try:
+                waits = await Durability(client).prepare(level)
+            finally:
+                await client.aclose()
+    except Refused as exc:
+        return Check("durability", False, exc.reason, exc.fix)
+    except (RedisError, OSError) as exc:
+        return Check(
+            "durability",
+            False,
+            f"cannot ask the server about WAITAOF and appendfsync: {exc}",
+            "check WAITAOF and appendfsync on the server by hand",
+        )
+    return Check("durability", True, describe(level, waits))
 
 
 # 4. Memory

@@ -44,10 +44,19 @@ def _die_with_parent() -> None:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, *, port: int = 0, appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = 0,
+        appendonly: bool = True,
+        appendfsync: str = "everysec",
+    ) -> None:
         self.data_dir = data_dir
         self.port = port
         self.appendonly = appendonly
+        # everysec, or always when LASTWORD_DURABILITY asks for more (bot/store/durability.py).
+        self.appendfsync = appendfsync
         self.socket = data_dir / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -91,7 +100,7 @@ class EmbeddedRedis:
             "--unixsocketperm", "700",
             "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--daemonize", "no",
             "--logfile", "server.log",

@@ -187,6 +187,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=8.0, ge=0, le=60)
     # host:port serving /healthz and /metrics (Prometheus); unset: off.
     metrics_listen: str | None = None
+    # What the platform is told "stored" after, and a reply waits for before it goes out
+    # (bot/store/durability.py): fast (no wait: up to ~1 s of acknowledged writes lost in a
+    # crash with appendfsync everysec), local (the AOF fsynced), replicated (and one replica).
+    durability: Literal["fast", "local", "replicated"] = "fast"
 
     @field_validator("redis_url")
     @classmethod
@@ -259,6 +263,8 @@ RESTART_ONLY = (
     "metrics_listen",
     "log_format",
     "sweep_interval_ms",
+    # Checked against the server once, at start-up.
+    "durability",
 )
 LLM_FIXED = (
     "llm.provider",

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(20)
 # As `lastword doctor` runs them: the composition root hands in the platform's check.
 run_checks = partial(doctor.run_checks, platform_check=adapters.check)
 
-NAMES = ["settings", "store", "scripts", "memory", "platform", "llm"]
+NAMES = ["settings", "store", "scripts", "memory", "durability", "platform", "llm"]
 # Distinctive, so that a leak anywhere in the output is found by a plain substring search.
 TG_TOKEN = "555000111:SECRET-tg-token-Zq8xv1"
 TG_WEBHOOK_SECRET = "SECRET-webhook-Kd93mz"

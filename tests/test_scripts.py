@@ -651,6 +651,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "version": "2",
         "fence": str(grant.lease.fence),
         "reset": "0",  # no /reset among the covered messages
+        "token": grant.lease.token,  # with the fence, in the reply parts' idempotency keys
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)

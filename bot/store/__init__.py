@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from bot.connect import Client, drop_connections
 from bot.message import InboundMessage, Unavailable
 from bot.settings import Settings
+from bot.store.durability import DEFAULT_LEVEL, Durability, Level
 from bot.store.keys import (
     ROLE_TAG,
     active_key,
@@ -197,6 +198,8 @@ class StoreSettings:
     starvation_limit: int
     rate_per_minute: int = 0
     retention_ms: int = 30 * 86_400_000
+    # What ingest, pre-send and commit wait for (bot.store.durability).
+    durability: Level = DEFAULT_LEVEL
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSettings:
@@ -208,6 +211,7 @@ class StoreSettings:
             starvation_limit=settings.starvation_limit,
             rate_per_minute=settings.access.rate_per_minute,
             retention_ms=int(settings.retention_days * 86_400_000),
+            durability=settings.durability,
         )
 
 
@@ -261,6 +265,8 @@ class Grant:
     history: tuple[HistoryEntry, ...] = ()
     # Attempts in a row that failed (a platform or store error) before this one.
     failures: int = 0
+    # With `resend`: the fence and token of the lease that passed its pre-send check.
+    resend_lease: tuple[int, str] = (0, "")
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -325,6 +331,7 @@ class Store:
         self._role = redis.register_script(ROLE)
         self._role_release = redis.register_script(ROLE_RELEASE)
         self._heartbeat = redis.register_script(HEARTBEAT)
+        self.durability = Durability(redis)
 
     def configure(self, settings: StoreSettings) -> None:
         """Take on reloaded settings: every script call from now on is told the new ones."""
@@ -347,6 +354,14 @@ class Store:
         # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
         async with self._reaching():
             return await script(keys=keys, args=args)
+
+    async def _run_durable(
+        self, script: AsyncScript, keys: list[str], args: list[str | int]
+    ) -> Any:
+        """`_run` for a step whose outcome is promised outside Redis: at the configured
+        durability, it waits for the fsync (and a replica) on the script's connection."""
+        async with self._reaching():
+            return await self.durability.run(self.settings.durability, script, keys, args)
 
     async def ping(self) -> None:
         async with self._reaching():
@@ -378,7 +393,7 @@ class Store:
             SEEN_KEEP_MS,
             self.settings.retention_ms,
         ]
-        raw_status, version, due_in, raw_window = await self._run(self._ingest, keys, args)
+        raw_status, version, due_in, raw_window = await self._run_durable(self._ingest, keys, args)
         status, window = _text(raw_status), _text(raw_window)
         return Ingested(
             accepted=status == "accepted",
@@ -399,7 +414,9 @@ class Store:
     async def acquire(self, conversation: str, token: str) -> Grant:
         k = Keys(conversation)
         keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
-        reply = await self._run(
+        # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
+        # as safe as a pre-send's (the wait covers every write before this one).
+        reply = await self._run_durable(
             self._acquire,
             keys,
             [conversation, token, self.settings.ttl_ms, self.settings.history_cap],
@@ -421,6 +438,7 @@ class Store:
             unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
             history=tuple(HistoryEntry.from_json(_text(h)) for h in history),
             failures=int(reply[9]),
+            resend_lease=(int(reply[10] or 0), _text(reply[11])) if resend else (0, ""),
         )
 
     async def renew(self, lease: Lease) -> bool:
@@ -468,7 +486,7 @@ class Store:
             reset,
             self.settings.retention_ms,
         ]
-        reply = await self._run(self._presend, keys, args)
+        reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])
         if status in ("ok", "forced"):
             return PreSend("ok", forced=status == "forced")
@@ -489,7 +507,7 @@ class Store:
             outcome,
             self.settings.retention_ms,
         ]
-        status, look_in = await self._run(self._commit, keys, args)
+        status, look_in = await self._run_durable(self._commit, keys, args)
         return Ended(_text(status) == "committed", _look_in(look_in))
 
     async def due(self, limit: int = 100) -> list[str]:

@@ -22,6 +22,9 @@ if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
   -- Starvation guard: too many discards in a row, so this reply goes out as it is.
   status = 'forced'
 end
-redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3], 'reset', ARGV[7])
+-- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
+-- of them, so a resend repeats them and nothing else can (bot/cycle.py).
+redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3], 'reset', ARGV[7],
+  'token', ARGV[2])
 keep_alive(tonumber(ARGV[8]), outbox)
 return {status}
