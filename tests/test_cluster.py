@@ -6,6 +6,7 @@ replica has taken over."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from redis.exceptions import (
 import adapters
 from bot import doctor
 from bot.app import make_store
+from bot.cli import show_status
 from bot.connect import mode_of, open_client
 from bot.status import collect
 from bot.store import Keys, StoreUnavailable, lease_token, reaching_redis
@@ -80,7 +82,7 @@ async def test_bursts_are_answered_in_conversations_on_every_primary(
 
 
 async def test_roles_heartbeats_usage_sweep_status_and_doctor(
-    cluster: Cluster, make_settings: SettingsFactory
+    cluster: Cluster, make_settings: SettingsFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conversations = conversations_on_each_primary(1, prefix="test:swept-")
     base = make_settings(redis_url=cluster.url, debounce={"quiet_ms": 50, "max_wait_ms": 500})
@@ -130,6 +132,11 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
                 status = await collect(client)
             finally:
                 await client.aclose()
+            # `lastword status`, given nothing but the URL.
+            capsys.readouterr()
+            assert await show_status(base, as_json=True) == 0
+            shown = json.loads(capsys.readouterr().out)
+            assert {r["id"] for r in shown["replicas"]} >= {"r1", "r2"}
         assert [(r.name, r.lease.holder) for r in status.roles] == [("poller", "r1")]
         assert status.tokens_today is not None
         assert status.tokens_today.prompt >= 300 and status.tokens_today.completion >= 30
