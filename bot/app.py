@@ -24,7 +24,7 @@ from bot.metrics import HealthServer
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings, load_settings
 from bot.store import Store, StoreSettings, reaching_redis
-from bot.store.durability import Refused, embedded_appendfsync
+from bot.store.durability import Refused, describe, embedded_appendfsync
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
 
@@ -107,7 +107,8 @@ async def _check_durability(store: Store, settings: Settings, *, embedded: bool)
     error, exit 2, so systemd does not restart into it)."""
     try:
         with reaching_redis():
-            await store.durability.prepare(settings.durability, embedded=embedded)
+            waits = await store.durability.prepare(settings.durability, embedded=embedded)
+        log.info("durability %s", describe(settings.durability, waits))
     except Refused as exc:
         raise ConfigError(str(exc)) from None
     except Unavailable as exc:

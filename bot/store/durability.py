@@ -1,8 +1,9 @@
 """Durability: what a step that the platform (or the user) is told about waits for.
 
 Three steps promise something outside Redis: `ingest` (the platform is acknowledged), `presend`
-(the reply goes out) and `commit` (the reply is not sent again). `LASTWORD_DURABILITY` says
-what they wait for before that promise is made:
+(the reply goes out) and `commit` (the reply is not sent again); and `acquire`, whose answer
+alone sends a crashed holder's outbox again. `LASTWORD_DURABILITY` says what they wait for
+before that promise is made:
 
 - `fast`: nothing. The server fsyncs its append-only file as configured (`everysec`: up to
   about a second of acknowledged writes lost in a crash), and an asynchronous replica
@@ -44,8 +45,7 @@ NO_WAITAOF_FIX = "use Redis ≥ 7.2 / Valkey ≥ 8, or set appendfsync always"
 NO_AOF_FIX = "set appendonly yes (and CONFIG REWRITE or redis.conf), or LASTWORD_DURABILITY=fast"
 CLUSTER_FIX = "use LASTWORD_DURABILITY=fast with Redis Cluster, or a single primary"
 NO_REPLICA_FIX = (
-    "LASTWORD_DURABILITY=replicated needs LASTWORD_REDIS_URL to point at a primary with a "
-    "replica; the embedded store has none (use local)"
+    "set LASTWORD_REDIS_URL to a primary with a replica, or use LASTWORD_DURABILITY=local"
 )
 
 Wait = tuple[str | int, ...]
@@ -86,7 +86,9 @@ def waits_for(level: Level, server: Server) -> tuple[Wait, ...]:
     if server.cluster:
         raise Refused(f"LASTWORD_DURABILITY={level} is not supported in cluster mode", CLUSTER_FIX)
     if level == "replicated" and server.embedded:
-        raise Refused("the embedded store has no replica", NO_REPLICA_FIX)
+        raise Refused(
+            f"LASTWORD_DURABILITY={level}: the embedded store has no replica", NO_REPLICA_FIX
+        )
     if not server.appendonly:
         raise Refused(f"LASTWORD_DURABILITY={level}: the server runs without AOF", NO_AOF_FIX)
     waits: tuple[Wait, ...] = ()
@@ -136,7 +138,7 @@ def describe(level: Level, waits: tuple[Wait, ...]) -> str:
     said = [" ".join(str(part) for part in wait) for wait in waits]
     if not any(wait[0] == "WAITAOF" for wait in waits):
         said.insert(0, "appendfsync always")
-    return f"{level}: ingest, pre-send and commit wait for {' + '.join(said)}"
+    return f"{level}: ingest, acquire, pre-send and commit wait for {' + '.join(said)}"
 
 
 def _text(value: Any) -> str:
