@@ -121,6 +121,10 @@ def store_of(redis: Redis, level: str) -> Store:
 
 WAITAOF = ("WAITAOF", 1, 0, TIMEOUT_MS)
 WAIT = ("WAIT", 1, TIMEOUT_MS)
+# Cluster primaries as the probe finds them.
+PRIMARY = Server(False, True, "always", node="127.0.0.1:7000", replicas=1)
+NO_REPLICA = Server(False, True, "always", node="127.0.0.1:7001", replicas=0)
+WAITAOF_ONLY = Server(True, True, "everysec", node="127.0.0.1:7002", replicas=1)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +135,9 @@ WAIT = ("WAIT", 1, TIMEOUT_MS)
         ("local", Server(False, True, "always"), ()),
         ("replicated", Server(True, True, "everysec"), (WAITAOF, WAIT)),
         ("replicated", Server(False, True, "always"), (WAIT,)),
+        # A cluster: the waits every primary agrees on.
+        ("replicated", Server(False, False, None, primaries=(PRIMARY, PRIMARY)), (WAIT,)),
+        ("local", Server(False, False, None, primaries=(PRIMARY, PRIMARY)), ()),
     ],
 )
 def test_waits_of_each_level(level: str, server: Server, expected: tuple[object, ...]) -> None:
@@ -143,7 +150,8 @@ def test_waits_of_each_level(level: str, server: Server, expected: tuple[object,
         ("local", Server(False, True, "everysec"), NO_WAITAOF_FIX),
         ("local", Server(False, True, None), NO_WAITAOF_FIX),
         ("local", Server(True, False, None), "appendonly yes"),
-        ("local", Server(True, True, "always", cluster=True), "Cluster"),
+        ("replicated", Server(False, False, None, primaries=(PRIMARY, NO_REPLICA)), "REPLICATE"),
+        ("local", Server(False, False, None, primaries=(PRIMARY, WAITAOF_ONLY)), "every primary"),
         ("replicated", Server(True, True, "always", embedded=True), "replica"),
     ],
 )
