@@ -1,0 +1,293 @@
+"""Proof with real processes on Redis Cluster and Sentinel (issue 13 §4).
+
+The multi-process burst workload of ``tests/test_replicas.py`` (three ``tests/replica.py``
+processes, a fake LLM that answers with the tokens of the messages it covers, redelivery to a
+second replica) runs against:
+
+- a real 3-primary cluster, each primary with a replica: conversations on every primary, one
+  bot killed with SIGKILL mid-run; I1, I3, I5 and I6 for every conversation;
+- the same cluster with one primary killed with SIGKILL mid-run: its replica is promoted, the
+  bots carry on and every conversation is answered. At `fast` (the default) what was lost is
+  printed and must lie within the README's window; `replicated` where the store supports it;
+- a Sentinel-managed primary and replica, the primary killed mid-burst: at `replicated`, every
+  acknowledged message is answered exactly once;
+- `SCRIPT FLUSH` mid-run, on one server and on every primary of a cluster: nothing changes.
+
+The time from a primary's kill to the first reply served after it is printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import MovedError
+
+from bot.connect import Client, open_client
+from bot.embedded import EmbeddedRedis
+from bot.store import Keys
+from tests.clusters import Cluster, cluster, primary_of, sentinel, wait_until
+from tests.fakes.openai_server import FakeOpenAI
+from tests.test_replicas import (
+    I3_BOUND_S,
+    LLM_DELAY_S,
+    PLATFORM,
+    SEED,
+    SWEEP_MS,
+    TTL_MS,
+    Event,
+    Generations,
+    Step,
+    check_conversation,
+    conversation_of,
+    plan_workload,
+    quiet,
+)
+from tests.test_replicas import Cluster as Bots
+
+__all__ = ["cluster", "sentinel"]  # the fixtures, imported for pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+# How long a store outage may stall one delivery (a failover, plus the bots' retries).
+FAILOVER_BOUND_S = 15.0
+# README, LASTWORD_DURABILITY=fast: a crash loses up to ~1 s of acknowledged writes (the
+# AOF's everysec), and a promoted asynchronous replica lacks what it had not received yet.
+FAST_LOSS_WINDOW_S = 1.0
+
+
+@dataclass(frozen=True)
+class At:
+    """What the replica harness reads of its server: the URL the bots are given."""
+
+    url: str
+
+
+def bots(
+    url: str, fake: FakeOpenAI, workdir: Path, env: dict[str, str] | None = None, size: int = 3
+) -> Bots:
+    """Replica processes (tests/replica.py) on the store `url` names: a cluster node or a
+    `redis+sentinel://` URL works as well as one server."""
+    return Bots(cast(EmbeddedRedis, At(url)), fake, workdir, size=size, env=env)
+
+
+@contextlib.asynccontextmanager
+async def client_for(url: str) -> AsyncIterator[Redis]:
+    """The test's own client for the checks, of whatever mode `url` names. The checks call
+    per-key commands only, which the cluster client routes like a plain client's."""
+    client: Client = await open_client(url)
+    try:
+        yield cast(Redis, client)
+    finally:
+        await client.aclose()
+
+
+class Router:
+    """Delivers the workload's messages the way a platform would: a message for a bot that is
+    gone (or about to be killed) goes to another, and a kill waits for the victim's deliveries
+    in flight, so every message the platform sent is acknowledged by exactly one intake."""
+
+    def __init__(self, replicas: Bots, rng: random.Random) -> None:
+        self.replicas = replicas
+        self.rng = rng
+        self.out: set[str] = set()
+        self.pending: dict[str, int] = {}
+
+    def route(self, targets: tuple[str, ...]) -> list[str]:
+        routed: list[str] = []
+        for name in targets:
+            if name in self.out:
+                spare = [n for n in self.replicas.alive() if n not in self.out and n not in routed]
+                if not spare:
+                    continue
+                name = self.rng.choice(spare)
+            if name not in routed:
+                routed.append(name)
+        return routed
+
+    async def deliver(self, name: str, step: Step) -> None:
+        self.pending[name] = self.pending.get(name, 0) + 1
+        try:
+            await self.replicas.deliver(name, step.message)
+        finally:
+            self.pending[name] -= 1
+
+    async def play(self, steps: list[Step]) -> None:
+        for step in steps:
+            # Deliberate: the user's typing rhythm is what the workload is about.
+            await asyncio.sleep(step.gap_s)
+            await asyncio.gather(*(self.deliver(n, step) for n in self.route(step.targets)))
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL `name` once nothing is being handed to it."""
+        self.out.add(name)
+        await poll(lambda: not self.pending.get(name, 0), 10, f"{name}'s intake to drain")
+        await self.replicas.kill(name)
+
+
+async def poll(check: Callable[[], object], within_s: float, what: str) -> None:
+    """Poll a cheap in-memory `check` until it holds; fail after `within_s` saying what."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {within_s:g}s")
+        await asyncio.sleep(0.01)
+
+
+async def in_thread(check: Callable[[], Any], within_s: float, what: str) -> Any:
+    """`wait_until` (synchronous admin calls) off the event loop, so the bots' output is still
+    read meanwhile."""
+    return await asyncio.to_thread(wait_until, check, within_s, what)
+
+
+def acknowledged(replicas: Bots) -> dict[str, float]:
+    """When each message was first acknowledged to the platform (an `ingested` line, accepted
+    or dropped as a redelivery: a retried ingest whose first attempt was stored but reported
+    unavailable is dropped as a duplicate, and still acknowledged)."""
+    first: dict[str, float] = {}
+    for event in replicas.of("ingested"):
+        message_id, t = event["message_id"], float(event["t"])
+        first[message_id] = min(t, first.get(message_id, t))
+    return first
+
+
+def accepted_counts(replicas: Bots) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in replicas.of("ingested"):
+        counts[event["message_id"]] = counts.get(event["message_id"], 0) + bool(event["accepted"])
+    return counts
+
+
+def as_checked(events: Iterable[Event]) -> list[Event]:
+    """Sent events with their idempotency key as `check_conversation` reads it:
+    `<conversation>:<version>:<part>` (the key now also names the lease's fence and token)."""
+    out = []
+    for event in events:
+        key = str(event["key"])
+        if key.count(":") >= 4:
+            key = key.rsplit(":", 2)[0]
+        out.append({**event, "key": key})
+    return out
+
+
+async def check_all(
+    replicas: Bots, redis: Redis, conversations: Iterable[str], *, since: float = 0.0
+) -> int:
+    """I1, I3, I5 and I6 (test_replicas' `check_conversation`) for every conversation, each
+    message counted from its acknowledgement; returns the number of replies."""
+    acked = acknowledged(replicas)
+    replies = 0
+    for conversation in conversations:
+        mine = {m: t for m, t in acked.items() if conversation_of(m) == conversation}
+        replies += len(
+            await check_conversation(
+                redis, conversation, mine, as_checked(replicas.sent(conversation)), since=since
+            )
+        )
+    return replies
+
+
+async def answered(replicas: Bots, redis: Redis, messages: Iterable[str], within_s: float) -> None:
+    """Every message covered by a delivered reply, then the store quiet (nothing owed, held,
+    half-sent or scheduled), so nothing more will be sent."""
+    wanted = set(messages)
+    try:
+        await replicas.wait_for(lambda: wanted <= replicas.covered(), within_s, "replies")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}: never answered: {sorted(wanted - replicas.covered())}"
+        ) from None
+    await quiet(
+        redis, {conversation_of(m) for m in wanted}, within_s=(TTL_MS + SWEEP_MS) / 1000 + 5
+    )
+
+
+def workload(
+    rng: random.Random, replicas: Bots, conversations: int
+) -> tuple[list[list[Step]], list[str]]:
+    plans = plan_workload(rng, replicas.names, conversations)
+    return plans, [step.message.message_id for steps in plans for step in steps]
+
+
+async def when_acknowledged(replicas: Bots, count: int, within_s: float = 30) -> None:
+    await replicas.wait_for(
+        lambda: len(acknowledged(replicas)) >= count, within_s, f"{count} messages taken in"
+    )
+
+
+def conversations_of(plans: list[list[Step]]) -> list[str]:
+    return [f"{PLATFORM}:{conv}" for conv in range(len(plans))]
+
+
+def holders(cluster: Cluster, conversations: Iterable[str]) -> dict[int, set[str]]:
+    """Primary index -> the conversations whose keys its node holds."""
+    found: dict[int, set[str]] = {}
+    for index, server in enumerate(cluster.primaries):
+        found[index] = set()
+        with server.admin() as client:
+            for conversation in conversations:
+                with contextlib.suppress(MovedError):
+                    if client.exists(Keys(conversation).state, Keys(conversation).history):
+                        found[index].add(conversation)
+    return found
+
+
+def first_reply_after(replicas: Bots, t: float, conversations: Iterable[str]) -> float | None:
+    """Seconds from `t` to the first reply sent after it in one of `conversations`."""
+    names = set(conversations)
+    times = [float(e["t"]) for e in replicas.sent() if e["conversation"] in names]
+    later = [x for x in times if x > t]
+    return min(later) - t if later else None
+
+
+# -- 1. the burst workload on every primary, a bot killed -----------------------------------
+
+
+async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short_dir: Path) -> None:
+    rng = random.Random(SEED + 13)
+    generations = Generations()
+    async with (
+        FakeOpenAI(reply=generations) as fake,
+        bots(cluster.url, fake, short_dir) as replicas,
+        client_for(cluster.url) as redis,
+    ):
+        fake.delay_s = LLM_DELAY_S
+        plans, messages = workload(rng, replicas, conversations=9)
+        conversations = conversations_of(plans)
+        assert {primary_of(c) for c in conversations} == {0, 1, 2}
+        router = Router(replicas, rng)
+        victim = replicas.names[0]
+
+        async def kill_mid_run() -> None:
+            await when_acknowledged(replicas, len(messages) // 3)
+            # Preferably while it generates: its lease must expire and the sweep hand over.
+            with contextlib.suppress(TimeoutError):
+                await fake.wait_for_request(
+                    lambda r: r.api_key == victim and not r.finished, timeout=2
+                )
+            await router.kill(victim)
+
+        await asyncio.gather(kill_mid_run(), *(router.play(steps) for steps in plans))
+        await answered(replicas, redis, messages, within_s=I3_BOUND_S + 10)
+        survivors = replicas.alive()
+        assert victim not in survivors and len(survivors) == 2
+        await replicas.terminate_all(survivors)
+
+        assert set(acknowledged(replicas)) == set(messages)
+        assert all(n == 1 for n in accepted_counts(replicas).values()), accepted_counts(replicas)
+        redelivered = sum(len(step.targets) > 1 for steps in plans for step in steps)
+        assert redelivered > 0, "the seed must exercise redelivery"
+        replies = await check_all(replicas, redis, conversations)
+        generations.assert_one_at_a_time(fake.requests, LLM_DELAY_S)
+        assert replies < len(messages), "bursts were not folded"
+        held = holders(cluster, conversations)
+        assert all(held.values()), f"a primary holds no conversation: {held}"
+        print(f"\ncluster, bot killed: {len(messages)} messages, {replies} replies, {held}")
