@@ -175,6 +175,8 @@ def start_cluster(folder: Path) -> Cluster:
                 # A replica takes over however long it was cut off: tests kill primaries.
                 "--cluster-replica-validity-factor", "0",
                 "--repl-diskless-sync-delay", "0",
+                # Replicas reach CLUSTER SLOTS once their offset moves: a ping moves it.
+                "--repl-ping-replica-period", "1",
             )  # fmt: skip
         _form(cluster)
     except BaseException:
@@ -214,6 +216,11 @@ def _form(cluster: Cluster) -> None:
         for server in cluster.servers:
             with server.admin() as client:
                 if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+                # CLUSTER SLOTS (what clients read) lists a replica only once it has told the
+                # others of a replication offset: [first, last, primary, replica...].
+                ranges = client.execute_command("CLUSTER SLOTS")
+                if len(ranges) != len(SLOT_RANGES) or any(len(r) < 4 for r in ranges):
                     return False
         for replica in cluster.replicas:
             with replica.admin() as client:
