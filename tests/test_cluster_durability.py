@@ -21,9 +21,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from bot.connect import open_client
+from bot.doctor import durability_check
 from bot.store import Keys, Store, StoreSettings, StoreUnavailable, lease_token
 from bot.store import durability as durability_module
-from bot.store.durability import Durability, Refused
+from bot.store.durability import NO_AOF_FIX, Durability, Refused
 from tests.builders import message
 from tests.clusters import (
     Cluster,
@@ -211,3 +212,19 @@ async def test_a_runtime_answers_bursts_on_every_primary_at_replicated(
     assert sorted(s.conversation for s in outbound.sent) == sorted(conversations)
     for conversation in conversations:
         assert on_replica(durable, conversation, "w") == b"3"
+
+
+async def test_doctor_probes_every_primary(
+    durable: Cluster, make_settings: SettingsFactory
+) -> None:
+    settings = make_settings(redis_url=durable.url, durability="replicated")
+    check = await durability_check(settings, 5.0)
+    assert check.ok, check
+    assert "WAIT 1" in check.detail
+    weak = durable.primaries[2]
+    with weak.admin() as admin:
+        admin.config_set("appendonly", "no")
+    check = await durability_check(settings, 5.0)
+    assert not check.ok
+    assert f"primary 127.0.0.1:{weak.port}" in check.detail
+    assert check.fix == NO_AOF_FIX

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
@@ -184,7 +184,11 @@ async def _probe_primaries_of(redis: Redis) -> tuple[Server, ...]:
     addresses = {(_text(entry[2][0]) or options.get("host"), int(entry[2][1])) for entry in slots}
     servers = []
     for host, port in sorted(addresses):
-        primary = Redis(**(options | {"host": host, "port": port}))
+        pool = ConnectionPool(
+            connection_class=redis.connection_pool.connection_class,
+            **(options | {"host": host, "port": port}),
+        )
+        primary = Redis.from_pool(pool)
         try:
             servers.append(await _probe_node(primary.execute_command, node=f"{host}:{port}"))
         finally:
