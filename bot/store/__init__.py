@@ -9,6 +9,7 @@ Every key name comes from `bot.store.keys`, which also describes the layout.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -38,7 +39,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bot.connect import Client, drop_connections
+from bot.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.message import InboundMessage, Unavailable
 from bot.settings import Settings
 from bot.store.durability import DEFAULT_LEVEL, Durability, Level
@@ -133,6 +134,13 @@ def classify(exc: ResponseError) -> StoreUnavailable | None:
     return None
 
 
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
 @contextmanager
 def reaching_redis() -> Iterator[None]:
     """Turn the client's connection errors and transient error replies into
@@ -142,7 +150,15 @@ def reaching_redis() -> Iterator[None]:
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         # Sentinel's client says so when the primary it used answers READONLY: demoted.
         demoted = "previous master is now a slave" in str(exc)
-        raise StoreUnavailable(f"Redis is unreachable: {exc}", reconnect=demoted) from exc
+        why = str(exc) or type(exc).__name__  # MaxConnectionsError has no text
+        raise StoreUnavailable(f"Redis is unreachable: {why}", reconnect=demoted) from exc
+    except AttributeError as exc:
+        # redis-py's cluster client closes every connection when one call fails to connect;
+        # a call in flight on another connection then fails inside the library like this.
+        # Only from inside the library: one of ours is a bug, and propagates.
+        if not _raised_in_redis_py(exc):
+            raise
+        raise StoreUnavailable(f"the Redis client dropped its connection: {exc}") from exc
     except ResponseError as exc:
         unavailable = classify(exc)
         if unavailable is None:
@@ -332,6 +348,11 @@ class Store:
         self._role_release = redis.register_script(ROLE_RELEASE)
         self._heartbeat = redis.register_script(HEARTBEAT)
         self.durability = Durability(redis)
+        # The cluster client fails a call at once when a node's pool is exhausted, and then
+        # closes every connection, failing the calls in flight too; the single-server pool
+        # waits instead. Bounding the calls in flight per process to the pool size keeps
+        # both within their pools.
+        self._in_flight = asyncio.Semaphore(MAX_CONNECTIONS)
 
     def configure(self, settings: StoreSettings) -> None:
         """Take on reloaded settings: every script call from now on is told the new ones."""
@@ -342,8 +363,9 @@ class Store:
         """`reaching_redis`, and after a reply that says we talk to the wrong node, the
         connections dropped so the next attempt resolves the right one."""
         try:
-            with reaching_redis():
-                yield
+            async with self._in_flight:
+                with reaching_redis():
+                    yield
         except StoreUnavailable as exc:
             if exc.reconnect:
                 # For the cluster client also its slot map; Sentinel's pool asks anew.
