@@ -13,6 +13,11 @@ second replica) runs against:
   acknowledged message is answered exactly once;
 - `SCRIPT FLUSH` mid-run, on one server and on every primary of a cluster: nothing changes.
 
+A reply part sent again under its idempotency key (the outbox resent by the next lease holder
+after a commit the failover refused: SPEC, Recovery) counts once, as a platform that
+deduplicates (Discord's nonce) shows it; the tests print how many there were. A second reply
+under another key covering a message already answered is a duplicate (I1).
+
 The time from a primary's kill to the first reply served after it is printed (``-s``).
 """
 
@@ -22,7 +27,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +41,7 @@ from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from bot.store.durability import Level, Refused, probe, waits_for
 from tests.clusters import (
+    MASTER_NAME,
     Cluster,
     SentinelSetup,
     Server,
@@ -176,11 +182,29 @@ def accepted_counts(replicas: Bots) -> dict[str, int]:
     return counts
 
 
-def as_checked(events: Iterable[Event]) -> list[Event]:
-    """Sent events with their idempotency key as `check_conversation` reads it:
-    `<conversation>:<version>:<part>` (the key now also names the lease's fence and token)."""
+def delivered(events: Iterable[Event]) -> list[Event]:
+    """What the user sees of the `sent` events: a reply part sent again under the same
+    idempotency key (the outbox resent after its commit failed, SPEC recovery) is deduplicated
+    by the platform (Discord's nonce), so only its first sending counts."""
+    seen: set[str] = set()
     out = []
     for event in events:
+        if event["key"] not in seen:
+            seen.add(event["key"])
+            out.append(event)
+    return out
+
+
+def resent(replicas: Bots) -> int:
+    """Reply parts sent again under their idempotency key (a platform's dedupe drops them)."""
+    return len(replicas.sent()) - len(delivered(replicas.sent()))
+
+
+def as_checked(events: Iterable[Event]) -> list[Event]:
+    """Delivered reply parts with their idempotency key as `check_conversation` reads it:
+    `<conversation>:<version>:<part>` (the key now also names the lease's fence and token)."""
+    out = []
+    for event in delivered(events):
         key = str(event["key"])
         if key.count(":") >= 4:
             key = key.rsplit(":", 2)[0]
@@ -300,7 +324,10 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
         assert replies < len(messages), "bursts were not folded"
         held = holders(cluster, conversations)
         assert all(held.values()), f"a primary holds no conversation: {held}"
-        print(f"\ncluster, bot killed: {len(messages)} messages, {replies} replies, {held}")
+        print(
+            f"\ncluster, bot killed: {len(messages)} messages, {replies} replies "
+            f"({resent(replicas)} parts resent under their key), conversations by primary {held}"
+        )
 
 
 # -- helpers for a primary killed mid-run ----------------------------------------------------
@@ -375,12 +402,35 @@ async def expect_answers(
 
 
 def covered_twice(replicas: Bots) -> dict[str, list[str]]:
-    """Message -> the keys of the replies that covered it, where more than one did."""
+    """Message -> the keys of the delivered replies that covered it, where more than one
+    did (a resend under the same key is one delivery)."""
     by_message: dict[str, list[str]] = {}
-    for event in replicas.sent():
+    for event in delivered(replicas.sent()):
         for token in tokens(event["text"]):
             by_message.setdefault(token, []).append(str(event["key"]))
     return {m: keys for m, keys in by_message.items() if len(keys) > 1}
+
+
+def all_sentinels_name(setup: SentinelSetup, port: int) -> bool:
+    for server in setup.sentinels:
+        with server.admin() as client:
+            _, named = client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", MASTER_NAME)
+            if int(named) != port:
+                return False
+    return True
+
+
+@contextlib.contextmanager
+def server_logs_on_failure(servers: Iterable[Server]) -> Iterator[None]:
+    """On a failure, print the servers' logs (pytest shows them with it)."""
+    try:
+        yield
+    except BaseException:
+        for server in servers:
+            log = server.folder / "server.log"
+            text = log.read_text(errors="replace") if log.exists() else "(no log)"
+            print(f"--- server {server.port} ({server.folder.name})\n" + text[-6000:])
+        raise
 
 
 # -- 2. a cluster primary killed mid-run ---------------------------------------------------
@@ -461,7 +511,8 @@ async def test_a_cluster_primary_killed_mid_run(
             f"{times.promoted - times.killed:.2f}s after the kill; first reply on its "
             f"conversations {resumed if resumed is None else round(resumed, 2)}s after it; "
             f"lost (acknowledged, never answered): {lost or 'none'}; "
-            f"answered twice: {twice or 'none'}"
+            f"answered twice: {twice or 'none'}; "
+            f"reply parts resent under their idempotency key: {resent(replicas)}"
         )
         # Whatever was lost or answered twice lies in the window the README states for fast.
         assert all(at_risk(m) for m in lost), (lost, acked, times)
@@ -482,6 +533,11 @@ async def test_a_cluster_primary_killed_mid_run(
 async def test_a_sentinel_primary_killed_mid_burst_loses_nothing_replicated(
     sentinel: SentinelSetup, short_dir: Path
 ) -> None:
+    with server_logs_on_failure([sentinel.primary, sentinel.replica, *sentinel.sentinels]):
+        await sentinel_failover(sentinel, short_dir)
+
+
+async def sentinel_failover(sentinel: SentinelSetup, short_dir: Path) -> None:
     durable([sentinel.primary, sentinel.replica])
     with sentinel.replica.admin() as client:
         # Once promoted, it syncs the crashed primary back at once (the default waits 5 s).
@@ -509,6 +565,14 @@ async def test_a_sentinel_primary_killed_mid_burst_loses_nothing_replicated(
                 "the Sentinels to promote the replica",
             )
             times.promoted = time.time()
+            # Every Sentinel, not just a majority, names the new primary before the old one
+            # returns: a Sentinel still naming it would see a primary that calls itself a
+            # replica, and count it down.
+            await in_thread(
+                lambda: all_sentinels_name(sentinel, sentinel.replica.port),
+                15,
+                "every Sentinel to name the new primary",
+            )
             # WAIT 1 needs a replica: the crashed primary comes back as one.
             await asyncio.to_thread(
                 sentinel.primary.start,
@@ -535,7 +599,8 @@ async def test_a_sentinel_primary_killed_mid_burst_loses_nothing_replicated(
             f"\nsentinel, primary killed (replicated): {len(messages)} messages; promoted "
             f"{times.promoted - times.killed:.2f}s after the kill, a replica again after "
             f"{times.replicated - times.killed:.2f}s; first reply "
-            f"{resumed if resumed is None else round(resumed, 2)}s after the kill"
+            f"{resumed if resumed is None else round(resumed, 2)}s after the kill; "
+            f"reply parts resent under their idempotency key: {resent(replicas)}"
         )
         # Exactly once: every acknowledged message covered by one reply, nothing else.
         assert not covered_twice(replicas)
@@ -584,6 +649,8 @@ async def test_script_flush_mid_run_changes_nothing(
         await answered(replicas, redis, messages, within_s=I3_BOUND_S + 10)
         await replicas.terminate_all()
         assert flushes == 2
+        # Not even a resend the platform would have to drop.
+        assert resent(replicas) == 0
         assert all(n == 1 for n in accepted_counts(replicas).values()), accepted_counts(replicas)
         replies = await check_all(replicas, redis, conversations)
         generations.assert_one_at_a_time(fake.requests, LLM_DELAY_S)
