@@ -299,6 +299,7 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
         assert {primary_of(c) for c in conversations} == {0, 1, 2}
         router = Router(replicas, rng)
         victim = replicas.names[0]
+        generating: list[str] = []
 
         async def kill_mid_run() -> None:
             await when_acknowledged(replicas, len(messages) // 3)
@@ -307,7 +308,12 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
                 await fake.wait_for_request(
                     lambda r: r.api_key == victim and not r.finished, timeout=2
                 )
+            in_flight = [r for r in fake.requests if r.api_key == victim and not r.finished]
             await router.kill(victim)
+            # What its death cut short: generations in flight that never finished.
+            generating.extend(
+                t for r in in_flight if not r.finished for t in tokens(r.last_user_text)
+            )
 
         await asyncio.gather(kill_mid_run(), *(router.play(steps) for steps in plans))
         await answered(replicas, redis, messages, within_s=I3_BOUND_S + 10)
@@ -326,7 +332,8 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
         assert all(held.values()), f"a primary holds no conversation: {held}"
         print(
             f"\ncluster, bot killed: {len(messages)} messages, {replies} replies "
-            f"({resent(replicas)} parts resent under their key), conversations by primary {held}"
+            f"({resent(replicas)} parts resent under their key), conversations by primary {held}; "
+            f"{victim} killed while generating for {generating or 'nothing'}"
         )
 
 
