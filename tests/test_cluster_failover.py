@@ -200,18 +200,6 @@ def resent(replicas: Bots) -> int:
     return len(replicas.sent()) - len(delivered(replicas.sent()))
 
 
-def as_checked(events: Iterable[Event]) -> list[Event]:
-    """Delivered reply parts with their idempotency key as `check_conversation` reads it:
-    `<conversation>:<version>:<part>` (the key now also names the lease's fence and token)."""
-    out = []
-    for event in delivered(events):
-        key = str(event["key"])
-        if key.count(":") >= 4:
-            key = key.rsplit(":", 2)[0]
-        out.append({**event, "key": key})
-    return out
-
-
 async def check_all(
     replicas: Bots, redis: Redis, conversations: Iterable[str], *, since: float = 0.0
 ) -> int:
@@ -223,7 +211,7 @@ async def check_all(
         mine = {m: t for m, t in acked.items() if conversation_of(m) == conversation}
         replies += len(
             await check_conversation(
-                redis, conversation, mine, as_checked(replicas.sent(conversation)), since=since
+                redis, conversation, mine, delivered(replicas.sent(conversation)), since=since
             )
         )
     return replies

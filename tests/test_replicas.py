@@ -430,7 +430,8 @@ async def check_conversation(
     keys = [e["key"] for e in sent]
     assert len(keys) == len(set(keys)), f"{conversation}: a reply part went out twice: {keys}"
     for event in sorted(sent, key=lambda e: float(e["t"])):
-        conv, version, part = str(event["key"]).rsplit(":", 2)
+        # <conversation>:<version>:<part>:<fence>:<token salt> (bot.cycle.idempotency_key)
+        conv, version, part, _, _ = str(event["key"]).rsplit(":", 4)
         assert conv == conversation
         # Replies here are far below the platform limit, so each is exactly one part.
         assert part == "0", f"{conversation}: unexpected split reply {event}"
