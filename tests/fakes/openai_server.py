@@ -460,8 +460,12 @@ class FakeOpenAI(LoopbackServer):
             if any(c["delta"].get("content") for c in data["choices"]):
                 recorded.pieces_streamed += 1
                 self._notify()
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client hung up as the stream ended (a replica killed on purpose).
+            return response
         recorded.finished = True
         self._notify()
         return response
