@@ -38,6 +38,15 @@ def settings_help() -> str:
             lines.append(f"  {prefix + name.upper():<36} default: {shown}")
 
     walk(Settings, ENV_PREFIX)
+    lines += [
+        "",
+        f"{ENV_PREFIX}REDIS_URL: redis://host:port/db, rediss:// (TLS) or unix:///path; a Redis",
+        "  Cluster node is detected and used as a cluster; redis+sentinel://[user:pw@]host:port",
+        "  [,host:port...]/<master-name> (or rediss+sentinel://) follows a Sentinel-watched",
+        "  primary; unset starts the embedded server.",
+        f"{ENV_PREFIX}DURABILITY: fast (no wait), local (AOF fsync before acknowledging), or",
+        "  replicated (and one replica); lastword doctor says whether the server honours it.",
+    ]
     return "\n".join(lines)
 
 
