@@ -30,7 +30,9 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
     {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)
     {T}:c:<conversation>:lease       hash    token, fence; expires on its own
-    {T}:c:<conversation>:outbox      hash    text, version, fence of a reply being sent
+    {T}:c:<conversation>:outbox      hash    text, version, reset (the last /reset covered),
+                                             fence and token of the lease that passed the
+                                             pre-send check, for a reply being sent
     {T}:c:<conversation>:history     list    json entries, oldest first, capped
     {T}:c:<conversation>:rate        string  messages in the current rate-limit window
     {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
