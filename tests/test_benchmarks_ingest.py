@@ -14,10 +14,8 @@ pytestmark = pytest.mark.timeout(40)
 
 
 def test_ingest_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
-    ingest.main(
-        ["--messages", "300", "--users", "30", "--concurrency", "4", "--repeat", "1"]
-        + ["--durability", "fast"]
-    )
+    sizes = ["--messages", "300", "--users", "30", "--concurrency", "4", "--repeat", "1"]
+    ingest.main([*sizes, "--durability", "fast"])
     out = capsys.readouterr().out
 
     lines = out.splitlines()
