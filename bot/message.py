@@ -14,8 +14,33 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Attachment:
-    kind: str  # "photo", "sticker", "voice", "document", ...
-    ref: str  # the platform's file id or URL; never fetched by the core
+    """A file the user sent, by reference: the store keeps this, never the bytes. Whichever
+    replica answers fetches them through `Outbound.fetch`, so any replica can answer."""
+
+    kind: str  # "photo", "document", "voice", "audio", "video", "sticker", ...
+    # The platform's handle: Telegram's file id, Discord's attachment URL. Never a URL that
+    # carries a secret (Telegram's file URLs contain the bot token).
+    ref: str
+    mime: str = ""  # as the platform declared it; "" if it did not
+    size: int = 0  # bytes, as the platform declared them; 0 if it did not
+    name: str = ""  # the file's name; a sticker's emoji
+    # Stable across redeliveries and re-uploads of the same file (Telegram's file_unique_id,
+    # Discord's attachment id): what a transcript is cached by.
+    file_key: str = ""
+    # Where the message's text sits: True, before the media (Discord's text, then its
+    # attachments); False, after it (Telegram's caption under the photo).
+    text_first: bool = False
+
+    def cleaned(self) -> Attachment:
+        v = _valid_utf8
+        return replace(
+            self,
+            kind=v(self.kind),
+            ref=v(self.ref),
+            mime=v(self.mime),
+            name=v(self.name),
+            file_key=v(self.file_key),
+        )
 
 
 @dataclass(frozen=True)
@@ -57,7 +82,7 @@ class InboundMessage:
             display_name=v(self.display_name),
             text=_cut(v(self.text), max_chars),
             reply_to_id=None if self.reply_to_id is None else v(self.reply_to_id),
-            attachments=tuple(Attachment(v(a.kind), v(a.ref)) for a in self.attachments),
+            attachments=tuple(a.cleaned() for a in self.attachments),
         )
 
     def prompt_text(self) -> str:
@@ -108,6 +133,11 @@ class Unreachable(SendFailed):
         super().__init__(reason, permanent=True)
 
 
+class FetchFailed(Exception):
+    """An attachment could not be fetched: gone, expired, too large, or the platform failed.
+    The reason is shown to the model and logged, so it names no secret."""
+
+
 class Outbound(Protocol):
     """What the core asks of a platform. Implemented by every adapter."""
 
@@ -126,3 +156,12 @@ class Outbound(Protocol):
 
     async def typing(self, conversation: str) -> None:
         """Show that the bot is working on a reply."""
+
+    async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
+        """The bytes of a file the user sent, at most `max_bytes` of them.
+
+        Called by whichever replica answers, inside its cycle. Raises `FetchFailed` with a
+        reason fit for the model and the log (never a URL with a secret) when the file is
+        gone, expired, larger than `max_bytes`, or the platform fails; the caller bounds the
+        time.
+        """
