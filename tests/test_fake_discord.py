@@ -21,7 +21,13 @@ import discord.http
 import pytest
 import yarl
 
-from tests.fakes.discord_server import DISCORD_EPOCH_MS, FakeDiscord, snowflake_time_ms
+from tests.fakes.discord_server import (
+    CDN_GONE,
+    DISCORD_EPOCH_MS,
+    MESSAGE_FLAG_IS_VOICE_MESSAGE,
+    FakeDiscord,
+    snowflake_time_ms,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -475,6 +481,128 @@ async def test_another_connection_resumes_a_session_from_the_sequence_it_sends(
         (3, "MESSAGE_CREATE", "second"),
         (4, "MESSAGE_CREATE", "third"),
         (5, "RESUMED", None),
+    ]
+
+
+# -- attachments and the CDN ----------------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+OGG = b"OggS\x00\x02" + bytes(range(200)) * 3
+
+
+async def test_image_attachment_is_parsed_and_downloaded_by_discord_py(fake: FakeDiscord) -> None:
+    async with gateway_client(fake) as client:
+        photo = fake.add_attachment(PNG, "cat photo.png", "image/png")
+        await fake.user_sends(USER, "look", attachments=[photo])
+        message = await client.next_user_message()
+
+        [attachment] = message.attachments
+        assert attachment.id == int(photo["id"])
+        assert (attachment.filename, attachment.size, attachment.content_type) == (
+            "cat photo.png",
+            len(PNG),
+            "image/png",
+        )
+        assert not attachment.is_voice_message()
+        assert not message.flags.voice
+        # Sent before it named a channel: its URL now names the DM, as Discord's would.
+        assert attachment.url == photo["url"]
+        url = yarl.URL(attachment.url)
+        channel_id = fake.dm_channel(USER)
+        assert url.path == f"/attachments/{channel_id}/{attachment.id}/cat photo.png"
+        assert set(url.query) == {"ex", "is", "hm"}
+        assert int(url.query["ex"], 16) > time.time() > int(url.query["is"], 16) - 5
+
+        # What the adapter calls, then discord.py's own Attachment.read (url, then proxy_url).
+        assert await client.http.get_from_cdn(attachment.url) == PNG
+        assert await attachment.read() == PNG
+        assert await attachment.read(use_cached=True) == PNG
+        downloads = fake.downloads_of(attachment.id)
+        assert [(d.status, d.path.startswith("/media/")) for d in downloads] == [
+            (200, False),
+            (200, False),
+            (200, True),
+        ]
+        assert downloads[0].query["hm"] == url.query["hm"]
+        assert fake.downloads == downloads
+
+
+async def test_voice_message_is_a_voice_message_to_discord_py(fake: FakeDiscord) -> None:
+    async with gateway_client(fake) as client:
+        sent = await fake.user_sends_voice(USER, OGG, duration_secs=3.5)
+        message = await client.next_user_message()
+
+        assert sent["flags"] == MESSAGE_FLAG_IS_VOICE_MESSAGE
+        assert message.flags.voice
+        assert message.content == ""
+        [voice] = message.attachments
+        assert voice.is_voice_message()
+        assert (voice.filename, voice.content_type, voice.duration) == (
+            "voice-message.ogg",
+            "audio/ogg",
+            3.5,
+        )
+        assert voice.waveform is not None and 0 < len(voice.waveform) <= 256
+        assert await client.http.get_from_cdn(voice.url) == OGG
+
+
+async def test_stickers_and_declared_size_reach_discord_py(fake: FakeDiscord) -> None:
+    async with gateway_client(fake) as client:
+        wave = fake.sticker("wave", format_type=4)
+        huge = fake.add_attachment(b"tiny", "film.mp4", "video/mp4", declared_size=60_000_000)
+        untyped = fake.add_attachment(b"\x00\x01", "blob", None)
+        await fake.user_sends(USER, "", sticker_items=[wave], attachments=[huge, untyped])
+        message = await client.next_user_message()
+
+        [sticker] = message.stickers
+        assert (sticker.id, sticker.name) == (int(wave["id"]), "wave")
+        assert sticker.format is discord.StickerFormatType.gif
+        assert [(a.size, a.content_type) for a in message.attachments] == [
+            (60_000_000, "video/mp4"),
+            (2, None),
+        ]
+        # The size is what the message says; the CDN serves what there is.
+        assert await client.http.get_from_cdn(message.attachments[0].url) == b"tiny"
+
+
+async def test_expired_or_tampered_urls_are_gone_from_the_cdn(fake: FakeDiscord) -> None:
+    channel_id = fake.dm_channel(USER)
+    stale = fake.add_attachment(PNG, "old.png", "image/png", channel_id=channel_id, expired=True)
+    fresh = fake.add_attachment(PNG, "new.png", "image/png", channel_id=channel_id)
+    async with rest_client(fake) as client:
+        assert int(yarl.URL(stale["url"]).query["ex"], 16) < time.time()
+        with pytest.raises(discord.NotFound):
+            await client.http.get_from_cdn(stale["url"])
+
+        assert await client.http.get_from_cdn(fresh["url"]) == PNG
+        fake.expire(int(fresh["id"]))
+        with pytest.raises(discord.NotFound):
+            await client.http.get_from_cdn(fresh["url"])
+
+    lively = fake.add_attachment(PNG, "a.png", "image/png", channel_id=channel_id)
+    signed = yarl.URL(lively["url"])
+    tampered = [
+        signed.with_query(None),  # unsigned, as a URL trimmed of its query
+        signed.update_query(hm="0" * 64),
+        signed.update_query(ex=f"{int(time.time()) + 7 * 86400:x}"),  # extended by hand
+        yarl.URL(lively["url"].replace(f"/{channel_id}/", "/1/")),  # another channel's
+    ]
+    async with aiohttp.ClientSession() as session:
+        for url in tampered:
+            async with session.get(url) as response:
+                assert response.status == 404
+                assert await response.text() == CDN_GONE
+        async with session.get(signed) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "image/png"
+            assert await response.read() == PNG
+    statuses = [(d.attachment_id, d.status) for d in fake.downloads]
+    assert statuses == [
+        (int(stale["id"]), 404),
+        (int(fresh["id"]), 200),
+        (int(fresh["id"]), 404),
+        *[(int(lively["id"]), 404)] * 4,
+        (int(lively["id"]), 200),
     ]
 
 

@@ -38,12 +38,22 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
   of the last event the client received, which the fake records.
 - DMs carry their content whether or not the session asked for the message content intent;
   guild messages that do not mention the bot are blanked for a session without it.
+- An attachment's bytes are not in the message: its ``url`` points at the CDN, signed and
+  expiring (``?ex=<expiry>&is=<issued>&hm=<signature>&``, unix seconds in hex), and needs no
+  token. The CDN answers an expired, unsigned or tampered URL with 404 and the plain-text body
+  ``This content is no longer available.``; the fake serves such URLs itself
+  (:meth:`FakeDiscord.add_attachment`) and records every download.
+- A voice message is a message with flag ``IS_VOICE_MESSAGE`` (1 << 13), empty content and one
+  ``audio/ogg`` attachment carrying ``duration_secs`` and a base64 ``waveform``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import importlib
 import importlib.util
 import itertools
@@ -57,15 +67,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import BodyPartReader, WSMsgType, web
 
 from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
+    "CDN_GONE",
     "DEFAULT_TOKEN",
     "DISCORD_EPOCH_MS",
+    "MESSAGE_FLAG_IS_VOICE_MESSAGE",
     "FakeDiscord",
+    "RecordedDownload",
     "RecordedPost",
     "ScriptedError",
     "snowflake_time_ms",
@@ -76,6 +90,12 @@ DISCORD_EPOCH_MS = 1420070400000
 
 MAX_CONTENT = 2000
 MAX_NONCE = 25
+
+MESSAGE_FLAG_IS_VOICE_MESSAGE = 1 << 13
+# What Discord's CDN answers (404, text/plain) for an expired, unsigned or tampered URL.
+CDN_GONE = "This content is no longer available."
+# How long a signed attachment URL lasts on Discord: about a day from when it was handed out.
+ATTACHMENT_URL_TTL_S = 24 * 3600
 
 # Gateway opcodes.
 OP_DISPATCH = 0
@@ -153,6 +173,39 @@ class RecordedPost:
     # The client hung up (or was killed) before the answer was sent.
     cancelled: bool = False
     body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecordedDownload:
+    """One GET (or HEAD) of an attachment URL on the fake CDN, and how it was answered."""
+
+    # None when the path names no attachment the fake made.
+    attachment_id: int | None
+    # Decoded, e.g. "/attachments/<channel>/<attachment>/<filename>"; proxy_url downloads
+    # start with "/media".
+    path: str
+    query: dict[str, str]
+    status: int
+    at: float
+    method: str = "GET"
+
+
+@dataclass
+class _StoredAttachment:
+    """An attachment made by :meth:`FakeDiscord.add_attachment`: its bytes and its URL state."""
+
+    id: int
+    filename: str
+    data: bytes
+    content_type: str | None
+    # The channel its URL names; None until it is first sent (see FakeDiscord._bind).
+    channel_id: int | None
+    issued_s: int
+    expires_s: int
+    # Gone from the CDN whatever the URL says (see FakeDiscord.expire).
+    expired: bool
+    # The dict handed to the test, rebound in place when it is first sent.
+    obj: dict[str, Any]
 
 
 @dataclass
@@ -302,6 +355,11 @@ class FakeDiscord(LoopbackServer):
         self._errors: dict[int | None, list[ScriptedError | None]] = {}
         # channel id -> the error every message POST to it gets (see fail_channel)
         self._channel_errors: dict[int, ScriptedError] = {}
+        self._attachments: dict[int, _StoredAttachment] = {}
+        # Signs attachment URLs, so a URL the bot rebuilt or trimmed is refused as on Discord.
+        self._cdn_key = secrets.token_bytes(32)
+        # Every request to the fake CDN, in order.
+        self.downloads: list[RecordedDownload] = []
         self._post_gate = asyncio.Event()
         self._post_gate.set()
         self._history_gate = asyncio.Event()
@@ -336,6 +394,11 @@ class FakeDiscord(LoopbackServer):
         ]
         for method, path, handler in routes:
             app.router.add_route(method, api + path, self._authenticated(handler))
+        # The CDN (cdn.discordapp.com) and its media proxy (media.discordapp.net): no token.
+        for prefix in ("", "/media"):
+            app.router.add_get(
+                prefix + "/attachments/{channel_id}/{attachment_id}/{filename}", self._cdn
+            )
         app.router.add_route("*", "/{tail:.*}", self._not_found)
 
     def _before_stop(self) -> None:
@@ -476,7 +539,8 @@ class FakeDiscord(LoopbackServer):
     def attachment(
         filename: str, content_type: str, size: int, *, attachment_id: int | None = None
     ) -> dict[str, Any]:
-        """An attachment object as Discord puts it in a message."""
+        """An attachment object as Discord puts it in a message, metadata only: its URL is the
+        real CDN's and nothing serves it. Use :meth:`add_attachment` for one to download."""
         ident = attachment_id if attachment_id is not None else secrets.randbits(60)
         url = f"https://cdn.discordapp.com/attachments/0/{ident}/{filename}"
         return {
@@ -494,6 +558,8 @@ class FakeDiscord(LoopbackServer):
         content: str,
         *,
         attachments: list[dict[str, Any]] | None = None,
+        flags: int = 0,
+        sticker_items: list[dict[str, Any]] | None = None,
         guild_id: int | None = None,
         channel_id: int | None = None,
         bot: bool = False,
@@ -502,7 +568,12 @@ class FakeDiscord(LoopbackServer):
         """``user_id`` posts a message: to their DM with the bot, unless ``guild_id`` or
         ``channel_id`` say otherwise. It is stored in the channel history and dispatched as
         ``MESSAGE_CREATE`` (unless ``dispatch`` is false: an event the gateway lost, found
-        only in the history); returns the message as the gateway carries it."""
+        only in the history); returns the message as the gateway carries it.
+
+        ``attachments`` are objects from :meth:`add_attachment` (downloadable) or
+        :meth:`attachment` (metadata only); ``flags`` are message flags
+        (:data:`MESSAGE_FLAG_IS_VOICE_MESSAGE`, see :meth:`user_sends_voice`);
+        ``sticker_items`` are objects from :meth:`sticker`."""
         if guild_id is not None:
             channel_id = self.guild_channel(guild_id, channel_id)
         elif channel_id is None:
@@ -512,11 +583,33 @@ class FakeDiscord(LoopbackServer):
         user = self._user(user_id)
         if bot:
             user["bot"] = True
-        message = self._new_message(channel_id, user, content, attachments or [])
+        for attachment in attachments or []:
+            self._bind(attachment, channel_id)
+        message = self._new_message(
+            channel_id, user, content, attachments or [], flags=flags, sticker_items=sticker_items
+        )
         payload = self._gateway_message(message)
         if dispatch:
             await self._dispatch_message("MESSAGE_CREATE", payload)
         return payload
+
+    async def user_sends_voice(
+        self, user_id: int, data: bytes, *, duration_secs: float = 2.5, expired: bool = False
+    ) -> dict[str, Any]:
+        """``user_id`` records a voice message in their DM: what Discord's clients send, flag
+        ``IS_VOICE_MESSAGE``, no content and one ``voice-message.ogg`` (``audio/ogg``) whose
+        bytes are ``data``. Returns the message as the gateway carries it."""
+        voice = self.add_attachment(
+            data,
+            "voice-message.ogg",
+            "audio/ogg",
+            voice=True,
+            duration_secs=duration_secs,
+            expired=expired,
+        )
+        return await self.user_sends(
+            user_id, "", attachments=[voice], flags=MESSAGE_FLAG_IS_VOICE_MESSAGE
+        )
 
     async def user_edits(self, message_id: int, new_content: str) -> dict[str, Any]:
         """Edit a stored message; dispatches ``MESSAGE_UPDATE`` with the full message (as
@@ -541,6 +634,127 @@ class FakeDiscord(LoopbackServer):
         payload = self._gateway_message(message)
         await self._dispatch_message("MESSAGE_CREATE", payload)
         return payload
+
+    # -- scripting: attachments and the CDN --------------------------------------------------
+
+    def add_attachment(
+        self,
+        data: bytes,
+        filename: str,
+        content_type: str | None,
+        *,
+        channel_id: int | None = None,
+        voice: bool = False,
+        duration_secs: float = 2.5,
+        expired: bool = False,
+        declared_size: int | None = None,
+    ) -> dict[str, Any]:
+        """An attachment whose bytes the fake CDN serves, as Discord puts it in a message.
+
+        Its ``url`` (and ``proxy_url``, the media proxy's) is signed and names ``channel_id``;
+        when that is None, the channel the attachment is first sent in by :meth:`user_sends`,
+        the URLs (naming channel 0 until then) being rewritten in this very dict (on Discord a
+        file is uploaded to the channel it is posted in). ``voice`` adds ``duration_secs`` and
+        a ``waveform``, which make discord.py's ``Attachment.is_voice_message()`` true.
+        ``expired`` hands out a URL whose ``ex`` is already past (the CDN answers 404);
+        ``declared_size`` puts another ``size`` in the object than the bytes served, to play a
+        huge file without one.
+        ``content_type`` None leaves the field out, as Discord does for unknown types.
+        """
+        now = int(time.time())
+        issued = now - ATTACHMENT_URL_TTL_S - 3600 if expired else now
+        obj: dict[str, Any] = {
+            "id": str(self._next_id()),
+            "filename": filename,
+            "size": len(data) if declared_size is None else declared_size,
+        }
+        if content_type is not None:
+            obj["content_type"] = content_type
+        if voice:
+            obj["duration_secs"] = duration_secs
+            obj["waveform"] = base64.b64encode(_waveform(data)).decode()
+        stored = _StoredAttachment(
+            id=int(obj["id"]),
+            filename=filename,
+            data=data,
+            content_type=content_type,
+            channel_id=channel_id,
+            issued_s=issued,
+            expires_s=issued + ATTACHMENT_URL_TTL_S,
+            expired=False,
+            obj=obj,
+        )
+        self._attachments[stored.id] = stored
+        self._sign(stored)
+        return obj
+
+    def expire(self, attachment_id: int) -> None:
+        """From now on the CDN answers every URL of the attachment with 404 ``CDN_GONE``: its
+        URL ran out while the message waited, or the message was deleted."""
+        self._attachments[attachment_id].expired = True
+
+    def sticker(self, name: str, *, format_type: int = 1) -> dict[str, Any]:
+        """A sticker item as a message's ``sticker_items`` carries it (format 1 PNG, 2 APNG,
+        3 Lottie, 4 GIF); stickers have no bytes here, only what discord.py's StickerItem
+        reads."""
+        return {"id": str(self._next_id()), "name": name, "format_type": format_type}
+
+    def downloads_of(self, attachment_id: int) -> list[RecordedDownload]:
+        """The CDN requests for one attachment, in order."""
+        return [d for d in self.downloads if d.attachment_id == attachment_id]
+
+    def _bind(self, attachment: dict[str, Any], channel_id: int) -> None:
+        """Give an attachment sent before it named a channel its URLs in ``channel_id``."""
+        stored = self._attachments.get(_digits(attachment.get("id")) or 0)
+        if stored is not None and stored.obj is attachment and stored.channel_id is None:
+            stored.channel_id = channel_id
+            self._sign(stored)
+
+    def _signature(self, attachment_id: int, ex: str, issued: str) -> str:
+        message = f"{attachment_id}:{ex}:{issued}".encode()
+        return hmac.new(self._cdn_key, message, hashlib.sha256).hexdigest()
+
+    def _sign(self, stored: _StoredAttachment) -> None:
+        """Write the signed ``url`` and ``proxy_url`` into the attachment's object."""
+        ex, issued = f"{stored.expires_s:x}", f"{stored.issued_s:x}"
+        path = f"/attachments/{stored.channel_id or 0}/{stored.id}/{quote(stored.filename, '')}"
+        query = f"?ex={ex}&is={issued}&hm={self._signature(stored.id, ex, issued)}&"
+        stored.obj["url"] = self.origin + path + query
+        stored.obj["proxy_url"] = self.origin + "/media" + path + query
+
+    def _serves(self, stored: _StoredAttachment | None, request: web.Request) -> bool:
+        """Whether the CDN hands out the bytes for this request: the URL is the one the fake
+        signed for ``stored``, unexpired, and the attachment was not expired since."""
+        if stored is None or stored.expired:
+            return False
+        info, query = request.match_info, request.query
+        ex, issued, hm = query.get("ex", ""), query.get("is", ""), query.get("hm", "")
+        return (
+            info["channel_id"] == str(stored.channel_id or 0)
+            and info["filename"] == stored.filename
+            and hmac.compare_digest(hm, self._signature(stored.id, ex, issued))
+            and (_hex(ex) or 0) > time.time()
+        )
+
+    async def _cdn(self, request: web.Request) -> web.Response:
+        attachment_id = _digits(request.match_info["attachment_id"])
+        stored = self._attachments.get(attachment_id or 0)
+        ok = self._serves(stored, request)
+        self.downloads.append(
+            RecordedDownload(
+                attachment_id=attachment_id if stored is not None else None,
+                path=request.path,
+                query=dict(request.query),
+                status=200 if ok else 404,
+                at=time.monotonic(),
+                method=request.method,
+            )
+        )
+        self._notify()
+        if not ok or stored is None:
+            return web.Response(status=404, text=CDN_GONE)
+        content_type = stored.content_type or "application/octet-stream"
+        return web.Response(body=stored.data, headers={"Content-Type": content_type})
 
     # -- scripting: gateway ------------------------------------------------------------------
 
@@ -709,6 +923,8 @@ class FakeDiscord(LoopbackServer):
         tts: bool = False,
         embeds: list[Any] | None = None,
         reference: dict[str, Any] | None = None,
+        flags: int = 0,
+        sticker_items: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         channel = self._channels[channel_id]
         message_id = self._next_id()
@@ -727,9 +943,11 @@ class FakeDiscord(LoopbackServer):
             "attachments": attachments,
             "embeds": embeds or [],
             "pinned": False,
-            "flags": 0,
+            "flags": flags,
             "components": [],
         }
+        if sticker_items:
+            message["sticker_items"] = sticker_items
         if nonce is not None:
             message["nonce"] = nonce
         if reference is not None:
@@ -1288,6 +1506,28 @@ def _snowflake(value: Any) -> int:
                 errors={"_errors": [{"code": "NUMBER_TYPE_COERCE", "message": "Not a snowflake."}]},
             )
         ) from None
+
+
+def _digits(value: Any) -> int | None:
+    """``value`` as a snowflake, or None if it is not one (a CDN path is not validated)."""
+    text = str(value)
+    return int(text) if text.isdigit() else None
+
+
+def _hex(value: str) -> int | None:
+    try:
+        return int(value, 16)
+    except ValueError:
+        return None
+
+
+def _waveform(data: bytes) -> bytes:
+    """A voice message's waveform: up to 256 one-byte amplitudes. Discord's clients compute
+    them from the audio; any bytes do here, so they are sampled from the data."""
+    if not data:
+        return bytes(1)
+    step = max(1, len(data) // 256)
+    return data[::step][:256]
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
