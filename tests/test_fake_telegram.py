@@ -16,7 +16,7 @@ from telegram import Bot, Message, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
 
-from tests.fakes.telegram_server import FakeTelegram, post_update
+from tests.fakes.telegram_server import MAX_DOWNLOAD_SIZE, FakeTelegram, post_update
 
 
 @pytest.fixture
@@ -26,8 +26,17 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 
 def make_bot(fake: FakeTelegram, token: str | None = None) -> Bot:
-    # PTB appends the token to base_url, then "/{method}".
-    return Bot(token or fake.token, base_url=f"{fake.api_url}/bot")
+    # PTB appends the token to base_url, then "/{method}"; to base_file_url, "/{file_path}".
+    return Bot(
+        token or fake.token,
+        base_url=f"{fake.api_url}/bot",
+        base_file_url=f"{fake.api_url}/file/bot",
+    )
+
+
+def message_of(update: Update) -> Message:
+    assert update.message is not None
+    return update.message
 
 
 @pytest.fixture
@@ -351,3 +360,181 @@ async def test_post_update_delivers_to_webhook(fake: FakeTelegram, bot: Bot) -> 
     assert all(body == update for _, body in received)
     parsed = Update.de_json(received[0][1], bot)
     assert parsed.message is not None and parsed.message.text == "via webhook"
+
+
+async def test_get_file_then_download_through_ptb(fake: FakeTelegram, bot: Bot) -> None:
+    data = b"\xff\xd8 a cat"
+    # A path with a space and a non-ASCII letter: PTB percent-encodes it, the fake decodes it.
+    file_id = fake.add_file(data, file_unique_id="cat-1", file_path="photos/my cat \u00e9.jpg")
+
+    file = await bot.get_file(file_id)
+    assert (file.file_id, file.file_unique_id, file.file_size) == (file_id, "cat-1", len(data))
+    assert file.file_path == f"{fake.api_url}/file/bot{fake.token}/photos/my cat \u00e9.jpg"
+    assert await file.download_as_bytearray() == bytearray(data)
+
+    [call] = fake.get_file_calls
+    assert (call.file_id, call.status, call.path) == (file_id, 200, f"/bot{fake.token}/getFile")
+    [download] = await fake.wait_for_downloads(1, timeout=1)
+    assert download.ok and download.file_id == file_id
+    assert download.file_path == "photos/my cat \u00e9.jpg"
+    assert download.path == f"/file/bot{fake.token}/photos/my cat \u00e9.jpg"
+
+
+async def test_get_file_wire_format_over_get_and_json(fake: FakeTelegram) -> None:
+    file_id = fake.add_file(b"abc")
+    expected = {
+        "ok": True,
+        "result": {
+            "file_id": file_id,
+            "file_unique_id": "unique-1",
+            "file_size": 3,
+            "file_path": "documents/file_1",
+        },
+    }
+    url = f"{fake.api_url}/bot{fake.token}/getFile"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, params={"file_id": file_id}) as response:
+            assert (response.status, await response.json()) == (200, expected)
+        async with session.post(url, json={"file_id": file_id}) as response:
+            assert (response.status, await response.json()) == (200, expected)
+    assert [c.file_id for c in fake.get_file_calls] == [file_id, file_id]
+
+
+async def test_get_file_refuses_unknown_ids_and_files_over_20_mb(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    at_limit = fake.add_file(b"x", declared_size=MAX_DOWNLOAD_SIZE)
+    # The declared size is what the message shows too, so a bot can refuse before getFile.
+    huge = fake.add_file(b"x", declared_size=MAX_DOWNLOAD_SIZE + 1)
+    update = fake.document_update(7, 7, file_name="huge.zip", file_id=huge)
+    document = message_of(Update.de_json(update, bot)).document
+    assert document is not None and document.file_size == MAX_DOWNLOAD_SIZE + 1
+
+    assert (await bot.get_file(at_limit)).file_size == MAX_DOWNLOAD_SIZE
+    # PTB strips "Bad Request: " and capitalizes what is left.
+    with pytest.raises(BadRequest, match=r"(?i)^file is too big$"):
+        await bot.get_file(document)
+    with pytest.raises(BadRequest, match=r"(?i)^wrong file identifier/http url specified$"):
+        await bot.get_file("never-registered")
+
+    assert [(c.status, c.description) for c in fake.get_file_calls] == [
+        (200, None),
+        (400, "Bad Request: file is too big"),
+        (400, "Bad Request: wrong file identifier/HTTP URL specified"),
+    ]
+    assert fake.downloads == []
+
+
+async def test_unreachable_file_resolves_but_does_not_download(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    file_id = fake.add_file(b"lost")
+    fake.make_unreachable(file_id)
+
+    file = await bot.get_file(file_id)
+    # PTB reads every 404 as a bad token, downloads included.
+    with pytest.raises(InvalidToken, match="Not Found"):
+        await file.download_as_bytearray()
+    [download] = fake.downloads
+    assert (download.file_id, download.status, download.ok) == (file_id, 404, False)
+
+
+async def test_wrong_token_fails_get_file_and_download(fake: FakeTelegram) -> None:
+    file_id = fake.add_file(b"secret", file_path="documents/a.txt")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{fake.api_url}/bot42:wrong/getFile", json={"file_id": file_id}
+        ) as response:
+            assert response.status == 401
+        async with session.get(f"{fake.api_url}/file/bot42:wrong/documents/a.txt") as response:
+            assert response.status == 404
+            assert (await response.json())["description"] == "Not Found"
+        async with session.get(f"{fake.api_url}/file/bot{fake.token}/nothing/here") as response:
+            assert response.status == 404
+        async with session.get(f"{fake.api_url}/file/bot{fake.token}/documents/a.txt") as response:
+            assert (response.status, await response.read()) == (200, b"secret")
+
+    assert fake.get_file_calls == []  # a wrong token never reaches a method
+    assert [(d.path, d.file_id, d.status) for d in fake.downloads] == [
+        ("/file/bot42:wrong/documents/a.txt", file_id, 404),
+        (f"/file/bot{fake.token}/nothing/here", None, 404),
+        (f"/file/bot{fake.token}/documents/a.txt", file_id, 200),
+    ]
+
+
+async def test_media_messages_parse_and_their_files_download(
+    fake: FakeTelegram, bot: Bot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")  # durations as timedelta, without a warning
+    photo = fake.add_file(b"large photo", declared_size=250_000)
+    small, large = fake.add_file(b"small"), fake.add_file(b"large")
+    first_of_album, second_of_album = fake.add_file(b"one"), fake.add_file(b"two")
+    pdf = fake.add_file(b"%PDF-1.7", file_path="documents/report.pdf")
+    voice = fake.add_file(b"OggS voice")
+    song = fake.add_file(b"ID3 song")
+    sticker = fake.add_file(b"RIFF webp")
+    for update in (
+        fake.photo_update(7, 7, "my cat", photo=photo),
+        fake.photo_update(7, 7, photo=[small, large], width=800, height=600),
+        *fake.album_updates(7, 7, [first_of_album, second_of_album], caption="trip"),
+        fake.document_update(7, 7, "report.pdf", "read this", file_id=pdf),
+        fake.voice_update(7, 7, duration=4, file_id=voice),
+        fake.audio_update(7, 7, file_id=song, title="Tune", performer="Band"),
+        fake.sticker_update(7, 7, "\N{SLIGHTLY SMILING FACE}", file_id=sticker),
+    ):
+        fake.push_update(update)
+
+    messages = [message_of(u) for u in await bot.get_updates(timeout=0)]
+    one_photo, two_sizes, album_first, album_second, document, voiced, audio, stuck = messages
+
+    # One file id: the fake adds a smaller, registered size below it.
+    assert [(p.width, p.height) for p in one_photo.photo] == [(640, 480), (1280, 960)]
+    assert one_photo.photo[-1].file_id == photo and one_photo.photo[-1].file_size == 250_000
+    assert one_photo.caption == "my cat" and one_photo.media_group_id is None
+    assert [p.file_id for p in two_sizes.photo] == [small, large]
+    assert [(p.width, p.height) for p in two_sizes.photo] == [(400, 300), (800, 600)]
+
+    assert album_first.media_group_id is not None
+    assert album_first.media_group_id == album_second.media_group_id
+    assert (album_first.caption, album_second.caption) == ("trip", None)
+    assert album_second.message_id == album_first.message_id + 1
+
+    assert document.document is not None and document.caption == "read this"
+    assert (document.document.file_name, document.document.mime_type) == (
+        "report.pdf",
+        "application/pdf",
+    )
+    assert document.document.file_size == len(b"%PDF-1.7")
+    assert voiced.voice is not None and voiced.voice.mime_type == "audio/ogg"
+    assert voiced.voice.duration == timedelta(seconds=4)
+    assert audio.audio is not None and (audio.audio.title, audio.audio.performer) == (
+        "Tune",
+        "Band",
+    )
+    assert (audio.audio.file_name, audio.audio.mime_type) == ("song.mp3", "audio/mpeg")
+    assert stuck.sticker is not None and stuck.sticker.emoji == "\N{SLIGHTLY SMILING FACE}"
+    assert (stuck.sticker.type, stuck.sticker.is_animated) == ("regular", False)
+
+    media = (
+        one_photo.photo[0],
+        one_photo.photo[-1],
+        two_sizes.photo[-1],
+        album_second.photo[-1],
+        document.document,
+        voiced.voice,
+        audio.audio,
+        stuck.sticker,
+    )
+    downloaded = [await (await m.get_file()).download_as_bytearray() for m in media]
+    assert downloaded == [
+        b"thumbnail of " + photo.encode(),
+        b"large photo",
+        b"large",
+        b"two",
+        b"%PDF-1.7",
+        b"OggS voice",
+        b"ID3 song",
+        b"RIFF webp",
+    ]
+    assert [c.file_id for c in fake.get_file_calls] == [m.file_id for m in media]
+    assert [d.file_id for d in fake.downloads] == [m.file_id for m in media]

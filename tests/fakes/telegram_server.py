@@ -9,6 +9,13 @@ while the test keeps full control: it queues updates for ``getUpdates``, scripts
 next calls of a method, every call for a stretch of time, every call about one chat), sees
 every call, and plays Telegram's webhook delivery with :func:`post_update`.
 
+It also serves files, as the Bot API does for media a user sends: a test registers bytes with
+:meth:`FakeTelegram.add_file`, builds a message that refers to the returned ``file_id``
+(:meth:`~FakeTelegram.photo_update`, :meth:`~FakeTelegram.document_update`, ...), and the bot
+resolves it with ``getFile`` and downloads ``{api_url}/file/bot{token}/{file_path}``, which is
+where PTB looks when given ``base_file_url=f"{fake.api_url}/file/bot"``. Every ``getFile`` is a
+:class:`RecordedCall` and every download a :class:`RecordedDownload`.
+
 PTB builds request URLs as ``{base_url}{token}/{method}``, so a bot points at the fake with
 ``base_url=f"{fake.api_url}/bot"``; :attr:`FakeTelegram.api_url` is the Bot API base that
 ``LASTWORD_TELEGRAM__API_URL`` expects (``http://127.0.0.1:PORT``).
@@ -29,11 +36,12 @@ import contextlib
 import html
 import itertools
 import json
+import mimetypes
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -42,8 +50,10 @@ from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
     "DEFAULT_TOKEN",
+    "MAX_DOWNLOAD_SIZE",
     "FakeTelegram",
     "RecordedCall",
+    "RecordedDownload",
     "ScriptedError",
     "WebhookConfig",
     "post_update",
@@ -52,6 +62,11 @@ __all__ = [
 DEFAULT_TOKEN = "123456789:AAFakeTelegramTokenForTests0123456789"
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+# The cloud Bot API refuses getFile for anything larger ("file is too big").
+MAX_DOWNLOAD_SIZE = 20 * 1024 * 1024
+
+_T = TypeVar("_T")
 
 # The methods the fake implements; Telegram treats method names case-insensitively.
 _METHODS = (
@@ -64,6 +79,7 @@ _METHODS = (
     "sendChatAction",
     "editMessageText",
     "deleteMessage",
+    "getFile",
 )
 _CANONICAL = {name.lower(): name for name in _METHODS}
 
@@ -108,6 +124,8 @@ class RecordedCall:
     status: int | None = None
     result: Any = None
     description: str | None = None
+    # The request path as received (decoded), token included: "/bot<token>/getFile".
+    path: str = ""
 
     @property
     def ok(self) -> bool:
@@ -122,6 +140,39 @@ class RecordedCall:
     def chat_id(self) -> int | str | None:
         value = self.params.get("chat_id")
         return value if isinstance(value, int | str) else None
+
+    @property
+    def file_id(self) -> str | None:
+        value = self.params.get("file_id")
+        return value if isinstance(value, str) else None
+
+
+@dataclass
+class RecordedDownload:
+    """One ``GET /file/bot<token>/<file_path>`` as the fake received it, and its status."""
+
+    # The request path as received (decoded), token included.
+    path: str
+    # The part after the token, and the registered file it names (None if it names none).
+    file_path: str
+    file_id: str | None
+    at: float
+    status: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+@dataclass
+class _StoredFile:
+    file_id: str
+    file_unique_id: str
+    data: bytes
+    # What getFile and the message builders report; may differ from len(data) on purpose.
+    size: int
+    file_path: str
+    reachable: bool = True
 
 
 @dataclass
@@ -212,6 +263,10 @@ class FakeTelegram(LoopbackServer):
         self._phases: dict[str, list[_Phase]] = {}
         self._chat_errors: dict[int | str, ScriptedError] = {}
         self._polls: list[_Poll] = []
+        self._files: dict[str, _StoredFile] = {}
+        self._files_by_path: dict[str, _StoredFile] = {}
+        self._media_group_ids = itertools.count(1)
+        self.downloads: list[RecordedDownload] = []
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
         self._changed = asyncio.Event()
@@ -222,6 +277,8 @@ class FakeTelegram(LoopbackServer):
         # Telegram accepts GET and POST on every method; the token is part of the path.
         # (Handler cancellation, on in LoopbackServer, makes a long poll whose client hung up
         # or was killed stop counting as in flight.)
+        # File downloads come first: the catch-all would answer them 404 as unknown methods.
+        app.router.add_get("/file/{token}/{file_path:.*}", self._download)
         app.router.add_route("*", "/{tail:.*}", self._handle)
 
     @property
@@ -296,6 +353,70 @@ class FakeTelegram(LoopbackServer):
         self._notify()
         return update_id
 
+    # -- files (what getFile resolves and /file/bot<token>/... serves) ------------------------
+
+    def add_file(
+        self,
+        data: bytes,
+        *,
+        file_unique_id: str | None = None,
+        declared_size: int | None = None,
+        file_path: str | None = None,
+    ) -> str:
+        """Put ``data`` on Telegram's servers, as a user's upload would; return its new
+        ``file_id``, for the message builders' ``file_id``/``photo`` and for ``getFile``.
+
+        ``declared_size`` is the ``file_size`` that getFile and the built messages report
+        instead of ``len(data)``: a test can have a 50 MB file meet the 20 MB limit without
+        holding 50 MB. ``file_path`` is where it downloads from (default
+        ``documents/file_<n>``); Telegram picks it, and a test may pick one with spaces or
+        non-ASCII letters to check the download URL is encoded.
+        """
+        return self._store_file(
+            data, file_unique_id, declared_size, lambda n: file_path or f"documents/file_{n}"
+        )
+
+    def make_unreachable(self, file_id: str) -> None:
+        """Make downloads of ``file_id`` answer 404 Not Found while ``getFile`` still resolves
+        it, as for a link that expired (Telegram keeps one for an hour) or a file Telegram lost:
+        the bot learns only when it fetches. (For a getFile that fails, register the file with
+        a ``declared_size`` over 20 MB, or use an id that was never registered.)
+        """
+        self._files[file_id].reachable = False
+
+    def _store_file(
+        self,
+        data: bytes,
+        file_unique_id: str | None,
+        declared_size: int | None,
+        file_path_for: Callable[[int], str],
+    ) -> str:
+        number = len(self._files) + 1
+        file_path = file_path_for(number)
+        if file_path in self._files_by_path:
+            raise ValueError(f"file_path {file_path!r} is already taken")
+        stored = _StoredFile(
+            file_id=f"file-{number}",
+            file_unique_id=file_unique_id or f"unique-{number}",
+            data=bytes(data),
+            size=len(data) if declared_size is None else declared_size,
+            file_path=file_path,
+        )
+        self._files[stored.file_id] = stored
+        self._files_by_path[file_path] = stored
+        return stored.file_id
+
+    def _file_fields(self, file_id: str) -> dict[str, Any]:
+        """The fields every media object starts with; a registered file adds its size."""
+        stored = self._files.get(file_id)
+        if stored is None:
+            return {"file_id": file_id, "file_unique_id": f"u-{file_id}"}
+        return {
+            "file_id": file_id,
+            "file_unique_id": stored.file_unique_id,
+            "file_size": stored.size,
+        }
+
     # -- update builders (Bot API JSON, ready for push_update or post_update) ----------------
 
     def private_text_update(
@@ -339,6 +460,9 @@ class FakeTelegram(LoopbackServer):
         message["text"] = text
         return self._update("message", message)
 
+    # Media builders: a message refers to a file by the id add_file returned; without one it
+    # gets a made-up id that getFile does not know (enough for a bot that ignores media).
+
     def sticker_update(
         self,
         chat_id: int,
@@ -346,16 +470,21 @@ class FakeTelegram(LoopbackServer):
         emoji: str = "\N{THUMBS UP SIGN}",
         message_id: int | None = None,
         first_name: str = "Ann",
+        *,
+        file_id: str | None = None,
+        is_animated: bool = False,
+        is_video: bool = False,
     ) -> dict[str, Any]:
+        """A sticker; Telegram allows it no caption."""
+
         def sticker(mid: int) -> dict[str, Any]:
             return {
-                "file_id": f"sticker-{mid}",
-                "file_unique_id": f"us-{mid}",
+                **self._file_fields(file_id or f"sticker-{mid}"),
                 "type": "regular",
                 "width": 512,
                 "height": 512,
-                "is_animated": False,
-                "is_video": False,
+                "is_animated": is_animated,
+                "is_video": is_video,
                 "emoji": emoji,
             }
 
@@ -368,20 +497,59 @@ class FakeTelegram(LoopbackServer):
         caption: str | None = None,
         message_id: int | None = None,
         first_name: str = "Ann",
+        *,
+        photo: str | Sequence[str] | None = None,
+        width: int = 1280,
+        height: int = 960,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
+        """A photo as Telegram sends it: one PhotoSize per size it keeps, smallest first, the
+        last ``width`` x ``height``. ``photo`` is the file id of the largest (the fake adds a
+        registered thumbnail below it) or the ids of every size, smallest first. Messages
+        sharing a ``media_group_id`` are one album; see :meth:`album_updates`.
+        """
+
         def sizes(mid: int) -> list[dict[str, Any]]:
+            ids = self._photo_ids(photo, mid)
             return [
                 {
-                    "file_id": f"photo-{mid}-{size}",
-                    "file_unique_id": f"up-{mid}-{size}",
-                    "width": edge,
-                    "height": edge,
-                    "file_size": weight,
+                    **self._file_fields(size_id),
+                    "width": width * (i + 1) // len(ids),
+                    "height": height * (i + 1) // len(ids),
                 }
-                for size, edge, weight in (("s", 90, 1200), ("m", 800, 64000))
+                for i, size_id in enumerate(ids)
             ]
 
-        return self._media_update(chat_id, user_id, first_name, message_id, "photo", sizes, caption)
+        return self._media_update(
+            chat_id, user_id, first_name, message_id, "photo", sizes, caption, media_group_id
+        )
+
+    def album_updates(
+        self,
+        chat_id: int,
+        user_id: int,
+        photos: Sequence[str | Sequence[str]],
+        caption: str | None = None,
+        first_name: str = "Ann",
+        *,
+        media_group_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """An album: one photo message per entry of ``photos`` (each what
+        :meth:`photo_update` takes as ``photo``), all with one ``media_group_id``. Telegram
+        delivers them as separate updates, the album's caption on the first only.
+        """
+        group = media_group_id or str(13_000_000_000_000_000 + next(self._media_group_ids))
+        return [
+            self.photo_update(
+                chat_id,
+                user_id,
+                caption if i == 0 else None,
+                first_name=first_name,
+                photo=photo,
+                media_group_id=group,
+            )
+            for i, photo in enumerate(photos)
+        ]
 
     def voice_update(
         self,
@@ -390,16 +558,52 @@ class FakeTelegram(LoopbackServer):
         duration: int = 3,
         message_id: int | None = None,
         first_name: str = "Ann",
+        *,
+        file_id: str | None = None,
+        caption: str | None = None,
     ) -> dict[str, Any]:
+        """A voice note: Telegram records them as Opus in Ogg."""
+
         def voice(mid: int) -> dict[str, Any]:
             return {
-                "file_id": f"voice-{mid}",
-                "file_unique_id": f"uv-{mid}",
+                **self._file_fields(file_id or f"voice-{mid}"),
                 "duration": duration,
                 "mime_type": "audio/ogg",
             }
 
-        return self._media_update(chat_id, user_id, first_name, message_id, "voice", voice)
+        return self._media_update(chat_id, user_id, first_name, message_id, "voice", voice, caption)
+
+    def audio_update(
+        self,
+        chat_id: int,
+        user_id: int,
+        duration: int = 180,
+        message_id: int | None = None,
+        first_name: str = "Ann",
+        *,
+        file_id: str | None = None,
+        caption: str | None = None,
+        file_name: str = "song.mp3",
+        mime_type: str = "audio/mpeg",
+        title: str | None = "Song",
+        performer: str | None = "Artist",
+    ) -> dict[str, Any]:
+        """An audio file (music, sent as such rather than as a voice note or a document)."""
+
+        def audio(mid: int) -> dict[str, Any]:
+            fields: dict[str, Any] = {
+                **self._file_fields(file_id or f"audio-{mid}"),
+                "duration": duration,
+                "file_name": file_name,
+                "mime_type": mime_type,
+            }
+            if title is not None:
+                fields["title"] = title
+            if performer is not None:
+                fields["performer"] = performer
+            return fields
+
+        return self._media_update(chat_id, user_id, first_name, message_id, "audio", audio, caption)
 
     def document_update(
         self,
@@ -409,18 +613,45 @@ class FakeTelegram(LoopbackServer):
         caption: str | None = None,
         message_id: int | None = None,
         first_name: str = "Ann",
+        *,
+        file_id: str | None = None,
+        mime_type: str | None = None,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
+        """A file sent as a document; ``mime_type`` defaults to the one ``file_name`` suggests,
+        as Telegram's clients send it."""
+        if mime_type is None:
+            mime_type = mimetypes.guess_type(file_name)[0] or "application/octet-stream"
+
         def document(mid: int) -> dict[str, Any]:
             return {
-                "file_id": f"doc-{mid}",
-                "file_unique_id": f"ud-{mid}",
+                **self._file_fields(file_id or f"doc-{mid}"),
                 "file_name": file_name,
-                "mime_type": "application/octet-stream",
+                "mime_type": mime_type,
             }
 
         return self._media_update(
-            chat_id, user_id, first_name, message_id, "document", document, caption
+            chat_id,
+            user_id,
+            first_name,
+            message_id,
+            "document",
+            document,
+            caption,
+            media_group_id,
         )
+
+    def _photo_ids(self, photo: str | Sequence[str] | None, message_id: int) -> list[str]:
+        """The file ids of a photo's sizes, smallest first."""
+        if photo is None:
+            return [f"photo-{message_id}-s", f"photo-{message_id}-m"]
+        if isinstance(photo, str):
+            data = b"thumbnail of " + photo.encode()
+            thumbnail = self._store_file(data, None, None, lambda n: f"photos/file_{n}.jpg")
+            return [thumbnail, photo]
+        if not photo:
+            raise ValueError("a photo has at least one size")
+        return list(photo)
 
     def _media_update(
         self,
@@ -431,12 +662,16 @@ class FakeTelegram(LoopbackServer):
         field: str,
         content: Callable[[int], Any],
         caption: str | None = None,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
-        """A private message carrying `field` (built from the message id), and a caption."""
+        """A private message carrying `field` (built from the message id), and a caption;
+        a `media_group_id` makes it part of an album."""
         message = self._inbound(chat_id, user_id, first_name, "private", message_id)
         message[field] = content(message["message_id"])
         if caption is not None:
             message["caption"] = caption
+        if media_group_id is not None:
+            message["media_group_id"] = media_group_id
         return self._update("message", message)
 
     def _inbound(
@@ -496,6 +731,11 @@ class FakeTelegram(LoopbackServer):
     def calls_to(self, method: str) -> list[RecordedCall]:
         return [c for c in self.calls if c.method == method]
 
+    @property
+    def get_file_calls(self) -> list[RecordedCall]:
+        """Every ``getFile`` call, answered or failed, in order; ``.file_id`` says which."""
+        return self.calls_to("getFile")
+
     async def wait_for_calls(
         self,
         method: str,
@@ -518,6 +758,14 @@ class FakeTelegram(LoopbackServer):
         """Wait until at least ``count`` ``sendMessage`` calls succeeded; return all of them."""
         return await self._wait(lambda: self.sent_messages, count, timeout)
 
+    async def wait_for_downloads(
+        self,
+        count: int = 1,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[RecordedDownload]:
+        """Wait until at least ``count`` downloads were answered (any status); return all."""
+        return await self._wait(lambda: self.downloads, count, timeout)
+
     async def wait_for_confirmed(
         self,
         update_id: int,
@@ -528,9 +776,7 @@ class FakeTelegram(LoopbackServer):
             while self._confirmed_below <= update_id:
                 await self._changed.wait()
 
-    async def _wait(
-        self, current: Callable[[], list[RecordedCall]], count: int, limit_s: float
-    ) -> list[RecordedCall]:
+    async def _wait(self, current: Callable[[], list[_T]], count: int, limit_s: float) -> list[_T]:
         async with asyncio.timeout(limit_s):
             while True:
                 found = current()
@@ -560,7 +806,7 @@ class FakeTelegram(LoopbackServer):
         except ValueError:
             return _envelope(ScriptedError(400, "Bad Request: invalid request body").body(), 400)
 
-        call = RecordedCall(method=method, params=params, at=time.monotonic())
+        call = RecordedCall(method=method, params=params, at=time.monotonic(), path=request.path)
         self.calls.append(call)
         self._notify()
 
@@ -657,6 +903,8 @@ class FakeTelegram(LoopbackServer):
                 if self._bot_messages.pop(key, None) is None:
                     raise _bad_request("message to delete not found")
                 return True
+            case "getFile":
+                return self._get_file(p)
         raise AssertionError(f"unhandled method {call.method}")  # pragma: no cover
 
     async def _get_updates(self, call: RecordedCall) -> list[dict[str, Any]]:
@@ -708,6 +956,41 @@ class FakeTelegram(LoopbackServer):
         finally:
             self._polls.remove(poll)
             self._notify()
+
+    def _get_file(self, p: dict[str, Any]) -> dict[str, Any]:
+        file_id = p.get("file_id")
+        stored = self._files.get(file_id) if isinstance(file_id, str) else None
+        if stored is None:
+            raise _bad_request("wrong file identifier/HTTP URL specified")
+        if stored.size > MAX_DOWNLOAD_SIZE:
+            raise _bad_request("file is too big")
+        return {
+            "file_id": stored.file_id,
+            "file_unique_id": stored.file_unique_id,
+            "file_size": stored.size,
+            "file_path": stored.file_path,
+        }
+
+    async def _download(self, request: web.Request) -> web.Response:
+        """``GET /file/bot<token>/<file_path>``: the bytes, or 404 for a wrong token, a path
+        nothing was stored at, or a file made unreachable, as Telegram's file server does."""
+        file_path = request.match_info["file_path"]
+        stored = self._files_by_path.get(file_path)
+        token_ok = request.match_info["token"] == f"bot{self.token}"
+        served = stored if token_ok and stored is not None and stored.reachable else None
+        self.downloads.append(
+            RecordedDownload(
+                path=request.path,
+                file_path=file_path,
+                file_id=None if stored is None else stored.file_id,
+                at=time.monotonic(),
+                status=404 if served is None else 200,
+            )
+        )
+        self._notify()
+        if served is None:
+            return _envelope(ScriptedError(404, "Not Found").body(), 404)
+        return web.Response(body=served.data, content_type="application/octet-stream")
 
     def _send_message(self, p: dict[str, Any]) -> dict[str, Any]:
         chat_id = _require_chat(p)
