@@ -71,7 +71,7 @@ from bot.app import make_client, make_store
 from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
-from bot.message import InboundMessage, SendFailed, Unavailable
+from bot.message import Attachment, InboundMessage, SendFailed, Unavailable
 from bot.runtime import Runtime
 from bot.settings import Settings
 
@@ -264,6 +264,9 @@ class WatchedOutbound:
 
     async def typing(self, conversation: str) -> None:
         await self.adapter.typing(conversation)
+
+    async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
+        return await self.adapter.fetch(attachment, max_bytes)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from adapters import Platform
 from adapters.base import Sink, until_stored
 from bot.cancel import cancel_and_wait
 from bot.check import Check
-from bot.message import InboundMessage, Unavailable
+from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 CONVERSATION_CHAT = "local"
 
 
-class ConsoleAdapter:
+class ConsoleAdapter(NoFiles):
     platform = "console"
     max_message_chars = 100_000
     typing_interval_s = 1.0

@@ -57,7 +57,14 @@ from adapters.base import Sink, describe, until_stored
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
-from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
+from bot.message import (
+    Attachment,
+    FetchFailed,
+    InboundMessage,
+    SendFailed,
+    Unavailable,
+    Unreachable,
+)
 from bot.settings import ConfigError, DiscordSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -141,8 +148,24 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
 
 
 def _attachments(message: discord.Message) -> tuple[Attachment, ...]:
-    found = [Attachment(_kind(item), item.url) for item in message.attachments]
-    found += [Attachment("sticker", sticker.name) for sticker in message.stickers]
+    """References to the message's files: their signed CDN URLs, fetched by whichever
+    replica answers (they expire; an expired one is a failed download). Discord shows the
+    text first, then the attachments."""
+    found = [
+        Attachment(
+            _kind(item),
+            item.url,
+            mime=item.content_type or "",
+            size=item.size,
+            name=item.filename,
+            file_key=str(item.id),
+            text_first=True,
+        )
+        for item in message.attachments
+    ]
+    found += [
+        Attachment("sticker", str(s.id), name=s.name, text_first=True) for s in message.stickers
+    ]
     return tuple(found)
 
 
@@ -263,6 +286,22 @@ class DiscordAdapter:
     async def typing(self, conversation: str) -> None:
         await self._logged_in.wait()
         await self.rest.http.send_typing(_channel_id(conversation))
+
+    async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
+        """An attachment from its signed URL (the CDN needs no token)."""
+        if attachment.size > max_bytes:
+            raise FetchFailed(f"it is {attachment.size} bytes, over the limit of {max_bytes}")
+        try:
+            data = await self.rest.http.get_from_cdn(attachment.ref)
+        except (discord.NotFound, discord.Forbidden):
+            raise FetchFailed("its link has expired, or it was deleted") from None
+        except discord.HTTPException as exc:
+            raise FetchFailed(f"Discord's CDN answered {exc.status}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise FetchFailed(f"cannot reach Discord's CDN ({type(exc).__name__})") from None
+        if len(data) > max_bytes:
+            raise FetchFailed(f"it is over the limit of {max_bytes} bytes")
+        return data
 
 
 async def _login(client: discord.Client, token: str) -> None:

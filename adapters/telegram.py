@@ -51,7 +51,14 @@ from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_part
 from bot.backoff import Backoff
 from bot.check import Check, guarded
-from bot.message import Attachment, InboundMessage, SendFailed, Unavailable, Unreachable
+from bot.message import (
+    Attachment,
+    FetchFailed,
+    InboundMessage,
+    SendFailed,
+    Unavailable,
+    Unreachable,
+)
 from bot.settings import Settings, TelegramSettings
 
 log = logging.getLogger(__name__)
@@ -62,8 +69,6 @@ MAX_BODY_BYTES = 1024 * 1024
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration; python-telegram-bot adds it to the request's read timeout.
 POLL_TIMEOUT_S = 25
-# Attachments the model cannot read, in the order they are looked for.
-ATTACHMENT_KINDS = ("photo", "sticker", "voice", "audio", "video", "video_note", "animation")
 # Transient send failures (network, 5xx) are retried this often before the attempt is handed
 # back to the core, backed off from the first delay up to the cap, with jitter.
 SEND_ATTEMPTS = 5
@@ -117,17 +122,40 @@ def _reply_to(message: Message) -> str | None:
 
 
 def _attachments(message: Message) -> tuple[Attachment, ...]:
+    """References to the message's files (the core fetches them by file id with `fetch`;
+    the file's URL carries the bot token, so it is never stored)."""
     found: list[Attachment] = []
-    for kind in ATTACHMENT_KINDS:
-        value: Any = getattr(message, kind, None)
-        if not value:
-            continue
-        # A photo comes as several sizes; the largest is last.
-        item = value[-1] if isinstance(value, tuple) else value
-        found.append(Attachment(kind, str(item.file_id)))
-    if message.document is not None:
-        found.append(Attachment("document", message.document.file_id))
+    if message.photo:
+        # Several sizes of one photo, the largest last: the one the core scales down itself.
+        largest = message.photo[-1]
+        found.append(_ref("photo", largest, "image/jpeg", ""))
+    if message.sticker is not None:
+        found.append(_ref("sticker", message.sticker, "", message.sticker.emoji or ""))
+    if message.voice is not None:
+        found.append(_ref("voice", message.voice, message.voice.mime_type, "voice.ogg"))
+    if message.audio is not None:
+        audio = message.audio
+        found.append(_ref("audio", audio, audio.mime_type, audio.file_name or audio.title))
+    for kind in ("video", "video_note", "animation"):
+        item: Any = getattr(message, kind, None)
+        if item is not None:
+            found.append(_ref(kind, item, getattr(item, "mime_type", None), ""))
+    # An animation also fills `document` (the Bot API keeps it for old clients): once only.
+    if message.document is not None and message.animation is None:
+        document = message.document
+        found.append(_ref("document", document, document.mime_type, document.file_name))
     return tuple(found)
+
+
+def _ref(kind: str, item: Any, mime: str | None, name: str | None) -> Attachment:
+    return Attachment(
+        kind,
+        str(item.file_id),
+        mime=mime or "",
+        size=int(getattr(item, "file_size", None) or 0),
+        name=name or "",
+        file_key=str(item.file_unique_id),
+    )
 
 
 def _seconds(value: int | timedelta) -> float:
@@ -152,6 +180,7 @@ class TelegramAdapter:
         self.bot = Bot(
             settings.token.get_secret_value(),
             base_url=base_url,
+            base_file_url=settings.api_url.rstrip("/") + "/file/bot",
             request=HTTPXRequest(connection_pool_size=64),
             get_updates_request=HTTPXRequest(read_timeout=10),
         )
@@ -314,6 +343,25 @@ class TelegramAdapter:
 
     async def typing(self, conversation: str) -> None:
         await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+
+    async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
+        """A file by its id: getFile, then the download. Reasons name no URL: Telegram's file
+        URLs carry the bot token."""
+        try:
+            file = await self.bot.get_file(attachment.ref)
+        except BadRequest as exc:
+            raise FetchFailed(f"Telegram would not give the file ({exc.message})") from None
+        except TelegramError as exc:
+            raise FetchFailed(f"Telegram's getFile failed ({type(exc).__name__})") from None
+        if file.file_size and file.file_size > max_bytes:
+            raise FetchFailed(f"it is {file.file_size} bytes, over the limit of {max_bytes}")
+        try:
+            return bytes(await file.download_as_bytearray())
+        except InvalidToken:
+            # What python-telegram-bot makes of any 404, a download's included.
+            raise FetchFailed("Telegram no longer has the file (404)") from None
+        except TelegramError as exc:
+            raise FetchFailed(f"the download from Telegram failed ({type(exc).__name__})") from None
 
 
 # `lastword doctor`'s advice when the Bot API does not answer.

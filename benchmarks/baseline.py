@@ -63,7 +63,7 @@ from benchmarks.wakeup import print_table
 from bot.app import make_client, make_store
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
-from bot.message import InboundMessage, Unavailable
+from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.runtime import Runtime
 from bot.settings import DebounceSettings, LLMSettings, Settings
 from bot.store import HistoryEntry, Keys
@@ -118,7 +118,7 @@ def workload(args: argparse.Namespace) -> list[Delivery]:
 # --- worker processes ----------------------------------------------------------------------
 
 
-class Recorder:
+class Recorder(NoFiles):
     """The platform of both designs: what was stored, and every reply sent, with times."""
 
     max_message_chars = 4096

@@ -75,7 +75,7 @@ from bot.app import make_client, make_store
 from bot.cycle import Stats
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import OpenAILLM
-from bot.message import InboundMessage, Unavailable
+from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.runtime import Runtime
 from bot.settings import DebounceSettings, LLMSettings, Settings
 from bot.store import Store
@@ -312,7 +312,7 @@ class Sent:
     version: int
 
 
-class TimedOutbound:
+class TimedOutbound(NoFiles):
     """A platform that keeps every part it is given, with the time it was given."""
 
     max_message_chars = 4096

@@ -39,7 +39,7 @@ from bot.app import make_client, make_store
 from bot.connect import Client
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import EchoLLM
-from bot.message import InboundMessage
+from bot.message import InboundMessage, NoFiles
 from bot.runtime import Runtime
 from bot.settings import DebounceSettings, LeaseSettings, LLMSettings, Settings
 from bot.store import Store
@@ -48,7 +48,7 @@ from bot.store import Store
 PHASE_TIMEOUT_S = 20.0
 
 
-class NullOutbound:
+class NullOutbound(NoFiles):
     """A platform that accepts every part and shows nothing: only the core is measured."""
 
     max_message_chars = 4096

@@ -27,6 +27,7 @@ from bot.store import Store, StoreSettings, reaching_redis
 from bot.store.durability import Refused, describe, embedded_appendfsync
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
+from bot.transcribe import make_transcriber
 
 log = logging.getLogger("lastword")
 
@@ -166,7 +167,9 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         )
     else:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
-    runtime = Runtime(settings, store, llm, adapter)
+    runtime = Runtime(
+        settings, store, llm, adapter, make_transcriber(settings.media, settings.llm, provider)
+    )
     runtime.start()
     supervisor = Supervisor()
     health: HealthServer | None = None

@@ -14,15 +14,18 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.commands import OVER_BUDGET, Plan, plan
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
+from bot.media import UNSEEN_NOTE, Media
 from bot.message import Outbound, SendFailed, Unavailable, Unreachable
-from bot.prompt import Prompt, Turn, estimated_tokens, fit, system_prompt
+from bot.prompt import Prompt, estimated_tokens, fit, system_prompt
 from bot.settings import Settings
 from bot.split import split_message
 from bot.store import (
@@ -36,17 +39,12 @@ from bot.store import (
     lease_token,
 )
 from bot.tokens import Counter
+from bot.transcribe import Transcriber
 from bot.watch import VersionWatch
 
 log = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I can't answer right now because of a technical problem. Please try again later."
-
-# Told to the model when a message carries media it is only shown as a marker of.
-ATTACHMENT_NOTE = (
-    "Attachments appear as markers such as [photo] or [sticker]. You cannot see or open "
-    "them: say so politely, and answer whatever text came with them."
-)
 
 # A reply whose sending failed this many times in a row (a transient platform error each
 # time, backed off 1, 2, 4... s across replicas: about two minutes) is given up, so one broken
@@ -159,7 +157,14 @@ class Stats:
 
 
 class Cycle:
-    def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        llm: LLM,
+        outbound: Outbound,
+        transcriber: Transcriber | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
@@ -167,12 +172,21 @@ class Cycle:
         self.stats = Stats()
         self.counter = Counter()
         self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
+        self.media = Media(
+            settings.media,
+            settings.llm.model,
+            outbound,
+            store,
+            transcriber,
+            can_see=llm.name != "echo",
+        )
 
     def configure(self, settings: Settings) -> None:
         """Take on reloaded settings, the model's with them. The version watch keeps its
         interval (`llm.interrupt_poll_ms` needs a restart)."""
         self.settings = settings
         self.llm.configure(settings.llm)
+        self.media.configure(settings.media, settings.llm.model, can_see=self.llm.name != "echo")
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
@@ -366,12 +380,15 @@ class Cycle:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
             return "\n\n".join((*burst.answers, OVER_BUDGET)), 0
-        prompt = self._prompt(grant, burst)
         usage = Usage()
+        # Filled once the prompt is built: the files are read inside the interruptible part.
+        prompts: list[Prompt] = []
         began = time.monotonic()
         answered = False
         try:
-            outcome = await self._generate(grant, prompt, usage, keeper)
+            outcome = await self._generate(
+                grant, self._answer(grant, burst, usage, prompts), keeper
+            )
             if not isinstance(outcome, Next):
                 answered = True
                 self.stats.llm_seconds.observe(time.monotonic() - began)
@@ -384,7 +401,7 @@ class Cycle:
                 exc,
             )
             outcome = APOLOGY
-        spent = await self._account(conversation, burst.for_model[-1].user_id, prompt, usage)
+        spent = await self._account(conversation, burst.for_model[-1].user_id, prompts, usage)
         stats = self.stats
         if isinstance(outcome, Next):
             saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
@@ -404,29 +421,39 @@ class Cycle:
             stats.finished_tokens += spent
         return "\n\n".join((*burst.answers, outcome)), spent
 
-    def _prompt(self, grant: Grant, burst: Plan) -> Prompt:
+    async def _answer(self, grant: Grant, burst: Plan, usage: Usage, prompts: list[Prompt]) -> str:
+        """Read the burst's files, build the prompt, and ask the model."""
+        assert grant.lease is not None
+        prompt = await self._prompt(grant.lease.conversation, grant, burst)
+        prompts.append(prompt)
+        return await generate(self.llm, prompt, self.settings.llm, usage)
+
+    async def _prompt(self, conversation: str, grant: Grant, burst: Plan) -> Prompt:
         llm = self.settings.llm
         # After a /reset the model starts afresh: the old history is about to be emptied.
         history = grant.history if burst.keeps_history else ()
         system = system_prompt(llm.system_prompt)
-        if any(m.attachments for m in burst.for_model):
-            system += "\n\n" + ATTACHMENT_NOTE
+        said = await self.media.prepare(conversation, burst.for_model)
+        if said.unseen:
+            system += "\n\n" + UNSEEN_NOTE
         return fit(
             system,
-            [Turn(h.role, h.text) for h in history],
-            [m.prompt_text() for m in burst.for_model],
+            await self.media.history(conversation, history),
+            said.texts,
             llm.context_tokens - llm.max_tokens,
             self.counter,
+            said.images,
         )
 
     async def _generate(
-        self, grant: Grant, prompt: Prompt, usage: Usage, keeper: LeaseKeeper
+        self, grant: Grant, answer: Coroutine[Any, Any, str], keeper: LeaseKeeper
     ) -> str | Next:
-        """The model's answer; or, if a newer message arrives first (and interrupting is on),
-        `Next`: the request was cancelled on the spot and the lease handed back."""
+        """The model's answer, its files read first; or, if a newer message arrives meanwhile
+        (and interrupting is on), `Next`: the work was cancelled on the spot and the lease
+        handed back."""
         assert grant.lease is not None
         lease = grant.lease
-        generation = asyncio.ensure_future(generate(self.llm, prompt, self.settings.llm, usage))
+        generation = asyncio.ensure_future(answer)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
         if not self.settings.llm.interrupt or grant.discards >= self.settings.starvation_limit:
@@ -456,10 +483,14 @@ class Cycle:
         keeper.released()
         return Next(verdict.look_in_ms, working=True)
 
-    async def _account(self, conversation: str, user: str, prompt: Prompt, usage: Usage) -> int:
+    async def _account(
+        self, conversation: str, user: str, prompts: list[Prompt], usage: Usage
+    ) -> int:
         """Count what the generation cost, in Redis, and learn from the provider's own count.
         Returns its completion tokens. Best effort: a store hiccup must not cost the reply."""
-        estimated = estimated_tokens(prompt, self.counter)
+        if not usage.attempts:
+            return 0  # interrupted while its files were read: no request was made
+        estimated = estimated_tokens(prompts[0], self.counter)
         reported = [a for a in usage.attempts if a.reported]
         if len(usage.attempts) == 1 and reported:
             self.counter.learn(estimated, reported[0].prompt_tokens)

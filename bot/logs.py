@@ -65,6 +65,7 @@ def secrets_of(settings: Settings) -> list[str]:
             settings.telegram.webhook_secret,
             settings.discord.token,
             settings.llm.api_key,
+            settings.media.transcription_api_key,
         )
         if s is not None
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -30,6 +31,12 @@ class Attachment:
     # Where the message's text sits: True, before the media (Discord's text, then its
     # attachments); False, after it (Telegram's caption under the photo).
     text_first: bool = False
+
+    def label(self) -> str:
+        """How the model and the history name it: `[photo]`, `[document: notes.py]`,
+        `[sticker: 😀]`."""
+        kind = self.kind.replace("_", " ")
+        return f"[{kind}: {self.name}]" if self.name else f"[{kind}]"
 
     def cleaned(self) -> Attachment:
         v = _valid_utf8
@@ -86,9 +93,18 @@ class InboundMessage:
         )
 
     def prompt_text(self) -> str:
-        """The text the model sees: the message, plus a marker for each attachment."""
-        markers = " ".join(f"[{a.kind}]" for a in self.attachments)
-        return f"{self.text} {markers}".strip() if markers else self.text
+        """The message as text: its words, with each attachment's label where it was sent."""
+        return self.text_with(a.label() for a in self.attachments)
+
+    def text_with(self, said: Iterable[str]) -> str:
+        """The message's words with what its attachments said (labels, a file's text, a
+        transcript) before them, or after them where the platform puts text first."""
+        pieces = [p for p in said if p]
+        if not pieces:
+            return self.text
+        first = any(a.text_first for a in self.attachments)
+        ordered = [self.text, *pieces] if first else [*pieces, self.text]
+        return " ".join(p for p in ordered if p)
 
 
 def _valid_utf8(value: str) -> str:
@@ -165,3 +181,11 @@ class Outbound(Protocol):
         gone, expired, larger than `max_bytes`, or the platform fails; the caller bounds the
         time.
         """
+
+
+class NoFiles:
+    """For an outbound whose platform carries no files (the console, test and benchmark
+    stand-ins): any fetch fails with a clear reason."""
+
+    async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
+        raise FetchFailed("this platform cannot fetch files")

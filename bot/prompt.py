@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from bot.tokens import Counter
 
@@ -25,17 +25,29 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class Image:
+    """An image shown to the model: a `data:` URL of the re-encoded bytes (never a platform's
+    URL, which may carry a secret or expire), and its estimated cost in prompt tokens."""
+
+    url: str
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Prompt:
     system: str
     history: tuple[Turn, ...]
     unanswered: tuple[str, ...]
     # Unanswered messages that did not fit and were left out (the oldest ones).
     left_out: int = 0
+    # The images of each unanswered message (empty, or one tuple per message), shown right
+    # after its text, in the order they were sent.
+    images: tuple[tuple[Image, ...], ...] = ()
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages: history with adjacent turns of one role merged, then ONE
         user turn that folds every unanswered message, so the model answers them together."""
-        out: list[dict[str, str]] = [{"role": "system", "content": self.system}]
+        out: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
         for turn in self.history:
             if len(out) > 1 and out[-1]["role"] == turn.role:
                 out[-1]["content"] += "\n" + turn.text
@@ -47,9 +59,30 @@ class Prompt:
         out.append({"role": "user", "content": self.folded()})
         return out
 
-    def folded(self) -> str:
+    def folded(self) -> str | list[dict[str, Any]]:
+        """The one user turn: plain text, or, when images come with it, content parts with
+        each image right after the text of the message that carried it."""
+        if not any(self.images):
+            return "\n".join(self._lines())
+        all_lines = self._lines()
+        # The header lines come first; then line i + first is unanswered message i.
+        first = len(all_lines) - len(self.unanswered)
+        parts: list[dict[str, Any]] = []
+        lines: list[str] = []
+        for i, line in enumerate(all_lines):
+            lines.append(line)
+            images = self.images[i - first] if i >= first else ()
+            if images:
+                parts.append({"type": "text", "text": "\n".join(lines)})
+                parts += ({"type": "image_url", "image_url": {"url": im.url}} for im in images)
+                lines = []
+        if lines:
+            parts.append({"type": "text", "text": "\n".join(lines)})
+        return parts
+
+    def _lines(self) -> list[str]:
         if len(self.unanswered) == 1 and not self.left_out:
-            return self.unanswered[0]
+            return [self.unanswered[0]]
         lines = [FOLD_HEADER]
         if self.left_out:
             lines.append(
@@ -57,7 +90,7 @@ class Prompt:
                 "left out: too long to fit.)"
             )
         lines += (f"{i}. {text}" for i, text in enumerate(self.unanswered, 1))
-        return "\n".join(lines)
+        return lines
 
     def shrunk(self) -> Prompt | None:
         """The same prompt with the older half of its history dropped; None if there is no
@@ -82,17 +115,20 @@ def fit(
     unanswered: Sequence[str],
     budget: int,
     counter: Counter,
+    images: Sequence[tuple[Image, ...]] = (),
 ) -> Prompt:
     """The prompt within `budget` tokens: the system prompt and the unanswered messages
-    first (newest kept first if even they do not fit), then history from the newest back."""
+    (with their images) first, newest kept first if even they do not fit, then history from
+    the newest back."""
     room = budget - counter.count(system) - counter.count(FOLD_HEADER)
-    kept: list[str] = []
-    for text in reversed(unanswered):
-        cost = counter.count(text)
+    shown = list(images) or [()] * len(unanswered)
+    kept: list[tuple[str, tuple[Image, ...]]] = []
+    for text, its_images in zip(reversed(unanswered), reversed(shown), strict=True):
+        cost = counter.count(text) + sum(im.tokens for im in its_images)
         # The newest message always goes in: the reply is for it.
         if kept and cost > room:
             break
-        kept.append(text)
+        kept.append((text, its_images))
         room -= cost
     kept.reverse()
     turns: list[Turn] = []
@@ -103,9 +139,22 @@ def fit(
         turns.append(turn)
         room -= cost
     turns.reverse()
-    return Prompt(system, tuple(turns), tuple(kept), left_out=len(unanswered) - len(kept))
+    return Prompt(
+        system,
+        tuple(turns),
+        tuple(text for text, _ in kept),
+        left_out=len(unanswered) - len(kept),
+        images=tuple(its for _, its in kept) if any(shown) else (),
+    )
 
 
 def estimated_tokens(prompt: Prompt, counter: Counter) -> int:
     """What `counter` expects the provider to count for `prompt`."""
-    return sum(counter.count(m["content"]) for m in prompt.messages())
+    total = sum(im.tokens for its in prompt.images for im in its)
+    for message in prompt.messages():
+        content = message["content"]
+        if isinstance(content, str):
+            total += counter.count(content)
+        else:
+            total += sum(counter.count(p["text"]) for p in content if p["type"] == "text")
+    return total

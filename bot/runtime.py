@@ -22,6 +22,7 @@ from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
+from bot.transcribe import Transcriber
 from bot.typing_indicator import Typing
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,18 @@ REFUSAL_PERIOD_MS = 24 * 3600 * 1000
 
 
 class Runtime:
-    def __init__(self, settings: Settings, store: Store, llm: LLM, outbound: Outbound) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        llm: LLM,
+        outbound: Outbound,
+        transcriber: Transcriber | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.outbound = outbound
-        self.cycle = Cycle(settings, store, llm, outbound)
+        self.cycle = Cycle(settings, store, llm, outbound, transcriber)
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}

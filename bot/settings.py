@@ -108,6 +108,56 @@ class LLMSettings(BaseModel):
         return self
 
 
+class MediaSettings(BaseModel):
+    """Photos, files and voice notes folded into the turn (bot/media.py)."""
+
+    # Whether the model is shown images: auto (when llm.model matches one of vision_models),
+    # on, off. A model that cannot see them is told what was sent instead.
+    vision: Literal["auto", "on", "off"] = "auto"
+    # Models that read images, as shell patterns matched against llm.model (comma-separated).
+    # A setting, not a list in the code, so a new model needs no release.
+    vision_models: Annotated[list[str], NoDecode] = [
+        "gpt-4o*",
+        "gpt-4.1*",
+        "gpt-5*",
+        "o3*",
+        "o4*",
+        "*claude*",
+        "*gemini*",
+        "*vision*",
+        "*-vl*",
+        "*llava*",
+        "*pixtral*",
+    ]
+    # Images are scaled down to this longest edge and re-encoded as JPEG before they are sent
+    # (1,568 px: the largest that vision models take without scaling down again themselves).
+    max_edge_px: int = Field(default=1568, ge=64, le=8192)
+    jpeg_quality: int = Field(default=85, ge=30, le=95)
+    # Bounds on what is fetched: per file (Telegram's bots may fetch up to 20 MB), files per
+    # burst (later ones are noted, not read) and bytes per burst.
+    max_file_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
+    max_files: int = Field(default=10, ge=0)
+    max_burst_bytes: int = Field(default=50 * 1024 * 1024, ge=1024)
+    # Characters of a text file's or a PDF's text the model is shown; the rest is cut, noted.
+    max_document_chars: int = Field(default=20_000, ge=100)
+    # One fetch, and one transcription, may take this long.
+    fetch_timeout_s: float = Field(default=30.0, gt=0)
+    transcription_timeout_s: float = Field(default=60.0, gt=0)
+    # Voice notes and audio go to an OpenAI-compatible /audio/transcriptions endpoint: the
+    # LLM's base URL and key unless these are set (a self-hosted Whisper server, say). Empty
+    # model: voice is not transcribed, and the model is told a voice note came.
+    transcription_model: str = "whisper-1"
+    transcription_base_url: str | None = None
+    transcription_api_key: SecretStr | None = None
+
+    @field_validator("vision_models", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
 class DebounceSettings(BaseModel):
     quiet_ms: int = Field(default=2000, ge=0)
     max_wait_ms: int = Field(default=8000, ge=0)
@@ -161,6 +211,7 @@ class Settings(BaseSettings):
     telegram: TelegramSettings = TelegramSettings()
     discord: DiscordSettings = DiscordSettings()
     llm: LLMSettings = LLMSettings()
+    media: MediaSettings = MediaSettings()
     debounce: DebounceSettings = DebounceSettings()
     lease: LeaseSettings = LeaseSettings()
     access: AccessSettings = AccessSettings()
@@ -266,12 +317,15 @@ RESTART_ONLY = (
     # Checked against the server once, at start-up.
     "durability",
 )
-LLM_FIXED = (
+# Settings of a client built once at start-up (the LLM's, the transcription's).
+CLIENT_FIXED = (
     "llm.provider",
     "llm.base_url",
     "llm.api_key",
     "llm.timeout_s",
     "llm.interrupt_poll_ms",
+    "media.transcription_base_url",
+    "media.transcription_api_key",
 )
 
 
@@ -280,11 +334,12 @@ def reloaded(old: Settings, new: Settings) -> tuple[Settings, list[str], list[st
     restart kept from `old`. Also the names of the settings that changed and are applied,
     and of those that changed but need a restart (platform, store, credentials, addresses)."""
     changed = _changed(old.model_dump(), new.model_dump())
-    fixed = [name for name in changed if name.split(".")[0] in RESTART_ONLY or name in LLM_FIXED]
+    fixed = [name for name in changed if name.split(".")[0] in RESTART_ONLY or name in CLIENT_FIXED]
     keep: dict[str, Any] = {name: getattr(old, name) for name in RESTART_ONLY}
-    keep["llm"] = new.llm.model_copy(
-        update={name.split(".")[1]: getattr(old.llm, name.split(".")[1]) for name in LLM_FIXED}
-    )
+    for group in {name.split(".")[0] for name in CLIENT_FIXED}:
+        leaves = [name.split(".")[1] for name in CLIENT_FIXED if name.startswith(group + ".")]
+        kept = {leaf: getattr(getattr(old, group), leaf) for leaf in leaves}
+        keep[group] = getattr(new, group).model_copy(update=kept)
     applied = [name for name in changed if name not in fixed]
     return new.model_copy(update=keep), applied, fixed
 

@@ -38,7 +38,7 @@ from typing import Any
 from bot.app import make_client, make_store
 from bot.cancel import cancel_and_wait
 from bot.llm import make_llm
-from bot.message import InboundMessage, SendFailed, Unavailable
+from bot.message import InboundMessage, NoFiles, SendFailed, Unavailable
 from bot.runtime import Runtime
 from bot.settings import Settings, load_settings
 
@@ -54,7 +54,7 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-class PipeOutbound:
+class PipeOutbound(NoFiles):
     """The chat platform of this harness: every reply part becomes a ``sent`` line."""
 
     max_message_chars = 4096

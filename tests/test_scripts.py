@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from datetime import date
 from typing import Any
 
@@ -847,13 +848,13 @@ async def test_history_keeps_any_text_intact(redis: Redis, make_settings: Settin
     history = await store.history(CONV)
     assert [(h.role, h.text) for h in history] == [
         ("user", tricky),
-        ("user", "look [photo]"),
+        ("user", "[photo] look"),
         ("assistant", tricky + " (reply)"),
     ]
     raw = await redis.lrange(Keys(CONV).history, 0, 1)
     first, second = (json.loads(entry)["message"] for entry in raw)
     assert first["attachments"] == []
-    assert second["attachments"] == [{"kind": "photo", "ref": "file-1"}]
+    assert second["attachments"] == [asdict(photo)]
 
 
 # -- NOSCRIPT ------------------------------------------------------------------------------------

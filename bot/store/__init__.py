@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.connect import MAX_CONNECTIONS, Client, drop_connections
-from bot.message import InboundMessage, Unavailable
+from bot.message import Attachment, InboundMessage, Unavailable
 from bot.settings import Settings
 from bot.store.durability import DEFAULT_LEVEL, Durability, Level
 from bot.store.keys import (
@@ -254,13 +254,16 @@ class HistoryEntry:
     role: Literal["user", "assistant"]
     version: int
     text: str
+    # A user message's files, by reference: the prompt shows a past one as a short
+    # placeholder (a voice note as its transcript), never its bytes again.
+    attachments: tuple[Attachment, ...] = ()
 
     @classmethod
     def from_json(cls, raw: str) -> HistoryEntry:
         data: dict[str, Any] = json.loads(raw)
         if data["role"] == "user":
             message = InboundMessage.from_json(json.dumps(data["message"]))
-            return cls("user", int(data["v"]), message.prompt_text())
+            return cls("user", int(data["v"]), message.prompt_text(), message.attachments)
         return cls("assistant", int(data["v"]), str(data["text"]))
 
 
@@ -599,6 +602,25 @@ class Store:
             self.settings.retention_ms,
         ]
         return int(await self._run(self._usage, keys, args))
+
+    async def transcripts(self, conversation: str, file_keys: Sequence[str]) -> list[str | None]:
+        """The cached transcripts of these files of one conversation, None where there is
+        none; one round trip (the keys share the conversation's slot)."""
+        if not file_keys:
+            return []
+        keys = Keys(conversation)
+        async with self._reaching():
+            found = await self.redis.mget([keys.transcript(f) for f in file_keys])
+        return [None if v is None else _text(v) for v in found]
+
+    async def keep_transcript(self, conversation: str, file_key: str, text: str) -> None:
+        """Cache a transcript, for the rest of the conversation's retention: a generation
+        interrupted and started again, and later turns' history, read it instead of paying
+        for it again."""
+        async with self._reaching():
+            await self.redis.set(
+                Keys(conversation).transcript(file_key), text, px=self.settings.retention_ms
+            )
 
     async def tokens_today(self, conversation: str) -> int:
         """Tokens the conversation's user has spent today (UTC)."""

@@ -38,6 +38,9 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
     {T}:c:<conversation>:usage       hash    prompt, completion (tokens), replies, user
     {T}:c:<conversation>:day:<D>     hash    tokens spent on UTC day D; expires after two days
+    {T}:c:<conversation>:heard:<F>   string  the transcript of the voice note or audio file
+                                             whose stable file key is F; expires with the
+                                             conversation's retention
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message
     {T}:usage:<D>:totals             hash    prompt, completion, generations of the shard on
@@ -193,3 +196,6 @@ class Keys:
 
     def day(self, when: date) -> str:
         return f"{self.base}:day:{when.isoformat()}"
+
+    def transcript(self, file_key: str) -> str:
+        return f"{self.base}:heard:{file_key}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from bot.message import NoFiles
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -18,7 +20,7 @@ class Sent:
 
 
 @dataclass
-class RecordingOutbound:
+class RecordingOutbound(NoFiles):
     max_message_chars: int = 4096
     typing_interval_s: float = 0.05
     sent: list[Sent] = field(default_factory=list)
