@@ -246,7 +246,7 @@ async def test_media_edits_and_groups_become_the_right_input(
         await fake.wait_for_sent(1, timeout=10)
         await settled(redis, CONVERSATION, within_s=5)
         [reply] = fake.sent_messages
-        assert reply.text == "You said: [sticker] / my cat [photo] / (edited) fixed typo"
+        assert reply.text == "You said: [sticker: 👍] / [photo] my cat / (edited) fixed typo"
         assert await counters(redis) == (3, 3)
 
 

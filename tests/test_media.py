@@ -1,0 +1,154 @@
+"""Media, piece by piece: images scaled and re-encoded, PDFs and text files read, the folded
+turn's content parts in order, and the history's placeholders. End to end (processes, fakes)
+in tests/test_media_e2e.py."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image as Pillow
+
+from bot.media import decode_text, encode_image, image_tokens, pdf_text
+from bot.message import Attachment, InboundMessage
+from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
+from bot.tokens import Counter
+from tests.fakes import files
+
+
+def decoded(url: str) -> Pillow.Image:
+    assert url.startswith("data:image/jpeg;base64,")
+    return Pillow.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
+def test_an_image_is_scaled_to_the_edge_and_sent_as_jpeg() -> None:
+    image = encode_image(files.photo(3000, 2000, fmt="PNG"), 1568, 85)
+    picture = decoded(image.url)
+    assert picture.format == "JPEG"
+    assert picture.size == (1568, 1045)
+    # Not cropped or flipped: the blue corner is still top-left.
+    r, _, b = picture.convert("RGB").getpixel((10, 10))  # type: ignore[misc]
+    assert b > 200 and r < 60
+    assert image.tokens == image_tokens(1568, 1045)
+
+
+def test_a_small_image_keeps_its_size_and_an_exif_turn_is_applied() -> None:
+    assert decoded(encode_image(files.photo(300, 200), 1568, 85).url).size == (300, 200)
+    assert decoded(encode_image(files.rotated_photo(400, 200), 1568, 85).url).size == (200, 400)
+
+
+def test_transparency_becomes_white() -> None:
+    picture = decoded(encode_image(files.transparent_png(), 1568, 85).url).convert("RGB")
+    assert min(picture.getpixel((5, 5))) > 240  # type: ignore[arg-type]
+
+
+def test_image_tokens_follow_the_published_tiling() -> None:
+    assert image_tokens(512, 512) == 85 + 170
+    # 1568x1045 -> short side to 768: 1152x768 -> 3x2 tiles.
+    assert image_tokens(1568, 1045) == 85 + 170 * 6
+    assert image_tokens(4000, 4000) == 85 + 170 * 4
+
+
+@pytest.mark.parametrize("data", [files.corrupt_photo(), b"", b"GIF89a broken", files.pdf("x")])
+def test_what_is_not_an_image_is_refused_with_a_reason(data: bytes) -> None:
+    with pytest.raises(Exception, match="not a readable image"):
+        encode_image(data, 1568, 85)
+
+
+def test_pdf_text_is_read_page_by_page() -> None:
+    assert pdf_text(files.pdf("Hello world", "Page (two)")) == "Hello world\n\nPage (two)"
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"not a pdf at all", "not a PDF"),
+        (files.pdf("ok")[:60], "damaged|no text"),
+        (files.pdf(""), "no text"),
+    ],
+)
+def test_a_bad_pdf_is_refused_with_a_reason(data: bytes, why: str) -> None:
+    with pytest.raises(Exception, match=why):
+        pdf_text(data)
+
+
+def test_text_files_decode_leniently_but_binaries_are_refused() -> None:
+    assert decode_text("print('héllo')\n".encode()) == "print('héllo')\n"
+    assert decode_text(b"\xef\xbb\xbfwith a BOM") == "with a BOM"
+    assert decode_text("utf16".encode("utf-16")) == "utf16"
+    assert decode_text(b"bad \xff byte") == "bad \ufffd byte"
+    with pytest.raises(Exception, match="not a text file"):
+        decode_text(b"\x7fELF\x00\x00\x01")
+
+
+def test_the_folded_turn_puts_each_image_after_its_message_text() -> None:
+    red, blue = Image("data:image/jpeg;base64,AAAA", 100), Image("data:image/jpeg;base64,BBBB", 100)
+    prompt = fit(
+        "system",
+        [Turn("user", "[photo] earlier"), Turn("assistant", "ok")],
+        ["look at this", "[photo] what is it?", "and this [photo] [photo]"],
+        4000,
+        Counter(),
+        [(), (red,), (blue, red)],
+    )
+    turn = prompt.messages()[-1]
+    assert turn["role"] == "user"
+    kinds = [(p["type"], p.get("text") or p["image_url"]["url"]) for p in turn["content"]]
+    assert kinds == [
+        ("text", f"{FOLD_HEADER}\n1. look at this\n2. [photo] what is it?"),
+        ("image_url", red.url),
+        ("text", "3. and this [photo] [photo]"),
+        ("image_url", blue.url),
+        ("image_url", red.url),
+    ]
+    # History stays text: a past image is its label, never its bytes.
+    assert prompt.messages()[1] == {"role": "user", "content": "[photo] earlier"}
+    assert estimated_tokens(prompt, Counter()) >= 300
+
+
+def test_without_images_the_turn_stays_plain_text() -> None:
+    prompt = fit("system", [], ["one", "two"], 4000, Counter(), [(), ()])
+    assert prompt.messages()[-1]["content"] == f"{FOLD_HEADER}\n1. one\n2. two"
+    assert prompt.images == ()
+
+
+def test_images_count_against_the_budget_and_leave_with_their_message() -> None:
+    big = Image("data:image/jpeg;base64,AAAA", 990)
+    prompt = fit(
+        "s", [Turn("user", "old")], ["[photo] first", "second"], 1000, Counter(), [(big,), ()]
+    )
+    # The older message and its image do not fit beside the newest: both are left out.
+    assert prompt.unanswered == ("second",)
+    assert prompt.left_out == 1
+    assert not any(prompt.images)
+
+
+def test_labels_sit_where_the_platform_puts_the_text() -> None:
+    caption_after = Attachment("photo", "f1")
+    text_first = Attachment("photo", "https://cdn/x.png", name="x.png", text_first=True)
+    telegram = InboundMessage("telegram", "1", "1", "m1", "my cat", attachments=(caption_after,))
+    discord = InboundMessage("discord", "1", "1", "m2", "look", attachments=(text_first,))
+    assert telegram.prompt_text() == "[photo] my cat"
+    assert discord.prompt_text() == "look [photo: x.png]"
+    sticker = InboundMessage(
+        "telegram", "1", "1", "m3", "", attachments=(Attachment("sticker", "s", name="👍"),)
+    )
+    assert sticker.prompt_text() == "[sticker: 👍]"
+
+
+def test_attachments_survive_the_store_round_trip_whole() -> None:
+    voice = Attachment("voice", "fid", "audio/ogg", 2048, "voice.ogg", "uniq", False)
+    message = InboundMessage("telegram", "1", "1", "m1", "", attachments=(voice,))
+    assert InboundMessage.from_json(message.to_json()).attachments == (voice,)
+    # Messages stored before attachments had more than a kind and a ref still load.
+    old = (
+        message.to_json()
+        .replace(
+            '"mime": "audio/ogg", "size": 2048, "name": "voice.ogg", "file_key": "uniq", '
+            '"text_first": false',
+            "",
+        )
+        .replace('"ref": "fid", ', '"ref": "fid"')
+    )
+    assert InboundMessage.from_json(old).attachments == (Attachment("voice", "fid"),)
