@@ -282,8 +282,8 @@ async def test_attachments_and_edits_become_input(
         await fake.user_edits(int(sent["id"]), "look at this")
         await settled(redis, channel, 2)
         replies = texts(fake, channel)
-        assert replies[0].startswith("You said: look [photo]")
-        assert replies[1] == "You said: (edited) look at this [photo]"
+        assert replies[0].startswith("You said: look [photo: cat.png]")
+        assert replies[1] == "You said: (edited) look at this [photo: cat.png]"
 
 
 async def test_a_429_delays_a_part_and_loses_nothing(
