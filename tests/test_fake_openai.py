@@ -4,13 +4,17 @@ real API in every way the bot relies on; these tests pin that down."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from openai.types import AudioResponseFormat
 
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, ScriptedError
+from tests.fakes.openai_server import IMAGE_TOKENS, FakeOpenAI, RecordedRequest, ScriptedError
 
 
 @pytest.fixture
@@ -222,3 +226,279 @@ async def test_malformed_json_is_an_openai_style_400(fake: FakeOpenAI) -> None:
     assert body["error"]["type"] == "invalid_request_error"
     assert isinstance(body["error"]["message"], str)
     assert fake.requests == []
+
+
+# -- content parts ---------------------------------------------------------------------------
+
+JPEG_URL = "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff\xe0 not really").decode()
+WEB_URL = "https://example.com/cat.png"
+
+
+async def test_content_parts_are_answered_and_recorded_in_order(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    completion = await client.chat.completions.create(
+        model="gpt-test",
+        messages=[
+            {"role": "system", "content": "describe"},
+            {"role": "user", "content": "earlier"},
+            {"role": "assistant", "content": "ok"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look at this "},
+                    {"type": "image_url", "image_url": {"url": JPEG_URL}},
+                    {"type": "text", "text": "and this"},
+                    {"type": "image_url", "image_url": {"url": WEB_URL, "detail": "low"}},
+                ],
+            },
+        ],
+    )
+
+    assert completion.choices[0].message.content == "You said: look at this and this"
+    [recorded] = fake.requests
+    assert recorded.user_parts() == [
+        ("text", "look at this "),
+        ("image", JPEG_URL),
+        ("text", "and this"),
+        ("image", WEB_URL),
+    ]
+    assert recorded.image_urls() == [JPEG_URL, WEB_URL]
+    assert recorded.last_user_text == "look at this and this"
+    # Each image costs a fixed amount by its detail, on top of the text.
+    text_only = await client.chat.completions.create(
+        model="gpt-test",
+        messages=[
+            {"role": "system", "content": "describe"},
+            {"role": "user", "content": "earlier"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "look at this and this"},
+        ],
+    )
+    assert completion.usage is not None and text_only.usage is not None
+    assert completion.usage.prompt_tokens - text_only.usage.prompt_tokens == (
+        IMAGE_TOKENS["auto"] + IMAGE_TOKENS["low"]
+    )
+    assert fake.requests[1].user_parts() == [("text", "look at this and this")]
+    assert fake.requests[1].image_urls() == []
+
+
+def _with_part(part: dict[str, Any], role: str = "user") -> list[dict[str, Any]]:
+    return [{"role": role, "content": [{"type": "text", "text": "see"}, part]}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        (
+            _with_part({"type": "image_url", "image_url": {}}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (_with_part({"type": "image_url"}), "messages[0].content[1].image_url"),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": "data:image/png,raw"}}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": JPEG_URL, "detail": "max"}}),
+            "messages[0].content[1].image_url.detail",
+        ),
+        (
+            _with_part({"type": "image_url", "image_url": {"url": JPEG_URL}}, "system"),
+            "messages[0]",
+        ),
+        (_with_part({"type": "video"}), "messages[0].content[1].type"),
+        (_with_part({"type": "text"}), "messages[0].content[1].text"),
+    ],
+)
+async def test_malformed_content_parts_are_openai_style_400s(
+    fake: FakeOpenAI,
+    client: openai.AsyncOpenAI,
+    messages: list[dict[str, Any]],
+    param: str,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        await client.chat.completions.create(model="gpt-test", messages=messages)  # type: ignore[arg-type]
+
+    assert excinfo.value.param == param
+    assert isinstance(excinfo.value.body, dict)
+    assert excinfo.value.body["type"] == "invalid_request_error"
+    assert fake.requests == []
+    assert [body["messages"] for body in fake.rejected] == [messages]
+
+
+# -- transcriptions --------------------------------------------------------------------------
+
+VOICE = b"OggS" + bytes(range(256)) * 8
+
+
+async def test_transcription_is_answered_and_recorded(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    result = await client.audio.transcriptions.create(
+        model="whisper-1", file=("voice.ogg", VOICE, "audio/ogg"), language="de"
+    )
+
+    assert result.text == "transcript of voice.ogg"
+    [recorded] = fake.transcriptions
+    assert recorded.model == "whisper-1"
+    assert recorded.filename == "voice.ogg"
+    assert recorded.content_type == "audio/ogg"
+    assert recorded.size == len(VOICE)
+    assert recorded.sha256 == hashlib.sha256(VOICE).hexdigest()
+    assert recorded.data == VOICE
+    assert recorded.api_key == "k1"
+    assert recorded.headers["authorization"] == "Bearer k1"
+    assert recorded.language == "de" and recorded.response_format == "json"
+    assert recorded.finished and not recorded.cancelled
+    assert fake.requests == []
+    # The audio is out of repr: a failing assertion should not print megabytes.
+    assert "OggS" not in repr(recorded)
+
+
+@pytest.mark.parametrize("response_format", ["json", "verbose_json", "text", "srt", "vtt"])
+async def test_transcription_response_formats(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI, response_format: AudioResponseFormat
+) -> None:
+    fake.transcribe = lambda t: f"{t.prompt} words from {t.size} bytes"
+
+    result: Any = await client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("note.mp3", b"ID3...", "audio/mpeg"),
+        prompt="some",
+        response_format=response_format,
+    )
+
+    text = result if isinstance(result, str) else result.text
+    assert "some words from 6 bytes" in text
+    if response_format == "text":
+        assert result == "some words from 6 bytes\n"
+    assert fake.transcriptions[0].response_format == response_format
+
+
+async def test_a_file_over_aiohttps_default_body_limit_is_taken(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    audio = b"\x00" * (3 * 1024 * 1024)
+    result = await client.audio.transcriptions.create(
+        model="whisper-1", file=("long.wav", audio, "audio/wav")
+    )
+    assert result.text == "transcript of long.wav"
+    assert fake.transcriptions[0].size == len(audio)
+
+
+@pytest.mark.parametrize(
+    ("error", "exc_type"),
+    [
+        (FakeOpenAI.rate_limited(1.5), openai.RateLimitError),
+        (FakeOpenAI.server_error(), openai.InternalServerError),
+        (FakeOpenAI.unauthorized(), openai.AuthenticationError),
+    ],
+)
+async def test_scripted_transcription_failures(
+    fake: FakeOpenAI,
+    client: openai.AsyncOpenAI,
+    error: ScriptedError,
+    exc_type: type[openai.APIStatusError],
+) -> None:
+    fake.fail_next_transcription(error)
+
+    with pytest.raises(exc_type) as excinfo:
+        await client.audio.transcriptions.create(
+            model="whisper-1", file=("voice.ogg", VOICE, "audio/ogg")
+        )
+
+    assert excinfo.value.status_code == error.status
+    assert [t.finished for t in fake.transcriptions] == [True]
+    # Chat has a queue of its own, and the transcription queue held one error.
+    chat = await client.chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert chat.choices[0].message.content == "You said: hi"
+    again = await client.audio.transcriptions.create(
+        model="whisper-1", file=("voice.ogg", VOICE, "audio/ogg")
+    )
+    assert again.text == "transcript of voice.ogg"
+
+
+async def test_a_wrong_key_is_refused_on_both_endpoints(fake: FakeOpenAI) -> None:
+    fake.expected_api_key = "right"
+    async with openai.AsyncOpenAI(base_url=fake.base_url, api_key="wrong", max_retries=0) as c:
+        with pytest.raises(openai.AuthenticationError) as excinfo:
+            await c.audio.transcriptions.create(
+                model="whisper-1", file=("voice.ogg", VOICE, "audio/ogg")
+            )
+        assert excinfo.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert fake.transcriptions == [] and fake.requests == []
+
+
+async def test_an_interrupted_transcription_is_recorded_as_cancelled(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    fake.transcription_delay_s = 5.0
+    call = asyncio.create_task(
+        client.audio.transcriptions.create(
+            model="whisper-1", file=("voice.ogg", VOICE, "audio/ogg")
+        )
+    )
+    started = await fake.wait_for_transcription(timeout=2.0)
+    assert not started.finished
+    call.cancel()
+
+    recorded = await fake.wait_for_transcription(lambda t: t.cancelled, timeout=2.0)
+    assert recorded is started and not recorded.finished
+
+
+async def test_wait_for_transcription_times_out(fake: FakeOpenAI) -> None:
+    with pytest.raises(TimeoutError):
+        await fake.wait_for_transcription(timeout=0.1)
+
+
+def _form(**fields: str) -> aiohttp.FormData:
+    form = aiohttp.FormData(default_to_multipart=True)
+    for name, value in fields.items():
+        form.add_field(name, value)
+    return form
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "status", "param"),
+    [
+        (_form(model="whisper-1"), {"Authorization": "Bearer k1"}, 400, "file"),
+        (b'{"model": "whisper-1"}', {"Authorization": "Bearer k1"}, 400, None),
+        (_form(model="whisper-1"), {}, 401, None),
+    ],
+)
+async def test_transcription_without_file_or_key_is_refused(
+    fake: FakeOpenAI,
+    data: aiohttp.FormData | bytes,
+    headers: dict[str, str],
+    status: int,
+    param: str | None,
+) -> None:
+    # The openai client cannot leave out the file or the key, so this goes through aiohttp.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(fake.base_url + "/audio/transcriptions", data=data, headers=headers) as r,
+    ):
+        body = await r.json()
+
+    assert r.status == status
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == param
+    assert fake.transcriptions == []
+    assert len(fake.rejected_transcriptions) == (1 if status == 400 else 0)

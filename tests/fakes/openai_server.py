@@ -1,4 +1,5 @@
-"""A loopback fake of an OpenAI-compatible Chat Completions server, for tests.
+"""A loopback fake of an OpenAI-compatible Chat Completions and audio transcription server,
+for tests.
 
 The bot talks to its language model through the real ``openai`` client library. Tests drive
 that same client against this fake instead of mocking it, so the wire format (JSON bodies,
@@ -13,30 +14,54 @@ Usage::
         client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
         ...
         assert fake.requests[0].last_user_text == "hi"
+
+Images arrive as content parts of user messages (`RecordedRequest.user_parts()`,
+`image_urls()`), validated as OpenAI does; voice notes go to ``base_url + "/audio/transcriptions"``
+and are recorded in `FakeOpenAI.transcriptions`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
-from aiohttp import web
+from aiohttp import BodyPartReader, hdrs, web
 
 from tests.fakes.loopback import LoopbackServer
 
-__all__ = ["FAKE_MODEL_ID", "FakeOpenAI", "RecordedRequest", "ScriptedError"]
+__all__ = [
+    "FAKE_MODEL_ID",
+    "IMAGE_TOKENS",
+    "FakeOpenAI",
+    "RecordedRequest",
+    "ScriptedError",
+    "TranscriptionRequest",
+]
 
 FAKE_MODEL_ID = "fake-model"
 
 # Leading whitespace, then each word with the whitespace after it: the pieces concatenate back to
 # the exact reply, so a client that joins deltas must reproduce it byte for byte.
 _PIECE_RE = re.compile(r"^\s+|\S+\s*")
+
+# What one image adds to prompt_tokens, by its `detail`. Fixed, because the fake does not decode
+# images: OpenAI's published rule for a 1024 px square at detail "high" (or "auto", which picks
+# high for such a size) is 85 base + 170 per 512 px tile x 4 tiles = 765; "low" is a flat 85.
+IMAGE_TOKENS: dict[str, int] = {"low": 85, "high": 765, "auto": 765}
+
+# The content part types the Chat Completions API knows; others are refused like it refuses them.
+_PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
+_DATA_URL_RE = re.compile(r"data:(?P<mime>[^;,]*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
+_RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 
 
 @dataclass
@@ -65,10 +90,61 @@ class RecordedRequest:
 
     @property
     def last_user_text(self) -> str:
+        """The last user message's text (its text parts joined, images left out)."""
+        return "".join(text for kind, text in self.user_parts() if kind == "text")
+
+    def user_parts(self) -> list[tuple[str, str]]:
+        """The last user message's content in order: ("text", text) and ("image", url) pairs.
+
+        A plain string content is one text part; parts of other types (audio, files) are left
+        out. Empty when the request has no user message.
+        """
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                return _content_text(message.get("content"))
-        return ""
+                return _parts(message.get("content"))
+        return []
+
+    def image_urls(self) -> list[str]:
+        """Every image URL of the request, in message and part order, whatever the role."""
+        return [
+            url
+            for message in self.messages
+            for kind, url in _parts(message.get("content"))
+            if kind == "image"
+        ]
+
+
+@dataclass
+class TranscriptionRequest:
+    """One `/audio/transcriptions` request as the fake received it, and what became of it."""
+
+    api_key: str
+    model: str
+    # The file part as sent: its name and Content-Type (empty when the part carried none).
+    filename: str
+    content_type: str
+    size: int
+    sha256: str
+    # Every other form field (language, prompt, response_format, temperature, ...), as text.
+    fields: dict[str, str]
+    headers: dict[str, str]
+    started_at: float
+    # Kept whole so a test can compare the audio, but out of repr: it can be megabytes.
+    data: bytes = field(default=b"", repr=False)
+    finished: bool = False
+    cancelled: bool = False
+
+    @property
+    def response_format(self) -> str:
+        return self.fields.get("response_format", "json")
+
+    @property
+    def language(self) -> str | None:
+        return self.fields.get("language")
+
+    @property
+    def prompt(self) -> str | None:
+        return self.fields.get("prompt")
 
 
 @dataclass
@@ -80,17 +156,47 @@ class ScriptedError:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _content_text(content: Any) -> str:
-    # Content may be a plain string or a list of typed parts (text, image_url, ...).
+class _Outcome(Protocol):
+    """What becomes of a recorded request: the flags tests wait on."""
+
+    finished: bool
+    cancelled: bool
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Invalid:
+    """Why a request is answered 400, as the fields of OpenAI's error body."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+    def response(self) -> web.Response:
+        body = _error_body(self.message, "invalid_request_error", self.code, param=self.param)
+        return web.json_response(body, status=400)
+
+
+def _parts(content: Any) -> list[tuple[str, str]]:
+    # Content may be a plain string or a list of typed parts (text, image_url, ...); requests
+    # that reach here were validated, but a scripted reply may look at any message.
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return ""
+        return [("text", content)]
+    parts: list[tuple[str, str]] = []
+    for part in content if isinstance(content, list) else []:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "text":
+            parts.append(("text", str(part.get("text", ""))))
+        elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
+            parts.append(("image", str(part["image_url"].get("url", ""))))
+    return parts
+
+
+def _content_text(content: Any) -> str:
+    return "".join(text for kind, text in _parts(content) if kind == "text")
 
 
 def _client_port(request: web.Request) -> int:
@@ -112,8 +218,17 @@ def _default_reply(request: RecordedRequest) -> str:
     return "You said: " + request.last_user_text
 
 
+def _default_transcript(request: TranscriptionRequest) -> str:
+    return f"transcript of {request.filename}"
+
+
+def _bearer_key(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+
+
 class FakeOpenAI(LoopbackServer):
-    """Fake OpenAI Chat Completions server on 127.0.0.1 with an OS-chosen port."""
+    """Fake OpenAI Chat Completions and transcription server on 127.0.0.1, OS-chosen port."""
 
     def __init__(self, reply: Callable[[RecordedRequest], str] | None = None) -> None:
         super().__init__()
@@ -137,6 +252,18 @@ class FakeOpenAI(LoopbackServer):
         self.refuse_stream_options = False
         # Bodies of the requests answered 400 before they were recorded as requests.
         self.rejected: list[Any] = []
+        # The key every request must carry as its bearer token; None accepts any key. A request
+        # without one is answered 401 either way, as the real API does.
+        self.expected_api_key: str | None = None
+        # -- /audio/transcriptions: what each file says, and the same knobs as chat's.
+        self.transcribe: Callable[[TranscriptionRequest], str] = _default_transcript
+        self.transcriptions: list[TranscriptionRequest] = []
+        # Before every transcription answer, scripted errors included: long enough, a test can
+        # interrupt the bot while it waits for the words.
+        self.transcription_delay_s: float = 0.0
+        self._transcription_errors: list[ScriptedError] = []
+        # Form fields (the file as its name) of transcription requests answered 400.
+        self.rejected_transcriptions: list[dict[str, str]] = []
         self._gate = asyncio.Event()
         self._gate.set()
         # Replaced on every state change so waiters can sleep on "something changed" without
@@ -148,6 +275,7 @@ class FakeOpenAI(LoopbackServer):
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_post("/v1/audio/transcriptions", self._handle_transcription)
 
     def _before_stop(self) -> None:
         # Held requests would otherwise keep cleanup waiting until its timeout.
@@ -160,7 +288,9 @@ class FakeOpenAI(LoopbackServer):
     # -- scripting ---------------------------------------------------------------------------
 
     def hold(self) -> None:
-        """From now on, requests wait (after being recorded) until release()."""
+        """From now on, chat requests wait (after being recorded) until release().
+
+        Transcriptions are not held; transcription_delay_s keeps them in flight instead."""
         self._gate.clear()
 
     def release(self) -> None:
@@ -170,6 +300,11 @@ class FakeOpenAI(LoopbackServer):
     def fail_next(self, *errors: ScriptedError) -> None:
         """Queue errors; each following request answers with the next one instead of a reply."""
         self._errors.extend(errors)
+
+    def fail_next_transcription(self, *errors: ScriptedError) -> None:
+        """Queue errors for transcriptions, apart from chat's: each following transcription
+        request answers with the next one instead of a transcript."""
+        self._transcription_errors.extend(errors)
 
     def break_next_stream(self, how: Literal["error", "drop"]) -> None:
         """The next streamed answer stops halfway: with an error event, as providers send
@@ -222,6 +357,18 @@ class FakeOpenAI(LoopbackServer):
         )
 
     @staticmethod
+    def no_api_key() -> ScriptedError:
+        return ScriptedError(
+            status=401,
+            body=_error_body(
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                "invalid_request_error",
+                None,
+            ),
+        )
+
+    @staticmethod
     def model_not_found() -> ScriptedError:
         return ScriptedError(
             status=404,
@@ -247,11 +394,27 @@ class FakeOpenAI(LoopbackServer):
         The predicate is re-checked whenever a request arrives, finishes or is cancelled, so it
         may also wait on those flags. Raises TimeoutError after ``timeout`` seconds.
         """
+        return await self._wait_for(self.requests, predicate, timeout)
+
+    async def wait_for_transcription(
+        self,
+        predicate: Callable[[TranscriptionRequest], bool] = lambda t: True,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> TranscriptionRequest:
+        """wait_for_request() for transcription requests."""
+        return await self._wait_for(self.transcriptions, predicate, timeout)
+
+    async def _wait_for(
+        self,
+        items: list[_T],
+        predicate: Callable[[_T], bool],
+        timeout: float,  # noqa: ASYNC109
+    ) -> _T:
         async with asyncio.timeout(timeout):
             while True:
-                for request in self.requests:
-                    if predicate(request):
-                        return request
+                for item in items:
+                    if predicate(item):
+                        return item
                 await self._changed.wait()
 
     def _notify(self) -> None:
@@ -271,7 +434,21 @@ class FakeOpenAI(LoopbackServer):
             }
         )
 
+    def _refuse_key(self, request: web.Request) -> web.Response | None:
+        """The 401 the request gets for its bearer key, if any."""
+        key = _bearer_key(request)
+        if not key:
+            error = self.no_api_key()
+        elif self.expected_api_key is not None and key != self.expected_api_key:
+            error = self.unauthorized()
+        else:
+            return None
+        return web.json_response(error.body, status=error.status, headers=error.headers)
+
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse_key(request)
+        if refused is not None:
+            return refused
         try:
             body = json.loads(await request.read())
         except ValueError:
@@ -285,16 +462,13 @@ class FakeOpenAI(LoopbackServer):
             )
         problem = _validate(body)
         if problem is None and self.refuse_stream_options and "stream_options" in body:
-            problem = "Unrecognized request argument supplied: stream_options"
+            problem = _Invalid("Unrecognized request argument supplied: stream_options")
         if problem is not None:
             self.rejected.append(body)
-            return web.json_response(
-                _error_body(problem, "invalid_request_error", None), status=400
-            )
+            return problem.response()
 
-        auth = request.headers.get("Authorization", "")
         recorded = RecordedRequest(
-            api_key=auth[len("Bearer ") :] if auth.startswith("Bearer ") else "",
+            api_key=_bearer_key(request),
             model=body["model"],
             messages=body["messages"],
             stream=bool(body.get("stream", False)),
@@ -305,12 +479,18 @@ class FakeOpenAI(LoopbackServer):
         )
         self.requests.append(recorded)
         self._notify()
+        return await self._tracked(recorded, self._answer(request, recorded))
 
+    async def _tracked(
+        self, recorded: _Outcome, answer: Coroutine[Any, Any, web.StreamResponse]
+    ) -> web.StreamResponse:
+        """Run a handler's answer where stop() can cancel it, and record a client that gave
+        up before it was finished."""
         task = asyncio.current_task()
         if task is not None:
             self._handler_tasks.add(task)
         try:
-            return await self._answer(request, recorded)
+            return await answer
         except (asyncio.CancelledError, ConnectionError):
             # Cancellation means aiohttp saw the client disconnect (or stop() gave up on the
             # request); a ConnectionError means a write hit the closed socket first.
@@ -366,7 +546,7 @@ class FakeOpenAI(LoopbackServer):
         return await self._send_whole(request, recorded, web.json_response(payload))
 
     async def _send_whole(
-        self, request: web.Request, recorded: RecordedRequest, response: web.Response
+        self, request: web.Request, recorded: _Outcome, response: web.Response
     ) -> web.Response:
         # Written here rather than by aiohttp after the handler returns, so that `finished`
         # really means the bytes went out.
@@ -470,20 +650,260 @@ class FakeOpenAI(LoopbackServer):
         self._notify()
         return response
 
+    # -- transcriptions ----------------------------------------------------------------------
 
-def _validate(body: Any) -> str | None:
-    if not isinstance(body, dict):
-        return "The request body must be a JSON object."
-    if not isinstance(body.get("model"), str):
-        return "You must provide a model parameter."
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        return "'messages' must be a list of message objects."
+    async def _handle_transcription(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse_key(request)
+        if refused is not None:
+            return refused
+        try:
+            form = await _read_form(request)
+            problem = _validate_form(form)
+        except ValueError as exc:
+            form, problem = _Form(), _Invalid(f"Could not parse multipart form: {exc}")
+        if problem is not None:
+            self.rejected_transcriptions.append(form.summary())
+            return problem.response()
+
+        recorded = TranscriptionRequest(
+            api_key=_bearer_key(request),
+            model=form.fields["model"],
+            filename=form.filename or "",
+            content_type=form.content_type,
+            size=len(form.data),
+            sha256=hashlib.sha256(form.data).hexdigest(),
+            fields={k: v for k, v in form.fields.items() if k != "model"},
+            headers={key.lower(): value for key, value in request.headers.items()},
+            started_at=time.monotonic(),
+            data=form.data,
+        )
+        self.transcriptions.append(recorded)
+        self._notify()
+        return await self._tracked(recorded, self._answer_transcription(request, recorded))
+
+    async def _answer_transcription(
+        self, request: web.Request, recorded: TranscriptionRequest
+    ) -> web.StreamResponse:
+        if self._transcription_errors:
+            error = self._transcription_errors.pop(0)
+            response = web.json_response(error.body, status=error.status, headers=error.headers)
+        else:
+            response = _transcript_response(recorded, self.transcribe(recorded))
+        if self.transcription_delay_s > 0:
+            await asyncio.sleep(self.transcription_delay_s)
+        return await self._send_whole(request, recorded, response)
+
+
+@dataclass
+class _Form:
+    """A transcription request's multipart form: its text fields and its one file part."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    # None when no part named "file" carried a filename (a file part always does).
+    filename: str | None = None
+    content_type: str = ""
+    data: bytes = b""
+
+    def summary(self) -> dict[str, str]:
+        """The fields, the file as its name: what a test needs to see of a refused request."""
+        if self.filename is None:
+            return dict(self.fields)
+        return self.fields | {"file": self.filename}
+
+
+async def _read_form(request: web.Request) -> _Form:
+    """The form of a multipart/form-data body; ValueError if it is none."""
+    if request.content_type != "multipart/form-data":
+        raise ValueError(f"expected multipart/form-data, got {request.content_type}")
+    # Read chunk by chunk: request.post() and part.read() cap a body at aiohttp's 1 MiB
+    # client_max_size (answering 413), while the real endpoint takes files up to 25 MB.
+    reader = await request.multipart()
+    form = _Form()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ValueError("nested multipart bodies are not supported")
+        if part.name == "file" and part.filename is not None:
+            form.filename = part.filename
+            form.content_type = part.headers.get(hdrs.CONTENT_TYPE, "")
+            form.data = await _read_part(part)
+        elif part.name:
+            form.fields[part.name] = await part.text()
+    return form
+
+
+async def _read_part(part: BodyPartReader) -> bytes:
+    data = bytearray()
+    while chunk := await part.read_chunk():
+        data += chunk
+    return bytes(data)
+
+
+def _validate_form(form: _Form) -> _Invalid | None:
+    if form.filename is None:
+        return _missing("file")
+    if not form.fields.get("model"):
+        return _missing("model")
+    response_format = form.fields.get("response_format", "json")
+    if response_format not in _RESPONSE_FORMATS:
+        return _not_one_of(response_format, _RESPONSE_FORMATS, "response_format")
     return None
 
 
+def _transcript_response(recorded: TranscriptionRequest, text: str) -> web.Response:
+    form = recorded.response_format
+    if form == "json":
+        return web.json_response({"text": text})
+    if form == "verbose_json":
+        verbose = {
+            "task": "transcribe",
+            "language": recorded.language or "english",
+            "duration": 0.0,
+            "text": text,
+            "segments": [],
+        }
+        return web.json_response(verbose)
+    # The plain formats end with a newline, as whisper-1's do: clients should strip.
+    plain = {
+        "text": text,
+        "srt": f"1\n00:00:00,000 --> 00:00:01,000\n{text}\n",
+        "vtt": f"WEBVTT\n\n00:00:00.000 --> 00:00:01.000\n{text}\n",
+    }[form]
+    return web.Response(text=plain + "\n", content_type="text/plain")
+
+
+# -- chat request validation -------------------------------------------------------------------
+
+
+def _validate(body: Any) -> _Invalid | None:
+    if not isinstance(body, dict):
+        return _Invalid("The request body must be a JSON object.")
+    if not isinstance(body.get("model"), str):
+        return _Invalid("You must provide a model parameter.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return _Invalid("'messages' must be a list of message objects.", param="messages")
+    for index, message in enumerate(messages):
+        problem = _validate_content(f"messages[{index}]", message)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _validate_content(where: str, message: dict[str, Any]) -> _Invalid | None:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return _wrong_type(f"{where}.content", "a string or an array of content parts", content)
+    for index, part in enumerate(content):
+        param = f"{where}.content[{index}]"
+        if not isinstance(part, dict):
+            return _wrong_type(param, "an object", part)
+        kind = part.get("type")
+        if kind not in _PART_TYPES:
+            return _not_one_of(kind, _PART_TYPES, f"{param}.type")
+        if kind == "text" and not isinstance(part.get("text"), str):
+            return _missing(f"{param}.text")
+        if kind == "image_url":
+            problem = _validate_image(where, message.get("role"), param, part)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _validate_image(where: str, role: Any, param: str, part: dict[str, Any]) -> _Invalid | None:
+    if role != "user":
+        return _Invalid(
+            f"Invalid '{where}'. Image URLs are only allowed for messages with role 'user', "
+            f"but this message with role '{role}' contains an image URL.",
+            param=where,
+            code="invalid_value",
+        )
+    image = part.get("image_url")
+    if not isinstance(image, dict):
+        return _missing(f"{param}.image_url")
+    url = image.get("url")
+    if not isinstance(url, str) or not url:
+        return _missing(f"{param}.image_url.url")
+    detail = image.get("detail", "auto")
+    if detail not in IMAGE_TOKENS:
+        return _not_one_of(detail, tuple(IMAGE_TOKENS), f"{param}.image_url.detail")
+    return _validate_image_url(f"{param}.image_url.url", url)
+
+
+def _validate_image_url(param: str, url: str) -> _Invalid | None:
+    """The fake fetches no http(s) URL; a data: URL must be an image MIME type with base64
+    that decodes (its bytes are not sniffed, so tests may send placeholder images)."""
+    if url.startswith(("http://", "https://")):
+        return None
+    match = _DATA_URL_RE.fullmatch(url)
+    if match is None:
+        what = "a value that is neither an http(s) URL nor a data URL"
+    elif not match["mime"].startswith("image/"):
+        what = f"unsupported MIME type {match['mime']!r}"
+    elif not match["b64"]:
+        what = "a data URL that is not base64-encoded"
+    elif not _decodes(match["data"]):
+        what = "data that is not valid base64"
+    else:
+        return None
+    return _Invalid(
+        f"Invalid '{param}'. Expected a base64-encoded data URL with an image MIME type "
+        f"(e.g. 'data:image/png;base64,aW1nIGJ5dGVzIGhlcmU='), but got {what}.",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def _decodes(data: str) -> bool:
+    try:
+        return len(base64.b64decode(data, validate=True)) > 0
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _missing(param: str) -> _Invalid:
+    return _Invalid(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def _not_one_of(value: Any, allowed: tuple[str, ...], param: str) -> _Invalid:
+    return _Invalid(
+        f"Invalid value: {value!r}. Supported values are: "
+        + ", ".join(repr(a) for a in allowed)
+        + ".",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def _wrong_type(param: str, expected: str, value: Any) -> _Invalid:
+    return _Invalid(
+        f"Invalid type for '{param}': expected {expected}, but got {type(value).__name__}.",
+        param=param,
+        code="invalid_type",
+    )
+
+
 def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    return sum(_estimate_tokens(_content_text(m.get("content"))) for m in messages)
+    """The text estimate plus IMAGE_TOKENS for each image part, by its detail."""
+    return sum(
+        _estimate_tokens(_content_text(m.get("content"))) + _image_tokens(m.get("content"))
+        for m in messages
+    )
+
+
+def _image_tokens(content: Any) -> int:
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        IMAGE_TOKENS.get(str(part["image_url"].get("detail", "auto")), IMAGE_TOKENS["auto"])
+        for part in content
+        if isinstance(part, dict)
+        and part.get("type") == "image_url"
+        and isinstance(part.get("image_url"), dict)
+    )
 
 
 def _completion_id() -> str:
