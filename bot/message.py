@@ -34,7 +34,9 @@ class Attachment:
 
     def label(self) -> str:
         """How the model and the history name it: `[photo]`, `[document: notes.py]`,
-        `[sticker: 😀]`."""
+        `[sticker: 😀]`, `[voice note]`."""
+        if self.kind == "voice":
+            return "[voice note]"  # its file name is the platform's, not the user's
         kind = self.kind.replace("_", " ")
         return f"[{kind}: {self.name}]" if self.name else f"[{kind}]"
 

@@ -9,12 +9,18 @@ import io
 
 import pytest
 from PIL import Image as Pillow
+from redis.asyncio import Redis
 
-from bot.media import decode_text, encode_image, image_tokens, pdf_text
+from bot.media import Media, decode_text, encode_image, image_tokens, pdf_text
 from bot.message import Attachment, InboundMessage
 from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
+from bot.settings import MediaSettings
+from bot.store import HistoryEntry, Keys, Store
 from bot.tokens import Counter
 from tests.fakes import files
+from tests.fakes.outbound import RecordingOutbound
+
+CONV = "telegram:77"
 
 
 def decoded(url: str) -> Pillow.Image:
@@ -152,3 +158,26 @@ def test_attachments_survive_the_store_round_trip_whole() -> None:
         .replace('"ref": "fid", ', '"ref": "fid"')
     )
     assert InboundMessage.from_json(old).attachments == (Attachment("voice", "fid"),)
+
+
+async def test_history_shows_a_past_voice_note_as_its_cached_transcript(
+    store: Store, redis: Redis
+) -> None:
+    voice = Attachment("voice", "fid", "audio/ogg", 2048, "voice.ogg", "uniq-1")
+    photo = Attachment("photo", "pid", file_key="uniq-2")
+    entries = [
+        HistoryEntry("user", 1, voice.label(), (voice,)),
+        HistoryEntry("user", 2, "[photo] my garden", (photo,)),
+        HistoryEntry("assistant", 2, "Nice garden."),
+    ]
+    media = Media(MediaSettings(), "gpt-4o", RecordingOutbound(), store, None)
+    before = await media.history(CONV, entries)
+    assert [t.text for t in before] == ["[voice note]", "[photo] my garden", "Nice garden."]
+    await store.keep_transcript(CONV, "uniq-1", "see you at five")
+    after = await media.history(CONV, entries)
+    assert after[0] == Turn("user", '[voice note, transcribed: "see you at five"]')
+    assert after[1:] == before[1:]
+    # Cached for the conversation's retention, in the conversation's slot.
+    key = Keys(CONV).transcript("uniq-1")
+    assert key.startswith(Keys(CONV).base)
+    assert 0 < await redis.pttl(key) <= store.settings.retention_ms
