@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -30,6 +37,16 @@ ENV_PREFIX = "LASTWORD_"
 
 class ConfigError(ValueError):
     """A setting is wrong; the message names the setting so an operator can fix it."""
+
+
+def _comma_separated(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# A list given in the environment as "a,b,c" (JSON works too, in a TOML file as a list).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 
 
 def _default_data_dir() -> Path:
@@ -116,7 +133,7 @@ class MediaSettings(BaseModel):
     vision: Literal["auto", "on", "off"] = "auto"
     # Models that read images, as shell patterns matched against llm.model (comma-separated).
     # A setting, not a list in the code, so a new model needs no release.
-    vision_models: Annotated[list[str], NoDecode] = [
+    vision_models: CommaList = [
         "gpt-4o*",
         "gpt-4.1*",
         "gpt-5*",
@@ -150,13 +167,6 @@ class MediaSettings(BaseModel):
     transcription_base_url: str | None = None
     transcription_api_key: SecretStr | None = None
 
-    @field_validator("vision_models", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
 
 class DebounceSettings(BaseModel):
     quiet_ms: int = Field(default=2000, ge=0)
@@ -178,16 +188,9 @@ class LeaseSettings(BaseModel):
 
 class AccessSettings(BaseModel):
     # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone.
-    allowed_users: Annotated[list[str], NoDecode] = []
+    allowed_users: CommaList = []
     # Messages one user may send per minute; more are dropped with one notice. 0: no limit.
     rate_per_minute: int = Field(default=30, ge=0)
-
-    @field_validator("allowed_users", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
 
 class Settings(BaseSettings):
