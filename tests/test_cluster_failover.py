@@ -72,6 +72,9 @@ from tests.test_replicas import Cluster as Bots
 __all__ = ["cluster", "sentinel"]  # the fixtures, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
+# A failover test's outage lasts until the primary is promoted and, at `replicated`, a replica
+# is back in sync (each step allowed 15 s): a delivery meanwhile waits, as a platform retries.
+FAILOVER_OUTAGE_S = 40
 
 # How long a store outage may stall one delivery (a failover, plus the bots' retries).
 FAILOVER_BOUND_S = 15.0
@@ -111,9 +114,12 @@ class Router:
     gone (or about to be killed) goes to another, and a kill waits for the victim's deliveries
     in flight, so every message the platform sent is acknowledged by exactly one intake."""
 
-    def __init__(self, replicas: Bots, rng: random.Random) -> None:
+    def __init__(self, replicas: Bots, rng: random.Random, *, outage_s: float = 10) -> None:
         self.replicas = replicas
         self.rng = rng
+        # How long a delivery may wait for its intake: a platform retries for as long as the
+        # store is out, which a failover test makes last until the failover is complete.
+        self.outage_s = outage_s
         self.out: set[str] = set()
         self.pending: dict[str, int] = {}
 
@@ -132,7 +138,7 @@ class Router:
     async def deliver(self, name: str, step: Step) -> None:
         self.pending[name] = self.pending.get(name, 0) + 1
         try:
-            await self.replicas.deliver(name, step.message)
+            await self.replicas.deliver(name, step.message, self.outage_s)
         finally:
             self.pending[name] -= 1
 
@@ -459,7 +465,7 @@ async def test_a_cluster_primary_killed_mid_run(
         conversations = conversations_of(plans)
         on_victim = [c for c in conversations if primary_of(c) == 0]
         assert on_victim and len(on_victim) < len(conversations)
-        router = Router(replicas, rng)
+        router = Router(replicas, rng, outage_s=FAILOVER_OUTAGE_S)
 
         async def kill_primary() -> None:
             await when_acknowledged(replicas, len(messages) // 3)
@@ -548,7 +554,7 @@ async def sentinel_failover(sentinel: SentinelSetup, short_dir: Path) -> None:
         fake.delay_s = LLM_DELAY_S
         plans, messages = workload(rng, replicas, conversations=8)
         conversations = conversations_of(plans)
-        router = Router(replicas, rng)
+        router = Router(replicas, rng, outage_s=FAILOVER_OUTAGE_S)
 
         async def kill_primary() -> None:
             await when_acknowledged(replicas, len(messages) // 3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,81 +45,74 @@ class Bot:
         return "".join(self.running.log)
 
 
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
+@dataclass
+class World:
+    """What a media test runs against: a real server, the fake Bot API and the fake provider."""
+
+    server: EmbeddedRedis
+    redis: Redis
+    telegram: FakeTelegram
+    provider: FakeOpenAI
+    data_dir: Path
+
+    @contextlib.asynccontextmanager
+    async def bot(self, name: str = "bot", **extra: str) -> AsyncIterator[Bot]:
+        """A `lastword run` in webhook mode with the OpenAI client on the fake provider."""
+        telegram, port = self.telegram, free_port()
+        env = (
+            run_env("telegram", self.server.url, self.data_dir / name)
+            | {
+                "LASTWORD_TELEGRAM__TOKEN": telegram.token,
+                "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
+                "LASTWORD_TELEGRAM__MODE": "webhook",
+                "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+                "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
+                "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
+                "LASTWORD_LLM__PROVIDER": "openai",
+                "LASTWORD_LLM__BASE_URL": self.provider.base_url,
+                "LASTWORD_LLM__API_KEY": "sk-media-test",
+                "LASTWORD_LLM__MODEL": "gpt-4o-mini",
+                "LASTWORD_DEBOUNCE__QUIET_MS": "600",
+                "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "4000",
+                "LASTWORD_LOG_LEVEL": "DEBUG",
+            }
+            | extra
+        )
+        registered = len(telegram.calls_to("setWebhook"))
+        running = await Running.start(env)
+        try:
+            await telegram.wait_for_calls("setWebhook", registered + 1, timeout=15)
+            yield Bot(running, f"http://127.0.0.1:{port}/telegram")
+        finally:
+            if running.process.returncode is None:
+                await running.terminate()
+
+    async def one_reply(self) -> str:
+        """The one reply to everything sent, once it is committed."""
+        await self.telegram.wait_for_sent(1, timeout=15)
+        await settled(self.redis, CONVERSATION, within_s=10)
+        [reply] = self.telegram.sent_messages
+        return reply.text or ""
 
 
 @pytest.fixture
-async def provider() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-@contextlib.asynccontextmanager
-async def media_bot(
-    server: EmbeddedRedis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    data_dir: Path,
-    **extra: str,
-) -> AsyncIterator[Bot]:
-    port = free_port()
-    env = (
-        run_env("telegram", server.url, data_dir)
-        | {
-            "LASTWORD_TELEGRAM__TOKEN": telegram.token,
-            "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
-            "LASTWORD_TELEGRAM__MODE": "webhook",
-            "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
-            "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
-            "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
-            "LASTWORD_LLM__PROVIDER": "openai",
-            "LASTWORD_LLM__BASE_URL": provider.base_url,
-            "LASTWORD_LLM__API_KEY": "sk-media-test",
-            "LASTWORD_LLM__MODEL": "gpt-4o-mini",
-            "LASTWORD_DEBOUNCE__QUIET_MS": "600",
-            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "4000",
-            "LASTWORD_LOG_LEVEL": "DEBUG",
-        }
-        | extra
-    )
-    registered = len(telegram.calls_to("setWebhook"))
-    running = await Running.start(env)
-    try:
-        await telegram.wait_for_calls("setWebhook", registered + 1, timeout=15)
-        yield Bot(running, f"http://127.0.0.1:{port}/telegram")
-    finally:
-        if running.process.returncode is None:
-            await running.terminate()
-
-
-async def one_reply(telegram: FakeTelegram, redis: Redis) -> str:
-    """The one reply to everything sent, once it is committed."""
-    await telegram.wait_for_sent(1, timeout=15)
-    await settled(redis, CONVERSATION, within_s=10)
-    [reply] = telegram.sent_messages
-    return reply.text or ""
+async def world(server: EmbeddedRedis, redis: Redis, short_dir: Path) -> AsyncIterator[World]:
+    async with FakeTelegram() as telegram, FakeOpenAI() as provider:
+        yield World(server, redis, telegram, provider, short_dir)
 
 
 def kinds(parts: list[tuple[str, str]]) -> list[str]:
     return [kind for kind, _ in parts]
 
 
-async def test_a_photo_between_two_texts_is_one_image_part_between_them(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
-) -> None:
+async def test_a_photo_between_two_texts_is_one_image_part_between_them(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
     photo = telegram.add_file(files.photo(3000, 2000))
-    async with media_bot(server, telegram, provider, short_dir) as bot:
+    async with world.bot() as bot:
         await bot.post(telegram.private_text_update(CHAT, CHAT, "look at this"))
         await bot.post(telegram.photo_update(CHAT, CHAT, "my garden", photo=photo))
         await bot.post(telegram.private_text_update(CHAT, CHAT, "the left one"))
-        reply = await one_reply(telegram, redis)
+        reply = await world.one_reply()
     [request] = provider.requests
     parts = request.user_parts()
     assert kinds(parts) == ["text", "image", "text"]
@@ -130,41 +124,33 @@ async def test_a_photo_between_two_texts_is_one_image_part_between_them(
     assert [c.file_id for c in telegram.get_file_calls] == [photo]
 
 
-async def test_an_album_of_three_photos_is_one_request_with_three_images(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
-) -> None:
+async def test_an_album_of_three_photos_is_one_request_with_three_images(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
     ids = [telegram.add_file(files.photo(800, 600, color)) for color in ("red", "green", "white")]
-    async with media_bot(server, telegram, provider, short_dir) as bot:
+    async with world.bot() as bot:
         for update in telegram.album_updates(CHAT, CHAT, ids, caption="our trip"):
             await bot.post(update)
-        await one_reply(telegram, redis)
+        await world.one_reply()
     [request] = provider.requests
     assert kinds(request.user_parts()).count("image") == 3
     assert len(request.image_urls()) == 3
 
 
 async def test_a_voice_note_is_transcribed_once_even_when_the_reply_is_interrupted(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
+    world: World,
 ) -> None:
+    telegram, provider = world.telegram, world.provider
     voice = telegram.add_file(files.voice(10))
     provider.transcribe = lambda request: "meet me at the station at five"
     # The first generation is slow, so a newer message interrupts it.
     provider.delay_for = lambda request: 3.0 if len(provider.requests) == 1 else 0.0
-    async with media_bot(server, telegram, provider, short_dir) as bot:
+    async with world.bot() as bot:
         await bot.post(telegram.voice_update(CHAT, CHAT, duration=10, file_id=voice))
         await bot.post(telegram.private_text_update(CHAT, CHAT, "sorry, noisy here"))
         first = await provider.wait_for_request(timeout=15)
         await bot.post(telegram.private_text_update(CHAT, CHAT, "which station?"))
         await provider.wait_for_request(lambda r: r is first and r.cancelled, timeout=10)
-        reply = await one_reply(telegram, redis)
+        reply = await world.one_reply()
     assert len(provider.transcriptions) == 1
     [transcription] = provider.transcriptions
     assert transcription.model == "whisper-1" and transcription.size == len(files.voice(10))
@@ -175,46 +161,36 @@ async def test_a_voice_note_is_transcribed_once_even_when_the_reply_is_interrupt
 
 
 async def test_a_source_file_and_a_pdf_reach_the_model_as_text_within_the_limit(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
+    world: World,
 ) -> None:
+    telegram, provider = world.telegram, world.provider
     source = "def greet(name):\n    return f'hello {name}'\n" + "# padding\n" * 100
     code = telegram.add_file(source.encode())
     paper = telegram.add_file(files.pdf("Quarterly results: revenue up", "Page two"))
-    async with media_bot(
-        server, telegram, provider, short_dir, LASTWORD_MEDIA__MAX_DOCUMENT_CHARS="200"
-    ) as bot:
+    async with world.bot(LASTWORD_MEDIA__MAX_DOCUMENT_CHARS="200") as bot:
         await bot.post(
             telegram.document_update(CHAT, CHAT, "greet.py", "review this", file_id=code)
         )
         await bot.post(telegram.document_update(CHAT, CHAT, "report.pdf", file_id=paper))
-        await one_reply(telegram, redis)
+        await world.one_reply()
     text = provider.requests[0].last_user_text
     assert "def greet(name):" in text and "review this" in text
     assert "more characters of greet.py were cut" in text
     assert "Quarterly results: revenue up" in text and "Page two" in text
 
 
-async def test_files_that_cannot_be_read_leave_the_text_and_a_note(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
-) -> None:
+async def test_files_that_cannot_be_read_leave_the_text_and_a_note(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
     big = telegram.add_file(files.photo(64, 64), declared_size=30_000_000)
     broken = telegram.add_file(files.corrupt_photo())
     gone = telegram.add_file(files.photo(64, 64))
     telegram.make_unreachable(gone)
-    async with media_bot(server, telegram, provider, short_dir) as bot:
+    async with world.bot() as bot:
         await bot.post(telegram.photo_update(CHAT, CHAT, "too big", photo=big))
         await bot.post(telegram.photo_update(CHAT, CHAT, "broken", photo=broken))
         await bot.post(telegram.photo_update(CHAT, CHAT, "gone", photo=gone))
         await bot.post(telegram.private_text_update(CHAT, CHAT, "did you get them?"))
-        await one_reply(telegram, redis)
+        await world.one_reply()
         assert bot.running.process.returncode is None
         log = bot.log
     [request] = provider.requests
@@ -227,19 +203,12 @@ async def test_files_that_cannot_be_read_leave_the_text_and_a_note(
     assert log.count("could not read a photo") == 3
 
 
-async def test_with_vision_off_no_image_is_sent_and_the_model_is_told(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
-) -> None:
+async def test_with_vision_off_no_image_is_sent_and_the_model_is_told(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
     photo = telegram.add_file(files.photo(640, 480))
-    async with media_bot(
-        server, telegram, provider, short_dir, LASTWORD_MEDIA__VISION="off"
-    ) as bot:
+    async with world.bot(LASTWORD_MEDIA__VISION="off") as bot:
         await bot.post(telegram.photo_update(CHAT, CHAT, "what is this?", photo=photo))
-        await one_reply(telegram, redis)
+        await world.one_reply()
     [request] = provider.requests
     assert request.image_urls() == []
     assert request.last_user_text == "[photo] what is this?"
@@ -248,22 +217,17 @@ async def test_with_vision_off_no_image_is_sent_and_the_model_is_told(
     assert telegram.get_file_calls == []  # nothing fetched that is not shown
 
 
-async def test_the_bot_token_reaches_no_provider_request_log_line_or_key(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
-) -> None:
+async def test_the_bot_token_reaches_no_provider_request_log_line_or_key(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
     photo = telegram.add_file(files.photo(640, 480))
     voice = telegram.add_file(files.voice(3))
     gone = telegram.add_file(files.photo(64, 64))
     telegram.make_unreachable(gone)
-    async with media_bot(server, telegram, provider, short_dir) as bot:
+    async with world.bot() as bot:
         await bot.post(telegram.photo_update(CHAT, CHAT, "a photo", photo=photo))
         await bot.post(telegram.voice_update(CHAT, CHAT, file_id=voice))
         await bot.post(telegram.photo_update(CHAT, CHAT, "a lost one", photo=gone))
-        await one_reply(telegram, redis)
+        await world.one_reply()
         log = bot.log
     # The bot did fetch with the token (the downloads' paths carry it)...
     assert any(telegram.token in d.path for d in telegram.downloads)
@@ -274,30 +238,27 @@ async def test_the_bot_token_reaches_no_provider_request_log_line_or_key(
         assert token not in str(request.body)
     for transcription in provider.transcriptions:
         assert token not in repr(transcription)
-    async for key in redis.scan_iter(count=1000):
+    async for key in world.redis.scan_iter(count=1000):
         assert token.encode() not in key
-        dumped = await redis.dump(key)
+        dumped = await world.redis.dump(key)
         assert dumped is None or token.encode() not in dumped
-    assert await redis.exists(Keys(CONVERSATION).history)
+    assert await world.redis.exists(Keys(CONVERSATION).history)
 
 
 async def test_the_replica_that_took_the_photo_in_is_killed_and_the_other_answers(
-    server: EmbeddedRedis,
-    redis: Redis,
-    telegram: FakeTelegram,
-    provider: FakeOpenAI,
-    short_dir: Path,
+    world: World,
 ) -> None:
+    telegram, provider = world.telegram, world.provider
     photo = telegram.add_file(files.photo(640, 480))
     slow = {"LASTWORD_DEBOUNCE__QUIET_MS": "1500"}
     async with (
-        media_bot(server, telegram, provider, short_dir / "a", **slow) as first,
-        media_bot(server, telegram, provider, short_dir / "b", **slow) as second,
+        world.bot("a", **slow) as first,
+        world.bot("b", **slow) as second,
     ):
         await first.post(telegram.photo_update(CHAT, CHAT, "what is this?", photo=photo))
         await first.running.kill()
         assert telegram.downloads == []
-        await one_reply(telegram, redis)
+        await world.one_reply()
         assert second.running.said("media for telegram:") >= 1
     [request] = provider.requests
     assert len(request.image_urls()) == 1
@@ -305,12 +266,13 @@ async def test_the_replica_that_took_the_photo_in_is_killed_and_the_other_answer
 
 
 async def test_discord_attachments_are_fetched_from_their_signed_urls_and_expiry_is_a_note(
-    server: EmbeddedRedis, redis: Redis, provider: FakeOpenAI, short_dir: Path
+    world: World,
 ) -> None:
+    provider = world.provider
     user = 7101
     async with FakeDiscord() as discord:
         channel = discord.dm_channel(user)
-        env = run_env("discord", server.url, short_dir) | {
+        env = run_env("discord", world.server.url, world.data_dir) | {
             "LASTWORD_DISCORD__TOKEN": discord.token,
             "LASTWORD_DISCORD__API_URL": discord.api_url,
             "LASTWORD_DISCORD__GATEWAY_URL": discord.gateway_url,
@@ -328,7 +290,7 @@ async def test_discord_attachments_are_fetched_from_their_signed_urls_and_expiry
             discord.expire(int(expired["id"]))
             await discord.user_sends_voice(user, files.voice(4))
             await discord.wait_for_bot_messages(channel, 1, timeout=15)
-            await settled(redis, f"discord:{channel}", within_s=10)
+            await settled(world.redis, f"discord:{channel}", within_s=10)
             assert running.process.returncode is None
         finally:
             await running.stop()

@@ -281,8 +281,10 @@ class Cluster:
         reports = self.of("stats", replica)
         return reports[-1] if reports else {}
 
-    async def deliver(self, name: str, msg: InboundMessage) -> bool:
-        """Hand `msg` to replica `name` as its platform would; True if it was accepted."""
+    async def deliver(self, name: str, msg: InboundMessage, within_s: float = 10) -> bool:
+        """Hand `msg` to replica `name` as its platform would; True if it was accepted. The
+        replica retries while the store is unavailable: `within_s` must cover any outage the
+        test causes."""
         stdin = self.replicas[name].process.stdin
         assert stdin is not None
         stdin.write(msg.to_json().encode() + b"\n")
@@ -290,7 +292,7 @@ class Cluster:
         key = (name, msg.message_id)
         await self.wait_for(
             lambda: key in self.ingested or bool(self.of("eof", name)),
-            10,
+            within_s,
             f"{name} to ingest {key[1]}",
         )
         assert key in self.ingested, f"{name} exited before ingesting {key[1]}"
