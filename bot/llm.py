@@ -3,8 +3,9 @@
 A cycle asks `generate` for exactly one answer to one `Prompt`. `generate` owns the failure
 policy: transient failures (timeouts, connection errors, 5xx, 429) are retried with jittered
 exponential backoff that honours `Retry-After`; a context-length refusal shrinks the history
-and tries once more; anything else fails at once. A total deadline bounds all of it. What is
-left is raised as `LLMError`, and the cycle apologises.
+and tries once more, and a refusal of images drops them and tries once more; anything else
+fails at once. A total deadline bounds all of it. What is left is raised as `LLMError`, and
+the cycle apologises.
 
 Completions are streamed by default, so that cancelling a generation (a newer message made it
 stale) closes the connection and the provider stops generating, and paying, at once. The user
@@ -77,12 +78,13 @@ class Usage:
         return prompt, sum(a.completion_tokens for a in self.attempts)
 
 
-Kind = Literal["transient", "permanent", "context"]
+Kind = Literal["transient", "permanent", "context", "images"]
 
 
 class LLMError(Exception):
     """The model could not answer. Only `transient` failures are worth retrying as they are;
-    a `context` failure is worth retrying with a shorter prompt."""
+    a `context` failure is worth retrying with a shorter prompt, an `images` one without its
+    images."""
 
     def __init__(self, message: str, *, kind: Kind, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -267,6 +269,8 @@ class OpenAILLM:
             code == "context_length_exceeded" or any(w in message.lower() for w in CONTEXT_WORDS)
         ):
             return LLMError(f"the prompt is too long for the model: {message}", kind="context")
+        if status == 400 and "image" in message.lower():
+            return LLMError(f"the model refused the images: {message}", kind="images")
         # 408, 409 and 429 are worth another try, as the client library itself treats them.
         if status >= 500 or status in (408, 409, 429):
             return LLMError(
@@ -380,6 +384,16 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
                     )
                     prompt, shrunk = smaller, True
                     continue
+            if exc.kind == "images" and any(prompt.images):
+                # LASTWORD_MEDIA__VISION says it can see, the provider says not: the reply is
+                # still owed, so it goes without them, the model told what it missed.
+                log.warning(
+                    "%s; retrying once without them (set LASTWORD_MEDIA__VISION=off, or "
+                    "take the model out of LASTWORD_MEDIA__VISION_MODELS)",
+                    exc,
+                )
+                prompt = prompt.without_images()
+                continue
             if exc.kind != "transient" or backoff.failures >= settings.retries:
                 raise
             delay = max(backoff.next_delay(), exc.retry_after or 0.0)

@@ -16,6 +16,11 @@ from typing import Any, Literal
 from bot.tokens import Counter
 
 FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
+# Told to the model when the provider refused the images of the turn.
+IMAGES_NOT_SHOWN = (
+    "The user sent images, marked [photo] or [image], that could not be shown to you. Say so "
+    "politely, and answer everything else."
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,10 @@ class Prompt:
             )
         lines += (f"{i}. {text}" for i, text in enumerate(self.unanswered, 1))
         return lines
+
+    def without_images(self) -> Prompt:
+        """The same prompt with no images, and the model told they could not be shown."""
+        return replace(self, images=(), system=self.system + "\n\n" + IMAGES_NOT_SHOWN)
 
     def shrunk(self) -> Prompt | None:
         """The same prompt with the older half of its history dropped; None if there is no

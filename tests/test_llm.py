@@ -17,7 +17,7 @@ import pytest
 
 from bot.cycle import APOLOGY
 from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
-from bot.prompt import FOLD_HEADER, Prompt, Turn
+from bot.prompt import FOLD_HEADER, Image, Prompt, Turn
 from bot.runtime import Runtime
 from bot.settings import LLMSettings
 from tests.builders import message
@@ -427,3 +427,28 @@ async def test_exhausted_transient_failures_also_end_in_one_apology(
     assert await runtime.store.counters("test:1") == (3, 3)
     await runtime.stop()  # what it logs on the way out is checked too
     assert_key_not_logged(caplog)
+
+
+async def test_a_model_that_refuses_images_answers_once_without_them(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = ScriptedError(
+        status=400,
+        body={
+            "error": {
+                "message": "Invalid content type. image_url is only supported by certain models.",
+                "type": "invalid_request_error",
+                "param": "messages.[1].content.[1].type",
+                "code": None,
+            }
+        },
+    )
+    fake.fail_next(refusal)
+    image = Image("data:image/jpeg;base64,/9j/AA==", 255)
+    asked = Prompt("Be brief.", (), ("[photo] what is this?",), images=((image,),))
+    answer = await generate(openai_llm(fake), asked, LLMSettings(**llm_config(fake)), Usage())
+    assert answer == "You said: [photo] what is this?"
+    first, second = fake.requests
+    assert first.image_urls() == [image.url] and second.image_urls() == []
+    assert "could not be shown to you" in second.messages[0]["content"]
+    assert "LASTWORD_MEDIA__VISION=off" in caplog.text
