@@ -456,7 +456,7 @@ class Cycle:
         generation = asyncio.ensure_future(answer)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
-        if not self.settings.llm.interrupt or grant.discards >= self.settings.starvation_limit:
+        if not self.settings.llm.interrupt or self._starved(grant):
             try:
                 return await generation
             finally:
@@ -482,6 +482,12 @@ class Cycle:
             raise LeaseLost(lease.conversation)
         keeper.released()
         return Next(verdict.look_in_ms, working=True)
+
+    def _starved(self, grant: Grant) -> bool:
+        """Whether the pre-send check will send this reply whatever arrives meanwhile."""
+        age = self.settings.starvation_age_ms
+        by_age = age > 0 and grant.waited_ms >= age
+        return by_age or grant.discards >= self.settings.starvation_limit
 
     async def _account(
         self, conversation: str, user: str, prompts: list[Prompt], usage: Usage

@@ -225,8 +225,13 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=30.0, gt=0)
     # Longer messages are cut, with a note, before they are stored.
     max_message_chars: int = Field(default=8000, ge=100)
-    # Replies discarded in a row as stale before the next one goes out regardless.
-    starvation_limit: int = Field(default=3, ge=0)
+    # The starvation guard: once the oldest unanswered message has waited this long, the next
+    # reply goes out even if newer messages arrived while it was generated (0: off). Well
+    # above max_wait plus a generation, so a user typing at a human pace is never answered
+    # mid-thought; see README, Guarantees.
+    starvation_age_ms: int = Field(default=30_000, ge=0)
+    # Its backstop: replies discarded in a row as stale before the next one goes out anyway.
+    starvation_limit: int = Field(default=10, ge=0)
     # How often each replica scans the durable due-index for orphaned conversations.
     sweep_interval_ms: int = Field(default=1000, ge=50)
     # Unset: INFO, or WARNING on the console where logs share the terminal with the chat.

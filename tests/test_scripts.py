@@ -752,6 +752,39 @@ async def test_starvation_guard_forces_a_reply_after_limit_discards(
     assert verdict.forced == (limit == 0)
 
 
+async def test_starvation_guard_forces_a_reply_once_the_oldest_message_waited_its_age(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis, starvation_limit=100, starvation_age_ms=5_000)
+    k = Keys(CONV)
+    await store.ingest(message(1))
+    first = await int_field(redis, k.state, "since")
+    await store.ingest(message(2))
+    assert await int_field(redis, k.state, "since") == first  # the oldest one's arrival
+    grant = await acquire_when_ready(store, CONV, "young")
+    assert grant.lease is not None and 0 <= grant.waited_ms < 5_000
+    await store.ingest(message(3))
+    # Younger than the age: a stale reply is discarded, however many came before.
+    assert (await store.presend(grant.lease, grant.version, "too soon")).status == "stale"
+
+    # The oldest unanswered message has now waited 6 s (its arrival moved back, as time
+    # passing would move the server's clock forward).
+    await redis.hset(k.state, "since", first - 6_000)
+    grant = await acquire_when_ready(store, CONV, "old")
+    assert grant.lease is not None and grant.waited_ms >= 6_000
+    await store.ingest(message(4))  # arrives after the lease was taken: opens a new window
+    opened = await int_field(redis, k.window, "opened")
+    verdict = await store.presend(grant.lease, grant.version, "as it is")
+    assert verdict == PreSend("ok", forced=True)
+    assert (await store.commit(grant.lease)).ok
+
+    # What is still owed (message 4) waits from its own arrival; nothing owed, no clock.
+    assert await store.counters(CONV) == (4, 3)
+    assert await int_field(redis, k.state, "since") == opened
+    await cycle_once(store, CONV, "the last one")
+    assert await redis.hget(k.state, "since") is None
+
+
 # -- the commit ----------------------------------------------------------------------------------
 
 

@@ -212,6 +212,7 @@ class StoreSettings:
     ttl_ms: int
     history_cap: int
     starvation_limit: int
+    starvation_age_ms: int = 0
     rate_per_minute: int = 0
     retention_ms: int = 30 * 86_400_000
     # What ingest, pre-send and commit wait for (bot.store.durability).
@@ -225,6 +226,7 @@ class StoreSettings:
             ttl_ms=settings.lease.ttl_ms,
             history_cap=settings.history_cap,
             starvation_limit=settings.starvation_limit,
+            starvation_age_ms=settings.starvation_age_ms,
             rate_per_minute=settings.access.rate_per_minute,
             retention_ms=int(settings.retention_days * 86_400_000),
             durability=settings.durability,
@@ -286,6 +288,9 @@ class Grant:
     failures: int = 0
     # With `resend`: the fence and token of the lease that passed its pre-send check.
     resend_lease: tuple[int, str] = (0, "")
+    # How long the oldest unanswered message has waited (server clock): at the starvation
+    # age, this reply goes out whatever arrives meanwhile.
+    waited_ms: int = 0
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -464,6 +469,7 @@ class Store:
             history=tuple(HistoryEntry.from_json(_text(h)) for h in history),
             failures=int(reply[9]),
             resend_lease=(int(reply[10] or 0), _text(reply[11])) if resend else (0, ""),
+            waited_ms=int(reply[12]),
         )
 
     async def renew(self, lease: Lease) -> bool:
@@ -510,6 +516,7 @@ class Store:
             self.settings.starvation_limit,
             reset,
             self.settings.retention_ms,
+            self.settings.starvation_age_ms,
         ]
         reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])

@@ -40,6 +40,13 @@ if covered ~= nil and covered > w then
   end
   redis.call('LTRIM', history, -tonumber(ARGV[4]), -1)
   redis.call('HSET', state, 'w', covered)
+  -- The oldest message still owed arrived after the lease was taken, so it opened the window
+  -- that is open now (the lease's acquire consumed the one before).
+  if tonumber(redis.call('HGET', state, 'v') or '0') > covered then
+    redis.call('HSET', state, 'since', redis.call('HGET', window, 'opened') or now_ms())
+  else
+    redis.call('HDEL', state, 'since')
+  end
 end
 if outcome == 'unreachable' and tonumber(redis.call('HGET', state, 'v') or '0') == covered then
   redis.call('HSET', state, 'unreachable', 1)

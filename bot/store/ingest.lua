@@ -43,6 +43,9 @@ end
 
 local v = redis.call('HINCRBY', state, 'v', 1)
 redis.call('HSET', pending, v, ARGV[3])
+-- When the oldest unanswered message arrived: the starvation guard's clock. Only the first
+-- message owed sets it; the commit moves it on.
+redis.call('HSETNX', state, 'since', now)
 -- The user wrote: whatever kept them from our replies (a block, closed DMs) may be over.
 redis.call('HDEL', state, 'unreachable')
 

@@ -25,7 +25,9 @@ Key layout, for a conversation in the shard tagged {T}:
                                              last (the platform id of the last new message),
                                              failures and retry_at (failed attempts in a row,
                                              when to try next), unreachable (1: the user
-                                             blocked us or closed DMs; cleared when they write)
+                                             blocked us or closed DMs; cleared when they write),
+                                             since (when the oldest unanswered message arrived:
+                                             the starvation guard's clock)
     {T}:c:<conversation>:pending     hash    version -> message json, for (W, V]
     {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
     {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)

@@ -3,8 +3,9 @@
 -- Failing drops the reply, leaves W alone and releases the lease; the newer message has
 -- already scheduled the cycle that will cover everything.
 -- KEYS: lease, state, outbox, window, due
--- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit,
---       version of the last /reset among the covered messages (0: none), retention ms
+-- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit
+--       (discards in a row), version of the last /reset among the covered messages (0: none),
+--       retention ms, starvation age ms (0: off)
 -- Returns {'ok'} | {'forced'} (stale, but sent by the starvation guard)
 --       | {'stale', ms until the next look} | {'lost', -1}
 local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -15,11 +16,16 @@ end
 local status = 'ok'
 if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
   local discards = redis.call('HINCRBY', state, 'discards', 1)
-  if discards <= tonumber(ARGV[6]) then
+  local now = now_ms()
+  local age = tonumber(ARGV[9])
+  local since = tonumber(redis.call('HGET', state, 'since') or now)
+  -- Starvation guard: the oldest unanswered message has waited too long, or (the backstop)
+  -- too many replies in a row were discarded. Either way this reply goes out as it is.
+  local starved = (age > 0 and now - since >= age) or discards > tonumber(ARGV[6])
+  if not starved then
     redis.call('DEL', lease)
-    return {'stale', reschedule(state, window, due, ARGV[1], now_ms())}
+    return {'stale', reschedule(state, window, due, ARGV[1], now)}
   end
-  -- Starvation guard: too many discards in a row, so this reply goes out as it is.
   status = 'forced'
 end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
