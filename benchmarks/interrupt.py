@@ -113,7 +113,7 @@ def workload(args: argparse.Namespace) -> list[User]:
     for index in range(args.users):
         at = rng.uniform(0, args.stagger_s)
         offsets = [at]
-        for _ in range(rng.randint(3, 6) - 1):
+        for _ in range(rng.randint(*args.messages) - 1):
             at += rng.uniform(0.2, 1.0) if rng.random() < 0.5 else rng.uniform(1.5, 6.0)
             offsets.append(at)
         users.append(User(index, tuple(offsets)))
@@ -366,6 +366,18 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
 
+# The starvation guard to run with: the shipped one (by the oldest message's age, a count as
+# its backstop), or the count alone as it was before (3 discards in a row, no age).
+# (starvation_age_ms, starvation_limit)
+GUARDS: dict[str, tuple[int, int]] = {
+    "time": (
+        Settings.model_fields["starvation_age_ms"].default,
+        Settings.model_fields["starvation_limit"].default,
+    ),
+    "count": (0, 3),
+}
+
+
 def mode_settings(
     server: EmbeddedRedis, base_url: str, args: argparse.Namespace, on: bool
 ) -> Settings:
@@ -383,6 +395,8 @@ def mode_settings(
             interrupt=on,
         ),
         log_level="WARNING",
+        starvation_age_ms=GUARDS[args.guard][0],
+        starvation_limit=GUARDS[args.guard][1],
     )
 
 
@@ -521,6 +535,8 @@ class Figures:
     latencies_ms: list[int]
     replies_per_user: Counter[int]
     overtaken: int
+    # The longest any message waited for the reply that covered it.
+    longest_wait_ms: int
     unanswered: list[str]
     stats: Stats
     lags_ms: list[int]
@@ -541,6 +557,7 @@ class Figures:
         latencies: list[int] = []
         per_user: Counter[int] = Counter()
         overtaken = 0
+        longest = 0
         unanswered: list[str] = []
         for user in o.users:
             conv = user.conversation
@@ -557,6 +574,10 @@ class Figures:
                 unanswered.append(f"{conv}: sent {len(user.offsets)}, V={v} W={w}")
                 continue
             latencies.append(int((covering[0].at - times[-1]) * 1000))
+            for version, sent_at in enumerate(times, 1):
+                answer = next((s for s in sends if s.version >= version), None)
+                if answer is not None:
+                    longest = max(longest, int((answer.at - sent_at) * 1000))
         return cls(
             mode=o.mode,
             users=len(o.users),
@@ -576,6 +597,7 @@ class Figures:
             latencies_ms=sorted(latencies),
             replies_per_user=per_user,
             overtaken=overtaken,
+            longest_wait_ms=longest,
             unanswered=unanswered,
             stats=o.stats,
             lags_ms=sorted(o.lags_ms),
@@ -629,6 +651,11 @@ class Figures:
             ["replies delivered", f"{self.replies} ({self.replies / self.users:.2f} per user)"],
             ["  users by number of replies", dist],
             ["  replies overtaken by a message", str(self.overtaken)],
+            [
+                "  forced by the starvation guard, per 100 replies",
+                f"{100 * s.forced / max(self.replies, 1):.1f}",
+            ],
+            ["any message -> its reply, max ms", str(self.longest_wait_ms)],
             ["last message -> reply, median ms", str(statistics.median(lat)) if lat else "-"],
             ["last message -> reply, p95 ms", str(percentile(lat, 95)) if lat else "-"],
             ["last message -> reply, max ms", str(lat[-1]) if lat else "-"],
@@ -655,11 +682,12 @@ def header(args: argparse.Namespace, version: str) -> None:
     print(
         f"settings: quiet_ms={args.quiet_ms} max_wait_ms={args.max_wait_ms}, "
         f"lease ttl_ms=30000, interrupt_poll_ms={LLMSettings().interrupt_poll_ms}, "
-        f"starvation_limit={Settings.model_fields['starvation_limit'].default}, "
+        f"starvation guard: {args.guard} (age_ms, limit = {GUARDS[args.guard]}), "
         f"stream=True, OpenAILLM -> FakeOpenAI"
     )
     print(
-        f"workload: {args.users} users starting over {args.stagger_s:g} s, 3-6 messages each, "
+        f"workload: {args.users} users starting over {args.stagger_s:g} s, "
+        f"{args.messages[0]}-{args.messages[1]} messages each, "
         "gaps 0.2-1 s or 1.5-6 s (1:1); replies 150-300 tokens, latency 1-4 s, "
         f"time to first token {' and '.join(f'{t:g}' for t in args.ttft_s)} s "
         "(at most half the latency)"
@@ -764,6 +792,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
     parser.add_argument("--stagger-s", type=float, default=10.0, help="spread of user starts")
     parser.add_argument("--settle-s", type=float, default=30.0, help="after the last message")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        nargs=2,
+        default=[3, 6],
+        metavar=("FEWEST", "MOST"),
+        help="messages per user; more keep a user typing across several generations",
+    )
+    parser.add_argument(
+        "--guard",
+        choices=sorted(GUARDS),
+        default="time",
+        help="the starvation guard: time (as shipped) or count (3 discards, the one before)",
+    )
     parser.add_argument(
         "--ttft-s",
         type=float,
