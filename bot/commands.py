@@ -3,13 +3,18 @@
 Commands arrive as ordinary messages, so they are deduplicated, counted in `V` and answered
 like any other: a cycle folds a burst into one `Plan`, and its one reply covers the commands
 too (their answers first, then the model's answer to the rest). A `/reset` empties the history
-when the reply is committed, and the messages of the burst before it are not answered.
+when the reply is committed, and the messages of the burst before it are not answered. A
+`/stop` sent while the bot works moves the version, which cancels the generation under way
+(the interrupt watch, whichever replica holds it); the messages before it are then not
+answered either, and the reply is a short "Stopped." so the user knows it was heard.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from bot.message import InboundMessage
 
@@ -22,9 +27,12 @@ HELP = (
     "Commands:\n"
     "/start: what this bot does\n"
     "/help: this list\n"
+    "/stop: stop the answer I'm writing, and skip what you sent before it\n"
+    "/usage: what you have used today and this month\n"
     "/reset: forget our conversation so far and start afresh"
 )
 RESET = "Done: I've forgotten our conversation so far."
+STOPPED = "Stopped."
 REFUSAL = "Sorry, this bot is private and can't talk to you."
 OVER_BUDGET = (
     "You've used up today's allowance of answers from me. It renews at midnight UTC: "
@@ -36,15 +44,35 @@ RATE_LIMITED = (
 )
 
 FIXED_ANSWERS = {"start": START, "help": HELP}
+# A command's shape, as Telegram and Discord users type one: "/name", "/name@Bot", "/name args".
+# "/etc/hosts is broken" is not one, and goes to the model.
+COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\w+)?(?:\s|$)")
+
+
+class Ask(Enum):
+    """An answer the cycle looks up when it replies (it needs the store)."""
+
+    USAGE = "usage"
+
+
+def usage_answer(today: int, month: int, daily_budget: int) -> str:
+    """The answer to /usage: tokens spent today and this month (UTC), and what is left."""
+    lines = [f"Today: {today:,} tokens.", f"This month: {month:,} tokens."]
+    if daily_budget:
+        left = max(daily_budget - today, 0)
+        lines.insert(1, f"Left today: {left:,} of {daily_budget:,} (renews at midnight UTC).")
+    return "\n".join(lines)
+
+
+def unknown(name: str) -> str:
+    return f"I don't know /{name}. /help lists what I understand."
 
 
 def command_of(text: str) -> str | None:
-    """`"start"` for "/start", "/start@SomeBot" or "/START now"; None for anything else."""
-    stripped = text.strip()
-    if not stripped.startswith("/"):
-        return None
-    name = stripped[1:].split(maxsplit=1)[0].split("@", 1)[0].lower() if stripped[1:] else ""
-    return name if name in ("start", "help", "reset") else None
+    """`"start"` for "/start", "/start@SomeBot" or "/START now"; None for what is not shaped
+    like a command."""
+    found = COMMAND.match(text.strip())
+    return found.group(1).lower() if found else None
 
 
 @dataclass(frozen=True)
@@ -52,7 +80,8 @@ class Plan:
     """What one reply to a burst consists of."""
 
     reset: int  # version of the last /reset in the burst, 0 if none
-    answers: tuple[str, ...]  # fixed answers to commands, in order
+    # Answers to commands, in order; an `Ask` is filled in by the cycle.
+    answers: tuple[str | Ask, ...]
     for_model: tuple[InboundMessage, ...]  # what the model must answer, in order
 
     @property
@@ -64,20 +93,31 @@ def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
     """Sort the burst (W, V] into command answers and messages for the model.
 
     `unanswered[i]` has version `watermark + 1 + i`. Everything before the last /reset is
-    dropped, as the user asked to start afresh.
+    dropped, as the user asked to start afresh; everything before the last /stop too, as the
+    user asked not to be answered.
     """
     reset = 0
     start = 0
+    stopped = False
     for index, message in enumerate(unanswered):
-        if command_of(message.text) == "reset":
+        name = command_of(message.text)
+        if name == "reset":
             reset = watermark + 1 + index
-            start = index + 1
-    answers: list[str] = [RESET] if reset else []
+            start, stopped = index + 1, False
+        elif name == "stop":
+            start, stopped = index + 1, True
+    answers: list[str | Ask] = [RESET] if reset else []
     for_model: list[InboundMessage] = []
     for message in unanswered[start:]:
         name = command_of(message.text)
-        if name in FIXED_ANSWERS:
-            answers.append(FIXED_ANSWERS[name])
-        else:
+        if name is None:
             for_model.append(message)
+        elif name in FIXED_ANSWERS:
+            answers.append(FIXED_ANSWERS[name])
+        elif name == "usage":
+            answers.append(Ask.USAGE)
+        else:
+            answers.append(unknown(name))
+    if stopped and not answers and not for_model:
+        answers.append(STOPPED)
     return Plan(reset, tuple(answers), tuple(for_model))

@@ -20,7 +20,7 @@ from typing import Any
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.commands import OVER_BUDGET, Plan, plan
+from bot.commands import OVER_BUDGET, Ask, Plan, plan, usage_answer
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
 from bot.media import UNSEEN_NOTE, Media
@@ -371,15 +371,16 @@ class Cycle:
         first, then the model's answer to everything else (no model call when the burst is
         only commands, or its user is over the daily budget). `Next` instead if a newer
         message interrupted the generation."""
-        if not burst.for_model:
-            return "\n\n".join(burst.answers), 0
         assert grant.lease is not None
         conversation = grant.lease.conversation
+        answers = [await self._looked_up(conversation, a) for a in burst.answers]
+        if not burst.for_model:
+            return "\n\n".join(answers), 0
         budget = self.settings.llm.daily_tokens_per_user
         if budget and await self.store.tokens_today(conversation) >= budget:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
-            return "\n\n".join((*burst.answers, OVER_BUDGET)), 0
+            return "\n\n".join((*answers, OVER_BUDGET)), 0
         usage = Usage()
         # Filled once the prompt is built: the files are read inside the interruptible part.
         prompts: list[Prompt] = []
@@ -419,7 +420,14 @@ class Cycle:
         if answered:
             stats.finished += 1
             stats.finished_tokens += spent
-        return "\n\n".join((*burst.answers, outcome)), spent
+        return "\n\n".join((*answers, outcome)), spent
+
+    async def _looked_up(self, conversation: str, answer: str | Ask) -> str:
+        """A command's answer, with what it needs from the store."""
+        if isinstance(answer, str):
+            return answer
+        today, month = await self.store.tokens_spent(conversation)
+        return usage_answer(today, month, self.settings.llm.daily_tokens_per_user)
 
     async def _answer(self, grant: Grant, burst: Plan, usage: Usage, prompts: list[Prompt]) -> str:
         """Read the burst's files, build the prompt, and ask the model."""

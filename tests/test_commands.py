@@ -1,5 +1,6 @@
-"""Commands (/start, /help, /reset) and access control (allow-list, per-user rate limit),
-shared by every platform: in-process against the real store and the loopback fake model."""
+"""Commands (/start, /help, /stop, /usage, /reset, unknown ones) and access control
+(allow-list, per-user rate limit), shared by every platform: in-process against the real store
+and the loopback fake model. /stop across replica processes: tests/test_stop.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,18 @@ from typing import Any
 
 import pytest
 
-from bot.commands import HELP, RATE_LIMITED, REFUSAL, RESET, START, command_of, plan
+from bot.commands import (
+    HELP,
+    RATE_LIMITED,
+    REFUSAL,
+    RESET,
+    START,
+    STOPPED,
+    Ask,
+    command_of,
+    plan,
+    unknown,
+)
 from bot.message import Attachment
 from bot.runtime import Runtime
 from bot.settings import Settings
@@ -32,9 +44,12 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 def bot(fake: FakeOpenAI, runtime_factory: RuntimeFactory) -> Start:
     """Starts a runtime whose model is the fake; keyword arguments override settings."""
 
-    async def start(**overrides: Any) -> tuple[Runtime, RecordingOutbound]:
-        llm = {"provider": "openai", "base_url": fake.base_url, "api_key": "k", "retries": 0}
-        return await runtime_factory(llm=llm | {"model": FAKE_MODEL_ID}, **overrides)
+    async def start(
+        llm: dict[str, Any] | None = None, **overrides: Any
+    ) -> tuple[Runtime, RecordingOutbound]:
+        model = {"provider": "openai", "base_url": fake.base_url, "api_key": "k", "retries": 0}
+        model |= {"model": FAKE_MODEL_ID} | (llm or {})
+        return await runtime_factory(llm=model, **overrides)
 
     return start
 
@@ -46,8 +61,10 @@ def bot(fake: FakeOpenAI, runtime_factory: RuntimeFactory) -> Start:
         ("/help", "help"),
         ("  /RESET now", "reset"),
         ("/reset@LastwordBot", "reset"),
-        ("/unknown", None),
+        ("/unknown", "unknown"),
+        ("/stop@Bot please", "stop"),
         ("/", None),
+        ("/etc/hosts is broken", None),
         ("reset", None),
         ("a /reset in the middle", None),
     ],
@@ -64,6 +81,41 @@ def test_plan_drops_what_came_before_the_last_reset() -> None:
     assert [m.text for m in result.for_model] == ["c"]
     keep = plan(watermark=0, unanswered=[message("/help", n=1), message("x", n=2)])
     assert (keep.reset, keep.answers, [m.text for m in keep.for_model]) == (0, (HELP,), ["x"])
+
+
+def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
+    texts = ["a", "b", "/stop"]
+    stopped = plan(watermark=4, unanswered=[message(t, n=i) for i, t in enumerate(texts)])
+    assert (stopped.reset, stopped.answers, stopped.for_model) == (0, (STOPPED,), ())
+    # What came after the /stop is answered as usual, and the history is kept.
+    texts = ["a", "/stop", "/usage", "c", "/frobnicate"]
+    after = plan(watermark=0, unanswered=[message(t, n=i) for i, t in enumerate(texts)])
+    assert after.answers == (Ask.USAGE, unknown("frobnicate"))
+    assert [m.text for m in after.for_model] == ["c"] and after.keeps_history
+
+
+async def test_unknown_commands_get_a_help_line_not_the_model(bot: Start, fake: FakeOpenAI) -> None:
+    runtime, outbound = await bot()
+    assert await runtime.ingest(message("/weather Paris", n=1))
+    await settled(runtime, CONV)
+    assert outbound.texts() == ["I don't know /weather. /help lists what I understand."]
+    assert fake.requests == []
+
+
+async def test_usage_shows_today_this_month_and_what_is_left(bot: Start, fake: FakeOpenAI) -> None:
+    runtime, outbound = await bot(llm={"daily_tokens_per_user": 100_000})
+    assert await runtime.ingest(message("count my tokens", n=1))
+    await settled(runtime, CONV)
+    today, month = await runtime.store.tokens_spent(CONV)
+    assert today == month > 0
+    assert await runtime.ingest(message("/usage", n=2))
+    await settled(runtime, CONV)
+    assert outbound.texts()[-1] == (
+        f"Today: {today:,} tokens.\n"
+        f"Left today: {100_000 - today:,} of 100,000 (renews at midnight UTC).\n"
+        f"This month: {month:,} tokens."
+    )
+    assert len(fake.requests) == 1  # /usage did not reach the model
 
 
 async def test_start_and_help_answer_without_the_model(bot: Start, fake: FakeOpenAI) -> None:

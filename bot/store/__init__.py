@@ -72,6 +72,8 @@ RATE_WINDOW_MS = 60_000
 ACTIVE_KEEP_MS = 3600_000
 # A day's token count outlives the day, so a status read just after midnight still sees it.
 DAY_KEEP_MS = 2 * 86_400_000
+# A month's tokens outlive the month, so /usage on its last day still reads it whole.
+MONTH_KEEP_MS = 62 * 86_400_000
 
 
 class StoreUnavailable(Unavailable):
@@ -600,6 +602,7 @@ class Store:
         k = Keys(conversation)
         today = _today()
         keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
+        keys.append(k.month(today))
         args: list[str | int] = [
             prompt,
             completion,
@@ -607,8 +610,20 @@ class Store:
             DAY_KEEP_MS,
             conversation,
             self.settings.retention_ms,
+            MONTH_KEEP_MS,
         ]
         return int(await self._run(self._usage, keys, args))
+
+    async def tokens_spent(self, conversation: str) -> tuple[int, int]:
+        """Tokens the conversation's user has spent today and this month (UTC), in one
+        round trip (both keys are in the conversation's slot)."""
+        k = Keys(conversation)
+        today = _today()
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(k.day(today), "tokens")
+            pipe.hget(k.month(today), "tokens")
+            day, month = await pipe.execute()
+        return int(day or 0), int(month or 0)
 
     async def transcripts(self, conversation: str, file_keys: Sequence[str]) -> list[str | None]:
         """The cached transcripts of these files of one conversation, None where there is

@@ -40,6 +40,8 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
     {T}:c:<conversation>:usage       hash    prompt, completion (tokens), replies, user
     {T}:c:<conversation>:day:<D>     hash    tokens spent on UTC day D; expires after two days
+    {T}:c:<conversation>:month:<M>   hash    tokens spent in UTC month M (YYYY-MM); expires
+                                             after 62 days
     {T}:c:<conversation>:heard:<F>   string  the transcript of the voice note or audio file
                                              whose stable file key is F; expires with the
                                              conversation's retention
@@ -198,6 +200,9 @@ class Keys:
 
     def day(self, when: date) -> str:
         return f"{self.base}:day:{when.isoformat()}"
+
+    def month(self, when: date) -> str:
+        return f"{self.base}:month:{when.strftime('%Y-%m')}"
 
     def transcript(self, file_key: str) -> str:
         return f"{self.base}:heard:{file_key}"

@@ -1,7 +1,8 @@
 -- Add the tokens one reply cost to the conversation's totals, to its user's day, and to the
 -- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
--- KEYS: usage, day, shard day totals, shard day ranking
--- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation, retention ms
+-- KEYS: usage, day, shard day totals, shard day ranking, month
+-- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation, retention ms,
+--       month ttl ms
 -- Returns the tokens spent on the day so far.
 local usage, day, totals, ranking = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prompt, completion = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -19,4 +20,6 @@ redis.call('PEXPIRE', totals, keep)
 redis.call('PEXPIRE', ranking, keep)
 local spent = redis.call('HINCRBY', day, 'tokens', prompt + completion)
 redis.call('PEXPIRE', day, keep)
+redis.call('HINCRBY', KEYS[5], 'tokens', prompt + completion)
+redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
 return spent
