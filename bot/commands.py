@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 from bot.message import InboundMessage
+from bot.settings import LLMSettings, ModelChoice
 
 START = (
     "Hi! I'm an AI assistant. Write to me as you like, several messages in a row if you "
@@ -29,6 +29,7 @@ HELP = (
     "/help: this list\n"
     "/stop: stop the answer I'm writing, and skip what you sent before it\n"
     "/usage: what you have used today and this month\n"
+    "/model: the models you can pick from, and /model <name> to pick one\n"
     "/reset: forget our conversation so far and start afresh"
 )
 RESET = "Done: I've forgotten our conversation so far."
@@ -49,10 +50,31 @@ FIXED_ANSWERS = {"start": START, "help": HELP}
 COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\w+)?(?:\s|$)")
 
 
-class Ask(Enum):
-    """An answer the cycle looks up when it replies (it needs the store)."""
+@dataclass(frozen=True)
+class Ask:
+    """A command whose answer the cycle works out when it replies (it needs the store)."""
 
-    USAGE = "usage"
+    command: str  # "usage" or "model"
+    argument: str = ""
+
+
+def model_named(llm: LLMSettings, name: str) -> ModelChoice | None:
+    """The model users call `name`; None for the default, or a name no longer offered."""
+    return next((m for m in llm.models if m.name.lower() == name.lower()), None)
+
+
+def models_answer(llm: LLMSettings, current: str) -> str:
+    """The answer to /model: what can be picked, and which one is the user's."""
+    if not llm.models:
+        return f"I answer with {llm.model}; there is no other model to pick."
+    mine = model_named(llm, current)
+    lines = ["Models you can pick with /model <name>:"]
+    for m in llm.models:
+        cost = f", each token counts {m.cost:g}x" if m.cost != 1 else ""
+        lines.append(f"{m.name} ({m.model}{cost})" + (" - yours" if m is mine else ""))
+    if mine is None:
+        lines.append(f"You have the default, {llm.model}.")
+    return "\n".join(lines)
 
 
 def usage_answer(today: int, month: int, daily_budget: int) -> str:
@@ -114,8 +136,9 @@ def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
             for_model.append(message)
         elif name in FIXED_ANSWERS:
             answers.append(FIXED_ANSWERS[name])
-        elif name == "usage":
-            answers.append(Ask.USAGE)
+        elif name in ("usage", "model"):
+            argument = message.text.strip().split(maxsplit=1)[1:]
+            answers.append(Ask(name, argument[0].strip() if argument else ""))
         else:
             answers.append(unknown(name))
     if stopped and not answers and not for_model:

@@ -15,18 +15,26 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.commands import OVER_BUDGET, Ask, Plan, plan, usage_answer
+from bot.commands import (
+    OVER_BUDGET,
+    Ask,
+    Plan,
+    model_named,
+    models_answer,
+    plan,
+    usage_answer,
+)
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import Outbound, SendFailed, Unavailable, Unreachable
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt
-from bot.settings import Settings
+from bot.settings import ModelChoice, Settings
 from bot.split import split_message
 from bot.store import (
     RETRY_AFTER_ERROR_MS,
@@ -373,7 +381,10 @@ class Cycle:
         message interrupted the generation."""
         assert grant.lease is not None
         conversation = grant.lease.conversation
-        answers = [await self._looked_up(conversation, a) for a in burst.answers]
+        # The model in effect: the user's pick, or one this very burst picks.
+        picked = [grant.model]
+        answers = [await self._looked_up(conversation, a, picked) for a in burst.answers]
+        choice = model_named(self.settings.llm, picked[-1])
         if not burst.for_model:
             return "\n\n".join(answers), 0
         budget = self.settings.llm.daily_tokens_per_user
@@ -388,7 +399,7 @@ class Cycle:
         answered = False
         try:
             outcome = await self._generate(
-                grant, self._answer(grant, burst, usage, prompts), keeper
+                grant, self._answer(grant, burst, usage, prompts, choice), keeper
             )
             if not isinstance(outcome, Next):
                 answered = True
@@ -402,7 +413,9 @@ class Cycle:
                 exc,
             )
             outcome = APOLOGY
-        spent = await self._account(conversation, burst.for_model[-1].user_id, prompts, usage)
+        cost = choice.cost if choice else 1.0
+        user = burst.for_model[-1].user_id
+        spent = await self._account(conversation, user, prompts, usage, cost)
         stats = self.stats
         if isinstance(outcome, Next):
             saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
@@ -422,17 +435,39 @@ class Cycle:
             stats.finished_tokens += spent
         return "\n\n".join((*answers, outcome)), spent
 
-    async def _looked_up(self, conversation: str, answer: str | Ask) -> str:
-        """A command's answer, with what it needs from the store."""
+    async def _looked_up(self, conversation: str, answer: str | Ask, picked: list[str]) -> str:
+        """A command's answer, with what it needs from the store. A model picked is kept
+        for every replica at once, and appended to `picked` for the rest of the burst."""
+        llm = self.settings.llm
         if isinstance(answer, str):
             return answer
-        today, month = await self.store.tokens_spent(conversation)
-        return usage_answer(today, month, self.settings.llm.daily_tokens_per_user)
+        if answer.command == "usage":
+            today, month = await self.store.tokens_spent(conversation)
+            return usage_answer(today, month, llm.daily_tokens_per_user)
+        if not answer.argument:
+            return models_answer(llm, picked[-1])
+        choice = model_named(llm, answer.argument)
+        if choice is None:
+            return f"There is no model called {answer.argument!r}.\n" + models_answer(
+                llm, picked[-1]
+            )
+        await self.store.pick_model(conversation, choice.name)
+        picked.append(choice.name)
+        return f"From now on I answer you with {choice.name} ({choice.model})."
 
-    async def _answer(self, grant: Grant, burst: Plan, usage: Usage, prompts: list[Prompt]) -> str:
+    async def _answer(
+        self,
+        grant: Grant,
+        burst: Plan,
+        usage: Usage,
+        prompts: list[Prompt],
+        choice: ModelChoice | None,
+    ) -> str:
         """Read the burst's files, build the prompt, and ask the model."""
         assert grant.lease is not None
         prompt = await self._prompt(grant.lease.conversation, grant, burst)
+        if choice is not None:
+            prompt = replace(prompt, model=choice.model)
         prompts.append(prompt)
         return await generate(self.llm, prompt, self.settings.llm, usage)
 
@@ -498,7 +533,7 @@ class Cycle:
         return by_age or grant.discards >= self.settings.starvation_limit
 
     async def _account(
-        self, conversation: str, user: str, prompts: list[Prompt], usage: Usage
+        self, conversation: str, user: str, prompts: list[Prompt], usage: Usage, cost: float
     ) -> int:
         """Count what the generation cost, in Redis, and learn from the provider's own count.
         Returns its completion tokens. Best effort: a store hiccup must not cost the reply."""
@@ -512,7 +547,9 @@ class Cycle:
         self.stats.prompt_tokens += prompt_tokens
         self.stats.completion_tokens += completion_tokens
         try:
-            today = await self.store.add_usage(conversation, user, prompt_tokens, completion_tokens)
+            today = await self.store.add_usage(
+                conversation, user, prompt_tokens, completion_tokens, cost
+            )
         except StoreUnavailable as exc:
             log.warning("could not count the tokens of %s: %s", conversation, exc)
         else:

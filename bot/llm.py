@@ -155,7 +155,7 @@ class OpenAILLM:
     def _request(self, prompt: Prompt) -> dict[str, Any]:
         s = self.settings
         request: dict[str, Any] = {
-            "model": s.model,
+            "model": prompt.model or s.model,
             "messages": prompt.messages(),
             "max_tokens": s.max_tokens,
             "stream": s.stream,

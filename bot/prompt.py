@@ -48,6 +48,8 @@ class Prompt:
     # The images of each unanswered message (empty, or one tuple per message), shown right
     # after its text, in the order they were sent.
     images: tuple[tuple[Image, ...], ...] = ()
+    # The model the user picked with /model (None: the configured one).
+    model: str | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages: history with adjacent turns of one role merged, then ONE

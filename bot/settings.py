@@ -80,6 +80,15 @@ class DiscordSettings(BaseModel):
     catch_up_minutes: int = Field(default=60, ge=0, le=60)
 
 
+class ModelChoice(BaseModel):
+    """A model users may pick with /model."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,32}$")  # what users type and see
+    model: str  # the provider's model id
+    # How much one of its tokens counts against a user's daily budget (a dearer model, more).
+    cost: float = Field(default=1.0, gt=0, le=1000)
+
+
 class LLMSettings(BaseModel):
     # None means "not configured": openai when a base URL or key is given, else echo.
     provider: Literal["openai", "echo"] | None = None
@@ -117,6 +126,9 @@ class LLMSettings(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # Tokens (prompt + completion) one user may spend per UTC day, across replicas; 0: no limit.
     daily_tokens_per_user: int = Field(default=0, ge=0)
+    # Models users may pick with /model (JSON in the environment: [{"name": "smart",
+    # "model": "gpt-4o", "cost": 10}, ...]); empty: everyone gets `model`.
+    models: list[ModelChoice] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _room_for_the_prompt(self) -> LLMSettings:

@@ -90,7 +90,7 @@ def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
     # What came after the /stop is answered as usual, and the history is kept.
     texts = ["a", "/stop", "/usage", "c", "/frobnicate"]
     after = plan(watermark=0, unanswered=[message(t, n=i) for i, t in enumerate(texts)])
-    assert after.answers == (Ask.USAGE, unknown("frobnicate"))
+    assert after.answers == (Ask("usage"), unknown("frobnicate"))
     assert [m.text for m in after.for_model] == ["c"] and after.keeps_history
 
 

@@ -293,6 +293,8 @@ class Grant:
     # How long the oldest unanswered message has waited (server clock): at the starvation
     # age, this reply goes out whatever arrives meanwhile.
     waited_ms: int = 0
+    # The model the user picked with /model ("": the default).
+    model: str = ""
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -472,6 +474,7 @@ class Store:
             failures=int(reply[9]),
             resend_lease=(int(reply[10] or 0), _text(reply[11])) if resend else (0, ""),
             waited_ms=int(reply[12]),
+            model=_text(reply[13]),
         )
 
     async def renew(self, lease: Lease) -> bool:
@@ -596,9 +599,12 @@ class Store:
             value = await self.redis.get(kept_key(name))
         return None if value is None else _text(value)
 
-    async def add_usage(self, conversation: str, user: str, prompt: int, completion: int) -> int:
+    async def add_usage(
+        self, conversation: str, user: str, prompt: int, completion: int, cost: float = 1.0
+    ) -> int:
         """Count the tokens a reply cost; returns what the conversation's user spent today.
-        A DM conversation is one user, so its day is the user's day."""
+        A DM conversation is one user, so its day is the user's day. `cost` weighs them in
+        the user's day and month (a dearer model's tokens count for more)."""
         k = Keys(conversation)
         today = _today()
         keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
@@ -611,6 +617,7 @@ class Store:
             conversation,
             self.settings.retention_ms,
             MONTH_KEEP_MS,
+            repr(cost),
         ]
         return int(await self._run(self._usage, keys, args))
 
@@ -643,6 +650,11 @@ class Store:
             await self.redis.set(
                 Keys(conversation).transcript(file_key), text, px=self.settings.retention_ms
             )
+
+    async def pick_model(self, conversation: str, name: str) -> None:
+        """Remember the model the user picked with /model, for every replica."""
+        async with self._reaching():
+            await self.redis.hset(Keys(conversation).state, "model", name)
 
     async def tokens_today(self, conversation: str) -> int:
         """Tokens the conversation's user has spent today (UTC)."""

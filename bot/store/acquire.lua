@@ -8,7 +8,8 @@
 --   {'idle'}                      nothing is owed (V == W); a stale wake-up is a no-op
 --   {'acquired', fence, V, W, lateness ms, discards in a row, {outbox text, outbox version}
 --    or {}, {pending json (W, V]}, {history json}, failed attempts in a row,
---    the outbox's fence and token, or '' and '', ms the oldest unanswered message has waited}
+--    the outbox's fence and token, or '' and '', ms the oldest unanswered message has waited,
+--    the model the user picked with /model or ''}
 local state, window, lease, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local pending, history, outbox = KEYS[5], KEYS[6], KEYS[7]
 local conv, ttl = ARGV[1], tonumber(ARGV[3])
@@ -21,7 +22,8 @@ if held > 0 then
   return {'busy', held}
 end
 
-local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since')
+local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since',
+  'model')
 local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version', 'fence', 'token')
 local has_outbox = left[1] ~= false
@@ -81,4 +83,4 @@ local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
 local discards, failures = tonumber(counters[3] or '0'), tonumber(counters[4] or '0')
 local waited = now - tonumber(counters[6] or now)
 return {'acquired', fence, v, w, lateness, discards, resend, unanswered, past, failures,
-  left[3] or '', left[4] or '', waited}
+  left[3] or '', left[4] or '', waited, counters[7] or ''}

@@ -27,7 +27,8 @@ Key layout, for a conversation in the shard tagged {T}:
                                              when to try next), unreachable (1: the user
                                              blocked us or closed DMs; cleared when they write),
                                              since (when the oldest unanswered message arrived:
-                                             the starvation guard's clock)
+                                             the starvation guard's clock), model (picked with
+                                             /model)
     {T}:c:<conversation>:pending     hash    version -> message json, for (W, V]
     {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
     {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)

@@ -2,7 +2,7 @@
 -- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
 -- KEYS: usage, day, shard day totals, shard day ranking, month
 -- ARGV: prompt tokens, completion tokens, user id, day ttl ms, conversation, retention ms,
---       month ttl ms
+--       month ttl ms, cost factor of the model (weighs the user's day and month)
 -- Returns the tokens spent on the day so far.
 local usage, day, totals, ranking = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prompt, completion = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -18,8 +18,9 @@ redis.call('HINCRBY', totals, 'generations', 1)
 redis.call('ZINCRBY', ranking, prompt + completion, ARGV[5])
 redis.call('PEXPIRE', totals, keep)
 redis.call('PEXPIRE', ranking, keep)
-local spent = redis.call('HINCRBY', day, 'tokens', prompt + completion)
+local weighed = math.floor((prompt + completion) * tonumber(ARGV[8]) + 0.5)
+local spent = redis.call('HINCRBY', day, 'tokens', weighed)
 redis.call('PEXPIRE', day, keep)
-redis.call('HINCRBY', KEYS[5], 'tokens', prompt + completion)
+redis.call('HINCRBY', KEYS[5], 'tokens', weighed)
 redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
 return spent

@@ -1,0 +1,64 @@
+"""/model across replicas and restarts: `lastword run` processes (Telegram webhook, the OpenAI
+client on the fake provider, a real server). A user's pick is kept in Redis: another replica,
+and the same one after a restart, answer with it; a dearer model's tokens weigh more in the
+user's day."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from bot.store import Keys
+from tests.conftest import settled
+from tests.test_media_e2e import CHAT, CONVERSATION, World, world
+
+__all__ = ["world"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+MODELS = json.dumps(
+    [
+        {"name": "fast", "model": "fast-model-1", "cost": 1},
+        {"name": "smart", "model": "smart-model-2", "cost": 10},
+    ]
+)
+
+
+async def test_a_picked_model_is_used_by_every_replica_and_survives_a_restart(
+    world: World,
+) -> None:
+    telegram, provider = world.telegram, world.provider
+    models = {"LASTWORD_LLM__MODELS": MODELS, "LASTWORD_LLM__MODEL": "default-model"}
+    async with world.bot("a", **models) as first:
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/model"))
+        await settled(world.redis, CONVERSATION, version=1, within_s=10)
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/model nope"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=10)
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/model smart"))
+        await first.post(telegram.private_text_update(CHAT, CHAT, "hello"))
+        await settled(world.redis, CONVERSATION, version=4, within_s=10)
+    listing, unknown, picked = (m.text or "" for m in telegram.sent_messages)
+    assert "fast (fast-model-1)" in listing
+    assert "smart (smart-model-2, each token counts 10x)" in listing
+    assert "You have the default, default-model." in listing
+    assert unknown.startswith("There is no model called 'nope'.")
+    assert picked.startswith("From now on I answer you with smart (smart-model-2).")
+    # The rest of the burst that picked it is already answered by it.
+    assert [r.model for r in provider.requests] == ["smart-model-2"]
+    # Its tokens weigh 10x in the user's day (the conversation's own totals stay as spent).
+    keys = Keys(CONVERSATION)
+    prompt, completion = await world.redis.hmget(keys.usage, ["prompt", "completion"])
+    spent = int(prompt or 0) + int(completion or 0)
+    day = int(await world.redis.hget(keys.day(datetime.now(UTC).date()), "tokens") or 0)
+    assert spent > 0 and day == 10 * spent
+
+    # Another replica, started afresh, answers with the pick.
+    async with world.bot("b", **models) as second:
+        await second.post(telegram.private_text_update(CHAT, CHAT, "/usage"))
+        await second.post(telegram.private_text_update(CHAT, CHAT, "and now?"))
+        await settled(world.redis, CONVERSATION, version=6, within_s=10)
+    assert [r.model for r in provider.requests] == ["smart-model-2", "smart-model-2"]
+    usage = telegram.sent_messages[-1].text or ""
+    assert usage.startswith(f"Today: {day:,} tokens.")
