@@ -48,9 +48,10 @@ from telegram.request import HTTPXRequest
 
 from adapters import Platform
 from adapters.base import Sink, describe, until_stored
-from adapters.telegram_html import plain_text, render_part
+from adapters.telegram_html import plain_text, render_draft, render_part
 from bot.backoff import Backoff
 from bot.check import Check, guarded
+from bot.drafts import DraftThrottled
 from bot.message import (
     Attachment,
     FetchFailed,
@@ -184,6 +185,7 @@ class TelegramAdapter:
             request=HTTPXRequest(connection_pool_size=64),
             get_updates_request=HTTPXRequest(read_timeout=10),
         )
+        self.draft_interval_s = settings.draft_interval_ms / 1000 if settings.drafts else None
         # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
         self._connected = False
 
@@ -343,6 +345,16 @@ class TelegramAdapter:
 
     async def typing(self, conversation: str) -> None:
         await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        """The reply so far as an ephemeral draft; "" shows "Thinking…"."""
+        body, parse_mode = render_draft(text, self.max_message_chars) if text else ("", None)
+        try:
+            await self.bot.send_message_draft(
+                _chat_id(conversation), draft_id, body, parse_mode=parse_mode
+            )
+        except RetryAfter as exc:
+            raise DraftThrottled(_seconds(exc.retry_after)) from None
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         """A file by its id: getFile, then the download. Reasons name no URL: Telegram's file

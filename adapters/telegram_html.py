@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 
 TELEGRAM_LIMIT = 4096
 
@@ -99,6 +100,43 @@ def render_part(markdown: str, limit: int = TELEGRAM_LIMIT) -> tuple[str, str | 
 
 
 # Printing
+
+
+def render_draft(markdown: str, limit: int) -> tuple[str, str | None]:
+    """A draft of a reply still being written: its first `limit` characters (marked as
+    going on), as HTML when the prefix renders to well-formed HTML, else as plain text. A
+    prefix cut mid-token ("**bol", "```py") must never reach Telegram as broken HTML."""
+    if len(markdown) > limit:
+        markdown = markdown[:limit] + "…"
+    html = to_telegram_html(markdown)
+    if html.strip() and utf16_len(html) <= TELEGRAM_LIMIT and well_formed(html):
+        return html, "HTML"
+    return plain_text(markdown)[:limit], None
+
+
+def well_formed(html: str) -> bool:
+    """Every tag closed, in order, and nothing but the tags and entities Telegram takes."""
+    checker = _TagChecker()
+    try:
+        checker.feed(html)
+        checker.close()
+    except ValueError:
+        return False
+    return checker.ok and not checker.open
+
+
+class _TagChecker(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.open: list[str] = []
+        self.ok = True
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.open or self.open.pop() != tag:
+            self.ok = False
 
 
 def _escape(text: str, quote: bool = False) -> str:

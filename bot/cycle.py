@@ -29,6 +29,7 @@ from bot.commands import (
     plan,
     usage_answer,
 )
+from bot.drafts import drafting, drafts_of
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
 from bot.media import UNSEEN_NOTE, Media
@@ -157,6 +158,12 @@ class Stats:
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     lateness: Buckets = field(
         default_factory=lambda: Buckets((5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000))
+    )
+    # Live drafts shown (where the platform has them), and how long after the generation
+    # started the first one was.
+    drafts: int = 0
+    first_draft_seconds: Buckets = field(
+        default_factory=lambda: Buckets((0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
     )
     # Seconds from the request to the answer, for generations that finished.
     llm_seconds: Buckets = field(
@@ -398,9 +405,19 @@ class Cycle:
         began = time.monotonic()
         answered = False
         try:
-            outcome = await self._generate(
-                grant, self._answer(grant, burst, usage, prompts, choice), keeper
-            )
+            # One draft id for every generation of this burst (its first version), so a
+            # generation started after an interrupt replaces the old preview.
+            draft_id = grant.watermark + 1
+            async with drafting(drafts_of(self.outbound), conversation, draft_id) as drafter:
+                if drafter is not None:
+                    usage.on_text = drafter.update
+                outcome = await self._generate(
+                    grant, self._answer(grant, burst, usage, prompts, choice), keeper
+                )
+            if drafter is not None:
+                self.stats.drafts += drafter.sent
+                if drafter.first_after_s is not None:
+                    self.stats.first_draft_seconds.observe(drafter.first_after_s)
             if not isinstance(outcome, Next):
                 answered = True
                 self.stats.llm_seconds.observe(time.monotonic() - began)

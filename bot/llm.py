@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -66,6 +66,8 @@ class Usage:
     """Tokens spent on one reply, over every attempt, including one cancelled midway."""
 
     attempts: list[Attempt] = field(default_factory=list)
+    # Told the answer so far as it streams (live drafts); the reasoning is still in it.
+    on_text: Callable[[str], None] | None = None
 
     def start(self) -> Attempt:
         attempt = Attempt()
@@ -124,6 +126,8 @@ class EchoLLM:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         answer = "You said: " + " / ".join(prompt.unanswered)
+        if usage.on_text is not None:
+            usage.on_text(answer)
         attempt.completion_tokens = estimate(answer)
         return answer
 
@@ -177,7 +181,7 @@ class OpenAILLM:
         attempt = usage.start()
         try:
             if self.settings.stream:
-                text = await self._streamed(prompt, attempt)
+                text = await self._streamed(prompt, attempt, usage.on_text)
             else:
                 text = await self._whole(prompt, attempt)
         except openai.APIStatusError as exc:
@@ -208,12 +212,14 @@ class OpenAILLM:
             return ""
         return response.choices[0].message.content or ""
 
-    async def _streamed(self, prompt: Prompt, attempt: Attempt) -> str:
+    async def _streamed(
+        self, prompt: Prompt, attempt: Attempt, on_text: Callable[[str], None] | None
+    ) -> str:
         # The raw event stream rather than the client's chunk objects: building one pydantic
         # model per token cost about 80 us, which at a few hundred streams in flight kept a
         # replica's event loop busy enough to read the stream, and notice a newer message,
         # late. The client still makes the request and maps its status errors.
-        parts: list[str] = []
+        text = ""
         request = self.client.chat.completions.with_streaming_response.create(
             **self._request(prompt)
         )
@@ -237,8 +243,10 @@ class OpenAILLM:
                     if not attempt.reported and (content or delta.get("reasoning_content")):
                         attempt.completion_tokens += 1  # about one token per chunk
                     if content:
-                        parts.append(content)
-        return "".join(parts)
+                        text += content
+                        if on_text is not None:
+                            on_text(text)
+        return text
 
     def _refuses_stream_options(self, exc: openai.APIStatusError) -> bool:
         # Servers that predate it (older Azure OpenAI API versions, vLLM and Ollama) refuse

@@ -70,6 +70,10 @@ class TelegramSettings(BaseModel):
     webhook_path: str = "/telegram"
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
+    # Show the reply as it is written, as an ephemeral draft in the chat (sendMessageDraft),
+    # updated at most this often; a 429 slows it down further.
+    drafts: bool = True
+    draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
 
 
 class DiscordSettings(BaseModel):

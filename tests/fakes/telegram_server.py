@@ -77,6 +77,7 @@ _METHODS = (
     "getUpdates",
     "sendMessage",
     "sendChatAction",
+    "sendMessageDraft",
     "editMessageText",
     "deleteMessage",
     "getFile",
@@ -95,6 +96,7 @@ _INT_FIELDS = frozenset(
         "max_connections",
         "reply_to_message_id",
         "message_thread_id",
+        "draft_id",
     }
 )
 _BOOL_FIELDS = frozenset(
@@ -895,6 +897,12 @@ class FakeTelegram(LoopbackServer):
                 _require_chat(p)
                 if not isinstance(p.get("action"), str):
                     raise _bad_request("wrong parameter action in request")
+                return True
+            case "sendMessageDraft":
+                # An ephemeral preview in a private chat; nothing is stored as a message.
+                _require_chat(p)
+                if _require_int(p, "draft_id") == 0:
+                    raise _bad_request("draft_id must be non-zero")
                 return True
             case "editMessageText":
                 return self._edit_message_text(p)

@@ -1,0 +1,139 @@
+"""Live drafts: the reply shown as it is written, where the platform can show one.
+
+Telegram's `sendMessageDraft` streams an ephemeral preview into a private chat; it vanishes
+unless the bot sends the final message. That fits the design: the preview is best effort and
+holds no promise, while the one reply still goes out through the outbox, after the pre-send
+check, as before. A cycle that is interrupted simply stops drafting; the next one drafts under
+the same id (the first unanswered version), so its preview replaces the old one.
+
+A `Drafter` sends the first, empty draft at once (Telegram shows "Thinking…"), then the text
+so far at most once per interval. A 429 slows it down; any other failure is logged and
+ignored, and after a few in a row it stops trying for this reply. It never delays the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from bot.cancel import cancel_and_wait
+from bot.llm import strip_reasoning
+
+log = logging.getLogger(__name__)
+
+# One draft call may take this long before it is given up (the next one carries newer text).
+DRAFT_TIMEOUT_S = 5.0
+# Failures in a row (other than 429) after which a reply is no longer drafted.
+MAX_FAILURES = 3
+
+
+class DraftThrottled(Exception):
+    """The platform asked to slow down (a 429)."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"drafts throttled for {retry_after_s:g} s")
+        self.retry_after_s = retry_after_s
+
+
+@runtime_checkable
+class Drafts(Protocol):
+    """What an outbound that can show a reply as it is written adds to `Outbound`."""
+
+    # How often a draft may be updated; None: drafts are off.
+    draft_interval_s: float | None
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        """Show `text` as the draft `draft_id` (non-zero) of the conversation; "" shows that
+        the bot is thinking. Raises `DraftThrottled` on a 429."""
+
+
+def drafts_of(outbound: object) -> Drafts | None:
+    """The outbound's drafts, if it has them and they are on."""
+    if isinstance(outbound, Drafts) and outbound.draft_interval_s:
+        return outbound
+    return None
+
+
+class Drafter:
+    """The drafts of one generation."""
+
+    def __init__(self, drafts: Drafts, conversation: str, draft_id: int) -> None:
+        assert drafts.draft_interval_s
+        self.drafts = drafts
+        self.conversation = conversation
+        self.draft_id = draft_id
+        self.interval_s = drafts.draft_interval_s
+        self.sent = 0
+        # Seconds from start() to the first draft the platform accepted, once there is one.
+        self.first_after_s: float | None = None
+        self._latest = ""
+        self._shown: str | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._task = asyncio.ensure_future(self._run())
+
+    def update(self, text: str) -> None:
+        """The answer so far (its reasoning is never shown)."""
+        self._latest = strip_reasoning(text)
+        self._changed.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        failures = 0
+        self._changed.set()
+        while failures < MAX_FAILURES:
+            await self._changed.wait()
+            self._changed.clear()
+            text = self._latest
+            if text == self._shown:
+                continue
+            try:
+                async with asyncio.timeout(DRAFT_TIMEOUT_S):
+                    await self.drafts.draft(self.conversation, self.draft_id, text)
+            except DraftThrottled as exc:
+                # Slower from now on, and not before the platform allows it.
+                self.interval_s = max(self.interval_s * 2, exc.retry_after_s)
+                self._changed.set()
+                await asyncio.sleep(exc.retry_after_s)
+                continue
+            except Exception as exc:  # best effort: a draft never fails the reply
+                failures += 1
+                log.debug("draft for %s failed: %r", self.conversation, exc)
+                self._changed.set()
+                await asyncio.sleep(self.interval_s)
+                continue
+            failures = 0
+            self.sent += 1
+            self._shown = text
+            if self.first_after_s is None:
+                self.first_after_s = time.monotonic() - self._started
+            await asyncio.sleep(self.interval_s)
+        log.info("stopped drafting for %s: %d failures in a row", self.conversation, failures)
+
+
+@contextlib.asynccontextmanager
+async def drafting(
+    drafts: Drafts | None, conversation: str, draft_id: int
+) -> AsyncIterator[Drafter | None]:
+    """A `Drafter` for the generation inside the block (None when drafts are off), stopped
+    when the block ends, before the reply is checked and sent."""
+    if drafts is None:
+        yield None
+        return
+    drafter = Drafter(drafts, conversation, draft_id)
+    drafter.start()
+    try:
+        yield drafter
+    finally:
+        await drafter.stop()
