@@ -45,11 +45,12 @@ from bot.store.keys import (
 BATCH = 500
 
 # A conversation key's name after its tag and ":c:": the conversation (which has ":" in it),
-# then the kind, or "day:" and the day. The longest conversation that leaves a known suffix.
+# then the kind, "day:" and the day, "month:" and the month, or "heard:" and a file key. The
+# longest conversation that leaves a known suffix.
 _CONVERSATION_KEY = re.compile(
     r"(?P<conversation>.+):"
     r"(?P<suffix>state|pending|seen|window|lease|outbox|history|rate|notice|usage"
-    r"|day:\d{4}-\d{2}-\d{2})"
+    r"|day:\d{4}-\d{2}-\d{2}|month:\d{4}-\d{2}|heard:[^:]+)"
 )
 _USAGE_KEY = re.compile(r":usage:(?P<day>\d{4}-\d{2}-\d{2}):(?P<kind>totals|ranking)")
 # Any key under a legacy tag.
