@@ -30,10 +30,12 @@ HELP = (
     "/stop: stop the answer I'm writing, and skip what you sent before it\n"
     "/usage: what you have used today and this month\n"
     "/model: the models you can pick from, and /model <name> to pick one\n"
+    "/retry: write my last answer again\n"
     "/reset: forget our conversation so far and start afresh"
 )
 RESET = "Done: I've forgotten our conversation so far."
 STOPPED = "Stopped."
+NOTHING_TO_RETRY = "There is no answer of mine to write again yet."
 REFUSAL = "Sorry, this bot is private and can't talk to you."
 OVER_BUDGET = (
     "You've used up today's allowance of answers from me. It renews at midnight UTC: "
@@ -102,6 +104,9 @@ class Plan:
     """What one reply to a burst consists of."""
 
     reset: int  # version of the last /reset in the burst, 0 if none
+    # Version of the last /retry in the burst, 0 if none: the last reply is written again for
+    # the messages it answered, and replaces it in the history.
+    retry: int
     # Answers to commands, in order; an `Ask` is filled in by the cycle.
     answers: tuple[str | Ask, ...]
     for_model: tuple[InboundMessage, ...]  # what the model must answer, in order
@@ -119,6 +124,7 @@ def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
     user asked not to be answered.
     """
     reset = 0
+    retry = 0
     start = 0
     stopped = False
     for index, message in enumerate(unanswered):
@@ -130,17 +136,19 @@ def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
             start, stopped = index + 1, True
     answers: list[str | Ask] = [RESET] if reset else []
     for_model: list[InboundMessage] = []
-    for message in unanswered[start:]:
+    for index, message in enumerate(unanswered[start:], start):
         name = command_of(message.text)
         if name is None:
             for_model.append(message)
         elif name in FIXED_ANSWERS:
             answers.append(FIXED_ANSWERS[name])
+        elif name == "retry":
+            retry = watermark + 1 + index
         elif name in ("usage", "model"):
             argument = message.text.strip().split(maxsplit=1)[1:]
             answers.append(Ask(name, argument[0].strip() if argument else ""))
         else:
             answers.append(unknown(name))
-    if stopped and not answers and not for_model:
+    if stopped and not answers and not for_model and not retry:
         answers.append(STOPPED)
-    return Plan(reset, tuple(answers), tuple(for_model))
+    return Plan(reset, retry, tuple(answers), tuple(for_model))

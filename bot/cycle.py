@@ -14,13 +14,14 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.commands import (
+    NOTHING_TO_RETRY,
     OVER_BUDGET,
     Ask,
     Plan,
@@ -41,6 +42,7 @@ from bot.store import (
     RETRY_AFTER_ERROR_MS,
     Ended,
     Grant,
+    HistoryEntry,
     Lease,
     Outcome,
     Store,
@@ -75,6 +77,29 @@ def idempotency_key(conversation: str, version: int, index: int, fence: int, tok
     the same version again, and the same fence, but never the same token."""
     salt = token.rpartition("/")[2][:KEY_SALT_CHARS]
     return f"{conversation}:{version}:{index}:{fence}:{salt}"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """What a /retry writes again: the last reply (its version), the user's messages it
+    answered, and the history before them."""
+
+    before: tuple[HistoryEntry, ...]
+    asked: tuple[HistoryEntry, ...]
+    version: int
+
+
+def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
+    """The last reply in the history and what it answered; None if there is none."""
+    replies = [i for i, entry in enumerate(history) if entry.role == "assistant"]
+    if not replies:
+        return None
+    last = replies[-1]
+    first = replies[-2] + 1 if len(replies) > 1 else 0
+    asked = tuple(e for e in history[first:last] if e.role == "user")
+    if not asked:
+        return None
+    return Retry(tuple(history[:first]), asked, history[last].version)
 
 
 @dataclass(frozen=True)
@@ -297,11 +322,21 @@ class Cycle:
             self.stats.lateness.observe(grant.lateness_ms)
             version = grant.version
             burst = plan(grant.watermark, grant.unanswered)
-            reply = await self._reply(grant, burst, keeper)
+            target = last_reply(grant.history) if burst.retry and burst.keeps_history else None
+            if burst.retry and target is None:
+                burst = replace(burst, answers=(*burst.answers, NOTHING_TO_RETRY))
+            reply = await self._reply(grant, burst, keeper, target)
             if isinstance(reply, Next):
                 return reply
             text, spent = reply
-            verdict = await self.store.presend(lease, version, text, reset=burst.reset)
+            verdict = await self.store.presend(
+                lease,
+                version,
+                text,
+                reset=burst.reset,
+                replaces=target.version if target else 0,
+                unsaid=burst.retry,
+            )
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)
             if verdict.status == "stale":
@@ -380,7 +415,7 @@ class Cycle:
             return ended
 
     async def _reply(
-        self, grant: Grant, burst: Plan, keeper: LeaseKeeper
+        self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
     ) -> tuple[str, int] | Next:
         """The one reply to the burst and the completion tokens it cost: command answers
         first, then the model's answer to everything else (no model call when the burst is
@@ -392,7 +427,7 @@ class Cycle:
         picked = [grant.model]
         answers = [await self._looked_up(conversation, a, picked) for a in burst.answers]
         choice = model_named(self.settings.llm, picked[-1])
-        if not burst.for_model:
+        if not burst.for_model and target is None:
             return "\n\n".join(answers), 0
         budget = self.settings.llm.daily_tokens_per_user
         if budget and await self.store.tokens_today(conversation) >= budget:
@@ -412,7 +447,7 @@ class Cycle:
                 if drafter is not None:
                     usage.on_text = drafter.update
                 outcome = await self._generate(
-                    grant, self._answer(grant, burst, usage, prompts, choice), keeper
+                    grant, self._answer(grant, burst, usage, prompts, choice, target), keeper
                 )
             if drafter is not None:
                 self.stats.drafts += drafter.sent
@@ -426,12 +461,12 @@ class Cycle:
             log.error(
                 "LLM failed for %s (%d messages); sending an apology: %s",
                 conversation,
-                len(burst.for_model),
+                len(burst.for_model) + (len(target.asked) if target else 0),
                 exc,
             )
             outcome = APOLOGY
         cost = choice.cost if choice else 1.0
-        user = burst.for_model[-1].user_id
+        user = grant.unanswered[-1].user_id
         spent = await self._account(conversation, user, prompts, usage, cost)
         stats = self.stats
         if isinstance(outcome, Next):
@@ -479,16 +514,19 @@ class Cycle:
         usage: Usage,
         prompts: list[Prompt],
         choice: ModelChoice | None,
+        target: Retry | None,
     ) -> str:
         """Read the burst's files, build the prompt, and ask the model."""
         assert grant.lease is not None
-        prompt = await self._prompt(grant.lease.conversation, grant, burst)
+        prompt = await self._prompt(grant.lease.conversation, grant, burst, target)
         if choice is not None:
             prompt = replace(prompt, model=choice.model)
         prompts.append(prompt)
         return await generate(self.llm, prompt, self.settings.llm, usage)
 
-    async def _prompt(self, conversation: str, grant: Grant, burst: Plan) -> Prompt:
+    async def _prompt(
+        self, conversation: str, grant: Grant, burst: Plan, target: Retry | None
+    ) -> Prompt:
         llm = self.settings.llm
         # After a /reset the model starts afresh: the old history is about to be emptied.
         history = grant.history if burst.keeps_history else ()
@@ -496,13 +534,21 @@ class Cycle:
         said = await self.media.prepare(conversation, burst.for_model)
         if said.unseen:
             system += "\n\n" + UNSEEN_NOTE
+        texts, images = list(said.texts), list(said.images)
+        if target is not None:
+            # /retry: the messages the last reply answered are asked again, with the history
+            # as it was before them.
+            history = target.before
+            asked = [t.text for t in await self.media.history(conversation, target.asked)]
+            texts = asked + texts
+            images = [()] * len(asked) + images if images else []
         return fit(
             system,
             await self.media.history(conversation, history),
-            said.texts,
+            texts,
             llm.context_tokens - llm.max_tokens,
             self.counter,
-            said.images,
+            images,
         )
 
     async def _generate(

@@ -11,6 +11,7 @@ import pytest
 
 from bot.commands import (
     HELP,
+    NOTHING_TO_RETRY,
     RATE_LIMITED,
     REFUSAL,
     RESET,
@@ -207,3 +208,38 @@ async def test_the_model_is_told_it_cannot_see_attachments(bot: Start, fake: Fak
     assert "cannot see" in with_media.messages[0]["content"]
     assert "[sticker]" in with_media.last_user_text
     assert "cannot see" not in without.messages[0]["content"]
+
+
+async def test_retry_writes_the_last_reply_again_and_replaces_it_in_the_history(
+    bot: Start, fake: FakeOpenAI
+) -> None:
+    answers = iter(["first answer", "second answer", "a better answer"])
+    fake.reply = lambda request: next(answers)
+    runtime, outbound = await bot()
+    assert await runtime.ingest(message("/retry", n=1))  # nothing to write again yet
+    await settled(runtime, CONV)
+    assert outbound.texts() == [NOTHING_TO_RETRY]
+    for n, text in [(2, "hello"), (3, "name a colour")]:
+        assert await runtime.ingest(message(text, n=n))
+        await settled(runtime, CONV)
+    assert await runtime.ingest(message("/retry", n=4))
+    await settled(runtime, CONV)
+
+    assert outbound.texts()[1:] == ["first answer", "second answer", "a better answer"]
+    retried = fake.requests[-1]
+    # The same question, with the history as it was when it was first asked.
+    assert retried.last_user_text == "name a colour"
+    assert [m["content"] for m in retried.messages[1:-1]] == [
+        NOTHING_TO_RETRY,
+        "hello",
+        "first answer",
+    ]
+    history = await runtime.store.history(CONV)
+    assert [(h.role, h.text) for h in history] == [
+        ("assistant", NOTHING_TO_RETRY),
+        ("user", "hello"),
+        ("assistant", "first answer"),
+        ("user", "name a colour"),
+        ("assistant", "a better answer"),
+    ]
+    assert await runtime.store.counters(CONV) == (4, 4)

@@ -653,6 +653,8 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "fence": str(grant.lease.fence),
         "reset": "0",  # no /reset among the covered messages
         "token": grant.lease.token,  # with the fence, in the reply parts' idempotency keys
+        "replaces": "0",  # not a /retry
+        "unsaid": "0",
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)

@@ -507,9 +507,20 @@ class Store:
         status = _text(raw_status)
         return Interrupt(status, _look_in(value))  # type: ignore[arg-type]
 
-    async def presend(self, lease: Lease, version: int, text: str, reset: int = 0) -> PreSend:
+    async def presend(
+        self,
+        lease: Lease,
+        version: int,
+        text: str,
+        reset: int = 0,
+        *,
+        replaces: int = 0,
+        unsaid: int = 0,
+    ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
-        messages (0: none): the commit then empties the history before appending."""
+        messages (0: none): the commit then empties the history before appending. For a
+        /retry, `replaces` is the version of the reply this one takes the place of in the
+        history, and `unsaid` the /retry message's, which the history does not keep."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.outbox, k.window, k.due]
         args: list[str | int] = [
@@ -522,6 +533,8 @@ class Store:
             reset,
             self.settings.retention_ms,
             self.settings.starvation_age_ms,
+            replaces,
+            unsaid,
         ]
         reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])

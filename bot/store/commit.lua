@@ -16,9 +16,11 @@ if not holds(lease, ARGV[2], ARGV[3]) then
   return {'lost', -1}
 end
 
-local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset')
+local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid')
 local covered = tonumber(reply[2])
 local reset = tonumber(reply[3] or '0') or 0
+local replaces = tonumber(reply[4] or '0') or 0
+local unsaid = tonumber(reply[5] or '0') or 0
 local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
   if reset > w then
@@ -27,11 +29,21 @@ if covered ~= nil and covered > w then
   for i = w + 1, covered do
     local message = redis.call('HGET', pending, i)
     if message then
-      if i > reset then
+      if i > reset and i ~= unsaid then
         -- Spliced as text: a cjson round trip would turn empty lists into objects.
         redis.call('RPUSH', history, '{"role":"user","v":' .. i .. ',"message":' .. message .. '}')
       end
       redis.call('HDEL', pending, i)
+    end
+  end
+  if outcome == 'sent' and replaces > 0 then
+    -- A /retry: the new reply takes the old one's place (the messages it answered stay).
+    local old = '{"role":"assistant","v":' .. replaces .. ','
+    for _, entry in ipairs(redis.call('LRANGE', history, 0, -1)) do
+      if string.sub(entry, 1, #old) == old then
+        redis.call('LREM', history, 1, entry)
+        break
+      end
     end
   end
   if outcome == 'sent' then

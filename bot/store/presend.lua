@@ -5,7 +5,8 @@
 -- KEYS: lease, state, outbox, window, due
 -- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit
 --       (discards in a row), version of the last /reset among the covered messages (0: none),
---       retention ms, starvation age ms (0: off)
+--       retention ms, starvation age ms (0: off), version of the reply a /retry replaces in
+--       the history (0: none), version of the /retry message itself (kept out of the history)
 -- Returns {'ok'} | {'forced'} (stale, but sent by the starvation guard)
 --       | {'stale', ms until the next look} | {'lost', -1}
 local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -31,6 +32,6 @@ end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
 -- of them, so a resend repeats them and nothing else can (bot/cycle.py).
 redis.call('HSET', outbox, 'text', ARGV[5], 'version', ARGV[4], 'fence', ARGV[3], 'reset', ARGV[7],
-  'token', ARGV[2])
+  'token', ARGV[2], 'replaces', ARGV[10], 'unsaid', ARGV[11])
 keep_alive(tonumber(ARGV[8]), outbox)
 return {status}
