@@ -118,7 +118,10 @@ class Drafter:
             self._shown = text
             if self.first_after_s is None:
                 self.first_after_s = time.monotonic() - self._started
-            await asyncio.sleep(self.interval_s)
+            if text:
+                # The interval spaces updates of the text; the first words follow "Thinking…"
+                # as soon as they come.
+                await asyncio.sleep(self.interval_s)
         log.info("stopped drafting for %s: %d failures in a row", self.conversation, failures)
 
 
