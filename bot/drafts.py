@@ -81,8 +81,9 @@ class Drafter:
         self._task = asyncio.ensure_future(self._run())
 
     def update(self, text: str) -> None:
-        """The answer so far (its reasoning is never shown)."""
-        self._latest = strip_reasoning(text)
+        """The answer so far. Called for every streamed piece, so it only keeps the text:
+        the reasoning is stripped once per draft sent, not once per piece."""
+        self._latest = text
         self._changed.set()
 
     async def stop(self) -> None:
@@ -95,7 +96,7 @@ class Drafter:
         while failures < MAX_FAILURES:
             await self._changed.wait()
             self._changed.clear()
-            text = self._latest
+            text = strip_reasoning(self._latest)
             if text == self._shown:
                 continue
             try:

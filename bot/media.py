@@ -298,6 +298,9 @@ class Media:
         task = asyncio.ensure_future(self._transcribe_and_keep(conversation, attachment, data))
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
+        # Its failure is the awaiting cycle's to report; if that cycle was interrupted, the
+        # failure is collected here instead of warned about as never retrieved.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             # Shielded: if a newer message interrupts the cycle now, the transcription still
             # finishes and is cached for the cycle that follows.
@@ -330,7 +333,7 @@ class Media:
         began = time.monotonic()
         try:
             if kind == "pdf":
-                text = await asyncio.to_thread(pdf_text, data)
+                text = await asyncio.to_thread(pdf_text, data, self.settings.max_document_chars)
             else:
                 text = decode_text(data)
         finally:
@@ -398,8 +401,10 @@ def decode_text(data: bytes) -> str:
     return data.decode("utf-8-sig", "replace")
 
 
-def pdf_text(data: bytes) -> str:
-    """The text of every page of a PDF, pages separated by a blank line."""
+def pdf_text(data: bytes, enough: int | None = None) -> str:
+    """The text of a PDF's pages, separated by a blank line; pages past the first `enough`
+    characters are not read (extraction is CPU work in a thread that cannot be cancelled, so
+    a thousand-page file must not cost a thousand pages when only the start is shown)."""
     from pypdf import PdfReader
     from pypdf.errors import PyPdfError
 
@@ -409,7 +414,13 @@ def pdf_text(data: bytes) -> str:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
             raise _Unreadable("the PDF is encrypted")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages: list[str] = []
+        read = 0
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            read += len(pages[-1])
+            if enough is not None and read > enough:
+                break
     except (PyPdfError, ValueError, KeyError, TypeError) as exc:
         raise _Unreadable(f"the PDF is damaged ({type(exc).__name__})") from None
     text = "\n\n".join(p.strip() for p in pages if p.strip())
