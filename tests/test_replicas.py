@@ -107,6 +107,10 @@ class Generations:
             for before, after in itertools.pairwise(ordered):
                 if id(before) not in self.answered_at:
                     continue  # an attempt that failed outright; its retry follows it
+                if before.cancelled and after.api_key == before.api_key:
+                    # An interrupt: the holder hung up on its own generation before starting
+                    # the next, but the fake notices the hang-up only some time later.
+                    continue
                 ended = self.answered_at[id(before)] + delay_s
                 assert after.started_at >= ended, (
                     f"{conversation}: {after.api_key} generated while {before.api_key} still was"
