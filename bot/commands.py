@@ -12,7 +12,7 @@ answered either, and the reply is a short "Stopped." so the user knows it was he
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from bot.message import InboundMessage
@@ -46,7 +46,18 @@ RATE_LIMITED = (
     "Please wait a minute before writing again."
 )
 
+ADMIN_HELP = (
+    "Admin commands:\n"
+    "/allow <user id>: let a user talk to me\n"
+    "/deny <user id>: refuse a user's messages from now on\n"
+    "/budget <user id> <tokens>: a user's daily token budget (0: no limit, default: the "
+    "settings' budget)\n"
+    "/stats: today's replies, tokens, users, interrupted and forced replies"
+)
 FIXED_ANSWERS = {"start": START, "help": HELP}
+ASKS = ("usage", "model")
+# Answered for the users in LASTWORD_ACCESS__ADMINS only (bot.admin); anyone else is told no.
+ADMIN_COMMANDS = ("allow", "deny", "budget", "stats")
 # A command's shape, as Telegram and Discord users type one: "/name", "/name@Bot", "/name args".
 # "/etc/hosts is broken" is not one, and goes to the model.
 COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\w+)?(?:\s|$)")
@@ -56,8 +67,9 @@ COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@\w+)?(?:\s|$)")
 class Ask:
     """A command whose answer the cycle works out when it replies (it needs the store)."""
 
-    command: str  # "usage" or "model"
+    command: str  # "usage", "model", or an admin's (`ADMIN_COMMANDS`)
     argument: str = ""
+    by: str = ""  # the user id of who asked
 
 
 def model_named(llm: LLMSettings, name: str) -> ModelChoice | None:
@@ -92,6 +104,10 @@ def unknown(name: str) -> str:
     return f"I don't know /{name}. /help lists what I understand."
 
 
+def admins_only(name: str) -> str:
+    return f"Only the bot's admins can use /{name}."
+
+
 def command_of(text: str) -> str | None:
     """`"start"` for "/start", "/start@SomeBot" or "/START now"; None for what is not shaped
     like a command."""
@@ -116,12 +132,14 @@ class Plan:
         return self.reset == 0
 
 
-def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
+def plan(
+    watermark: int, unanswered: Sequence[InboundMessage], admins: Collection[str] = ()
+) -> Plan:
     """Sort the burst (W, V] into command answers and messages for the model.
 
     `unanswered[i]` has version `watermark + 1 + i`. Everything before the last /reset is
     dropped, as the user asked to start afresh; everything before the last /stop too, as the
-    user asked not to be answered.
+    user asked not to be answered. `admins` may use the admin commands (and see them in /help).
     """
     reset = 0
     retry = 0
@@ -140,13 +158,18 @@ def plan(watermark: int, unanswered: Sequence[InboundMessage]) -> Plan:
         name = command_of(message.text)
         if name is None:
             for_model.append(message)
+        elif name == "help" and message.user_id in admins:
+            answers.append(f"{HELP}\n\n{ADMIN_HELP}")
         elif name in FIXED_ANSWERS:
             answers.append(FIXED_ANSWERS[name])
         elif name == "retry":
             retry = watermark + 1 + index
-        elif name in ("usage", "model"):
+        elif name in ASKS or (name in ADMIN_COMMANDS and message.user_id in admins):
             argument = message.text.strip().split(maxsplit=1)[1:]
-            answers.append(Ask(name, argument[0].strip() if argument else ""))
+            words = argument[0].strip() if argument else ""
+            answers.append(Ask(name, words, by=message.user_id))
+        elif name in ADMIN_COMMANDS:
+            answers.append(admins_only(name))
         else:
             answers.append(unknown(name))
     if stopped and not answers and not for_model and not retry:

@@ -18,9 +18,11 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bot import admin
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.commands import (
+    ADMIN_COMMANDS,
     NOTHING_TO_RETRY,
     OVER_BUDGET,
     Ask,
@@ -45,6 +47,7 @@ from bot.store import (
     HistoryEntry,
     Lease,
     Outcome,
+    Spending,
     Store,
     StoreUnavailable,
     lease_token,
@@ -67,6 +70,11 @@ COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
 # Characters of a lease token's random part in a reply part's idempotency key.
 KEY_SALT_CHARS = 8
+
+
+def _budget(settings: Settings, spending: Spending) -> int:
+    """A user's daily token budget: the one an admin set for them, else the settings'."""
+    return settings.llm.daily_tokens_per_user if spending.budget is None else spending.budget
 
 
 def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
@@ -321,7 +329,7 @@ class Cycle:
             self.stats.lateness_ms.append(grant.lateness_ms)
             self.stats.lateness.observe(grant.lateness_ms)
             version = grant.version
-            burst = plan(grant.watermark, grant.unanswered)
+            burst = plan(grant.watermark, grant.unanswered, self.settings.access.admins)
             target = last_reply(grant.history) if burst.retry and burst.keeps_history else None
             if burst.retry and target is None:
                 burst = replace(burst, answers=(*burst.answers, NOTHING_TO_RETRY))
@@ -429,8 +437,10 @@ class Cycle:
         choice = model_named(self.settings.llm, picked[-1])
         if not burst.for_model and target is None:
             return "\n\n".join(answers), 0
-        budget = self.settings.llm.daily_tokens_per_user
-        if budget and await self.store.tokens_today(conversation) >= budget:
+        user = grant.unanswered[-1].user_id
+        spending = await self.store.spending(conversation, user)
+        budget = _budget(self.settings, spending)
+        if budget and spending.today >= budget:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
             return "\n\n".join((*answers, OVER_BUDGET)), 0
@@ -466,7 +476,6 @@ class Cycle:
             )
             outcome = APOLOGY
         cost = choice.cost if choice else 1.0
-        user = grant.unanswered[-1].user_id
         spent = await self._account(conversation, user, prompts, usage, cost)
         stats = self.stats
         if isinstance(outcome, Next):
@@ -493,9 +502,11 @@ class Cycle:
         llm = self.settings.llm
         if isinstance(answer, str):
             return answer
+        if answer.command in ADMIN_COMMANDS:
+            return await admin.answer(self.store, self.settings, answer)
         if answer.command == "usage":
-            today, month = await self.store.tokens_spent(conversation)
-            return usage_answer(today, month, llm.daily_tokens_per_user)
+            spending = await self.store.spending(conversation, answer.by)
+            return usage_answer(spending.today, spending.month, _budget(self.settings, spending))
         if not answer.argument:
             return models_answer(llm, picked[-1])
         choice = model_named(llm, answer.argument)

@@ -94,15 +94,15 @@ class Runtime:
 
     async def _ingest(self, message: InboundMessage) -> bool:
         conversation = message.conversation
-        allowed = self.settings.access.allowed_users
         stats = self.stats
-        if allowed and message.user_id not in allowed:
+        verdict = self.settings.access.verdict(message.user_id)
+        result = await self.store.ingest(message, verdict)
+        if result.refused:
             stats.refused += 1
             # Never stored, so never near the model; told once a day, by whichever replica.
             if await self.store.notice_once(conversation, REFUSAL_PERIOD_MS):
                 self._notify(conversation, REFUSAL, "refused")
             return False
-        result = await self.store.ingest(message)
         stats.ingested += result.accepted
         stats.rate_limited += result.limited
         stats.duplicates += not result.accepted and not result.limited

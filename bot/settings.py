@@ -202,11 +202,27 @@ class LeaseSettings(BaseModel):
     ttl_ms: int = Field(default=30000, ge=300)
 
 
+# What the settings say of a user: an admin (always let in, whatever was changed in chat), or
+# let in or refused by the allow-list. Admins' /allow and /deny, kept in the store, override
+# the last two.
+Verdict = Literal["admin", "allowed", "refused"]
+
+
 class AccessSettings(BaseModel):
-    # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone.
+    # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone. The
+    # starting point: admins change it in chat with /allow and /deny.
     allowed_users: CommaList = []
+    # Platform user ids that may use /allow, /deny, /budget and /stats in a DM.
+    admins: CommaList = []
     # Messages one user may send per minute; more are dropped with one notice. 0: no limit.
     rate_per_minute: int = Field(default=30, ge=0)
+
+    def verdict(self, user_id: str) -> Verdict:
+        if user_id in self.admins:
+            return "admin"
+        if not self.allowed_users or user_id in self.allowed_users:
+            return "allowed"
+        return "refused"
 
 
 class Settings(BaseSettings):

@@ -21,8 +21,9 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from bot.connect import Client
-from bot.store import reaching_redis
+from bot.store import AccessRecord, DayTotals, reaching_redis
 from bot.store.keys import (
+    ACCESS_KEY,
     HEARTBEAT_PATTERN,
     ROLE_TAG,
     SHARDS,
@@ -120,12 +121,17 @@ class Spender:
 
 @dataclass(frozen=True)
 class TokensToday:
-    """Tokens spent on one UTC day, by every replica, and the conversations that spent most."""
+    """What every replica did on one UTC day (`DayTotals`), and the conversations that
+    spent most tokens."""
 
     day: str
     prompt: int = 0
     completion: int = 0
     generations: int = 0
+    replies: int = 0
+    interrupted: int = 0
+    forced: int = 0
+    users: int = 0
     top: tuple[Spender, ...] = ()  # most first
 
 
@@ -158,7 +164,10 @@ class Status:
                         longest wait first
         leases          [{conversation, token, holder, fence, expires_in_ms}], by conversation
         oldest_wakeup   {conversation, due_at_ms, overdue_ms} | null
-        tokens_today    {day, prompt, completion, generations, top: [{conversation, tokens}]}
+        tokens_today    {day, prompt, completion, generations, replies, interrupted, forced,
+                         users, top: [{conversation, tokens}]}
+        access          [{user, access, budget, by, at_ms, seq}]: what admins changed in
+                        chat, by user
 
     Times are ms; `holder` is the replica id from the token, null if the token has none;
     `waited_ms` is null when the oldest message cannot be read. The parts are read in a few
@@ -172,6 +181,7 @@ class Status:
     leases: tuple[HeldLease, ...] = ()
     oldest_wakeup: Wakeup | None = None
     tokens_today: TokensToday | None = None
+    access: tuple[AccessRecord, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         # By hand at this level only: roles and leases are flat, and the waiting ones are
@@ -184,6 +194,7 @@ class Status:
             "leases": [_flat(held) for held in self.leases],
             "oldest_wakeup": None if self.oldest_wakeup is None else _json(self.oldest_wakeup),
             "tokens_today": None if self.tokens_today is None else _json(self.tokens_today),
+            "access": [_json(record) for record in self.access],
         }
 
 
@@ -234,6 +245,7 @@ class _Indexes:
     heartbeats: list[str]  # keys
     due: dict[str, int]  # conversation -> when to look at it next
     tokens_today: TokensToday
+    access: list[AccessRecord]
 
 
 @dataclass(frozen=True)
@@ -277,6 +289,7 @@ async def _collect(redis: Client, now_ms: int | None, scan_count: int) -> Status
         leases=tuple(holders.leases),
         oldest_wakeup=wakeup,
         tokens_today=indexes.tokens_today,
+        access=tuple(indexes.access),
     )
 
 
@@ -317,19 +330,23 @@ async def _read_cluster_indexes(redis: RedisCluster, day: date, scan_count: int)
 
 
 def _read_shards(pipe: Any, day: date) -> None:
-    """Queue the reads of every shard's due-index, then its totals and ranking of `day`."""
+    """Queue the reads of the access changed in chat, every shard's due-index, then its
+    totals and ranking of `day`."""
+    pipe.hgetall(ACCESS_KEY)
     for shard in range(SHARDS):
         pipe.zrange(due_key(shard), 0, -1, withscores=True)
     for shard in range(SHARDS):
         totals, ranking = usage_day_keys(shard, day)
         pipe.hgetall(totals)
         pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
+        pipe.zcard(ranking)
 
 
 def _indexes(
     now_ms: int, role_names: list[Any], heartbeats: set[str], day: date, shards: list[Any]
 ) -> _Indexes:
     """What `_read_shards` queued, read back, with the rest of the first round trip."""
+    access, shards = shards[0], shards[1:]
     due: dict[str, int] = {}
     for shard in shards[:SHARDS]:
         for member, score in shard:
@@ -340,6 +357,10 @@ def _indexes(
         heartbeats=sorted(heartbeats),
         due=due,
         tokens_today=_tokens_today(day.isoformat(), shards[SHARDS:]),
+        access=sorted(
+            (AccessRecord.from_json(_text(user), raw) for user, raw in access.items()),
+            key=lambda record: record.user,
+        ),
     )
 
 
@@ -415,16 +436,13 @@ async def _read_waiting(
 def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
     """Sum the shards' totals and merge their rankings (each the shard's top conversations,
     so the merged top is exact)."""
-    sums = {"prompt": 0, "completion": 0, "generations": 0}
-    ranked: list[tuple[str, int]] = []
-    for totals, ranking in zip(per_shard[::2], per_shard[1::2], strict=True):
-        fields = {_text(k): _int(v) or 0 for k, v in totals.items()}
-        for name in sums:
-            sums[name] += fields.get(name, 0)
-        ranked += [(_text(member), int(score)) for member, score in ranking]
+    ranked = [
+        (_text(member), int(score)) for ranking in per_shard[1::3] for member, score in ranking
+    ]
     ranked.sort(key=lambda pair: (-pair[1], pair[0]))
     top = tuple(Spender(c, tokens) for c, tokens in ranked[:TOP_CONVERSATIONS])
-    return TokensToday(day, top=top, **sums)
+    sums = DayTotals.summed(per_shard[::3], per_shard[2::3])
+    return TokensToday(day, top=top, **asdict(sums))
 
 
 def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:
@@ -565,9 +583,24 @@ def render(status: Status) -> str:
     if tokens is not None:
         title = (
             f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-            f"{tokens.completion:,} completion in {tokens.generations:,} generations"
+            f"{tokens.completion:,} completion in {tokens.generations:,} generations; "
+            f"{tokens.replies:,} replies to {tokens.users:,} users, {tokens.interrupted:,} "
+            f"interrupted, {tokens.forced:,} forced"
         )
         rows = [[spender.conversation, f"{spender.tokens:,}"] for spender in tokens.top]
         # No "none" under it: the totals line says as much.
         lines += _section(title, ["CONVERSATION", "TOKENS"], rows) if rows else ["", title]
+
+    rows = [
+        [
+            record.user,
+            record.access or "-",
+            "-" if record.budget is None else f"{record.budget:,}",
+            record.by,
+            f"{duration(status.now_ms - record.at_ms)} ago",
+        ]
+        for record in status.access
+    ]
+    headers = ["USER", "ACCESS", "DAILY BUDGET", "BY", "WHEN"]
+    lines += _section(f"access changed in chat ({len(status.access)})", headers, rows)
     return "\n".join(lines) + "\n"

@@ -91,7 +91,8 @@ def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
     # What came after the /stop is answered as usual, and the history is kept.
     texts = ["a", "/stop", "/usage", "c", "/frobnicate"]
     after = plan(watermark=0, unanswered=[message(t, n=i) for i, t in enumerate(texts)])
-    assert after.answers == (Ask("usage"), unknown("frobnicate"))
+    user = after.for_model[0].user_id
+    assert after.answers == (Ask("usage", by=user), unknown("frobnicate"))
     assert [m.text for m in after.for_model] == ["c"] and after.keeps_history
 
 
@@ -107,8 +108,9 @@ async def test_usage_shows_today_this_month_and_what_is_left(bot: Start, fake: F
     runtime, outbound = await bot(llm={"daily_tokens_per_user": 100_000})
     assert await runtime.ingest(message("count my tokens", n=1))
     await settled(runtime, CONV)
-    today, month = await runtime.store.tokens_spent(CONV)
-    assert today == month > 0
+    spending = await runtime.store.spending(CONV, message("x").user_id)
+    today, month = spending.today, spending.month
+    assert today == month > 0 and spending.budget is None
     assert await runtime.ingest(message("/usage", n=2))
     await settled(runtime, CONV)
     assert outbound.texts()[-1] == (

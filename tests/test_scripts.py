@@ -322,8 +322,8 @@ async def test_scripts_write_only_keys_of_the_conversations_slot(
     for key in keys:
         conversation = key.split(":c:", 1)[1].rsplit(":", 1)[0] if ":c:" in key else None
         if conversation is None:
-            # The shard-wide indexes: named by their shard's tag alone.
-            assert key.rsplit(":", 1)[1] in ("due", "active"), key
+            # The shard-wide indexes and day totals: named by their shard's tag alone.
+            assert key.rsplit(":", 1)[1] in ("due", "active", "totals"), key
             continue
         assert keyslot(key) == keyslot(Keys(conversation).due), key
 

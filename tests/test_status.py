@@ -238,6 +238,8 @@ async def populated(redis: Redis, make_settings: SettingsFactory) -> Status:
 
     await eventually(acquired)
     await slow_store(redis, make_settings).ingest(message("8", 2))
+    await store.change_access("555", "access", "deny", by="9")
+    await store.change_access("555", "budget", "2000", by="9")
     return await collect(redis)
 
 
@@ -254,7 +256,18 @@ async def test_to_json_round_trips_with_stable_keys(
         "leases",
         "oldest_wakeup",
         "tokens_today",
+        "access",
     }
+    [record] = data["access"]
+    assert record == {
+        "user": "555",
+        "access": "deny",
+        "budget": 2000,
+        "by": "9",
+        "at_ms": record["at_ms"],
+        "seq": 2,
+    }
+    assert abs(record["at_ms"] - data["now_ms"]) < 60_000
     assert data["replicas"][0]["id"] == "r7" and data["replicas"][0]["info"] == {"cycles": "1"}
     assert data["roles"][0]["holder"] == "r7"
     assert {c["conversation"] for c in data["conversations"]} == {"test:7", "test:8"}
@@ -279,6 +292,7 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
         "conversations waiting (2)",
         "leases held (1)",
         "oldest wake-up",
+        "access changed in chat (1)",
     ):
         assert heading in lines
 
@@ -296,6 +310,8 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
     owed = row("test:8", "conversations waiting (2)")
     assert [owed[1], owed[3], *owed[5:]] == ["1", "in", "none", "no"]
     assert row("test:7", "leases held (1)")[1:3] == ["r7", "1"]
+    # USER ACCESS DAILY BUDGET BY WHEN ("0ms ago": two words)
+    assert row("555", "access changed in chat (1)")[:4] == ["555", "deny", "2,000", "9"]
     # Aligned: every row of a table starts its columns where the header's do.
     header = next(line for line in lines if line.strip().startswith("CONVERSATION  UNANSWERED"))
     for line in lines[lines.index(header) + 1 : lines.index(header) + 3]:
@@ -318,13 +334,19 @@ async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
             "prompt": 0,
             "completion": 0,
             "generations": 0,
+            "replies": 0,
+            "interrupted": 0,
+            "forced": 0,
+            "users": 0,
             "top": [],
         },
+        "access": [],
     }
-    assert render(status).count("  none") == 5
-    assert f"tokens today ({today}, UTC): 0 prompt + 0 completion in 0 generations" in render(
-        status
-    )
+    assert render(status).count("  none") == 6
+    assert (
+        f"tokens today ({today}, UTC): 0 prompt + 0 completion in 0 generations; "
+        "0 replies to 0 users, 0 interrupted, 0 forced"
+    ) in render(status)
 
 
 async def test_tokens_today_add_up_over_shards_and_rank_the_conversations(
@@ -348,9 +370,11 @@ async def test_tokens_today_add_up_over_shards_and_rank_the_conversations(
     assert list(tokens.top) == [Spender(c, spent) for c, spent in expected[:10]]
     assert tokens.top[0] == Spender(conversations[0], 5110)
     text = render(await collect(redis)).splitlines()
+    assert tokens.users == len(spent)
     header = text.index(
         f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-        f"{tokens.completion:,} completion in {tokens.generations} generations"
+        f"{tokens.completion:,} completion in {tokens.generations} generations; "
+        f"0 replies to {len(spent)} users, 0 interrupted, 0 forced"
     )
     assert text[header + 1].split() == ["CONVERSATION", "TOKENS"]
     assert text[header + 2].split() == [conversations[0], "5,110"]

@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -41,10 +41,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.message import Attachment, InboundMessage, Unavailable
-from bot.settings import Settings
+from bot.settings import Settings, Verdict
 from bot.store.durability import DEFAULT_LEVEL, Durability, Level
 from bot.store.keys import (
+    ACCESS_KEY,
+    ACCESS_SEQ_KEY,
     ROLE_TAG,
+    access_key,
     active_key,
     due_key,
     heartbeat_key,
@@ -197,6 +200,8 @@ DUE = _load("due")
 ROLE = _load("role")
 ROLE_RELEASE = _load("role_release")
 HEARTBEAT = _load("heartbeat")
+ACCESS_SET = _load("access_set")
+ACCESS_COPY = _load("access_copy")
 
 
 def lease_token(owner: str) -> str:
@@ -237,13 +242,75 @@ class StoreSettings:
 
 @dataclass(frozen=True)
 class Ingested:
-    accepted: bool  # False: a redelivery, or dropped by the rate limit
+    accepted: bool  # False: a redelivery, refused, or dropped by the rate limit
     version: int
     look_in_ms: int | None  # until the window's deadline; None when not accepted
     limited: bool = False  # dropped by the rate limit
     first_limited: bool = False  # ...and the first such in its window: tell the user once
     opened_window: bool = False  # this message opened the debounce window
     capped: bool = False  # the window's deadline is at its hard cap (max_wait)
+    refused: bool = False  # its user may not talk to the bot (settings, or an admin's /deny)
+
+
+@dataclass(frozen=True)
+class AccessRecord:
+    """What admins changed in chat for one user (`keys.ACCESS_KEY`)."""
+
+    user: str
+    access: Literal["allow", "deny"] | None  # None: as the settings say
+    budget: int | None  # daily tokens; None: the settings' budget
+    by: str  # the admin who made the last change
+    at_ms: int
+    seq: int
+
+    @classmethod
+    def from_json(cls, user: str, raw: bytes | str) -> AccessRecord:
+        data = json.loads(raw)
+        budget = data.get("budget")
+        return cls(
+            user=user,
+            access=data.get("access"),
+            budget=None if budget is None else int(budget),
+            by=str(data.get("by", "")),
+            at_ms=int(data.get("at", 0)),
+            seq=int(data.get("seq", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class Spending:
+    """A user's tokens today and this month (UTC, weighed by model cost), and the daily
+    budget an admin set for them (None: the settings' budget)."""
+
+    today: int
+    month: int
+    budget: int | None
+
+
+@dataclass(frozen=True)
+class DayTotals:
+    """What every replica did on one UTC day: tokens, generations, replies sent, generations
+    cut short or thrown away for a newer message, replies the starvation guard forced out,
+    and the conversations that spent tokens."""
+
+    prompt: int = 0
+    completion: int = 0
+    generations: int = 0
+    replies: int = 0
+    interrupted: int = 0
+    forced: int = 0
+    users: int = 0
+
+    @classmethod
+    def summed(cls, totals: Sequence[Mapping[Any, Any]], users: Sequence[int]) -> DayTotals:
+        """The shards' totals (hashes) and counts of conversations, added up."""
+        sums = dict.fromkeys(("prompt", "completion", "generations"), 0)
+        sums |= dict.fromkeys(("replies", "interrupted", "forced"), 0)
+        for shard in totals:
+            for name, value in shard.items():
+                if _text(name) in sums:
+                    sums[_text(name)] += int(value)
+        return cls(users=sum(int(n) for n in users), **sums)
 
 
 @dataclass(frozen=True)
@@ -359,6 +426,8 @@ class Store:
         self._role = redis.register_script(ROLE)
         self._role_release = redis.register_script(ROLE_RELEASE)
         self._heartbeat = redis.register_script(HEARTBEAT)
+        self._access_set = redis.register_script(ACCESS_SET)
+        self._access_copy = redis.register_script(ACCESS_COPY)
         self.durability = Durability(redis)
         # The cluster client fails a call at once when a node's pool is exhausted, and then
         # closes every connection, failing the calls in flight too; the single-server pool
@@ -409,11 +478,13 @@ class Store:
         async with self._reaching():
             await check_layout(self.redis)
 
-    async def ingest(self, message: InboundMessage) -> Ingested:
+    async def ingest(self, message: InboundMessage, verdict: Verdict = "allowed") -> Ingested:
+        """Take a message in. `verdict` is what the settings say of its user; an admin's
+        /allow or /deny, read in the same step, overrides it for anyone but an admin."""
         conversation = message.conversation
         k = Keys(conversation)
         keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate, k.active]
-        keys += [k.history, k.outbox, k.usage]
+        keys += [k.history, k.outbox, k.usage, k.access]
         args: list[str | int] = [
             conversation,
             message.message_id,
@@ -426,6 +497,8 @@ class Store:
             ACTIVE_KEEP_MS,
             SEEN_KEEP_MS,
             self.settings.retention_ms,
+            verdict,
+            message.user_id,
         ]
         raw_status, version, due_in, raw_window = await self._run_durable(self._ingest, keys, args)
         status, window = _text(raw_status), _text(raw_window)
@@ -437,6 +510,7 @@ class Store:
             first_limited=status == "first_limited",
             opened_window=window == "opened",
             capped=window == "capped",
+            refused=status == "refused",
         )
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
@@ -501,8 +575,8 @@ class Store:
         """A newer message arrived mid-generation and the generation is cancelled: hand the
         lease back, counting a discard towards the starvation guard."""
         k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.window, k.due]
-        args: list[str | int] = [lease.conversation, lease.token, lease.fence]
+        keys = [k.lease, k.state, k.window, k.due, k.day_totals(_today())]
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, DAY_KEEP_MS]
         raw_status, value = await self._run(self._interrupt, keys, args)
         status = _text(raw_status)
         return Interrupt(status, _look_in(value))  # type: ignore[arg-type]
@@ -522,7 +596,7 @@ class Store:
         /retry, `replaces` is the version of the reply this one takes the place of in the
         history, and `unsaid` the /retry message's, which the history does not keep."""
         k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.outbox, k.window, k.due]
+        keys = [k.lease, k.state, k.outbox, k.window, k.due, k.day_totals(_today())]
         args: list[str | int] = [
             lease.conversation,
             lease.token,
@@ -535,6 +609,7 @@ class Store:
             self.settings.starvation_age_ms,
             replaces,
             unsaid,
+            DAY_KEEP_MS,
         ]
         reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])
@@ -548,7 +623,7 @@ class Store:
         marks the conversation until the user writes again."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due, k.seen]
-        keys.append(k.usage)
+        keys += [k.usage, k.day_totals(_today())]
         args: list[str | int] = [
             lease.conversation,
             lease.token,
@@ -556,6 +631,7 @@ class Store:
             self.settings.history_cap,
             outcome,
             self.settings.retention_ms,
+            DAY_KEEP_MS,
         ]
         status, look_in = await self._run_durable(self._commit, keys, args)
         return Ended(_text(status) == "committed", _look_in(look_in))
@@ -563,22 +639,32 @@ class Store:
     async def due(self, limit: int = 100) -> list[str]:
         """Conversations, across all shards, whose next look is overdue. One round trip (on a
         cluster, one to each primary, all at once: the pipeline is split by node)."""
+        results = await self._in_every_shard(self._due, lambda shard: (due_key(shard), [limit]))
+        return [_text(c) for shard in results for c in shard]
+
+    async def _in_every_shard(
+        self, script: AsyncScript, call: Callable[[int], tuple[str, list[str | int]]]
+    ) -> list[Any]:
+        """Run `script` once in each shard, on the key and with the arguments `call(shard)`
+        gives, in one pipeline (on a cluster, one round trip to each primary, all at once)."""
         async with self._reaching():
             try:
-                results = await self._due_pipeline(limit)
+                return await self._pipeline_in_every_shard(script, call)
             except NoScriptError:
                 # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
                 # round trip to every sweep), so reload by hand after a restart.
-                await self.redis.script_load(DUE)
-                results = await self._due_pipeline(limit)
-        return [_text(c) for shard in results for c in shard]
+                await self.redis.script_load(script.script)
+                return await self._pipeline_in_every_shard(script, call)
 
-    async def _due_pipeline(self, limit: int) -> list[list[bytes]]:
+    async def _pipeline_in_every_shard(
+        self, script: AsyncScript, call: Callable[[int], tuple[str, list[str | int]]]
+    ) -> list[Any]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for shard in range(SHARDS):
+                key, args = call(shard)
                 # As a raw command: the cluster pipeline refuses its evalsha() helper.
-                pipe.execute_command("EVALSHA", self._due.sha, 1, due_key(shard), limit)
-            results: list[list[bytes]] = await pipe.execute()
+                pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+            results: list[Any] = await pipe.execute()
         return results
 
     async def claim_role(self, name: str, token: str, ttl_ms: int) -> int | None:
@@ -634,16 +720,45 @@ class Store:
         ]
         return int(await self._run(self._usage, keys, args))
 
-    async def tokens_spent(self, conversation: str) -> tuple[int, int]:
-        """Tokens the conversation's user has spent today and this month (UTC), in one
-        round trip (both keys are in the conversation's slot)."""
+    async def spending(self, conversation: str, user: str) -> Spending:
+        """Tokens the conversation's user has spent today and this month (UTC), and the
+        daily budget an admin set for them, in one round trip (all in the conversation's
+        slot)."""
         k = Keys(conversation)
         today = _today()
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(k.day(today), "tokens")
             pipe.hget(k.month(today), "tokens")
-            day, month = await pipe.execute()
-        return int(day or 0), int(month or 0)
+            pipe.hget(k.access, user)
+            day, month, record = await pipe.execute()
+        budget = None if record is None else AccessRecord.from_json(user, record).budget
+        return Spending(int(day or 0), int(month or 0), budget)
+
+    async def change_access(
+        self, user: str, change: Literal["access", "budget"], value: str, by: str
+    ) -> AccessRecord:
+        """An admin's change to a user's access or daily budget ("" clears it), seen by
+        every replica once this returns: the user's record, then its copy in every shard.
+        Raises `Unavailable` if any part failed; making the change again is harmless."""
+        keys = [ACCESS_KEY, ACCESS_SEQ_KEY]
+        raw = _text(await self._run_durable(self._access_set, keys, [user, change, value, by]))
+        record = AccessRecord.from_json(user, raw)
+        await self._in_every_shard(
+            self._access_copy, lambda shard: (access_key(shard), [user, raw, record.seq])
+        )
+        return record
+
+    async def today(self) -> DayTotals:
+        """What every replica did today (UTC), summed over the shards: one round trip (on a
+        cluster, one to each primary, all at once)."""
+        day = _today()
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(SHARDS):
+                totals, ranking = usage_day_keys(shard, day)
+                pipe.hgetall(totals)
+                pipe.zcard(ranking)
+            found: list[Any] = await pipe.execute()
+        return DayTotals.summed(found[::2], found[1::2])
 
     async def transcripts(self, conversation: str, file_keys: Sequence[str]) -> list[str | None]:
         """The cached transcripts of these files of one conversation, None where there is
@@ -668,12 +783,6 @@ class Store:
         """Remember the model the user picked with /model, for every replica."""
         async with self._reaching():
             await self.redis.hset(Keys(conversation).state, "model", name)
-
-    async def tokens_today(self, conversation: str) -> int:
-        """Tokens the conversation's user has spent today (UTC)."""
-        async with self._reaching():
-            spent = await self.redis.hget(Keys(conversation).day(_today()), "tokens")
-        return int(spent or 0)
 
     async def versions(self, conversations: list[str]) -> list[int]:
         """V of each conversation, in one pipelined round trip (on a cluster, one per primary

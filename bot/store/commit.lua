@@ -6,8 +6,9 @@
 -- closed their DMs: marked until they write again, unless they already did); 'abandoned' (a
 -- permanent platform error, or too many failed attempts). Only a sent reply joins the history,
 -- which holds what the user saw; the messages it covered are answered either way.
--- KEYS: lease, state, pending, history, outbox, window, due, seen, usage
--- ARGV: conversation, token, fence, history cap, outcome, retention ms
+-- KEYS: lease, state, pending, history, outbox, window, due, seen, usage, the shard's totals of
+--       today
+-- ARGV: conversation, token, fence, history cap, outcome, retention ms, totals keep ms
 -- Returns {'committed' | 'lost', ms until the next look or -1}
 local lease, state, pending, history = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local outbox, window, due = KEYS[5], KEYS[6], KEYS[7]
@@ -47,6 +48,7 @@ if covered ~= nil and covered > w then
     end
   end
   if outcome == 'sent' then
+    count_today(KEYS[10], 'replies', tonumber(ARGV[7]))
     redis.call('RPUSH', history,
       '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
   end

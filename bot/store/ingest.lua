@@ -1,17 +1,36 @@
 -- Ingest one message: dedupe, rate-limit, bump V, store it as pending, open or extend the
 -- window, and put the deadline in the due-index. One round trip; nothing waits for the LLM.
--- KEYS: state, pending, seen, window, due, rate, active, history, outbox, usage
+-- KEYS: state, pending, seen, window, due, rate, active, history, outbox, usage, the shard's
+--       access records
 -- ARGV: conversation, message id, message json, quiet ms, max wait ms, seen cap,
 --       messages allowed per rate window (0: no limit), rate window ms, active keep ms,
---       seen keep ms, retention ms
--- Returns {status, V, ms until the deadline or -1, window}; status 'accepted', 'duplicate' (a
--- redelivery), 'limited' (dropped by the rate limit) or 'first_limited' (dropped by the rate
--- limit, and the first such in its window); window 'opened' when this message opened it,
+--       seen keep ms, retention ms, what the settings say of the user ('admin', 'allowed' or
+--       'refused'), user id
+-- Returns {status, V, ms until the deadline or -1, window}; status 'accepted', 'refused' (its
+-- user may not talk to the bot), 'duplicate' (a redelivery), 'limited' (dropped by the rate
+-- limit) or 'first_limited' (dropped by the rate limit, and the first such in its window);
+-- window 'opened' when this message opened it,
 -- 'capped' when its deadline is at the hard cap, 'extended' otherwise, 'none' if dropped
 local state, pending, seen, window, due, rate = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local active = KEYS[7]
 local retention = tonumber(ARGV[11])
 local now = now_ms()
+
+-- An admin's /allow or /deny overrides the allow-list, for anyone but an admin. A refused
+-- message is never stored, so it never comes near the model.
+local verdict = ARGV[12]
+if verdict ~= 'admin' then
+  local record = redis.call('HGET', KEYS[11], ARGV[13])
+  local access = record and cjson.decode(record).access
+  if access == 'allow' then
+    verdict = 'allowed'
+  elseif access == 'deny' then
+    verdict = 'refused'
+  end
+end
+if verdict == 'refused' then
+  return {'refused', 0, -1, 'none'}
+end
 
 if redis.call('ZSCORE', seen, ARGV[2]) then
   return {'duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none'}

@@ -48,9 +48,13 @@ Key layout, for a conversation in the shard tagged {T}:
                                              conversation's retention
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message
-    {T}:usage:<D>:totals             hash    prompt, completion, generations of the shard on
-                                             UTC day D; expires after two days
+    {T}:usage:<D>:totals             hash    prompt, completion, generations, replies,
+                                             interrupted, forced of the shard on UTC day D;
+                                             expires after two days
     {T}:usage:<D>:ranking            zset    conversation -> its tokens on day D; likewise
+    {T}:access                       hash    user id -> a copy of the user's record in
+                                             `{lw:access}` (below), so ingest and the budget
+                                             check read it in the conversation's own slot
 
 A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
 together after `retention_ms` without a message or a reply: every step that writes them renews
@@ -68,6 +72,15 @@ The layout of the shards, written once, at the first start (`Store.check_layout`
 `lastword migrate-shards`, in a slot of its own:
 
     {lw:meta}                        hash    shards (64), tags (`TAGS_DIGEST`)
+
+Access changed in chat by an admin (/allow, /deny, /budget; `access_set`), in a slot of its
+own, and copied into every shard's `{T}:access` (`access_copy`, which never replaces a copy
+with an older one):
+
+    {lw:access}                      hash    user id -> record json: access ("allow" or
+                                             "deny"), budget (daily tokens), by (the admin),
+                                             at (ms), seq (orders the changes)
+    {lw:access}:seq                  string  the last seq handed out
 
 Replicas announce themselves with a heartbeat (`heartbeat`), a hash that expires on its own,
 under a hash tag of its own, since it belongs to no conversation's slot:
@@ -122,6 +135,10 @@ META_KEY = "{lw:meta}"
 # hash of fence counters, which no role key can be, since every role key has a `:` after it.
 ROLE_TAG = "{lw:role}"
 
+# Access changed in chat: every user's record, and the counter that orders the changes.
+ACCESS_KEY = "{lw:access}"
+ACCESS_SEQ_KEY = "{lw:access}:seq"
+
 HEARTBEAT_PREFIX = "{lw:replica}:"
 # SCAN's MATCH for every heartbeat: `lastword status` finds the live replicas with it.
 HEARTBEAT_PATTERN = f"{HEARTBEAT_PREFIX}*"
@@ -151,6 +168,11 @@ def due_key(shard: int) -> str:
 
 def active_key(shard: int) -> str:
     return f"{_shard_tag(shard)}:active"
+
+
+def access_key(shard: int) -> str:
+    """A shard's copy of the access records (`ACCESS_KEY`)."""
+    return f"{_shard_tag(shard)}:access"
 
 
 def usage_day_keys(shard: int, when: date) -> tuple[str, str]:
@@ -198,12 +220,18 @@ class Keys:
         self.usage = f"{self.base}:usage"
         self.due = due_key(shard)
         self.active = active_key(shard)
+        self.access = access_key(shard)
+        self.shard = shard
 
     def day(self, when: date) -> str:
         return f"{self.base}:day:{when.isoformat()}"
 
     def month(self, when: date) -> str:
         return f"{self.base}:month:{when.strftime('%Y-%m')}"
+
+    def day_totals(self, when: date) -> str:
+        """The totals of the conversation's shard on day `when` (`usage_day_keys`)."""
+        return usage_day_keys(self.shard, when)[0]
 
     def transcript(self, file_key: str) -> str:
         return f"{self.base}:heard:{file_key}"

@@ -38,3 +38,10 @@ local function keep_alive(ms, ...)
     redis.call('PEXPIRE', key, ms)
   end
 end
+
+-- One more of something a day counts in the shard's totals for `/stats` and `lastword status`
+-- (replies, interrupted, forced). The totals outlive their day by a day.
+local function count_today(totals, field, keep_ms)
+  redis.call('HINCRBY', totals, field, 1)
+  redis.call('PEXPIRE', totals, keep_ms)
+end

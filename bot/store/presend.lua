@@ -2,11 +2,12 @@
 -- Passing records the reply in the outbox, so a crash after this point resends the same text.
 -- Failing drops the reply, leaves W alone and releases the lease; the newer message has
 -- already scheduled the cycle that will cover everything.
--- KEYS: lease, state, outbox, window, due
+-- KEYS: lease, state, outbox, window, due, the shard's totals of today
 -- ARGV: conversation, token, fence, version the prompt covered, reply text, starvation limit
 --       (discards in a row), version of the last /reset among the covered messages (0: none),
 --       retention ms, starvation age ms (0: off), version of the reply a /retry replaces in
---       the history (0: none), version of the /retry message itself (kept out of the history)
+--       the history (0: none), version of the /retry message itself (kept out of the history),
+--       totals keep ms
 -- Returns {'ok'} | {'forced'} (stale, but sent by the starvation guard)
 --       | {'stale', ms until the next look} | {'lost', -1}
 local lease, state, outbox, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -24,9 +25,11 @@ if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(ARGV[4]) then
   -- too many replies in a row were discarded. Either way this reply goes out as it is.
   local starved = (age > 0 and now - since >= age) or discards > tonumber(ARGV[6])
   if not starved then
+    count_today(KEYS[6], 'interrupted', tonumber(ARGV[12]))
     redis.call('DEL', lease)
     return {'stale', reschedule(state, window, due, ARGV[1], now)}
   end
+  count_today(KEYS[6], 'forced', tonumber(ARGV[12]))
   status = 'forced'
 end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
