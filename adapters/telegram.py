@@ -19,6 +19,12 @@ persists, is handed back to the core as a transient `SendFailed`, to try again l
 who blocked the bot is `Unreachable` (the core counts the reply as delivered and marks the
 conversation until they write again); any other request Telegram rejects (chat not found) is
 a permanent `SendFailed`, and the core gives the reply up.
+
+Every draft carries Telegram's stop button (`can_stop`, Bot API 10.3). A press arrives as a
+`stopped_message_generation` update, which python-telegram-bot 22.8 (Bot API 10.0) does not
+know: it keeps the raw object in `update.api_kwargs`, and the flag goes out the same way. The
+press becomes a "/stop" from the chat's user, taken in like any message it could have typed
+(allow-list, dedupe, rate limit), so it cancels the generation just as typing /stop does.
 """
 
 from __future__ import annotations
@@ -65,7 +71,13 @@ from bot.settings import Settings, TelegramSettings
 log = logging.getLogger(__name__)
 
 PLATFORM = "telegram"
-ALLOWED_UPDATES = ["message", "edited_message"]
+# A press of a draft's stop button (Bot API 10.3): chat, draft_id, message_thread_id.
+STOP_PRESSED = "stopped_message_generation"
+# Telegram keeps sending only what the last setWebhook or getUpdates listed.
+ALLOWED_UPDATES = ["message", "edited_message", STOP_PRESSED]
+# Extra sendMessageDraft parameters python-telegram-bot 22.8 has no argument for: the stop
+# button (Bot API 10.3). Without keep_on_stop the draft goes when pressed; "Stopped." follows.
+DRAFT_OPTIONS = {"can_stop": True}
 MAX_BODY_BYTES = 1024 * 1024
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration; python-telegram-bot adds it to the request's read timeout.
@@ -86,8 +98,12 @@ POLL_FAILURES_UNHEALTHY = 3
 
 
 def normalize(update: Update) -> InboundMessage | None:
-    """The platform-free message for a private text or media message; None for the rest
-    (groups, channels, bots, service messages), which are acknowledged and ignored."""
+    """The platform-free message for a private text or media message, or for a press of a
+    draft's stop button; None for the rest (groups, channels, bots, service messages), which
+    are acknowledged and ignored."""
+    stop = _stop_pressed(update)
+    if stop is not None:
+        return stop
     message = update.message or update.edited_message
     if message is None or message.chat.type != "private":
         return None
@@ -113,6 +129,35 @@ def normalize(update: Update) -> InboundMessage | None:
         timestamp=message.date.timestamp(),
         reply_to_id=_reply_to(message),
         attachments=_attachments(message),
+        is_dm=True,
+    )
+
+
+def _stop_pressed(update: Update) -> InboundMessage | None:
+    """A press of the stop button on a draft, as the "/stop" its user could have typed; None
+    if the update is not one, or not about a private chat."""
+    # A python-telegram-bot that knows Bot API 10.3 parses the field; 22.8 leaves it raw.
+    parsed: Any = getattr(update, STOP_PRESSED, None)
+    raw = parsed.to_dict() if parsed is not None else update.api_kwargs.get(STOP_PRESSED)
+    if not isinstance(raw, dict):
+        return None
+    chat = raw.get("chat")
+    if not isinstance(chat, dict) or chat.get("type") != "private":
+        return None
+    chat_id = chat.get("id")
+    if not isinstance(chat_id, int) or isinstance(chat_id, bool):
+        return None
+    names = (chat.get("first_name"), chat.get("last_name"))
+    log.info("stop pressed on draft %s of telegram:%s", raw.get("draft_id"), chat_id)
+    return InboundMessage(
+        platform=PLATFORM,
+        chat_id=str(chat_id),
+        # The update names no user: in a private chat the chat's id is the user's.
+        user_id=str(chat_id),
+        display_name=" ".join(n for n in names if isinstance(n, str) and n),
+        # One id per press that stays the same when Telegram delivers the update again.
+        message_id=f"stop:{update.update_id}",
+        text="/stop",
         is_dm=True,
     )
 
@@ -351,7 +396,11 @@ class TelegramAdapter:
         body, parse_mode = render_draft(text, self.max_message_chars) if text else ("", None)
         try:
             await self.bot.send_message_draft(
-                _chat_id(conversation), draft_id, body, parse_mode=parse_mode
+                _chat_id(conversation),
+                draft_id,
+                body,
+                parse_mode=parse_mode,
+                api_kwargs=dict(DRAFT_OPTIONS),
             )
         except RetryAfter as exc:
             raise DraftThrottled(_seconds(exc.retry_after)) from None

@@ -1,16 +1,24 @@
 """Live drafts on Telegram: `lastword run` (webhook, the OpenAI client streaming from the fake
 provider, a real server). The reply is shown as it is written (sendMessageDraft), then sent
-once; an interrupt starts the preview over; a failing draft changes nothing delivered."""
+once; an interrupt starts the preview over; a failing draft changes nothing delivered. Every
+draft shows the stop button, and pressing it is /stop, over the webhook and over polling."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
+from telegram import Update
 
+from adapters.telegram import normalize
 from adapters.telegram_html import well_formed
-from tests.conftest import settled
-from tests.fakes.telegram_server import FakeTelegram, RecordedCall, ScriptedError
+from bot.commands import STOPPED
+from tests.conftest import counters, eventually, settled
+from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
+from tests.running import Running, run_env
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -95,3 +103,90 @@ async def test_failing_drafts_change_nothing_delivered(
         assert bot.running.process.returncode is None
     assert drafts(telegram) and all(c.status != 200 for c in drafts(telegram))
     assert [m.text for m in telegram.sent_messages] == [ANSWER]
+
+
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def running(world: World, mode: str, **extra: str) -> AsyncIterator[Deliver]:
+    """A `lastword run` in `mode`, and how Telegram hands it an update: posted to its webhook,
+    or queued for its getUpdates (which it has started calling)."""
+    telegram = world.telegram
+    if mode == "webhook":
+        async with world.bot(**extra) as bot:
+            yield bot.post
+        return
+    env = (
+        run_env("telegram", world.server.url, world.data_dir / "poller")
+        | {
+            "LASTWORD_TELEGRAM__TOKEN": telegram.token,
+            "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
+            "LASTWORD_TELEGRAM__MODE": "polling",
+            "LASTWORD_LLM__PROVIDER": "openai",
+            "LASTWORD_LLM__BASE_URL": world.provider.base_url,
+            "LASTWORD_LLM__API_KEY": "sk-drafts-test",
+            "LASTWORD_LLM__MODEL": "gpt-4o-mini",
+        }
+        | extra
+    )
+
+    async def push(update: dict[str, Any]) -> None:
+        telegram.push_update(update)
+
+    process = await Running.start(env)
+    try:
+        await telegram.wait_for_calls("getUpdates", 1, timeout=15)
+        yield push
+    finally:
+        if process.process.returncode is None:
+            await process.terminate()
+
+
+@pytest.mark.parametrize("mode", ["webhook", "polling"])
+async def test_pressing_stop_on_a_draft_cancels_the_generation_and_answers_stopped(
+    world: World, mode: str
+) -> None:
+    telegram, provider = world.telegram, world.provider
+    provider.reply = lambda request: ANSWER
+    provider.delay_s = 10.0  # a long answer, streamed
+
+    async def text_drafted() -> bool:
+        return any(c.ok and draft_text(c) for c in drafts(telegram))
+
+    async with running(world, mode, **FAST_DRAFTS) as deliver:
+        await deliver(telegram.private_text_update(CHAT, CHAT, "write me a long essay"))
+        request = await provider.wait_for_request(timeout=15)
+        await eventually(text_drafted, within_s=10)
+        # The user presses the button on the draft shown (the fake refuses a press on a draft
+        # that had none), and Telegram sends the press: the bot asked for such updates.
+        pressed = telegram.stop_pressed_update(CHAT)
+        assert telegram.delivers(pressed)
+        await deliver(pressed)
+        await provider.wait_for_request(lambda r: r is request and r.cancelled, timeout=5)
+        await telegram.wait_for_sent(1, timeout=15)
+        await settled(world.redis, CONVERSATION, version=2, within_s=10)
+        if mode == "webhook":
+            # Telegram delivers the press again: the same message, dropped.
+            await deliver(pressed)
+            assert await counters(world.redis, CONVERSATION) == (2, 2)
+    assert [m.text for m in telegram.sent_messages] == [STOPPED]
+    assert provider.requests == [request]  # nothing generated again for what was stopped
+    assert drafts(telegram) and all(c.params.get("can_stop") is True for c in drafts(telegram))
+
+
+def test_a_stop_press_is_the_stop_its_user_could_have_typed() -> None:
+    chat = {"id": CHAT, "type": "private", "first_name": "Ann", "last_name": "Lee"}
+    update = Update.de_json({"update_id": 77, STOP_PRESSED: {"chat": chat, "draft_id": 3}}, None)
+    message = normalize(update)
+    assert message is not None
+    assert (message.conversation, message.text, message.message_id) == (
+        CONVERSATION,
+        "/stop",
+        "stop:77",
+    )
+    # The update names no user; a private chat's id is its user's, which the allow-list checks.
+    assert (message.user_id, message.display_name) == (str(CHAT), "Ann Lee")
+    group = {"id": -100, "type": "group", "title": "Team"}
+    other = Update.de_json({"update_id": 78, STOP_PRESSED: {"chat": group, "draft_id": 3}}, None)
+    assert normalize(other) is None

@@ -16,7 +16,12 @@ from telegram import Bot, Message, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
 
-from tests.fakes.telegram_server import MAX_DOWNLOAD_SIZE, FakeTelegram, post_update
+from tests.fakes.telegram_server import (
+    MAX_DOWNLOAD_SIZE,
+    STOP_PRESSED,
+    FakeTelegram,
+    post_update,
+)
 
 
 @pytest.fixture
@@ -360,6 +365,61 @@ async def test_post_update_delivers_to_webhook(fake: FakeTelegram, bot: Bot) -> 
     assert all(body == update for _, body in received)
     parsed = Update.de_json(received[0][1], bot)
     assert parsed.message is not None and parsed.message.text == "via webhook"
+
+
+async def test_a_draft_records_its_stop_button_and_only_such_a_draft_can_be_stopped(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    # python-telegram-bot 22.8 has no argument for can_stop (Bot API 10.3): api_kwargs.
+    assert await bot.send_message_draft(5, 7, "so far", api_kwargs={"can_stop": True})
+    assert await bot.send_message_draft(6, 8, "no button")
+    assert await bot.send_message_draft(5, 9, "", api_kwargs={"can_stop": True})
+    first, plain, second = fake.calls_to("sendMessageDraft")
+    assert first.params["can_stop"] is True and second.params["can_stop"] is True
+    assert "can_stop" not in plain.params
+
+    pressed = fake.stop_pressed_update(5, draft_id=7)
+    assert pressed[STOP_PRESSED] == {
+        "chat": {"id": 5, "type": "private", "first_name": "Ann"},
+        "draft_id": 7,
+    }
+    assert fake.stop_pressed_update(5)[STOP_PRESSED]["draft_id"] == 9  # the last one shown
+    with pytest.raises(AssertionError, match="no stop button"):
+        fake.stop_pressed_update(6)
+    with pytest.raises(AssertionError, match="no draft"):
+        fake.stop_pressed_update(5, draft_id=99)
+
+    # The library does not know the update: it keeps the raw object in api_kwargs.
+    update = Update.de_json(json.loads(json.dumps(pressed)), bot)
+    assert update.message is None and update.effective_chat is None
+    assert update.api_kwargs[STOP_PRESSED]["draft_id"] == 7
+
+
+async def test_updates_come_only_of_the_kinds_the_bot_asked_for(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    await bot.send_message_draft(5, 7, "so far", api_kwargs={"can_stop": True})
+    # allowed_updates never given: every kind but chat_member and the reaction counts.
+    first = fake.push_update(fake.stop_pressed_update(5))
+    [update] = await bot.get_updates(timeout=0, allowed_updates=["message"])
+    assert update.update_id == first and STOP_PRESSED in update.api_kwargs
+    # That getUpdates asked for messages only, from then on: a press is not even queued.
+    assert not fake.delivers(fake.stop_pressed_update(5))
+    fake.push_update(fake.stop_pressed_update(5))
+    text = fake.push_update(fake.private_text_update(chat_id=5, user_id=5, text="hi"))
+    assert [u.update_id for u in await bot.get_updates(offset=first + 1, timeout=0)] == [text]
+    # A later list replaces it.
+    await bot.get_updates(offset=text + 1, timeout=0, allowed_updates=["message", STOP_PRESSED])
+    pressed = fake.push_update(fake.stop_pressed_update(5))
+    [update] = await bot.get_updates(offset=text + 1, timeout=0)
+    assert update.update_id == pressed
+
+    # A webhook's own list decides what deliver() may send.
+    await bot.set_webhook("https://bot.example/tg", allowed_updates=["message"])
+    with pytest.raises(ValueError, match=STOP_PRESSED):
+        await fake.deliver(fake.stop_pressed_update(5))
+    await bot.set_webhook("https://bot.example/tg", allowed_updates=["message", STOP_PRESSED])
+    assert fake.delivers(fake.stop_pressed_update(5))
 
 
 async def test_get_file_then_download_through_ptb(fake: FakeTelegram, bot: Bot) -> None:

@@ -9,6 +9,13 @@ while the test keeps full control: it queues updates for ``getUpdates``, scripts
 next calls of a method, every call for a stretch of time, every call about one chat), sees
 every call, and plays Telegram's webhook delivery with :func:`post_update`.
 
+Drafts (``sendMessageDraft``) may carry the stop button (``can_stop``, Bot API 10.3); a test
+presses it with :meth:`FakeTelegram.stop_pressed_update`, which builds the
+``stopped_message_generation`` update Telegram sends then, and only for a draft that showed the
+button. Like Telegram, the fake never queues an update of a kind the bot did not ask for (the
+``allowed_updates`` of its last ``setWebhook`` or ``getUpdates``); :meth:`~FakeTelegram.delivers`
+tells whether it would send one.
+
 It also serves files, as the Bot API does for media a user sends: a test registers bytes with
 :meth:`FakeTelegram.add_file`, builds a message that refers to the returned ``file_id``
 (:meth:`~FakeTelegram.photo_update`, :meth:`~FakeTelegram.document_update`, ...), and the bot
@@ -51,6 +58,7 @@ from tests.fakes.loopback import LoopbackServer
 __all__ = [
     "DEFAULT_TOKEN",
     "MAX_DOWNLOAD_SIZE",
+    "STOP_PRESSED",
     "FakeTelegram",
     "RecordedCall",
     "RecordedDownload",
@@ -106,6 +114,8 @@ _BOOL_FIELDS = frozenset(
         "protect_content",
         "disable_web_page_preview",
         "allow_sending_without_reply",
+        "can_stop",
+        "keep_on_stop",
     }
 )
 _JSON_FIELDS = frozenset(
@@ -113,6 +123,11 @@ _JSON_FIELDS = frozenset(
 )
 
 _TAG_RE = re.compile(r"<[^>]*>")
+
+# What a press of a draft's stop button arrives as (Bot API 10.3, MessageGenerationStopped).
+STOP_PRESSED = "stopped_message_generation"
+# What Telegram sends when allowed_updates was never given, or given empty.
+_NOT_SENT_BY_DEFAULT = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
 
 
 @dataclass
@@ -256,6 +271,8 @@ class FakeTelegram(LoopbackServer):
         self.max_concurrent_get_updates = 0
         self._pending: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
+        # The allowed_updates of the last getUpdates that gave one; None: never given.
+        self._poll_allowed: list[str] | None = None
         # Highest update_id confirmed by an offset; updates at or below it are never returned.
         self._confirmed_below = 0
         # Message ids are per chat and shared by both directions, as in Telegram's private chats.
@@ -345,15 +362,31 @@ class FakeTelegram(LoopbackServer):
         return ScriptedError(status, descriptions.get(status, "Internal Server Error"))
 
     def push_update(self, update: dict[str, Any]) -> int:
-        """Queue an update for ``getUpdates``; assigns ``update_id`` if missing. Returns it."""
+        """Queue an update for ``getUpdates``; assigns ``update_id`` if missing. Returns it.
+
+        An update of a kind the bot did not ask for (see :meth:`delivers`) is not queued, as
+        Telegram never keeps one; its id is still returned.
+        """
         update_id = update.get("update_id")
         if not isinstance(update_id, int):
             update_id = next(self._update_ids)
             update["update_id"] = update_id
+        if not self.delivers(update):
+            return update_id
         self._pending.append(update)
         self._pending.sort(key=lambda u: int(u["update_id"]))
         self._notify()
         return update_id
+
+    def delivers(self, update: dict[str, Any]) -> bool:
+        """Whether Telegram would send ``update`` now: its kind is in the ``allowed_updates``
+        of the webhook, or of the last ``getUpdates`` that gave one while no webhook is set
+        (never given, or empty: every kind but chat_member and the reaction counts)."""
+        allowed = self.webhook.allowed_updates if self.webhook else self._poll_allowed
+        kinds = set(update) - {"update_id"}
+        if allowed:
+            return kinds <= set(allowed)
+        return not kinds & _NOT_SENT_BY_DEFAULT
 
     # -- files (what getFile resolves and /file/bot<token>/... serves) ------------------------
 
@@ -446,6 +479,31 @@ class FakeTelegram(LoopbackServer):
         message["text"] = text
         message["edit_date"] = message["date"]
         return self._update("edited_message", message)
+
+    def stop_pressed_update(
+        self, chat_id: int, draft_id: int | None = None, first_name: str = "Ann"
+    ) -> dict[str, Any]:
+        """The ``stopped_message_generation`` update Telegram sends when the user presses the
+        stop button on the draft ``draft_id`` of the private chat ``chat_id`` (default: the
+        last draft shown there). Raises AssertionError if no draft with that id was shown
+        there with ``can_stop``, as the user then had no button to press."""
+        shown = [
+            c
+            for c in self.calls_to("sendMessageDraft")
+            if c.ok
+            and c.chat_id == chat_id
+            and (draft_id is None or c.params["draft_id"] == draft_id)
+        ]
+        assert shown, f"no draft {draft_id or ''} was shown in chat {chat_id}"
+        last = shown[-1]
+        assert last.params.get("can_stop") is True, f"draft {last.params} had no stop button"
+        stopped: dict[str, Any] = {
+            "chat": {"id": chat_id, "type": "private", "first_name": first_name},
+            "draft_id": last.params["draft_id"],
+        }
+        if "message_thread_id" in last.params:
+            stopped["message_thread_id"] = last.params["message_thread_id"]
+        return self._update(STOP_PRESSED, stopped)
 
     def group_text_update(
         self,
@@ -709,9 +767,12 @@ class FakeTelegram(LoopbackServer):
     # -- webhook delivery --------------------------------------------------------------------
 
     async def deliver(self, update: dict[str, Any]) -> int:
-        """POST ``update`` to the registered webhook with its secret, as Telegram would."""
+        """POST ``update`` to the registered webhook with its secret, as Telegram would.
+        Raises ValueError for an update of a kind the webhook did not ask for."""
         if self.webhook is None:
             raise RuntimeError("no webhook is set")
+        if not self.delivers(update):
+            raise ValueError(f"Telegram would not send {sorted(set(update) - {'update_id'})}")
         return await post_update(self.webhook.url, update, self.webhook.secret_token)
 
     # -- observation -------------------------------------------------------------------------
@@ -924,6 +985,10 @@ class FakeTelegram(LoopbackServer):
                     "use deleteWebhook to delete the webhook first",
                 )
             )
+        allowed = call.params.get("allowed_updates")
+        if isinstance(allowed, list):
+            # Kept for the updates to come, until a later getUpdates gives another list.
+            self._poll_allowed = [str(kind) for kind in allowed]
         offset = _opt_int(call.params.get("offset")) or 0
         limit = min(max(_opt_int(call.params.get("limit")) or 100, 1), 100)
         timeout = max(_opt_int(call.params.get("timeout")) or 0, 0)
