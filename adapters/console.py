@@ -3,6 +3,9 @@
 Each line on stdin is one message; each reply goes to stdout. Typing several lines while the
 bot is "thinking" shows the burst handling: one reply covers all of them. At end of input
 the replies still owed are delivered first, then `run` returns.
+
+On a terminal the reply is drafted as it is written: one dimmed line below the input, redrawn
+in place, and erased just before the reply is printed. Piped output gets only the replies.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import sys
 import threading
+import unicodedata
 import uuid
 from collections.abc import Callable
 
@@ -28,6 +33,17 @@ log = logging.getLogger(__name__)
 
 CONVERSATION_CHAT = "local"
 
+# A local terminal has no rate limit: ten redraws a second read as live, and the loop is not
+# spent redrawing for every streamed token.
+DRAFT_INTERVAL_S = 0.1
+# Back to the start of the line and erase it, whatever was drawn there.
+ERASE_LINE = "\r\033[2K"
+DIM = "\033[2m"
+NORMAL = "\033[0m"
+DRAFT_PREFIX = "… "
+THINKING = "Thinking…"
+NEWLINE_MARK = " ⏎ "
+
 
 class ConsoleAdapter(NoFiles):
     platform = "console"
@@ -36,6 +52,11 @@ class ConsoleAdapter(NoFiles):
 
     def __init__(self) -> None:
         self.interactive = _isatty(sys.stdin) and _isatty(sys.stdout)
+        # Drafts are redrawn with escape sequences, which a dumb terminal would print as is.
+        drafts = _isatty(sys.stdout) and os.environ.get("TERM") != "dumb"
+        self.draft_interval_s = DRAFT_INTERVAL_S if drafts else None
+        # Whether a draft is on the current line, to be erased before anything else is shown.
+        self._draft_shown = False
         # Message ids must never repeat across runs, or the persistent dedupe would drop them.
         self.run_id = uuid.uuid4().hex[:12]
         self.conversation = f"{self.platform}:{CONVERSATION_CHAT}"
@@ -103,6 +124,10 @@ class ConsoleAdapter(NoFiles):
             sys.stderr.write("\r\033[K")
             text = f"bot> {text}"
         try:
+            if self._draft_shown:
+                # Its own write, flushed with the reply: the reply stays a line of its own.
+                sys.stdout.write(ERASE_LINE)
+                self._draft_shown = False
             _write_line(text)
         except OSError as exc:
             # A closed pipe (`lastword run | head -1`): retrying can never succeed. The reply
@@ -112,9 +137,21 @@ class ConsoleAdapter(NoFiles):
             raise Unavailable(f"stdout is closed: {exc}") from None
 
     async def typing(self, conversation: str) -> None:
-        if self.interactive:
+        # A draft says more than "typing", and drawing over it would hide it until it changes.
+        if self.interactive and not self._draft_shown:
             sys.stderr.write("\r\033[Kbot is typing…")
             sys.stderr.flush()
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        """Redraw the draft line with the reply so far; "" shows "Thinking…"."""
+        if self._output_gone.is_set():
+            raise Unavailable("stdout is closed")
+        # Set first: a write that fails halfway may still have left part of a draft behind.
+        self._draft_shown = True
+        line = _draft_line(text, shutil.get_terminal_size().columns)
+        # A failed write is left to the drafter (best effort); the next send decides whether
+        # stdout is gone.
+        _write(f"{ERASE_LINE}{DIM}{line}{NORMAL}")
 
 
 def _isatty(stream: object) -> bool:
@@ -157,13 +194,56 @@ def _read_lines(put: Callable[[bytes], None]) -> None:
 
 
 def _write_line(text: str) -> None:
-    """Print one reply; characters the terminal's encoding cannot show are replaced rather
+    """Print one reply."""
+    _write(text + "\n")
+
+
+def _write(text: str) -> None:
+    """Write and flush; characters the terminal's encoding cannot show are replaced rather
     than failing the send (which would retry the same reply forever)."""
     stream = sys.stdout
     encoding = getattr(stream, "encoding", None) or "utf-8"
-    safe = text.encode(encoding, "replace").decode(encoding)
-    stream.write(safe + "\n")
+    stream.write(text.encode(encoding, "replace").decode(encoding))
     stream.flush()
+
+
+def _draft_line(text: str, columns: int) -> str:
+    """The draft as one line narrower than the terminal, so erasing one line erases all of
+    it: newlines shown as ⏎, and only the end of a long draft (where it grows). The last
+    column stays free, as filling it leaves some terminals about to wrap."""
+    if not text:
+        return _tail(THINKING, columns - 1)
+    flat = NEWLINE_MARK.join(text.splitlines())
+    # Tabs and escape sequences would move the cursor: the width would no longer hold.
+    flat = "".join(" " if unicodedata.category(char) == "Cc" else char for char in flat)
+    return DRAFT_PREFIX + _tail(flat, columns - 1 - _cells(DRAFT_PREFIX))
+
+
+def _tail(text: str, room: int) -> str:
+    """The longest end of `text` that takes at most `room` terminal columns."""
+    used = 0
+    for start in range(len(text) - 1, -1, -1):
+        used += _char_cells(text[start])
+        if used > room:
+            end = start + 1
+            # The marks of a character cut off go with it: left first, they would mark the
+            # prefix instead.
+            while end < len(text) and not _char_cells(text[end]):
+                end += 1
+            return text[end:]
+    return text
+
+
+def _cells(text: str) -> int:
+    return sum(_char_cells(char) for char in text)
+
+
+def _char_cells(char: str) -> int:
+    """Terminal columns `char` takes: two when wide (East Asian, most emoji), none for
+    combining marks and format characters."""
+    if unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
 def _silence_stdout() -> None:
