@@ -56,7 +56,8 @@ async def _budget(store: Store, ask: Ask, user: str, rest: list[str]) -> str:
         return f"Done: {user} has the settings' daily budget again."
     if value == "0":
         return f"Done: {user} has no daily token limit from now on."
-    return f"Done: {user} may spend {int(value):,} tokens a day from now on."
+    tokens = int(value)
+    return f"Done: {user} may spend {tokens:,} token{'s' * (tokens != 1)} a day from now on."
 
 
 def stats_answer(today: DayTotals) -> str:

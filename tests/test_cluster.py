@@ -102,6 +102,12 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
         # Usage lands in the shards of three primaries; status adds it up.
         for conversation in conversations:
             await feeder.add_usage(conversation, "u1", 100, 10)
+        assert (await feeder.today()).users == len(conversations)
+        # An admin's /deny reaches every shard, whichever primary holds it.
+        await feeder.change_access("u9", "access", "deny", by="admin")
+        for conversation in conversations:
+            denied = message(n=2, conversation=conversation, user="u9")
+            assert (await feeder.ingest(denied)).refused
 
         async with (
             runtime_on(base.model_copy(update={"replica_id": "r1"})) as (one, out_one),
@@ -141,6 +147,7 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
         assert status.tokens_today is not None
         assert status.tokens_today.prompt >= 300 and status.tokens_today.completion >= 30
         assert {s.conversation for s in status.tokens_today.top} >= set(conversations)
+        assert [(r.user, r.access) for r in status.access] == [("u9", "deny")]
     finally:
         await feeder.close()
 

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.message import Attachment, InboundMessage
-from bot.store import Ended, Grant, Lease, PreSend, Store
+from bot.store import ACCESS_COPY, Ended, Grant, Lease, PreSend, Store
 from bot.store.keys import (
     HEARTBEAT_PATTERN,
     LEGACY_SHARDS,
@@ -28,6 +28,7 @@ from bot.store.keys import (
     ROLE_TAG,
     SHARDS,
     Keys,
+    access_key,
     due_key,
     heartbeat_key,
     kept_key,
@@ -978,3 +979,29 @@ async def test_resend_covers_only_its_version_when_more_arrived(
     follow_up = await acquire_when_ready(survivor, CONV, "follow-up")
     assert follow_up.resend is None
     assert [m.text for m in follow_up.unanswered] == ["text 2"]
+
+
+async def test_an_access_change_reaches_every_shard_and_an_older_one_never_replaces_it(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    denied = await store.change_access("u1", "access", "deny", by="admin-1")
+    allowed = await store.change_access("u1", "access", "allow", by="admin-2")
+    assert (denied.seq, allowed.seq) == (1, 2)
+    assert (allowed.access, allowed.by, allowed.budget) == ("allow", "admin-2", None)
+    copies = [await redis.hget(access_key(shard), "u1") for shard in range(SHARDS)]
+    assert all(copy is not None and json.loads(copy)["access"] == "allow" for copy in copies)
+
+    # The first change's copy, arriving late (its admin's replica was slow): kept out.
+    older = json.dumps({"access": "deny", "by": "admin-1", "at": 0, "seq": denied.seq})
+    assert await redis.eval(ACCESS_COPY, 1, access_key(7), "u1", older, denied.seq) == b"kept"
+    assert json.loads(await redis.hget(access_key(7), "u1") or "{}")["access"] == "allow"
+    # The user is let in, though the settings' allow-list leaves them out; once denied, not
+    # even an allow-list that names them lets them in, but an admin is always let in.
+    assert (await store.ingest(message(1), "refused")).accepted
+    await store.change_access("u1", "access", "deny", by="admin-1")
+    assert (await store.ingest(message(2), "allowed")).refused
+    assert (await store.ingest(message(3), "admin")).accepted
+    # Clearing a budget leaves the access as it was.
+    cleared = await store.change_access("u1", "budget", "", by="admin-1")
+    assert (cleared.access, cleared.budget, cleared.seq) == ("deny", None, 4)

@@ -113,7 +113,11 @@ async def test_webhook_burst_gives_one_reply_and_registers_the_secret(
     async with webhook_bot(server, fake, short_dir) as bot:
         assert fake.webhook is not None
         assert fake.webhook.secret_token == SECRET
-        assert set(fake.webhook.allowed_updates or ()) == {"message", "edited_message"}
+        assert set(fake.webhook.allowed_updates or ()) == {
+            "message",
+            "edited_message",
+            "stopped_message_generation",
+        }
         for text in ("one", "two", "three"):
             assert await bot.post(fake.private_text_update(CHAT, CHAT, text)) == 200
         await fake.wait_for_sent(1, timeout=10)
