@@ -7,6 +7,9 @@ when the reply is committed, and the messages of the burst before it are not ans
 `/stop` sent while the bot works moves the version, which cancels the generation under way
 (the interrupt watch, whichever replica holds it); the messages before it are then not
 answered either, and the reply is a short "Stopped." so the user knows it was heard.
+
+Admins (LASTWORD_ACCESS__ADMINS) have four more (`ADMIN_COMMANDS`, carried out by
+`bot.admin`); anyone else who tries one is told it is for admins only.
 """
 
 from __future__ import annotations
