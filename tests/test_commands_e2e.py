@@ -1,7 +1,9 @@
-"""/model across replicas and restarts: `lastword run` processes (Telegram webhook, the OpenAI
-client on the fake provider, a real server). A user's pick is kept in Redis: another replica,
-and the same one after a restart, answer with it; a dearer model's tokens weigh more in the
-user's day."""
+"""The user's commands across replicas and restarts: `lastword run` processes (Telegram
+webhook, the OpenAI client on the fake provider, a real server). A /model pick is kept in
+Redis: another replica, and the same one after a restart, answer with it; a dearer model's
+tokens weigh more in the user's day. /retry on another replica than the one that answered
+writes the answer again and puts it in the old one's place; an unknown command never reaches
+the model."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.store import Keys
+from bot.commands import unknown
+from bot.store import HistoryEntry, Keys
 from tests.conftest import settled
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
 
@@ -62,3 +65,31 @@ async def test_a_picked_model_is_used_by_every_replica_and_survives_a_restart(
     assert [r.model for r in provider.requests] == ["smart-model-2", "smart-model-2"]
     usage = telegram.sent_messages[-1].text or ""
     assert usage.startswith(f"Today: {day:,} tokens.")
+
+
+async def test_retry_on_another_replica_replaces_the_answer_and_unknown_commands_skip_the_model(
+    world: World,
+) -> None:
+    telegram, provider = world.telegram, world.provider
+    answers = iter(["a first answer", "a better answer"])
+    provider.reply = lambda request: next(answers)
+    async with world.bot("a") as first, world.bot("b") as second:
+        await first.post(telegram.private_text_update(CHAT, CHAT, "name a colour"))
+        await settled(world.redis, CONVERSATION, version=1, within_s=10)
+        await second.post(telegram.private_text_update(CHAT, CHAT, "/retry"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=10)
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/weather Paris"))
+        await settled(world.redis, CONVERSATION, version=3, within_s=10)
+
+    texts = [m.text for m in telegram.sent_messages]
+    assert texts == ["a first answer", "a better answer", unknown("weather")]
+    first_ask, retried = provider.requests
+    assert retried.messages == first_ask.messages  # the same question, the same history
+    raw = await world.redis.lrange(Keys(CONVERSATION).history, 0, -1)
+    history = [HistoryEntry.from_json(entry.decode()) for entry in raw]
+    assert [(h.role, h.text) for h in history] == [
+        ("user", "name a colour"),
+        ("assistant", "a better answer"),
+        ("user", "/weather Paris"),
+        ("assistant", unknown("weather")),
+    ]
