@@ -86,7 +86,7 @@ async def test_retry_on_another_replica_replaces_the_answer_and_unknown_commands
     first_ask, retried = provider.requests
     assert retried.messages == first_ask.messages  # the same question, the same history
     raw = await world.redis.lrange(Keys(CONVERSATION).history, 0, -1)
-    history = [HistoryEntry.from_json(entry.decode()) for entry in raw]
+    history = [HistoryEntry.from_json(entry) for entry in raw]
     assert [(h.role, h.text) for h in history] == [
         ("user", "name a colour"),
         ("assistant", "a better answer"),

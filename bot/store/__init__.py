@@ -330,7 +330,7 @@ class HistoryEntry:
     attachments: tuple[Attachment, ...] = ()
 
     @classmethod
-    def from_json(cls, raw: str) -> HistoryEntry:
+    def from_json(cls, raw: bytes | str) -> HistoryEntry:
         data: dict[str, Any] = json.loads(raw)
         if data["role"] == "user":
             message = InboundMessage.from_json(json.dumps(data["message"]))
