@@ -53,9 +53,67 @@ def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-class Bot:
-    """A running `lastword run` with its pipes; output is collected by reader threads so a
-    test can wait for a line with a deadline instead of blocking on a read."""
+class Collected:
+    """A running process whose output reader threads collect, so a test waits for what it
+    wants with a deadline instead of blocking on a read. A subclass reads its main output in
+    `_read_output` (under `_changed`, notifying it) and says what it has so far in
+    `_received`; stderr is collected here, line by line."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        """Start the readers: what `_read_output` fills must be set up before this."""
+        self.process = process
+        self._stderr: list[bytes] = []
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read_output, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_output(self) -> None:
+        raise NotImplementedError
+
+    def _received(self) -> object:
+        raise NotImplementedError
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        for raw in iter(self.process.stderr.readline, b""):
+            self._stderr.append(raw)
+
+    def _join_readers(self) -> None:
+        for reader in self._readers:
+            reader.join(5)
+
+    def _wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until `done()` (checked under `_changed`); fails the test after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"waited {timeout}s for {what}, got {self._received()!r}; "
+                        f"stderr: {self.stderr()!r}"
+                    )
+                self._changed.wait(left)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class Bot(Collected):
+    """A running `lastword run` with its pipes; stdout is collected line by line."""
 
     def __init__(
         self,
@@ -67,42 +125,30 @@ class Bot:
         **more_env: str,
     ) -> None:
         self.data_dir = data_dir
-        self.process: subprocess.Popen[bytes] = subprocess.Popen(
-            command or MODULE,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=clean_env(data_dir, **{**(env or {}), **more_env}),
-            # Away from the repository: no ./.env or ./lastword.toml of the developer's.
-            cwd=data_dir.parent,
-            # Its own process group, so a test can signal the group the way a terminal does.
-            start_new_session=new_session,
-        )
         self._lines: list[str] = []
-        self._stderr: list[bytes] = []
-        self._changed = threading.Condition()
-        self._readers = [
-            threading.Thread(target=self._read_stdout, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
+        super().__init__(
+            subprocess.Popen(
+                command or MODULE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=clean_env(data_dir, **{**(env or {}), **more_env}),
+                # Away from the repository: no ./.env or ./lastword.toml of the developer's.
+                cwd=data_dir.parent,
+                # Its own process group, so a test can signal the group the way a terminal does.
+                start_new_session=new_session,
+            )
+        )
 
-    def _read_stdout(self) -> None:
+    def _read_output(self) -> None:
         assert self.process.stdout is not None
         for raw in iter(self.process.stdout.readline, b""):
             with self._changed:
                 self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
                 self._changed.notify_all()
 
-    def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        for raw in iter(self.process.stderr.readline, b""):
-            self._stderr.append(raw)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    def _received(self) -> object:
+        return self._lines
 
     def write(self, data: str | bytes) -> None:
         assert self.process.stdin is not None
@@ -115,17 +161,8 @@ class Bot:
 
     def wait_lines(self, count: int, timeout: float = 10.0) -> list[str]:
         """At least `count` lines of stdout; fails the test if they do not come in time."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while len(self._lines) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(
-                        f"waited {timeout}s for {count} lines, got {self._lines!r}; "
-                        f"stderr: {self.stderr()!r}"
-                    )
-                self._changed.wait(left)
-            return list(self._lines)
+        self._wait_until(lambda: len(self._lines) >= count, timeout, f"{count} lines")
+        return self.lines()
 
     def wait(self, timeout: float = 10.0) -> int:
         """The exit status; the process is killed (and the test fails) if it hangs."""
@@ -137,21 +174,12 @@ class Bot:
             raise AssertionError(
                 f"lastword did not exit in {timeout}s: {self.stderr()!r}"
             ) from None
-        for reader in self._readers:
-            reader.join(5)
+        self._join_readers()
         return code
 
     def lines(self) -> list[str]:
         with self._changed:
             return list(self._lines)
-
-    def stderr(self) -> str:
-        return b"".join(self._stderr).decode("utf-8", "replace")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 def run_bot(

@@ -14,8 +14,6 @@ import re
 import struct
 import subprocess
 import termios
-import threading
-import time
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from adapters.console import _cells, _draft_line
-from tests.test_console import MODULE, Bot, clean_env, server_pids
+from tests.test_console import MODULE, Collected, clean_env, run_bot, server_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +39,7 @@ def data_dir(short_dir: Path) -> Iterator[Path]:
     assert server_pids(path) == [], "an embedded server outlived its test"
 
 
-class Terminal:
+class Terminal(Collected):
     """A running `lastword run` whose stdin and stdout are a pseudo-terminal; a reader thread
     collects every byte the terminal receives, so a test waits with a deadline."""
 
@@ -49,7 +47,7 @@ class Terminal:
         self._master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, COLUMNS, 0, 0))
         try:
-            self.process = subprocess.Popen(
+            process = subprocess.Popen(
                 MODULE,
                 stdin=slave,
                 stdout=slave,
@@ -63,16 +61,9 @@ class Terminal:
             os.close(slave)
         self._closed = False
         self._output = b""
-        self._stderr: list[bytes] = []
-        self._changed = threading.Condition()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
+        super().__init__(process)
 
-    def _read(self) -> None:
+    def _read_output(self) -> None:
         while True:
             try:
                 chunk = os.read(self._master, 4096)
@@ -84,26 +75,16 @@ class Terminal:
                 self._output += chunk
                 self._changed.notify_all()
 
-    def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        for raw in iter(self.process.stderr.readline, b""):
-            self._stderr.append(raw)
+    def _received(self) -> object:
+        return self._output
 
     def type(self, keys: bytes) -> None:
         os.write(self._master, keys)
 
     def wait_for(self, wanted: bytes, timeout: float = 10.0) -> bytes:
         """Everything received, once it contains `wanted`; fails the test if it does not come."""
-        deadline = time.monotonic() + timeout
+        self._wait_until(lambda: wanted in self._output, timeout, repr(wanted))
         with self._changed:
-            while wanted not in self._output:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(
-                        f"waited {timeout}s for {wanted!r}, got {self._output!r}; "
-                        f"stderr: {b''.join(self._stderr)!r}"
-                    )
-                self._changed.wait(left)
             return self._output
 
     def close(self, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -117,14 +98,11 @@ class Terminal:
 
     def kill(self) -> None:
         """Kill the bot if it still runs, and let go of the terminal (once)."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        super().kill()
         if self._closed:
             return
         self._closed = True
-        for reader in self._readers:
-            reader.join(5)
+        self._join_readers()
         os.close(self._master)
 
 
@@ -189,16 +167,10 @@ def test_a_dumb_terminal_gets_no_drafts(data_dir: Path) -> None:
 
 def test_piped_output_has_no_draft_and_no_escape_sequence(data_dir: Path) -> None:
     # A slow answer: on a terminal this would surely be drafted.
-    bot = Bot(data_dir, LASTWORD_LLM__ECHO_DELAY_MS="500")
-    try:
-        bot.write("hello\n")
-        bot.close_stdin()
-        code = bot.wait()
-    finally:
-        bot.kill()
-    assert code == 0, bot.stderr()
-    assert bot.lines() == ["You said: hello"]
-    assert "\x1b" not in bot.stderr()
+    code, lines, stderr = run_bot(data_dir, "hello\n", LASTWORD_LLM__ECHO_DELAY_MS="500")
+    assert code == 0, stderr
+    assert lines == ["You said: hello"]
+    assert "\x1b" not in stderr
 
 
 def test_the_draft_line_shows_thinking_until_there_is_text() -> None:
