@@ -120,18 +120,10 @@ class Spender:
 
 
 @dataclass(frozen=True)
-class TokensToday:
-    """What every replica did on one UTC day (`DayTotals`), and the conversations that
-    spent most tokens."""
+class TokensToday(DayTotals):
+    """What every replica did on one UTC day, and the conversations that spent most tokens."""
 
-    day: str
-    prompt: int = 0
-    completion: int = 0
-    generations: int = 0
-    replies: int = 0
-    interrupted: int = 0
-    forced: int = 0
-    users: int = 0
+    day: str = ""
     top: tuple[Spender, ...] = ()  # most first
 
 
@@ -442,7 +434,7 @@ def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
     ranked.sort(key=lambda pair: (-pair[1], pair[0]))
     top = tuple(Spender(c, tokens) for c, tokens in ranked[:TOP_CONVERSATIONS])
     sums = DayTotals.summed(per_shard[::3], per_shard[2::3])
-    return TokensToday(day, top=top, **asdict(sums))
+    return TokensToday(day=day, top=top, **asdict(sums))
 
 
 def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:

@@ -192,9 +192,20 @@ def _form(cluster: Cluster) -> None:
     for server, (first, last) in zip(cluster.primaries, SLOT_RANGES, strict=True):
         with server.admin() as client:
             client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
-    with cluster.primaries[0].admin() as client:
-        for other in cluster.servers[1:]:
-            client.execute_command("CLUSTER MEET", "127.0.0.1", other.port, other.bus_port)
+    met_at = [0.0]
+
+    def meet() -> None:
+        """MEET every node the first one does not know (not even in a handshake). A handshake
+        can time out on a loaded machine, and is then forgotten: meet again, every 2 s at
+        most (a MEET to a known node would start a needless handshake)."""
+        if time.monotonic() - met_at[0] < 2:
+            return
+        met_at[0] = time.monotonic()
+        with cluster.primaries[0].admin() as client:
+            known = {str(address) for address in client.execute_command("CLUSTER NODES")}
+            for other in cluster.servers[1:]:
+                if not any(address.endswith(f":{other.port}") for address in known):
+                    client.execute_command("CLUSTER MEET", "127.0.0.1", other.port, other.bus_port)
 
     def all_known() -> bool:
         for server in cluster.servers:
@@ -204,10 +215,12 @@ def _form(cluster: Cluster) -> None:
                 if len(nodes) != len(cluster.servers) or any(
                     "handshake" in str(node.get("flags")) for node in nodes.values()
                 ):
+                    meet()
                     return False
         return True
 
-    wait_until(all_known, 10, "every cluster node to know the others")
+    meet()
+    wait_until(all_known, 30, "every cluster node to know the others")
     for replica, primary in zip(cluster.replicas, cluster.primaries, strict=True):
         with replica.admin() as client:
             client.execute_command("CLUSTER REPLICATE", cluster.ids[primary.port])
