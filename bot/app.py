@@ -96,6 +96,7 @@ async def serve(settings: Settings) -> int:
     try:
         await _check_durability(store, settings, embedded=embedded is not None)
         await _check_layout(store)
+        await _spread_access(store)
         return await _serve(settings, store, adapter)
     finally:
         await store.close()
@@ -127,6 +128,18 @@ async def _check_layout(store: Store) -> None:
         raise ConfigError(str(exc)) from None
     except Unavailable as exc:
         raise StartupError(f"cannot check the store's shard layout: {exc}") from None
+
+
+async def _spread_access(store: Store) -> None:
+    """Mend any shard's copy of the admins' access changes that a failover lost. Best
+    effort: the copies are as the last change left them, and a later start mends them."""
+    try:
+        spread = await store.spread_access()
+    except Unavailable as exc:
+        log.warning("could not check the shards' copies of the access changes: %s", exc)
+        return
+    if spread:
+        log.info("access changed in chat: %d users, copied into every shard", spread)
 
 
 async def _reach(settings: Settings, url: str, *, patient: bool) -> Store:

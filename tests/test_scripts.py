@@ -1005,3 +1005,20 @@ async def test_an_access_change_reaches_every_shard_and_an_older_one_never_repla
     # Clearing a budget leaves the access as it was.
     cleared = await store.change_access("u1", "budget", "", by="admin-1")
     assert (cleared.access, cleared.budget, cleared.seq) == ("deny", None, 4)
+
+
+async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    assert await store.spread_access() == 0
+    await store.change_access("u1", "access", "deny", by="admin")
+    await store.change_access("u2", "budget", "500", by="admin")
+    # A failover lost one shard's copies, and left another with an older one of u1's.
+    await redis.delete(access_key(3))
+    older = json.dumps({"access": "allow", "by": "admin", "at": 0, "seq": 0})
+    await redis.hset(access_key(5), "u1", older)
+    assert await store.spread_access() == 2
+    for shard in (3, 5):
+        copies = await redis.hgetall(access_key(shard))
+        assert {k: json.loads(v)["seq"] for k, v in copies.items()} == {b"u1": 1, b"u2": 2}

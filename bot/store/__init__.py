@@ -743,10 +743,23 @@ class Store:
         keys = [ACCESS_KEY, ACCESS_SEQ_KEY]
         raw = _text(await self._run_durable(self._access_set, keys, [user, change, value, by]))
         record = AccessRecord.from_json(user, raw)
-        await self._in_every_shard(
-            self._access_copy, lambda shard: (access_key(shard), [user, raw, record.seq])
-        )
+        await self._copy_access(record, raw)
         return record
+
+    async def _copy_access(self, record: AccessRecord, raw: str) -> None:
+        """Copy a record into every shard that lacks it or holds an older one."""
+        args: list[str | int] = [record.user, raw, record.seq]
+        await self._in_every_shard(self._access_copy, lambda shard: (access_key(shard), args))
+
+    async def spread_access(self) -> int:
+        """Copy every user's access record into every shard again, where a shard lacks it
+        or holds an older one (a copy is not waited for at the durability level, so a
+        failover may lose one). Run at start-up; returns the records spread."""
+        async with self._reaching():
+            records = await self.redis.hgetall(ACCESS_KEY)
+        for user, raw in records.items():
+            await self._copy_access(AccessRecord.from_json(_text(user), raw), _text(raw))
+        return len(records)
 
     async def today(self) -> DayTotals:
         """What every replica did today (UTC), summed over the shards: one round trip (on a
