@@ -160,7 +160,29 @@ class Cluster:
             server.kill()
 
 
+class NotFormed(Exception):
+    """The nodes did not all come to know each other in time."""
+
+
+# On a loaded machine the nodes of a new cluster sometimes never all meet: a handshake is lost,
+# or a port was just freed by another test's killed node, which its old cluster still dials.
+# The cluster is then started again, on fresh ports, up to this many times in all.
+FORM_ATTEMPTS = 3
+
+
 def start_cluster(folder: Path) -> Cluster:
+    for attempt in range(1, FORM_ATTEMPTS):
+        try:
+            return _start_cluster(folder if attempt == 1 else folder / f"attempt{attempt}")
+        except NotFormed as exc:
+            print(f"cluster attempt {attempt} did not form, starting afresh: {exc}")
+    try:
+        return _start_cluster(folder / f"attempt{FORM_ATTEMPTS}")
+    except NotFormed as exc:
+        raise AssertionError(f"no cluster formed in {FORM_ATTEMPTS} attempts: {exc}") from None
+
+
+def _start_cluster(folder: Path) -> Cluster:
     cluster = Cluster(
         [Server(free_port(), folder / f"p{i}") for i in range(3)],
         [Server(free_port(), folder / f"r{i}") for i in range(3)],
@@ -183,6 +205,20 @@ def start_cluster(folder: Path) -> Cluster:
         cluster.stop()
         raise
     return cluster
+
+
+def _views(cluster: Cluster) -> str:
+    """What each node knows of the others (address and flags), to say why they did not meet."""
+    views = []
+    for server in cluster.servers:
+        try:
+            with server.admin() as client:
+                nodes = client.execute_command("CLUSTER NODES")
+            known = ", ".join(f"{address} {node.get('flags')}" for address, node in nodes.items())
+        except (RedisError, OSError) as exc:
+            known = repr(exc)
+        views.append(f"{server.port} (bus {server.bus_port}) knows [{known}]")
+    return "; ".join(views)
 
 
 def _form(cluster: Cluster) -> None:
@@ -220,7 +256,10 @@ def _form(cluster: Cluster) -> None:
         return True
 
     meet()
-    wait_until(all_known, 30, "every cluster node to know the others")
+    try:
+        wait_until(all_known, 15, "every cluster node to know the others")
+    except AssertionError as exc:
+        raise NotFormed(f"{exc}; {_views(cluster)}") from None
     for replica, primary in zip(cluster.replicas, cluster.primaries, strict=True):
         with replica.admin() as client:
             client.execute_command("CLUSTER REPLICATE", cluster.ids[primary.port])
