@@ -115,7 +115,7 @@ def render_draft(markdown: str, limit: int) -> tuple[str, str | None]:
 
 
 def well_formed(html: str) -> bool:
-    """Every tag closed, in order, and nothing but the tags and entities Telegram takes."""
+    """Every tag closed, in the order it was opened, and nothing the parser rejects."""
     checker = _TagChecker()
     try:
         checker.feed(html)

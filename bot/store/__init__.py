@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from importlib import resources
 from typing import Any, Literal
@@ -304,8 +304,8 @@ class DayTotals:
     @classmethod
     def summed(cls, totals: Sequence[Mapping[Any, Any]], users: Sequence[int]) -> DayTotals:
         """The shards' totals (hashes) and counts of conversations, added up."""
-        sums = dict.fromkeys(("prompt", "completion", "generations"), 0)
-        sums |= dict.fromkeys(("replies", "interrupted", "forced"), 0)
+        # Every field but `users` is a field of the shards' totals hashes, of the same name.
+        sums = {f.name: 0 for f in fields(cls) if f.name != "users"}
         for shard in totals:
             for name, value in shard.items():
                 if _text(name) in sums:

@@ -176,9 +176,9 @@ def access_key(shard: int) -> str:
 
 
 def usage_day_keys(shard: int, when: date) -> tuple[str, str]:
-    """A shard's tokens of one day: totals (hash: prompt, completion, generations), and its
-    conversations ranked by tokens (sorted set). In the shard's slot, so the usage script can
-    write them with the conversation's own keys."""
+    """A shard's day: totals (hash: prompt, completion, generations, replies, interrupted,
+    forced), and its conversations ranked by tokens (sorted set). In the shard's slot, so the
+    scripts can write them with the conversation's own keys."""
     base = f"{_shard_tag(shard)}:usage:{when.isoformat()}"
     return f"{base}:totals", f"{base}:ranking"
 
