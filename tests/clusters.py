@@ -71,6 +71,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class PortTaken(AssertionError):
+    """A server could not bind its port: another process took it after `free_port`."""
+
+
 @dataclass
 class Server:
     """One server process on 127.0.0.1:`port`."""
@@ -106,7 +110,10 @@ class Server:
         def answers() -> bool:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise AssertionError(f"server on {self.port} exited: {self.log_tail()}")
+                tail = self.log_tail()
+                if "Address already in use" in tail:
+                    raise PortTaken(f"server on {self.port} exited: {tail}")
+                raise AssertionError(f"server on {self.port} exited: {tail}")
             with self.admin() as client:
                 return bool(client.ping())
 
@@ -161,12 +168,13 @@ class Cluster:
 
 
 class NotFormed(Exception):
-    """The nodes did not all come to know each other in time."""
+    """The nodes did not all come to know each other in time, or one could not start."""
 
 
 # On a loaded machine the nodes of a new cluster sometimes never all meet: a handshake is lost,
 # or a port was just freed by another test's killed node, which its old cluster still dials.
-# The cluster is then started again, on fresh ports, up to this many times in all.
+# And a port `free_port` found free may be taken by another process before the server binds
+# it. The cluster is then started again, on fresh ports, up to this many times in all.
 FORM_ATTEMPTS = 3
 
 
@@ -201,8 +209,10 @@ def _start_cluster(folder: Path) -> Cluster:
                 "--repl-ping-replica-period", "1",
             )  # fmt: skip
         _form(cluster)
-    except BaseException:
+    except BaseException as exc:
         cluster.stop()
+        if isinstance(exc, PortTaken):
+            raise NotFormed(str(exc)) from None
         raise
     return cluster
 
