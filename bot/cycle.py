@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import time
+import traceback
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,22 @@ from bot.watch import VersionWatch
 log = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I can't answer right now because of a technical problem. Please try again later."
+# The reply to a burst whose reply failed `llm.attempts` times in a row: what went wrong, in
+# the user's words, so that the conversation moves on (the burst counts as answered).
+GAVE_UP = (
+    "Sorry, I couldn't answer your last message{s}: {cause}. I've set {them} aside, so "
+    "anything you write now gets a fresh answer."
+)
+# What went wrong, by the module the error came from; the log has the details.
+CAUSES = (
+    ("bot.media", "one of the files you sent could not be read"),
+    ("bot.transcribe", "a voice note could not be transcribed"),
+    ("bot.llm", "the AI service sent an answer I could not read"),
+    ("openai", "the AI service sent an answer I could not read"),
+    ("bot.admin", "a command could not be carried out"),
+    ("bot.commands", "a command could not be carried out"),
+)
+CAUSE = "something went wrong on my side"
 
 # A reply whose sending failed this many times in a row (a transient platform error each
 # time, backed off 1, 2, 4... s across replicas: about two minutes) is given up, so one broken
@@ -108,6 +125,28 @@ def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
     if not asked:
         return None
     return Retry(tuple(history[:first]), asked, history[last].version)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The one reply to a burst: its text, the completion tokens it cost, and the admin
+    changes it announces (carried out once it passes the pre-send check)."""
+
+    text: str
+    spent: int = 0
+    changes: tuple[admin.Change, ...] = ()
+
+
+def cause_of(exc: BaseException) -> str:
+    """What went wrong, for the user: where the error was raised, in plain words."""
+    modules = [
+        frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)
+    ]
+    for module in reversed(modules):
+        for prefix, words in CAUSES:
+            if module == prefix or module.startswith(prefix + "."):
+                return words
+    return CAUSE
 
 
 @dataclass(frozen=True)
@@ -166,6 +205,8 @@ class Stats:
     discarded: int = 0
     forced: int = 0
     apologies: int = 0
+    # Bursts answered with an apology because their reply failed `llm.attempts` times.
+    given_up: int = 0
     resent: int = 0
     lost: int = 0
     # Attempts that failed (a platform or store error) and were handed back, backed off;
@@ -282,7 +323,9 @@ class Cycle:
             if isinstance(exc, Unavailable):
                 log.warning("cycle for %s failed: %s", conversation, exc)
             else:
-                log.exception("cycle for %s failed", conversation)
+                # A warning with its traceback: after `llm.attempts` in a row the burst is
+                # answered with an apology, logged once at ERROR (`_gave_up`).
+                log.warning("cycle for %s failed; trying again", conversation, exc_info=True)
             return await self._back_off(lease)
         except BaseException:
             # Shutdown: hand the conversation back now rather than after the TTL.
@@ -325,6 +368,8 @@ class Cycle:
             text, version = grant.resend
             self.stats.resent += 1
             log.info("resending the reply left in the outbox of %s", lease.conversation)
+            # The admin changes it announces: applied again, as its holder may have died first.
+            await admin.apply(self.store, admin.decoded(grant.resend_changes))
         else:
             self.stats.lateness_ms.append(grant.lateness_ms)
             self.stats.lateness.observe(grant.lateness_ms)
@@ -333,10 +378,10 @@ class Cycle:
             target = last_reply(grant.history) if burst.retry and burst.keeps_history else None
             if burst.retry and target is None:
                 burst = replace(burst, answers=(*burst.answers, NOTHING_TO_RETRY))
-            reply = await self._reply(grant, burst, keeper, target)
+            reply = await self._reply_or_give_up(grant, burst, keeper, target)
             if isinstance(reply, Next):
                 return reply
-            text, spent = reply
+            text, spent = reply.text, reply.spent
             verdict = await self.store.presend(
                 lease,
                 version,
@@ -344,6 +389,7 @@ class Cycle:
                 reset=burst.reset,
                 replaces=target.version if target else 0,
                 unsaid=burst.retry,
+                changes=admin.encoded(reply.changes),
             )
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)
@@ -356,6 +402,8 @@ class Cycle:
             if verdict.forced:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
+            # Only now, past the final check: a stale reply's commands change nothing.
+            await admin.apply(self.store, reply.changes)
         # Whose pre-send check the reply passed: this lease's, or for a resend the crashed one's.
         sent_by = grant.resend_lease if grant.resend is not None else (lease.fence, lease.token)
         outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures)
@@ -404,17 +452,24 @@ class Cycle:
         return "sent"
 
     async def _commit(self, lease: Lease, outcome: Outcome) -> Ended:
-        """Commit, retrying a refusal of the store while the lease is ours: left undone, the
-        reply already delivered would be sent again by the next holder. The keeper cancels
-        this once the lease can no longer be confirmed."""
+        """Commit, retrying any failure while the lease is ours: left undone, the reply
+        already delivered would be sent again by the next holder. The keeper cancels this
+        once the lease can no longer be confirmed."""
         backoff = Backoff(COMMIT_RETRY_S, COMMIT_RETRY_CAP_S)
         while True:
             try:
                 ended = await self.store.commit(lease, outcome)
-            except StoreUnavailable as exc:
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                # A refusal a retry outlives (StoreUnavailable), or one we did not foresee:
+                # either way, giving up here would send the reply twice.
                 delay = backoff.next_delay()
                 log.warning(
-                    "commit of %s failed (%s); retrying in %.2fs", lease.conversation, exc, delay
+                    "commit of %s failed (%s); retrying in %.2fs",
+                    lease.conversation,
+                    exc if isinstance(exc, StoreUnavailable) else repr(exc),
+                    delay,
                 )
                 await asyncio.sleep(delay)
                 continue
@@ -422,9 +477,44 @@ class Cycle:
                 raise LeaseLost(lease.conversation)
             return ended
 
+    async def _reply_or_give_up(
+        self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
+    ) -> Reply | Next:
+        """`_reply`; or, once writing it has failed `llm.attempts` times in a row, the
+        apology that ends the burst. An outage (the store, the platform) is not counted: it
+        is backed off until it ends, as nothing could be delivered meanwhile anyway."""
+        try:
+            return await self._reply(grant, burst, keeper, target)
+        except (LeaseLost, Unavailable):
+            raise
+        except Exception as exc:
+            attempts = grant.failures + 1
+            if attempts < self.settings.llm.attempts:
+                raise
+            return self._gave_up(grant, exc, attempts)
+
+    def _gave_up(self, grant: Grant, exc: Exception, attempts: int) -> Reply:
+        assert grant.lease is not None
+        self.stats.given_up += 1
+        cause = cause_of(exc)
+        log.error(
+            "gave up writing the reply to %s (%d messages) after %d attempts; it gets an "
+            "apology (%s): %r",
+            grant.lease.conversation,
+            len(grant.unanswered),
+            attempts,
+            cause,
+            exc,
+            exc_info=exc,
+        )
+        several = len(grant.unanswered) > 1
+        return Reply(
+            GAVE_UP.format(s="s" if several else "", them="them" if several else "it", cause=cause)
+        )
+
     async def _reply(
         self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
-    ) -> tuple[str, int] | Next:
+    ) -> Reply | Next:
         """The one reply to the burst and the completion tokens it cost: command answers
         first, then the model's answer to everything else (no model call when the burst is
         only commands, or its user is over the daily budget). `Next` instead if a newer
@@ -433,17 +523,19 @@ class Cycle:
         conversation = grant.lease.conversation
         # The model in effect: the user's pick, or one this very burst picks.
         picked = [grant.model]
-        answers = [await self._looked_up(conversation, a, picked) for a in burst.answers]
+        decided = [await self._looked_up(conversation, a, picked) for a in burst.answers]
+        answers = [d.answer for d in decided]
+        changes = tuple(c for d in decided for c in d.changes)
         choice = model_named(self.settings.llm, picked[-1])
         if not burst.for_model and target is None:
-            return "\n\n".join(answers), 0
+            return Reply("\n\n".join(answers), 0, changes)
         user = grant.unanswered[-1].user_id
         spending = await self.store.spending(conversation, user)
         budget = _budget(self.settings, spending)
         if budget and spending.today >= budget:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
-            return "\n\n".join((*answers, OVER_BUDGET)), 0
+            return Reply("\n\n".join((*answers, OVER_BUDGET)), 0, changes)
         usage = Usage()
         # Filled once the prompt is built: the files are read inside the interruptible part.
         prompts: list[Prompt] = []
@@ -494,29 +586,32 @@ class Cycle:
         if answered:
             stats.finished += 1
             stats.finished_tokens += spent
-        return "\n\n".join((*answers, outcome)), spent
+        return Reply("\n\n".join((*answers, outcome)), spent, changes)
 
-    async def _looked_up(self, conversation: str, answer: str | Ask, picked: list[str]) -> str:
+    async def _looked_up(
+        self, conversation: str, answer: str | Ask, picked: list[str]
+    ) -> admin.Decision:
         """A command's answer, with what it needs from the store. A model picked is kept
         for every replica at once, and appended to `picked` for the rest of the burst."""
         llm = self.settings.llm
         if isinstance(answer, str):
-            return answer
+            return admin.Decision(answer)
         if answer.command in ADMIN_COMMANDS:
-            return await admin.answer(self.store, self.settings, answer)
+            return await admin.decide(self.store, self.settings, answer)
         if answer.command == "usage":
             spending = await self.store.spending(conversation, answer.by)
-            return usage_answer(spending.today, spending.month, _budget(self.settings, spending))
+            budget = _budget(self.settings, spending)
+            return admin.Decision(usage_answer(spending.today, spending.month, budget))
         if not answer.argument:
-            return models_answer(llm, picked[-1])
+            return admin.Decision(models_answer(llm, picked[-1]))
         choice = model_named(llm, answer.argument)
         if choice is None:
-            return f"There is no model called {answer.argument!r}.\n" + models_answer(
-                llm, picked[-1]
+            return admin.Decision(
+                f"There is no model called {answer.argument!r}.\n" + models_answer(llm, picked[-1])
             )
         await self.store.pick_model(conversation, choice.name)
         picked.append(choice.name)
-        return f"From now on I answer you with {choice.name} ({choice.model})."
+        return admin.Decision(f"From now on I answer you with {choice.name} ({choice.model}).")
 
     async def _answer(
         self,

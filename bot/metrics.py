@@ -60,6 +60,11 @@ COUNTERS = (
     ),
     ("cycles_failed", "Cycles that failed and were handed back, backed off", "failed"),
     ("apologies", "Apologies sent because the LLM failed", "apologies"),
+    (
+        "bursts_given_up",
+        "Bursts answered with an apology after their reply failed LASTWORD_LLM__ATTEMPTS times",
+        "given_up",
+    ),
     ("over_budget", "Bursts answered with the daily-budget notice", "over_budget"),
     ("lease_acquisitions", "Conversation leases taken", "cycles"),
     ("lease_losses", "Conversation leases lost mid-cycle", "lost"),

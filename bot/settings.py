@@ -111,6 +111,10 @@ class LLMSettings(BaseModel):
     echo_delay_ms: int = Field(default=0, ge=0)
     # Every attempt and backoff for one reply together end by this deadline, then apologise.
     deadline_s: float = Field(default=120.0, gt=0)
+    # Cycles in a row whose reply could not be written (an error other than the provider's
+    # own: a file, a command, a bug) before the burst is answered with an apology that says
+    # so, committed like any reply, so that no input can silence a conversation for good.
+    attempts: int = Field(default=3, ge=1, le=20)
     # Stream the completion, so a cancelled generation stops costing tokens at once.
     stream: bool = True
     # Cancel a generation as soon as a newer message arrives, then wait for the window again.
