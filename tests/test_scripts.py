@@ -646,7 +646,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
     await store.ingest(message(2))
     grant = await acquire_when_ready(store, CONV, "owner")
     assert grant.lease is not None
-    verdict = await store.presend(grant.lease, grant.version, "the reply")
+    verdict = await store.presend(grant.lease, grant.version, "the reply", changes="[change]")
     assert verdict == PreSend("ok", forced=False)
     assert await hash_of(redis, k.outbox) == {
         "text": "the reply",
@@ -656,6 +656,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "token": grant.lease.token,  # with the fence, in the reply parts' idempotency keys
         "replaces": "0",  # not a /retry
         "unsaid": "0",
+        "changes": "[change]",  # the admin changes it announces, for a resend to apply
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)
@@ -967,17 +968,18 @@ async def test_resend_covers_only_its_version_when_more_arrived(
     await crashing.ingest(message(1))
     first = await acquire_when_ready(crashing, CONV, "crashes")
     assert first.lease is not None
-    assert (await crashing.presend(first.lease, first.version, "reply to one")).status == "ok"
+    checked = await crashing.presend(first.lease, first.version, "reply to one", changes="[c]")
+    assert checked.status == "ok"
     await crashing.ingest(message(2))  # after the check passed: not covered by that reply
 
     grant = await acquire_when_ready(survivor, CONV, "survivor")
     assert grant.lease is not None
-    assert grant.resend == ("reply to one", 1)
+    assert (grant.resend, grant.resend_changes) == (("reply to one", 1), "[c]")
     assert (await survivor.commit(grant.lease)).ok
     assert await survivor.counters(CONV) == (2, 1)
 
     follow_up = await acquire_when_ready(survivor, CONV, "follow-up")
-    assert follow_up.resend is None
+    assert (follow_up.resend, follow_up.resend_changes) == (None, "")
     assert [m.text for m in follow_up.unanswered] == ["text 2"]
 
 
@@ -985,16 +987,19 @@ async def test_an_access_change_reaches_every_shard_and_an_older_one_never_repla
     redis: Redis, make_settings: SettingsFactory
 ) -> None:
     store = build(make_settings, redis)
+    before = await server_ms(redis)
     denied = await store.change_access("u1", "access", "deny", by="admin-1")
     allowed = await store.change_access("u1", "access", "allow", by="admin-2")
-    assert (denied.seq, allowed.seq) == (1, 2)
+    # Never below the server's time in ms, always above the last.
+    assert before <= denied.seq < allowed.seq
     assert (allowed.access, allowed.by, allowed.budget) == ("allow", "admin-2", None)
     copies = [await redis.hget(access_key(shard), "u1") for shard in range(SHARDS)]
     assert all(copy is not None and json.loads(copy)["access"] == "allow" for copy in copies)
 
     # The first change's copy, arriving late (its admin's replica was slow): kept out.
     older = json.dumps({"access": "deny", "by": "admin-1", "at": 0, "seq": denied.seq})
-    assert await redis.eval(ACCESS_COPY, 1, access_key(7), "u1", older, denied.seq) == b"kept"
+    late = ["0", "0", "u1", older, str(denied.seq)]
+    assert await redis.eval(ACCESS_COPY, 1, access_key(7), *late) == 0  # copied none
     assert json.loads(await redis.hget(access_key(7), "u1") or "{}")["access"] == "allow"
     # The user is let in, though the settings' allow-list leaves them out; once denied, not
     # even an allow-list that names them lets them in, but an admin is always let in.
@@ -1004,7 +1009,11 @@ async def test_an_access_change_reaches_every_shard_and_an_older_one_never_repla
     assert (await store.ingest(message(3), "admin")).accepted
     # Clearing a budget leaves the access as it was.
     cleared = await store.change_access("u1", "budget", "", by="admin-1")
-    assert (cleared.access, cleared.budget, cleared.seq) == ("deny", None, 4)
+    assert (cleared.access, cleared.budget) == ("deny", None)
+    assert cleared.seq > allowed.seq
+    # Every shard holds every change up to the last: no sweep has anything to mend.
+    wholes = {await redis.hget(access_key(shard), "~seq") for shard in range(SHARDS)}
+    assert wholes == {str(cleared.seq).encode()}
 
 
 async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
@@ -1012,8 +1021,8 @@ async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
 ) -> None:
     store = build(make_settings, redis)
     assert await store.spread_access() == 0
-    await store.change_access("u1", "access", "deny", by="admin")
-    await store.change_access("u2", "budget", "500", by="admin")
+    first = await store.change_access("u1", "access", "deny", by="admin")
+    second = await store.change_access("u2", "budget", "500", by="admin")
     # A failover lost one shard's copies, and left another with an older one of u1's.
     await redis.delete(access_key(3))
     older = json.dumps({"access": "allow", "by": "admin", "at": 0, "seq": 0})
@@ -1021,4 +1030,6 @@ async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
     assert await store.spread_access() == 2
     for shard in (3, 5):
         copies = await redis.hgetall(access_key(shard))
-        assert {k: json.loads(v)["seq"] for k, v in copies.items()} == {b"u1": 1, b"u2": 2}
+        seqs = {k: json.loads(v)["seq"] for k, v in copies.items() if k != b"~seq"}
+        assert seqs == {b"u1": first.seq, b"u2": second.seq}
+        assert copies[b"~seq"] == str(second.seq).encode()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -61,6 +63,8 @@ from bot.store.keys import Keys as Keys
 from bot.store.keys import role_key as role_key
 from bot.store.keys import shard_of as shard_of
 
+log = logging.getLogger(__name__)
+
 # Platform message ids remembered per conversation for dedupe: at most this many, and none
 # older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
 SEEN_CAP = 1000
@@ -69,6 +73,11 @@ SEEN_KEEP_MS = 25 * 3600_000
 # this long, doubling per failure in a row up to the cap, whichever replica makes it.
 RETRY_AFTER_ERROR_MS = 1000
 RETRY_AFTER_ERROR_CAP_MS = 60_000
+# A time the store holds further ahead than the flow ever sets one, by more than this, was set
+# by a clock that has since moved back (a failover to a node behind): it counts as run out.
+CLOCK_SLACK_MS = 1000
+# A sweep mends at most this many shards' copies of the access changes (the rest at the next).
+MEND_SHARDS_PER_SWEEP = 8
 # The rate limit counts messages per minute.
 RATE_WINDOW_MS = 60_000
 # How long a conversation stays in the activity index after its last message.
@@ -94,9 +103,24 @@ class StoreUnavailable(Unavailable):
 # OOM: at maxmemory with noeviction (writes refused until memory is freed); BUSY: a script or
 # function runs too long; LOADING: the dataset is being loaded after a restart; MASTERDOWN,
 # TRYAGAIN, CLUSTERDOWN: a failover or resharding is under way; NOSCRIPT: an empty script
-# cache after a restart (scripts are reloaded on the next attempt).
+# cache after a restart (scripts are reloaded on the next attempt); NOREPLICAS: writes refused
+# by `min-replicas-to-write` until a replica is back in touch; MISCONF: writes refused after a
+# failed background save, until one succeeds; UNBLOCKED: an operator's CLIENT UNBLOCK ended a
+# wait of ours (the durability level's WAIT). Not here, as no retry outlives them: ACL and
+# auth refusals (NOPERM, NOAUTH, WRONGPASS), wrong types and script bugs (ERR, WRONGTYPE).
 TRANSIENT_REPLIES = frozenset(
-    {"OOM", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"}
+    {
+        "OOM",
+        "BUSY",
+        "LOADING",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "NOSCRIPT",
+        "NOREPLICAS",
+        "MISCONF",
+        "UNBLOCKED",
+    }
 )
 # These mean the connection talks to the wrong node: a replica after a failover (READONLY),
 # or a cluster node that does not own the slot, seen by a plain client (MOVED, ASK).
@@ -120,6 +144,10 @@ def classify(exc: ResponseError) -> StoreUnavailable | None:
     # redis-py strips the codes it knows from the message and keeps them here, or says
     # which it was by the exception's class (the cluster's errors).
     code = getattr(exc, "status_code", None) or text.split(" ", 1)[0]
+    if code == "ERR":
+        # Before Redis 7 a refused command inside a script came back as a script error,
+        # "ERR Error running script (call to f_...): @user_script:9: -NOREPLICAS ...".
+        code = _refused_in_script(text) or code
     if isinstance(exc, ReadOnlyError):
         code = "READONLY"
     elif isinstance(exc, AskError):
@@ -137,6 +165,18 @@ def classify(exc: ResponseError) -> StoreUnavailable | None:
     if code in TRANSIENT_REPLIES:
         return StoreUnavailable(f"Redis answered {code}: {text}")
     return None
+
+
+# In an old server's script error: the code of the reply that a call inside the script got.
+_SCRIPT_CALL_REPLY = re.compile(r"@user_script: ?\d+: -?([A-Z]+) ")
+
+
+def _refused_in_script(text: str) -> str | None:
+    """The code of a refusal the script met, if `text` is an old server's script error."""
+    if not text.startswith("Error running script"):
+        return None
+    found = _SCRIPT_CALL_REPLY.findall(text)
+    return found[-1] if found else None
 
 
 def _raised_in_redis_py(exc: BaseException) -> bool:
@@ -224,6 +264,22 @@ class StoreSettings:
     retention_ms: int = 30 * 86_400_000
     # What ingest, pre-send and commit wait for (bot.store.durability).
     durability: Level = DEFAULT_LEVEL
+
+    @property
+    def horizon_ms(self) -> int:
+        """The longest delay the flow sets (a window, a lease, a backoff), with slack: a time
+        the store holds further ahead than this is the work of a clock that moved back."""
+        return max(self.max_wait_ms, self.ttl_ms, RETRY_AFTER_ERROR_CAP_MS) + CLOCK_SLACK_MS
+
+    @property
+    def trusted_age_ms(self) -> int:
+        """The oldest age of the oldest unanswered message the starvation guard believes (0:
+        the guard's age is off): the guard's age, a window (max_wait) and a generation (lease
+        TTL) more. An age beyond it is taken for a clock that moved forward; the guard's clock
+        then starts again, and only the discard count can force a reply meanwhile."""
+        if not self.starvation_age_ms:
+            return 0
+        return self.starvation_age_ms + self.max_wait_ms + self.ttl_ms
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSettings:
@@ -362,6 +418,8 @@ class Grant:
     waited_ms: int = 0
     # The model the user picked with /model ("": the default).
     model: str = ""
+    # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
+    resend_changes: str = ""
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -524,11 +582,17 @@ class Store:
         keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
         # as safe as a pre-send's (the wait covers every write before this one).
-        reply = await self._run_durable(
-            self._acquire,
-            keys,
-            [conversation, token, self.settings.ttl_ms, self.settings.history_cap],
-        )
+        args: list[str | int] = [
+            conversation,
+            token,
+            self.settings.ttl_ms,
+            self.settings.history_cap,
+            self.settings.max_wait_ms,
+            RETRY_AFTER_ERROR_CAP_MS,
+            CLOCK_SLACK_MS,
+            self.settings.trusted_age_ms,
+        ]
+        reply = await self._run_durable(self._acquire, keys, args)
         status = _text(reply[0])
         if status in ("busy", "early", "backoff"):
             return Grant(status, look_in_ms=_look_in(reply[1]))  # type: ignore[arg-type]
@@ -549,6 +613,7 @@ class Store:
             resend_lease=(int(reply[10] or 0), _text(reply[11])) if resend else (0, ""),
             waited_ms=int(reply[12]),
             model=_text(reply[13]),
+            resend_changes=_text(reply[14]) if resend else "",
         )
 
     async def renew(self, lease: Lease) -> bool:
@@ -590,11 +655,14 @@ class Store:
         *,
         replaces: int = 0,
         unsaid: int = 0,
+        changes: str = "",
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
         /retry, `replaces` is the version of the reply this one takes the place of in the
-        history, and `unsaid` the /retry message's, which the history does not keep."""
+        history, and `unsaid` the /retry message's, which the history does not keep.
+        `changes`: the admin changes the reply announces, kept with it in the outbox until
+        the commit, so a resend (`Grant.resend_changes`) can apply them too."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.outbox, k.window, k.due, k.day_totals(_today())]
         args: list[str | int] = [
@@ -610,6 +678,8 @@ class Store:
             replaces,
             unsaid,
             DAY_KEEP_MS,
+            changes,
+            self.settings.trusted_age_ms,
         ]
         reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])
@@ -637,33 +707,67 @@ class Store:
         return Ended(_text(status) == "committed", _look_in(look_in))
 
     async def due(self, limit: int = 100) -> list[str]:
-        """Conversations, across all shards, whose next look is overdue. One round trip (on a
-        cluster, one to each primary, all at once: the pipeline is split by node)."""
-        results = await self._in_every_shard(self._due, lambda shard: (due_key(shard), [limit]))
-        return [_text(c) for shard in results for c in shard]
+        """Conversations, across all shards, whose next look is overdue, or scored further
+        ahead than any delay the flow sets (`StoreSettings.horizon_ms`). One round trip (on a
+        cluster, one to each primary, all at once: the pipeline is split by node), which also
+        reads whether a shard's copies of the access changes lag behind: a few such shards
+        are mended then (`MEND_SHARDS_PER_SWEEP`), the rest at the next sweep."""
+        horizon = self.settings.horizon_ms
+        *shards, latest = await self._in_every_shard(
+            self._due,
+            lambda shard: ([due_key(shard), access_key(shard)], [limit, horizon]),
+            also=[("GET", ACCESS_SEQ_KEY)],
+        )
+        behind = [n for n, (_, whole) in enumerate(shards) if int(whole) < int(latest or 0)]
+        if behind:
+            await self._mend_access(behind[:MEND_SHARDS_PER_SWEEP])
+        return [_text(c) for found, _ in shards for c in found]
+
+    async def _mend_access(self, shards: Sequence[int]) -> None:
+        """Mend these shards' copies of the access changes. Best effort: a failure is
+        logged, and the next sweep finds them behind still and tries again; it must not cost
+        the sweep its wake-ups."""
+        try:
+            await self._spread_access(shards)
+        except Unavailable as exc:
+            log.warning("could not mend the access changes of %d shards: %s", len(shards), exc)
+        except Exception:
+            log.exception("mending the access changes of %d shards failed", len(shards))
 
     async def _in_every_shard(
-        self, script: AsyncScript, call: Callable[[int], tuple[str, list[str | int]]]
+        self,
+        script: AsyncScript,
+        call: Callable[[int], tuple[list[str], list[str | int]]],
+        *,
+        shards: Sequence[int] = range(SHARDS),
+        also: Sequence[tuple[str, ...]] = (),
     ) -> list[Any]:
-        """Run `script` once in each shard, on the key and with the arguments `call(shard)`
-        gives, in one pipeline (on a cluster, one round trip to each primary, all at once)."""
+        """Run `script` once in each of `shards` (all by default), on the keys and with the
+        arguments `call(shard)` gives, and the commands `also` after them, in one pipeline (on
+        a cluster, one round trip to each primary, all at once). Their replies, in order."""
         async with self._reaching():
             try:
-                return await self._pipeline_in_every_shard(script, call)
+                return await self._pipeline_in_every_shard(script, call, shards, also)
             except NoScriptError:
                 # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
                 # round trip to every sweep), so reload by hand after a restart.
                 await self.redis.script_load(script.script)
-                return await self._pipeline_in_every_shard(script, call)
+                return await self._pipeline_in_every_shard(script, call, shards, also)
 
     async def _pipeline_in_every_shard(
-        self, script: AsyncScript, call: Callable[[int], tuple[str, list[str | int]]]
+        self,
+        script: AsyncScript,
+        call: Callable[[int], tuple[list[str], list[str | int]]],
+        shards: Sequence[int],
+        also: Sequence[tuple[str, ...]],
     ) -> list[Any]:
         async with self.redis.pipeline(transaction=False) as pipe:
-            for shard in range(SHARDS):
-                key, args = call(shard)
+            for shard in shards:
+                keys, args = call(shard)
                 # As a raw command: the cluster pipeline refuses its evalsha() helper.
-                pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            for command in also:
+                pipe.execute_command(*command)
             results: list[Any] = await pipe.execute()
         return results
 
@@ -741,24 +845,34 @@ class Store:
         every replica once this returns: the user's record, then its copy in every shard.
         Raises `Unavailable` if any part failed; making the change again is harmless."""
         keys = [ACCESS_KEY, ACCESS_SEQ_KEY]
-        raw = _text(await self._run_durable(self._access_set, keys, [user, change, value, by]))
-        record = AccessRecord.from_json(user, raw)
-        await self._copy_access(record, raw)
+        raw, previous = await self._run_durable(self._access_set, keys, [user, change, value, by])
+        record = AccessRecord.from_json(user, _text(raw))
+        # A shard that held every change up to the one before holds every one up to this.
+        args: list[str | int] = [record.seq, int(previous), record.user, _text(raw), record.seq]
+        await self._in_every_shard(self._access_copy, lambda shard: ([access_key(shard)], args))
         return record
-
-    async def _copy_access(self, record: AccessRecord, raw: str) -> None:
-        """Copy a record into every shard that lacks it or holds an older one."""
-        args: list[str | int] = [record.user, raw, record.seq]
-        await self._in_every_shard(self._access_copy, lambda shard: (access_key(shard), args))
 
     async def spread_access(self) -> int:
         """Copy every user's access record into every shard again, where a shard lacks it
         or holds an older one (a copy is not waited for at the durability level, so a
-        failover may lose one). Run at start-up; returns the records spread."""
-        async with self._reaching():
-            records = await self.redis.hgetall(ACCESS_KEY)
+        failover may lose one). Run at start-up; returns the records spread. The sweep mends
+        a shard found behind `{lw:access}` the same way (`due`)."""
+        return await self._spread_access(range(SHARDS))
+
+    async def _spread_access(self, shards: Sequence[int]) -> int:
+        """Copy every user's access record into these shards, where a shard lacks it or holds
+        an older one: one round trip to read, one to copy. Returns the number of records."""
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            # The seq first: every change it counts is then among the records read after it.
+            pipe.get(ACCESS_SEQ_KEY)
+            pipe.hgetall(ACCESS_KEY)
+            latest, records = await pipe.execute()
+        args: list[str | int] = [int(latest or 0), 0]
         for user, raw in records.items():
-            await self._copy_access(AccessRecord.from_json(_text(user), raw), _text(raw))
+            args += [_text(user), _text(raw), AccessRecord.from_json(_text(user), raw).seq]
+        await self._in_every_shard(
+            self._access_copy, lambda shard: ([access_key(shard)], args), shards=shards
+        )
         return len(records)
 
     async def today(self) -> DayTotals:

@@ -1,11 +1,26 @@
--- Copy a user's access record into one shard, unless the shard holds a newer one already:
--- two admins' changes copied at once leave every shard with the later of them.
+-- Copy users' access records into one shard, each unless the shard holds a newer one already:
+-- two admins' changes copied at once leave every shard with the later of them. The shard notes
+-- the seq up to which it holds every change (field `~seq`, no user id can be one), so the sweep
+-- can tell a shard that lags behind `{lw:access}` with one read (due).
 -- KEYS: the shard's access hash
--- ARGV: user id, record json, its seq
--- Returns 'copied' | 'kept'
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if held and tonumber(cjson.decode(held).seq) >= tonumber(ARGV[3]) then
-  return 'kept'
+-- ARGV: the seq the shard holds every change up to once these are copied, if it held every
+--       change up to the second argument before (a change: its own seq and the one handed out
+--       before it; mending from a full read: the seq read before the records, and 0), then
+--       (user id, record json, its seq) for each record
+-- Returns the number of records copied
+local shard = KEYS[1]
+local copied = 0
+for i = 3, #ARGV, 3 do
+  local held = redis.call('HGET', shard, ARGV[i])
+  if not (held and tonumber(cjson.decode(held).seq) >= tonumber(ARGV[i + 2])) then
+    redis.call('HSET', shard, ARGV[i], ARGV[i + 1])
+    copied = copied + 1
+  end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 'copied'
+-- Only a chain without a gap makes the shard whole: of two changes copied out of order, the
+-- later one alone proves nothing about the earlier, and the sweep mends the shard instead.
+local whole = tonumber(redis.call('HGET', shard, '~seq') or '0')
+if whole >= tonumber(ARGV[2]) and tonumber(ARGV[1]) > whole then
+  redis.call('HSET', shard, '~seq', ARGV[1])
+end
+return copied

@@ -1,4 +1,21 @@
--- Conversations in one shard of the due-index whose next look is at or before now.
--- KEYS: due
--- ARGV: limit
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[1]))
+-- Conversations in one shard of the due-index whose next look is at or before now, and those
+-- scored further ahead than any delay the flow sets (a clock that moved back, after a failover
+-- to a node behind, left them there: waiting for it to catch up would hold them for as long
+-- as it was behind). Also the seq up to which the shard holds every access change, for the
+-- sweep to mend a shard that lags behind `{lw:access}` (access_copy).
+-- KEYS: due, the shard's access hash
+-- ARGV: limit, horizon ms (the longest delay the flow sets, with slack)
+-- Returns {conversations, the shard's access seq}
+local now = now_ms()
+local limit = tonumber(ARGV[1])
+local found = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+if #found < limit then
+  local horizon = now + tonumber(ARGV[2])
+  local beyond = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', horizon), '+inf',
+    'LIMIT', 0, limit - #found)
+  for _, conversation in ipairs(beyond) do
+    found[#found + 1] = conversation
+  end
+end
+local whole = redis.call('HGET', KEYS[2], '~seq') or '0'
+return {found, whole}

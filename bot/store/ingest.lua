@@ -71,6 +71,11 @@ redis.call('HDEL', state, 'unreachable')
 -- The cap is anchored where the window opened, so a late message can never push it out.
 local was_open = redis.call('HGET', window, 'opened')
 local opened = tonumber(was_open or now)
+if opened > now then
+  -- Opened in the future: the clock moved back (a failover to a node behind). Anchored there,
+  -- the cap would hold the window open for as long as the clock was behind.
+  opened = now
+end
 local cap = opened + tonumber(ARGV[5])
 local deadline = math.min(now + tonumber(ARGV[4]), cap)
 redis.call('HSET', window, 'opened', opened, 'deadline', deadline)

@@ -35,7 +35,8 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:lease       hash    token, fence; expires on its own
     {T}:c:<conversation>:outbox      hash    text, version, reset (the last /reset covered),
                                              fence and token of the lease that passed the
-                                             pre-send check, for a reply being sent
+                                             pre-send check, changes (the admin changes the
+                                             reply announces), for a reply being sent
     {T}:c:<conversation>:history     list    json entries, oldest first, capped
     {T}:c:<conversation>:rate        string  messages in the current rate-limit window
     {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
@@ -54,7 +55,9 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:usage:<D>:ranking            zset    conversation -> its tokens on day D; likewise
     {T}:access                       hash    user id -> a copy of the user's record in
                                              `{lw:access}` (below), so ingest and the budget
-                                             check read it in the conversation's own slot
+                                             check read it in the conversation's own slot;
+                                             and ~seq: the shard holds every change up to
+                                             this seq (the sweep mends a shard behind)
 
 A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
 together after `retention_ms` without a message or a reply: every step that writes them renews
@@ -80,7 +83,8 @@ with an older one):
     {lw:access}                      hash    user id -> record json: access ("allow" or
                                              "deny"), budget (daily tokens), by (the admin),
                                              at (ms), seq (orders the changes)
-    {lw:access}:seq                  string  the last seq handed out
+    {lw:access}:seq                  string  the last seq handed out (never below the
+                                             server's time in ms when it was handed out)
 
 Replicas announce themselves with a heartbeat (`heartbeat`), a hash that expires on its own,
 under a hash tag of its own, since it belongs to no conversation's slot:
