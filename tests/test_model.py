@@ -12,7 +12,10 @@ Time: windows are real and short (milliseconds), so deadlines pass on the server
 A lease's expiry and a failed attempt's backoff (seconds, both) are fast-forwarded instead:
 the lease's TTL is cut to a millisecond, `retry_at` is moved to now. The scripts compare both
 with the server's clock and nothing else, so this is what waiting would do; the model keeps
-when they would have run out, for the due-index check. Because outcomes depend on the clock,
+when they would have run out, for the due-index check. A clock that moves back (a failover
+to a node behind) is played by what it leaves: every time the conversation holds (window,
+backoff, lease expiry, due score) moved an hour ahead; the scripts must then treat them as
+run out and serve the conversation at once. Because outcomes depend on the clock,
 holders and messages are picked by a drawn number from plain lists, never from Hypothesis
 bundles, so what Hypothesis draws does not depend on the clock.
 
@@ -47,7 +50,15 @@ from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
-from bot.store import Grant, Keys, Store, StoreSettings, lease_token
+from bot.store import (
+    CLOCK_SLACK_MS,
+    RETRY_AFTER_ERROR_CAP_MS,
+    Grant,
+    Keys,
+    Store,
+    StoreSettings,
+    lease_token,
+)
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -59,6 +70,12 @@ MAX_WAIT_MS = 15
 # Never runs out by itself within a test; `expire` ends a lease on purpose.
 TTL_MS = 60_000
 STARVATION_LIMIT = 1
+# How far back a clock moves (`clock_moves_back`), and the times past which a script must take
+# what it holds for the work of such a clock: a window deadline, a backoff, a lease.
+JUMP_MS = 3_600_000
+DEADLINE_BOUND_MS = MAX_WAIT_MS + CLOCK_SLACK_MS
+BACKOFF_BOUND_MS = RETRY_AFTER_ERROR_CAP_MS + CLOCK_SLACK_MS
+HORIZON_MS = max(MAX_WAIT_MS, TTL_MS, RETRY_AFTER_ERROR_CAP_MS) + CLOCK_SLACK_MS
 EXAMPLES = int(os.environ.get("LASTWORD_MODEL_EXAMPLES", "200"))
 STEPS = 50
 
@@ -175,7 +192,7 @@ class Protocol(RuleBasedStateMachine):
 
     async def _past_deadline(self, conv: str) -> None:
         deadline = await self.redis.hget(Keys(conv).window, "deadline")
-        if deadline is not None:
+        if deadline is not None and int(deadline) <= await self._now() + DEADLINE_BOUND_MS:
 
             async def passed() -> bool:
                 return await self._now() > int(deadline)
@@ -197,12 +214,14 @@ class Protocol(RuleBasedStateMachine):
         for _ in range(burst):
             n = len(self.messages) + 1
             message = InboundMessage("model", conv.split(":")[1], "u", f"m{n}", f"text {n}")
+            now = self.run(self._now())
             ingested = self.run(self.replicas[replica].ingest(message))
             assert ingested.accepted, "a new message id was dropped"
             self.accepted[conv] += 1
             assert ingested.version == self.accepted[conv]
             self.messages.append(message)
-            if ingested.opened_window:
+            # A window opened in the future (the clock moved back) is anchored anew, at now.
+            if ingested.opened_window or self.opened.get(conv, 0) > now:
                 window = self.run(self._integers(Keys(conv).window))
                 self.opened[conv] = window["opened"]
 
@@ -227,6 +246,34 @@ class Protocol(RuleBasedStateMachine):
 
         self.run(skip())
 
+    @rule(conv=conversation_)
+    def clock_moves_back(self, conv: str) -> None:
+        """A failover to a node whose clock is an hour behind: every time the conversation
+        holds is now an hour ahead of the server's clock."""
+
+        async def shift() -> None:
+            k = Keys(conv)
+            window = await self._integers(k.window)
+            if window:
+                later = {name: value + JUMP_MS for name, value in window.items()}
+                await self.redis.hset(k.window, mapping=later)
+                self.opened[conv] = later["opened"]
+            retry_at = (await self._state(conv)).get("retry_at")
+            if retry_at is not None:
+                await self.redis.hset(k.state, "retry_at", retry_at + JUMP_MS)
+                self.backoff_until[conv] = retry_at + JUMP_MS
+            held = await self.redis.pttl(k.lease)
+            if held > 0:
+                await self.redis.pexpire(k.lease, held + JUMP_MS)
+                self.lease_until[conv] += JUMP_MS
+            score = await self.redis.zscore(k.due, conv)
+            if score is not None:
+                await self.redis.zadd(k.due, {conv: score + JUMP_MS})
+                # The sweep finds it at once, not in an hour.
+                assert conv in await self.replicas[0].due(), "a due score an hour ahead is held"
+
+        self.run(shift())
+
     # The cycle.
 
     @rule(replica=replica_, conv=conversation_, on_time=st.booleans())
@@ -235,16 +282,25 @@ class Protocol(RuleBasedStateMachine):
         if on_time:
             self.run(self._past_deadline(conv))
         before = self.run(self._state(conv))
-        busy: int = self.run(self.redis.exists(Keys(conv).lease))
+        held: int = self.run(self.redis.pttl(Keys(conv).lease))
+        deadline = int(self.run(self.redis.hget(Keys(conv).window, "deadline")) or 0)
         now = self.run(self._now())
         grant = self.run(self.replicas[replica].acquire(conv, lease_token(f"r{replica}")))
         owed = before.get("v", 0) > before.get("w", 0) or conv in self.outbox
-        if busy:
+        retry_at = before.get("retry_at", 0)
+        if 0 < held <= HORIZON_MS - 5:
             assert grant.status == "busy", f"a held lease was {grant.status}"
         elif not owed:
             assert grant.status == "idle", f"nothing owed, yet {grant.status}"
-        elif before.get("retry_at", 0) > now + 5:
+        elif now + 5 < retry_at <= now + BACKOFF_BOUND_MS - 5:
             assert grant.status == "backoff", f"a backed-off conversation was {grant.status}"
+        # What a clock that moved back leaves (times further ahead than the flow sets them)
+        # holds nothing up: with nothing else in the way, the lease is taken at once.
+        ahead = {"lease": now + held, "backoff": retry_at, "window": deadline}
+        bounds = {"lease": HORIZON_MS, "backoff": BACKOFF_BOUND_MS, "window": DEADLINE_BOUND_MS}
+        in_the_way = [n for n, at in ahead.items() if now < at <= now + bounds[n] + 5]
+        if owed and not in_the_way:
+            assert grant.status == "acquired", f"{conv} was {grant.status}: {ahead}, now {now}"
         if grant.status == "idle":
             self.opened.pop(conv, None)
         if grant.status != "acquired":
@@ -434,7 +490,9 @@ class Protocol(RuleBasedStateMachine):
             latest = max(
                 now, window.get("deadline", 0), self.lease_until[conv], self.backoff_until[conv]
             )
-            assert due <= latest + 2, f"{conv}: due at {due:.0f}, should be by {latest}"
+            # A score further ahead than any delay the flow sets is due now (the sweep).
+            effective = now if due > now + HORIZON_MS else due
+            assert effective <= latest + 2, f"{conv}: due at {due:.0f}, should be by {latest}"
 
 
 def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> None:
