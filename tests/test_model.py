@@ -255,9 +255,9 @@ class Protocol(RuleBasedStateMachine):
             k = Keys(conv)
             window = await self._integers(k.window)
             if window:
-                later = {name: value + JUMP_MS for name, value in window.items()}
-                await self.redis.hset(k.window, mapping=later)
-                self.opened[conv] = later["opened"]
+                for name, at in window.items():
+                    await self.redis.hset(k.window, name, at + JUMP_MS)
+                self.opened[conv] = window["opened"] + JUMP_MS
             retry_at = (await self._state(conv)).get("retry_at")
             if retry_at is not None:
                 await self.redis.hset(k.state, "retry_at", retry_at + JUMP_MS)
