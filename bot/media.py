@@ -4,33 +4,40 @@ The store keeps only references (`Attachment`); the replica that answers fetches
 through the platform (`Outbound.fetch`), inside its cycle and under its lease, so any replica
 can answer and a newer message still interrupts. Each file becomes what the model can take:
 
-- an image: decoded, turned upright, scaled down to `max_edge_px` and re-encoded as JPEG, then
-  shown as a `data:` URL right after the text of its message (if the model can see images);
-- a voice note or audio file: transcribed, and cached by its file key, so a generation that
-  is interrupted and started again does not pay for it twice;
+- an image: scaled down to `max_edge_px`, turned upright and re-encoded as JPEG, then shown
+  as a `data:` URL right after the text of its message (if the model can see images);
+- a voice note or audio file: transcribed;
 - a text file or a PDF: its text, cut at `max_document_chars` with a note;
 - a sticker: its emoji; anything else (a video): its label, and the model is told it cannot
   open it.
 
-A file that cannot be read (too large, corrupt, gone, a failing service) never costs the text
-around it: the model is told "the user sent a file that could not be read (why)", and the log
-says which. Bounds: bytes per file, files per burst, bytes per burst, and time per fetch and
-per transcription.
+Each file is read once: a newer message interrupts the cycle but not the reading of a file,
+which the next cycle awaits (by file key) instead of starting again; what a voice note or a
+document came to is cached by file key for the conversation's retention (the store's
+transcript cache; a document's key is prefixed), an image in the replica for a while. PDF
+text and image encoding run in worker processes (bot/heavy.py), a few per replica, each job
+killed at `work_timeout_s`: a hostile file costs that much CPU once, and never the event loop.
+
+A file that cannot be read (too large, corrupt, encrypted, too slow to read, gone, a failing
+service, or an error nobody foresaw) never costs the text around it nor the reply: the model
+is told "the user sent a file that could not be read (why)", and the log says which. Bounds:
+bytes per file, files per burst, bytes per burst, pixels per image, and time per fetch, per
+transcription and per file read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import fnmatch
-import io
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
+from bot.heavy import LoopWatch, Unreadable, Workers
 from bot.message import Attachment, FetchFailed, InboundMessage, Outbound
 from bot.prompt import Image, Turn
 from bot.settings import MediaSettings
@@ -70,10 +77,11 @@ TEXT_MIME_TYPES = frozenset(
         "application/toml",
     )
 )  # fmt: skip
-# Pixels a decoded image may have; past this a file is refused rather than decoded (a
-# "decompression bomb" of a few kilobytes can claim billions of pixels).
-MAX_PIXELS = 50_000_000
-PDF_MAGIC = b"%PDF-"
+# The media cache shares the transcripts' keys (a file key each, the conversation's slot and
+# retention); a document's entry is told apart by this prefix.
+DOCUMENT_PREFIX = "doc:"
+# Images kept in the replica for the cycle after an interrupt (each up to ~1 MB encoded).
+IMAGES_KEPT = 16
 
 
 @dataclass
@@ -106,6 +114,17 @@ class _Budget:
     bytes: int
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What one file came to: its text for the turn, its image, whether the model was shown
+    what it is, and the bytes fetched for it (they count against the burst)."""
+
+    piece: str
+    image: Image | None
+    seen: bool
+    size: int = 0
+
+
 class Media:
     """Turns a burst's files into text and images for the model."""
 
@@ -122,15 +141,25 @@ class Media:
         self.outbound = outbound
         self.store = store
         self.transcriber = transcriber
-        # Transcriptions carried on after their cycle was interrupted, so their result is
-        # cached for the next one; held here so they are not collected mid-flight.
-        self._finishing: set[asyncio.Task[str]] = set()
+        self.workers = Workers(settings.workers, settings.work_timeout_s, settings.worker_memory_mb)
+        self.watch = LoopWatch()
+        # Each file's reading (download, then the worker or the transcription), by
+        # conversation and file key, while it runs: a cycle that a newer message interrupted
+        # leaves it running (bounded by the fetch and work time limits), and the next cycle
+        # awaits it instead of paying for it again.
+        self._inflight: dict[tuple[str, str], asyncio.Task[_Outcome]] = {}
+        # Every reading task, keyed or not, held so none is collected mid-flight.
+        self._running: set[asyncio.Task[_Outcome]] = set()
+        # Images read lately, for the cycle after an interrupt: an encoded image is up to a
+        # megabyte, too much to keep in the store for the conversation's retention.
+        self._images: OrderedDict[tuple[str, str], _Outcome] = OrderedDict()
         self.configure(settings, model, can_see=can_see)
 
     def configure(self, settings: MediaSettings, model: str, *, can_see: bool = True) -> None:
         """Take on reloaded settings. `can_see` is False for a model that cannot be shown
         images whatever the settings say (the offline echo)."""
         self.settings = settings
+        self.workers.configure(settings.work_timeout_s, settings.worker_memory_mb)
         self.vision = can_see and (
             settings.vision == "on"
             or (
@@ -139,12 +168,19 @@ class Media:
             )
         )
 
+    async def close(self) -> None:
+        """Stop the worker processes (they also exit on their own when the replica does)."""
+        await self.workers.close()
+
     async def prepare(self, conversation: str, messages: Sequence[InboundMessage]) -> Prepared:
-        """Each message's text with what its files said, and its images, in order."""
+        """Each message's text with what its files said, and its images, in order. A file
+        that cannot be read, for whatever reason, becomes a note: this never raises but for
+        cancellation."""
         budget = _Budget(self.settings.max_files, self.settings.max_burst_bytes)
         timings = Timings()
-        heard = await self._cached_transcripts(conversation, messages)
-        timings.cached = len(heard)
+        if any(m.attachments for m in messages):
+            self.watch.start()
+        cached = await self._cached(conversation, messages)
         texts: list[str] = []
         images: list[tuple[Image, ...]] = []
         unseen = False
@@ -152,13 +188,11 @@ class Media:
             said: list[str] = []
             shown: list[Image] = []
             for attachment in message.attachments:
-                piece, image, seen = await self._read(
-                    conversation, attachment, budget, timings, heard
-                )
-                said.append(piece)
-                if image is not None:
-                    shown.append(image)
-                unseen = unseen or not seen
+                outcome = await self._read(conversation, attachment, budget, timings, cached)
+                said.append(outcome.piece)
+                if outcome.image is not None:
+                    shown.append(outcome.image)
+                unseen = unseen or not outcome.seen
             texts.append(message.text_with(said))
             images.append(tuple(shown))
         if any(m.attachments for m in messages):
@@ -199,18 +233,33 @@ class Media:
             turns.append(Turn(entry.role, text))
         return turns
 
-    async def _cached_transcripts(
+    async def _cached(
         self, conversation: str, messages: Sequence[InboundMessage]
     ) -> dict[str, str]:
-        keys = [a.file_key for m in messages for a in m.attachments if _is_audio(a) and a.file_key]
-        if not keys or self.transcriber is None:
+        """What the cache holds for the burst's voice notes and documents, by cache key."""
+        keys = [
+            key
+            for m in messages
+            for a in m.attachments
+            if (key := self._cache_key(a, _kind_of(a))) is not None
+        ]
+        if not keys:
             return {}
         try:
             found = await self.store.transcripts(conversation, keys)
         except StoreUnavailable as exc:
-            log.warning("could not read the transcript cache of %s: %s", conversation, exc)
+            log.warning("could not read the media cache of %s: %s", conversation, exc)
             return {}
         return {key: text for key, text in zip(keys, found, strict=True) if text is not None}
+
+    def _cache_key(self, attachment: Attachment, kind: str) -> str | None:
+        if not attachment.file_key:
+            return None
+        if kind == "audio" and self.transcriber is not None:
+            return attachment.file_key
+        if kind in ("pdf", "text"):
+            return DOCUMENT_PREFIX + attachment.file_key
+        return None
 
     async def _read(
         self,
@@ -218,100 +267,176 @@ class Media:
         attachment: Attachment,
         budget: _Budget,
         timings: Timings,
-        heard: dict[str, str],
-    ) -> tuple[str, Image | None, bool]:
-        """What one file says: (its text for the turn, its image, whether the model was shown
-        what it is)."""
+        cached: dict[str, str],
+    ) -> _Outcome:
+        """What one file says, from the cache, from a reading already under way, or read now."""
         label = attachment.label()
         kind = _kind_of(attachment)
         if kind == "sticker":
-            return label, None, bool(attachment.name)
+            return _Outcome(label, None, bool(attachment.name))
         if kind == "other" or (kind == "image" and not self.vision):
-            return label, None, False
-        if kind == "audio" and attachment.file_key in heard:
-            return _transcribed(attachment, heard[attachment.file_key]), None, True
+            return _Outcome(label, None, False)
         if kind == "audio" and self.transcriber is None:
-            return _failed(attachment, "no transcription service is configured"), None, False
-        try:
-            data = await self._fetch(attachment, budget, timings)
-            if kind == "image":
-                return label, await self._image(data, timings), True
-            if kind == "audio":
-                text = await self._transcript(conversation, attachment, data, timings)
-                return _transcribed(attachment, text), None, True
-            return await self._document(attachment, data, kind, timings), None, True
-        except (FetchFailed, TranscriptionFailed, _Unreadable) as exc:
-            log.warning(
-                "could not read a %s (%s) from %s: %s",
-                attachment.kind,
-                attachment.name or attachment.mime or "no name",
-                conversation,
-                exc,
-            )
-            return _failed(attachment, str(exc)), None, False
-
-    async def _fetch(self, attachment: Attachment, budget: _Budget, timings: Timings) -> bytes:
+            return self._note(conversation, attachment, "no transcription service is configured")
+        key = self._cache_key(attachment, kind)
+        if key is not None and key in cached:
+            timings.cached += 1
+            return _from_cache(attachment, kind, cached[key])
         limit = min(self.settings.max_file_bytes, budget.bytes)
+        try:
+            self._spend(attachment, budget, limit)
+        except Unreadable as exc:
+            return self._note(conversation, attachment, str(exc))
+        remembered = self._images.get((conversation, attachment.file_key))
+        if kind == "image" and remembered is not None:
+            outcome = remembered
+        else:
+            # Shielded: if a newer message interrupts this cycle, the reading still finishes
+            # (within its time limits) and the next cycle takes its result.
+            outcome = await asyncio.shield(
+                self._reading(conversation, attachment, kind, limit, timings)
+            )
+        budget.bytes -= outcome.size
+        return outcome
+
+    def _spend(self, attachment: Attachment, budget: _Budget, limit: int) -> None:
         if budget.files <= 0:
-            raise _Unreadable(f"more than {self.settings.max_files} files came at once")
+            raise Unreadable(f"more than {self.settings.max_files} files came at once")
         budget.files -= 1
         if attachment.size > self.settings.max_file_bytes:
-            raise _Unreadable(
+            raise Unreadable(
                 f"it is {_mb(attachment.size)}, over the limit of "
                 f"{_mb(self.settings.max_file_bytes)}"
             )
         if attachment.size > limit:
-            raise _Unreadable(
+            raise Unreadable(
                 f"the files sent together are over {_mb(self.settings.max_burst_bytes)}"
             )
+
+    def _reading(
+        self, conversation: str, attachment: Attachment, kind: str, limit: int, timings: Timings
+    ) -> asyncio.Task[_Outcome]:
+        """The task reading this file: the one under way for it, or a new one."""
+        key = (conversation, attachment.file_key)
+        if attachment.file_key and (running := self._inflight.get(key)) is not None:
+            return running
+        task = asyncio.ensure_future(self._work(conversation, attachment, kind, limit, timings))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        if attachment.file_key:
+            self._inflight[key] = task
+            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return task
+
+    async def _work(
+        self, conversation: str, attachment: Attachment, kind: str, limit: int, timings: Timings
+    ) -> _Outcome:
+        """Download the file and read it. Every failure becomes a note: a file must never
+        cost the text around it, nor the conversation its reply."""
+        try:
+            data = await self._fetch(attachment, limit, timings)
+        except (FetchFailed, Unreadable) as exc:
+            return self._note(conversation, attachment, str(exc))
+        except Exception as exc:
+            why = f"the download failed ({type(exc).__name__})"
+            return self._note(conversation, attachment, why, exc)
+        try:
+            outcome = await self._use(conversation, attachment, kind, data, timings)
+        except (TranscriptionFailed, Unreadable) as exc:
+            # Not transcribed: the service may answer next time. Unreadable content stays so.
+            outcome = self._note(conversation, attachment, str(exc))
+            if kind != "audio":
+                await self._keep(conversation, attachment, kind, outcome)
+        except Exception as exc:
+            why = f"it could not be read ({type(exc).__name__})"
+            return self._note(conversation, attachment, why, exc)
+        return replace(outcome, size=len(data))
+
+    async def _use(
+        self, conversation: str, attachment: Attachment, kind: str, data: bytes, timings: Timings
+    ) -> _Outcome:
+        if kind == "audio":
+            text = await self._transcript(conversation, attachment, data, timings)
+            return _Outcome(_transcribed(attachment, text), None, True)
+        if kind == "image":
+            outcome = _Outcome(attachment.label(), await self._image(data, timings), True)
+        else:
+            outcome = _Outcome(await self._document(attachment, data, kind, timings), None, True)
+        await self._keep(conversation, attachment, kind, outcome)
+        return outcome
+
+    async def _keep(
+        self, conversation: str, attachment: Attachment, kind: str, outcome: _Outcome
+    ) -> None:
+        """Remember what a file came to: an image in this replica, a document's text (or why
+        it could not be read) in the store, for the conversation's retention."""
+        if not attachment.file_key:
+            return
+        if kind == "image":
+            self._images[(conversation, attachment.file_key)] = outcome
+            while len(self._images) > IMAGES_KEPT:
+                self._images.popitem(last=False)
+            return
+        value = ("+" if outcome.seen else "-") + outcome.piece
+        try:
+            await self.store.keep_transcript(
+                conversation, DOCUMENT_PREFIX + attachment.file_key, value
+            )
+        except StoreUnavailable as exc:
+            log.warning("could not cache a document for %s: %s", conversation, exc)
+
+    def _note(
+        self,
+        conversation: str,
+        attachment: Attachment,
+        why: str,
+        unexpected: Exception | None = None,
+    ) -> _Outcome:
+        """The note the model gets for a file it cannot be shown, and the log line."""
+        what = (attachment.kind, attachment.name or attachment.mime or "no name", conversation)
+        if unexpected is None:
+            log.warning("could not read a %s (%s) from %s: %s", *what, why)
+        else:
+            log.error("could not read a %s (%s) from %s: %s", *what, why, exc_info=unexpected)
+        return _Outcome(_failed(attachment, why), None, False)
+
+    async def _fetch(self, attachment: Attachment, limit: int, timings: Timings) -> bytes:
         began = time.monotonic()
         try:
             async with asyncio.timeout(self.settings.fetch_timeout_s):
                 data = await self.outbound.fetch(attachment, limit)
         except TimeoutError:
-            raise _Unreadable(
+            raise Unreadable(
                 f"the download took over {self.settings.fetch_timeout_s:g} s"
             ) from None
         finally:
             timings.download_s += time.monotonic() - began
         if len(data) > limit:
-            raise _Unreadable(f"it is over the limit of {_mb(limit)}")
-        budget.bytes -= len(data)
+            raise Unreadable(f"it is over the limit of {_mb(limit)}")
         return data
 
     async def _image(self, data: bytes, timings: Timings) -> Image:
         began = time.monotonic()
         try:
-            # Decoding and scaling are CPU work: off the event loop, which serves every
-            # other conversation meanwhile.
-            return await asyncio.to_thread(
-                encode_image, data, self.settings.max_edge_px, self.settings.jpeg_quality
+            encoded = await self.workers.run(
+                "image",
+                data,
+                max_edge=self.settings.max_edge_px,
+                quality=self.settings.jpeg_quality,
+                max_pixels=self.settings.max_image_pixels,
             )
         finally:
             timings.encoding_s += time.monotonic() - began
+        url, width, height = encoded.get("url"), encoded.get("width"), encoded.get("height")
+        if not (isinstance(url, str) and isinstance(width, int) and isinstance(height, int)):
+            raise Unreadable("the file reader answered nonsense")
+        return Image(url, image_tokens(width, height))
 
     async def _transcript(
         self, conversation: str, attachment: Attachment, data: bytes, timings: Timings
     ) -> str:
         assert self.transcriber is not None
         began = time.monotonic()
-        task = asyncio.ensure_future(self._transcribe_and_keep(conversation, attachment, data))
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
-        # Its failure is the awaiting cycle's to report; if that cycle was interrupted, the
-        # failure is collected here instead of warned about as never retrieved.
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        try:
-            # Shielded: if a newer message interrupts the cycle now, the transcription still
-            # finishes and is cached for the cycle that follows.
-            return await asyncio.shield(task)
-        finally:
-            timings.transcription_s += time.monotonic() - began
-
-    async def _transcribe_and_keep(
-        self, conversation: str, attachment: Attachment, data: bytes
-    ) -> str:
-        assert self.transcriber is not None
         try:
             async with asyncio.timeout(self.settings.transcription_timeout_s):
                 text = await self.transcriber.transcribe(data, attachment.name, attachment.mime)
@@ -319,6 +444,8 @@ class Media:
             raise TranscriptionFailed(
                 f"the transcription took over {self.settings.transcription_timeout_s:g} s"
             ) from None
+        finally:
+            timings.transcription_s += time.monotonic() - began
         text = _cut(text, self.settings.max_document_chars, "the transcript")
         if attachment.file_key:
             try:
@@ -333,7 +460,10 @@ class Media:
         began = time.monotonic()
         try:
             if kind == "pdf":
-                text = await asyncio.to_thread(pdf_text, data, self.settings.max_document_chars)
+                read = await self.workers.run("pdf", data, enough=self.settings.max_document_chars)
+                text = read.get("text")
+                if not isinstance(text, str):
+                    raise Unreadable("the file reader answered nonsense")
             else:
                 text = decode_text(data)
         finally:
@@ -343,8 +473,10 @@ class Media:
         return f"{attachment.label()}\n{text}\n[end of {name}]\n"
 
 
-class _Unreadable(Exception):
-    """A file the bounds or its content keep from the model; the reason is shown to it."""
+def _from_cache(attachment: Attachment, kind: str, text: str) -> _Outcome:
+    if kind == "audio":
+        return _Outcome(_transcribed(attachment, text), None, True)
+    return _Outcome(text[1:], None, text.startswith("+"))
 
 
 def _kind_of(attachment: Attachment) -> str:
@@ -397,61 +529,8 @@ def decode_text(data: bytes) -> str:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return data.decode("utf-16", "replace")
     if b"\x00" in data[:8192]:
-        raise _Unreadable("it is not a text file")
+        raise Unreadable("it is not a text file")
     return data.decode("utf-8-sig", "replace")
-
-
-def pdf_text(data: bytes, enough: int | None = None) -> str:
-    """The text of a PDF's pages, separated by a blank line; pages past the first `enough`
-    characters are not read (extraction is CPU work in a thread that cannot be cancelled, so
-    a thousand-page file must not cost a thousand pages when only the start is shown)."""
-    from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
-
-    if not data.startswith(PDF_MAGIC):
-        raise _Unreadable("it is not a PDF")
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise _Unreadable("the PDF is encrypted")
-        pages: list[str] = []
-        read = 0
-        for page in reader.pages:
-            pages.append(page.extract_text() or "")
-            read += len(pages[-1])
-            if enough is not None and read > enough:
-                break
-    except (PyPdfError, ValueError, KeyError, TypeError) as exc:
-        raise _Unreadable(f"the PDF is damaged ({type(exc).__name__})") from None
-    text = "\n\n".join(p.strip() for p in pages if p.strip())
-    if not text:
-        raise _Unreadable("the PDF has no text (a scan?)")
-    return text
-
-
-def encode_image(data: bytes, max_edge: int, quality: int) -> Image:
-    """The image upright, within `max_edge` on its longest side, as a JPEG `data:` URL, with
-    its estimated prompt tokens."""
-    from PIL import Image as Pillow
-    from PIL import ImageOps, UnidentifiedImageError
-
-    try:
-        with Pillow.open(io.BytesIO(data)) as opened:
-            if opened.width * opened.height > MAX_PIXELS:
-                raise _Unreadable(f"the image is too large ({opened.width}x{opened.height})")
-            picture = ImageOps.exif_transpose(opened)
-            picture.thumbnail((max_edge, max_edge))
-            if picture.mode != "RGB":
-                # JPEG has no alpha: transparent parts become white, as most viewers show them.
-                background = Pillow.new("RGB", picture.size, "white")
-                background.paste(picture, mask=picture.convert("RGBA").getchannel("A"))
-                picture = background
-            out = io.BytesIO()
-            picture.save(out, "JPEG", quality=quality)
-    except (UnidentifiedImageError, OSError, ValueError, Pillow.DecompressionBombError) as exc:
-        raise _Unreadable(f"it is not a readable image ({type(exc).__name__})") from None
-    url = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
-    return Image(url, image_tokens(picture.width, picture.height))
 
 
 def image_tokens(width: int, height: int) -> int:

@@ -170,6 +170,17 @@ class MediaSettings(BaseModel):
     # (1,568 px: the largest that vision models take without scaling down again themselves).
     max_edge_px: int = Field(default=1568, ge=64, le=8192)
     jpeg_quality: int = Field(default=85, ge=30, le=95)
+    # Pixels an image may have once decoded (a JPEG is decoded at 1/2..1/8 of its size when
+    # that still covers max_edge_px): past this it is refused before it is decoded. 24 MP is
+    # a 6000x4000 photo or a long screenshot; a vision model is shown 1568 px at most anyway,
+    # and a PNG of a few hundred kB can claim far more (each pixel costs 4 bytes decoded).
+    max_image_pixels: int = Field(default=24_000_000, ge=1_000_000, le=100_000_000)
+    # PDF text and image encoding run in worker processes of the replica's own: this many at
+    # once (the rest wait), each killed past work_timeout_s (the file becomes a note), each
+    # worker within worker_memory_mb of address space. workers needs a restart.
+    workers: int = Field(default=2, ge=1, le=16)
+    work_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    worker_memory_mb: int = Field(default=1024, ge=256, le=16384)
     # Bounds on what is fetched: per file (Telegram's bots may fetch up to 20 MB), files per
     # burst (later ones are noted, not read) and bytes per burst.
     max_file_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image as Pillow
 from redis.asyncio import Redis
 
-from bot.media import Media, decode_text, encode_image, image_tokens, pdf_text
+from bot.heavy import encode_image, pdf_text
+from bot.media import Media, decode_text, image_tokens
 from bot.message import Attachment, InboundMessage
 from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
 from bot.settings import MediaSettings
@@ -23,13 +24,19 @@ from tests.fakes.outbound import RecordingOutbound
 CONV = "telegram:77"
 
 
+def encoded(data: bytes, max_edge: int = 1568) -> Image:
+    """What the image worker makes of `data`, as the model is shown it."""
+    made = encode_image(data, max_edge, 85, MediaSettings().max_image_pixels)
+    return Image(made["url"], image_tokens(made["width"], made["height"]))
+
+
 def decoded(url: str) -> Pillow.Image:
     assert url.startswith("data:image/jpeg;base64,")
     return Pillow.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
 
 
 def test_an_image_is_scaled_to_the_edge_and_sent_as_jpeg() -> None:
-    image = encode_image(files.photo(3000, 2000, fmt="PNG"), 1568, 85)
+    image = encoded(files.photo(3000, 2000, fmt="PNG"))
     picture = decoded(image.url)
     assert picture.format == "JPEG"
     assert picture.size == (1568, 1045)
@@ -40,12 +47,12 @@ def test_an_image_is_scaled_to_the_edge_and_sent_as_jpeg() -> None:
 
 
 def test_a_small_image_keeps_its_size_and_an_exif_turn_is_applied() -> None:
-    assert decoded(encode_image(files.photo(300, 200), 1568, 85).url).size == (300, 200)
-    assert decoded(encode_image(files.rotated_photo(400, 200), 1568, 85).url).size == (200, 400)
+    assert decoded(encoded(files.photo(300, 200)).url).size == (300, 200)
+    assert decoded(encoded(files.rotated_photo(400, 200)).url).size == (200, 400)
 
 
 def test_transparency_becomes_white() -> None:
-    picture = decoded(encode_image(files.transparent_png(), 1568, 85).url).convert("RGB")
+    picture = decoded(encoded(files.transparent_png()).url).convert("RGB")
     assert min(picture.getpixel((5, 5))) > 240  # type: ignore[arg-type]
 
 
@@ -59,7 +66,7 @@ def test_image_tokens_follow_the_published_tiling() -> None:
 @pytest.mark.parametrize("data", [files.corrupt_photo(), b"", b"GIF89a broken", files.pdf("x")])
 def test_what_is_not_an_image_is_refused_with_a_reason(data: bytes) -> None:
     with pytest.raises(Exception, match="not a readable image"):
-        encode_image(data, 1568, 85)
+        encoded(data)
 
 
 def test_pdf_text_is_read_page_by_page() -> None:

@@ -1,0 +1,416 @@
+"""Reading a user's file off the event loop: PDF text and image encoding run in worker
+processes of their own, a few per replica, each job under a hard time limit.
+
+Why processes, not threads: a thread cannot be stopped, so a cancelled parse ran on for
+minutes, and threads shared the default executor that DNS lookups need. A worker that overruns
+its limit is killed (SIGKILL) and a fresh one takes its place; the file becomes a note. The
+workers are started with `python -m bot.heavy` (a clean interpreter, no inherited locks or
+sockets), hold a memory limit (RLIMIT_AS), and each job also arms SIGALRM inside the worker,
+so a job outlives a replica that died without killing it by a few seconds at most. A worker
+reads jobs from its stdin; at end of file (the replica is gone) it exits.
+
+The wire is length-prefixed frames: a JSON header, then the file's bytes; the answer is one
+JSON frame. JSON rather than pickle: what comes back was made from a stranger's file.
+
+The jobs themselves (`pdf_text`, `encode_image`) are plain functions, also called directly by
+tests and benchmarks. They refuse what they cannot read by raising `Unreadable` with a reason
+the model is shown, and open only what they are meant to: images in five formats (never
+PostScript, which Pillow would hand to Ghostscript), PDFs without external decoders (no
+jbig2dec) and with decompression capped.
+
+`LoopWatch` measures how late the event loop runs a timer, so a stall is logged with a figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import resource
+import signal
+import struct
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+PDF_MAGIC = b"%PDF-"
+# The only image formats decoded: what phones, browsers and screenshots produce. Pillow
+# otherwise picks a decoder by content, and a PostScript file named x.png runs Ghostscript.
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+# A JPEG is decoded at 1/2, 1/4 or 1/8 of its size when that is enough (`draft`), so its
+# header may claim up to this many times the pixel limit.
+JPEG_MOST_REDUCTION = 64
+# EXIF orientation -> the transposition that turns the stored pixels upright (as Pillow's
+# ImageOps.exif_transpose does, applied here after the image was scaled down).
+ORIENTATIONS = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}
+# Decompressed bytes one PDF stream may produce. Page text streams are kilobytes; a "stream"
+# that inflates to tens of MB of operators is an attack on the parser's CPU time.
+PDF_MAX_STREAM_BYTES = 20_000_000
+# An answer from a worker larger than this is a broken worker (an image URL is ~1 MB at most).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# A worker that does not start (import) in this long is given up on.
+START_TIMEOUT_S = 30.0
+# Extra seconds the worker's own alarm allows past the parent's limit: the parent kills
+# first; the alarm only matters when the parent is gone.
+ALARM_SLACK_S = 5
+_FRAME = struct.Struct(">I")
+# Put first on the workers' import path, so they run this very code whatever the replica's
+# working directory.
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class Unreadable(Exception):
+    """A file its bounds or its content keep from the model; the reason is shown to it."""
+
+
+# -- the jobs ---------------------------------------------------------------------------------
+
+
+def pdf_text(data: bytes, enough: int | None = None) -> str:
+    """The text of a PDF's pages, separated by a blank line; pages past the first `enough`
+    characters are not read. An owner-password-only PDF (empty user password, how banks send
+    statements) is opened; one that needs a password is refused as password-protected."""
+    from pypdf import PdfReader, apply_configuration
+
+    if not data.startswith(PDF_MAGIC):
+        raise Unreadable("it is not a PDF")
+    limits: dict[str, Any] = {
+        "jbig2dec_binary": None,
+        "zlib_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "lzw_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "run_length_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "brotli_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "jbig2_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "array_based_stream_maximum_output_length": PDF_MAX_STREAM_BYTES,
+        "image_maximum_buffer_size": PDF_MAX_STREAM_BYTES,
+        "stream_decoding_work_maximum_length": 3 * PDF_MAX_STREAM_BYTES,
+    }
+    with apply_configuration(**limits):
+        try:
+            reader = PdfReader(io.BytesIO(data))
+            if reader.is_encrypted:
+                _unlock(reader)
+            pages = _page_texts(reader, enough)
+        except Unreadable:
+            raise
+        except RecursionError:
+            raise Unreadable("the PDF is nested too deeply to read") from None
+        except Exception as exc:
+            # A stranger's file can make any part of a parser fail; the reason's type is
+            # enough for the log and the model.
+            raise Unreadable(f"the PDF is damaged ({type(exc).__name__})") from None
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    if not text:
+        raise Unreadable("the PDF has no text (a scan?)")
+    return text
+
+
+def _unlock(reader: Any) -> None:
+    from pypdf import PasswordType
+    from pypdf.errors import DependencyError
+
+    try:
+        opened = reader.decrypt("")
+    except (DependencyError, NotImplementedError):
+        raise Unreadable("it is encrypted in a way the bot cannot open") from None
+    if opened == PasswordType.NOT_DECRYPTED:
+        raise Unreadable("it is password-protected")
+
+
+def _page_texts(reader: Any, enough: int | None) -> list[str]:
+    pages: list[str] = []
+    read = 0
+    for page in reader.pages:
+        pages.append(page.extract_text() or "")
+        read += len(pages[-1])
+        if enough is not None and read > enough:
+            break
+    return pages
+
+
+def encode_image(data: bytes, max_edge: int, quality: int, max_pixels: int) -> dict[str, Any]:
+    """The image upright, within `max_edge` on its longest side, as a JPEG `data:` URL:
+    {"url", "width", "height"}. Scaled down before it is turned, and a JPEG decoded at a
+    fraction of its size when that is enough, so the memory is that of the small image;
+    one over `max_pixels` once decoded is refused before it is."""
+    from PIL import Image as Pillow
+
+    Pillow.MAX_IMAGE_PIXELS = max_pixels * JPEG_MOST_REDUCTION
+    try:
+        with Pillow.open(io.BytesIO(data), formats=IMAGE_FORMATS) as opened:
+            if opened.format == "JPEG":
+                opened.draft(None, (max_edge, max_edge))
+            if opened.width * opened.height > max_pixels:
+                raise Unreadable(f"the image is too large ({opened.width}x{opened.height})")
+            opened.thumbnail((max_edge, max_edge))
+            picture = _upright(opened)
+            out = io.BytesIO()
+            _flattened(picture).save(out, "JPEG", quality=quality)
+    except Unreadable:
+        raise
+    except Exception as exc:
+        # Pillow raises what its decoders raise: OSError, SyntaxError, ValueError,
+        # NotImplementedError, struct.error, ...
+        raise Unreadable(f"it is not a readable image ({type(exc).__name__})") from None
+    url = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+    return {"url": url, "width": picture.width, "height": picture.height}
+
+
+def _upright(picture: Any) -> Any:
+    orientation = picture.getexif().get(0x0112)
+    method = ORIENTATIONS.get(orientation) if isinstance(orientation, int) else None
+    return picture if method is None else picture.transpose(method)
+
+
+def _flattened(picture: Any) -> Any:
+    """RGB, as JPEG holds: transparent parts become white, as most viewers show them."""
+    from PIL import Image as Pillow
+
+    if picture.mode == "RGB":
+        return picture
+    if picture.mode in ("RGBA", "LA", "PA") or "transparency" in picture.info:
+        rgba = picture.convert("RGBA")
+        background = Pillow.new("RGB", picture.size, "white")
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return picture.convert("RGB")
+
+
+JOBS: dict[str, Callable[..., Any]] = {"pdf": pdf_text, "image": encode_image}
+
+
+# -- the pool, in the replica -------------------------------------------------------------------
+
+
+class _Worker:
+    """One worker process and its pipes."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, memory_mb: int) -> _Worker:
+        path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot.heavy",
+            str(memory_mb),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=os.environ | {"PYTHONPATH": path},
+        )
+        worker = cls(process)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                ready = await worker._receive()
+        except BaseException:
+            worker.kill()
+            raise
+        if ready != {"ready": True}:
+            worker.kill()
+            raise Unreadable("the file reader did not start")
+        return worker
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def ask(self, header: dict[str, Any], data: bytes) -> dict[str, Any]:
+        stdin = self.process.stdin
+        assert stdin is not None
+        body = json.dumps(header).encode()
+        stdin.write(_FRAME.pack(len(body)) + body + _FRAME.pack(len(data)))
+        stdin.write(data)
+        await stdin.drain()
+        return await self._receive()
+
+    async def _receive(self) -> dict[str, Any]:
+        stdout = self.process.stdout
+        assert stdout is not None
+        (size,) = _FRAME.unpack(await stdout.readexactly(_FRAME.size))
+        if size > MAX_ANSWER_BYTES:
+            raise Unreadable("the file reader answered nonsense")
+        answer = json.loads(await stdout.readexactly(size))
+        if not isinstance(answer, dict):
+            raise Unreadable("the file reader answered nonsense")
+        return answer
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+
+
+class Workers:
+    """A few worker processes for the heavy reading of files, shared by every conversation of
+    the replica: at most `size` jobs at once (the rest wait their turn), each killed at
+    `timeout_s`. Workers start on first use and are kept for the next job."""
+
+    def __init__(self, size: int, timeout_s: float, memory_mb: int) -> None:
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[_Worker] = []
+        # Killed workers being reaped, held so their wait is not collected mid-flight.
+        self._reaping: set[asyncio.Task[int]] = set()
+        self.configure(timeout_s, memory_mb)
+        # Jobs that ran into the time limit, and workers started: for logs and tests.
+        self.overran = 0
+        self.started = 0
+
+    def configure(self, timeout_s: float, memory_mb: int) -> None:
+        """Take on reloaded limits: the time limit from the next job, the memory limit from
+        the next worker started. The number of workers needs a restart."""
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+
+    async def run(self, job: str, data: bytes, **params: Any) -> dict[str, Any]:
+        """What `JOBS[job](data, **params)` returns, computed in a worker. Raises
+        `Unreadable` with the job's reason, or "it took too long to read"."""
+        async with self._slots:
+            worker = await self._worker()
+            header = {"job": job, "params": params, "alarm_s": self._alarm_s()}
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    answer = await worker.ask(header, data)
+            except TimeoutError:
+                self.overran += 1
+                self._discard(worker)
+                raise Unreadable(f"it took too long to read (over {self.timeout_s:g} s)") from None
+            except (asyncio.IncompleteReadError, ConnectionError):
+                # The worker died mid-job: its memory limit, its alarm, or a crash in a decoder.
+                self._discard(worker)
+                raise Unreadable("the reader failed on it (it may be too large)") from None
+            except BaseException:
+                # Cancelled mid-job (shutdown), or the answer made no sense: the worker's
+                # state is unknown, so it goes.
+                self._discard(worker)
+                raise
+            self._idle.append(worker)
+        if "unreadable" in answer:
+            raise Unreadable(str(answer["unreadable"]))
+        result = answer.get("result")
+        if not isinstance(result, (dict, str)):
+            raise Unreadable("the file reader answered nonsense")
+        return result if isinstance(result, dict) else {"text": result}
+
+    async def close(self) -> None:
+        """Stop every idle worker (a busy one is killed by its caller's cancellation)."""
+        while self._idle:
+            self._discard(self._idle.pop())
+        await asyncio.gather(*self._reaping, return_exceptions=True)
+
+    async def _worker(self) -> _Worker:
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.alive():
+                return worker
+        self.started += 1
+        try:
+            return await _Worker.start(self.memory_mb)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            log.error("could not start a file reader process: %r", exc)
+            raise Unreadable("the file reader could not be started") from None
+
+    def _alarm_s(self) -> int:
+        return math.ceil(self.timeout_s) + ALARM_SLACK_S
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        reaped = asyncio.ensure_future(worker.process.wait())
+        self._reaping.add(reaped)
+        reaped.add_done_callback(self._reaping.discard)
+
+
+class LoopWatch:
+    """How late the event loop runs a timer: the worst stall since it started, logged each
+    time it grows by a quarter (so the log holds a handful of lines, not one per tick)."""
+
+    def __init__(self, interval_s: float = 0.1, floor_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.floor_s = floor_s
+        self.worst_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start watching the running loop, once."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await asyncio.sleep(self.interval_s)
+            late = loop.time() - began - self.interval_s
+            if late > max(self.floor_s, self.worst_s * 1.25):
+                log.info("event loop stall: %.0f ms, the worst so far on this replica", late * 1e3)
+            self.worst_s = max(self.worst_s, late)
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def _read_frame(source: IO[bytes]) -> bytes | None:
+    head = source.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = source.read(size)
+    return body if len(body) == size else None
+
+
+def _answer(job: str, data: bytes, params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"result": JOBS[job](data, **params)}
+    except Unreadable as exc:
+        return {"unreadable": str(exc)}
+    except MemoryError:
+        return {"unreadable": "it is too large to read", "exit": True}
+    except Exception as exc:
+        return {"unreadable": f"it could not be read ({type(exc).__name__})"}
+
+
+def serve(memory_mb: int) -> None:
+    """A worker's life: answer jobs from stdin until it closes."""
+    # The answers go out on a private copy of stdout; anything a library prints goes to
+    # stderr instead of into the frames.
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    limit = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # The parser's complaints about a stranger's malformed file are not the operator's news.
+    logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    import PIL.Image
+    import pypdf
+
+    del PIL.Image, pypdf  # imported ahead, so the first job's clock does not pay for it
+    _send(answers, {"ready": True})
+    source = sys.stdin.buffer
+    while (header := _read_frame(source)) is not None and (data := _read_frame(source)) is not None:
+        request = json.loads(header)
+        signal.alarm(int(request["alarm_s"]))
+        answer = _answer(str(request["job"]), data, dict(request["params"]))
+        signal.alarm(0)
+        _send(answers, answer)
+        if answer.get("exit"):
+            return
+
+
+def _send(out: IO[bytes], answer: dict[str, Any]) -> None:
+    body = json.dumps(answer).encode()
+    out.write(_FRAME.pack(len(body)) + body)
+    out.flush()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
