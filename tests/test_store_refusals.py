@@ -165,8 +165,12 @@ async def test_a_deny_after_the_access_counter_was_lost_is_applied(
 
 async def shard_copies(redis: Redis, shard: int) -> dict[str, int]:
     """A shard's copies of the access records: user -> seq."""
-    found: dict[bytes, bytes] = await redis.hgetall(access_key(shard))
-    return {k.decode(): json.loads(v)["seq"] for k, v in found.items() if k != b"~seq"}
+    found = await redis.hgetall(access_key(shard))
+    return {_text(k): json.loads(v)["seq"] for k, v in found.items() if _text(k) != "~seq"}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def test_the_sweep_mends_shard_copies_lost_behind_the_stores_back(
