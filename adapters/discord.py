@@ -98,6 +98,11 @@ GUILD_READY_TIMEOUT_S = 0.2
 # A 429 longer than this fails the send instead of holding the conversation's lease for it;
 # the core retries the cycle later, and the nonce keeps the retry from posting twice.
 MAX_RATE_LIMIT_WAIT_S = 60.0
+# Users' files come from Discord's CDN through a session of their own, this many connections
+# at once (more wait their turn, within media.fetch_timeout_s): the REST session that replies
+# go out through has no limit, so downloads there would be unbounded.
+DOWNLOAD_CONNECTIONS = 8
+DOWNLOAD_CHUNK_BYTES = 64 * 1024
 # Discord refuses a nonce longer than this.
 NONCE_CHARS = 25
 # At most this many missed DMs are read back per conversation after a gateway gap.
@@ -217,6 +222,8 @@ class DiscordAdapter:
         self._logged_in = asyncio.Event()
         # The gateway connection, while this replica holds it.
         self._gateway: _Gateway | None = None
+        # Made on the first download (a session needs the running loop).
+        self._downloads: aiohttp.ClientSession | None = None
 
     def connected(self) -> bool:
         gateway = self._gateway
@@ -234,6 +241,8 @@ class DiscordAdapter:
         finally:
             self._logged_in.clear()
             await self.rest.close()
+            if self._downloads is not None:
+                await self._downloads.close()
 
     # Receiving
 
@@ -291,17 +300,23 @@ class DiscordAdapter:
         """An attachment from its signed URL (the CDN needs no token)."""
         if attachment.size > max_bytes:
             raise FetchFailed(f"it is {attachment.size} bytes, over the limit of {max_bytes}")
+        if self._downloads is None or self._downloads.closed:
+            connector = aiohttp.TCPConnector(limit=DOWNLOAD_CONNECTIONS)
+            self._downloads = aiohttp.ClientSession(connector=connector)
         try:
-            data = await self.rest.http.get_from_cdn(attachment.ref)
-        except (discord.NotFound, discord.Forbidden):
-            raise FetchFailed("its link has expired, or it was deleted") from None
-        except discord.HTTPException as exc:
-            raise FetchFailed(f"Discord's CDN answered {exc.status}") from None
+            async with self._downloads.get(attachment.ref) as response:
+                if response.status in (403, 404):
+                    raise FetchFailed("its link has expired, or it was deleted")
+                if response.status != 200:
+                    raise FetchFailed(f"Discord's CDN answered {response.status}")
+                data = bytearray()
+                async for chunk in response.content.iter_chunked(DOWNLOAD_CHUNK_BYTES):
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise FetchFailed(f"it is over the limit of {max_bytes} bytes")
         except (aiohttp.ClientError, OSError) as exc:
             raise FetchFailed(f"cannot reach Discord's CDN ({type(exc).__name__})") from None
-        if len(data) > max_bytes:
-            raise FetchFailed(f"it is over the limit of {max_bytes} bytes")
-        return data
+        return bytes(data)
 
 
 async def _login(client: discord.Client, token: str) -> None:

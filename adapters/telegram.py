@@ -90,6 +90,11 @@ SEND_RETRY_CAP_S = 10.0
 # Flood control longer than this is not waited out holding the conversation's lease: the core
 # tries the reply again later, backed off in the store.
 MAX_FLOOD_WAIT_S = 60.0
+# Users' files are downloaded through connections of their own, this many at once (more
+# wait for one, up to DOWNLOAD_WAIT_S): a download may take the whole of
+# media.fetch_timeout_s, and slow ones must never hold the pool that replies go out through.
+DOWNLOAD_CONNECTIONS = 8
+DOWNLOAD_WAIT_S = 30.0
 # Backoff of a failing poll: doubling from the first delay up to the cap, with jitter.
 POLL_BACKOFF_FIRST_S = 0.5
 POLL_BACKOFF_CAP_S = 30.0
@@ -230,6 +235,11 @@ class TelegramAdapter:
             request=HTTPXRequest(connection_pool_size=64),
             get_updates_request=HTTPXRequest(read_timeout=10),
         )
+        self.downloads = HTTPXRequest(
+            connection_pool_size=DOWNLOAD_CONNECTIONS,
+            pool_timeout=DOWNLOAD_WAIT_S,
+            read_timeout=DOWNLOAD_WAIT_S,
+        )
         self.draft_interval_s = settings.draft_interval_ms / 1000 if settings.drafts else None
         # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
         self._connected = False
@@ -239,11 +249,15 @@ class TelegramAdapter:
 
     async def run(self, sink: Sink) -> None:
         async with self.bot:
-            self._connected = True
-            if self.settings.mode == "webhook":
-                await self._serve_webhook(sink)
-            else:
-                await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
+            await self.downloads.initialize()
+            try:
+                self._connected = True
+                if self.settings.mode == "webhook":
+                    await self._serve_webhook(sink)
+                else:
+                    await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
+            finally:
+                await self.downloads.shutdown()
 
     # Receiving: webhook
 
@@ -417,7 +431,12 @@ class TelegramAdapter:
         if file.file_size and file.file_size > max_bytes:
             raise FetchFailed(f"it is {file.file_size} bytes, over the limit of {max_bytes}")
         try:
-            return bytes(await file.download_as_bytearray())
+            if not (file.file_path or "").startswith(("http://", "https://")):
+                # A local Bot API server gives a path on this machine: read, not downloaded.
+                return bytes(await file.download_as_bytearray())
+            # The download request rather than file.download_as_bytearray(), which would
+            # take a connection from the bot's own pool; the URL encoded as that method does.
+            return bytes(await self.downloads.retrieve(file._get_encoded_url()))
         except InvalidToken:
             # What python-telegram-bot makes of any 404, a download's included.
             raise FetchFailed("Telegram no longer has the file (404)") from None
