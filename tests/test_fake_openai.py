@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,13 @@ import openai
 import pytest
 from openai.types import AudioResponseFormat
 
-from tests.fakes.openai_server import IMAGE_TOKENS, FakeOpenAI, RecordedRequest, ScriptedError
+from tests.fakes.openai_server import (
+    IMAGE_TOKENS,
+    FakeOpenAI,
+    RawReply,
+    RecordedRequest,
+    ScriptedError,
+)
 
 
 @pytest.fixture
@@ -502,3 +509,95 @@ async def test_transcription_without_file_or_key_is_refused(
     assert body["error"]["param"] == param
     assert fake.transcriptions == []
     assert len(fake.rejected_transcriptions) == (1 if status == 400 else 0)
+
+
+# -- raw replies -------------------------------------------------------------------------------
+
+
+async def post_chat(fake: FakeOpenAI, text: str, *, stream: bool = True) -> tuple[int, str, bytes]:
+    """Status, Content-Type and body bytes of one chat request, read by a raw HTTP client (the
+    openai client would parse them); the body is what came before the connection ended."""
+    request = {"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}
+    body = bytearray()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            fake.base_url + "/chat/completions",
+            json=request,
+            headers={"Authorization": "Bearer k1"},
+        ) as response,
+    ):
+        try:
+            async for chunk in response.content.iter_any():
+                body += chunk
+        except aiohttp.ClientPayloadError:
+            pass  # a cut body: what came before the cut is the point
+        return response.status, response.content_type, bytes(body)
+
+
+async def test_raw_replies_go_out_byte_for_byte_in_order_after_scripted_errors(
+    fake: FakeOpenAI,
+) -> None:
+    parts = RawReply.chunk(
+        {"content": [{"type": "thinking", "thinking": []}, {"type": "text", "text": "hi"}]},
+        usage=7,
+    )
+    junk = b"data: not json at all\n\n: a comment\n\n"
+    stream = RawReply.events(parts, junk, ["a", "list"])
+    odd = RawReply.json(RawReply.completion({"content": [{"type": "text", "text": "x"}]}))
+    fake.fail_next(FakeOpenAI.server_error())
+    fake.answer_next(stream, odd)
+
+    assert (await post_chat(fake, "one"))[0] == 500
+    assert await post_chat(fake, "two") == (200, "text/event-stream", stream.body)
+    assert await post_chat(fake, "three", stream=False) == (200, "application/json", odd.body)
+    # Queue used up: the ordinary reply again.
+    status, _, body = await post_chat(fake, "four", stream=False)
+    assert status == 200 and b"You said: four" in body
+
+    assert stream.body == (
+        b"data: "
+        + json.dumps(parts).encode()
+        + b"\n\n"
+        + junk
+        + b'data: ["a", "list"]\n\ndata: [DONE]\n\n'
+    )
+    assert [r.last_user_text for r in fake.requests] == ["one", "two", "three", "four"]
+    assert all(r.finished and not r.dropped for r in fake.requests)
+    assert fake.requests[1].pieces_streamed == 4 and fake.raw_replies == []
+
+
+async def test_a_raw_reply_can_be_an_html_page_with_a_200(fake: FakeOpenAI) -> None:
+    fake.answer_next(RawReply.html(), RawReply.html(status=502))
+    status, kind, page = await post_chat(fake, "hi")
+    assert (status, kind) == (200, "text/html") and b"<title>502 Bad Gateway</title>" in page
+    assert (await post_chat(fake, "again"))[:2] == (502, "text/html")
+
+
+@pytest.mark.parametrize("cut", [0, 1, 25, 60])
+async def test_a_raw_reply_cut_after_n_bytes_ends_the_body_there(
+    fake: FakeOpenAI, cut: int
+) -> None:
+    reply = RawReply.events(RawReply.chunk({"content": "hello"}), b"data: x\n\n", cut_after=cut)
+    fake.answer_next(reply)
+    assert await post_chat(fake, "hi") == (200, "text/event-stream", reply.body)
+    assert len(reply.body) == cut
+    [recorded] = fake.requests
+    assert recorded.dropped and not recorded.finished
+
+
+async def test_a_raw_reply_is_written_piece_by_piece(fake: FakeOpenAI) -> None:
+    # The pause comes before each piece: the client has the first event while the second is
+    # still to come, as with a provider that is slow to generate.
+    fake.answer_next(RawReply.events({"n": 1}, {"n": 2}, pause_s=0.5))
+    async with aiohttp.ClientSession() as session:
+        request = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        async with session.post(
+            fake.base_url + "/chat/completions", json=request, headers={"Authorization": "Bearer k"}
+        ) as response:
+            first = await response.content.readline()
+            [recorded] = fake.requests
+            assert first == b'data: {"n": 1}\n' and recorded.pieces_streamed == 1
+            assert not recorded.finished
+            assert await response.content.read() == b'\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
+    assert recorded.finished

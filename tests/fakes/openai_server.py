@@ -18,6 +18,12 @@ Usage::
 Images arrive as content parts of user messages (`RecordedRequest.user_parts()`,
 `image_urls()`), validated as OpenAI does; voice notes go to ``base_url + "/audio/transcriptions"``
 and are recorded in `FakeOpenAI.transcriptions`.
+
+Providers that are only nearly compatible are played with `RawReply`: a chat request answered
+byte for byte as scripted (events of any shape, junk between them, an HTML page with a 200, a
+connection cut after so many bytes)::
+
+    fake.answer_next(RawReply.events(RawReply.chunk({"content": [{"type": "text", "text": "hi"}]})))
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "FAKE_MODEL_ID",
     "IMAGE_TOKENS",
     "FakeOpenAI",
+    "RawReply",
     "RecordedRequest",
     "ScriptedError",
     "TranscriptionRequest",
@@ -82,10 +89,11 @@ class RecordedRequest:
     connection: int = 0
     finished: bool = False
     cancelled: bool = False
-    # The fake cut the connection itself (break_next_stream("drop")).
+    # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
     # Content pieces written to a stream so far (about one token each): what the provider
-    # generated, and billed, before the client finished or hung up.
+    # generated, and billed, before the client finished or hung up. For a `RawReply`, the
+    # pieces of its body written so far.
     pieces_streamed: int = 0
 
     @property
@@ -154,6 +162,85 @@ class ScriptedError:
     status: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RawReply:
+    """A chat answer written as it is, whatever the request asked for: its body's pieces in
+    order, each written (and flushed) on its own, as a provider or a proxy in front of it might
+    send them. Nothing in it is checked: it is how tests meet the shapes real servers send."""
+
+    pieces: list[bytes]
+    content_type: str = "text/event-stream"
+    status: int = 200
+    # Close the connection once this many bytes of the body are out, the rest unsent: the
+    # client sees a body that stops there (None: the body goes out whole).
+    cut_after: int | None = None
+    # Before each piece, so that a test can act while the body is being written.
+    pause_s: float = 0.0
+
+    @property
+    def body(self) -> bytes:
+        """What goes out, the cut left out."""
+        whole = b"".join(self.pieces)
+        return whole if self.cut_after is None else whole[: self.cut_after]
+
+    @classmethod
+    def events(
+        cls, *events: object, done: bool = True, cut_after: int | None = None, pause_s: float = 0.0
+    ) -> RawReply:
+        """A server-sent event stream: each event that is bytes goes out as it is (junk lines,
+        comments, a half event), any other is JSON in one `data:` event; `[DONE]` ends it
+        unless `done` is False."""
+        pieces = [e if isinstance(e, bytes) else _data(json.dumps(e)) for e in events]
+        if done:
+            pieces.append(_data("[DONE]"))
+        return cls(pieces, cut_after=cut_after, pause_s=pause_s)
+
+    @classmethod
+    def json(cls, payload: object, *, cut_after: int | None = None) -> RawReply:
+        """A whole JSON body of any shape, as a plain (not streamed) completion comes."""
+        return cls([json.dumps(payload).encode()], "application/json", cut_after=cut_after)
+
+    @classmethod
+    def html(cls, status: int = 200) -> RawReply:
+        """A proxy's error page, served with `status` (a 200 by some proxies)."""
+        page = (
+            "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+            "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+            "</body>\r\n</html>\r\n"
+        )
+        return cls([page.encode()], "text/html", status=status)
+
+    @staticmethod
+    def chunk(delta: object, **fields: object) -> dict[str, object]:
+        """A stream chunk with one choice whose delta is `delta`, as it is; `fields` add to
+        the chunk or replace its own (`usage=...`, `choices=...`)."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {
+            "id": _completion_id(),
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": FAKE_MODEL_ID,
+            "choices": [choice],
+        } | fields
+
+    @staticmethod
+    def completion(message: object, **fields: object) -> dict[str, object]:
+        """A whole completion with one choice whose message is `message`, as it is; `fields`
+        add to it or replace its own."""
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+        return {
+            "id": _completion_id(),
+            "object": "chat.completion",
+            "created": 0,
+            "model": FAKE_MODEL_ID,
+            "choices": [choice],
+        } | fields
+
+
+def _data(payload: str) -> bytes:
+    return f"data: {payload}\n\n".encode()
 
 
 class _Outcome(Protocol):
@@ -246,6 +333,8 @@ class FakeOpenAI(LoopbackServer):
         # it when not streaming), as reasoning models on some servers do.
         self.reasoning: Callable[[RecordedRequest], str] | None = None
         self._errors: list[ScriptedError] = []
+        # Chat requests answered as scripted, in order, once scripted errors are used up.
+        self.raw_replies: list[RawReply] = []
         self._breaks: list[Literal["error", "drop"]] = []
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
         # (older Azure OpenAI API versions, vLLM and Ollama).
@@ -300,6 +389,11 @@ class FakeOpenAI(LoopbackServer):
     def fail_next(self, *errors: ScriptedError) -> None:
         """Queue errors; each following request answers with the next one instead of a reply."""
         self._errors.extend(errors)
+
+    def answer_next(self, *replies: RawReply) -> None:
+        """Queue raw answers; each following chat request (scripted errors first) is answered
+        with the next one, byte for byte, instead of a reply."""
+        self.raw_replies.extend(replies)
 
     def fail_next_transcription(self, *errors: ScriptedError) -> None:
         """Queue errors for transcriptions, apart from chat's: each following transcription
@@ -512,6 +606,10 @@ class FakeOpenAI(LoopbackServer):
                 await asyncio.sleep(delay)
             response = web.json_response(error.body, status=error.status, headers=error.headers)
             return await self._send_whole(request, recorded, response)
+        if self.raw_replies:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return await self._send_raw(request, recorded, self.raw_replies.pop(0))
 
         text = self.reply(recorded)
         if recorded.stream:
@@ -551,6 +649,37 @@ class FakeOpenAI(LoopbackServer):
         # Written here rather than by aiohttp after the handler returns, so that `finished`
         # really means the bytes went out.
         await response.prepare(request)
+        await response.write_eof()
+        recorded.finished = True
+        self._notify()
+        return response
+
+    async def _send_raw(
+        self, request: web.Request, recorded: RecordedRequest, raw: RawReply
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=raw.status,
+            headers={"Content-Type": raw.content_type, "Cache-Control": "no-cache"},
+        )
+        await response.prepare(request)
+        left = raw.cut_after
+        for piece in raw.pieces:
+            if raw.pause_s > 0:
+                await asyncio.sleep(raw.pause_s)
+            if left is not None:
+                piece, left = piece[:left], left - len(piece)
+            if piece:
+                await response.write(piece)
+                recorded.pieces_streamed += 1
+                self._notify()
+            if left is not None and left <= 0:
+                # Closed rather than aborted, so the bytes written so far reach the client
+                # first: a cut after N bytes is a cut after exactly N bytes.
+                recorded.dropped = True
+                self._notify()
+                assert request.transport is not None
+                request.transport.close()
+                return response
         await response.write_eof()
         recorded.finished = True
         self._notify()
