@@ -7,12 +7,47 @@ interrupted and started again does not pay for the same transcription twice.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Literal, Protocol
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr
 
 from bot.settings import LLMSettings, MediaSettings
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+
+
+log = logging.getLogger(__name__)
+
+# Where the OpenAI client sends requests when no base URL is set.
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port of `url`: what a key is given to (the port made explicit)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
+    except ValueError:  # a port out of range: matches no other URL's origin
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def transcription_key(media: MediaSettings, llm: LLMSettings) -> SecretStr | None:
+    """The key to send with transcriptions: their own, else the LLM's, but only to the LLM's
+    own origin (scheme, host, port). A transcription server elsewhere without a key of its
+    own gets none: the LLM's key belongs to the LLM's provider, never to another host."""
+    if media.transcription_api_key is not None:
+        return media.transcription_api_key
+    if media.transcription_base_url is None:
+        return llm.api_key
+    if _origin(media.transcription_base_url) == _origin(llm.base_url or OPENAI_BASE_URL):
+        return llm.api_key
+    return None
 
 
 class TranscriptionFailed(Exception):
@@ -32,7 +67,12 @@ class OpenAITranscriber:
         # Imported here, as the LLM client is: it costs start-up time that echo never needs.
         from openai import AsyncOpenAI
 
-        key = media.transcription_api_key or llm.api_key
+        key = transcription_key(media, llm)
+        if key is None and llm.api_key is not None:
+            log.warning(
+                "transcriptions go to another host than the LLM's and have no key of their "
+                "own (LASTWORD_MEDIA__TRANSCRIPTION_API_KEY): the LLM's key is not sent there"
+            )
         self.model = media.transcription_model
         self.client: AsyncOpenAI = AsyncOpenAI(
             base_url=media.transcription_base_url or llm.base_url,
