@@ -9,8 +9,13 @@ the cycle apologises.
 
 Completions are streamed by default, so that cancelling a generation (a newer message made it
 stale) closes the connection and the provider stops generating, and paying, at once. The user
-still gets one final message. Reasoning (`<think>` blocks, `reasoning_content`) is never part
-of the answer.
+still gets one final message. Reasoning (`<think>` blocks, `reasoning_content`, thinking
+parts) is never part of the answer.
+
+"OpenAI-compatible" servers differ: content as a list of parts (Mistral), usage of any type,
+junk between events, a proxy's HTML page with a 200. Replies are read raw, whatever their
+shape: what is text is the answer, what is unusable is the transient `LLMError`, never a
+TypeError that the cycle could not tell from a bug.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from bot.backoff import Backoff
 from bot.prompt import Prompt
@@ -36,12 +41,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # A whole reasoning block, or one cut off by the token limit before it closed.
 THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 # Some servers strip the opening tag and leave the closing one after the reasoning.
 THINK_TAIL = re.compile(r"\A.*?</think>", re.DOTALL | re.IGNORECASE)
 # Words providers use when a prompt does not fit the model's context.
 CONTEXT_WORDS = ("context length", "context_length", "context window", "maximum context")
+# Content parts that are the answer; every other type (thinking, reference, image) is not.
+TEXT_PARTS = ("text", "output_text")
+# Where servers put a reasoning model's thoughts when not in `<think>` blocks.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+# Non-JSON events (keep-alives, a proxy's noise) skipped in one stream before giving up on it.
+JUNK_LIMIT = 32
+# One event, and one whole reply, can be no longer than this: a provider that sends more
+# sends something else (a loop, a file), and it would all sit in memory.
+MAX_EVENT_CHARS = 1 << 20
+MAX_BODY_BYTES = 8 << 20
+# Above this a reported count is a glitch: no context window holds that many tokens, and it
+# would overflow the usage counters in the store.
+MAX_REPORTED_TOKENS = 100_000_000
 
 
 def strip_reasoning(text: str) -> str:
@@ -203,14 +223,12 @@ class OpenAILLM:
         return text
 
     async def _whole(self, prompt: Prompt, attempt: Attempt) -> str:
-        response = await self.client.chat.completions.create(**self._request(prompt))
-        if response.usage is not None:
-            attempt.prompt_tokens = response.usage.prompt_tokens
-            attempt.completion_tokens = response.usage.completion_tokens
-            attempt.reported = True
-        if not response.choices:
-            return ""
-        return response.choices[0].message.content or ""
+        # Read raw, as streams are: the client's models take whatever shape came (a proxy's
+        # HTML page arrives as a str, a choice as a string) and fail later in our hands.
+        async with self.client.chat.completions.with_streaming_response.create(
+            **self._request(prompt)
+        ) as response:
+            return self._completion(await _body(response.iter_bytes()), attempt)
 
     async def _streamed(
         self, prompt: Prompt, attempt: Attempt, on_text: Callable[[str], None] | None
@@ -226,27 +244,61 @@ class OpenAILLM:
         # Leaving the block (also when this task is cancelled) drops the connection, which is
         # how a provider learns to stop generating.
         async with request as response:
+            kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind.endswith("json"):
+                # A server that ignores `stream` answers with the whole completion at once.
+                text = self._completion(await _body(response.iter_bytes()), attempt)
+                if text and on_text is not None:
+                    on_text(text)
+                return text
+            if kind == "text/html":
+                raise LLMError(
+                    "the provider answered with a web page, not an event stream "
+                    "(a proxy's error page?)",
+                    kind="transient",
+                )
             async for chunk in sse_events(response.iter_lines()):
-                if error := chunk.get("error"):
-                    raise LLMError(
-                        f"the provider failed mid-stream: {self._scrub(_error_message(error))}",
-                        kind="transient",
-                    )
-                if usage := chunk.get("usage"):
-                    attempt.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    attempt.completion_tokens = int(usage.get("completion_tokens") or 0)
-                    attempt.reported = True
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content")
-                    # Reasoning streams as its own field on some servers: billed, not shown.
-                    if not attempt.reported and (content or delta.get("reasoning_content")):
-                        attempt.completion_tokens += 1  # about one token per chunk
-                    if content:
-                        text += content
-                        if on_text is not None:
-                            on_text(text)
+                piece = self._chunk_text(chunk, attempt)
+                if piece:
+                    text += piece
+                    if on_text is not None:
+                        on_text(text)
         return text
+
+    def _chunk_text(self, chunk: dict[str, Any], attempt: Attempt) -> str:
+        """The answer text one stream chunk adds, whatever its shape; its tokens are noted in
+        `attempt`. An error event is a transient `LLMError`."""
+        if error := chunk.get("error"):
+            raise LLMError(
+                f"the provider failed mid-stream: {self._scrub(_error_message(error))}",
+                kind="transient",
+            )
+        _read_usage(chunk.get("usage"), attempt)
+        piece = ""
+        for delta in _entries(chunk.get("choices"), "delta"):
+            content = delta.get("content")
+            # Reasoning streams as its own field (or as thinking parts): billed, not shown.
+            if not attempt.reported and (content or _reasoning(delta)):
+                attempt.completion_tokens += 1  # about one token per chunk
+            piece += content_text(content)
+        return piece
+
+    def _completion(self, body: bytes, attempt: Attempt) -> str:
+        """The answer in a whole (not streamed) completion body, whatever its shape; its
+        usage is noted in `attempt`. A body that is no completion is a transient `LLMError`."""
+        payload = _json(body.decode("utf-8", "replace"))
+        if not isinstance(payload, dict):
+            raise LLMError(
+                f"the provider's reply is not a completion: {self._scrub(_glimpse(body))}",
+                kind="transient",
+            )
+        if error := payload.get("error"):
+            raise LLMError(
+                f"the provider failed: {self._scrub(_error_message(error))}", kind="transient"
+            )
+        _read_usage(payload.get("usage"), attempt)
+        messages = _entries(payload.get("choices"), "message")
+        return content_text(messages[0].get("content")) if messages else ""
 
     def _refuses_stream_options(self, exc: openai.APIStatusError) -> bool:
         # Servers that predate it (older Azure OpenAI API versions, vLLM and Ollama) refuse
@@ -297,9 +349,18 @@ class OpenAILLM:
 
 
 async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of a server-sent event stream, up to `[DONE]`. Event names, ids and
-    comments carry nothing for chat completions; a payload may span several `data:` lines."""
+    """The JSON objects of a server-sent event stream, up to `[DONE]`. Event names, ids and
+    comments carry nothing for chat completions; a payload may span several `data:` lines.
+
+    A payload that is no JSON object at all (`data: ping`, a proxy's noise, a bare number)
+    is skipped, up to `JUNK_LIMIT` of them: it carries no part of the answer, so failing
+    over it would throw a good reply away. An object cut short, or one past
+    `MAX_EVENT_CHARS`, is a transient `LLMError`: a piece of the answer is in it, and a
+    reply with a hole in it is worse than another attempt.
+    """
     data: list[str] = []
+    size = 0
+    junk = 0
     done = False
     async for line in _unbroken(lines):
         # After [DONE] the body is still read to its end, short as it is: an HTTP/1.1
@@ -309,27 +370,119 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]
             continue
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+            size += len(line)
+            if size > MAX_EVENT_CHARS:
+                raise LLMError("the provider sent an event too long to be one", kind="transient")
         elif not line and data:
-            payload, data = "\n".join(data), []
+            payload, data, size = "\n".join(data), [], 0
             if payload == "[DONE]":
                 done = True
                 continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                raise LLMError("the provider sent a malformed event", kind="transient") from None
+            event = _json(payload)
             if isinstance(event, dict):
                 yield event
+            elif payload.lstrip().startswith("{"):
+                raise LLMError("the provider sent a malformed event", kind="transient")
+            else:
+                junk += 1
+                if junk > JUNK_LIMIT:
+                    raise LLMError(
+                        f"the provider sent over {JUNK_LIMIT} events that are not JSON objects",
+                        kind="transient",
+                    )
 
 
-async def _unbroken(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _unbroken(items: AsyncIterator[T]) -> AsyncIterator[T]:
     try:
-        async for line in lines:
-            yield line
+        async for item in items:
+            yield item
     except Exception as exc:
         # Only the transport runs in here: whatever it raises (httpx or httpx2 by the client's
         # version, ssl, anyio) means the stream broke midway.
         raise LLMError(f"the stream broke: {type(exc).__name__}", kind="transient") from None
+
+
+async def _body(chunks: AsyncIterator[bytes]) -> bytes:
+    """A whole response body, at most `MAX_BODY_BYTES` of it."""
+    body = bytearray()
+    async for chunk in _unbroken(chunks):
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise LLMError("the provider's reply is too long to be one", kind="transient")
+    return bytes(body)
+
+
+def _json(text: str) -> object:
+    """The JSON value in `text`, or None if it holds none."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        return None
+
+
+def _glimpse(body: bytes) -> str:
+    """The start of a body that should have been JSON, fit for one log line."""
+    return " ".join(body[:80].decode("utf-8", "replace").split()) or "an empty body"
+
+
+def content_text(content: object) -> str:
+    """The text of a message's content, whatever its shape: a string, or parts of which only
+    the text ones count (Mistral's thinking and reference parts are no answer), a part alone;
+    anything else (null, a number) says nothing."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else [content]
+    return "".join(
+        part if isinstance(part, str) else part["text"]
+        for part in parts
+        if isinstance(part, str)
+        or (
+            isinstance(part, dict)
+            and part.get("type", "text") in TEXT_PARTS
+            and isinstance(part.get("text"), str)
+        )
+    )
+
+
+def _entries(choices: object, field: str) -> list[dict[str, Any]]:
+    """Each choice's `field` (its delta, its message) that is an object; choices of another
+    shape, or none, give nothing."""
+    if not isinstance(choices, list):
+        return []
+    return [
+        choice[field]
+        for choice in choices
+        if isinstance(choice, dict) and isinstance(choice.get(field), dict)
+    ]
+
+
+def _reasoning(delta: dict[str, Any]) -> bool:
+    return any(delta.get(name) for name in REASONING_FIELDS)
+
+
+def _read_usage(usage: object, attempt: Attempt) -> None:
+    """Take the provider's token counts into `attempt` when both are usable numbers; else
+    the attempt goes on being counted by chunk."""
+    if not isinstance(usage, dict):
+        return
+    prompt = _token_count(usage.get("prompt_tokens"))
+    completion = _token_count(usage.get("completion_tokens"))
+    if prompt is not None and completion is not None:
+        attempt.prompt_tokens, attempt.completion_tokens = prompt, completion
+        attempt.reported = True
+
+
+def _token_count(value: object) -> int | None:
+    """A count of tokens as a provider may spell it (5, 5.0, "5"); None if it is none."""
+    if isinstance(value, bool):
+        return None
+    try:
+        count = int(value) if isinstance(value, int | float | str) else None
+    except (ValueError, OverflowError):  # "five", NaN, infinity, a string of 5000 digits
+        return None
+    if count is None or not 0 <= count <= MAX_REPORTED_TOKENS:
+        return None
+    return count
 
 
 def _error_message(error: object) -> str:
