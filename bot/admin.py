@@ -28,7 +28,8 @@ from bot.store import DayTotals, Store
 USAGE = {
     "allow": "Usage: /allow <user id>",
     "deny": "Usage: /deny <user id>",
-    "budget": "Usage: /budget <user id> <tokens per day>, 0 for no limit, or default",
+    "budget": "Usage: /budget <user id> <tokens per day, at most 10^12>, 0 for no limit, "
+    "or default",
     "stats": "Usage: /stats",
 }
 # A platform user id: Telegram's and Discord's are numbers; a plug-in's may be otherwise.
@@ -91,7 +92,7 @@ def _budget(ask: Ask, user: str, rest: list[str]) -> Decision:
             (Change(user, "budget", "", ask.by),),
         )
     if not TOKENS.fullmatch(rest[0]) or int(rest[0]) > MAX_TOKENS:
-        return Decision(f"{USAGE['budget']} (at most {MAX_TOKENS:,} tokens)")
+        return Decision(USAGE["budget"])
     tokens = int(rest[0])
     change = Change(user, "budget", str(tokens), ask.by)
     if tokens == 0:

@@ -468,7 +468,7 @@ class Cycle:
                 log.warning(
                     "commit of %s failed (%s); retrying in %.2fs",
                     lease.conversation,
-                    exc if isinstance(exc, StoreUnavailable) else repr(exc),
+                    exc if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}",
                     delay,
                 )
                 await asyncio.sleep(delay)
@@ -499,11 +499,12 @@ class Cycle:
         cause = cause_of(exc)
         log.error(
             "gave up writing the reply to %s (%d messages) after %d attempts; it gets an "
-            "apology (%s): %r",
+            "apology (%s): %s: %s",
             grant.lease.conversation,
             len(grant.unanswered),
             attempts,
             cause,
+            type(exc).__name__,
             exc,
             exc_info=exc,
         )
