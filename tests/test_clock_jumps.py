@@ -166,3 +166,20 @@ async def test_a_grant_reports_no_wait_it_does_not_trust(
     grant = await acquire_when_ready(store, CONV, "holder")
     assert grant.waited_ms == 0
     assert int(await redis.hget(k.state, "since") or 0) >= before  # restarted from now
+
+
+async def test_a_lease_granted_for_longer_than_the_horizon_is_not_taken_for_a_jump(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    """A replica configured with a longer lease than this one's horizon (a rolling change of
+    LASTWORD_LEASE__TTL_MS) holds its lease: the lease's own TTL bounds it, not ours."""
+    long = build(make_settings, redis, ttl=120_000)
+    assert (await long.ingest(message(n=1, conversation=CONV))).accepted
+    held = await acquire_when_ready(long, CONV, "long-ttl")
+    assert held.lease is not None
+    short = build(make_settings, redis, ttl=1500)
+    grant = await short.acquire(CONV, "short-ttl")
+    assert grant.status == "busy" and grant.lease is None
+    # The same lease an hour further ahead than it was granted for is a clock's jump.
+    await move_ahead(redis, CONV, HOUR_MS)
+    assert (await short.acquire(CONV, "short-ttl")).status == "acquired"

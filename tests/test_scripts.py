@@ -374,7 +374,7 @@ async def test_acquire_is_early_before_the_deadline_then_acquired(
     assert grant.status == "acquired"
     assert grant.lease == Lease(CONV, "on-time", 1)
     assert grant.lateness_ms >= 0  # taken at or after the deadline, by the server's clock
-    assert await hash_of(redis, k.lease) == {"token": "on-time", "fence": "1"}
+    assert await hash_of(redis, k.lease) == {"token": "on-time", "fence": "1", "ttl": "1500"}
 
 
 async def test_fence_rises_on_every_acquisition(
@@ -519,7 +519,7 @@ async def test_lease_is_taken_by_compare_and_swap(
     assert sorted(g.status for g in grants if g is not winners[0]) == ["busy"] * 7
     assert winners[0].lease is not None
     token = winners[0].lease.token
-    assert await hash_of(redis, Keys(CONV).lease) == {"token": token, "fence": "1"}
+    assert await hash_of(redis, Keys(CONV).lease) == {"token": token, "fence": "1", "ttl": "1500"}
 
 
 async def test_lease_expires_on_its_own(redis: Redis, make_settings: SettingsFactory) -> None:
@@ -610,7 +610,7 @@ async def test_stale_fence_is_rejected_after_expiry(
     assert a.lease is not None and b.lease is not None
     assert b.lease.fence == a.lease.fence + 1
     held = await hash_of(redis, k.lease)
-    assert held == {"token": "token-b", "fence": str(b.lease.fence)}
+    assert held == {"token": "token-b", "fence": str(b.lease.fence), "ttl": "5000"}
     before = await snapshot(redis, CONV)
 
     # A wakes up and carries on with its old token and fence; every step is refused.
@@ -660,7 +660,11 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)
-    assert await hash_of(redis, k.lease) == {"token": "owner", "fence": str(grant.lease.fence)}
+    assert await hash_of(redis, k.lease) == {
+        "token": "owner",
+        "fence": str(grant.lease.fence),
+        "ttl": "1500",
+    }
 
 
 async def test_presend_rejects_a_changed_version(

@@ -28,7 +28,10 @@ local horizon = math.max(max_wait, ttl, backoff_cap) + slack
 local now = now_ms()
 
 local held = redis.call('PTTL', lease)
-if held > 0 and held <= horizon then
+-- The lease's own TTL counts too: a replica configured with a longer one than ours (a rolling
+-- change of LASTWORD_LEASE__TTL_MS) must not have its lease taken for a clock jump.
+local granted = tonumber(redis.call('HGET', lease, 'ttl') or '0')
+if held > 0 and held <= math.max(horizon, granted + slack) then
   -- Look again when it expires, in case its holder died.
   redis.call('ZADD', due, now + held, conv)
   return {'busy', held}
@@ -74,7 +77,7 @@ if not has_outbox then
 end
 
 local fence = redis.call('HINCRBY', state, 'fence', 1)
-redis.call('HSET', lease, 'token', ARGV[2], 'fence', fence)
+redis.call('HSET', lease, 'token', ARGV[2], 'fence', fence, 'ttl', ttl)
 redis.call('PEXPIRE', lease, ttl)
 -- If we die, the sweep finds the conversation once the lease has expired.
 redis.call('ZADD', due, now + ttl, conv)

@@ -5,6 +5,7 @@
 if not holds(KEYS[1], ARGV[2], ARGV[3]) then
   return 0
 end
+redis.call('HSET', KEYS[1], 'ttl', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
 redis.call('ZADD', KEYS[2], now_ms() + tonumber(ARGV[4]), ARGV[1])
 return 1
