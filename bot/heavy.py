@@ -72,6 +72,10 @@ class Unreadable(Exception):
     """A file its bounds or its content keep from the model; the reason is shown to it."""
 
 
+class ReaderUnavailable(Unreadable):
+    """No worker could be started: the file itself may be fine, so this is not remembered."""
+
+
 # -- the jobs ---------------------------------------------------------------------------------
 
 
@@ -218,7 +222,7 @@ class _Worker:
             raise
         if ready != {"ready": True}:
             worker.kill()
-            raise Unreadable("the file reader did not start")
+            raise ReaderUnavailable("the file reader did not start")
         return worker
 
     def alive(self) -> bool:
@@ -317,7 +321,7 @@ class Workers:
             return await _Worker.start(self.memory_mb)
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.error("could not start a file reader process: %r", exc)
-            raise Unreadable("the file reader could not be started") from None
+            raise ReaderUnavailable("the file reader could not be started") from None
 
     def _alarm_s(self) -> int:
         return math.ceil(self.timeout_s) + ALARM_SLACK_S
@@ -343,6 +347,10 @@ class LoopWatch:
         """Start watching the running loop, once."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()

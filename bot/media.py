@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from bot.heavy import LoopWatch, Unreadable, Workers
+from bot.heavy import LoopWatch, ReaderUnavailable, Unreadable, Workers
 from bot.message import Attachment, FetchFailed, InboundMessage, Outbound
 from bot.prompt import Image, Turn
 from bot.settings import MediaSettings
@@ -169,7 +169,9 @@ class Media:
         )
 
     async def close(self) -> None:
-        """Stop the worker processes (they also exit on their own when the replica does)."""
+        """Stop the worker processes (they also exit on their own when the replica does)
+        and the loop watch."""
+        self.watch.stop()
         await self.workers.close()
 
     async def prepare(self, conversation: str, messages: Sequence[InboundMessage]) -> Prepared:
@@ -343,9 +345,10 @@ class Media:
         try:
             outcome = await self._use(conversation, attachment, kind, data, timings)
         except (TranscriptionFailed, Unreadable) as exc:
-            # Not transcribed: the service may answer next time. Unreadable content stays so.
+            # Not transcribed, or no worker: the next attempt may succeed. Unreadable content
+            # stays so, and is remembered.
             outcome = self._note(conversation, attachment, str(exc))
-            if kind != "audio":
+            if kind != "audio" and not isinstance(exc, ReaderUnavailable):
                 await self._keep(conversation, attachment, kind, outcome)
         except Exception as exc:
             why = f"it could not be read ({type(exc).__name__})"
