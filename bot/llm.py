@@ -220,7 +220,7 @@ class OpenAILLM:
             ) from None
         if not text:
             raise LLMError("the provider returned an empty reply", kind="transient")
-        return text
+        return well_formed(text)
 
     async def _whole(self, prompt: Prompt, attempt: Attempt) -> str:
         # Read raw, as streams are: the client's models take whatever shape came (a proxy's
@@ -423,6 +423,12 @@ def _json(text: str) -> object:
 def _glimpse(body: bytes) -> str:
     """The start of a body that should have been JSON, fit for one log line."""
     return " ".join(body[:80].decode("utf-8", "replace").split()) or "an empty body"
+
+
+def well_formed(text: str) -> str:
+    """`text` fit to be stored and sent (as UTF-8): a surrogate pair that came as two escapes
+    (an emoji split across two events) joined, a lone surrogate replaced."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def content_text(content: object) -> str:

@@ -129,6 +129,23 @@ async def test_content_of_any_type_gives_what_is_text(fake: FakeOpenAI) -> None:
     assert (await answered(fake, stream)).text == "abcde"
 
 
+async def test_an_emoji_split_across_events_is_joined_and_a_lone_half_replaced(
+    fake: FakeOpenAI,
+) -> None:
+    # JSON escapes a character beyond the BMP as two surrogates; a server that cuts between
+    # them sends each in an event of its own, and a broken one sends half only.
+    stream = RawReply.events(
+        b'data: {"choices": [{"delta": {"content": "smile \\ud83d"}}]}\n\n',
+        b'data: {"choices": [{"delta": {"content": "\\ude00!"}}]}\n\n',
+        b'data: {"choices": [{"delta": {"content": " half \\udc00"}}]}\n\n',
+    )
+    text = (await answered(fake, stream)).text
+    assert text == "smile \U0001f600! half \ufffd"
+    text.encode("utf-8")  # what the store and every platform need of it
+    plain = RawReply([b'{"choices": [{"message": {"content": "\\ud83d"}}]}'], "application/json")
+    assert (await answered(fake, plain, stream=False)).text == "\ufffd"
+
+
 async def test_reasoning_fields_are_billed_and_never_shown(fake: FakeOpenAI) -> None:
     stream = RawReply.events(
         chunk({"reasoning_content": "musing"}),
