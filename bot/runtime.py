@@ -272,6 +272,8 @@ class Runtime:
         # Each cancelled cycle hands its lease back on the way out.
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
         await self.cycle.watch.stop()
+        # The media workers: after the cycles, which may have been waiting on them.
+        await self.cycle.media.close()
         for notice in list(self._notices):
             notice.cancel()
         self.typing.stop()
