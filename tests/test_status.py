@@ -265,8 +265,10 @@ async def test_to_json_round_trips_with_stable_keys(
         "budget": 2000,
         "by": "9",
         "at_ms": record["at_ms"],
-        "seq": 2,
+        "seq": record["seq"],
     }
+    # Numbered above the first change, and never below the server's time of the change.
+    assert record["seq"] >= record["at_ms"]
     assert abs(record["at_ms"] - data["now_ms"]) < 60_000
     assert data["replicas"][0]["id"] == "r7" and data["replicas"][0]["info"] == {"cycles": "1"}
     assert data["roles"][0]["holder"] == "r7"
