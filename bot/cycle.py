@@ -311,7 +311,7 @@ class Cycle:
             on_failure=self._renewal_failed,
         )
         try:
-            return await keeper.run(self._work(grant, keeper))
+            return await keeper.run(self._work(grant, keeper, sent_at))
         except LeaseLost:
             self.stats.lost += 1
             log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
@@ -357,7 +357,7 @@ class Cycle:
             return Next(RETRY_AFTER_ERROR_MS, working=False)
         return Next(ended.look_in_ms, working=False)
 
-    async def _work(self, grant: Grant, keeper: LeaseKeeper) -> Next:
+    async def _work(self, grant: Grant, keeper: LeaseKeeper, began: float) -> Next:
         assert grant.lease is not None
         lease = grant.lease
         if grant.resend is not None:
@@ -390,6 +390,7 @@ class Cycle:
                 replaces=target.version if target else 0,
                 unsaid=burst.retry,
                 changes=admin.encoded(reply.changes),
+                worked_ms=int((time.monotonic() - began) * 1000),
             )
             if verdict.status == "lost":
                 raise LeaseLost(lease.conversation)

@@ -297,7 +297,11 @@ class Workers:
                 # state is unknown, so it goes.
                 self._discard(worker)
                 raise
-            self._idle.append(worker)
+            if answer.get("exit"):
+                # It ran out of memory and is exiting: no next job must find it half gone.
+                self._discard(worker)
+            else:
+                self._idle.append(worker)
         if "unreadable" in answer:
             raise Unreadable(str(answer["unreadable"]))
         result = answer.get("result")
@@ -319,7 +323,10 @@ class Workers:
         self.started += 1
         try:
             return await _Worker.start(self.memory_mb)
-        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+        except Exception as exc:
+            # Whatever went wrong (no interpreter, a crash on import, garbage instead of
+            # "ready"), the file itself is not to blame: this must not be remembered as its
+            # verdict.
             log.error("could not start a file reader process: %r", exc)
             raise ReaderUnavailable("the file reader could not be started") from None
 

@@ -131,8 +131,9 @@ async def test_the_starvation_guard_restarts_its_clock_past_the_age_it_trusts(
     trusted = store.settings.trusted_age_ms
     assert trusted == 400 + 0 + 1000  # the age, max_wait, the lease TTL
 
-    async def stale_presend(since_offset_ms: int | None) -> str:
-        """A reply made stale by a newer message, with `since` moved by the offset."""
+    async def stale_presend(since_offset_ms: int | None, worked_ms: int = 0) -> str:
+        """A reply made stale by a newer message, with `since` moved by the offset, from a
+        cycle that worked `worked_ms` since its acquire."""
         n = int(await redis.hget(k.state, "v") or 0) + 1
         await store.ingest(message(n=n, conversation=CONV))
         grant = await acquire_when_ready(store, CONV, f"holder-{n}")
@@ -140,7 +141,7 @@ async def test_the_starvation_guard_restarts_its_clock_past_the_age_it_trusts(
         if since_offset_ms is not None:
             await redis.hset(k.state, "since", await server_ms(redis) + since_offset_ms)
         await store.ingest(message(n=n + 1, conversation=CONV))
-        verdict = await store.presend(grant.lease, grant.version, "stale")
+        verdict = await store.presend(grant.lease, grant.version, "stale", worked_ms=worked_ms)
         assert verdict.status == "stale" or verdict.forced
         return "forced" if verdict.forced else verdict.status
 
@@ -151,6 +152,9 @@ async def test_the_starvation_guard_restarts_its_clock_past_the_age_it_trusts(
         assert int(await redis.hget(k.state, "since") or 0) >= before  # restarted from now
     # Within the bound the age is believed, and the reply goes out as it is.
     assert await stale_presend(-450) == "forced"
+    # A slow generation, which the guard let run at the acquire: the time this cycle worked
+    # is added to the bound, so its age is believed and the reply is not thrown away.
+    assert await stale_presend(-(trusted + 2000), worked_ms=3000) == "forced"
 
 
 async def test_a_grant_reports_no_wait_it_does_not_trust(

@@ -275,8 +275,9 @@ class StoreSettings:
     def trusted_age_ms(self) -> int:
         """The oldest age of the oldest unanswered message the starvation guard believes (0:
         the guard's age is off): the guard's age, a window (max_wait) and a generation (lease
-        TTL) more. An age beyond it is taken for a clock that moved forward; the guard's clock
-        then starts again, and only the discard count can force a reply meanwhile."""
+        TTL) more; at the pre-send check also the time the cycle has worked (`presend`'s
+        `worked_ms`). An age beyond it is taken for a clock that moved forward; the guard's
+        clock then starts again, and only the discard count can force a reply meanwhile."""
         if not self.starvation_age_ms:
             return 0
         return self.starvation_age_ms + self.max_wait_ms + self.ttl_ms
@@ -656,13 +657,17 @@ class Store:
         replaces: int = 0,
         unsaid: int = 0,
         changes: str = "",
+        worked_ms: int = 0,
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
         /retry, `replaces` is the version of the reply this one takes the place of in the
         history, and `unsaid` the /retry message's, which the history does not keep.
         `changes`: the admin changes the reply announces, kept with it in the outbox until
-        the commit, so a resend (`Grant.resend_changes`) can apply them too."""
+        the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
+        long the cycle has worked since its acquire (reading files, generating), by the
+        replica's own clock; the starvation guard believes an age that much older than it
+        would at the acquire, so a slow generation that the guard let run is not discarded."""
         k = Keys(lease.conversation)
         keys = [k.lease, k.state, k.outbox, k.window, k.due, k.day_totals(_today())]
         args: list[str | int] = [
@@ -679,7 +684,7 @@ class Store:
             unsaid,
             DAY_KEEP_MS,
             changes,
-            self.settings.trusted_age_ms,
+            self.settings.trusted_age_ms + worked_ms if self.settings.trusted_age_ms else 0,
         ]
         reply = await self._run_durable(self._presend, keys, args)
         status = _text(reply[0])
