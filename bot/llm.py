@@ -131,15 +131,20 @@ class LLM(Protocol):
 
 
 class EchoLLM:
-    """Offline and deterministic: answers with what it was asked. For demos and tests."""
+    """Offline and deterministic: answers with what it was asked. For demos and tests.
+
+    It streams its answer a word at a time, `word_ms` apart, so that a live draft can be
+    seen without a real endpoint."""
 
     name = "echo"
 
-    def __init__(self, delay_ms: int = 0) -> None:
+    def __init__(self, delay_ms: int = 0, word_ms: int = 0) -> None:
         self.delay_s = delay_ms / 1000
+        self.word_s = word_ms / 1000
 
     def configure(self, settings: LLMSettings) -> None:
         self.delay_s = settings.echo_delay_ms / 1000
+        self.word_s = settings.echo_word_ms / 1000
 
     async def complete(self, prompt: Prompt, usage: Usage) -> str:
         attempt = usage.start()
@@ -147,6 +152,11 @@ class EchoLLM:
             await asyncio.sleep(self.delay_s)
         answer = "You said: " + " / ".join(prompt.unanswered)
         if usage.on_text is not None:
+            if self.word_s:
+                # Each word with the spaces before it, so the draft grows as typed text does.
+                for match in re.finditer(r"\s*\S+", answer):
+                    usage.on_text(answer[: match.end()])
+                    await asyncio.sleep(self.word_s)
             usage.on_text(answer)
         attempt.completion_tokens = estimate(answer)
         return answer
@@ -578,4 +588,4 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
 def make_llm(settings: LLMSettings, provider: Literal["openai", "echo"]) -> LLM:
     if provider == "openai":
         return OpenAILLM(settings)
-    return EchoLLM(settings.echo_delay_ms)
+    return EchoLLM(settings.echo_delay_ms, settings.echo_word_ms)

@@ -109,6 +109,9 @@ class LLMSettings(BaseModel):
     retry_base_s: float = Field(default=0.5, ge=0)
     # The echo model's artificial thinking time; lets demos and tests see a generation in flight.
     echo_delay_ms: int = Field(default=0, ge=0)
+    # The echo model streams its answer a word at a time, this far apart, so the live draft
+    # shows offline too (0: all at once).
+    echo_word_ms: int = Field(default=40, ge=0, le=2000)
     # Every attempt and backoff for one reply together end by this deadline, then apologise.
     deadline_s: float = Field(default=120.0, gt=0)
     # Cycles in a row whose reply could not be written (an error other than the provider's
