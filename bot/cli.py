@@ -1,4 +1,5 @@
-"""The command line: `lastword run` (and `python -m bot run`)."""
+"""The command line: `lastword run`, `status`, `doctor` and `migrate-shards` (and
+`python -m bot ...`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import argparse
 import asyncio
 import json
 import sys
+from importlib import metadata
+from pathlib import Path
 
 from pydantic import BaseModel
 
-from bot import logs
+from bot import logs, unit
 from bot.embedded import EmbeddedError
 from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
 
@@ -50,6 +53,45 @@ def settings_help() -> str:
     return "\n".join(lines)
 
 
+def version() -> str:
+    """The installed package's version (a source tree that was never installed has none)."""
+    try:
+        return metadata.version("lastword")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+UNIT_HELP = (
+    "Read the settings as this systemd unit's process would see them (e.g. lastword@1, or "
+    "lastword): its Environment= lines, EnvironmentFile=s, credentials (LoadCredential=, "
+    "SetCredential=), StateDirectory= and WorkingDirectory=, through `systemctl show` where "
+    "systemd runs, else from the unit files. They replace this shell's LASTWORD_* variables."
+)
+
+
+def add_unit_view(command: argparse.ArgumentParser) -> None:
+    """--unit, --root and --env-file: check a deployment as it runs, not the caller's shell."""
+    command.add_argument("--unit", metavar="UNIT", help=UNIT_HELP)
+    command.add_argument(
+        "--root",
+        metavar="DIR",
+        type=Path,
+        help="with --unit: read the unit files (etc/systemd/system, run/systemd/system, "
+        "usr/lib/systemd/system, lib/systemd/system, templates and drop-ins) under DIR, as "
+        "`systemctl --root` does; the env files, credentials (etc/credstore, ...), "
+        "StateDirectory (var/lib/...) and WorkingDirectory named there are taken under DIR too",
+    )
+    command.add_argument(
+        "--env-file",
+        metavar="PATH",
+        type=Path,
+        action="append",
+        default=[],
+        help="read PATH as systemd reads an EnvironmentFile= (KEY=VALUE lines, quotes, "
+        "comments, no `export`), after the unit's own; repeatable, later files win",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="lastword",
@@ -57,11 +99,14 @@ def parser() -> argparse.ArgumentParser:
         epilog=settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"lastword {version()}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
         "run",
         help="start the bot (console chat, embedded store and echo model when unset)",
-        description=DESCRIPTION,
+        description=DESCRIPTION
+        + "\n\nStart the bot: on the console when no platform is set, with the embedded store "
+        "when LASTWORD_REDIS_URL is unset and the echo model when no LLM is configured.",
         epilog=settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,23 +114,59 @@ def parser() -> argparse.ArgumentParser:
         "status",
         help="show replicas, role holders, waiting conversations and leases, from Redis "
         "(every primary of a cluster)",
+        description="Show what the store says about a running deployment: its replicas, who "
+        "holds each role (Telegram polling, the Discord gateway), the conversations waiting "
+        "for a reply and the leases held, read from Redis (every primary of a cluster) or "
+        "from the embedded store of a bot running here. Use --unit to read the store a "
+        "systemd unit uses.",
     )
     status.add_argument("--json", action="store_true", help="the same, as JSON")
-    commands.add_parser(
+    add_unit_view(status)
+    doctor = commands.add_parser(
         "doctor",
         help="check settings, Redis (one server, cluster or Sentinel), scripts, platform token "
         "and LLM; exit 1 on any failure",
+        description="Check a deployment before (or while) it runs: the settings, the store "
+        "(one server, a cluster or Sentinel's primary), that the scripts load, its memory "
+        "policy and durability, that the platform accepts the token and that the LLM "
+        "endpoint knows the model. One line per check, with the fix under a failed one; "
+        "exit 1 on any failure. Use --unit to check what a systemd unit would run with.",
     )
+    add_unit_view(doctor)
     commands.add_parser(
         "migrate-shards",
         help="move the conversations of a store made before the 64 shards to them (stop every "
         "replica first); safe to run again",
+        description="Move the conversations, indexes and usage counters of a store made "
+        "before the 64 shards (the legacy 16-shard layout) to this version's shards, and "
+        "record the layout. Stop every replica first; it refuses while one runs. Safe to "
+        "run again: a store already laid out so is left as it is.",
     )
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    unit_name = getattr(args, "unit", None)
+    env_files: list[Path] = getattr(args, "env_file", [])
+    if getattr(args, "root", None) is not None and unit_name is None:
+        print("lastword: --root needs --unit (the unit to read under it)", file=sys.stderr)
+        return 2
+    if unit_name is None and not env_files:
+        return command(args)
+    try:
+        view = unit.read_view(unit_name, args.root, env_files)
+    except unit.UnitError as exc:
+        print(f"lastword: {exc}", file=sys.stderr)
+        return 2
+    # Before the report: an operator must see what was checked.
+    print(view.summary, file=sys.stderr, flush=True)
+    with unit.applied(view):
+        return command(args)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the subcommand `args` names, with the environment as it is now."""
     if args.command == "doctor":
         import adapters
         from bot import doctor
@@ -95,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.main(adapters.check)
     try:
         settings = load_settings()
+        if args.command == "status":
+            return asyncio.run(show_status(settings, as_json=args.json))
+        if args.command == "migrate-shards":
+            return asyncio.run(migrate_shards(settings))
     except ConfigError as exc:
+        # Also what the store's first answer shows to be wrong (not Redis, no such DB index).
         print(f"lastword: configuration error: {exc}", file=sys.stderr)
         return 2
-    if args.command == "status":
-        return asyncio.run(show_status(settings, as_json=args.json))
-    if args.command == "migrate-shards":
-        return asyncio.run(migrate_shards(settings))
     # On the console the chat and the logs share a terminal, so only warnings show by default.
     default_level = "WARNING" if settings.platform == "console" else "INFO"
     logs.setup(settings, default_level)

@@ -259,8 +259,11 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
     # The indexes last: they are what start-up looks for, so a run cut short anywhere still
     # leaves the store refused until a run completes.
     for shard in range(LEGACY_SHARDS):
+        before = done.keys
         await _move_conversations(redis, shard, done, conversations)
-        progress(f"shard {legacy_tag(shard)}: {done.keys} conversation keys moved so far")
+        # Only a shard that held something is news; an empty store ends in one summary line.
+        if done.keys > before:
+            progress(f"shard {legacy_tag(shard)}: {done.keys} conversation keys moved so far")
     for shard in range(LEGACY_SHARDS):
         await _move_usage(redis, shard, done)
     for shard in range(LEGACY_SHARDS):
