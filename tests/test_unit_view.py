@@ -1,0 +1,350 @@
+"""`lastword doctor --unit` and `status --unit`: the settings as a systemd unit's process sees
+them, not as the admin's shell does; and the command line's own manners (--version, help,
+one summary line from migrate-shards).
+
+The unit files are the shipped ones, copied under a temporary root as `systemctl --root` would
+read them; the store is the test's real server; Telegram is the loopback fake. `systemctl` and
+`busctl` (outsiders: no systemd runs here) are small scripts on PATH that print what systemd
+252 prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import stat
+import sys
+from collections.abc import AsyncIterator, Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from bot import cli, unit
+from bot.embedded import EmbeddedRedis
+from tests.fakes.telegram_server import FakeTelegram
+from tests.test_console import clean_env
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPT = str(Path(sys.executable).parent / "lastword")
+UNITS = Path(__file__).resolve().parent.parent / "systemd"
+TOKEN = "777000111:SECRET-unit-token-Pq4w"
+
+
+@pytest.fixture
+def root(short_dir: Path) -> Path:
+    """A machine's root with the shipped units installed and an empty /etc/lastword."""
+    path = short_dir / "root"
+    (path / "etc/systemd/system").mkdir(parents=True)
+    for shipped in UNITS.glob("*.service"):
+        shutil.copy(shipped, path / "etc/systemd/system" / shipped.name)
+    (path / "etc/lastword").mkdir()
+    return path
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(TOKEN, bot_username="unit_bot") as fake:
+        yield fake
+
+
+@pytest.fixture
+def shell(monkeypatch: pytest.MonkeyPatch, short_dir: Path) -> Iterator[None]:
+    """An admin's shell that says something else: the console, a store nowhere."""
+    for name in list(os.environ):
+        if name.startswith("LASTWORD_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("LASTWORD_PLATFORM", "console")
+    monkeypatch.setenv("LASTWORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.chdir(short_dir)
+    yield
+
+
+async def lastword(*args: str, tmp: Path, **env: str) -> tuple[int, str, str]:
+    """The installed script to completion (bounded), with the runner's LASTWORD_* replaced
+    by `env` and TMPDIR at `tmp`, so what it leaves there can be seen."""
+    process = await asyncio.create_subprocess_exec(
+        SCRIPT,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(tmp / "data", TMPDIR=str(tmp), **env),
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=40)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_doctor_checks_what_the_unit_is_given_not_the_shell(
+    root: Path, server: EmbeddedRedis, telegram: FakeTelegram, short_dir: Path
+) -> None:
+    (root / "etc/lastword/lastword.env").write_text(
+        "# as the README's install steps leave it\n"
+        "LASTWORD_PLATFORM=telegram\n"
+        f"LASTWORD_TELEGRAM__TOKEN={TOKEN}\n"
+        f"LASTWORD_TELEGRAM__API_URL={telegram.api_url}\n"
+        f"LASTWORD_REDIS_URL={server.url}\n"
+    )
+    tmp = short_dir / "tmp"
+    tmp.mkdir()
+    status, out, err = await lastword(
+        "doctor", "--unit", "lastword@1", "--root", str(root), tmp=tmp, LASTWORD_PLATFORM="console"
+    )
+    assert status == 0, out + err
+    etc = root / "etc/lastword"
+    assert err.splitlines()[0].startswith(
+        f"reading lastword@1.service as systemd would: env files {etc}/lastword.env (read), "
+        f"{etc}/lastword-1.env (missing); 0 credentials; state {root}/var/lib/lastword-1"
+    )
+    assert "platform telegram" in out
+    assert f"telegram: @unit_bot ({telegram.bot_user['id']})" in out
+    assert [call.method for call in telegram.calls] == ["getMe"]
+    assert TOKEN.split(":")[1] not in out + err
+
+
+async def test_a_credential_and_the_instance_env_file(
+    root: Path, server: EmbeddedRedis, telegram: FakeTelegram, short_dir: Path
+) -> None:
+    # The shared file points at nothing; the replica's own file, read last, at the fake.
+    (root / "etc/lastword/lastword.env").write_text(
+        f"LASTWORD_PLATFORM=telegram\nLASTWORD_TELEGRAM__API_URL=http://127.0.0.1:1\n"
+        f"LASTWORD_REDIS_URL='{server.url}'\n"
+    )
+    (root / "etc/lastword/lastword-1.env").write_text(
+        f'LASTWORD_TELEGRAM__API_URL="{telegram.api_url}"\n'
+    )
+    (root / "etc/credstore").mkdir(mode=0o700)
+    (root / "etc/credstore/LASTWORD_TELEGRAM__TOKEN").write_text(TOKEN + "\n")
+    tmp = short_dir / "tmp"
+    tmp.mkdir()
+    status, out, err = await lastword(
+        "doctor", "--unit", "lastword@1", "--root", str(root), tmp=tmp
+    )
+    assert status == 0, out + err
+    assert "1 credential (LASTWORD_TELEGRAM__TOKEN)" in err.splitlines()[0]
+    assert f"{root}/etc/lastword/lastword-1.env (read)" in err.splitlines()[0]
+    assert "@unit_bot" in out
+    # The private copy of the credentials is gone with the process.
+    assert list(tmp.iterdir()) == []
+
+
+def test_the_credentials_directory_is_private_and_removed(root: Path) -> None:
+    dropins = root / "etc/systemd/system/lastword.service.d"
+    dropins.mkdir()
+    (dropins / "secret.conf").write_text(
+        "[Service]\nSetCredential=LASTWORD_LLM__API_KEY:sk-\\x41bc\nEnvironment=LASTWORD_X=%N\n"
+    )
+    view = unit.read_view("lastword", root, [])
+    before = dict(os.environ)
+    with unit.applied(view):
+        folder = Path(os.environ["CREDENTIALS_DIRECTORY"])
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert (folder / "LASTWORD_LLM__API_KEY").read_bytes() == b"sk-Abc"
+        assert os.environ["LASTWORD_X"] == "lastword"
+        assert os.environ["STATE_DIRECTORY"] == f"{root}/var/lib/lastword"
+        # WorkingDirectory=-/etc/lastword exists under the root.
+        assert Path.cwd() == root / "etc/lastword"
+    assert not folder.exists()
+    assert dict(os.environ) == before
+
+
+def test_status_finds_the_units_embedded_store(
+    root: Path, shell: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With --root, /var/lib/<StateDirectory> is taken under the root as well.
+    store = EmbeddedRedis(root / "var/lib/lastword-2")
+    store.start()
+    try:
+        status = cli.main(["status", "--unit", "lastword@2", "--root", str(root)])
+    finally:
+        store.stop()
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out.startswith("lastword status at ")
+    assert f"state {root}/var/lib/lastword-2" in captured.err.splitlines()[0]
+
+
+def test_env_file_replaces_the_shell(
+    server: EmbeddedRedis, shell: None, short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env_file = short_dir / "prod.env"
+    env_file.write_text(f"LASTWORD_REDIS_URL={server.url}\n")
+    assert cli.main(["status", "--json", "--env-file", str(env_file)]) == 0
+    captured = capsys.readouterr()
+    assert '"replicas": []' in captured.out
+    assert captured.err.splitlines() == [
+        f"reading as these env files say: env files {env_file} (read)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--unit", "nosuch"], "lastword: no unit nosuch.service in "),
+        (["--unit", "lastword@"], "lastword: lastword@.service is a template: name an instance"),
+        (["--env-file", "/nonexistent/x.env"], "lastword: env file /nonexistent/x.env: no such"),
+        (["--root", "/"], "lastword: --root needs --unit"),
+    ],
+    ids=["missing-unit", "template", "missing-env-file", "root-alone"],
+)
+def test_what_cannot_be_read_is_one_line(
+    root: Path,
+    shell: None,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    if "--unit" in args:
+        args = [*args, "--root", str(root)]
+    assert cli.main(["doctor", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(message)
+
+
+def test_env_file_syntax_as_systemd_reads_it() -> None:
+    text = (
+        "# comment\n"
+        "; another\n"
+        "A=plain value  \n"
+        "B='single $HOME \\n'\n"
+        'C="double \\"quoted\\" \\$x \\q"\n'
+        "D=continued \\\n"
+        "line\n"
+        "  E = spaced\n"
+        "export F=1\n"
+        "no equals sign\n"
+        "G=\n"
+        "H=a#not-a-comment\n"
+    )
+    values, ignored = unit.read_env_file(text)
+    assert values == {
+        "A": "plain value",
+        "B": "single $HOME \\n",
+        "C": 'double "quoted" $x \\q',
+        "D": "continued line",
+        "E": "spaced",
+        "G": "",
+        "H": "a#not-a-comment",
+    }
+    assert ignored == ["export F"]
+
+
+def test_specifiers_templates_and_drop_ins(root: Path) -> None:
+    template = root / "usr/lib/systemd/system"
+    template.mkdir(parents=True)
+    (template / "demo@.service").write_text(
+        "[Unit]\nEnvironment=NOT_SERVICE=1\n[Service]\n"
+        'Environment="A=%i %I" B=%n C=%N D=%p E=%%i \\\n  F=%H\n'
+        "EnvironmentFile=-/etc/demo/%i.env\nStateDirectory=demo-%i\n"
+    )
+    dropins = root / "etc/systemd/system/demo@.service.d"
+    dropins.mkdir()
+    (dropins / "10-reset.conf").write_text("[Service]\nEnvironmentFile=\nStateDirectory=\n")
+    (dropins / "20-own.conf").write_text("[Service]\nEnvironmentFile=/etc/demo/own.env\n")
+    config = unit.from_files(root, "demo@a-b")
+    assert config.environment == {
+        "A": "a-b a/b",
+        "B": "demo@a-b.service",
+        "C": "demo@a-b",
+        "D": "demo",
+        "E": "%i",
+        "F": socket.gethostname(),
+    }
+    assert config.env_files == [("/etc/demo/own.env", False)]
+    assert config.state_directories == []
+
+
+def test_the_managers_view_through_systemctl_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What systemd 252 prints for the shipped lastword@.service (systemctl-show.c: one line
+    # per env file; strv properties shell-quoted; "!" for a directory that may be missing;
+    # credentials as "[unprintable]", so they come from busctl's JSON).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    show = (
+        "LoadState=loaded\n"
+        'Environment=LASTWORD_LOG_FORMAT=logfmt LASTWORD_REPLICA_ID=h-3 "LASTWORD_X=a b"\n'
+        "EnvironmentFiles=/etc/lastword/lastword.env (ignore_errors=yes)\n"
+        "EnvironmentFiles=/etc/lastword/lastword-3.env (ignore_errors=no)\n"
+        "StateDirectory=lastword-3\n"
+        "WorkingDirectory=!/etc/lastword\n"
+    )
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\ncat <<'EOF'\n{show}EOF\n")
+    (bin_dir / "busctl").write_text(
+        '#!/bin/sh\ncase "$*" in\n'
+        '*LoadCredential) echo \'{"type":"a(ss)","data":[["LASTWORD_REDIS_URL",'
+        '"LASTWORD_REDIS_URL"]]}\' ;;\n'
+        '*SetCredential) echo \'{"type":"a(say)","data":[["LASTWORD_LLM__API_KEY",'
+        "[107,49]]]}' ;;\n"
+        "esac\n"
+    )
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    config = unit.from_systemctl("lastword@3")
+    assert config.environment == {
+        "LASTWORD_LOG_FORMAT": "logfmt",
+        "LASTWORD_REPLICA_ID": "h-3",
+        "LASTWORD_X": "a b",
+    }
+    assert config.env_files == [
+        ("/etc/lastword/lastword.env", True),
+        ("/etc/lastword/lastword-3.env", False),
+    ]
+    assert config.state_directories == ["lastword-3"]
+    assert (config.working_directory, config.working_directory_optional) == ("/etc/lastword", True)
+    assert config.load_credentials == [("LASTWORD_REDIS_URL", "LASTWORD_REDIS_URL")]
+    assert config.set_credentials == [("LASTWORD_LLM__API_KEY", b"k1")]
+    assert unit.bus_path("lastword@3.service") == (
+        "/org/freedesktop/systemd1/unit/lastword_403_2eservice"
+    )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"lastword {metadata.version('lastword')}\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("run", "Start the bot"),
+        ("status", "Show what the store says"),
+        ("doctor", "Check a deployment"),
+        ("migrate-shards", "Move the conversations"),
+    ],
+)
+def test_every_subcommand_says_what_it_does(
+    command: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    # The description sits between the usage and the options.
+    description = text.split("\n\n", 1)[1].split("options:", 1)[0]
+    assert says in " ".join(description.split())
+
+
+def test_migrate_shards_on_an_empty_store_is_one_line(
+    server: EmbeddedRedis,
+    shell: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LASTWORD_REDIS_URL", server.url)
+    assert cli.main(["migrate-shards"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines() == [
+        "nothing to migrate: the store is laid out in 64 shards (recorded)"
+    ]
