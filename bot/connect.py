@@ -35,7 +35,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
 
 # Every Redis call ends within this, answered or not. A primary that vanishes without a reset
 # (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
@@ -54,6 +54,13 @@ CLUSTER_RETRIES = 3
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+
+
+class NotRedis(ValueError):
+    """The URL reaches a server, but not one lastword can use: it speaks another protocol
+    (an HTTP port), refuses the password, or has no such database. Waiting cannot fix it.
+    The message never quotes the URL."""
+
 
 # What lastword talks to: one server (or a Sentinel-managed primary), or a cluster.
 Client = Redis | RedisCluster
@@ -201,14 +208,43 @@ def _sentinel_client(target: SentinelTarget) -> Redis:
 
 async def open_client(url: str) -> Client:
     """`make_client`, asking the node named whether it runs a cluster without blocking the
-    event loop. Raises redis-py's errors when it cannot be reached, ValueError for a bad URL."""
+    event loop, then a PING. Raises redis-py's errors when it cannot be reached, ValueError for
+    a bad URL, and `NotRedis` for a server that is not a Redis it can use."""
     import asyncio
 
     scheme = urlparse(url).scheme
-    cluster = False
-    if scheme in ("redis", "rediss"):
-        cluster = await asyncio.to_thread(cluster_enabled, url)
-    return make_client(url, cluster=cluster)
+    try:
+        cluster = False
+        if scheme in ("redis", "rediss"):
+            cluster = await asyncio.to_thread(cluster_enabled, url)
+        client = make_client(url, cluster=cluster)
+    except (InvalidResponse, AuthenticationError) as exc:
+        raise NotRedis(_not_redis(exc) or str(exc)) from None
+    try:
+        await client.ping()
+    except (InvalidResponse, ResponseError, AuthenticationError) as exc:
+        await client.aclose()
+        why = _not_redis(exc)
+        if why is None:
+            raise
+        raise NotRedis(why) from None
+    except BaseException:
+        await client.aclose()
+        raise
+    return client
+
+
+def _not_redis(exc: Exception) -> str | None:
+    """Why a server that answered is not usable, in words (the server's own words kept: they
+    never quote the URL); None for an error that may pass, such as LOADING."""
+    text = str(exc)
+    if isinstance(exc, InvalidResponse):
+        return f"the server there does not speak the Redis protocol ({text})"
+    if isinstance(exc, AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
+        return f"the server refused the user name or password ({text})"
+    if "DB index" in text or "invalid DB" in text.lower():
+        return f"the server has no such database: expected /0 to /15 by default ({text})"
+    return None
 
 
 def mode_of(client: Client) -> Mode:

@@ -58,8 +58,16 @@ def render(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+# What `lastword doctor` exits with when the settings do not load: as `run` does, a
+# configuration error.
+CONFIG_ERROR = 2
+
+
 def exit_code(checks: list[Check]) -> int:
-    """0 when every check passed, else 1: what `lastword doctor` exits with."""
+    """0 when every check passed, 2 when the settings do not load (`run` would exit 2 too),
+    else 1: what `lastword doctor` exits with."""
+    if checks and checks[0].name == "settings" and not checks[0].ok:
+        return CONFIG_ERROR
     return 0 if checks and all(check.ok for check in checks) else 1
 
 
@@ -150,13 +158,13 @@ def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, S
         try:
             settings = source()
         except ConfigError as exc:
-            return (
-                Check("settings", False, str(exc), "fix the setting named above and rerun"),
-                None,
-            )
+            # The line names the setting, what was given and what is expected: the fix.
+            return Check("settings", False, str(exc)), None
     parts = [f"platform {settings.platform}", f"store {_store_name(settings)}"]
     if settings.llm_provider == "openai":
-        parts.append(f"LLM openai, model {settings.llm.model} at {_llm_url(settings)}")
+        origin = settings.key_source
+        key = f"key from {origin}" if origin else "no API key set"
+        parts.append(f"LLM openai, model {settings.llm.model} at {_llm_url(settings)} ({key})")
     else:
         parts.append("LLM echo (offline)")
     replica = getattr(settings, "replica_id", None)
@@ -755,7 +763,14 @@ async def _llm_check(settings: Settings, timeout_s: float) -> Check:
             )
             return Check("llm", True, f"model {llm.model} answered at {shown} (no /models)")
     except openai.AuthenticationError:
-        return Check("llm", False, f"{shown} refused the API key", "fix LASTWORD_LLM__API_KEY")
+        if llm.api_key is None:
+            return Check(
+                "llm",
+                False,
+                f"{shown} wants an API key, and none is set",
+                "set LASTWORD_LLM__API_KEY (or OPENAI_API_KEY)",
+            )
+        return Check("llm", False, f"{shown} refused the API key", f"fix {settings.key_source}")
     except openai.PermissionDeniedError:
         return Check(
             "llm",

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -44,6 +46,15 @@ CHATTY = (
     "discord.gateway",
     "telegram.ext",
 )
+
+# Library warnings that concern features a DM bot never uses, said at every start.
+IRRELEVANT = (
+    ("discord.client", "voice will NOT be supported"),
+    ("discord.state", "Guilds intent seems to be disabled"),
+)
+
+# syslog priorities (sd-daemon(3)): a line that starts with one is filed under it.
+PRIORITIES = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
 
 
 @contextmanager
@@ -121,14 +132,30 @@ class LineFormatter(logging.Formatter):
     conversation (when there is one) and any traceback folded into the line."""
 
     def __init__(
-        self, style: Literal["text", "logfmt", "json"], replica: str, scrub: Scrub
+        self,
+        style: Literal["text", "logfmt", "json"],
+        replica: str,
+        scrub: Scrub,
+        *,
+        journal: bool = False,
     ) -> None:
         super().__init__()
         self.style = style
         self.replica = replica
         self.scrub = scrub
+        # Straight into the journal: each line starts with its priority, so that
+        # `journalctl -p err` finds the errors.
+        self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
+        line = self._line(record)
+        if not self.journal:
+            return line
+        priority = f"<{PRIORITIES.get(record.levelname, 6)}>"
+        # A text traceback spans lines, and the journal takes each line as an entry.
+        return priority + line.replace("\n", "\n" + priority)
+
+    def _line(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
@@ -161,11 +188,34 @@ def _logfmt(value: str) -> str:
     return f'"{escaped}"'
 
 
+def to_journal() -> bool:
+    """Whether stderr is connected to the journal: systemd sets `$JOURNAL_STREAM` to the
+    device and inode of that stream, which a redirection elsewhere no longer matches."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        found = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return expected == f"{found.st_dev}:{found.st_ino}"
+
+
+def _relevant(record: logging.LogRecord) -> bool:
+    return not any(record.name == name and text in record.getMessage() for name, text in IRRELEVANT)
+
+
 def setup(settings: Settings, default_level: str) -> LineFormatter:
     """Log to stderr (the journal, under systemd) in the configured format."""
-    formatter = LineFormatter(settings.log_format, settings.replica_id, Scrub(secrets_of(settings)))
+    formatter = LineFormatter(
+        settings.log_format,
+        settings.replica_id,
+        Scrub(secrets_of(settings)),
+        journal=to_journal(),
+    )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    handler.addFilter(_relevant)
+    # discord.py imports its voice support (audioop) eagerly; lastword sends no audio.
+    warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     level = settings.log_level or default_level

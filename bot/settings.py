@@ -8,14 +8,19 @@ field names here must not change.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import tomllib
+from functools import partial
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     Field,
@@ -32,7 +37,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from bot import spelling
+from bot.tokens import estimate
+
 ENV_PREFIX = "LASTWORD_"
+# The entry point group platforms register in (see adapters/__init__.py).
+PLATFORMS = "lastword.adapters"
 
 
 class ConfigError(ValueError):
@@ -49,6 +59,55 @@ def _comma_separated(value: object) -> object:
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 
 
+def _no_blanks(values: list[str]) -> list[str]:
+    # Ids and model patterns never hold spaces: one is two values missing a comma.
+    for value in values:
+        if any(char.isspace() for char in value):
+            raise ValueError("expected comma-separated values without spaces")
+    return values
+
+
+# A comma-separated list of ids or patterns.
+Names = Annotated[CommaList, AfterValidator(_no_blanks)]
+
+
+def _web_url(value: str | None, schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+    if value is None or value == "":
+        return None
+    parts = urlparse(value)
+    if parts.scheme not in schemes or not parts.hostname:
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        raise ValueError(f"expected a URL starting with {wanted} and naming a host")
+    return value
+
+
+def _listen_address(value: str | None) -> str | None:
+    if value is None or value == "":
+        return None
+    _host, colon, port = value.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected host:port, such as 127.0.0.1:9464")
+    return value
+
+
+def _secret_text(value: SecretStr | None) -> SecretStr | None:
+    # A pasted key with a space or a newline inside would only fail at the first request.
+    if value is not None and any(c.isspace() for c in value.get_secret_value().strip()):
+        raise ValueError("expected one word without spaces or line breaks")
+    if value is not None and value.get_secret_value() != value.get_secret_value().strip():
+        return SecretStr(value.get_secret_value().strip())
+    return value
+
+
+WebUrl = Annotated[str, AfterValidator(_web_url)]
+OptionalWebUrl = Annotated[str | None, AfterValidator(_web_url)]
+ListenAddress = Annotated[str, AfterValidator(_listen_address)]
+OptionalListenAddress = Annotated[str | None, AfterValidator(_listen_address)]
+Secret = Annotated[SecretStr | None, AfterValidator(_secret_text)]
+# A model id: what the provider calls it, never blank.
+ModelId = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
+
+
 def _default_data_dir() -> Path:
     # Under systemd, StateDirectory= is the one writable place (ProtectSystem=strict).
     systemd_state = os.environ.get("STATE_DIRECTORY")
@@ -63,23 +122,41 @@ def _default_replica_id() -> str:
 
 
 class TelegramSettings(BaseModel):
-    token: SecretStr | None = None
-    api_url: str = "https://api.telegram.org"
+    # As @BotFather gives it: the bot's number, a colon, then letters, digits, "_" and "-".
+    token: Secret = None
+    api_url: WebUrl = "https://api.telegram.org"
     mode: Literal["polling", "webhook"] = "polling"
-    webhook_listen: str = "127.0.0.1:8443"
-    webhook_path: str = "/telegram"
-    webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_listen: ListenAddress = "127.0.0.1:8443"
+    webhook_path: str = Field(default="/telegram", pattern=r"^/\S*$")
+    webhook_url: OptionalWebUrl = None
+    # Telegram takes 1-256 characters of A-Z, a-z, 0-9, "_" and "-" as the secret token.
+    webhook_secret: Secret = None
     # Show the reply as it is written, as an ephemeral draft in the chat (sendMessageDraft),
     # updated at most this often; a 429 slows it down further.
     drafts: bool = True
     draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
 
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"\d+:[\w-]+", value.get_secret_value()):
+            raise ValueError("expected the token as @BotFather gives it: 123456:ABC-def_...")
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[\w-]{1,256}", value.get_secret_value()):
+            raise ValueError("expected 1 to 256 of A-Z, a-z, 0-9, _ and - (Telegram's rule)")
+        return value
+
 
 class DiscordSettings(BaseModel):
-    token: SecretStr | None = None
-    api_url: str = "https://discord.com/api/v10"
-    gateway_url: str = "wss://gateway.discord.gg"
+    token: Secret = None
+    api_url: WebUrl = "https://discord.com/api/v10"
+    gateway_url: Annotated[str, AfterValidator(partial(_web_url, schemes=("ws", "wss")))] = (
+        "wss://gateway.discord.gg"
+    )
     # After a gateway gap, read the DM history of conversations active this recently (0: off).
     catch_up_minutes: int = Field(default=60, ge=0, le=60)
 
@@ -88,7 +165,7 @@ class ModelChoice(BaseModel):
     """A model users may pick with /model."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,32}$")  # what users type and see
-    model: str  # the provider's model id
+    model: ModelId  # the provider's model id
     # How much one of its tokens counts against a user's daily budget (a dearer model, more).
     cost: float = Field(default=1.0, gt=0, le=1000)
 
@@ -96,9 +173,10 @@ class ModelChoice(BaseModel):
 class LLMSettings(BaseModel):
     # None means "not configured": openai when a base URL or key is given, else echo.
     provider: Literal["openai", "echo"] | None = None
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    model: str = "gpt-4o-mini"
+    # Unset here, OPENAI_BASE_URL and OPENAI_API_KEY are used, as every OpenAI client does.
+    base_url: OptionalWebUrl = None
+    api_key: Secret = None
+    model: ModelId = "gpt-4o-mini"
     # {date} and {time} become the current UTC date and time when each prompt is built.
     system_prompt: str = (
         "You are a helpful assistant in a direct-message chat. Be concise. Today is {date}."
@@ -144,7 +222,17 @@ class LLMSettings(BaseModel):
     @model_validator(mode="after")
     def _room_for_the_prompt(self) -> LLMSettings:
         if self.max_tokens >= self.context_tokens // 2:
-            raise ValueError("max_tokens must be less than half of context_tokens")
+            raise ValueError(
+                f"{ENV_PREFIX}LLM__MAX_TOKENS ({self.max_tokens}) must be less than half of "
+                f"{ENV_PREFIX}LLM__CONTEXT_TOKENS ({self.context_tokens})"
+            )
+        # Half the context at most, so history and the new messages still fit beside it.
+        prompt_tokens = estimate(self.system_prompt)
+        if prompt_tokens > self.context_tokens // 2:
+            raise ValueError(
+                f"{ENV_PREFIX}LLM__SYSTEM_PROMPT: about {prompt_tokens} tokens, expected at most "
+                f"half of {ENV_PREFIX}LLM__CONTEXT_TOKENS ({self.context_tokens})"
+            )
         return self
 
 
@@ -156,7 +244,7 @@ class MediaSettings(BaseModel):
     vision: Literal["auto", "on", "off"] = "auto"
     # Models that read images, as shell patterns matched against llm.model (comma-separated).
     # A setting, not a list in the code, so a new model needs no release.
-    vision_models: CommaList = [
+    vision_models: Names = [
         "gpt-4o*",
         "gpt-4.1*",
         "gpt-5*",
@@ -197,9 +285,9 @@ class MediaSettings(BaseModel):
     # Voice notes and audio go to an OpenAI-compatible /audio/transcriptions endpoint: the
     # LLM's base URL and key unless these are set (a self-hosted Whisper server, say). Empty
     # model: voice is not transcribed, and the model is told a voice note came.
-    transcription_model: str = "whisper-1"
-    transcription_base_url: str | None = None
-    transcription_api_key: SecretStr | None = None
+    transcription_model: Annotated[str, Field(pattern=r"^\S*$")] = "whisper-1"
+    transcription_base_url: OptionalWebUrl = None
+    transcription_api_key: Secret = None
 
 
 class DebounceSettings(BaseModel):
@@ -229,9 +317,9 @@ Verdict = Literal["admin", "allowed", "refused"]
 class AccessSettings(BaseModel):
     # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone. The
     # starting point: admins change it in chat with /allow and /deny.
-    allowed_users: CommaList = []
+    allowed_users: Names = []
     # Platform user ids that may use /allow, /deny, /budget and /stats in a DM.
-    admins: CommaList = []
+    admins: Names = []
     # Messages one user may send per minute; more are dropped with one notice. 0: no limit.
     rate_per_minute: int = Field(default=30, ge=0)
 
@@ -295,11 +383,27 @@ class Settings(BaseSettings):
     # handed back (lease released, messages kept) for another replica.
     shutdown_grace_s: float = Field(default=8.0, ge=0, le=60)
     # host:port serving /healthz and /metrics (Prometheus); unset: off.
-    metrics_listen: str | None = None
+    metrics_listen: OptionalListenAddress = None
     # What the platform is told "stored" after, and a reply waits for before it goes out
     # (bot/store/durability.py): fast (no wait: up to ~1 s of acknowledged writes lost in a
     # crash with appendfsync everysec), local (the AOF fsynced), replicated (and one replica).
     durability: Literal["fast", "local", "replicated"] = "fast"
+
+    @field_validator("platform")
+    @classmethod
+    def _platform_installed(cls, value: str) -> str:
+        # Entry points are package metadata: checking them imports no platform library.
+        names = sorted({entry.name for entry in entry_points(group=PLATFORMS)})
+        if names and value not in names:
+            raise ValueError(f"no platform {value!r} is installed (installed: {', '.join(names)})")
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _a_directory(cls, value: Path) -> Path:
+        if value.exists() and not value.is_dir():
+            raise ValueError("expected a directory (or a path to create one at), not a file")
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -314,8 +418,8 @@ class Settings(BaseSettings):
             return value
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(
-                "must start with redis://, rediss://, unix://, redis+sentinel:// or "
-                "rediss+sentinel://"
+                "expected a URL starting with redis://, rediss://, unix://, redis+sentinel:// "
+                "or rediss+sentinel://"
             )
         try:
             parts.port  # noqa: B018 (parsing the port is the check)
@@ -339,6 +443,16 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def key_source(self) -> str | None:
+        """Where the LLM's API key was read from, for `lastword doctor`; None when unset."""
+        if self.llm.api_key is None:
+            return None
+        borrowed = os.environ.get("OPENAI_API_KEY", "").strip()
+        if borrowed and self.llm.api_key.get_secret_value() == borrowed:
+            return "OPENAI_API_KEY"
+        return f"{ENV_PREFIX}LLM__API_KEY"
+
+    @property
     def llm_provider(self) -> Literal["openai", "echo"]:
         if self.llm.provider is not None:
             return self.llm.provider
@@ -357,7 +471,8 @@ class Settings(BaseSettings):
         toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG") or "lastword.toml"
         toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_path)
         credentials = CredentialsSource(settings_cls)
-        return (init_settings, env_settings, credentials, dotenv_settings, toml)
+        conventions = OpenAIConventions(settings_cls)
+        return (init_settings, env_settings, credentials, dotenv_settings, toml, conventions)
 
 
 # What a reload cannot change: these name what a running replica is connected to, so they
@@ -440,24 +555,139 @@ class CredentialsSource(PydanticBaseSettingsSource):
         return values
 
 
+class OpenAIConventions(PydanticBaseSettingsSource):
+    """OPENAI_API_KEY and OPENAI_BASE_URL, which every OpenAI client and most bots honour:
+    the LLM's key and URL when no lastword setting gives them (the lowest priority)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ reads both at once.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        names = (("api_key", "OPENAI_API_KEY"), ("base_url", "OPENAI_BASE_URL"))
+        llm = {
+            setting: os.environ[variable].strip()
+            for setting, variable in names
+            if os.environ.get(variable, "").strip()
+        }
+        return {"llm": llm} if llm else {}
+
+
 def load_settings() -> Settings:
-    """Read settings, turning validation errors into one line that names the setting."""
+    """Read settings, turning any problem into a `ConfigError` of one line that names the
+    setting, what was given (a secret masked) and what is expected. A name that is no
+    setting is one too: it would otherwise be ignored without a word."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG")
     if toml_path and not Path(toml_path).is_file():
         raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml_path}")
+    where = f"{ENV_PREFIX}CONFIG={toml_path}" if toml_path else "./lastword.toml"
     try:
+        _check_names(Path(toml_path or "lastword.toml"), where)
+        _check_json()
         return Settings()
     except tomllib.TOMLDecodeError as exc:
-        where = f"{ENV_PREFIX}CONFIG={toml_path}" if toml_path else "./lastword.toml"
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = [str(part) for part in first["loc"]]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        # Cross-field checks name their settings themselves.
-        if loc and not message.startswith(ENV_PREFIX):
-            name = ENV_PREFIX + "__".join(loc).upper()
-            raise ConfigError(f"{name}: {message}") from None
-        raise ConfigError(message) from None
+        raise ConfigError(_one_line(exc.errors()[0])) from None
+    except SettingsError as exc:
+        # What the checks above did not foresee, still on one line and without the value.
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+
+def _check_names(toml: Path, where: str) -> None:
+    """Refuse a variable, credential or TOML key that names no setting."""
+    sources = (
+        (spelling.environment_names(ENV_PREFIX), ""),
+        (spelling.dotenv_names(Path(".env"), ENV_PREFIX), " (in ./.env)"),
+        (spelling.credential_names(ENV_PREFIX), " (a credential)"),
+    )
+    for names, source in sources:
+        unknown = spelling.unknown_variable(names, Settings, ENV_PREFIX, source)
+        if unknown:
+            raise ConfigError(unknown)
+    if toml.is_file():
+        unknown = spelling.unknown_key(tomllib.loads(toml.read_text()), Settings, where)
+        if unknown:
+            raise ConfigError(unknown)
+
+
+def _check_json() -> None:
+    """A setting given as JSON in the environment (a mapping, a list of models) must parse;
+    pydantic-settings would fail with a traceback that names only its group."""
+    from dotenv import dotenv_values
+
+    given = {k.upper(): v for k, v in dotenv_values(".env").items() if v is not None}
+    given |= {k.upper(): v for k, v in os.environ.items()}
+    for path in spelling.leaves(Settings):
+        name = spelling.env_name(ENV_PREFIX, path)
+        field = _field(path)
+        if name not in given or not _decoded_as_json(field):
+            continue
+        try:
+            json.loads(given[name])
+        except ValueError as exc:
+            example = (
+                '[{"name": "smart", "model": "gpt-4o"}]' if path[-1] == "models" else '{"key": 1}'
+            )
+            reason = getattr(exc, "msg", str(exc))
+            raise ConfigError(
+                f"{name}: expected JSON such as {example}, given {_shown(path, given[name])} "
+                f"({reason})"
+            ) from None
+
+
+def _field(path: tuple[str, ...]) -> FieldInfo:
+    model: Any = Settings
+    for name in path[:-1]:
+        model = spelling._model_of(model.model_fields[name].annotation)
+    field: FieldInfo = model.model_fields[path[-1]]
+    return field
+
+
+def _decoded_as_json(field: FieldInfo) -> bool:
+    from typing import get_origin
+
+    if any(meta is NoDecode or isinstance(meta, NoDecode) for meta in field.metadata):
+        return False
+    return get_origin(field.annotation) in (dict, list) or field.annotation in (dict, list)
+
+
+def _shown(path: tuple[str, ...], value: object) -> str:
+    """A given value as an error may quote it: a secret masked, a long one cut."""
+    if path == ("redis_url",) and isinstance(value, str):
+        parts = urlparse(value)
+        # The URL's password only: the rest says which server was meant.
+        value = value.replace(parts.password, "***") if parts.password else value
+    elif path in _secret_paths():
+        return "***"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _secret_paths() -> set[tuple[str, ...]]:
+    return {p for p in spelling.leaves(Settings) if "SecretStr" in str(_field(p).annotation)}
+
+
+def _one_line(error: Any) -> str:
+    """A pydantic error as `LASTWORD_X: expected ..., given ...`."""
+    loc = list(error["loc"])
+    # A list item's own fields (a model of /model) come after its position.
+    item = next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))
+    path = tuple(str(part) for part in loc[:item])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    # Cross-field checks name their settings themselves.
+    if message.startswith((ENV_PREFIX, "OPENAI_")):
+        return message
+    message = message.replace("Input should be ", "expected ").replace(
+        "String should match pattern", "expected text matching"
+    )
+    name = spelling.env_name(ENV_PREFIX, path) if path else "settings"
+    if item < len(loc):
+        name += f", item {int(loc[item]) + 1}" + "".join(f" {part}" for part in loc[item + 1 :])
+    given = error.get("input")
+    if isinstance(given, str | int | float | bool) or given is None:
+        return f"{name}: {message}; given {_shown(path, given)}"
+    return f"{name}: {message}"

@@ -565,7 +565,9 @@ async def test_bad_config_is_the_only_check(
     [settings] = checks
     assert settings.name == "settings" and not settings.ok
     assert "LASTWORD_TELEGRAM__TOKEN" in settings.detail
-    assert exit_code(checks) == 1
+    # A configuration error, as `run` would exit with; one line, which names the fix.
+    assert exit_code(checks) == 2
+    assert render(checks) == f"✗ settings: {settings.detail}"
     assert render(checks).startswith("✗ settings: LASTWORD_TELEGRAM__TOKEN")
 
 
