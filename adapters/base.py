@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from bot.backoff import Backoff
 from bot.message import InboundMessage, Outbound, Unavailable
@@ -63,6 +63,35 @@ class Adapter(Outbound, Protocol):
     def connected(self) -> bool:
         """Whether this replica can talk to the platform right now, for `/healthz`."""
         ...
+
+
+@runtime_checkable
+class LogsIn(Protocol):
+    """What an adapter whose platform takes credentials (a bot token) adds to `Adapter`, so
+    that a refused one stops `lastword run` before it reports ready, and shows in `/healthz`
+    while running. Optional: a plug-in without it (the console) is simply not asked."""
+
+    async def login(self) -> None:
+        """Check that the platform accepts the credentials, before `run`. Raises
+        `bot.settings.ConfigError`, naming the setting and never quoting its value, when the
+        platform refuses them; returns when it accepts them, and also when it cannot be
+        reached (`run` keeps trying then). The caller bounds it in time."""
+
+    def refused(self) -> str | None:
+        """Why the platform refuses the credentials right now (a token revoked while
+        running), naming the setting; None while it accepts them."""
+        ...
+
+
+async def login(adapter: Adapter) -> None:
+    """The adapter's start-up check of its credentials (`LogsIn.login`), if it has one."""
+    if isinstance(adapter, LogsIn):
+        await adapter.login()
+
+
+def refused(adapter: Adapter) -> str | None:
+    """Why the platform refuses the adapter's credentials right now, if it can say."""
+    return adapter.refused() if isinstance(adapter, LogsIn) else None
 
 
 def describe(message: InboundMessage) -> str:

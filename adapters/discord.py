@@ -57,6 +57,7 @@ from adapters.base import Sink, describe, until_stored
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
+from bot.credentials import Credential
 from bot.message import (
     Attachment,
     FetchFailed,
@@ -111,6 +112,14 @@ CATCH_UP_LIMIT = 200
 CANNOT_DM = 50007
 # Message types that carry what a user wrote; the rest are system notices (pins, calls...).
 USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+# The gateway's close code for a token it does not accept (revoked while connected).
+CLOSE_AUTHENTICATION_FAILED = 4004
+# A token Discord refuses while running is tried again after this long, doubling up to the
+# cap: it may be given back, but asking more often changes nothing.
+REFUSED_RETRY_FIRST_S = 2.0
+REFUSED_RETRY_CAP_S = 60.0
+TOKEN_SETTING = "LASTWORD_DISCORD__TOKEN"
+TOKEN_FIX = f"copy the bot token from the Developer Portal (Bot > Reset Token) into {TOKEN_SETTING}"
 
 
 def nonce(idempotency_key: str) -> str:
@@ -224,17 +233,58 @@ class DiscordAdapter:
         self._gateway: _Gateway | None = None
         # Made on the first download (a session needs the running loop).
         self._downloads: aiohttp.ClientSession | None = None
+        self.token = Credential(TOKEN_SETTING, "Discord")
 
     def connected(self) -> bool:
         gateway = self._gateway
         if gateway is not None and not gateway.live():
             return False
-        return self._logged_in.is_set()
+        return self._logged_in.is_set() and self.token.reason is None
+
+    def refused(self) -> str | None:
+        return self.token.reason
+
+    def _api_url(self) -> str:
+        return self.settings.api_url.rstrip("/")
+
+    async def login(self) -> None:
+        """The REST login (GET /users/@me): a refused token is a `ConfigError`."""
+        try:
+            await self.rest.login(self._token)
+        except discord.LoginFailure:
+            raise ConfigError(
+                f"{TOKEN_SETTING}: Discord refused the bot token (GET /users/@me at "
+                f"{self._api_url()}): {TOKEN_FIX}"
+            ) from None
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning(
+                "cannot reach Discord at %s to check the token (%s); starting anyway",
+                self._api_url(),
+                type(exc).__name__,
+            )
+            return
+        self.token.accepted()
+        self._logged_in.set()
+
+    async def _log_in(self, client: discord.Client) -> None:
+        """`client.login`, waiting out a token refused since start-up (backed off, one
+        ERROR line a minute): it may be given back."""
+        backoff = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
+        while True:
+            try:
+                await client.login(self._token)
+            except discord.LoginFailure:
+                self.token.refused(f"GET /users/@me at {self._api_url()}", TOKEN_FIX)
+            else:
+                self.token.accepted()
+                return
+            await asyncio.sleep(backoff.next_delay())
 
     async def run(self, sink: Sink) -> None:
         try:
-            await _login(self.rest, self._token)
-            self._logged_in.set()
+            if not self._logged_in.is_set():
+                await self._log_in(self.rest)
+                self._logged_in.set()
             assert self.rest.user is not None
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
             await sink.run_exclusively(GATEWAY_ROLE, lambda: self._listen(sink))
@@ -252,13 +302,18 @@ class DiscordAdapter:
             gateway = _Gateway(sink, self.settings.catch_up_minutes)
             self._gateway = gateway
             try:
-                await _login(gateway, self._token)
+                await self._log_in(gateway)
                 gateway.take_over(await _recall(sink))
                 log.info("this replica holds the Discord gateway")
                 await gateway.hold()
                 return
             except _Overflowed as exc:
                 log.warning("%s; resuming the Discord session to receive them again", exc)
+            except discord.ConnectionClosed as exc:
+                if exc.code != CLOSE_AUTHENTICATION_FAILED:
+                    raise
+                # Revoked while connected: the next login waits until it is given back.
+                self.token.refused(f"the gateway (close {exc.code})", TOKEN_FIX)
             except discord.PrivilegedIntentsRequired:
                 raise ConfigError(
                     "LASTWORD_DISCORD__TOKEN: this bot may not read message content; turn on "
@@ -283,11 +338,16 @@ class DiscordAdapter:
                 nonce=nonce(idempotency_key),
                 allowed_mentions=discord.AllowedMentions.none(),
             )
+            self.token.accepted()
         except discord.RateLimited as exc:
             raise SendFailed(
                 f"Discord rate limits replies to {conversation} for {exc.retry_after:.0f}s"
             ) from exc
         except discord.HTTPException as exc:
+            if exc.status == 401:
+                # Revoked while running: for now, as the core sees it; the log says what.
+                self.token.refused(f"a reply at {self._api_url()}", TOKEN_FIX)
+                raise SendFailed(f"Discord refused {TOKEN_SETTING}") from None
             raise _verdict(conversation, exc) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SendFailed(f"cannot reach Discord to reply to {conversation}: {exc!r}") from exc
@@ -317,13 +377,6 @@ class DiscordAdapter:
         except (aiohttp.ClientError, OSError) as exc:
             raise FetchFailed(f"cannot reach Discord's CDN ({type(exc).__name__})") from None
         return bytes(data)
-
-
-async def _login(client: discord.Client, token: str) -> None:
-    try:
-        await client.login(token)
-    except discord.LoginFailure:
-        raise ConfigError("LASTWORD_DISCORD__TOKEN: Discord refused the bot token") from None
 
 
 async def _recall(sink: Sink) -> _Session | None:
@@ -745,9 +798,8 @@ async def _check(settings: Settings) -> Check:
         return Check(
             "platform",
             False,
-            f"Discord refused LASTWORD_DISCORD__TOKEN (GET /users/@me at {api_url})",
-            "copy the bot token from the Developer Portal (Bot > Reset Token) "
-            "into LASTWORD_DISCORD__TOKEN",
+            f"Discord refused {TOKEN_SETTING} (GET /users/@me at {api_url})",
+            TOKEN_FIX,
         )
     except discord.HTTPException as exc:
         return Check(

@@ -57,6 +57,7 @@ from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_draft, render_part
 from bot.backoff import Backoff
 from bot.check import Check, guarded
+from bot.credentials import Credential
 from bot.drafts import DraftThrottled
 from bot.message import (
     Attachment,
@@ -66,7 +67,7 @@ from bot.message import (
     Unavailable,
     Unreachable,
 )
-from bot.settings import Settings, TelegramSettings
+from bot.settings import ConfigError, Settings, TelegramSettings
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,12 @@ POLL_BACKOFF_FIRST_S = 0.5
 POLL_BACKOFF_CAP_S = 30.0
 # After this many failed polls in a row, /healthz reports the adapter as not connected.
 POLL_FAILURES_UNHEALTHY = 3
+# A token Telegram refuses (revoked while running) is tried again after this long, doubling
+# up to the cap: it may be given back, but asking more often changes nothing.
+REFUSED_RETRY_FIRST_S = 2.0
+REFUSED_RETRY_CAP_S = 60.0
+TOKEN_SETTING = "LASTWORD_TELEGRAM__TOKEN"
+TOKEN_FIX = f"copy the token from @BotFather into {TOKEN_SETTING}"
 
 
 def normalize(update: Update) -> InboundMessage | None:
@@ -243,21 +250,68 @@ class TelegramAdapter:
         self.draft_interval_s = settings.draft_interval_ms / 1000 if settings.drafts else None
         # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
         self._connected = False
+        self.token = Credential(TOKEN_SETTING, "Telegram")
 
     def connected(self) -> bool:
         return self._connected
 
+    def refused(self) -> str | None:
+        return self.token.reason
+
+    def _api_url(self) -> str:
+        return self.settings.api_url.rstrip("/")
+
+    async def login(self) -> None:
+        """getMe, the token's own check: a refused token is a `ConfigError`."""
+        try:
+            # Opened and closed again: `run` opens the bot for as long as it runs.
+            async with self.bot:
+                pass
+        except InvalidToken:
+            # Not the exception's text: python-telegram-bot quotes the token in it.
+            raise ConfigError(
+                f"{TOKEN_SETTING}: Telegram refused the bot token (getMe at {self._api_url()}): "
+                f"{TOKEN_FIX}"
+            ) from None
+        except TelegramError as exc:
+            log.warning(
+                "cannot reach Telegram at %s to check the token (%s); starting anyway",
+                self._api_url(),
+                type(exc).__name__,
+            )
+        else:
+            self.token.accepted()
+
+    def _refused(self, method: str) -> None:
+        self._connected = False
+        self.token.refused(f"{method} at {self._api_url()}", TOKEN_FIX)
+
     async def run(self, sink: Sink) -> None:
-        async with self.bot:
+        try:
+            await self._initialize()
             await self.downloads.initialize()
+            self._connected = True
+            if self.settings.mode == "webhook":
+                await self._serve_webhook(sink)
+            else:
+                await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
+        finally:
+            await self.downloads.shutdown()
+            await self.bot.shutdown()
+
+    async def _initialize(self) -> None:
+        """Open the bot (getMe); a token refused since `login` is waited out, backed off, as
+        the poller waits one refused mid-run: it may be given back."""
+        backoff = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
+        while True:
             try:
-                self._connected = True
-                if self.settings.mode == "webhook":
-                    await self._serve_webhook(sink)
-                else:
-                    await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
-            finally:
-                await self.downloads.shutdown()
+                await self.bot.initialize()
+            except InvalidToken:
+                self._refused("getMe")
+            else:
+                self.token.accepted()
+                return
+            await asyncio.sleep(backoff.next_delay())
 
     # Receiving: webhook
 
@@ -324,6 +378,7 @@ class TelegramAdapter:
         offset: int | None = None
         failures = 0
         backoff = Backoff(POLL_BACKOFF_FIRST_S, POLL_BACKOFF_CAP_S, jitter=0.5)
+        refused = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
         while True:
             try:
                 if not webhook_deleted:
@@ -341,6 +396,10 @@ class TelegramAdapter:
                 # Told exactly when to come back, so the backoff stays as it was.
                 delay = _seconds(exc.retry_after) + random.uniform(0.1, 0.5)
                 log.warning("Telegram flood control on polling; retrying in %.1fs", delay)
+            except InvalidToken:
+                # A 401 or 404: the token was revoked. Logged once a minute, no traceback.
+                delay = refused.next_delay()
+                self._refused("getUpdates")
             except (Conflict, NetworkError) as exc:
                 # TimedOut is a NetworkError; a 409 means another poller, often one just
                 # handed over, whose long poll Telegram has not ended yet.
@@ -352,13 +411,15 @@ class TelegramAdapter:
             else:
                 failures = 0
                 backoff.reset()
+                refused.reset()
+                self.token.accepted()
                 self._connected = True
                 if updates:
                     # Confirmed by the next call, after the whole batch is stored.
                     offset = updates[-1].update_id + 1
                 continue
             failures += 1
-            self._connected = failures < POLL_FAILURES_UNHEALTHY
+            self._connected = failures < POLL_FAILURES_UNHEALTHY and not self.token.reason
             await asyncio.sleep(delay)
 
     # Sending
@@ -377,7 +438,12 @@ class TelegramAdapter:
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
                 await self.bot.send_message(chat_id, body, parse_mode=parse_mode)
+                self.token.accepted()
                 return
+            except InvalidToken:
+                # Revoked while running: for now, as the core sees it; the log says what.
+                self._refused("sendMessage")
+                raise SendFailed(f"Telegram refused {TOKEN_SETTING}") from None
             except RetryAfter as exc:
                 wait = _seconds(exc.retry_after)
                 if wait > MAX_FLOOD_WAIT_S:
@@ -475,8 +541,8 @@ async def _check(settings: Settings, timeout_s: float) -> Check:
         return Check(
             "platform",
             False,
-            f"Telegram refused LASTWORD_TELEGRAM__TOKEN (getMe at {api_url})",
-            "copy the token from @BotFather into LASTWORD_TELEGRAM__TOKEN",
+            f"Telegram refused {TOKEN_SETTING} (getMe at {api_url})",
+            TOKEN_FIX,
         )
     except TelegramError as exc:
         return Check(

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 import adapters
-from adapters.base import Adapter
+from adapters.base import Adapter, login, refused
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.connect import REDIS_CONNECT_TIMEOUT_S as REDIS_CONNECT_TIMEOUT_S
@@ -16,8 +17,9 @@ from bot.connect import REDIS_HEALTH_CHECK_S as REDIS_HEALTH_CHECK_S
 from bot.connect import REDIS_TIMEOUT_S as REDIS_TIMEOUT_S
 from bot.connect import Client, open_client
 from bot.connect import make_client as connect_client
+from bot.credentials import REPORT_EVERY_S
 from bot.embedded import EmbeddedRedis
-from bot.llm import make_llm
+from bot.llm import LLM, OpenAILLM, make_llm
 from bot.logs import redact
 from bot.message import Unavailable
 from bot.metrics import HealthServer
@@ -27,7 +29,7 @@ from bot.store import Store, StoreSettings, reaching_redis
 from bot.store.durability import Refused, describe, embedded_appendfsync
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
-from bot.transcribe import make_transcriber
+from bot.transcribe import OpenAITranscriber, Transcriber, make_transcriber
 
 log = logging.getLogger("lastword")
 
@@ -43,6 +45,11 @@ STATUS_INTERVAL_S = 5.0
 # Below the units' start timeout (90 s), and long enough that a Redis restart or a short
 # outage never exhausts their restart limit (10 starts in 10 minutes).
 STARTUP_WAIT_S = 60.0
+# How long start-up waits for the platform to say whether it takes the bot's token. One that
+# does not answer in time is no configuration error: the intake keeps trying.
+LOGIN_TIMEOUT_S = 20.0
+# How long one check of an LLM or transcription key (GET /models) may take.
+KEY_PROBE_TIMEOUT_S = 10.0
 
 
 class StartupError(Exception):
@@ -70,6 +77,7 @@ def make_store(settings: Settings, redis: Client) -> Store:
 async def serve(settings: Settings) -> int:
     # The platform first: a configuration error must not start (and stop) a server for nothing.
     adapter = adapters.create(settings)
+    await _log_in(adapter, settings.platform)
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
         url = settings.redis_url
@@ -102,6 +110,20 @@ async def serve(settings: Settings) -> int:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
+
+
+async def _log_in(adapter: Adapter, platform: str) -> None:
+    """The platform's check of the bot's token, before anything starts (and before systemd
+    hears READY=1): a refused one is a `ConfigError`, exit 2, one line."""
+    try:
+        async with asyncio.timeout(LOGIN_TIMEOUT_S):
+            await login(adapter)
+    except TimeoutError:
+        log.warning(
+            "%s did not answer within %gs whether it takes the token; starting anyway",
+            platform,
+            LOGIN_TIMEOUT_S,
+        )
 
 
 async def _check_durability(store: Store, settings: Settings, *, embedded: bool) -> None:
@@ -180,15 +202,18 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         )
     else:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
-    runtime = Runtime(
-        settings, store, llm, adapter, make_transcriber(settings.media, settings.llm, provider)
-    )
+    transcriber = make_transcriber(settings.media, settings.llm, provider)
+    runtime = Runtime(settings, store, llm, adapter, transcriber)
     runtime.start()
     supervisor = Supervisor()
     health: HealthServer | None = None
     if settings.metrics_listen:
         health = HealthServer(
-            settings.metrics_listen, runtime, adapter.connected, lambda: supervisor.down
+            settings.metrics_listen,
+            runtime,
+            adapter.connected,
+            lambda: supervisor.down,
+            _refusals(adapter, llm, transcriber),
         )
         try:
             await health.start()
@@ -209,6 +234,7 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     )
     stopping = asyncio.create_task(stop.wait(), name="stop")
     pulse = asyncio.create_task(_pulse(runtime), name="systemd pulse")
+    keys = asyncio.create_task(_watch_keys(llm, transcriber), name="key checks")
     notify("READY=1")
     log.info("lastword is running on %s as replica %s", settings.platform, settings.replica_id)
     try:
@@ -223,6 +249,7 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await cancel_and_wait(pulse)
+        await cancel_and_wait(keys)
         if health is not None:
             await health.stop()
         # A cycle cancelled mid-way hands its lease back in a shielded task of its own: let
@@ -233,6 +260,44 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     if not receiving.cancelled() and receiving.exception() is not None:
         raise receiving.exception()  # type: ignore[misc]
     return 0
+
+
+def _keyed(llm: LLM, transcriber: Transcriber | None) -> dict[str, OpenAILLM | OpenAITranscriber]:
+    """The clients that send a key, by the `/healthz` check that reports it."""
+    keyed: dict[str, OpenAILLM | OpenAITranscriber] = {}
+    if isinstance(llm, OpenAILLM):
+        keyed["llm"] = llm
+    if isinstance(transcriber, OpenAITranscriber):
+        keyed["transcription"] = transcriber
+    return keyed
+
+
+def _refusals(
+    adapter: Adapter, llm: LLM, transcriber: Transcriber | None
+) -> Callable[[], dict[str, str | None]]:
+    """Per `/healthz` check, why a service refuses its credential right now (None: it
+    does not)."""
+    keyed = _keyed(llm, transcriber)
+
+    def now() -> dict[str, str | None]:
+        return {"adapter": refused(adapter)} | {n: c.key.reason for n, c in keyed.items()}
+
+    return now
+
+
+async def _watch_keys(llm: LLM, transcriber: Transcriber | None) -> None:
+    """Check the LLM's and the transcriber's keys at start-up: a refused one is a WARNING
+    (the bot still runs, and every burst still gets its apology), and `/healthz` says so.
+    While one is refused, it is checked again each minute, so `/healthz` recovers by itself
+    once the key is fixed, even with nobody writing."""
+    keyed = list(_keyed(llm, transcriber).values())
+    for client in keyed:
+        await client.probe(KEY_PROBE_TIMEOUT_S, level=logging.WARNING)
+    while True:
+        await asyncio.sleep(REPORT_EVERY_S)
+        for client in keyed:
+            if client.key.reason is not None:
+                await client.probe(KEY_PROBE_TIMEOUT_S)
 
 
 async def _stop(runtime: Runtime, receiving: asyncio.Task[None], grace_s: float) -> None:

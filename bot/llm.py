@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from bot.backoff import Backoff
+from bot.credentials import Credential
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
 from bot.tokens import estimate
@@ -62,6 +63,9 @@ MAX_BODY_BYTES = 8 << 20
 # Above this a reported count is a glitch: no context window holds that many tokens, and it
 # would overflow the usage counters in the store.
 MAX_REPORTED_TOKENS = 100_000_000
+# Where the OpenAI client sends requests when no base URL is set.
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+KEY_SETTING = "LASTWORD_LLM__API_KEY"
 
 
 def strip_reasoning(text: str) -> str:
@@ -182,9 +186,18 @@ class OpenAILLM:
             timeout=settings.timeout_s,
             max_retries=0,
         )
+        where = settings.base_url or OPENAI_BASE_URL
+        self.key = Credential(
+            KEY_SETTING, f"the LLM provider at {where}", configured=settings.api_key is not None
+        )
 
     def configure(self, settings: LLMSettings) -> None:
         self.settings = settings
+
+    async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
+        """Whether the provider takes the key, into `self.key` (`probe_key`)."""
+        headers = self.settings.extra_headers
+        await probe_key(self.client, self.key, timeout_s, level=level, headers=headers)
 
     def _request(self, prompt: Prompt) -> dict[str, Any]:
         s = self.settings
@@ -228,6 +241,7 @@ class OpenAILLM:
             raise LLMError(
                 f"cannot reach the provider: {type(exc).__name__}", kind="transient"
             ) from None
+        self.key.accepted()
         if not text:
             raise LLMError("the provider returned an empty reply", kind="transient")
         return well_formed(text)
@@ -325,10 +339,8 @@ class OpenAILLM:
         code = _error_code(exc)
         message = self._scrub(exc.message)
         if status in (401, 403):
-            return LLMError(
-                f"the provider refused the key (check LASTWORD_LLM__API_KEY): {status}",
-                kind="permanent",
-            )
+            self.key.refused(f"{status} to a completion", key_fix(self.key))
+            return LLMError(f"{self.key.reason} ({status})", kind="permanent")
         if status == 404 or code == "model_not_found":
             return LLMError(
                 f"model or endpoint not found (check LASTWORD_LLM__MODEL={self.settings.model!r}"
@@ -583,6 +595,39 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
                 "LLM attempt %d failed (%s); retrying in %.2fs", backoff.failures, exc, delay
             )
             await asyncio.sleep(delay)
+
+
+def key_fix(key: Credential) -> str:
+    """What to do about a key the provider refused, or wants and does not have."""
+    if key.configured:
+        return f"fix {key.setting}, or its permissions at the provider"
+    return f"set {key.setting}"
+
+
+async def probe_key(
+    client: AsyncOpenAI,
+    key: Credential,
+    timeout_s: float,
+    *,
+    level: int = logging.ERROR,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Ask the provider whether it takes `key` (GET /models, within `timeout_s`, no
+    retries) and tell `key` the answer: a 401 or 403 is a refusal, logged at `level`; a
+    model list, an acceptance. Anything else (no /models, the server down) tells nothing."""
+    import openai
+
+    try:
+        await client.with_options(timeout=timeout_s, max_retries=0).models.list(
+            extra_headers=headers or None
+        )
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 403):
+            key.refused(f"{exc.status_code} to GET /models", key_fix(key), level=level)
+        return
+    except (openai.APIError, TimeoutError):
+        return
+    key.accepted()
 
 
 def make_llm(settings: LLMSettings, provider: Literal["openai", "echo"]) -> LLM:

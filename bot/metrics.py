@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -134,12 +134,16 @@ class HealthServer:
         runtime: Runtime,
         connected: Callable[[], bool],
         down: Callable[[], Collection[str]] = frozenset,
+        refused: Callable[[], Mapping[str, str | None]] = dict,
     ) -> None:
         self.listen = listen
         self.runtime = runtime
         self.connected = connected
         # Long-running loops that ended with an error and wait for their restart.
         self.down = down
+        # Per check ("adapter", "llm", "transcription"): why the service refuses its
+        # credential right now, or None while it takes it.
+        self.refused = refused
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(lambda: runtime.stats, runtime))
         self._runner: web.AppRunner | None = None
@@ -168,7 +172,10 @@ class HealthServer:
             checks["redis"] = "ok"
         except (Unavailable, TimeoutError) as exc:
             checks["redis"] = f"unreachable: {exc or 'timed out'}"
-        checks["adapter"] = "ok" if self.connected() else "not connected"
+        refused = dict(self.refused())
+        adapter = refused.pop("adapter", None)
+        checks["adapter"] = adapter or ("ok" if self.connected() else "not connected")
+        checks.update((name, reason or "ok") for name, reason in refused.items())
         checks["accepting"] = "ok" if self.runtime.accepting else "shutting down"
         down = self.down()
         checks["loops"] = "ok" if not down else "restarting: " + ", ".join(sorted(down))

@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from bot.credentials import Credential
+from bot.llm import KEY_SETTING, OPENAI_BASE_URL, key_fix, probe_key
 from bot.settings import LLMSettings, MediaSettings
 
 if TYPE_CHECKING:
@@ -21,8 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Where the OpenAI client sends requests when no base URL is set.
-OPENAI_BASE_URL = "https://api.openai.com/v1"
+TRANSCRIPTION_KEY = "LASTWORD_MEDIA__TRANSCRIPTION_API_KEY"
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -74,12 +76,22 @@ class OpenAITranscriber:
                 "own (LASTWORD_MEDIA__TRANSCRIPTION_API_KEY): the LLM's key is not sent there"
             )
         self.model = media.transcription_model
+        base_url = media.transcription_base_url or llm.base_url
+        self.key = Credential(
+            TRANSCRIPTION_KEY if media.transcription_api_key or key is None else KEY_SETTING,
+            f"the transcription service at {base_url or OPENAI_BASE_URL}",
+            configured=key is not None,
+        )
         self.client: AsyncOpenAI = AsyncOpenAI(
-            base_url=media.transcription_base_url or llm.base_url,
+            base_url=base_url,
             api_key=key.get_secret_value() if key else "unset",
             timeout=media.transcription_timeout_s,
             max_retries=2,
         )
+
+    async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
+        """Whether the service takes the key, into `self.key` (`bot.llm.probe_key`)."""
+        await probe_key(self.client, self.key, timeout_s, level=level)
 
     async def transcribe(self, audio: bytes, name: str, mime: str) -> str:
         import openai
@@ -89,6 +101,8 @@ class OpenAITranscriber:
                 model=self.model, file=(name or "voice.ogg", audio, mime or "audio/ogg")
             )
         except openai.APIStatusError as exc:
+            if exc.status_code in (401, 403):
+                self.key.refused(f"{exc.status_code} to a transcription", key_fix(self.key))
             raise TranscriptionFailed(
                 f"the transcription service answered {exc.status_code}"
             ) from None
@@ -96,6 +110,7 @@ class OpenAITranscriber:
             raise TranscriptionFailed(
                 f"the transcription service failed: {type(exc).__name__}"
             ) from None
+        self.key.accepted()
         return result.text.strip()
 
 

@@ -383,9 +383,11 @@ async def test_a_wrong_token_is_one_clear_line(
     code = await bot.exited(20)
     assert code == 2
     errors = [line for line in bot.log if "LASTWORD_DISCORD__TOKEN" in line]
-    assert errors == [
-        "lastword: configuration error: LASTWORD_DISCORD__TOKEN: Discord refused the bot token\n"
-    ]
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        "lastword: configuration error: LASTWORD_DISCORD__TOKEN: Discord refused the bot token "
+    )
+    assert "Developer Portal" in errors[0]
     assert not any("Traceback" in line for line in bot.log)
     assert not any("not-the-token" in line for line in bot.log)
 

@@ -281,6 +281,8 @@ class FakeTelegram(LoopbackServer):
         self._errors: dict[str, list[ScriptedError | None]] = {}
         self._phases: dict[str, list[_Phase]] = {}
         self._chat_errors: dict[int | str, ScriptedError] = {}
+        # Set by refuse_token: every call is answered 401, as for a revoked token.
+        self._token_refused = False
         self._polls: list[_Poll] = []
         self._files: dict[str, _StoredFile] = {}
         self._files_by_path: dict[str, _StoredFile] = {}
@@ -332,6 +334,16 @@ class FakeTelegram(LoopbackServer):
             self._chat_errors.pop(chat_id, None)
         else:
             self._chat_errors[chat_id] = error
+
+    def refuse_token(self, refused: bool = True) -> None:
+        """From now on answer every call 401 Unauthorized, as Telegram does once the token
+        was revoked (refused=False: the token works again). Unlike a wrong token, these
+        calls are recorded, so a test can count how often the bot still asks."""
+        self._token_refused = refused
+
+    @staticmethod
+    def unauthorized() -> ScriptedError:
+        return ScriptedError(401, "Unauthorized")
 
     @staticmethod
     def too_many_requests(retry_after: int) -> ScriptedError:
@@ -895,6 +907,8 @@ class FakeTelegram(LoopbackServer):
         return _envelope({"ok": True, "result": result}, 200)
 
     def _scripted(self, call: RecordedCall) -> ScriptedError | None:
+        if self._token_refused:
+            return self.unauthorized()
         queued = self._errors.get(call.method)
         if queued:
             return queued.pop(0)
