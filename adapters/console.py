@@ -2,10 +2,15 @@
 
 Each line on stdin is one message; each reply goes to stdout. Typing several lines while the
 bot is "thinking" shows the burst handling: one reply covers all of them. At end of input
-the replies still owed are delivered first, then `run` returns.
+(Ctrl-D) the replies still owed are delivered first, then `run` returns.
 
-On a terminal the reply is drafted as it is written: one dimmed line below the input, redrawn
-in place, and erased just before the reply is printed. Piped output gets only the replies.
+On a terminal (stdin and stdout both, and not a dumb one) the line being typed is edited with
+prompt_toolkit, and nothing the bot shows ever lands on it: "bot is typing…" and the reply
+as it is written (one dimmed line) are drawn above the "> " input line, and replies are
+printed above it too, while the text being typed stays where it is, editable. After end of
+input the draft is drawn in place on a line of its own, erased just before the reply. Piped
+output gets only the replies; piped input with a terminal for output gets that same in-place
+draft. A dumb terminal gets plain lines.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
+import time
 import unicodedata
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from adapters import Platform
 from adapters.base import Sink, until_stored
@@ -28,6 +36,9 @@ from bot.cancel import cancel_and_wait
 from bot.check import Check
 from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.settings import Settings
+
+if TYPE_CHECKING:
+    from prompt_toolkit.formatted_text import StyleAndTextTuples
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +53,14 @@ DIM = "\033[2m"
 NORMAL = "\033[0m"
 DRAFT_PREFIX = "… "
 THINKING = "Thinking…"
+TYPING = "bot is typing…"
 NEWLINE_MARK = " ⏎ "
+PROMPT = "> "
+REPLY_PREFIX = "bot> "
+# How long "bot is typing…" stays without being repeated. The core repeats it every
+# `typing_interval_s` until the reply, so it lapses only once the bot has stopped: one that
+# lands just after the reply must not stay above the input line until the next message.
+TYPING_SHOWN_S = 3.0
 
 
 class ConsoleAdapter(NoFiles):
@@ -52,9 +70,13 @@ class ConsoleAdapter(NoFiles):
 
     def __init__(self) -> None:
         self.interactive = _isatty(sys.stdin) and _isatty(sys.stdout)
-        # Drafts are redrawn with escape sequences, which a dumb terminal would print as is.
+        # Drafts and the input line are redrawn with escape sequences, which a dumb terminal
+        # would print as is.
         drafts = _isatty(sys.stdout) and os.environ.get("TERM") != "dumb"
         self.draft_interval_s = DRAFT_INTERVAL_S if drafts else None
+        self.screen = self.interactive and drafts
+        # The input line while it is being typed (the terminal, until end of input).
+        self._prompt: _Prompt | None = None
         # Whether a draft is on the current line, to be erased before anything else is shown.
         self._draft_shown = False
         # Message ids must never repeat across runs, or the persistent dedupe would drop them.
@@ -84,25 +106,57 @@ class ConsoleAdapter(NoFiles):
             )
 
     async def _chat(self, sink: Sink) -> None:
-        lines: asyncio.Queue[bytes] = asyncio.Queue()
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+        # Lines are taken in apart from their ingestion: a slow store never stops the typing.
+        reading = self._start_reading(lines.put_nowait)
+        try:
+            for number in itertools.count(1):
+                text = await lines.get()
+                if text is None:
+                    break
+                if text.strip():
+                    await self._ingest_until_stored(sink, text, number)
+            await sink.settled(self.conversation)
+        finally:
+            if reading is not None:
+                await cancel_and_wait(reading)
+
+    def _start_reading(self, put: Callable[[str | None], None]) -> asyncio.Task[None] | None:
+        """Start handing each line typed or piped in to `put`, then None at end of input;
+        the task that reads, when there is one to stop."""
+        if self.screen:
+            self._prompt = _Prompt()
+            return asyncio.create_task(self._ask(self._prompt, put), name="console prompt")
         loop = asyncio.get_running_loop()
 
-        def put(line: bytes) -> None:
+        def put_raw(raw: bytes) -> None:
+            # Invalid UTF-8 becomes U+FFFD here: the core only ever sees valid text.
+            line = raw.decode("utf-8", "replace").rstrip("\r\n") if raw else None
             # After shutdown the loop is closed; input that arrives then is simply not read.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(lines.put_nowait, line)
+                loop.call_soon_threadsafe(put, line)
 
         # A daemon thread: a blocked read must never keep the process from exiting.
-        threading.Thread(target=_read_lines, args=(put,), name="stdin", daemon=True).start()
-        for number in itertools.count(1):
-            raw = await lines.get()
-            if raw == b"":
-                break
-            # Invalid UTF-8 becomes U+FFFD here: the core only ever sees valid text.
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            if text.strip():
-                await self._ingest_until_stored(sink, text, number)
-        await sink.settled(self.conversation)
+        threading.Thread(target=_read_lines, args=(put_raw,), name="stdin", daemon=True).start()
+        return None
+
+    async def _ask(self, prompt: _Prompt, put: Callable[[str | None], None]) -> None:
+        """Read lines at the prompt until Ctrl-D; Ctrl-C stops the bot, as it does when the
+        terminal turns it into SIGINT."""
+        try:
+            while True:
+                try:
+                    put(await prompt.ask())
+                except EOFError:
+                    break
+                except KeyboardInterrupt:
+                    # The prompt reads keys raw, so the terminal sends no SIGINT: send it here,
+                    # for the same graceful stop (replies owed are handed back, not awaited).
+                    signal.raise_signal(signal.SIGINT)
+                    return
+        finally:
+            self._prompt = None
+        put(None)
 
     async def _ingest_until_stored(self, sink: Sink, text: str, number: int) -> None:
         message = InboundMessage(
@@ -121,9 +175,11 @@ class ConsoleAdapter(NoFiles):
             # stdout now points at /dev/null: "sending" there would lose the reply.
             raise Unavailable("stdout is closed")
         if self.interactive:
-            sys.stderr.write("\r\033[K")
-            text = f"bot> {text}"
+            text = f"{REPLY_PREFIX}{text}"
         try:
+            if self._prompt is not None:
+                await self._prompt.print_above(text)
+                return
             if self._draft_shown:
                 # Its own write, flushed with the reply: the reply stays a line of its own.
                 sys.stdout.write(ERASE_LINE)
@@ -137,21 +193,90 @@ class ConsoleAdapter(NoFiles):
             raise Unavailable(f"stdout is closed: {exc}") from None
 
     async def typing(self, conversation: str) -> None:
-        # A draft says more than "typing", and drawing over it would hide it until it changes.
-        if self.interactive and not self._draft_shown:
-            sys.stderr.write("\r\033[Kbot is typing…")
-            sys.stderr.flush()
+        # Only above the input line: anywhere else it would land on what is being typed.
+        if self._prompt is not None:
+            self._prompt.show_typing()
 
     async def draft(self, conversation: str, draft_id: int, text: str) -> None:
         """Redraw the draft line with the reply so far; "" shows "Thinking…"."""
         if self._output_gone.is_set():
             raise Unavailable("stdout is closed")
+        if self._prompt is not None:
+            self._prompt.show_draft(text)
+            return
         # Set first: a write that fails halfway may still have left part of a draft behind.
         self._draft_shown = True
         line = _draft_line(text, shutil.get_terminal_size().columns)
         # A failed write is left to the drafter (best effort); the next send decides whether
         # stdout is gone.
         _write(f"{ERASE_LINE}{DIM}{line}{NORMAL}")
+
+
+class _Prompt:
+    """The input line on a terminal, with what the bot is doing drawn above it.
+
+    prompt_toolkit owns the lines it draws: each change of the status line is a redraw of
+    both, and a reply is printed after erasing them, then they are drawn again below it, so
+    the text being typed is never written over. Imported here, on a terminal only: the import
+    costs a tenth of a second of start-up that pipes would waste.
+    """
+
+    def __init__(self) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.styles import Style
+
+        # The reply so far (None: no draft), and until when (monotonic) "typing" is shown.
+        self._draft: str | None = None
+        self._typing_until = 0.0
+        self._session: PromptSession[str] = PromptSession(
+            self._message, style=Style.from_dict({"status": "dim"})
+        )
+
+    async def ask(self) -> str:
+        """One line as typed; raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C."""
+        # Neither SIGINT nor the loop's exception handler is the prompt's to take over: the
+        # bot's own handlers must stay in place while it reads.
+        return await self._session.prompt_async(handle_sigint=False, set_exception_handler=False)
+
+    def show_typing(self) -> None:
+        self._typing_until = time.monotonic() + TYPING_SHOWN_S
+        self._redraw()
+        # A redraw once it has lapsed (a little after: timers may fire a hair early), so it
+        # disappears unless repeated by then.
+        asyncio.get_running_loop().call_later(TYPING_SHOWN_S + 0.05, self._redraw)
+
+    def show_draft(self, text: str) -> None:
+        self._draft = text
+        self._redraw()
+
+    async def print_above(self, line: str) -> None:
+        """Print `line` above the input line, and take the status line away: the reply is
+        there. Raises OSError if the terminal is gone."""
+        from prompt_toolkit.application import run_in_terminal
+
+        self._draft = None
+        self._typing_until = 0.0
+        await run_in_terminal(lambda: _write_line(line))
+
+    def _redraw(self) -> None:
+        self._session.app.invalidate()
+
+    def _message(self) -> StyleAndTextTuples:
+        """The prompt, below the status line if there is one. A line entered leaves no
+        status line behind: the final drawing of the prompt, which stays on the terminal
+        above the next one, is made once the prompt is done."""
+        app = self._session.app
+        status = None if app.is_done else self._status(app.output.get_size().columns)
+        if status is None:
+            return [("", PROMPT)]
+        return [("class:status", status), ("", "\n" + PROMPT)]
+
+    def _status(self, columns: int) -> str | None:
+        if self._draft is not None:
+            return _draft_line(self._draft, columns)
+        if time.monotonic() < self._typing_until:
+            return _tail(TYPING, columns - 1)
+        return None
 
 
 def _isatty(stream: object) -> bool:

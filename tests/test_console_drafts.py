@@ -1,27 +1,20 @@
-"""The console's live draft: on a terminal the reply is shown as it is written, on one line
-that is erased before the reply; piped output never carries a draft or an escape sequence.
-
-The terminal tests run the real `lastword run` on a pseudo-terminal (stdin and stdout on its
-slave side, stderr on a pipe for the logs) and read what the terminal received.
+"""The console's live draft: the line it is drawn on, and where it is not drawn at all. Piped
+output never carries a draft or an escape sequence, nor does a dumb terminal. How it looks on
+a real terminal, above the line being typed, is tests/test_console_pty.py's.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import re
-import struct
-import subprocess
-import termios
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from adapters.console import _cells, _draft_line
-from tests.test_console import MODULE, Collected, clean_env, run_bot, server_pids
+from tests.test_console import run_bot
+from tests.test_console_pty import Terminal, data_dir
+
+__all__ = ["data_dir"]  # a fixture, imported for pytest to find
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,132 +25,38 @@ THINKING = "Thinking…".encode()
 COLUMNS = 80
 
 
-@pytest.fixture
-def data_dir(short_dir: Path) -> Iterator[Path]:
-    path = short_dir / "data"
-    yield path
-    assert server_pids(path) == [], "an embedded server outlived its test"
-
-
-class Terminal(Collected):
-    """A running `lastword run` whose stdin and stdout are a pseudo-terminal; a reader thread
-    collects every byte the terminal receives, so a test waits with a deadline."""
-
-    def __init__(self, data_dir: Path, **env: str) -> None:
-        self._master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, COLUMNS, 0, 0))
-        try:
-            process = subprocess.Popen(
-                MODULE,
-                stdin=slave,
-                stdout=slave,
-                stderr=subprocess.PIPE,
-                # COLUMNS would win over the terminal's own width.
-                env={k: v for k, v in clean_env(data_dir, **env).items() if k != "COLUMNS"},
-                cwd=data_dir.parent,
-            )
-        finally:
-            # Only the bot holds the slave now: once it exits, reading the master ends.
-            os.close(slave)
-        self._closed = False
-        self._output = b""
-        super().__init__(process)
-
-    def _read_output(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self._master, 4096)
-            except OSError:  # EIO: every slave descriptor is closed
-                return
-            if not chunk:
-                return
-            with self._changed:
-                self._output += chunk
-                self._changed.notify_all()
-
-    def _received(self) -> object:
-        return self._output
-
-    def type(self, keys: bytes) -> None:
-        os.write(self._master, keys)
-
-    def wait_for(self, wanted: bytes, timeout: float = 10.0) -> bytes:
-        """Everything received, once it contains `wanted`; fails the test if it does not come."""
-        self._wait_until(lambda: wanted in self._output, timeout, repr(wanted))
-        with self._changed:
-            return self._output
-
-    def close(self, timeout: float = 10.0) -> tuple[int, bytes]:
-        """End of input (Ctrl-D), then the exit status and everything received."""
-        self.type(b"\x04")
-        try:
-            code = self.process.wait(timeout)
-        finally:
-            self.kill()
-        return code, self._output
-
-    def kill(self) -> None:
-        """Kill the bot if it still runs, and let go of the terminal (once)."""
-        super().kill()
-        if self._closed:
-            return
-        self._closed = True
-        self._join_readers()
-        os.close(self._master)
-
-
-def screen(raw: bytes) -> list[str]:
-    """The lines a terminal shows after `raw`, for output that only moves the cursor to the
-    start of a line or down and erases whole lines (any other escape fails the test)."""
-    rows: list[list[str]] = [[]]
-    column = 0
-    for token in re.split(r"(\x1b\[[0-9;]*[A-Za-z]|\r|\n)", raw.decode()):
-        if token == "\r":
-            column = 0
-        elif token == "\n":
-            rows.append([])
-        elif token == "\x1b[2K":
-            rows[-1] = []
-        elif token.startswith("\x1b["):
-            assert token.endswith("m"), f"unexpected escape sequence {token!r}"
-        else:
-            row = rows[-1]
-            row.extend(" " * (column + len(token) - len(row)))
-            row[column : column + len(token)] = token
-            column += len(token)
-    lines = ["".join(row).rstrip() for row in rows]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
-def test_the_draft_is_shown_then_erased_before_the_reply(data_dir: Path) -> None:
-    # No settings: the echo model answers at once, and still the draft shows first.
-    terminal = Terminal(data_dir, TERM="xterm-256color")
+def test_after_end_of_input_the_draft_is_drawn_in_place_then_erased(data_dir: Path) -> None:
+    # Enter and Ctrl-D at once: the reply is owed, and drafted, once the prompt is gone.
+    terminal = Terminal(
+        data_dir,
+        TERM="xterm-256color",
+        LASTWORD_DEBOUNCE__QUIET_MS="500",
+        LASTWORD_LLM__ECHO_DELAY_MS="300",
+    )
     try:
-        terminal.type(b"hello\r")
-        reply = b"bot> You said: hello\r\n"
-        before, _, _ = terminal.wait_for(reply).partition(reply)
-        code, output = terminal.close()
+        terminal.wait_for(lambda: terminal.input_line() == ">", "the prompt")
+        terminal.type(b"hello\r\x04")
+        code = terminal.wait_exit(15)
     finally:
         terminal.kill()
-    assert code == 0, output
-    # The first draft says the bot is thinking, drawn over a freshly erased line, dimmed.
-    assert ERASE_LINE + DIM in before, output
-    assert before.index(ERASE_LINE + DIM) == before.index(ERASE_LINE + DIM + THINKING)
-    # The draft line is erased right before the reply, which is printed in normal style.
+    assert code == 0, terminal.stderr()
+    reply = b"bot> You said: hello\r\n"
+    before, _, _ = terminal.output.partition(reply)
+    # The first draft says the bot is thinking, drawn over a freshly erased line, dimmed...
+    draft = before.index(ERASE_LINE + DIM + THINKING)
+    assert draft == before.index(ERASE_LINE + DIM)
+    # ...and the draft line is erased right before the reply, which is in normal style.
     assert before.endswith(ERASE_LINE)
     assert before.rfind(NORMAL) > before.rfind(DIM)
-    assert output.count(reply) == 1
-    # What stays on the terminal: what was typed, and the reply; no draft beside it.
-    assert screen(output) == ["hello", "bot> You said: hello"]
+    assert terminal.output.count(reply) == 1
+    assert terminal.shown() == ["> hello", ">", "bot> You said: hello"]
 
 
 def test_a_dumb_terminal_gets_no_drafts(data_dir: Path) -> None:
     terminal = Terminal(data_dir, TERM="dumb")
     try:
         terminal.type(b"hello\r")
-        terminal.wait_for(b"bot> You said: hello\r\n")
+        terminal.wait_for_bytes(b"bot> You said: hello\r\n")
         code, output = terminal.close()
     finally:
         terminal.kill()
