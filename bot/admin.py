@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from bot.commands import Ask
+from bot.plural import counted
 from bot.settings import Settings
 from bot.store import DayTotals, Store
 
@@ -98,7 +99,7 @@ def _budget(ask: Ask, user: str, rest: list[str]) -> Decision:
     if tokens == 0:
         return Decision(f"Done: {user} has no daily token limit from now on.", (change,))
     return Decision(
-        f"Done: {user} may spend {tokens:,} token{'s' * (tokens != 1)} a day from now on.",
+        f"Done: {user} may spend {counted(tokens, 'token')} a day from now on.",
         (change,),
     )
 
@@ -128,7 +129,7 @@ def stats_answer(today: DayTotals) -> str:
             "Today (UTC), all replicas together:",
             f"Replies: {today.replies:,}",
             f"Tokens: {tokens:,} ({today.prompt:,} prompt, {today.completion:,} completion) "
-            f"in {today.generations:,} generations",
+            f"in {counted(today.generations, 'generation')}",
             f"Users: {today.users:,}",
             f"Interrupted by a newer message: {today.interrupted:,}",
             f"Forced out by the starvation guard: {today.forced:,}",

@@ -9,12 +9,16 @@ import json
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from bot import logs, unit
 from bot.embedded import EmbeddedError
 from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from bot.connect import Client
 
 DESCRIPTION = (
     "lastword: a DM chatbot that waits for the user's last word and answers once, "
@@ -201,12 +205,26 @@ def command(args: argparse.Namespace) -> int:
         return 0
 
 
+async def _open(url: str, where: str) -> Client:
+    """A client for the store at `url` (`where` names it for the operator): one server, a
+    cluster (every primary is read) or Sentinel's primary. A server that answers but is no
+    Redis lastword can use (an HTTP port, a refused password, no such DB) is a
+    `ConfigError`; one that cannot be reached is `StoreUnavailable`."""
+    from bot.connect import NotRedis, open_client
+    from bot.store import reaching_redis
+
+    try:
+        with reaching_redis():
+            return await open_client(url)
+    except NotRedis as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 async def show_status(settings: Settings, *, as_json: bool) -> int:
     """Print `lastword status`: what Redis says about every replica of the deployment."""
-    from bot.connect import open_client
     from bot.embedded import EmbeddedRedis
     from bot.status import collect, render
-    from bot.store import StoreUnavailable, reaching_redis
+    from bot.store import StoreUnavailable
 
     embedded = EmbeddedRedis(settings.data_dir)
     if not settings.redis_url and not embedded.socket.exists():
@@ -219,9 +237,7 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
     url = settings.redis_url or embedded.url
     where = "LASTWORD_REDIS_URL=" + logs.redact(url) if settings.redis_url else url
     try:
-        with reaching_redis():
-            # One server, a cluster (every primary is read) or Sentinel's primary.
-            client = await open_client(url)
+        client = await _open(url, where)
     except StoreUnavailable as exc:
         print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
         return 1
@@ -243,7 +259,6 @@ async def migrate_shards(settings: Settings) -> int:
     """`lastword migrate-shards`: move the conversations of the legacy 16-shard layout to
     this version's (`bot.store.migrate`), with every replica stopped. The embedded store is
     started for it, as `run` would (and refused if a bot runs on it)."""
-    from bot.connect import open_client
     from bot.embedded import EmbeddedRedis
     from bot.store import StoreUnavailable, reaching_redis
     from bot.store.keys import SHARDS
@@ -261,9 +276,7 @@ async def migrate_shards(settings: Settings) -> int:
             print(f"lastword: {exc}", file=sys.stderr)
             return 1
     try:
-        with reaching_redis():
-            # One server, a cluster (every primary is scanned) or Sentinel's primary.
-            client = await open_client(url)
+        client = await _open(url, where)
         try:
             with reaching_redis():
                 done = await migrate(client, lambda line: print(line, file=sys.stderr))

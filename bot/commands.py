@@ -80,6 +80,13 @@ def model_named(llm: LLMSettings, name: str) -> ModelChoice | None:
     return next((m for m in llm.models if m.name.lower() == name.lower()), None)
 
 
+# /model where no model is configured: the offline echo model answers, whatever is listed.
+ECHO_MODEL_ANSWER = (
+    "I answer with the offline echo model, which repeats what you said: no AI model is set "
+    "up, so there is none to pick."
+)
+
+
 def models_answer(llm: LLMSettings, current: str) -> str:
     """The answer to /model: what can be picked, and which one is the user's."""
     if not llm.models:

@@ -24,6 +24,7 @@ from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.commands import (
     ADMIN_COMMANDS,
+    ECHO_MODEL_ANSWER,
     NOTHING_TO_RETRY,
     OVER_BUDGET,
     Ask,
@@ -604,6 +605,8 @@ class Cycle:
             spending = await self.store.spending(conversation, answer.by)
             budget = _budget(self.settings, spending)
             return admin.Decision(usage_answer(spending.today, spending.month, budget))
+        if self.llm.name == "echo":
+            return admin.Decision(ECHO_MODEL_ANSWER)
         if not answer.argument:
             return admin.Decision(models_answer(llm, picked[-1]))
         choice = model_named(llm, answer.argument)

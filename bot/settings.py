@@ -664,7 +664,7 @@ def _shown(path: tuple[str, ...], value: object) -> str:
     elif path in _secret_paths():
         return "***"
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _secret_paths() -> set[tuple[str, ...]]:

@@ -21,6 +21,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from bot.connect import Client
+from bot.plural import counted
 from bot.store import AccessRecord, DayTotals, reaching_redis
 from bot.store.keys import (
     ACCESS_KEY,
@@ -575,9 +576,9 @@ def render(status: Status) -> str:
     if tokens is not None:
         title = (
             f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-            f"{tokens.completion:,} completion in {tokens.generations:,} generations; "
-            f"{tokens.replies:,} replies to {tokens.users:,} users, {tokens.interrupted:,} "
-            f"interrupted, {tokens.forced:,} forced"
+            f"{tokens.completion:,} completion in {counted(tokens.generations, 'generation')}; "
+            f"{counted(tokens.replies, 'reply', 'replies')} to {counted(tokens.users, 'user')}, "
+            f"{tokens.interrupted:,} interrupted, {tokens.forced:,} forced"
         )
         rows = [[spender.conversation, f"{spender.tokens:,}"] for spender in tokens.top]
         # No "none" under it: the totals line says as much.

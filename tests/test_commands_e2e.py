@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.commands import unknown
+from bot.commands import ECHO_MODEL_ANSWER, unknown
 from bot.store import HistoryEntry, Keys
 from tests.conftest import settled
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
@@ -93,3 +93,17 @@ async def test_retry_on_another_replica_replaces_the_answer_and_unknown_commands
         ("user", "/weather Paris"),
         ("assistant", unknown("weather")),
     ]
+
+
+async def test_model_in_echo_mode_says_the_echo_model_answers(world: World) -> None:
+    """With no model set up, /model names none it does not use, listed or not."""
+    telegram = world.telegram
+    settings = {"LASTWORD_LLM__PROVIDER": "echo", "LASTWORD_LLM__MODELS": MODELS}
+    async with world.bot("a", **settings) as first:
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/model"))
+        await settled(world.redis, CONVERSATION, version=1, within_s=10)
+        await first.post(telegram.private_text_update(CHAT, CHAT, "/model smart"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=10)
+    answers = [m.text for m in telegram.sent_messages]
+    assert answers == [ECHO_MODEL_ANSWER, ECHO_MODEL_ANSWER]
+    assert world.provider.requests == []

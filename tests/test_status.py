@@ -429,3 +429,13 @@ def test_durations_read_like_a_human_would_write_them() -> None:
         "3d04h",
     ]
     assert duration(-1500) == "-1.5s"
+
+
+async def test_one_of_a_kind_reads_in_the_singular(redis: Redis, store: Store) -> None:
+    await store.add_usage("test:solo", "u", 10, 5)
+    tokens = (await collect(redis)).tokens_today
+    assert tokens is not None
+    assert (
+        f"tokens today ({tokens.day}, UTC): 10 prompt + 5 completion in 1 generation; "
+        "0 replies to 1 user, 0 interrupted, 0 forced"
+    ) in render(await collect(redis)).splitlines()

@@ -1,0 +1,329 @@
+"""The operator's path never lies: every wrong setting is one line, and no name is ignored.
+
+A walk over every setting of the tree, each given a wrong value in the environment: `run`,
+`doctor` and `status` alike exit 2 with exactly one line that names the setting, shows what
+was given (a secret masked) and says what is expected; never a traceback. A setting added
+without a wrong value here fails the walk, so the table keeps up with the tree.
+
+Then the names: a misspelt variable, `.env` entry, credential or TOML key stops `run` with
+the closest real name, and `doctor` shows it as its one ✗. And the conventions:
+OPENAI_API_KEY and OPENAI_BASE_URL stand in for unset settings, and doctor says which.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot import cli, spelling
+from bot.settings import ENV_PREFIX, Settings, load_settings
+
+SECRET = "sk-abc def-MUST-NOT-SHOW"  # a space inside: wrong, and must never be printed
+
+# One wrong value per setting; "{file}" becomes the path of an existing regular file.
+WRONG: dict[str, str] = {
+    "PLATFORM": "telegrm",
+    "REDIS_URL": "http://127.0.0.1:6379",
+    "DATA_DIR": "{file}",
+    "TELEGRAM__TOKEN": "not-a-bot-token",
+    "TELEGRAM__API_URL": "api.telegram.org",
+    "TELEGRAM__MODE": "hook",
+    "TELEGRAM__WEBHOOK_LISTEN": "8443",
+    "TELEGRAM__WEBHOOK_PATH": "telegram",
+    "TELEGRAM__WEBHOOK_URL": "bot.example.org/telegram",
+    "TELEGRAM__WEBHOOK_SECRET": "has spaces!",
+    "TELEGRAM__DRAFTS": "maybe",
+    "TELEGRAM__DRAFT_INTERVAL_MS": "10",
+    "DISCORD__TOKEN": SECRET,
+    "DISCORD__API_URL": "discord.com/api/v10",
+    "DISCORD__GATEWAY_URL": "https://gateway.discord.gg",
+    "DISCORD__CATCH_UP_MINUTES": "90",
+    "LLM__PROVIDER": "anthropic",
+    "LLM__BASE_URL": "api.openai.com/v1",
+    "LLM__API_KEY": SECRET,
+    "LLM__MODEL": "gpt 4o",
+    "LLM__SYSTEM_PROMPT": "word " * 40_000,
+    "LLM__TIMEOUT_S": "0",
+    "LLM__RETRIES": "-1",
+    "LLM__RETRY_BASE_S": "-1",
+    "LLM__ECHO_DELAY_MS": "-5",
+    "LLM__ECHO_WORD_MS": "5000",
+    "LLM__DEADLINE_S": "0",
+    "LLM__ATTEMPTS": "0",
+    "LLM__STREAM": "maybe",
+    "LLM__INTERRUPT": "maybe",
+    "LLM__INTERRUPT_POLL_MS": "5",
+    "LLM__CONTEXT_TOKENS": "100",
+    "LLM__MAX_TOKENS": "8",
+    "LLM__TEMPERATURE": "3",
+    "LLM__EXTRA_HEADERS": "{bad",
+    "LLM__EXTRA_BODY": "{bad",
+    "LLM__DAILY_TOKENS_PER_USER": "-1",
+    "LLM__MODELS": "smart:gpt-4o",
+    "MEDIA__VISION": "sometimes",
+    "MEDIA__VISION_MODELS": "gpt-4o*,llava 13b",
+    "MEDIA__MAX_EDGE_PX": "10",
+    "MEDIA__JPEG_QUALITY": "100",
+    "MEDIA__MAX_IMAGE_PIXELS": "5",
+    "MEDIA__WORKERS": "0",
+    "MEDIA__WORK_TIMEOUT_S": "0",
+    "MEDIA__WORKER_MEMORY_MB": "10",
+    "MEDIA__MAX_FILE_BYTES": "10",
+    "MEDIA__MAX_FILES": "-1",
+    "MEDIA__MAX_BURST_BYTES": "10",
+    "MEDIA__MAX_DOCUMENT_CHARS": "10",
+    "MEDIA__FETCH_TIMEOUT_S": "0",
+    "MEDIA__TRANSCRIPTION_TIMEOUT_S": "0",
+    "MEDIA__TRANSCRIPTION_MODEL": "whisper 1",
+    "MEDIA__TRANSCRIPTION_BASE_URL": "localhost:8000/v1",
+    "MEDIA__TRANSCRIPTION_API_KEY": SECRET,
+    "DEBOUNCE__QUIET_MS": "-1",
+    "DEBOUNCE__MAX_WAIT_MS": "soon",
+    "LEASE__TTL_MS": "100",
+    "ACCESS__ALLOWED_USERS": "123,456 789",
+    "ACCESS__ADMINS": "alice bob",
+    "ACCESS__RATE_PER_MINUTE": "-1",
+    "HISTORY_CAP": "1",
+    "RETENTION_DAYS": "0",
+    "MAX_MESSAGE_CHARS": "10",
+    "STARVATION_AGE_MS": "-1",
+    "STARVATION_LIMIT": "-1",
+    "SWEEP_INTERVAL_MS": "10",
+    "LOG_LEVEL": "LOUD",
+    "LOG_FORMAT": "xml",
+    "REPLICA_ID": "a b",
+    "SHUTDOWN_GRACE_S": "100",
+    "METRICS_LISTEN": "9464",
+    "DURABILITY": "paranoid",
+}
+SECRETS = {
+    "DISCORD__TOKEN",
+    "LLM__API_KEY",
+    "MEDIA__TRANSCRIPTION_API_KEY",
+    "TELEGRAM__TOKEN",
+    "TELEGRAM__WEBHOOK_SECRET",
+}
+# How a value too long to quote is shown instead.
+SHOWN_AS = {"LLM__SYSTEM_PROMPT": "about 50000 tokens"}
+COMMANDS = (["run"], ["doctor"], ["status"])
+
+
+@pytest.fixture
+def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory and an environment without lastword or OpenAI settings."""
+    for name in list(os.environ):
+        if name.startswith((ENV_PREFIX, "OPENAI_", "CREDENTIALS_DIRECTORY")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    """Run the command line in-process; its exit code and everything it printed."""
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, (captured.out + captured.err).strip()
+
+
+def test_the_walk_covers_every_setting() -> None:
+    names = {spelling.env_name("", path) for path in spelling.leaves(Settings)}
+    assert names == set(WRONG), "a setting without a wrong value to test, or a stale one"
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_every_wrong_value_is_one_line_in_run_doctor_and_status(
+    name: str, clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    some_file = clean / "a-file"
+    some_file.write_text("not a directory")
+    value = WRONG[name].replace("{file}", str(some_file))
+    monkeypatch.setenv(ENV_PREFIX + name, value)
+    for argv in COMMANDS:
+        code, output = one_line(capsys, argv)
+        assert code == 2, (argv, output)
+        assert "\n" not in output and "Traceback" not in output, (argv, output)
+        assert ENV_PREFIX + name in output, (argv, output)
+        if name in SECRETS:
+            assert value not in output and "def-MUST-NOT-SHOW" not in output, output
+            assert "***" in output, output
+        elif name in SHOWN_AS:
+            assert SHOWN_AS[name] in output, output
+        else:
+            # What was given, so the operator sees the typo.
+            assert repr(value) in output, output
+        assert "expected" in output or "no platform" in output, output
+
+
+def test_the_system_prompt_too_long_for_the_context_names_both(clean: Path) -> None:
+    os.environ[ENV_PREFIX + "LLM__SYSTEM_PROMPT"] = "word " * 40_000
+    try:
+        with pytest.raises(ValueError, match="LASTWORD_LLM__CONTEXT_TOKENS"):
+            load_settings()
+    finally:
+        del os.environ[ENV_PREFIX + "LLM__SYSTEM_PROMPT"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "suggestion"),
+    [
+        ("LASTWORD_LLM__MODLE", "LASTWORD_LLM__MODEL"),
+        ("LASTWORD_TELEGRAM_TOKEN", "LASTWORD_TELEGRAM__TOKEN"),
+        ("LASTWORD_PLATFROM", "LASTWORD_PLATFORM"),
+        ("LASTWORD_DEBOUNSE__QUIET_MS", "LASTWORD_DEBOUNCE__QUIET_MS"),
+    ],
+)
+def test_a_misspelt_variable_stops_run_with_the_real_name(
+    variable: str,
+    suggestion: str,
+    clean: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, "gpt-4o")
+    code, output = one_line(capsys, ["run"])
+    assert code == 2
+    assert output == (
+        f"lastword: configuration error: {variable}: no such setting "
+        f"(did you mean {suggestion}?)"
+    )
+    code, output = one_line(capsys, ["doctor"])
+    assert code == 2
+    assert output == f"✗ settings: {variable}: no such setting (did you mean {suggestion}?)"
+
+
+def test_a_mapping_setting_takes_keys_of_its_own(
+    clean: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pydantic-settings reads LASTWORD_LLM__EXTRA_HEADERS__X as a key of the mapping.
+    monkeypatch.setenv("LASTWORD_LLM__EXTRA_HEADERS__X_TITLE", "lastword")
+    assert load_settings().llm.extra_headers == {"x_title": "lastword"}
+
+
+def test_a_misspelt_dotenv_entry_and_credential_are_refused(
+    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (clean / ".env").write_text("LASTWORD_LLM__MODLE=gpt-4o\n")
+    code, output = one_line(capsys, ["run"])
+    assert (code, output) == (
+        2,
+        "lastword: configuration error: LASTWORD_LLM__MODLE (in ./.env): no such setting "
+        "(did you mean LASTWORD_LLM__MODEL?)",
+    )
+    (clean / ".env").unlink()
+    credentials = clean / "credentials"
+    credentials.mkdir()
+    (credentials / "LASTWORD_LLM__APIKEY").write_text("sk-secret\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    code, output = one_line(capsys, ["run"])
+    assert code == 2
+    assert "LASTWORD_LLM__APIKEY (a credential): no such setting" in output
+    assert "did you mean LASTWORD_LLM__API_KEY?" in output
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ('platfrom = "telegram"\n', "platfrom: no such setting (did you mean platform?)"),
+        ("[debounse]\nquiet_ms = 100\n", "[debounse]: no such group of settings (did you mean "
+         "[debounce]?)"),
+        ('[llm]\nmodle = "gpt-4o"\n', "llm.modle: no such setting (did you mean llm.model?)"),
+    ],
+)
+def test_a_misspelt_toml_key_stops_run_and_fails_doctor(
+    toml: str,
+    expected: str,
+    clean: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (clean / "lastword.toml").write_text(toml)
+    code, output = one_line(capsys, ["run"])
+    assert (code, output) == (2, f"lastword: configuration error: ./lastword.toml: {expected}")
+    code, output = one_line(capsys, ["doctor"])
+    assert (code, output) == (2, f"✗ settings: ./lastword.toml: {expected}")
+
+
+def test_a_missing_config_file_is_one_line(
+    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LASTWORD_CONFIG", str(clean / "nowhere.toml"))
+    for argv in COMMANDS:
+        code, output = one_line(capsys, argv)
+        assert code == 2 and "\n" not in output, output
+        assert f"LASTWORD_CONFIG: no such file: {clean / 'nowhere.toml'}" in output
+
+
+def test_openai_conventions_stand_in_for_unset_settings(
+    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-convention")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    settings = load_settings()
+    assert settings.llm_provider == "openai"
+    assert settings.llm.api_key is not None
+    assert settings.llm.api_key.get_secret_value() == "sk-from-the-convention"
+    assert settings.llm.base_url == "http://127.0.0.1:9/v1"
+    assert settings.key_source == "OPENAI_API_KEY"
+    # lastword's own settings win.
+    monkeypatch.setenv("LASTWORD_LLM__API_KEY", "sk-lastword-own")
+    monkeypatch.setenv("LASTWORD_LLM__BASE_URL", "http://127.0.0.1:10/v1")
+    settings = load_settings()
+    assert settings.llm.api_key is not None
+    assert settings.llm.api_key.get_secret_value() == "sk-lastword-own"
+    assert settings.llm.base_url == "http://127.0.0.1:10/v1"
+    assert settings.key_source == "LASTWORD_LLM__API_KEY"
+
+
+def test_doctor_says_where_the_key_came_from(
+    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-convention")
+    # Nothing listens on port 9: only the settings line matters here.
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    cli.main(["doctor"])
+    report = capsys.readouterr().out
+    settings_line = report.splitlines()[0]
+    assert settings_line.startswith("✓ settings:"), report
+    assert "key from OPENAI_API_KEY" in settings_line
+    assert "sk-from-the-convention" not in report
+
+
+def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
+    """Under systemd (`JOURNAL_STREAM` naming stderr) every line starts with `<N>`, so
+    `journalctl -p err` finds errors; elsewhere lines are as they were."""
+    script = (
+        "import logging\n"
+        "from bot import logs\n"
+        "from bot.settings import Settings\n"
+        "logs.setup(Settings(log_format='logfmt'), 'INFO')\n"
+        "logging.getLogger('lastword').error('the store is gone')\n"
+        "logging.getLogger('lastword').info('still here')\n"
+        "logging.getLogger('discord.client').warning("
+        "'PyNaCl is not installed, voice will NOT be supported')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    log = tmp_path / "stderr"
+    with log.open("wb") as stderr:
+        found = os.fstat(stderr.fileno())
+        env["JOURNAL_STREAM"] = f"{found.st_dev}:{found.st_ino}"
+        subprocess.run(
+            [sys.executable, "-c", script], stderr=stderr, env=env, check=True, timeout=30
+        )
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2, lines  # the voice warning is no concern of a DM bot
+    assert lines[0].startswith("<3>ts=") and "the store is gone" in lines[0]
+    assert lines[1].startswith("<6>ts=")
+    # stderr elsewhere than the journal (a redirection): no priorities.
+    with log.open("wb") as stderr:
+        env["JOURNAL_STREAM"] = "0:0"
+        subprocess.run(
+            [sys.executable, "-c", script], stderr=stderr, env=env, check=True, timeout=30
+        )
+    assert log.read_text().startswith("ts=")
