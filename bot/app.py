@@ -290,7 +290,11 @@ async def _watch_keys(llm: LLM, transcriber: Transcriber | None) -> None:
     (the bot still runs, and every burst still gets its apology), and `/healthz` says so.
     While one is refused, it is checked again each minute, so `/healthz` recovers by itself
     once the key is fixed, even with nobody writing."""
-    keyed = list(_keyed(llm, transcriber).values())
+    # A transcriber sending the LLM's key to the LLM's server learns nothing new from it.
+    probes: dict[tuple[str, str], OpenAILLM | OpenAITranscriber] = {}
+    for client in _keyed(llm, transcriber).values():
+        probes.setdefault((str(client.client.base_url), client.key.setting), client)
+    keyed = list(probes.values())
     for client in keyed:
         await client.probe(KEY_PROBE_TIMEOUT_S, level=logging.WARNING)
     while True:

@@ -519,6 +519,10 @@ class FakeOpenAI(LoopbackServer):
     # -- handlers ----------------------------------------------------------------------------
 
     async def _handle_models(self, request: web.Request) -> web.Response:
+        # The key is checked here too, as the real API does: a bot checks it with this call.
+        refused = self._refuse_key(request)
+        if refused is not None:
+            return refused
         return web.json_response(
             {
                 "object": "list",

@@ -337,9 +337,11 @@ class FakeTelegram(LoopbackServer):
 
     def refuse_token(self, refused: bool = True) -> None:
         """From now on answer every call 401 Unauthorized, as Telegram does once the token
-        was revoked (refused=False: the token works again). Unlike a wrong token, these
-        calls are recorded, so a test can count how often the bot still asks."""
+        was revoked (refused=False: the token works again); a long poll in flight ends with
+        it. Unlike a wrong token, these calls are recorded, so a test can count how often
+        the bot still asks."""
         self._token_refused = refused
+        self._notify()
 
     @staticmethod
     def unauthorized() -> ScriptedError:
@@ -1024,6 +1026,8 @@ class FakeTelegram(LoopbackServer):
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             while True:
+                if self._token_refused:
+                    raise _CallError(self.unauthorized())
                 if poll.terminated:
                     raise _CallError(
                         ScriptedError(
