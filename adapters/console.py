@@ -106,12 +106,16 @@ class ConsoleAdapter(NoFiles):
             )
 
     async def _chat(self, sink: Sink) -> None:
-        lines: asyncio.Queue[str | None] = asyncio.Queue()
+        # Each line typed or piped in; None at end of input; what ended the prompt, if it
+        # failed, so that it ends the chat too rather than leave it waiting for input.
+        lines: asyncio.Queue[str | Exception | None] = asyncio.Queue()
         # Lines are taken in apart from their ingestion: a slow store never stops the typing.
         reading = self._start_reading(lines.put_nowait)
         try:
             for number in itertools.count(1):
                 text = await lines.get()
+                if isinstance(text, Exception):
+                    raise text
                 if text is None:
                     break
                 if text.strip():
@@ -121,12 +125,16 @@ class ConsoleAdapter(NoFiles):
             if reading is not None:
                 await cancel_and_wait(reading)
 
-    def _start_reading(self, put: Callable[[str | None], None]) -> asyncio.Task[None] | None:
+    def _start_reading(
+        self, put: Callable[[str | Exception | None], None]
+    ) -> asyncio.Task[None] | None:
         """Start handing each line typed or piped in to `put`, then None at end of input;
         the task that reads, when there is one to stop."""
         if self.screen:
             self._prompt = _Prompt()
-            return asyncio.create_task(self._ask(self._prompt, put), name="console prompt")
+            reading = asyncio.create_task(self._ask(self._prompt, put), name="console prompt")
+            reading.add_done_callback(lambda task: _pass_on_failure(task, put))
+            return reading
         loop = asyncio.get_running_loop()
 
         def put_raw(raw: bytes) -> None:
@@ -142,7 +150,8 @@ class ConsoleAdapter(NoFiles):
 
     async def _ask(self, prompt: _Prompt, put: Callable[[str | None], None]) -> None:
         """Read lines at the prompt until Ctrl-D; Ctrl-C stops the bot, as it does when the
-        terminal turns it into SIGINT."""
+        terminal turns it into SIGINT. A terminal that hangs up ends the run as a closed
+        stdout does: nothing more can be shown there."""
         try:
             while True:
                 try:
@@ -153,6 +162,10 @@ class ConsoleAdapter(NoFiles):
                     # The prompt reads keys raw, so the terminal sends no SIGINT: send it here,
                     # for the same graceful stop (replies owed are handed back, not awaited).
                     signal.raise_signal(signal.SIGINT)
+                    return
+                except OSError:
+                    _silence_stdout()
+                    self._output_gone.set()
                     return
         finally:
             self._prompt = None
@@ -229,7 +242,10 @@ class _Prompt:
         self._draft: str | None = None
         self._typing_until = 0.0
         self._session: PromptSession[str] = PromptSession(
-            self._message, style=Style.from_dict({"status": "dim"})
+            self._message,
+            style=Style.from_dict({"status": "dim"}),
+            # There is no completion menu to make room for: the terminal is not scrolled.
+            reserve_space_for_menu=0,
         )
 
     async def ask(self) -> str:
@@ -282,6 +298,14 @@ class _Prompt:
 def _isatty(stream: object) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
+
+
+def _pass_on_failure(task: asyncio.Task[None], put: Callable[[Exception], None]) -> None:
+    """Hand what failed `task` on to `put` (taking it from the task, which then logs no
+    "exception never retrieved")."""
+    failure = None if task.cancelled() else task.exception()
+    if isinstance(failure, Exception):
+        put(failure)
 
 
 def _read_lines(put: Callable[[bytes], None]) -> None:
