@@ -11,6 +11,7 @@ that nothing ever collided run over all of them.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import pty
 import select
@@ -210,11 +211,12 @@ def test_a_line_typed_while_the_bot_drafts_stays_intact(data_dir: Path) -> None:
     shown: list[str] = []
     for frame in drafted:
         (line,) = lines_with(frame, DRAFT)
-        if not shown or shown[-1] != line:
-            shown.append(line.removeprefix(DRAFT))
-    growing = [text for text in shown if first.startswith(text)]
-    assert len(set(growing)) >= 2, shown
-    assert growing == sorted(growing, key=len), shown
+        text = line.removeprefix(DRAFT)
+        if not shown or shown[-1] != text:
+            shown.append(text)
+    assert len(shown) >= 2, shown
+    assert all(first.startswith(text) for text in shown), shown
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(shown)), shown
 
     # Never, in any frame, did a status share a line with anything else.
     replies = (first, second)
