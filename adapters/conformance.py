@@ -27,7 +27,12 @@ exactly as `lastword run` runs it. The suite checks that:
 (e) typing is shown between a message and its reply, and still shows while the reply is
     generated;
 (f) a send the platform refuses for good is reported as permanent (`SendFailed` with
-    `permanent=True`, or `Unreachable`), and one it refuses for now as transient.
+    `permanent=True`, or `Unreachable`), and one it refuses for now as transient;
+(g) the adapter logs in before it runs (`adapters.base.login`, as `lastword run` does before
+    it reports ready) and the platform accepts the fake's credentials; with a fake that can
+    revoke them (`RefusesCredentials`), a revoked token shows in `refused()` and takes the
+    adapter's `connected()` down, its failed sends are transient (the reply waits for the
+    token to come back), and a fresh adapter's `login` raises `ConfigError`.
 
 The suite stands on both sides of the adapter: the `Sink` it is given records every
 `ingest` (and raises in the runtime's place while (a) plays a store outage), and the runtime
@@ -60,20 +65,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pytest
 import pytest_asyncio
 
 import adapters
-from adapters.base import Adapter, Sink
+from adapters.base import Adapter, Sink, login, refused
 from bot.app import make_client, make_store
 from bot.cancel import cancel_and_wait
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable
 from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.settings import ConfigError, Settings
 
 __all__ = [
     "ACKNOWLEDGEMENT",
@@ -81,12 +86,16 @@ __all__ = [
     "PERMANENT_SEND_ERROR",
     "PROPERTIES",
     "REDELIVERY",
+    "REFUSED_CREDENTIALS",
     "SPLIT",
     "TRANSIENT_SEND_ERROR",
     "TYPING",
     "AdapterConformance",
     "FakePlatform",
+    "RefusesCredentials",
     "Reply",
+    "check_refused_credentials",
+    "running_bot",
 ]
 
 # The properties checked, as `FakePlatform.not_applicable` names them.
@@ -97,6 +106,7 @@ SPLIT = "split"  # (d)
 TYPING = "typing"  # (e)
 PERMANENT_SEND_ERROR = "permanent send error"  # (f)
 TRANSIENT_SEND_ERROR = "transient send error"  # (f)
+REFUSED_CREDENTIALS = "refused credentials"  # (g)
 PROPERTIES = (
     ACKNOWLEDGEMENT,
     REDELIVERY,
@@ -105,6 +115,7 @@ PROPERTIES = (
     TYPING,
     PERMANENT_SEND_ERROR,
     TRANSIENT_SEND_ERROR,
+    REFUSED_CREDENTIALS,
 )
 
 # How long the debounce waits for the user's last word; a burst is sent well within it.
@@ -187,6 +198,14 @@ class FakePlatform(Protocol):
     def fail_sends(self, permanent: bool) -> None:
         """From now on, refuse every message the bot sends the user: for good (the chat is
         gone, the bot may not post there) or for now (a server error, a long rate limit)."""
+
+
+@runtime_checkable
+class RefusesCredentials(Protocol):
+    """What a `FakePlatform` adds to play a token revoked while the bot runs, for (g)."""
+
+    def refuse_credentials(self) -> None:
+        """From now on, refuse the credentials the adapter was given, on every call."""
 
 
 @dataclass
@@ -408,6 +427,13 @@ async def _running(platform: FakePlatform, settings: Settings) -> AsyncIterator[
     runtime = Runtime(settings, store, model, outbound)
     runtime.start()
     sink = RecordingSink(runtime)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await login(adapter)
+    except ConfigError as exc:
+        await runtime.stop()
+        await store.close()
+        raise AssertionError(f"the platform refused the fake's credentials: {exc}") from None
     task = asyncio.create_task(adapter.run(sink), name=f"{settings.platform} adapter")
     try:
         attaching = asyncio.create_task(platform.attached(adapter, sink))
@@ -432,6 +458,27 @@ async def _running(platform: FakePlatform, settings: Settings) -> AsyncIterator[
         raise AssertionError("the adapter stopped with an error") from task.exception()
 
 
+@contextlib.asynccontextmanager
+async def running_bot(
+    platform: FakePlatform, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Running]:
+    """A fresh server, the fake started, and the adapter running against it with the
+    runtime behind it, as every check of the suite gets them; all stopped on the way out."""
+    with _clean_environment(monkeypatch) as folder:
+        server = EmbeddedRedis(folder / "redis", appendonly=False)
+        server.start()
+        try:
+            await platform.start()
+            try:
+                settings = _settings(platform, server.url, folder)
+                async with _running(platform, settings) as running:
+                    yield running
+            finally:
+                await platform.stop()
+        finally:
+            server.stop()
+
+
 class AdapterConformance:
     """The conformance tests. Subclass it in a test module (as `Test...`), with a `platform`
     fixture returning a fresh, unstarted `FakePlatform`; the suite starts and stops it."""
@@ -450,19 +497,8 @@ class AdapterConformance:
         reason = _skip_reason(platform, getattr(request.function, "conformance_property", None))
         if reason is not None:
             pytest.skip(reason)
-        with _clean_environment(monkeypatch) as folder:
-            server = EmbeddedRedis(folder / "redis", appendonly=False)
-            server.start()
-            try:
-                await platform.start()
-                try:
-                    settings = _settings(platform, server.url, folder)
-                    async with _running(platform, settings) as running:
-                        yield running
-                finally:
-                    await platform.stop()
-            finally:
-                server.stop()
+        async with running_bot(platform, monkeypatch) as running:
+            yield running
 
     # (a)
 
@@ -610,6 +646,20 @@ class AdapterConformance:
         assert len(bot.outbound.failures) == 1, bot.outbound.failures
         assert not bot.texts()
 
+    # (g)
+
+    @checks(REFUSED_CREDENTIALS)
+    @pytest.mark.asyncio
+    async def test_revoked_credentials_are_reported_and_refused_at_login(
+        self, bot: Running
+    ) -> None:
+        if not isinstance(bot.platform, RefusesCredentials):
+            pytest.skip(
+                f"{type(bot.platform).__name__} cannot revoke the adapter's credentials "
+                "(implement RefusesCredentials to check them)"
+            )
+        await check_refused_credentials(bot, bot.platform)
+
     @checks(TRANSIENT_SEND_ERROR)
     @pytest.mark.asyncio
     async def test_a_transient_send_error_is_reported_as_transient(self, bot: Running) -> None:
@@ -621,3 +671,18 @@ class AdapterConformance:
             f"a send the platform refused for now was reported as permanent: {failure!r}"
         )
         assert not bot.texts()
+
+
+async def check_refused_credentials(bot: Running, platform: RefusesCredentials) -> None:
+    """(g), on a running bot whose fake can revoke its credentials."""
+    assert refused(bot.adapter) is None, "credentials reported refused while accepted"
+    platform.refuse_credentials()
+    await bot.platform.user_sends("are you still there?")
+    await eventually(lambda: refused(bot.adapter) is not None, "refused() to name the token")
+    assert not bot.adapter.connected(), "connected() with its credentials refused"
+    permanent = [f for f in bot.outbound.failures if isinstance(f, SendFailed) and f.permanent]
+    assert not permanent, f"a send refused for the token's sake was given up: {permanent}"
+    fresh = adapters.find(bot.runtime.settings.platform).create(bot.runtime.settings)
+    with pytest.raises(ConfigError):
+        async with asyncio.timeout(WAIT_S):
+            await login(fresh)

@@ -252,6 +252,7 @@ class DiscordAdapter:
         try:
             await self.rest.login(self._token)
         except discord.LoginFailure:
+            await self.rest.close()
             raise ConfigError(
                 f"{TOKEN_SETTING}: Discord refused the bot token (GET /users/@me at "
                 f"{self._api_url()}): {TOKEN_FIX}"

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
+from adapters.conformance import check_refused_credentials, running_bot
 from bot.embedded import EmbeddedRedis
 from bot.llm import OpenAILLM
 from bot.settings import LLMSettings, MediaSettings
@@ -27,6 +28,7 @@ from bot.transcribe import OpenAITranscriber
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.platforms import DiscordPlatform, TelegramPlatform
 from tests.fakes.telegram_server import DEFAULT_TOKEN, FakeTelegram
 from tests.running import Running, run_env
 from tests.test_discord import bot_env as discord_env
@@ -360,3 +362,25 @@ async def test_a_refused_transcription_key_names_its_setting(provider: FakeOpenA
     await transcriber.probe(5)
     assert transcriber.key.reason is not None
     assert "refused LASTWORD_MEDIA__TRANSCRIPTION_API_KEY" in transcriber.key.reason
+
+
+# -- the conformance kit's check of revoked credentials (g), on the built-in platforms ----------
+
+
+class RevocableTelegram(TelegramPlatform):
+    def refuse_credentials(self) -> None:
+        self.fake.refuse_token()
+
+
+class RevocableDiscord(DiscordPlatform):
+    def refuse_credentials(self) -> None:
+        self.fake.token = "revoked"
+
+
+@pytest.mark.parametrize("make", [RevocableTelegram, RevocableDiscord], ids=["telegram", "discord"])
+async def test_the_kit_checks_revoked_credentials(
+    make: Callable[[], RevocableTelegram | RevocableDiscord], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    platform = make()
+    async with running_bot(platform, monkeypatch) as bot:
+        await check_refused_credentials(bot, platform)
