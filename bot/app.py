@@ -15,7 +15,7 @@ from bot.cancel import cancel_and_wait
 from bot.connect import REDIS_CONNECT_TIMEOUT_S as REDIS_CONNECT_TIMEOUT_S
 from bot.connect import REDIS_HEALTH_CHECK_S as REDIS_HEALTH_CHECK_S
 from bot.connect import REDIS_TIMEOUT_S as REDIS_TIMEOUT_S
-from bot.connect import Client, open_client
+from bot.connect import Client, NotRedis, open_client
 from bot.connect import make_client as connect_client
 from bot.credentials import REPORT_EVERY_S
 from bot.embedded import EmbeddedRedis
@@ -93,8 +93,10 @@ async def serve(settings: Settings) -> int:
     except ValueError as exc:
         if embedded:
             embedded.stop()
-        # Not the URL itself: it may carry a password, and the error text may quote it.
-        raise ConfigError(f"LASTWORD_REDIS_URL: not a valid Redis URL ({redact(url)})") from exc
+        # A server there that is no Redis lastword can use says why, never quoting the URL.
+        why = str(exc) if isinstance(exc, NotRedis) else "not a valid Redis URL"
+        # Not the library's words otherwise: they may quote the URL, password and all.
+        raise ConfigError(f"LASTWORD_REDIS_URL={redact(url)}: {why}") from None
     except Unavailable as exc:
         if embedded:
             embedded.stop()

@@ -35,7 +35,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 
 # Every Redis call ends within this, answered or not. A primary that vanishes without a reset
 # (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
@@ -219,12 +219,12 @@ async def open_client(url: str) -> Client:
             cluster = await asyncio.to_thread(cluster_enabled, url)
         client = make_client(url, cluster=cluster)
     except (InvalidResponse, AuthenticationError) as exc:
-        raise NotRedis(_not_redis(exc) or str(exc)) from None
+        raise NotRedis(not_redis(exc) or str(exc)) from None
     try:
         await client.ping()
-    except (InvalidResponse, ResponseError, AuthenticationError) as exc:
+    except RedisError as exc:
         await client.aclose()
-        why = _not_redis(exc)
+        why = not_redis(exc)
         if why is None:
             raise
         raise NotRedis(why) from None
@@ -234,7 +234,7 @@ async def open_client(url: str) -> Client:
     return client
 
 
-def _not_redis(exc: Exception) -> str | None:
+def not_redis(exc: Exception) -> str | None:
     """Why a server that answered is not usable, in words (the server's own words kept: they
     never quote the URL); None for an error that may pass, such as LOADING."""
     text = str(exc)

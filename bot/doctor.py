@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.check import Check, PlatformCheck, guarded
+from bot.connect import not_redis
 from bot.logs import Scrub, redact, secrets_of
 from bot.settings import ConfigError, Settings, load_settings
 
@@ -283,6 +284,10 @@ async def _redis_check(url: str, timeout_s: float) -> Check:
             "fix the user name or password in LASTWORD_REDIS_URL",
         )
     except (RedisError, OSError) as exc:
+        # Reached, but no Redis lastword can use (an HTTP port, no such DB): not an outage.
+        wrong = not_redis(exc) if isinstance(exc, RedisError) else None
+        if wrong:
+            return Check("store", False, f"{shown}: {wrong}", "fix LASTWORD_REDIS_URL")
         return Check("store", False, f"cannot reach Redis at {shown}: {exc}", fix)
     finally:
         await client.aclose()

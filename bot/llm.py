@@ -24,6 +24,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -134,6 +135,10 @@ class LLM(Protocol):
         ...
 
 
+# The most pauses the echo model's streamed answer takes, whatever its length.
+ECHO_STEPS = 25
+
+
 class EchoLLM:
     """Offline and deterministic: answers with what it was asked. For demos and tests.
 
@@ -157,9 +162,12 @@ class EchoLLM:
         answer = "You said: " + " / ".join(prompt.unanswered)
         if usage.on_text is not None:
             if self.word_s:
-                # Each word with the spaces before it, so the draft grows as typed text does.
-                for match in re.finditer(r"\s*\S+", answer):
-                    usage.on_text(answer[: match.end()])
+                # Word by word, each with the spaces before it, as typed text grows; a long
+                # answer in at most ECHO_STEPS steps, so it never takes more than a moment.
+                ends = [match.end() for match in re.finditer(r"\s*\S+", answer)]
+                step = math.ceil(len(ends) / ECHO_STEPS)
+                for end in ends[step - 1 :: step]:
+                    usage.on_text(answer[:end])
                     await asyncio.sleep(self.word_s)
             usage.on_text(answer)
         attempt.completion_tokens = estimate(answer)

@@ -12,14 +12,18 @@ OPENAI_API_KEY and OPENAI_BASE_URL stand in for unset settings, and doctor says 
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bot import cli, spelling
+from bot.embedded import EmbeddedRedis
 from bot.settings import ENV_PREFIX, Settings, load_settings
 
 SECRET = "sk-abc def-MUST-NOT-SHOW"  # a space inside: wrong, and must never be printed
@@ -327,3 +331,64 @@ def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
             [sys.executable, "-c", script], stderr=stderr, env=env, check=True, timeout=30
         )
     assert log.read_text().startswith("ts=")
+
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Not on the test's stderr, which is what is checked."""
+
+
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """A port where an HTTP server, not Redis, answers."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def redis_urls(server: EmbeddedRedis, http_port: int) -> dict[str, tuple[str, str]]:
+    """URLs that reach a server lastword cannot use, with what the one line must say."""
+    return {
+        "http": (f"redis://127.0.0.1:{http_port}/0", "does not speak the Redis protocol"),
+        "db": (server.url + "?db=99", "has no such database"),
+    }
+
+
+@pytest.mark.parametrize("case", ["http", "db"])
+def test_a_redis_url_at_the_wrong_server_is_one_line(
+    case: str,
+    server: EmbeddedRedis,
+    http_port: int,
+    clean: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url, reason = redis_urls(server, http_port)[case]
+    monkeypatch.setenv("LASTWORD_REDIS_URL", url)
+    code, output = one_line(capsys, ["status"])
+    assert code == 2 and "\n" not in output, output
+    assert output.startswith(f"lastword: configuration error: LASTWORD_REDIS_URL={url}: ")
+    assert reason in output
+    code, output = one_line(capsys, ["doctor"])
+    assert code == 1
+    store = next(line for line in output.splitlines() if "store:" in line)
+    assert store.startswith(f"✗ store: {url}: ") and reason in store, output
+    assert "Traceback" not in output
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    ran = subprocess.run(
+        [sys.executable, "-m", "bot", "run"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ran.returncode == 2, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if "WARNING" not in line]
+    assert len(lines) == 1 and reason in lines[0], ran.stderr
+    assert lines[0].startswith("lastword: configuration error: LASTWORD_REDIS_URL")

@@ -452,3 +452,16 @@ async def test_a_model_that_refuses_images_answers_once_without_them(
     assert first.image_urls() == [image.url] and second.image_urls() == []
     assert "could not be shown to you" in second.messages[0]["content"]
     assert "LASTWORD_MEDIA__VISION=off" in caplog.text
+
+
+async def test_the_echo_model_streams_word_by_word_and_a_long_answer_briefly() -> None:
+    seen: list[str] = []
+    answer = await EchoLLM(word_ms=1).complete(prompt("one two"), Usage(on_text=seen.append))
+    assert answer == "You said: one two"
+    # Each step a longer prefix, the last the whole answer.
+    assert seen == ["You", "You said:", "You said: one", answer, answer]
+    seen.clear()
+    long = " ".join(f"w{n}" for n in range(1000))
+    await EchoLLM(word_ms=1).complete(prompt(long), Usage(on_text=seen.append))
+    assert len(seen) <= 26 and seen[-1].endswith("w999")
+    assert all(b.startswith(a) and b != a for a, b in itertools.pairwise(seen[:-1]))
