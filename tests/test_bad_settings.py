@@ -194,8 +194,7 @@ def test_a_misspelt_variable_stops_run_with_the_real_name(
     code, output = one_line(capsys, ["run"])
     assert code == 2
     assert output == (
-        f"lastword: configuration error: {variable}: no such setting "
-        f"(did you mean {suggestion}?)"
+        f"lastword: configuration error: {variable}: no such setting (did you mean {suggestion}?)"
     )
     code, output = one_line(capsys, ["doctor"])
     assert code == 2
@@ -235,8 +234,10 @@ def test_a_misspelt_dotenv_entry_and_credential_are_refused(
     ("toml", "expected"),
     [
         ('platfrom = "telegram"\n', "platfrom: no such setting (did you mean platform?)"),
-        ("[debounse]\nquiet_ms = 100\n", "[debounse]: no such group of settings (did you mean "
-         "[debounce]?)"),
+        (
+            "[debounse]\nquiet_ms = 100\n",
+            "[debounse]: no such group of settings (did you mean [debounce]?)",
+        ),
         ('[llm]\nmodle = "gpt-4o"\n', "llm.modle: no such setting (did you mean llm.model?)"),
     ],
 )
