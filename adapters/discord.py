@@ -346,9 +346,10 @@ class DiscordAdapter:
             ) from exc
         except discord.HTTPException as exc:
             if exc.status == 401:
-                # Revoked while running: for now, as the core sees it; the log says what.
+                # Revoked while running: an outage, as the core sees it (the reply waits in
+                # the outbox); the log says what.
                 self.token.refused(f"a reply at {self._api_url()}", TOKEN_FIX)
-                raise SendFailed(f"Discord refused {TOKEN_SETTING}") from None
+                raise Unavailable(f"Discord refuses {TOKEN_SETTING} for now") from None
             raise _verdict(conversation, exc) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SendFailed(f"cannot reach Discord to reply to {conversation}: {exc!r}") from exc

@@ -441,9 +441,10 @@ class TelegramAdapter:
                 self.token.accepted()
                 return
             except InvalidToken:
-                # Revoked while running: for now, as the core sees it; the log says what.
+                # Revoked while running: an outage, as the core sees it (the reply waits in
+                # the outbox); the log says what.
                 self._refused("sendMessage")
-                raise SendFailed(f"Telegram refused {TOKEN_SETTING}") from None
+                raise Unavailable(f"Telegram refuses {TOKEN_SETTING} for now") from None
             except RetryAfter as exc:
                 wait = _seconds(exc.retry_after)
                 if wait > MAX_FLOOD_WAIT_S:

@@ -438,6 +438,10 @@ class Cycle:
                 exc,
             )
             return "unreachable"
+        except Unavailable:
+            # The platform out of reach, or refusing the bot's token for now: the reply
+            # waits in the outbox however long that lasts, backed off across replicas.
+            raise
         except Exception as exc:
             attempts = failures + 1
             if not (isinstance(exc, SendFailed) and exc.permanent) and attempts < SEND_ATTEMPTS:
@@ -563,7 +567,9 @@ class Cycle:
                 self.stats.llm_seconds.observe(time.monotonic() - began)
         except LLMError as exc:
             self.stats.apologies += 1
-            log.error(
+            # A refused key is logged once a minute where it is refused; not per burst.
+            log.log(
+                logging.WARNING if exc.kind == "key" else logging.ERROR,
                 "LLM failed for %s (%d messages); sending an apology: %s",
                 conversation,
                 len(burst.for_model) + (len(target.asked) if target else 0),

@@ -105,7 +105,9 @@ class Usage:
         return prompt, sum(a.completion_tokens for a in self.attempts)
 
 
-Kind = Literal["transient", "permanent", "context", "images"]
+# "key": the provider refused the API key; permanent, and already logged once a minute by
+# the key's `Credential`, so each burst's apology need not say it again at ERROR.
+Kind = Literal["transient", "permanent", "key", "context", "images"]
 
 
 class LLMError(Exception):
@@ -348,7 +350,7 @@ class OpenAILLM:
         message = self._scrub(exc.message)
         if status in (401, 403):
             self.key.refused(f"{status} to a completion", key_fix(self.key))
-            return LLMError(f"{self.key.reason} ({status})", kind="permanent")
+            return LLMError(f"{self.key.reason} ({status})", kind="key")
         if status == 404 or code == "model_not_found":
             return LLMError(
                 f"model or endpoint not found (check LASTWORD_LLM__MODEL={self.settings.model!r}"

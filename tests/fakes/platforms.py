@@ -24,6 +24,7 @@ from adapters.conformance import (
     ACKNOWLEDGEMENT,
     PERMANENT_SEND_ERROR,
     REDELIVERY,
+    TYPING,
     Reply,
 )
 from adapters.console import ConsoleAdapter
@@ -117,6 +118,9 @@ class TelegramPlatform:
         error = self.fake.chat_not_found() if permanent else self.fake.too_many_requests(120)
         self.fake.fail_chat(TELEGRAM_CHAT, error)
 
+    def refuse_credentials(self) -> None:
+        self.fake.refuse_token()
+
 
 class DiscordPlatform:
     """Discord: DMs come over the gateway, which has no acknowledgement to hold back. What
@@ -197,9 +201,13 @@ class DiscordPlatform:
         error = self.fake.missing_access() if permanent else self.fake.server_error(503)
         self.fake.fail_channel(self.channel, error)
 
+    def refuse_credentials(self) -> None:
+        self.fake.token = "revoked"
+
 
 class _Keyboard:
-    """The console's stdin: a pipe the user types into, on a terminal."""
+    """The console's stdin: a pipe the user types into. Not a terminal: on one, the input
+    line is prompt_toolkit's, which needs a real one (tests/test_console_pty.py has it)."""
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
@@ -208,7 +216,7 @@ class _Keyboard:
         return self.read_fd
 
     def isatty(self) -> bool:
-        return True
+        return False
 
     def type(self, line: str) -> None:
         data = (line + "\n").encode()
@@ -245,8 +253,8 @@ class _Screen(io.TextIOBase):
 
 
 class ConsolePlatform:
-    """The console on a (fake) terminal: lines typed on stdin, replies printed on stdout
-    after a "bot> " prompt, and the typing indicator drawn on stderr."""
+    """The console with its output on a (fake) terminal: lines piped to stdin, replies
+    printed on stdout, each a line of its own, and the live draft redrawn in place."""
 
     not_applicable: Mapping[str, str] = {
         ACKNOWLEDGEMENT: (
@@ -257,6 +265,10 @@ class ConsolePlatform:
         PERMANENT_SEND_ERROR: (
             "a terminal never refuses a line for good: a closed stdout is transient (the "
             "reply waits in the store for the next run)"
+        ),
+        TYPING: (
+            "typing is drawn above the input line, which only a real terminal has: "
+            "tests/test_console_pty.py checks it under a pseudo-terminal"
         ),
     }
     message_limit = ConsoleAdapter.max_message_chars
@@ -329,11 +341,11 @@ class ConsolePlatform:
         raise AssertionError("stdin has no acknowledgement")
 
     def replies(self) -> list[Reply]:
-        prompt = "bot> "
+        # A reply is a line of its own; drafts are redrawn in place, never ending a line.
         return [
-            Reply(text.removeprefix(prompt).removesuffix("\n"), at)
+            Reply(text.removesuffix("\n"), at)
             for text, at in self.stdout.writes
-            if text.startswith(prompt)
+            if text.endswith("\n") and not text.startswith("\r")
         ]
 
     def typing_seen(self) -> list[float]:
