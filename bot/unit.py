@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bot.plural import counted
+
 # Where systemd looks for a credential named by its ID alone (systemd.exec(5), LoadCredential=).
 CREDSTORES = ("etc/credstore", "run/credstore", "usr/lib/credstore")
 # The system unit search path, highest priority first (systemd.unit(5)).
@@ -408,10 +410,6 @@ def _credentials(config: UnitConfig, root: Path) -> dict[str, bytes]:
     return found
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> View:
     """The environment, credentials and working directory of the unit's process (`config`,
     read under `root`), with `env_files` read after the unit's own; their summary line."""
@@ -439,7 +437,7 @@ def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> 
     credentials = _credentials(config, root) if config else {}
     if config:
         names = f" ({', '.join(sorted(credentials))})" if credentials else ""
-        parts.append(_plural(len(credentials), "credential") + names)
+        parts.append(counted(len(credentials), "credential") + names)
     if config and config.state_directories:
         states = [str(_under(root, f"/var/lib/{name}")) for name in config.state_directories]
         environment["STATE_DIRECTORY"] = ":".join(states)
