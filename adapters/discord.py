@@ -227,7 +227,7 @@ class DiscordAdapter:
         self.settings = settings
         self._token = settings.token.get_secret_value()
         _point_at(settings)
-        self.rest = discord.Client(intents=INTENTS, max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT_S)
+        self.rest = _rest_client()
         self._logged_in = asyncio.Event()
         # The gateway connection, while this replica holds it.
         self._gateway: _Gateway | None = None
@@ -258,6 +258,8 @@ class DiscordAdapter:
                 f"{self._api_url()}): {TOKEN_FIX}"
             ) from None
         except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            # Its session closed, as after any failed run: `run` logs in afresh.
+            await self.rest.close()
             log.warning(
                 "cannot reach Discord at %s to check the token (%s); starting anyway",
                 self._api_url(),
@@ -282,6 +284,10 @@ class DiscordAdapter:
             await asyncio.sleep(backoff.next_delay())
 
     async def run(self, sink: Sink) -> None:
+        if self.rest.is_closed():
+            # Closed by a failed login or run: its connector is gone with it, so it could
+            # never log in again, and the restarted intake would fail for ever.
+            self.rest = _rest_client()
         try:
             if not self._logged_in.is_set():
                 await self._log_in(self.rest)
@@ -379,6 +385,11 @@ class DiscordAdapter:
         except (aiohttp.ClientError, OSError) as exc:
             raise FetchFailed(f"cannot reach Discord's CDN ({type(exc).__name__})") from None
         return bytes(data)
+
+
+def _rest_client() -> discord.Client:
+    """The client for Discord's REST API (sends, typing, the login's token check)."""
+    return discord.Client(intents=INTENTS, max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT_S)
 
 
 async def _recall(sink: Sink) -> _Session | None:

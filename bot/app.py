@@ -199,8 +199,8 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     llm = make_llm(settings.llm, provider)
     if provider == "echo" and settings.llm.provider is None:
         log.warning(
-            "no LLM configured (set LASTWORD_LLM__BASE_URL and LASTWORD_LLM__API_KEY): "
-            "answering with the offline echo model"
+            "no LLM configured (set LASTWORD_LLM__BASE_URL and LASTWORD_LLM__API_KEY, or "
+            "OPENAI_API_KEY): answering with the offline echo model"
         )
     else:
         log.info("LLM: %s, model %s", provider, settings.llm.model)

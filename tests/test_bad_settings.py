@@ -25,6 +25,9 @@ import pytest
 from bot import cli, spelling
 from bot.embedded import EmbeddedRedis
 from bot.settings import ENV_PREFIX, Settings, load_settings
+from tests.test_settings import cwd
+
+__all__ = ["cwd"]  # the fixture, imported for pytest
 
 SECRET = "sk-abc def-MUST-NOT-SHOW"  # a space inside: wrong, and must never be printed
 
@@ -116,19 +119,6 @@ SHOWN_AS = {"LLM__SYSTEM_PROMPT": "about 50000 tokens"}
 COMMANDS = (["run"], ["doctor"], ["status"])
 
 
-@pytest.fixture
-def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty working directory and an environment without lastword or OpenAI settings."""
-    for name in list(os.environ):
-        if name.startswith((ENV_PREFIX, "OPENAI_", "CREDENTIALS_DIRECTORY")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
-
-
 def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
     """Run the command line in-process; its exit code and everything it printed."""
     code = cli.main(argv)
@@ -143,9 +133,9 @@ def test_the_walk_covers_every_setting() -> None:
 
 @pytest.mark.parametrize("name", sorted(WRONG))
 def test_every_wrong_value_is_one_line_in_run_doctor_and_status(
-    name: str, clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    name: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    some_file = clean / "a-file"
+    some_file = cwd / "a-file"
     some_file.write_text("not a directory")
     value = WRONG[name].replace("{file}", str(some_file))
     monkeypatch.setenv(ENV_PREFIX + name, value)
@@ -165,7 +155,7 @@ def test_every_wrong_value_is_one_line_in_run_doctor_and_status(
         assert "expected" in output or "no platform" in output, output
 
 
-def test_the_system_prompt_too_long_for_the_context_names_both(clean: Path) -> None:
+def test_the_system_prompt_too_long_for_the_context_names_both(cwd: Path) -> None:
     os.environ[ENV_PREFIX + "LLM__SYSTEM_PROMPT"] = "word " * 40_000
     try:
         with pytest.raises(ValueError, match="LASTWORD_LLM__CONTEXT_TOKENS"):
@@ -186,7 +176,7 @@ def test_the_system_prompt_too_long_for_the_context_names_both(clean: Path) -> N
 def test_a_misspelt_variable_stops_run_with_the_real_name(
     variable: str,
     suggestion: str,
-    clean: Path,
+    cwd: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -202,7 +192,7 @@ def test_a_misspelt_variable_stops_run_with_the_real_name(
 
 
 def test_a_mapping_setting_takes_keys_of_its_own(
-    clean: Path, monkeypatch: pytest.MonkeyPatch
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # pydantic-settings reads LASTWORD_LLM__EXTRA_HEADERS__X as a key of the mapping.
     monkeypatch.setenv("LASTWORD_LLM__EXTRA_HEADERS__X_TITLE", "lastword")
@@ -210,17 +200,17 @@ def test_a_mapping_setting_takes_keys_of_its_own(
 
 
 def test_a_misspelt_dotenv_entry_and_credential_are_refused(
-    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (clean / ".env").write_text("LASTWORD_LLM__MODLE=gpt-4o\n")
+    (cwd / ".env").write_text("LASTWORD_LLM__MODLE=gpt-4o\n")
     code, output = one_line(capsys, ["run"])
     assert (code, output) == (
         2,
         "lastword: configuration error: LASTWORD_LLM__MODLE (in ./.env): no such setting "
         "(did you mean LASTWORD_LLM__MODEL?)",
     )
-    (clean / ".env").unlink()
-    credentials = clean / "credentials"
+    (cwd / ".env").unlink()
+    credentials = cwd / "credentials"
     credentials.mkdir()
     (credentials / "LASTWORD_LLM__APIKEY").write_text("sk-secret\n")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
@@ -244,10 +234,10 @@ def test_a_misspelt_dotenv_entry_and_credential_are_refused(
 def test_a_misspelt_toml_key_stops_run_and_fails_doctor(
     toml: str,
     expected: str,
-    clean: Path,
+    cwd: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    (clean / "lastword.toml").write_text(toml)
+    (cwd / "lastword.toml").write_text(toml)
     code, output = one_line(capsys, ["run"])
     assert (code, output) == (2, f"lastword: configuration error: ./lastword.toml: {expected}")
     code, output = one_line(capsys, ["doctor"])
@@ -255,17 +245,17 @@ def test_a_misspelt_toml_key_stops_run_and_fails_doctor(
 
 
 def test_a_missing_config_file_is_one_line(
-    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("LASTWORD_CONFIG", str(clean / "nowhere.toml"))
+    monkeypatch.setenv("LASTWORD_CONFIG", str(cwd / "nowhere.toml"))
     for argv in COMMANDS:
         code, output = one_line(capsys, argv)
         assert code == 2 and "\n" not in output, output
-        assert f"LASTWORD_CONFIG: no such file: {clean / 'nowhere.toml'}" in output
+        assert f"LASTWORD_CONFIG: no such file: {cwd / 'nowhere.toml'}" in output
 
 
 def test_openai_conventions_stand_in_for_unset_settings(
-    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-convention")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
@@ -286,7 +276,7 @@ def test_openai_conventions_stand_in_for_unset_settings(
 
 
 def test_doctor_says_where_the_key_came_from(
-    clean: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-convention")
     # Nothing listens on port 9: only the settings line matters here.
@@ -365,7 +355,7 @@ def test_a_redis_url_at_the_wrong_server_is_one_line(
     case: str,
     server: EmbeddedRedis,
     http_port: int,
-    clean: Path,
+    cwd: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -195,6 +195,29 @@ async def test_an_unreachable_platform_at_start_is_no_configuration_error(
         assert bot.said("cannot reach Telegram") == 1
 
 
+async def test_discord_away_at_start_is_reached_once_it_is_back(
+    server: EmbeddedRedis, discord_api: FakeDiscord, short_dir: Path
+) -> None:
+    """The start-up check that could not reach Discord leaves no session open behind it, and
+    the intake reaches Discord once it is back (a closed client could never log in again:
+    "Session is closed")."""
+    env = discord_env(server, discord_api, short_dir / "data", LASTWORD_LOG_LEVEL="INFO")
+    await discord_api.stop()
+    async with running(env) as bot:
+
+        async def away() -> bool:
+            return bot.said("cannot reach Discord") == 1
+
+        await eventually(away, "the start-up check to find Discord away", within_s=30)
+        await discord_api.start()
+        await discord_api.wait_for_sessions(1, timeout=30)
+        user = 7011
+        await discord_api.user_sends(user, "back?")
+        await discord_api.wait_for_bot_messages(discord_api.dm_channel(user), 1, timeout=20)
+        for leak in ("Unclosed client session", "Session is closed"):
+            assert not any(leak in line for line in bot.log), "".join(bot.log)
+
+
 # -- a platform token revoked while running ----------------------------------------------------
 
 
@@ -259,6 +282,9 @@ async def test_a_discord_token_revoked_while_running_is_reported(
         discord_api.token = token
         await discord_api.wait_for_bot_messages(discord_api.dm_channel(user), 1, timeout=40)
         await eventually(health_is(port, 200, "adapter", "ok"), "/healthz to recover", within_s=10)
+        # discord.py's warnings about voice and guilds are no concern of a DM bot.
+        noise = ("voice will NOT be supported", "Guilds intent")
+        assert not any(n in line for line in bot.log for n in noise), "".join(bot.log)
         # The reply owed meanwhile waited as for an outage: no traceback, nothing given up.
         assert not any("Traceback" in line for line in bot.log), "".join(bot.log)
         assert not any("gave up" in line for line in bot.log), "".join(bot.log)

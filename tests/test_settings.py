@@ -28,9 +28,10 @@ EXAMPLE_ENV = CONFIG_DIR / "example.env"
 
 @pytest.fixture
 def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty working directory and an environment without lastword settings."""
+    """An empty working directory and an environment without lastword settings (nor the
+    OpenAI conventions and credentials that stand in for them)."""
     for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
+        if name.startswith((ENV_PREFIX, "OPENAI_", "CREDENTIALS_DIRECTORY")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     work = tmp_path / "work"

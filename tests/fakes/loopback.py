@@ -60,7 +60,8 @@ class LoopbackServer(StartStop):
             app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
         )
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        # Started again after a stop, on the same port: a service back after an outage.
+        await web.TCPSite(runner, "127.0.0.1", self._port or 0).start()
         self._runner = runner
         self._port = int(runner.addresses[0][1])
 
