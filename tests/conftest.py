@@ -30,6 +30,32 @@ from tests.fakes.outbound import RecordingOutbound
 
 T = TypeVar("T")
 
+# The slow part of the suite, left out by `pytest -m "not slow"`: tests that start a Redis
+# cluster or a Sentinel setup (six servers or more each, by these fixtures), and the modules
+# whose tests start several processes (replicas, `lastword run`, a server killed and restarted).
+SLOW_FIXTURES = frozenset({"cluster", "sentinel"})
+SLOW_MODULES = frozenset(
+    {
+        "tests.test_cluster",
+        "tests.test_cluster_durability",
+        "tests.test_cluster_failover",
+        "tests.test_sentinel",
+        "tests.test_replicas",
+        "tests.test_failure_paths",
+        "tests.test_redis_hangs",
+        "tests.test_discord_handover",
+        "tests.test_install_walkthrough",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the slow tests `slow` in one place, so the line between the parts stays visible."""
+    for item in items:
+        module = item.module.__name__ if isinstance(item, pytest.Function) else ""
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
