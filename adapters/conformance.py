@@ -48,9 +48,9 @@ every other test runs.
 
 This module imports pytest and pytest-asyncio, and so needs them installed: only test code
 imports it, and the bot never does, so they stay test-only dependencies (the `test` extra).
-It sits in `adapters/` so that platform packages can import it; it reaches the store only
-through the composition root (`bot.app`) and `bot.embedded`, never through `redis` or
-`bot.store` themselves, as the layering test requires of `adapters/`.
+It sits in `adapters/` so that platform packages can import it; it builds its store as the
+bot does, from a client (`bot.connect`) and the composition root (`bot.app.make_store`), and
+never imports `redis` or `bot.store` itself, as the layering test requires of `adapters/`.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ import pytest_asyncio
 
 import adapters
 from adapters.base import Adapter, Sink, login, refused
-from bot.app import make_client, make_store
+from bot.app import make_store
 from bot.cancel import cancel_and_wait
+from bot.connect import make_client
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
 from bot.message import Attachment, InboundMessage, SendFailed, Unavailable

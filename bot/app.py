@@ -12,9 +12,6 @@ import adapters
 from adapters.base import Adapter, login, refused
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.connect import REDIS_CONNECT_TIMEOUT_S as REDIS_CONNECT_TIMEOUT_S
-from bot.connect import REDIS_HEALTH_CHECK_S as REDIS_HEALTH_CHECK_S
-from bot.connect import REDIS_TIMEOUT_S as REDIS_TIMEOUT_S
 from bot.connect import Client, NotRedis, open_client
 from bot.connect import make_client as connect_client
 from bot.credentials import REPORT_EVERY_S

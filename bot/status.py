@@ -34,6 +34,7 @@ from bot.store.keys import (
     role_key,
     usage_day_keys,
 )
+from bot.store.replies import as_text
 
 # Keys looked at per SCAN call while searching for heartbeats.
 SCAN_COUNT = 1000
@@ -191,15 +192,11 @@ class Status:
         }
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
 def _int(value: bytes | str | None) -> int | None:
     if value is None:
         return None
     try:
-        return int(_text(value))
+        return int(as_text(value))
     except ValueError:
         return None
 
@@ -208,7 +205,7 @@ def _lease(token: Any, fence: Any, pttl: int) -> LeaseInfo | None:
     # PTTL -2: gone between reads. A hash without a token is not a lease.
     if token is None or pttl == -2:
         return None
-    text = _text(token)
+    text = as_text(token)
     return LeaseInfo(text, holder_of(text), _int(fence) or 0, pttl)
 
 
@@ -300,10 +297,10 @@ async def _read_indexes(redis: Client, day: date, scan_count: int) -> _Indexes:
         first: list[Any] = await pipe.execute()
     seconds, micros = first[0]
     cursor, found = first[2]
-    heartbeats = {_text(k) for k in found}
+    heartbeats = {as_text(k) for k in found}
     while int(cursor) != 0:
         cursor, found = await redis.scan(cursor, match=HEARTBEAT_PATTERN, count=scan_count)
-        heartbeats.update(_text(k) for k in found)
+        heartbeats.update(as_text(k) for k in found)
     return _indexes(int(seconds) * 1000 + int(micros) // 1000, first[1], heartbeats, day, first[3:])
 
 
@@ -317,7 +314,7 @@ async def _read_cluster_indexes(redis: RedisCluster, day: date, scan_count: int)
         first: list[Any] = await pipe.execute()
     seconds, micros = await redis.time()
     heartbeats = {
-        _text(k) async for k in redis.scan_iter(match=HEARTBEAT_PATTERN, count=scan_count)
+        as_text(k) async for k in redis.scan_iter(match=HEARTBEAT_PATTERN, count=scan_count)
     }
     return _indexes(int(seconds) * 1000 + int(micros) // 1000, first[0], heartbeats, day, first[1:])
 
@@ -343,15 +340,15 @@ def _indexes(
     due: dict[str, int] = {}
     for shard in shards[:SHARDS]:
         for member, score in shard:
-            due[_text(member)] = int(score)
+            due[as_text(member)] = int(score)
     return _Indexes(
         now_ms=now_ms,
-        role_names=sorted(_text(n) for n in role_names),
+        role_names=sorted(as_text(n) for n in role_names),
         heartbeats=sorted(heartbeats),
         due=due,
         tokens_today=_tokens_today(day.isoformat(), shards[SHARDS:]),
         access=sorted(
-            (AccessRecord.from_json(_text(user), raw) for user, raw in access.items()),
+            (AccessRecord.from_json(as_text(user), raw) for user, raw in access.items()),
             key=lambda record: record.user,
         ),
     )
@@ -430,7 +427,7 @@ def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
     """Sum the shards' totals and merge their rankings (each the shard's top conversations,
     so the merged top is exact)."""
     ranked = [
-        (_text(member), int(score)) for ranking in per_shard[1::3] for member, score in ranking
+        (as_text(member), int(score)) for ranking in per_shard[1::3] for member, score in ranking
     ]
     ranked.sort(key=lambda pair: (-pair[1], pair[0]))
     top = tuple(Spender(c, tokens) for c, tokens in ranked[:TOP_CONVERSATIONS])
@@ -439,7 +436,7 @@ def _tokens_today(day: str, per_shard: list[Any]) -> TokensToday:
 
 
 def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:
-    fields = {_text(k): _text(v) for k, v in raw.items()}
+    fields = {as_text(k): as_text(v) for k, v in raw.items()}
     last_beat = _int(fields.get("last_beat"))
     return Replica(
         id=replica_of(key),

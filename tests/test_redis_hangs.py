@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import REDIS_TIMEOUT_S
+from bot.connect import REDIS_TIMEOUT_S
 from bot.embedded import EmbeddedRedis
 from bot.store import Keys
 from tests.conftest import eventually

@@ -22,7 +22,8 @@ from bot.llm import EchoLLM
 from bot.roles import run_exclusively
 from bot.runtime import Runtime
 from bot.settings import ConfigError
-from bot.store import Store, role_key
+from bot.store import Store
+from bot.store.keys import role_key
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.outbound import RecordingOutbound
 

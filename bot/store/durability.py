@@ -46,6 +46,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bot.store.replies import as_text
+
 Level = Literal["fast", "local", "replicated"]
 LEVELS: tuple[Level, ...] = get_args(Level)
 # fast: a second of acknowledged writes at risk, as before, and no cost per message. See the
@@ -167,7 +169,7 @@ async def _probe_node(execute: Execute, *, node: str = "", embedded: bool = Fals
     appendonly = str(persistence.get("aof_enabled", "0")) == "1"
     try:
         found = await execute("CONFIG GET", "appendfsync")
-        appendfsync: str | None = _text(found.get("appendfsync")) or None
+        appendfsync: str | None = as_text(found.get("appendfsync")) or None
     except ResponseError:
         appendfsync = None
     replicas = None
@@ -181,7 +183,7 @@ async def _probe_primaries_of(redis: Redis) -> tuple[Server, ...]:
     """Each primary of the cluster `redis` is a node of, through a client of its own."""
     options = dict(redis.connection_pool.connection_kwargs)
     slots = await redis.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
-    addresses = {(_text(entry[2][0]) or options.get("host"), int(entry[2][1])) for entry in slots}
+    addresses = {(as_text(entry[2][0]) or options.get("host"), int(entry[2][1])) for entry in slots}
     servers = []
     for host, port in sorted(addresses):
         pool = ConnectionPool(
@@ -207,10 +209,6 @@ def describe(level: Level, waits: tuple[Wait, ...]) -> str:
     if not any(wait[0] == "WAITAOF" for wait in waits):
         said.insert(0, "appendfsync always")
     return f"{level}: ingest, acquire, pre-send and commit wait for {' + '.join(said)}"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
 class Durability:

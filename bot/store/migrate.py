@@ -40,6 +40,7 @@ from bot.store.keys import (
     shard_of,
     usage_day_keys,
 )
+from bot.store.replies import as_text
 
 # Keys moved per round trip.
 BATCH = 500
@@ -67,10 +68,6 @@ class LayoutError(Exception):
     message says what to do, on one line, for the operator."""
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def expected_layout() -> dict[str, str]:
     """The layout record this version writes and expects."""
     return {"shards": str(SHARDS), "tags": TAGS_DIGEST}
@@ -78,7 +75,7 @@ def expected_layout() -> dict[str, str]:
 
 async def recorded_layout(redis: Client) -> dict[str, str] | None:
     raw: dict[Any, Any] = await redis.hgetall(META_KEY)
-    return {_text(k): _text(v) for k, v in raw.items()} or None
+    return {as_text(k): as_text(v) for k, v in raw.items()} or None
 
 
 async def record_layout(redis: Client) -> dict[str, str]:
@@ -89,7 +86,7 @@ async def record_layout(redis: Client) -> dict[str, str]:
             pipe.hsetnx(META_KEY, field, value)
         pipe.hgetall(META_KEY)
         replies: list[Any] = await pipe.execute()
-    return {_text(k): _text(v) for k, v in replies[-1].items()}
+    return {as_text(k): as_text(v) for k, v in replies[-1].items()}
 
 
 def _mismatch(recorded: dict[str, str]) -> LayoutError:
@@ -113,8 +110,8 @@ async def legacy_keys(redis: Client, limit: int = 3) -> list[str]:
     found = [name for name, n in zip(names, exists, strict=True) if n]
     if not found:
         async for key in redis.scan_iter(match="{lw:[0-9]*", count=1000):
-            if _LEGACY_KEY.match(_text(key)):
-                found.append(_text(key))
+            if _LEGACY_KEY.match(as_text(key)):
+                found.append(as_text(key))
                 break
     return found[:limit]
 
@@ -154,7 +151,7 @@ class Migrated:
 async def _batches(redis: Client, match: str) -> AsyncIterator[list[str]]:
     batch: list[str] = []
     async for key in redis.scan_iter(match=match, count=1000):
-        batch.append(_text(key))
+        batch.append(as_text(key))
         if len(batch) >= BATCH:
             yield batch
             batch = []
@@ -217,7 +214,7 @@ async def _move_usage(redis: Client, shard: int, done: Migrated) -> None:
             entries: Any = await redis.zrange(key, 0, -1, withscores=True)
             async with redis.pipeline(transaction=False) as pipe:
                 for member, score in entries:
-                    conversation = _text(member)
+                    conversation = as_text(member)
                     ranking = usage_day_keys(shard_of(conversation), day)[1]
                     pipe.zadd(ranking, {conversation: score})
                     if pttl > 0:
@@ -234,7 +231,7 @@ async def _move_index(redis: Client, old: str, new: Callable[[int], str], done: 
     for start in range(0, len(entries), BATCH):
         async with redis.pipeline(transaction=False) as pipe:
             for member, score in entries[start : start + BATCH]:
-                conversation = _text(member)
+                conversation = as_text(member)
                 pipe.zadd(new(shard_of(conversation)), {conversation: score})
             await pipe.execute()
     await redis.delete(old)
@@ -248,7 +245,7 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
     recorded = await recorded_layout(redis)
     if recorded is not None and recorded != expected_layout():
         raise _mismatch(recorded)
-    alive = [_text(key) async for key in redis.scan_iter(match=HEARTBEAT_PATTERN, count=1000)]
+    alive = [as_text(key) async for key in redis.scan_iter(match=HEARTBEAT_PATTERN, count=1000)]
     if alive:
         raise LayoutError(
             f"{len(alive)} replica(s) still running ({', '.join(sorted(alive)[:3])}): stop "

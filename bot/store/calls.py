@@ -1,0 +1,132 @@
+"""The store's base: one client, the scripts registered on it, and the calls every area makes
+through it, bounded in number and with failures told apart (`bot.store.errors`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+
+from bot.connect import MAX_CONNECTIONS, Client, drop_connections
+from bot.store import scripts
+from bot.store.config import StoreSettings
+from bot.store.durability import Durability
+from bot.store.errors import StoreUnavailable, reaching_redis
+from bot.store.keys import SHARDS
+
+
+class Calls:
+    """The client, the settings and the registered scripts, and how a call is made. One
+    instance per process, shared by all its tasks (as `bot.store.Store`)."""
+
+    def __init__(self, redis: Client, settings: StoreSettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self._ingest = redis.register_script(scripts.INGEST)
+        self._notice = redis.register_script(scripts.NOTICE)
+        self._acquire = redis.register_script(scripts.ACQUIRE)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._release = redis.register_script(scripts.RELEASE)
+        self._interrupt = redis.register_script(scripts.INTERRUPT)
+        self._usage = redis.register_script(scripts.USAGE)
+        self._presend = redis.register_script(scripts.PRESEND)
+        self._commit = redis.register_script(scripts.COMMIT)
+        self._due = redis.register_script(scripts.DUE)
+        self._role = redis.register_script(scripts.ROLE)
+        self._role_release = redis.register_script(scripts.ROLE_RELEASE)
+        self._heartbeat = redis.register_script(scripts.HEARTBEAT)
+        self._access_set = redis.register_script(scripts.ACCESS_SET)
+        self._access_copy = redis.register_script(scripts.ACCESS_COPY)
+        self.durability = Durability(redis)
+        # The cluster client fails a call at once when a node's pool is exhausted, and then
+        # closes every connection, failing the calls in flight too; the single-server pool
+        # waits instead. Bounding the calls in flight per process to the pool size keeps
+        # both within their pools.
+        self._in_flight = asyncio.Semaphore(MAX_CONNECTIONS)
+
+    def configure(self, settings: StoreSettings) -> None:
+        """Take on reloaded settings: every script call from now on is told the new ones."""
+        self.settings = settings
+
+    @asynccontextmanager
+    async def _reaching(self) -> AsyncIterator[None]:
+        """`reaching_redis`, and after a reply that says we talk to the wrong node, the
+        connections dropped so the next attempt resolves the right one."""
+        try:
+            async with self._in_flight:
+                with reaching_redis():
+                    yield
+        except StoreUnavailable as exc:
+            if exc.reconnect:
+                # For the cluster client also its slot map; Sentinel's pool asks anew.
+                await drop_connections(self.redis)
+            raise
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
+        # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
+        async with self._reaching():
+            return await script(keys=keys, args=args)
+
+    async def _run_durable(
+        self, script: AsyncScript, keys: list[str], args: list[str | int]
+    ) -> Any:
+        """`_run` for a step whose outcome is promised outside Redis: at the configured
+        durability, it waits for the fsync (and a replica) on the script's connection."""
+        async with self._reaching():
+            return await self.durability.run(self.settings.durability, script, keys, args)
+
+    async def ping(self) -> None:
+        async with self._reaching():
+            await self.redis.ping()
+
+    async def check_layout(self) -> None:
+        """At start-up: record the shard layout at the first start, and refuse a store laid
+        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`)."""
+        from bot.store.migrate import check_layout
+
+        async with self._reaching():
+            await check_layout(self.redis)
+
+    async def _in_every_shard(
+        self,
+        script: AsyncScript,
+        call: Callable[[int], tuple[list[str], list[str | int]]],
+        *,
+        shards: Sequence[int] = range(SHARDS),
+        also: Sequence[tuple[str, ...]] = (),
+    ) -> list[Any]:
+        """Run `script` once in each of `shards` (all by default), on the keys and with the
+        arguments `call(shard)` gives, and the commands `also` after them, in one pipeline (on
+        a cluster, one round trip to each primary, all at once). Their replies, in order."""
+        async with self._reaching():
+            try:
+                return await self._pipeline_in_every_shard(script, call, shards, also)
+            except NoScriptError:
+                # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
+                # round trip to every sweep), so reload by hand after a restart.
+                await self.redis.script_load(script.script)
+                return await self._pipeline_in_every_shard(script, call, shards, also)
+
+    async def _pipeline_in_every_shard(
+        self,
+        script: AsyncScript,
+        call: Callable[[int], tuple[list[str], list[str | int]]],
+        shards: Sequence[int],
+        also: Sequence[tuple[str, ...]],
+    ) -> list[Any]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                keys, args = call(shard)
+                # As a raw command: the cluster pipeline refuses its evalsha() helper.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            for command in also:
+                pipe.execute_command(*command)
+            results: list[Any] = await pipe.execute()
+        return results
+
+    async def close(self) -> None:
+        await self.redis.aclose()

@@ -1,0 +1,353 @@
+"""Conversations: the flow's steps on one conversation (ingest, acquire, renew, release,
+interrupt, pre-send, commit) and what the runtime reads of it (V and W, the history, the
+recent ones, the chosen model)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bot.message import Attachment, InboundMessage
+from bot.settings import Verdict
+from bot.store.calls import Calls
+from bot.store.config import (
+    CLOCK_SLACK_MS,
+    DAY_KEEP_MS,
+    RETRY_AFTER_ERROR_CAP_MS,
+    RETRY_AFTER_ERROR_MS,
+    utc_today,
+)
+from bot.store.keys import SHARDS, Keys, active_key
+from bot.store.replies import as_text, look_in
+
+# Platform message ids remembered per conversation for dedupe: at most this many, and none
+# older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
+SEEN_CAP = 1000
+SEEN_KEEP_MS = 25 * 3600_000
+# The rate limit counts messages per minute.
+RATE_WINDOW_MS = 60_000
+# How long a conversation stays in the activity index after its last message.
+ACTIVE_KEEP_MS = 3600_000
+
+
+def lease_token(owner: str) -> str:
+    """A fresh, unguessable lease token that says which replica holds the lease (the part
+    before the "/"), so `lastword status` can tell who holds what."""
+    return f"{owner}/{secrets.token_hex(12)}"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    accepted: bool  # False: a redelivery, refused, or dropped by the rate limit
+    version: int
+    look_in_ms: int | None  # until the window's deadline; None when not accepted
+    limited: bool = False  # dropped by the rate limit
+    first_limited: bool = False  # ...and the first such in its window: tell the user once
+    opened_window: bool = False  # this message opened the debounce window
+    capped: bool = False  # the window's deadline is at its hard cap (max_wait)
+    refused: bool = False  # its user may not talk to the bot (settings, or an admin's /deny)
+
+
+@dataclass(frozen=True)
+class Lease:
+    conversation: str
+    token: str
+    fence: int
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    role: Literal["user", "assistant"]
+    version: int
+    text: str
+    # A user message's files, by reference: the prompt shows a past one as a short
+    # placeholder (a voice note as its transcript), never its bytes again.
+    attachments: tuple[Attachment, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> HistoryEntry:
+        data: dict[str, Any] = json.loads(raw)
+        if data["role"] == "user":
+            message = InboundMessage.from_json(json.dumps(data["message"]))
+            return cls("user", int(data["v"]), message.prompt_text(), message.attachments)
+        return cls("assistant", int(data["v"]), str(data["text"]))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a wake-up got. Only `acquired` carries a lease and the work to do."""
+
+    status: Literal["acquired", "busy", "early", "backoff", "idle"]
+    look_in_ms: int | None = None  # for busy, early and backoff: when to look again
+    lease: Lease | None = None
+    version: int = 0  # V when the lease was taken
+    watermark: int = 0  # W when the lease was taken
+    lateness_ms: int = 0  # how long after the window's deadline the lease was taken
+    # Replies discarded in a row as stale: at the starvation limit, this one goes out as it is.
+    discards: int = 0
+    resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
+    unanswered: tuple[InboundMessage, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
+    # Attempts in a row that failed (a platform or store error) before this one.
+    failures: int = 0
+    # With `resend`: the fence and token of the lease that passed its pre-send check.
+    resend_lease: tuple[int, str] = (0, "")
+    # How long the oldest unanswered message has waited (server clock): at the starvation
+    # age, this reply goes out whatever arrives meanwhile.
+    waited_ms: int = 0
+    # The model the user picked with /model ("": the default).
+    model: str = ""
+    # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
+    resend_changes: str = ""
+
+
+# What became of a reply at commit: delivered, the user cannot be reached, or given up.
+Outcome = Literal["sent", "unreachable", "abandoned"]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The outcome of a step that may end the lease, and when to look at the conversation next."""
+
+    ok: bool  # False: the lease was no longer ours, and nothing changed
+    look_in_ms: int | None  # None: nothing owed
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """How handing back the lease of a cancelled, stale generation went."""
+
+    status: Literal["stale", "lost"]  # stale: the lease is given back
+    look_in_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class PreSend:
+    status: Literal["ok", "stale", "lost"]
+    forced: bool = False  # sent despite being stale, by the starvation guard
+    look_in_ms: int | None = None
+
+
+class Conversations(Calls):
+    """The steps of the flow on one conversation, each one script and one round trip."""
+
+    async def ingest(self, message: InboundMessage, verdict: Verdict = "allowed") -> Ingested:
+        """Take a message in. `verdict` is what the settings say of its user; an admin's
+        /allow or /deny, read in the same step, overrides it for anyone but an admin."""
+        conversation = message.conversation
+        k = Keys(conversation)
+        keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate, k.active]
+        keys += [k.history, k.outbox, k.usage, k.access]
+        args: list[str | int] = [
+            conversation,
+            message.message_id,
+            message.to_json(),
+            self.settings.quiet_ms,
+            self.settings.max_wait_ms,
+            SEEN_CAP,
+            self.settings.rate_per_minute,
+            RATE_WINDOW_MS,
+            ACTIVE_KEEP_MS,
+            SEEN_KEEP_MS,
+            self.settings.retention_ms,
+            verdict,
+            message.user_id,
+        ]
+        raw_status, version, due_in, raw_window = await self._run_durable(self._ingest, keys, args)
+        status, window = as_text(raw_status), as_text(raw_window)
+        return Ingested(
+            accepted=status == "accepted",
+            version=int(version),
+            look_in_ms=look_in(due_in),
+            limited=status in ("limited", "first_limited"),
+            first_limited=status == "first_limited",
+            opened_window=window == "opened",
+            capped=window == "capped",
+            refused=status == "refused",
+        )
+
+    async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
+        """True for the first caller, on any replica, within `ttl_ms`: a one-off notice (such
+        as a refusal) is then sent by that caller only."""
+        keys = [Keys(conversation).notice]
+        return bool(await self._run(self._notice, keys, [ttl_ms]))
+
+    async def acquire(self, conversation: str, token: str) -> Grant:
+        k = Keys(conversation)
+        keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
+        # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
+        # as safe as a pre-send's (the wait covers every write before this one).
+        args: list[str | int] = [
+            conversation,
+            token,
+            self.settings.ttl_ms,
+            self.settings.history_cap,
+            self.settings.max_wait_ms,
+            RETRY_AFTER_ERROR_CAP_MS,
+            CLOCK_SLACK_MS,
+            self.settings.trusted_age_ms,
+        ]
+        reply = await self._run_durable(self._acquire, keys, args)
+        status = as_text(reply[0])
+        if status in ("busy", "early", "backoff"):
+            return Grant(status, look_in_ms=look_in(reply[1]))  # type: ignore[arg-type]
+        if status == "idle":
+            return Grant("idle")
+        _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply[:9]
+        return Grant(
+            "acquired",
+            lease=Lease(conversation, token, int(fence)),
+            version=int(version),
+            watermark=int(watermark),
+            lateness_ms=int(lateness),
+            discards=int(discards),
+            resend=(as_text(resend[0]), int(resend[1])) if resend else None,
+            unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
+            history=tuple(HistoryEntry.from_json(as_text(h)) for h in history),
+            failures=int(reply[9]),
+            resend_lease=(int(reply[10] or 0), as_text(reply[11])) if resend else (0, ""),
+            waited_ms=int(reply[12]),
+            model=as_text(reply[13]),
+            resend_changes=as_text(reply[14]) if resend else "",
+        )
+
+    async def renew(self, lease: Lease) -> bool:
+        k = Keys(lease.conversation)
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.settings.ttl_ms]
+        return bool(await self._run(self._renew, [k.lease, k.due], args))
+
+    async def release(self, lease: Lease, *, failed: bool = False) -> Ended:
+        """Give the lease back without a reply. `failed`: the attempt failed, so the next
+        one, by any replica, is backed off (`RETRY_AFTER_ERROR_MS`, doubling, capped)."""
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.window, k.due]
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            int(failed),
+            RETRY_AFTER_ERROR_MS,
+            RETRY_AFTER_ERROR_CAP_MS,
+        ]
+        status, next_look = await self._run(self._release, keys, args)
+        return Ended(as_text(status) == "released", look_in(next_look))
+
+    async def interrupt(self, lease: Lease) -> Interrupt:
+        """A newer message arrived mid-generation and the generation is cancelled: hand the
+        lease back, counting a discard towards the starvation guard."""
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.window, k.due, k.day_totals(utc_today())]
+        args: list[str | int] = [lease.conversation, lease.token, lease.fence, DAY_KEEP_MS]
+        raw_status, value = await self._run(self._interrupt, keys, args)
+        status = as_text(raw_status)
+        return Interrupt(status, look_in(value))  # type: ignore[arg-type]
+
+    async def presend(
+        self,
+        lease: Lease,
+        version: int,
+        text: str,
+        reset: int = 0,
+        *,
+        replaces: int = 0,
+        unsaid: int = 0,
+        changes: str = "",
+        worked_ms: int = 0,
+    ) -> PreSend:
+        """The pre-send check. `reset` is the version of the last /reset among the covered
+        messages (0: none): the commit then empties the history before appending. For a
+        /retry, `replaces` is the version of the reply this one takes the place of in the
+        history, and `unsaid` the /retry message's, which the history does not keep.
+        `changes`: the admin changes the reply announces, kept with it in the outbox until
+        the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
+        long the cycle has worked since its acquire (reading files, generating), by the
+        replica's own clock; the starvation guard believes an age that much older than it
+        would at the acquire, so a slow generation that the guard let run is not discarded."""
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.outbox, k.window, k.due, k.day_totals(utc_today())]
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            lease.fence,
+            version,
+            text,
+            self.settings.starvation_limit,
+            reset,
+            self.settings.retention_ms,
+            self.settings.starvation_age_ms,
+            replaces,
+            unsaid,
+            DAY_KEEP_MS,
+            changes,
+            self.settings.trusted_age_ms + worked_ms if self.settings.trusted_age_ms else 0,
+        ]
+        reply = await self._run_durable(self._presend, keys, args)
+        status = as_text(reply[0])
+        if status in ("ok", "forced"):
+            return PreSend("ok", forced=status == "forced")
+        return PreSend("stale" if status == "stale" else "lost", look_in_ms=look_in(reply[1]))
+
+    async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
+        """W moves to the version the outbox covers and the lease is released. `outcome`
+        says what became of the reply: only a sent one joins the history; `unreachable`
+        marks the conversation until the user writes again."""
+        k = Keys(lease.conversation)
+        keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due, k.seen]
+        keys += [k.usage, k.day_totals(utc_today())]
+        args: list[str | int] = [
+            lease.conversation,
+            lease.token,
+            lease.fence,
+            self.settings.history_cap,
+            outcome,
+            self.settings.retention_ms,
+            DAY_KEEP_MS,
+        ]
+        status, next_look = await self._run_durable(self._commit, keys, args)
+        return Ended(as_text(status) == "committed", look_in(next_look))
+
+    async def pick_model(self, conversation: str, name: str) -> None:
+        """Remember the model the user picked with /model, for every replica."""
+        async with self._reaching():
+            await self.redis.hset(Keys(conversation).state, "model", name)
+
+    async def versions(self, conversations: list[str]) -> list[int]:
+        """V of each conversation, in one pipelined round trip (on a cluster, one per primary
+        holding any of them, at once): for watching generations go stale."""
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            for conversation in conversations:
+                pipe.hget(Keys(conversation).state, "v")
+            values: list[bytes | None] = await pipe.execute()
+        return [int(v or 0) for v in values]
+
+    async def counters(self, conversation: str) -> tuple[int, int]:
+        """(V, W) of a conversation."""
+        async with self._reaching():
+            v, w = await self.redis.hmget(Keys(conversation).state, ["v", "w"])
+        return int(v or 0), int(w or 0)
+
+    async def recent(self, platform: str, within_ms: int) -> dict[str, str]:
+        """Conversations on `platform` with a new message in the last `within_ms` (at most
+        `ACTIVE_KEEP_MS`), each with the platform id of the last message taken in. Two round
+        trips; meant for the rare catch-up after a platform connection gap."""
+        prefix = f"{platform}:"
+        # The client's clock is fine here: an hour-long window does not mind a skew of seconds.
+        since = int(time.time() * 1000) - min(within_ms, ACTIVE_KEEP_MS)
+        async with self._reaching():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for shard in range(SHARDS):
+                    pipe.zrangebyscore(active_key(shard), since, "+inf")
+                shards: list[list[bytes]] = await pipe.execute()
+            conversations = [c for s in shards for c in map(as_text, s) if c.startswith(prefix)]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for conversation in conversations:
+                    pipe.hget(Keys(conversation).state, "last")
+                lasts: list[bytes | None] = await pipe.execute()
+        return {c: as_text(last) for c, last in zip(conversations, lasts, strict=True) if last}
+
+    async def history(self, conversation: str) -> list[HistoryEntry]:
+        async with self._reaching():
+            raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
+        return [HistoryEntry.from_json(as_text(h)) for h in raw]

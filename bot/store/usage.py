@@ -1,0 +1,105 @@
+"""Usage: the tokens replies cost, per conversation, per user's day and month, and per shard's
+day, for budgets, `/usage`, `/stats` and `lastword status`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from bot.store.access import AccessRecord
+from bot.store.calls import Calls
+from bot.store.config import DAY_KEEP_MS, utc_today
+from bot.store.keys import SHARDS, Keys, shard_of, usage_day_keys
+from bot.store.replies import as_text
+
+# A month's tokens outlive the month, so /usage on its last day still reads it whole.
+MONTH_KEEP_MS = 62 * 86_400_000
+
+
+@dataclass(frozen=True)
+class Spending:
+    """A user's tokens today and this month (UTC, weighed by model cost), and the daily
+    budget an admin set for them (None: the settings' budget)."""
+
+    today: int
+    month: int
+    budget: int | None
+
+
+@dataclass(frozen=True)
+class DayTotals:
+    """What every replica did on one UTC day: tokens, generations, replies sent, generations
+    cut short or thrown away for a newer message, replies the starvation guard forced out,
+    and the conversations that spent tokens."""
+
+    prompt: int = 0
+    completion: int = 0
+    generations: int = 0
+    replies: int = 0
+    interrupted: int = 0
+    forced: int = 0
+    users: int = 0
+
+    @classmethod
+    def summed(cls, totals: Sequence[Mapping[Any, Any]], users: Sequence[int]) -> DayTotals:
+        """The shards' totals (hashes) and counts of conversations, added up."""
+        # Every field but `users` is a field of the shards' totals hashes, of the same name.
+        sums = {f.name: 0 for f in fields(cls) if f.name != "users"}
+        for shard in totals:
+            for name, value in shard.items():
+                if as_text(name) in sums:
+                    sums[as_text(name)] += int(value)
+        return cls(users=sum(int(n) for n in users), **sums)
+
+
+class Usage(Calls):
+    """Count what replies cost, and read it back."""
+
+    async def add_usage(
+        self, conversation: str, user: str, prompt: int, completion: int, cost: float = 1.0
+    ) -> int:
+        """Count the tokens a reply cost; returns what the conversation's user spent today.
+        A DM conversation is one user, so its day is the user's day. `cost` weighs them in
+        the user's day and month (a dearer model's tokens count for more)."""
+        k = Keys(conversation)
+        today = utc_today()
+        keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
+        keys.append(k.month(today))
+        args: list[str | int] = [
+            prompt,
+            completion,
+            user,
+            DAY_KEEP_MS,
+            conversation,
+            self.settings.retention_ms,
+            MONTH_KEEP_MS,
+            repr(cost),
+        ]
+        return int(await self._run(self._usage, keys, args))
+
+    async def spending(self, conversation: str, user: str) -> Spending:
+        """Tokens the conversation's user has spent today and this month (UTC), and the
+        daily budget an admin set for them, in one round trip (all in the conversation's
+        slot)."""
+        k = Keys(conversation)
+        today = utc_today()
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(k.day(today), "tokens")
+            pipe.hget(k.month(today), "tokens")
+            pipe.hget(k.access, user)
+            day, month, record = await pipe.execute()
+        budget = None if record is None else AccessRecord.from_json(user, record).budget
+        return Spending(int(day or 0), int(month or 0), budget)
+
+    async def today(self) -> DayTotals:
+        """What every replica did today (UTC), summed over the shards: one round trip (on a
+        cluster, one to each primary, all at once)."""
+        day = utc_today()
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(SHARDS):
+                totals, ranking = usage_day_keys(shard, day)
+                pipe.hgetall(totals)
+                pipe.zcard(ranking)
+            found: list[Any] = await pipe.execute()
+        return DayTotals.summed(found[::2], found[1::2])
