@@ -15,15 +15,13 @@ every change made in chat, with who made it and when.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-from bot.commands import Ask
+from bot.command import Ask, Command, Decision, Turn, no_words
 from bot.plural import counted
-from bot.settings import Settings
 from bot.store import DayTotals, Store
 
 USAGE = {
@@ -46,55 +44,56 @@ MAX_TOKENS = 10**12
 class Change:
     """One change to a user's record, as `Store.change_access` takes it."""
 
+    kind: ClassVar[str] = "access"
     user: str
     field: Literal["access", "budget"]
     value: str  # "allow" / "deny", a budget in tokens, or "" to clear the field
     by: str
 
-
-@dataclass(frozen=True)
-class Decision:
-    """An admin command's answer, and the changes it stands for (none for misuse or /stats)."""
-
-    answer: str
-    changes: tuple[Change, ...] = ()
+    async def apply(self, store: Store, conversation: str) -> None:
+        """Raises `Unavailable` if the store refused it; the reply is then not sent, and
+        whoever re-sends it from the outbox applies it again."""
+        await store.change_access(self.user, self.field, self.value, self.by)
 
 
-async def decide(store: Store, settings: Settings, ask: Ask) -> Decision:
-    """An admin's command, checked and answered (the caller checked that `ask.by` is an
-    admin); nothing is changed yet."""
-    words = ask.argument.split()
-    if ask.command == "stats":
-        return Decision(USAGE["stats"] if words else stats_answer(await store.today()))
-    if not words or not USER_ID.fullmatch(words[0]):
-        return Decision(USAGE[ask.command])
-    user, rest = words[0], words[1:]
-    if ask.command == "budget":
-        return _budget(ask, user, rest)
-    if rest:
-        return Decision(USAGE[ask.command])
-    if ask.command == "deny" and user in settings.access.admins:
+def _user(words: Sequence[str]) -> str | None:
+    """The one argument of /allow and /deny: a user id."""
+    return words[0] if len(words) == 1 and USER_ID.fullmatch(words[0]) else None
+
+
+def _user_and_budget(words: Sequence[str]) -> tuple[str, int | None] | None:
+    """/budget's arguments: a user id, and tokens a day (None: the settings' budget)."""
+    if len(words) != 2 or not USER_ID.fullmatch(words[0]):
+        return None
+    if words[1].lower() == "default":
+        return words[0], None
+    if not TOKENS.fullmatch(words[1]) or int(words[1]) > MAX_TOKENS:
+        return None
+    return words[0], int(words[1])
+
+
+async def _allow(turn: Turn, ask: Ask, user: str) -> Decision:
+    change = Change(user, "access", "allow", ask.by)
+    return Decision(f"Done: {user} may talk to me from now on.", (change,))
+
+
+async def _deny(turn: Turn, ask: Ask, user: str) -> Decision:
+    if user in turn.settings.access.admins:
         return Decision(
             f"{user} is an admin, and admins are always let in: take them out of "
             "LASTWORD_ACCESS__ADMINS first."
         )
-    change = Change(user, "access", ask.command, ask.by)
-    if ask.command == "allow":
-        return Decision(f"Done: {user} may talk to me from now on.", (change,))
+    change = Change(user, "access", "deny", ask.by)
     return Decision(f"Done: I refuse {user}'s messages from now on.", (change,))
 
 
-def _budget(ask: Ask, user: str, rest: list[str]) -> Decision:
-    if len(rest) != 1:
-        return Decision(USAGE["budget"])
-    if rest[0].lower() == "default":
+async def _budget(turn: Turn, ask: Ask, args: tuple[str, int | None]) -> Decision:
+    user, tokens = args
+    if tokens is None:
         return Decision(
             f"Done: {user} has the settings' daily budget again.",
             (Change(user, "budget", "", ask.by),),
         )
-    if not TOKENS.fullmatch(rest[0]) or int(rest[0]) > MAX_TOKENS:
-        return Decision(USAGE["budget"])
-    tokens = int(rest[0])
     change = Change(user, "budget", str(tokens), ask.by)
     if tokens == 0:
         return Decision(f"Done: {user} has no daily token limit from now on.", (change,))
@@ -104,21 +103,45 @@ def _budget(ask: Ask, user: str, rest: list[str]) -> Decision:
     )
 
 
-def encoded(changes: Sequence[Change]) -> str:
-    """Changes as the outbox keeps them ("" for none)."""
-    return json.dumps([asdict(c) for c in changes]) if changes else ""
+async def _stats(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+    return Decision(stats_answer(await turn.store.today()))
 
 
-def decoded(raw: str) -> tuple[Change, ...]:
-    """The changes an outbox kept (`encoded`)."""
-    return tuple(Change(**c) for c in json.loads(raw)) if raw else ()
-
-
-async def apply(store: Store, changes: Sequence[Change]) -> None:
-    """Carry the changes out, in order. Raises `Unavailable` if the store refused one; the
-    reply is then not sent, and whoever re-sends it from the outbox applies them again."""
-    for change in changes:
-        await store.change_access(change.user, change.field, change.value, change.by)
+ALLOW = Command(
+    name="allow",
+    shape="<user id>",
+    help="let a user talk to me",
+    usage=USAGE["allow"],
+    parse=_user,
+    run=_allow,
+    admin=True,
+)
+DENY = Command(
+    name="deny",
+    shape="<user id>",
+    help="refuse a user's messages from now on",
+    usage=USAGE["deny"],
+    parse=_user,
+    run=_deny,
+    admin=True,
+)
+BUDGET = Command(
+    name="budget",
+    shape="<user id> <tokens>",
+    help="a user's daily token budget (0: no limit, default: the settings' budget)",
+    usage=USAGE["budget"],
+    parse=_user_and_budget,
+    run=_budget,
+    admin=True,
+)
+STATS = Command(
+    name="stats",
+    help="today's replies, tokens, users, interrupted and forced replies",
+    usage=USAGE["stats"],
+    parse=no_words,
+    run=_stats,
+    admin=True,
+)
 
 
 def stats_answer(today: DayTotals) -> str:

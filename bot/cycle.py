@@ -14,34 +14,34 @@ import functools
 import logging
 import time
 import traceback
-from collections import deque
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
-from bot import admin
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
+from bot.command import Change, Turn
 from bot.commands import (
-    ADMIN_COMMANDS,
-    ECHO_MODEL_ANSWER,
     NOTHING_TO_RETRY,
     OVER_BUDGET,
-    Ask,
     Plan,
+    apply,
+    budget_of,
+    decide,
+    decoded,
+    encoded,
     model_named,
-    models_answer,
     plan,
-    usage_answer,
 )
 from bot.drafts import drafting, drafts_of
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage, generate
 from bot.media import UNSEEN_NOTE, Media
-from bot.message import Outbound, SendFailed, Unavailable, Unreachable
-from bot.prompt import Prompt, estimated_tokens, fit, system_prompt
+from bot.message import InboundMessage, Outbound, SendFailed, Unavailable, Unreachable
+from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.settings import ModelChoice, Settings
 from bot.split import split_message
+from bot.stats import Stats
 from bot.store import (
     RETRY_AFTER_ERROR_MS,
     Ended,
@@ -49,16 +49,18 @@ from bot.store import (
     HistoryEntry,
     Lease,
     Outcome,
-    Spending,
     Store,
     StoreUnavailable,
     lease_token,
+    personal,
 )
 from bot.tokens import Counter
 from bot.transcribe import Transcriber
 from bot.watch import VersionWatch
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 APOLOGY = "Sorry, I can't answer right now because of a technical problem. Please try again later."
 # The reply to a burst whose reply failed `llm.attempts` times in a row: what went wrong, in
@@ -88,11 +90,6 @@ COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
 # Characters of a lease token's random part in a reply part's idempotency key.
 KEY_SALT_CHARS = 8
-
-
-def _budget(settings: Settings, spending: Spending) -> int:
-    """A user's daily token budget: the one an admin set for them, else the settings'."""
-    return settings.llm.daily_tokens_per_user if spending.budget is None else spending.budget
 
 
 def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
@@ -128,16 +125,6 @@ def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
     return Retry(tuple(history[:first]), asked, history[last].version)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """The one reply to a burst: its text, the completion tokens it cost, and the admin
-    changes it announces (carried out once it passes the pre-send check)."""
-
-    text: str
-    spent: int = 0
-    changes: tuple[admin.Change, ...] = ()
-
-
 def cause_of(exc: BaseException) -> str:
     """What went wrong, for the user: where the error was raised, in plain words."""
     modules = [
@@ -162,88 +149,89 @@ class Next:
 NOTHING = Next(None, working=False)
 
 
-@dataclass
-class Buckets:
-    """A histogram kept as cumulative bucket counts, the shape Prometheus exposes."""
+@dataclass(frozen=True)
+class Reply:
+    """The one reply to a burst: its text, the completion tokens it cost, what its commands
+    change (carried out once it passes the pre-send check), and the version of a confirmed
+    /forget among them (0: none), which empties the history at the commit as a /reset does."""
 
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.bounds)
-
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
+    text: str
+    spent: int = 0
+    changes: tuple[Change, ...] = ()
+    reset: int = 0
 
 
-@dataclass
-class Stats:
-    """Counters a replica keeps about its own work, for metrics, logs, benchmarks and tests."""
+@dataclass(frozen=True)
+class Request:
+    """What the model is asked for one burst: its messages (their files still to be read),
+    the history before them, a /retry's target, and the model and persona the user chose."""
 
-    # Intake (counted by the runtime): messages taken in, dropped as redeliveries, dropped by
-    # the rate limit, refused by the allow-list; windows opened, and messages that found
-    # their window at its hard cap.
-    ingested: int = 0
-    duplicates: int = 0
-    rate_limited: int = 0
-    refused: int = 0
-    windows_opened: int = 0
-    windows_capped: int = 0
-    # Cycles that took the lease; wake-ups with nothing owed (no-op) or not yet due / held
-    # elsewhere (deferred).
-    cycles: int = 0
-    noop: int = 0
-    deferred: int = 0
-    replies: int = 0
-    parts: int = 0
-    renewal_failures: int = 0
-    discarded: int = 0
-    forced: int = 0
-    apologies: int = 0
-    # Bursts answered with an apology because their reply failed `llm.attempts` times.
-    given_up: int = 0
-    resent: int = 0
-    lost: int = 0
-    # Attempts that failed (a platform or store error) and were handed back, backed off;
-    # replies given up after a permanent error or too many failures; replies to users who
-    # cannot be reached (they blocked the bot, or closed their DMs).
-    failed: int = 0
-    abandoned: int = 0
-    unreachable: int = 0
-    # Generations cancelled because a newer message arrived, and the tokens they had
-    # streamed by then; tokens of finished replies thrown away by the pre-send check.
-    interrupted: int = 0
-    interrupted_tokens: int = 0
-    discarded_tokens: int = 0
-    # What the interrupts saved, estimated: a cancelled generation would likely have gone on
-    # to the mean length of the finished ones (0 until one has finished).
-    saved_tokens: int = 0
-    finished: int = 0
-    finished_tokens: int = 0
-    over_budget: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    # The most recent wake-up latenesses; bounded so a long-running replica does not grow.
-    lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
-    lateness: Buckets = field(
-        default_factory=lambda: Buckets((5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000))
-    )
-    # Live drafts shown (where the platform has them), and how long after the generation
-    # started the first one was.
-    drafts: int = 0
-    first_draft_seconds: Buckets = field(
-        default_factory=lambda: Buckets((0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
-    )
-    # Seconds from the request to the answer, for generations that finished.
-    llm_seconds: Buckets = field(
-        default_factory=lambda: Buckets((0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128))
-    )
+    conversation: str
+    messages: tuple[InboundMessage, ...]
+    history: tuple[HistoryEntry, ...]
+    target: Retry | None
+    model: ModelChoice | None
+    persona: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one generation came to: the answer (the apology if the model failed), the
+    prompt it was asked with (None if interrupted before one was built), what it cost, the
+    model chosen (None: the default), and `interrupted`, when a newer message cancelled it,
+    saying when to look at the conversation again."""
+
+    text: str
+    prompt: Prompt | None
+    usage: Usage
+    interrupted: Next | None
+    model: ModelChoice | None
+
+    @property
+    def spent(self) -> int:
+        """Its completion tokens."""
+        return sum(a.completion_tokens for a in self.usage.attempts)
+
+
+class Race:
+    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, if `newer`
+    completes first (a newer message arrived), cancelled on the spot with the lease handed
+    back, and then `Next` instead of its result. Without `newer` a step is not interrupted."""
+
+    def __init__(
+        self, newer: asyncio.Future[Any] | None, lease: Lease, keeper: LeaseKeeper, store: Store
+    ) -> None:
+        self.newer = newer
+        self.lease = lease
+        self.keeper = keeper
+        self.store = store
+
+    async def __call__(self, step: Coroutine[Any, Any, T]) -> T | Next:
+        task = asyncio.ensure_future(step)
+        try:
+            if self.newer is None:
+                return await task
+            await asyncio.wait({task, self.newer}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                # The answer came first, or with the news: the pre-send check decides.
+                return task.result()
+            # Stop paying for tokens before anything else: cancelling closes the provider's
+            # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
+            # reach just now, StoreUnavailable ends the cycle as any store failure does: the
+            # generation is gone either way, and the lease is released or expires.)
+            task.cancel()
+            verdict = await self.store.interrupt(self.lease)
+        finally:
+            await cancel_and_wait(task)
+        if verdict.status == "lost":
+            raise LeaseLost(self.lease.conversation)
+        self.keeper.released()
+        return Next(verdict.look_in_ms, working=True)
+
+
+def _joined(*parts: str) -> str:
+    """A reply made of parts: command answers, then the model's."""
+    return "\n\n".join(p for p in parts if p)
 
 
 class Cycle:
@@ -369,8 +357,8 @@ class Cycle:
             text, version = grant.resend
             self.stats.resent += 1
             log.info("resending the reply left in the outbox of %s", lease.conversation)
-            # The admin changes it announces: applied again, as its holder may have died first.
-            await admin.apply(self.store, admin.decoded(grant.resend_changes))
+            # What its commands change: carried out again, as its holder may have died first.
+            await apply(self.store, lease.conversation, decoded(grant.resend_changes))
         else:
             self.stats.lateness_ms.append(grant.lateness_ms)
             self.stats.lateness.observe(grant.lateness_ms)
@@ -387,10 +375,10 @@ class Cycle:
                 lease,
                 version,
                 text,
-                reset=burst.reset,
+                reset=max(burst.reset, reply.reset),
                 replaces=target.version if target else 0,
                 unsaid=burst.retry,
-                changes=admin.encoded(reply.changes),
+                changes=encoded(reply.changes),
                 worked_ms=int((time.monotonic() - began) * 1000),
             )
             if verdict.status == "lost":
@@ -405,7 +393,7 @@ class Cycle:
                 self.stats.forced += 1
                 log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
             # Only now, past the final check: a stale reply's commands change nothing.
-            await admin.apply(self.store, reply.changes)
+            await apply(self.store, lease.conversation, reply.changes)
         # Whose pre-send check the reply passed: this lease's, or for a resend the crashed one's.
         sent_by = grant.resend_lease if grant.resend is not None else (lease.fence, lease.token)
         outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures)
@@ -522,144 +510,148 @@ class Cycle:
     async def _reply(
         self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
     ) -> Reply | Next:
-        """The one reply to the burst and the completion tokens it cost: command answers
-        first, then the model's answer to everything else (no model call when the burst is
-        only commands, or its user is over the daily budget). `Next` instead if a newer
-        message interrupted the generation."""
+        """The one reply to the burst: command answers first, then the model's answer to
+        everything else (no model call when the burst is only commands, or its user is over
+        the daily budget). `Next` instead if a newer message interrupted the generation."""
         assert grant.lease is not None
         conversation = grant.lease.conversation
-        # The model in effect: the user's pick, or one this very burst picks.
-        picked = [grant.model]
-        decided = [await self._looked_up(conversation, a, picked) for a in burst.answers]
-        answers = [d.answer for d in decided]
-        changes = tuple(c for d in decided for c in d.changes)
-        choice = model_named(self.settings.llm, picked[-1])
+        turn, said = await self._commands(grant, burst)
         if not burst.for_model and target is None:
-            return Reply("\n\n".join(answers), 0, changes)
+            return said
         user = grant.unanswered[-1].user_id
         spending = await self.store.spending(conversation, user)
-        budget = _budget(self.settings, spending)
+        budget = budget_of(self.settings, spending)
         if budget and spending.today >= budget:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
-            return Reply("\n\n".join((*answers, OVER_BUDGET)), 0, changes)
-        usage = Usage()
-        # Filled once the prompt is built: the files are read inside the interruptible part.
-        prompts: list[Prompt] = []
-        began = time.monotonic()
-        answered = False
-        try:
-            # One draft id for every generation of this burst (its first version), so a
-            # generation started after an interrupt replaces the old preview.
-            draft_id = grant.watermark + 1
-            async with drafting(drafts_of(self.outbound), conversation, draft_id) as drafter:
-                if drafter is not None:
-                    usage.on_text = drafter.update
-                outcome = await self._generate(
-                    grant, self._answer(grant, burst, usage, prompts, choice, target), keeper
-                )
-            if drafter is not None:
-                self.stats.drafts += drafter.sent
-                if drafter.first_after_s is not None:
-                    self.stats.first_draft_seconds.observe(drafter.first_after_s)
-            if not isinstance(outcome, Next):
-                answered = True
-                self.stats.llm_seconds.observe(time.monotonic() - began)
-        except LLMError as exc:
-            self.stats.apologies += 1
-            # A refused key is logged once a minute where it is refused; not per burst.
-            log.log(
-                logging.WARNING if exc.kind == "key" else logging.ERROR,
-                "LLM failed for %s (%d messages); sending an apology: %s",
-                conversation,
-                len(burst.for_model) + (len(target.asked) if target else 0),
-                exc,
-            )
-            outcome = APOLOGY
-        cost = choice.cost if choice else 1.0
-        spent = await self._account(conversation, user, prompts, usage, cost)
-        stats = self.stats
-        if isinstance(outcome, Next):
-            saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
-            stats.interrupted += 1
-            stats.interrupted_tokens += spent
-            stats.saved_tokens += saved
-            log.info(
-                "interrupted the generation for %s after %d tokens (about %d saved): "
-                "a newer message arrived",
-                conversation,
-                spent,
-                saved,
-            )
-            return outcome
-        if answered:
-            stats.finished += 1
-            stats.finished_tokens += spent
-        return Reply("\n\n".join((*answers, outcome)), spent, changes)
+            return replace(said, text=_joined(said.text, OVER_BUDGET))
+        # After a /reset or a /forget the model starts afresh: the history is about to go.
+        keeps = burst.keeps_history and not said.reset
+        request = Request(
+            conversation,
+            burst.for_model,
+            grant.history if keeps else (),
+            target,
+            model_named(self.settings.llm, turn.model),
+            turn.persona,
+        )
+        generation = await self._generation(grant, request, keeper)
+        await self._account(conversation, user, generation)
+        if generation.interrupted is not None:
+            return generation.interrupted
+        return replace(said, text=_joined(said.text, generation.text), spent=generation.spent)
 
-    async def _looked_up(
-        self, conversation: str, answer: str | Ask, picked: list[str]
-    ) -> admin.Decision:
-        """A command's answer, with what it needs from the store. A model picked is kept
-        for every replica at once, and appended to `picked` for the rest of the burst."""
-        llm = self.settings.llm
-        if isinstance(answer, str):
-            return admin.Decision(answer)
-        if answer.command in ADMIN_COMMANDS:
-            return await admin.decide(self.store, self.settings, answer)
-        if answer.command == "usage":
-            spending = await self.store.spending(conversation, answer.by)
-            budget = _budget(self.settings, spending)
-            return admin.Decision(usage_answer(spending.today, spending.month, budget))
-        if self.llm.name == "echo":
-            return admin.Decision(ECHO_MODEL_ANSWER)
-        if not answer.argument:
-            return admin.Decision(models_answer(llm, picked[-1]))
-        choice = model_named(llm, answer.argument)
-        if choice is None:
-            return admin.Decision(
-                f"There is no model called {answer.argument!r}.\n" + models_answer(llm, picked[-1])
-            )
-        await self.store.pick_model(conversation, choice.name)
-        picked.append(choice.name)
-        return admin.Decision(f"From now on I answer you with {choice.name} ({choice.model}).")
-
-    async def _answer(
-        self,
-        grant: Grant,
-        burst: Plan,
-        usage: Usage,
-        prompts: list[Prompt],
-        choice: ModelChoice | None,
-        target: Retry | None,
-    ) -> str:
-        """Read the burst's files, build the prompt, and ask the model."""
+    async def _commands(self, grant: Grant, burst: Plan) -> tuple[Turn, Reply]:
+        """The answers to the burst's commands, and the context they leave for the model's
+        answer (a model or persona the burst picked)."""
         assert grant.lease is not None
-        prompt = await self._prompt(grant.lease.conversation, grant, burst, target)
-        if choice is not None:
-            prompt = replace(prompt, model=choice.model)
-        prompts.append(prompt)
-        return await generate(self.llm, prompt, self.settings.llm, usage)
+        conversation = grant.lease.conversation
+        turn = Turn(
+            self.store,
+            self.settings,
+            conversation,
+            echo=self.llm.name == "echo",
+            model=grant.model,
+            persona=await personal.persona(self.store, conversation),
+        )
+        answers: list[str] = []
+        changes: list[Change] = []
+        reset = 0
+        for answer in burst.answers:
+            if isinstance(answer, str):
+                answers.append(answer)
+                continue
+            decision = await decide(turn, answer)
+            answers.append(decision.answer)
+            changes += decision.changes
+            reset = answer.version if decision.reset else reset
+        return turn, Reply("\n\n".join(answers), 0, tuple(changes), reset)
 
-    async def _prompt(
-        self, conversation: str, grant: Grant, burst: Plan, target: Retry | None
-    ) -> Prompt:
+    async def _generation(self, grant: Grant, request: Request, keeper: LeaseKeeper) -> Generation:
+        """The model's answer, with a live draft where the platform shows one; the apology if
+        the model failed."""
+        usage = Usage()
+        # One draft id for every generation of this burst (its first version), so a
+        # generation started after an interrupt replaces the old preview.
+        draft_id = grant.watermark + 1
+        async with drafting(drafts_of(self.outbound), request.conversation, draft_id) as drafter:
+            if drafter is not None:
+                usage.on_text = drafter.update
+            generation = await self._generate(grant, request, usage, keeper)
+        if drafter is not None:
+            self.stats.drafts += drafter.sent
+            if drafter.first_after_s is not None:
+                self.stats.first_draft_seconds.observe(drafter.first_after_s)
+        return generation
+
+    async def _generate(
+        self, grant: Grant, request: Request, usage: Usage, keeper: LeaseKeeper
+    ) -> Generation:
+        """Read the burst's files, build the prompt and ask the model, all of it cancelled
+        on the spot if a newer message arrives meanwhile (and interrupting is on)."""
+        model = request.model
+        async with self._interruptible(grant, keeper) as race:
+            prompt = await race(self._prompt(request))
+            if isinstance(prompt, Next):
+                return Generation("", None, usage, prompt, model)
+            began = time.monotonic()
+            try:
+                text = await race(generate(self.llm, prompt, self.settings.llm, usage))
+            except LLMError as exc:
+                self._apologise(request, exc)
+                return Generation(APOLOGY, prompt, usage, None, model)
+        if isinstance(text, Next):
+            generation = Generation("", prompt, usage, text, model)
+            self._interrupted(request.conversation, generation.spent)
+            return generation
+        self.stats.llm_seconds.observe(time.monotonic() - began)
+        generation = Generation(text, prompt, usage, None, model)
+        self.stats.finished += 1
+        self.stats.finished_tokens += generation.spent
+        return generation
+
+    def _apologise(self, request: Request, exc: LLMError) -> None:
+        self.stats.apologies += 1
+        # A refused key is logged once a minute where it is refused; not per burst.
+        log.log(
+            logging.WARNING if exc.kind == "key" else logging.ERROR,
+            "LLM failed for %s (%d messages); sending an apology: %s",
+            request.conversation,
+            len(request.messages) + (len(request.target.asked) if request.target else 0),
+            exc,
+        )
+
+    def _interrupted(self, conversation: str, spent: int) -> None:
+        stats = self.stats
+        saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
+        stats.interrupted += 1
+        stats.interrupted_tokens += spent
+        stats.saved_tokens += saved
+        log.info(
+            "interrupted the generation for %s after %d tokens (about %d saved): "
+            "a newer message arrived",
+            conversation,
+            spent,
+            saved,
+        )
+
+    async def _prompt(self, request: Request) -> Prompt:
         llm = self.settings.llm
-        # After a /reset the model starts afresh: the old history is about to be emptied.
-        history = grant.history if burst.keeps_history else ()
-        system = system_prompt(llm.system_prompt)
-        said = await self.media.prepare(conversation, burst.for_model)
+        conversation = request.conversation
+        history = request.history
+        system = with_persona(system_prompt(llm.system_prompt), request.persona)
+        said = await self.media.prepare(conversation, request.messages)
         if said.unseen:
             system += "\n\n" + UNSEEN_NOTE
         texts, images = list(said.texts), list(said.images)
-        if target is not None:
+        if request.target is not None:
             # /retry: the messages the last reply answered are asked again, with the history
             # as it was before them.
-            history = target.before
-            asked = [t.text for t in await self.media.history(conversation, target.asked)]
+            history = request.target.before
+            asked = [t.text for t in await self.media.history(conversation, request.target.asked)]
             texts = asked + texts
             images = [()] * len(asked) + images if images else []
-        return fit(
+        prompt = fit(
             system,
             await self.media.history(conversation, history),
             texts,
@@ -667,44 +659,26 @@ class Cycle:
             self.counter,
             images,
         )
+        return prompt if request.model is None else replace(prompt, model=request.model.model)
 
-    async def _generate(
-        self, grant: Grant, answer: Coroutine[Any, Any, str], keeper: LeaseKeeper
-    ) -> str | Next:
-        """The model's answer, its files read first; or, if a newer message arrives meanwhile
-        (and interrupting is on), `Next`: the work was cancelled on the spot and the lease
-        handed back."""
+    @contextlib.asynccontextmanager
+    async def _interruptible(self, grant: Grant, keeper: LeaseKeeper) -> AsyncIterator[Race]:
+        """What runs the generation's steps: each is cancelled if a newer message arrives
+        meanwhile, the lease handed back, and `Next` returned instead of its result."""
         assert grant.lease is not None
-        lease = grant.lease
-        generation = asyncio.ensure_future(answer)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
         if not self.settings.llm.interrupt or self._starved(grant):
-            try:
-                return await generation
-            finally:
-                await cancel_and_wait(generation)
-        moved = self.watch.watch(lease.conversation, grant.version)
+            yield Race(None, grant.lease, keeper, self.store)
+            return
+        conversation = grant.lease.conversation
+        moved = self.watch.watch(conversation, grant.version)
         newer = asyncio.ensure_future(moved.wait())
         try:
-            await asyncio.wait({generation, newer}, return_when=asyncio.FIRST_COMPLETED)
-            if generation.done():
-                # The answer came first, or with the news: the pre-send check decides.
-                return generation.result()
-            # Stop paying for tokens before anything else: cancelling closes the provider's
-            # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
-            # reach just now, StoreUnavailable ends the cycle as any store failure does: the
-            # generation is gone either way, and the lease is released or expires.)
-            generation.cancel()
-            verdict = await self.store.interrupt(lease)
+            yield Race(newer, grant.lease, keeper, self.store)
         finally:
-            self.watch.unwatch(lease.conversation, moved)
+            self.watch.unwatch(conversation, moved)
             await cancel_and_wait(newer)
-            await cancel_and_wait(generation)
-        if verdict.status == "lost":
-            raise LeaseLost(lease.conversation)
-        keeper.released()
-        return Next(verdict.look_in_ms, working=True)
 
     def _starved(self, grant: Grant) -> bool:
         """Whether the pre-send check will send this reply whatever arrives meanwhile."""
@@ -712,20 +686,20 @@ class Cycle:
         by_age = age > 0 and grant.waited_ms >= age
         return by_age or grant.discards >= self.settings.starvation_limit
 
-    async def _account(
-        self, conversation: str, user: str, prompts: list[Prompt], usage: Usage, cost: float
-    ) -> int:
+    async def _account(self, conversation: str, user: str, generation: Generation) -> None:
         """Count what the generation cost, in Redis, and learn from the provider's own count.
-        Returns its completion tokens. Best effort: a store hiccup must not cost the reply."""
-        if not usage.attempts:
-            return 0  # interrupted while its files were read: no request was made
-        estimated = estimated_tokens(prompts[0], self.counter)
+        Best effort: a store hiccup must not cost the reply."""
+        usage, prompt = generation.usage, generation.prompt
+        if not usage.attempts or prompt is None:
+            return  # interrupted while its files were read: no request was made
+        estimated = estimated_tokens(prompt, self.counter)
         reported = [a for a in usage.attempts if a.reported]
         if len(usage.attempts) == 1 and reported:
             self.counter.learn(estimated, reported[0].prompt_tokens)
         prompt_tokens, completion_tokens = usage.totals(estimated)
         self.stats.prompt_tokens += prompt_tokens
         self.stats.completion_tokens += completion_tokens
+        cost = generation.model.cost if generation.model else 1.0
         try:
             today = await self.store.add_usage(
                 conversation, user, prompt_tokens, completion_tokens, cost
@@ -741,7 +715,6 @@ class Cycle:
                 "" if all(a.reported for a in usage.attempts) else " (partly estimated)",
                 today,
             )
-        return completion_tokens
 
     async def _send(
         self,

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from bot.cycle import Buckets, Stats
 from bot.message import Unavailable
 from bot.runtime import Runtime
+from bot.stats import Buckets, Stats
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ COUNTERS = (
         "given_up",
     ),
     ("over_budget", "Bursts answered with the daily-budget notice", "over_budget"),
+    ("drafts_shown", "Live drafts of replies shown while they were written", "drafts"),
     ("lease_acquisitions", "Conversation leases taken", "cycles"),
     ("lease_losses", "Conversation leases lost mid-cycle", "lost"),
     ("lease_renewal_failures", "Lease renewals that could not reach Redis", "renewal_failures"),
@@ -113,6 +114,12 @@ class StatsCollector(Collector):
         )
         yield _histogram(
             "llm_latency_seconds", "From the LLM request to its answer", stats.llm_seconds, 1.0
+        )
+        yield _histogram(
+            "first_draft_seconds",
+            "From the LLM request to the first live draft of its reply shown",
+            stats.first_draft_seconds,
+            1.0,
         )
         running = GaugeMetricFamily(PREFIX + "cycles_running", "Cycles running on this replica")
         running.add_metric([], self.runtime.cycles_running)

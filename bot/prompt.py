@@ -120,6 +120,18 @@ def system_prompt(template: str, now: datetime | None = None) -> str:
     )
 
 
+# Introduces a user's /persona in the system prompt: theirs, after the operator's.
+PERSONA_INTRO = (
+    "The user asked you to follow these instructions of theirs in this conversation, as far "
+    "as the instructions above allow:"
+)
+
+
+def with_persona(system: str, persona: str) -> str:
+    """The system prompt with the user's own instructions (/persona) after it, if any."""
+    return f"{system}\n\n{PERSONA_INTRO}\n{persona}" if persona else system
+
+
 def fit(
     system: str,
     history: Sequence[Turn],

@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
-from bot.cycle import Cycle, Next, Stats
+from bot.cycle import Cycle, Next
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.message import InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
+from bot.stats import Stats
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
 from bot.transcribe import Transcriber

@@ -80,8 +80,8 @@ def test_plan_drops_what_came_before_the_last_reset() -> None:
     assert result.reset == 15  # the second /reset is version 10 + 5
     assert result.answers == (RESET,)
     assert [m.text for m in result.for_model] == ["c"]
-    keep = plan(watermark=0, unanswered=[message("/help", n=1), message("x", n=2)])
-    assert (keep.reset, keep.answers, [m.text for m in keep.for_model]) == (0, (HELP,), ["x"])
+    keep = plan(watermark=0, unanswered=[message("/start", n=1), message("x", n=2)])
+    assert (keep.reset, keep.answers, [m.text for m in keep.for_model]) == (0, (START,), ["x"])
 
 
 def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
@@ -92,7 +92,7 @@ def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
     texts = ["a", "/stop", "/usage", "c", "/frobnicate"]
     after = plan(watermark=0, unanswered=[message(t, n=i) for i, t in enumerate(texts)])
     user = after.for_model[0].user_id
-    assert after.answers == (Ask("usage", by=user), unknown("frobnicate"))
+    assert after.answers == (Ask("usage", by=user, version=3), unknown("frobnicate"))
     assert [m.text for m in after.for_model] == ["c"] and after.keeps_history
 
 

@@ -1,0 +1,115 @@
+"""Everyone's commands: /start, /stop, /usage, /model, /retry and /reset (/help, made from
+the registry, is with it in `bot.commands`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from bot.command import Ask, Command, Decision, Turn
+from bot.settings import LLMSettings, ModelChoice, Settings
+from bot.store import Spending, Store
+
+START = (
+    "Hi! I'm an AI assistant. Write to me as you like, several messages in a row if you "
+    "want: I wait until you have finished, then answer everything at once. /help lists "
+    "what else I understand."
+)
+RESET = "Done: I've forgotten our conversation so far."
+STOPPED = "Stopped."
+NOTHING_TO_RETRY = "There is no answer of mine to write again yet."
+# /model where no model is configured: the offline echo model answers, whatever is listed.
+ECHO_MODEL_ANSWER = (
+    "I answer with the offline echo model, which repeats what you said: no AI model is set "
+    "up, so there is none to pick."
+)
+
+
+def budget_of(settings: Settings, spending: Spending) -> int:
+    """A user's daily token budget: the one an admin set for them, else the settings'."""
+    return settings.llm.daily_tokens_per_user if spending.budget is None else spending.budget
+
+
+def model_named(llm: LLMSettings, name: str) -> ModelChoice | None:
+    """The model users call `name`; None for the default, or a name no longer offered."""
+    return next((m for m in llm.models if m.name.lower() == name.lower()), None)
+
+
+def models_answer(llm: LLMSettings, current: str) -> str:
+    """The answer to /model: what can be picked, and which one is the user's."""
+    if not llm.models:
+        return f"I answer with {llm.model}; there is no other model to pick."
+    mine = model_named(llm, current)
+    lines = ["Models you can pick with /model <name>:"]
+    for m in llm.models:
+        cost = f", each token counts {m.cost:g}x" if m.cost != 1 else ""
+        lines.append(f"{m.name} ({m.model}{cost})" + (" - yours" if m is mine else ""))
+    if mine is None:
+        lines.append(f"You have the default, {llm.model}.")
+    return "\n".join(lines)
+
+
+def usage_answer(today: int, month: int, daily_budget: int) -> str:
+    """The answer to /usage: tokens spent today and this month (UTC), and what is left."""
+    lines = [f"Today: {today:,} tokens.", f"This month: {month:,} tokens."]
+    if daily_budget:
+        left = max(daily_budget - today, 0)
+        lines.insert(1, f"Left today: {left:,} of {daily_budget:,} (renews at midnight UTC).")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ModelPick:
+    """The model a user picked, kept for every replica (`Store.pick_model`)."""
+
+    kind: ClassVar[str] = "model"
+    name: str
+
+    async def apply(self, store: Store, conversation: str) -> None:
+        await store.pick_model(conversation, self.name)
+
+
+async def _usage(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+    spending = await turn.store.spending(turn.conversation, ask.by)
+    budget = budget_of(turn.settings, spending)
+    return Decision(usage_answer(spending.today, spending.month, budget))
+
+
+async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+    llm = turn.settings.llm
+    if turn.echo:
+        return Decision(ECHO_MODEL_ANSWER)
+    if not ask.argument:
+        return Decision(models_answer(llm, turn.model))
+    choice = model_named(llm, ask.argument)
+    if choice is None:
+        return Decision(
+            f"There is no model called {ask.argument!r}.\n" + models_answer(llm, turn.model)
+        )
+    turn.model = choice.name
+    return Decision(
+        f"From now on I answer you with {choice.name} ({choice.model}).", (ModelPick(choice.name),)
+    )
+
+
+START_COMMAND = Command[object](name="start", help="what this bot does", text=START)
+STOP = Command[object](
+    name="stop",
+    help="stop the answer I'm writing, and skip what you sent before it",
+    text=STOPPED,
+    effect="stop",
+)
+USAGE = Command(name="usage", help="what you have used today and this month", run=_usage)
+MODEL = Command(
+    name="model",
+    help="the models you can pick from, and /model <name> to pick one",
+    run=_model,
+)
+RETRY = Command[object](name="retry", help="write my last answer again", effect="retry")
+RESET_COMMAND = Command[object](
+    name="reset",
+    help="forget our conversation so far and start afresh",
+    text=RESET,
+    effect="reset",
+)

@@ -1,0 +1,64 @@
+"""/persona <text>: the user's own instructions, added to the system prompt of their
+conversation and kept in the store like the model picked with /model, so every replica
+follows them. `/persona` shows them, `/persona off` removes them. At most
+`llm.persona_chars` characters; 0 turns the command off."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from bot.command import Ask, Command, Decision, Turn, any_words
+from bot.settings import Settings
+from bot.store import Store
+from bot.store.personal import keep_persona
+
+# The longest persona, in characters, until the settings carry `llm.persona_chars`.
+PERSONA_CHARS = 1000
+OFF = "off"
+TURNED_OFF = "Personas are turned off on this bot."
+NONE = "You have no persona: I follow only my own instructions. /persona <text> sets one."
+
+
+def persona_chars(settings: Settings) -> int:
+    """The longest persona allowed; 0: /persona is off."""
+    return int(getattr(settings.llm, "persona_chars", PERSONA_CHARS))
+
+
+@dataclass(frozen=True)
+class Persona:
+    """The user's instructions, kept for every replica ("" removes them)."""
+
+    kind: ClassVar[str] = "persona"
+    text: str
+
+    async def apply(self, store: Store, conversation: str) -> None:
+        await keep_persona(store, conversation, self.text)
+
+
+async def _persona(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+    limit = persona_chars(turn.settings)
+    if not limit:
+        return Decision(TURNED_OFF)
+    text = ask.argument.strip()
+    if not text:
+        return Decision(f"Your persona:\n{turn.persona}" if turn.persona else NONE)
+    if text.lower() == OFF:
+        turn.persona = ""
+        return Decision("Done: your persona is removed.", (Persona(""),))
+    if len(text) > limit:
+        return Decision(f"A persona can be at most {limit:,} characters; yours has {len(text):,}.")
+    turn.persona = text
+    return Decision("Done: I follow your persona from now on.", (Persona(text),))
+
+
+PERSONA = Command(
+    name="persona",
+    help="instructions of yours I follow in our conversation (/persona shows them, "
+    "/persona off removes them)",
+    shape="<text>",
+    usage="Usage: /persona <instructions>, /persona to see them, /persona off",
+    parse=any_words,
+    run=_persona,
+)

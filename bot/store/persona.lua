@@ -1,0 +1,12 @@
+-- /persona: keep the user's own instructions for their conversation, or drop them ('').
+-- KEYS: state
+-- ARGV: the instructions, '' to drop them
+-- Returns 1
+local state = KEYS[1]
+if ARGV[1] == '' then
+  redis.call('HDEL', state, 'persona')
+elseif redis.call('EXISTS', state) == 1 then
+  -- Only on a live conversation: a field set on a missing key would keep it for ever.
+  redis.call('HSET', state, 'persona', ARGV[1])
+end
+return 1
