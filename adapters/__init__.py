@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from pydantic import BaseModel
+
 from adapters.base import Adapter
 from bot.check import Check, PlatformCheck
 from bot.settings import ConfigError, Settings
@@ -20,11 +22,15 @@ GROUP = "lastword.adapters"
 
 @dataclass(frozen=True)
 class Platform:
-    """What a platform plug-in offers: its adapter, made from the settings, and the check
-    `lastword doctor` runs on its settings (bounded in time by itself)."""
+    """What a platform plug-in offers: its adapter, made from the settings, the check
+    `lastword doctor` runs on its settings (bounded in time by itself), and the model of its
+    own settings, if it has any: the `LASTWORD_<NAME>__*` variables and the `[<name>]` TOML
+    table of the name it is registered under, read, checked and masked in logs with the rest
+    (`Settings.section` gives them to it)."""
 
     create: Callable[[Settings], Adapter]
     check: PlatformCheck
+    settings: type[BaseModel] | None = None
 
 
 def installed() -> list[str]:

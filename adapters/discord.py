@@ -51,9 +51,11 @@ import discord.client
 import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
+from pydantic import BaseModel, Field
 
 from adapters import Platform
 from adapters.base import Sink, describe, until_stored
+from bot import logs
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
@@ -66,9 +68,26 @@ from bot.message import (
     Unavailable,
     Unreachable,
 )
-from bot.settings import ConfigError, DiscordSettings, Settings
+from bot.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
 
 log = logging.getLogger(__name__)
+
+# discord.py logs every request and gateway event at INFO, and warns at every start about
+# voice and the guilds intent, which a DM bot never uses.
+logs.quiet("discord.http", "discord.gateway")
+logs.irrelevant("discord.client", "voice will NOT be supported")
+logs.irrelevant("discord.state", "Guilds intent seems to be disabled")
+
+
+class DiscordSettings(BaseModel):
+    """`LASTWORD_DISCORD__*`, the `[discord]` table: read when the platform is discord."""
+
+    token: RequiredSecret
+    api_url: WebUrl = "https://discord.com/api/v10"
+    gateway_url: WebSocketUrl = "wss://gateway.discord.gg"
+    # After a gateway gap, read the DM history of conversations active this recently (0: off).
+    catch_up_minutes: int = Field(default=60, ge=0, le=60)
+
 
 PLATFORM = "discord"
 GATEWAY_ROLE = "discord:gateway"
@@ -223,7 +242,6 @@ class DiscordAdapter:
     typing_interval_s = 8.0
 
     def __init__(self, settings: DiscordSettings) -> None:
-        assert settings.token is not None  # the settings refuse discord without a token
         self.settings = settings
         self._token = settings.token.get_secret_value()
         _point_at(settings)
@@ -798,13 +816,13 @@ async def check(settings: Settings, timeout_s: float) -> Check:
 
 
 async def _check(settings: Settings) -> Check:
-    assert settings.discord.token is not None  # the settings refuse discord without one
-    _point_at(settings.discord)
-    api_url = settings.discord.api_url.rstrip("/")
+    own = settings.section(DiscordSettings)
+    _point_at(own)
+    api_url = own.api_url.rstrip("/")
     client = discord.Client(intents=INTENTS)
     try:
         # login() is GET /users/@me, then GET /oauth2/applications/@me for the flags.
-        await client.login(settings.discord.token.get_secret_value())
+        await client.login(own.token.get_secret_value())
         user = client.user
         flags = client.application_flags.value
     except discord.LoginFailure:
@@ -843,4 +861,8 @@ async def _check(settings: Settings) -> Check:
     return Check("platform", True, f"{found}, message content intent on")
 
 
-PLUGIN = Platform(create=lambda settings: DiscordAdapter(settings.discord), check=check)
+PLUGIN = Platform(
+    create=lambda settings: DiscordAdapter(settings.section(DiscordSettings)),
+    check=check,
+    settings=DiscordSettings,
+)

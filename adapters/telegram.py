@@ -34,11 +34,13 @@ import hmac
 import json
 import logging
 import random
+import re
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from telegram import Bot, Message, Update
 from telegram.constants import ChatAction
 from telegram.error import (
@@ -55,6 +57,7 @@ from telegram.request import HTTPXRequest
 from adapters import Platform
 from adapters.base import Sink, describe, until_stored
 from adapters.telegram_html import plain_text, render_draft, render_part
+from bot import logs
 from bot.backoff import Backoff
 from bot.check import Check, guarded
 from bot.credentials import Credential
@@ -67,9 +70,60 @@ from bot.message import (
     Unavailable,
     Unreachable,
 )
-from bot.settings import ConfigError, Settings, TelegramSettings
+from bot.settings import (
+    ENV_PREFIX,
+    ConfigError,
+    ListenAddress,
+    OptionalWebUrl,
+    RequiredSecret,
+    Secret,
+    Settings,
+    WebUrl,
+)
 
 log = logging.getLogger(__name__)
+
+# python-telegram-bot's INFO lines are one per request.
+logs.quiet("telegram.ext")
+
+
+class TelegramSettings(BaseModel):
+    """`LASTWORD_TELEGRAM__*`, the `[telegram]` table: read when the platform is telegram."""
+
+    # As @BotFather gives it: the bot's number, a colon, then letters, digits, "_" and "-".
+    token: RequiredSecret
+    api_url: WebUrl = "https://api.telegram.org"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: ListenAddress = "127.0.0.1:8443"
+    webhook_path: str = Field(default="/telegram", pattern=r"^/\S*$")
+    webhook_url: OptionalWebUrl = None
+    # Telegram takes 1-256 characters of A-Z, a-z, 0-9, "_" and "-" as the secret token.
+    webhook_secret: Secret = None
+    # Show the reply as it is written, as an ephemeral draft in the chat (sendMessageDraft),
+    # updated at most this often; a 429 slows it down further.
+    drafts: bool = True
+    draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr) -> SecretStr:
+        if not re.fullmatch(r"\d+:[\w-]+", value.get_secret_value()):
+            raise ValueError("expected the token as @BotFather gives it: 123456:ABC-def_...")
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[\w-]{1,256}", value.get_secret_value()):
+            raise ValueError("expected 1 to 256 of A-Z, a-z, 0-9, _ and - (Telegram's rule)")
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_secret_set(self) -> TelegramSettings:
+        if self.mode == "webhook" and self.webhook_secret is None:
+            raise ValueError(f"{ENV_PREFIX}TELEGRAM__WEBHOOK_SECRET is required in webhook mode")
+        return self
+
 
 PLATFORM = "telegram"
 # A press of a draft's stop button (Bot API 10.3): chat, draft_id, message_thread_id.
@@ -232,7 +286,6 @@ class TelegramAdapter:
     typing_interval_s = 4.0
 
     def __init__(self, settings: TelegramSettings) -> None:
-        assert settings.token is not None  # the settings refuse telegram without a token
         self.settings = settings
         base_url = settings.api_url.rstrip("/") + "/bot"
         self.bot = Bot(
@@ -525,10 +578,10 @@ async def check(settings: Settings, timeout_s: float) -> Check:
 
 
 async def _check(settings: Settings, timeout_s: float) -> Check:
-    assert settings.telegram.token is not None  # the settings refuse telegram without one
-    api_url = settings.telegram.api_url.rstrip("/")
+    own = settings.section(TelegramSettings)
+    api_url = own.api_url.rstrip("/")
     bot = Bot(
-        settings.telegram.token.get_secret_value(),
+        own.token.get_secret_value(),
         base_url=api_url + "/bot",
         request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
         get_updates_request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
@@ -557,4 +610,8 @@ async def _check(settings: Settings, timeout_s: float) -> Check:
     return Check("platform", True, f"telegram: @{me.username} ({me.id})")
 
 
-PLUGIN = Platform(create=lambda settings: TelegramAdapter(settings.telegram), check=check)
+PLUGIN = Platform(
+    create=lambda settings: TelegramAdapter(settings.section(TelegramSettings)),
+    check=check,
+    settings=TelegramSettings,
+)

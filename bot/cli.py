@@ -15,7 +15,14 @@ from pydantic import BaseModel
 
 from bot import logs, unit
 from bot.embedded import EmbeddedError
-from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
+from bot.settings import (
+    ENV_PREFIX,
+    PLATFORM_SECTIONS,
+    ConfigError,
+    Settings,
+    load_settings,
+    settings_tree,
+)
 
 if TYPE_CHECKING:
     from bot.connect import Client
@@ -27,7 +34,8 @@ DESCRIPTION = (
 
 
 def settings_help() -> str:
-    """Every setting as its environment variable with its default, for `run --help`."""
+    """Every setting as its environment variable with its default, for `run --help`: the
+    installed platforms' own too (which loads their plug-ins, so only when help is shown)."""
     lines = [
         "settings, highest priority first: environment, ./.env, the TOML file named by",
         f"{ENV_PREFIX}CONFIG (else ./lastword.toml), defaults. Nested names use '__'.",
@@ -40,11 +48,15 @@ def settings_help() -> str:
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 walk(annotation, f"{prefix}{name.upper()}__")
                 continue
-            default = "" if field.is_required() else field.get_default(call_default_factory=True)
+            if field.is_required():
+                platform = prefix.removeprefix(ENV_PREFIX).removesuffix("__").lower()
+                lines.append(f"  {prefix + name.upper():<36} required when platform is {platform}")
+                continue
+            default = field.get_default(call_default_factory=True)
             shown = "unset" if default is None else default
             lines.append(f"  {prefix + name.upper():<36} default: {shown}")
 
-    walk(Settings, ENV_PREFIX)
+    walk(settings_tree(PLATFORM_SECTIONS), ENV_PREFIX)
     lines += [
         "",
         f"{ENV_PREFIX}REDIS_URL: redis://host:port/db, rediss:// (TLS) or unix:///path; a Redis",
@@ -96,11 +108,25 @@ def add_unit_view(command: argparse.ArgumentParser) -> None:
     )
 
 
+# Stands for `settings_help()` in an epilog until help is shown.
+SETTINGS_HELP = "<settings>"
+
+
+class Parser(argparse.ArgumentParser):
+    """Writes the settings into help only when help is shown: listing them loads every
+    installed platform, which no other command needs."""
+
+    def format_help(self) -> str:
+        if self.epilog == SETTINGS_HELP:
+            self.epilog = settings_help()
+        return super().format_help()
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = Parser(
         prog="lastword",
         description=DESCRIPTION,
-        epilog=settings_help(),
+        epilog=SETTINGS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     top.add_argument("--version", action="version", version=f"lastword {version()}")
@@ -111,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION
         + "\n\nStart the bot: on the console when no platform is set, with the embedded store "
         "when LASTWORD_REDIS_URL is unset and the echo model when no LLM is configured.",
-        epilog=settings_help(),
+        epilog=SETTINGS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     status = commands.add_parser(
@@ -119,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
         help="show replicas, role holders, waiting conversations and leases, from Redis "
         "(every primary of a cluster)",
         description="Show what the store says about a running deployment: its replicas, who "
-        "holds each role (Telegram polling, the Discord gateway), the conversations waiting "
+        "holds each role (such as the platform's poller or gateway), the conversations waiting "
         "for a reply and the leases held, read from Redis (every primary of a cluster) or "
         "from the embedded store of a bot running here. Use --unit to read the store a "
         "systemd unit uses.",

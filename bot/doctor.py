@@ -28,9 +28,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, SecretStr
+
 from bot.check import Check, PlatformCheck, guarded
 from bot.connect import not_redis
-from bot.logs import Scrub, redact, secrets_of
+from bot.logs import MASK, Scrub, redact, secrets_of
 from bot.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -161,7 +163,7 @@ def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, S
         except ConfigError as exc:
             # The line names the setting, what was given and what is expected: the fix.
             return Check("settings", False, str(exc)), None
-    parts = [f"platform {settings.platform}", f"store {_store_name(settings)}"]
+    parts = [_platform_shown(settings), f"store {_store_name(settings)}"]
     if settings.llm_provider == "openai":
         origin = settings.key_source
         key = f"key from {origin}" if origin else "no API key set"
@@ -172,6 +174,26 @@ def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, S
     if replica:
         parts.append(f"replica {replica}")
     return Check("settings", True, ", ".join(parts)), settings
+
+
+def _platform_shown(settings: Settings) -> str:
+    """The platform, with the settings of its own that were given (a secret as ***)."""
+    section = getattr(settings, settings.platform, None)
+    if not isinstance(section, BaseModel) or not section.model_fields_set:
+        return f"platform {settings.platform}"
+    given = [
+        f"{name} {_value_shown(getattr(section, name))}"
+        for name in type(section).model_fields
+        if name in section.model_fields_set
+    ]
+    return f"platform {settings.platform} ({', '.join(given)})"
+
+
+def _value_shown(value: object) -> str:
+    if isinstance(value, SecretStr):
+        return MASK
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _store_name(settings: Settings) -> str:

@@ -4,11 +4,12 @@ Every line carries the replica's id, and every line logged while a conversation 
 handled carries that conversation, set once per task through a context variable, so an
 admin can follow one conversation across replicas with a plain `grep`.
 
-Secrets never reach a log line: every configured secret (tokens, API key, Redis password,
-LLM header values) is replaced by `***` in the final text, whoever logged it. That matters
-because libraries log what they see; httpx, for one, logs each request URL, and the Telegram
-Bot API puts the bot token in the URL. This module is the one place that knows what a secret
-is: error messages and `lastword doctor` mask them with the same `Scrub` and `redact`.
+Secrets never reach a log line: every configured secret (every secret setting, a platform's
+own tokens too, the Redis password, LLM header values) is replaced by `***` in the final
+text, whoever logged it. That matters because libraries log what they see; httpx, for one,
+logs each request URL, and a platform's API may put the bot's token in the URL (Telegram's
+does). This module is the one place that knows what a secret is: error messages and
+`lastword doctor` mask them with the same `Scrub` and `redact`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from contextlib import contextmanager
 from typing import Literal
 from urllib.parse import parse_qs, urlparse, urlunparse
 
+from pydantic import BaseModel, SecretStr
+
 from bot.settings import Settings
 
 # What a secret is replaced with.
@@ -34,24 +37,20 @@ conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "conversation", default=None
 )
 
-# Libraries whose INFO lines are noise at best (one per HTTP request) and leaks at worst.
-CHATTY = (
+# Libraries whose INFO lines are noise at best (one per HTTP request) and leaks at worst. A
+# platform adds its own library's with `quiet`.
+CHATTY = {
     "httpx",
     "httpcore",
     # The openai client's own copy of httpx logs under these names.
     "httpx2",
     "httpcore2",
     "openai",
-    "discord.http",
-    "discord.gateway",
-    "telegram.ext",
-)
+}
 
-# Library warnings that concern features a DM bot never uses, said at every start.
-IRRELEVANT = (
-    ("discord.client", "voice will NOT be supported"),
-    ("discord.state", "Guilds intent seems to be disabled"),
-)
+# Library warnings (logger, text) about features a DM bot never uses, said at every start. A
+# platform adds its own library's with `irrelevant`.
+IRRELEVANT: set[tuple[str, str]] = set()
 
 # syslog priorities (sd-daemon(3)): a line that starts with one is filed under it.
 PRIORITIES = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
@@ -68,18 +67,10 @@ def about(conv: str) -> Iterator[None]:
 
 
 def secrets_of(settings: Settings) -> list[str]:
-    """The values that must never appear in a log line, an error message or a doctor report."""
-    values = [
-        s.get_secret_value()
-        for s in (
-            settings.telegram.token,
-            settings.telegram.webhook_secret,
-            settings.discord.token,
-            settings.llm.api_key,
-            settings.media.transcription_api_key,
-        )
-        if s is not None
-    ]
+    """The values that must never appear in a log line, an error message or a doctor report:
+    every secret setting of the whole tree (a platform's own too, whatever it names them),
+    the Redis password and the LLM's header values."""
+    values = list(_secret_values(settings))
     if settings.redis_url:
         parts = urlparse(settings.redis_url)
         if parts.password:
@@ -91,6 +82,40 @@ def secrets_of(settings: Settings) -> list[str]:
     # Shorter values are too short to be secrets, and masking them would mangle ordinary
     # words. Longest first, so a secret that contains another is hidden whole.
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+
+
+def _secret_values(node: object) -> Iterator[str]:
+    """Every `SecretStr` in a settings tree: in its models, lists and mappings."""
+    if isinstance(node, SecretStr):
+        yield node.get_secret_value()
+    elif isinstance(node, BaseModel):
+        for name in type(node).model_fields:
+            yield from _secret_values(getattr(node, name))
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _secret_values(value)
+    elif isinstance(node, list | tuple):
+        for value in node:
+            yield from _secret_values(value)
+
+
+def quiet(*names: str) -> None:
+    """Show these loggers' lines from WARNING up only (all of them at DEBUG): a library
+    that logs every request, such as a platform's. Takes effect at once and in `setup`."""
+    CHATTY.update(names)
+    _quieten(logging.getLevelName(logging.getLogger().level))
+
+
+def irrelevant(logger: str, text: str) -> None:
+    """Drop the lines of `logger` that contain `text`: a library's warning about a feature a
+    DM bot never uses, which would otherwise be said at every start."""
+    IRRELEVANT.add((logger, text))
+
+
+def _quieten(level: str) -> None:
+    for name in CHATTY:
+        # Their warnings still show; DEBUG asks for everything.
+        logging.getLogger(name).setLevel(level if level == "DEBUG" else "WARNING")
 
 
 class Scrub:
@@ -220,7 +245,5 @@ def setup(settings: Settings, default_level: str) -> LineFormatter:
     root.handlers[:] = [handler]
     level = settings.log_level or default_level
     root.setLevel(level)
-    for name in CHATTY:
-        # Their warnings still show; DEBUG asks for everything.
-        logging.getLogger(name).setLevel(level if level == "DEBUG" else "WARNING")
+    _quieten(level)
     return formatter

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import tomllib
-from functools import partial
+from collections.abc import Mapping
+from functools import cache, partial
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import urlparse
 
 from pydantic import (
@@ -25,10 +25,14 @@ from pydantic import (
     BeforeValidator,
     Field,
     SecretStr,
+    SerializeAsAny,
+    ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -47,6 +51,13 @@ PLATFORMS = "lastword.adapters"
 
 class ConfigError(ValueError):
     """A setting is wrong; the message names the setting so an operator can fix it."""
+
+
+# A platform's own settings model, as its plug-in declares it.
+PlatformModel = TypeVar("PlatformModel", bound=BaseModel)
+# A platform's section of the settings as given (`LASTWORD_<PLATFORM>__*`, `[<platform>]`),
+# replaced by its platform's model once validated, when that platform is the chosen one.
+RawSection = dict[str, Any] | SerializeAsAny[BaseModel]
 
 
 def _comma_separated(value: object) -> object:
@@ -103,7 +114,10 @@ WebUrl = Annotated[str, AfterValidator(_web_url)]
 OptionalWebUrl = Annotated[str | None, AfterValidator(_web_url)]
 ListenAddress = Annotated[str, AfterValidator(_listen_address)]
 OptionalListenAddress = Annotated[str | None, AfterValidator(_listen_address)]
+WebSocketUrl = Annotated[str, AfterValidator(partial(_web_url, schemes=("ws", "wss")))]
 Secret = Annotated[SecretStr | None, AfterValidator(_secret_text)]
+# A secret a platform cannot start without (its token): required when that platform is chosen.
+RequiredSecret = Annotated[SecretStr, AfterValidator(_secret_text)]
 # A model id: what the provider calls it, never blank.
 ModelId = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 
@@ -119,46 +133,6 @@ def _default_data_dir() -> Path:
 
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-class TelegramSettings(BaseModel):
-    # As @BotFather gives it: the bot's number, a colon, then letters, digits, "_" and "-".
-    token: Secret = None
-    api_url: WebUrl = "https://api.telegram.org"
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_listen: ListenAddress = "127.0.0.1:8443"
-    webhook_path: str = Field(default="/telegram", pattern=r"^/\S*$")
-    webhook_url: OptionalWebUrl = None
-    # Telegram takes 1-256 characters of A-Z, a-z, 0-9, "_" and "-" as the secret token.
-    webhook_secret: Secret = None
-    # Show the reply as it is written, as an ephemeral draft in the chat (sendMessageDraft),
-    # updated at most this often; a 429 slows it down further.
-    drafts: bool = True
-    draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
-
-    @field_validator("token")
-    @classmethod
-    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(r"\d+:[\w-]+", value.get_secret_value()):
-            raise ValueError("expected the token as @BotFather gives it: 123456:ABC-def_...")
-        return value
-
-    @field_validator("webhook_secret")
-    @classmethod
-    def _secret_shape(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(r"[\w-]{1,256}", value.get_secret_value()):
-            raise ValueError("expected 1 to 256 of A-Z, a-z, 0-9, _ and - (Telegram's rule)")
-        return value
-
-
-class DiscordSettings(BaseModel):
-    token: Secret = None
-    api_url: WebUrl = "https://discord.com/api/v10"
-    gateway_url: Annotated[str, AfterValidator(partial(_web_url, schemes=("ws", "wss")))] = (
-        "wss://gateway.discord.gg"
-    )
-    # After a gateway gap, read the DM history of conversations active this recently (0: off).
-    catch_up_minutes: int = Field(default=60, ge=0, le=60)
 
 
 class ModelChoice(BaseModel):
@@ -349,8 +323,6 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     # Where the embedded store keeps its socket and append-only file.
     data_dir: Path = Field(default_factory=_default_data_dir)
-    telegram: TelegramSettings = TelegramSettings()
-    discord: DiscordSettings = DiscordSettings()
     llm: LLMSettings = LLMSettings()
     media: MediaSettings = MediaSettings()
     debounce: DebounceSettings = DebounceSettings()
@@ -429,18 +401,25 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _platform_needs_token(self) -> Settings:
-        if self.platform == "telegram" and self.telegram.token is None:
-            raise ValueError("LASTWORD_TELEGRAM__TOKEN is required when platform is telegram")
-        if self.platform == "discord" and self.discord.token is None:
-            raise ValueError("LASTWORD_DISCORD__TOKEN is required when platform is discord")
-        if (
-            self.platform == "telegram"
-            and self.telegram.mode == "webhook"
-            and self.telegram.webhook_secret is None
-        ):
-            raise ValueError("LASTWORD_TELEGRAM__WEBHOOK_SECRET is required in webhook mode")
+    def _platform_section(self) -> Settings:
+        """The chosen platform's own settings, validated by the model its plug-in declares;
+        the other installed platforms' sections stay as given (their names are checked, see
+        `load_settings`, their values are not: no adapter reads them)."""
+        model = platform_model(self.platform)
+        if model is None or self.platform not in PLATFORM_SECTIONS:
+            return self
+        try:
+            setattr(self, self.platform, model.model_validate(getattr(self, self.platform)))
+        except ValidationError as exc:
+            raise _within(self.platform, exc) from None
         return self
+
+    def section(self, model: type[PlatformModel]) -> PlatformModel:
+        """The chosen platform's settings, as its plug-in declared them (`model`)."""
+        found = getattr(self, self.platform, None)
+        if not isinstance(found, model):
+            raise ConfigError(f"{ENV_PREFIX}PLATFORM: {self.platform} has no {model.__name__}")
+        return found
 
     @property
     def key_source(self) -> str | None:
@@ -475,14 +454,75 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, credentials, dotenv_settings, toml, conventions)
 
 
+class _NoSettings(BaseModel):
+    """The section of a platform that declares no settings: any name in it is unknown."""
+
+
+def _sections() -> tuple[str, ...]:
+    """The installed platforms, each a section of the settings (a name the core settings
+    already use cannot be one). Entry points are package metadata: no plug-in is loaded."""
+    names = {entry.name for entry in entry_points(group=PLATFORMS)}
+    return tuple(sorted(names - set(Settings.model_fields)))
+
+
+PLATFORM_SECTIONS = _sections()
+if not TYPE_CHECKING:
+    # Each installed platform's section is a field, so that every source (environment, .env,
+    # credentials, TOML) reads it as it reads the core's groups.
+    Settings = create_model(
+        "Settings",
+        __base__=Settings,
+        __module__=__name__,
+        **{name: (RawSection, Field(default_factory=dict)) for name in PLATFORM_SECTIONS},
+    )
+
+
+@cache
+def platform_model(name: str) -> type[BaseModel] | None:
+    """The settings model the platform `name` declares (`Platform(settings=...)`); None when
+    it declares none or is not installed. Loads the plug-in, and so its library."""
+    found = entry_points(group=PLATFORMS, name=name)
+    if not found:
+        return None
+    try:
+        plugin = next(iter(found)).load()
+    except Exception as exc:  # a broken plug-in is a configuration problem to name
+        raise ConfigError(
+            f"{ENV_PREFIX}PLATFORM: the {name!r} platform cannot be loaded "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    model = getattr(plugin, "settings", None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _within(section: str, exc: ValidationError) -> ValidationError:
+    """`exc`, raised by a platform's own model, with each error under the platform's section,
+    so that it names `LASTWORD_<PLATFORM>__<SETTING>`."""
+    errors: list[InitErrorDetails] = []
+    for error in exc.errors():
+        loc = (section, *error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "missing":
+            name = spelling.env_name(ENV_PREFIX, tuple(str(part) for part in loc))
+            message = f"{name} is required when platform is {section}"
+        errors.append(
+            {
+                "type": "value_error",
+                "loc": loc,
+                "input": error["input"],
+                "ctx": {"error": ValueError(message)},
+            }
+        )
+    return ValidationError.from_exception_data(exc.title, errors)
+
+
 # What a reload cannot change: these name what a running replica is connected to, so they
 # are kept as they were until a restart. Everything else is taken on at once (`reloaded`).
 RESTART_ONLY = (
     "platform",
     "redis_url",
     "data_dir",
-    "telegram",
-    "discord",
+    *PLATFORM_SECTIONS,
     "replica_id",
     "metrics_listen",
     "log_format",
@@ -577,16 +617,18 @@ def load_settings() -> Settings:
     """Read settings, turning any problem into a `ConfigError` of one line that names the
     setting, what was given (a secret masked) and what is expected. A name that is no
     setting is one too: it would otherwise be ignored without a word."""
-    from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG")
     if toml_path and not Path(toml_path).is_file():
         raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml_path}")
     where = f"{ENV_PREFIX}CONFIG={toml_path}" if toml_path else "./lastword.toml"
+    toml = Path(toml_path or "lastword.toml")
     try:
-        _check_names(Path(toml_path or "lastword.toml"), where)
-        _check_json()
+        table = tomllib.loads(toml.read_text()) if toml.is_file() else {}
+        tree = settings_tree(_mentioned(_given_names(), table))
+        _check_names(tree, table, where)
+        _check_json(tree)
         return Settings()
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
@@ -597,34 +639,66 @@ def load_settings() -> Settings:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
-def _check_names(toml: Path, where: str) -> None:
-    """Refuse a variable, credential or TOML key that names no setting."""
-    sources = (
-        (spelling.environment_names(ENV_PREFIX), ""),
-        (spelling.dotenv_names(Path(".env"), ENV_PREFIX), " (in ./.env)"),
-        (spelling.credential_names(ENV_PREFIX), " (a credential)"),
-    )
-    for names, source in sources:
-        unknown = spelling.unknown_variable(names, Settings, ENV_PREFIX, source)
-        if unknown:
-            raise ConfigError(unknown)
-    if toml.is_file():
-        unknown = spelling.unknown_key(tomllib.loads(toml.read_text()), Settings, where)
-        if unknown:
-            raise ConfigError(unknown)
+def _given_names() -> dict[str, list[str]]:
+    """The `LASTWORD_*` names given, by where they were given."""
+    return {
+        "": spelling.environment_names(ENV_PREFIX),
+        " (in ./.env)": spelling.dotenv_names(Path(".env"), ENV_PREFIX),
+        " (a credential)": spelling.credential_names(ENV_PREFIX),
+    }
 
 
-def _check_json() -> None:
+def _mentioned(given: dict[str, list[str]], table: Mapping[str, Any]) -> tuple[str, ...]:
+    """The installed platforms that a variable, a credential or the TOML file gives settings
+    of (or seems to: `LASTWORD_TELEGRAM_TOKEN`): chosen or not, their names are checked, so
+    their models are loaded."""
+    names = [name.upper() for names in given.values() for name in names]
+
+    def named(platform: str) -> bool:
+        variable = f"{ENV_PREFIX}{platform.upper()}"
+        return platform in table or any(name.startswith(variable) for name in names)
+
+    return tuple(platform for platform in PLATFORM_SECTIONS if named(platform))
+
+
+@cache
+def settings_tree(platforms: tuple[str, ...]) -> type[BaseModel]:
+    """The settings with these platforms' sections as the models they declare: the tree that
+    names are checked against and help lists (a section of no platform named stays a
+    free-form value). Loads those platforms' plug-ins."""
+    sections: dict[str, Any] = {
+        name: (platform_model(name) or _NoSettings, None) for name in platforms
+    }
+    return create_model("Settings", __base__=Settings, __module__=__name__, **sections)
+
+
+def _check_names(tree: type[BaseModel], table: Mapping[str, Any], where: str) -> None:
+    """Refuse a variable, credential or TOML key that names no setting, naming the closest
+    real one among every installed platform's too."""
+    if _unknown(tree, table, where):
+        everything = settings_tree(PLATFORM_SECTIONS)
+        raise ConfigError(_unknown(everything, table, where) or _unknown(tree, table, where))
+
+
+def _unknown(tree: type[BaseModel], table: Mapping[str, Any], where: str) -> str:
+    """The first name given that `tree` does not have, as one line; empty when none."""
+    for source, names in _given_names().items():
+        unknown = spelling.unknown_variable(names, tree, ENV_PREFIX, source)
+        if unknown:
+            return unknown
+    return spelling.unknown_key(table, tree, where) or ""
+
+
+def _check_json(tree: type[BaseModel]) -> None:
     """A setting given as JSON in the environment (a mapping, a list of models) must parse;
     pydantic-settings would fail with a traceback that names only its group."""
     from dotenv import dotenv_values
 
     given = {k.upper(): v for k, v in dotenv_values(".env").items() if v is not None}
     given |= {k.upper(): v for k, v in os.environ.items()}
-    for path in spelling.leaves(Settings):
+    for path in spelling.leaves(tree):
         name = spelling.env_name(ENV_PREFIX, path)
-        field = _field(path)
-        if name not in given or not _decoded_as_json(field):
+        if name not in given or not _decoded_as_json(_field(path, tree)):
             continue
         try:
             json.loads(given[name])
@@ -639,8 +713,8 @@ def _check_json() -> None:
             ) from None
 
 
-def _field(path: tuple[str, ...]) -> FieldInfo:
-    model: Any = Settings
+def _field(path: tuple[str, ...], tree: type[BaseModel]) -> FieldInfo:
+    model: Any = tree
     for name in path[:-1]:
         model = spelling._model_of(model.model_fields[name].annotation)
     field: FieldInfo = model.model_fields[path[-1]]
@@ -661,14 +735,20 @@ def _shown(path: tuple[str, ...], value: object) -> str:
         parts = urlparse(value)
         # The URL's password only: the rest says which server was meant.
         value = value.replace(parts.password, "***") if parts.password else value
-    elif path in _secret_paths():
+    elif _secret(path):
         return "***"
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _secret_paths() -> set[tuple[str, ...]]:
-    return {p for p in spelling.leaves(Settings) if "SecretStr" in str(_field(p).annotation)}
+def _secret(path: tuple[str, ...]) -> bool:
+    """Whether the setting at `path` (a platform's too) holds a secret."""
+    tree = settings_tree(path[:1] if path[:1] and path[0] in PLATFORM_SECTIONS else ())
+    try:
+        return "SecretStr" in str(_field(path, tree).annotation)
+    except (KeyError, AttributeError):
+        # Not a setting's path (an error about a whole section): nothing of it is quoted.
+        return False
 
 
 def _one_line(error: Any) -> str:

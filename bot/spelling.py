@@ -23,7 +23,7 @@ NOT_SETTINGS = ("CONFIG",)
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The settings group a field holds (`TelegramSettings`...), or None for a value."""
+    """The settings group a field holds (`LLMSettings`...), or None for a value."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if get_origin(annotation) in (Union, types.UnionType):

@@ -24,7 +24,7 @@ import pytest
 
 from bot import cli, spelling
 from bot.embedded import EmbeddedRedis
-from bot.settings import ENV_PREFIX, Settings, load_settings
+from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, load_settings, settings_tree
 from tests.test_settings import cwd
 
 __all__ = ["cwd"]  # the fixture, imported for pytest
@@ -114,6 +114,9 @@ SECRETS = {
     "TELEGRAM__TOKEN",
     "TELEGRAM__WEBHOOK_SECRET",
 }
+# A platform's settings are read when it is the chosen one, and its required ones must be
+# right for the wrong one to be the error shown.
+REQUIRED = {"TELEGRAM": {"TELEGRAM__TOKEN": "123:abc"}, "DISCORD": {"DISCORD__TOKEN": "a.b.c"}}
 # How a value too long to quote is shown instead.
 SHOWN_AS = {"LLM__SYSTEM_PROMPT": "about 50000 tokens"}
 COMMANDS = (["run"], ["doctor"], ["status"])
@@ -127,8 +130,19 @@ def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, 
 
 
 def test_the_walk_covers_every_setting() -> None:
-    names = {spelling.env_name("", path) for path in spelling.leaves(Settings)}
+    """Every installed platform's own settings included."""
+    tree = settings_tree(PLATFORM_SECTIONS)
+    names = {spelling.env_name("", path) for path in spelling.leaves(tree)}
     assert names == set(WRONG), "a setting without a wrong value to test, or a stale one"
+
+
+def chosen_for(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a platform's own setting, choose that platform, with its required settings."""
+    platform, _, rest = name.partition("__")
+    if rest and platform.lower() in PLATFORM_SECTIONS:
+        monkeypatch.setenv(ENV_PREFIX + "PLATFORM", platform.lower())
+        for required, value in REQUIRED.get(platform, {}).items():
+            monkeypatch.setenv(ENV_PREFIX + required, value)
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -138,6 +152,7 @@ def test_every_wrong_value_is_one_line_in_run_doctor_and_status(
     some_file = cwd / "a-file"
     some_file.write_text("not a directory")
     value = WRONG[name].replace("{file}", str(some_file))
+    chosen_for(name, monkeypatch)
     monkeypatch.setenv(ENV_PREFIX + name, value)
     for argv in COMMANDS:
         code, output = one_line(capsys, argv)
@@ -294,6 +309,7 @@ def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
     `journalctl -p err` finds errors; elsewhere lines are as they were."""
     script = (
         "import logging\n"
+        "import adapters.discord  # its library's irrelevant warning is named there\n"
         "from bot import logs\n"
         "from bot.settings import Settings\n"
         "logs.setup(Settings(log_format='logfmt'), 'INFO')\n"

@@ -4,6 +4,8 @@ knows the store. Only the composition root (bot/app.py, bot/cli.py) sees both si
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,3 +53,53 @@ def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
 def test_no_import_crosses_a_layer(package: str, forbidden: tuple[str, ...]) -> None:
     found = violations(package, forbidden)
     assert not found, f"{package}/ must not import {', '.join(forbidden)}:\n" + "\n".join(found)
+
+
+# The platforms that ship with lastword; the core must not know them, nor any other.
+PLATFORMS = ("telegram", "discord")
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The lines where a docstring (a string that is a statement of its own) starts: prose,
+    which may give a platform as an example."""
+    return {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+
+def platform_names(path: Path) -> Iterator[tuple[int, str]]:
+    """Every name and string in a file's code (comments and docstrings aside) that names a
+    platform, with its line."""
+    source = path.read_text()
+    prose = docstrings(ast.parse(source, filename=str(path)))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in (tokenize.NAME, tokenize.STRING) or token.start[0] in prose:
+            continue
+        if any(platform in token.string.lower() for platform in PLATFORMS):
+            yield token.start[0], token.string
+
+
+def test_the_core_names_no_platform() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {text}"
+        for path in sorted((ROOT / "bot").rglob("*.py"))
+        for line, text in platform_names(path)
+    ]
+    assert not found, "bot/ must not name a platform in code:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_platform_named_in_code(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text(
+        '"""Telegram, in prose."""\n'
+        "# discord, in a comment\n"
+        "def f(settings: object) -> object:\n"
+        '    """The Discord token."""\n'
+        "    return getattr(settings, 'discord')\n"
+        "telegram_token = 1\n"
+    )
+    assert list(platform_names(source)) == [(5, "'discord'"), (6, "telegram_token")]

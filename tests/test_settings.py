@@ -18,8 +18,17 @@ import pytest
 from pydantic import BaseModel
 
 import adapters
+from adapters.telegram import TelegramSettings
 from bot.check import Check
-from bot.settings import ENV_PREFIX, ConfigError, Settings, load_settings
+from bot.settings import (
+    ENV_PREFIX,
+    PLATFORM_SECTIONS,
+    ConfigError,
+    Settings,
+    load_settings,
+    platform_model,
+    settings_tree,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 EXAMPLE_TOML = CONFIG_DIR / "lastword.example.toml"
@@ -56,17 +65,26 @@ def env_name(path: tuple[str, ...]) -> str:
     return ENV_PREFIX + "__".join(path).upper()
 
 
-def test_defaults(cwd: Path) -> None:
+# Every setting, the installed platforms' own included.
+EVERY = settings_tree(PLATFORM_SECTIONS)
+# A value each platform's required settings take here (a token of Telegram's shape).
+REQUIRED_VALUE = "123:abc"
+
+
+def test_defaults(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings()
     assert settings.platform == "console"
     assert settings.redis_url is None
     assert settings.debounce.quiet_ms == 2000
     assert settings.debounce.max_wait_ms == 8000
     assert settings.lease.ttl_ms == 30000
-    assert settings.telegram.api_url == "https://api.telegram.org"
-    assert settings.telegram.mode == "polling"
-    assert settings.telegram.webhook_path == "/telegram"
     assert settings.data_dir == cwd.parent / "state" / "lastword"
+    monkeypatch.setenv("LASTWORD_PLATFORM", "telegram")
+    monkeypatch.setenv("LASTWORD_TELEGRAM__TOKEN", REQUIRED_VALUE)
+    telegram = load_settings().section(TelegramSettings)
+    assert telegram.api_url == "https://api.telegram.org"
+    assert telegram.mode == "polling"
+    assert telegram.webhook_path == "/telegram"
 
 
 def test_priority_env_over_dotenv_over_toml_over_defaults(
@@ -100,15 +118,13 @@ def test_nested_names_use_double_underscore(cwd: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("LASTWORD_TELEGRAM__MODE", "webhook")
     monkeypatch.setenv("LASTWORD_TELEGRAM__WEBHOOK_SECRET", "shh")
     monkeypatch.setenv("LASTWORD_TELEGRAM__WEBHOOK_LISTEN", "0.0.0.0:9000")
-    monkeypatch.setenv("LASTWORD_DISCORD__GATEWAY_URL", "ws://127.0.0.1:1/gw")
     monkeypatch.setenv("LASTWORD_LEASE__TTL_MS", "4500")
     monkeypatch.setenv("LASTWORD_LLM__API_KEY", "sk-secret")
     settings = load_settings()
-    assert settings.telegram.token is not None
-    assert settings.telegram.token.get_secret_value() == "123:abc"
-    assert settings.telegram.mode == "webhook"
-    assert settings.telegram.webhook_listen == "0.0.0.0:9000"
-    assert settings.discord.gateway_url == "ws://127.0.0.1:1/gw"
+    telegram = settings.section(TelegramSettings)
+    assert telegram.token.get_secret_value() == "123:abc"
+    assert telegram.mode == "webhook"
+    assert telegram.webhook_listen == "0.0.0.0:9000"
     assert settings.lease.ttl_ms == 4500
     # Secrets stay out of reprs, hence out of logs and tracebacks.
     assert "sk-secret" not in repr(settings)
@@ -202,7 +218,20 @@ def test_llm_provider_resolution(
 
 
 def dump(settings: Settings) -> dict[str, Any]:
-    return settings.model_dump()
+    """The core's settings."""
+    return settings.model_dump(exclude=set(PLATFORM_SECTIONS))
+
+
+def assert_platform_defaults(settings: Settings) -> None:
+    """Each platform's section, as given, holds that platform's defaults."""
+    for platform in PLATFORM_SECTIONS:
+        model = platform_model(platform)
+        if model is None:
+            continue
+        fields = model.model_fields.items()
+        required = {name: REQUIRED_VALUE for name, field in fields if field.is_required()}
+        given = model.model_validate(getattr(settings, platform) | required)
+        assert given == model.model_validate(required), platform
 
 
 def test_example_toml_loads_and_holds_the_defaults(
@@ -210,7 +239,9 @@ def test_example_toml_loads_and_holds_the_defaults(
 ) -> None:
     defaults = dump(Settings())
     monkeypatch.setenv("LASTWORD_CONFIG", str(EXAMPLE_TOML))
-    assert dump(load_settings()) == defaults
+    loaded = load_settings()
+    assert dump(loaded) == defaults
+    assert_platform_defaults(loaded)
 
 
 def test_example_toml_covers_every_setting() -> None:
@@ -222,7 +253,7 @@ def test_example_toml_covers_every_setting() -> None:
             current = header.group(1)
         else:
             sections[current] = sections.get(current, "") + line + "\n"
-    for path in leaves(Settings):
+    for path in leaves(EVERY):
         section, key = (path[0], path[1]) if len(path) == 2 else ("", path[0])
         pattern = rf"^(# )?{key} = "
         assert re.search(pattern, sections.get(section, ""), re.M), f"{'.'.join(path)} missing"
@@ -231,19 +262,21 @@ def test_example_toml_covers_every_setting() -> None:
 def test_example_env_loads_and_holds_the_defaults(cwd: Path) -> None:
     defaults = dump(Settings())
     shutil.copy(EXAMPLE_ENV, cwd / ".env")
-    assert dump(load_settings()) == defaults
+    loaded = load_settings()
+    assert dump(loaded) == defaults
+    assert_platform_defaults(loaded)
 
 
 def test_example_env_covers_every_setting() -> None:
     text = EXAMPLE_ENV.read_text()
-    for name in [*map(env_name, leaves(Settings)), "LASTWORD_CONFIG"]:
+    for name in [*map(env_name, leaves(EVERY)), "LASTWORD_CONFIG"]:
         assert re.search(rf"^(# )?{name}=", text, re.M), f"{name} missing"
 
 
 def test_examples_name_no_setting_the_code_does_not_have() -> None:
     """The other half of "exactly": a setting removed or renamed in the code must not linger
     in the examples, where an admin would copy it and wonder why nothing changes."""
-    known = {env_name(path) for path in leaves(Settings)} | {"LASTWORD_CONFIG"}
+    known = {env_name(path) for path in leaves(EVERY)} | {"LASTWORD_CONFIG"}
     in_env = set(re.findall(r"^(?:# )?(LASTWORD_\w+)=", EXAMPLE_ENV.read_text(), re.M))
     assert in_env - known == set()
     in_toml: set[str] = set()
