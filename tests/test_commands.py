@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from bot import admin
+from bot.command import Change
 from bot.commands import (
     HELP,
     NOTHING_TO_RETRY,
@@ -19,9 +21,14 @@ from bot.commands import (
     STOPPED,
     Ask,
     command_of,
+    decoded,
+    encoded,
     plan,
     unknown,
 )
+from bot.commands.chat import ModelPick
+from bot.commands.forget import Asked, Erase
+from bot.commands.persona import Persona
 from bot.message import Attachment
 from bot.runtime import Runtime
 from bot.settings import Settings
@@ -245,3 +252,19 @@ async def test_retry_writes_the_last_reply_again_and_replaces_it_in_the_history(
         ("assistant", "a better answer"),
     ]
     assert await runtime.store.counters(CONV) == (4, 4)
+
+
+def test_changes_travel_in_the_outbox_by_kind_and_old_ones_are_an_admins() -> None:
+    changes: tuple[Change, ...] = (
+        admin.Change("42", "budget", "100", "7"),
+        ModelPick("smart"),
+        Persona("Be brief."),
+        Persona(""),
+        Asked(),
+        Erase(),
+    )
+    assert decoded(encoded(changes)) == changes
+    assert encoded(()) == "" and decoded("") == ()
+    # As the outbox kept an admin's change before there were other kinds.
+    old = '[{"user": "42", "field": "access", "value": "deny", "by": "7"}]'
+    assert decoded(old) == (admin.Change("42", "access", "deny", "7"),)

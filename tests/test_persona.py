@@ -1,0 +1,88 @@
+"""/persona across replicas: two runtimes on one real server. Instructions set on one replica
+are in the system prompt of the other's next answer (and of the rest of the burst that set
+them); `/persona` shows them, `/persona off` removes them, and one over the limit is refused
+and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.commands.persona import NONE, PERSONA_CHARS
+from bot.prompt import PERSONA_INTRO
+from bot.runtime import Runtime
+from bot.store import Keys
+from tests.builders import message
+from tests.conftest import RuntimeFactory, settled
+from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.fakes.outbound import RecordingOutbound
+
+CONV = "test:1"
+PIRATE = "Answer like a pirate,\nin two lines at most."
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+async def replica(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> tuple[Runtime, RecordingOutbound]:
+    llm: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
+    llm |= {"model": FAKE_MODEL_ID, "retries": 0}
+    return await runtime_factory(llm=llm)
+
+
+async def say(runtime: Runtime, n: int, *texts: str) -> None:
+    """Send a burst, numbered from `n`, and wait for its reply."""
+    for i, text in enumerate(texts):
+        assert await runtime.ingest(message(text, n=n + i))
+    await settled(runtime, CONV)
+
+
+def system_of(fake: FakeOpenAI) -> str:
+    return str(fake.requests[-1].messages[0]["content"])
+
+
+async def test_a_persona_set_on_one_replica_is_followed_by_another(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    a, a_out = await replica(runtime_factory, fake)
+    b, b_out = await replica(runtime_factory, fake)
+    await say(a, 1, "/persona")
+    assert a_out.texts() == [NONE]
+
+    # The rest of the burst that sets it already follows it.
+    await say(a, 2, f"/persona {PIRATE}", "hello")
+    assert system_of(fake).endswith(f"{PERSONA_INTRO}\n{PIRATE}")
+
+    await say(b, 4, "and now?")
+    assert system_of(fake).endswith(f"{PERSONA_INTRO}\n{PIRATE}")
+    await say(b, 5, "/persona")
+    assert b_out.texts()[-1] == f"Your persona:\n{PIRATE}"
+
+    await say(a, 6, "/persona off")
+    await say(b, 7, "plain again?")
+    assert PERSONA_INTRO not in system_of(fake)
+    assert len(fake.requests) == 3  # the commands alone never reached the model
+
+
+async def test_a_persona_over_the_limit_is_refused_and_changes_nothing(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
+) -> None:
+    a, out = await replica(runtime_factory, fake)
+    await say(a, 1, "/persona Be brief.")
+    await say(a, 2, "/persona " + "x" * (PERSONA_CHARS + 1))
+    assert out.texts()[-1] == (
+        f"A persona can be at most {PERSONA_CHARS:,} characters; yours has {PERSONA_CHARS + 1:,}."
+    )
+    assert await redis.hget(Keys(CONV).state, "persona") == b"Be brief."
+    await say(a, 3, "/persona " + "y" * PERSONA_CHARS)
+    assert await redis.hget(Keys(CONV).state, "persona") == b"y" * PERSONA_CHARS
