@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import asdict
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ from redis.asyncio import Redis
 
 from bot.app import make_store
 from bot.message import Attachment, InboundMessage
-from bot.store import ACCESS_COPY, Ended, Grant, Lease, PreSend, Store
+from bot.store import ACCESS_COPY, Ended, Grant, Lease, PreSend, Store, scripts
 from bot.store.keys import (
     HEARTBEAT_PATTERN,
     LEGACY_SHARDS,
@@ -1037,3 +1039,66 @@ async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
         seqs = {k: json.loads(v)["seq"] for k, v in copies.items() if k != b"~seq"}
         assert seqs == {b"u1": first.seq, b"u2": second.seq}
         assert copies[b"~seq"] == str(second.seq).encode()
+
+
+# -- the scripts' declared keys and arguments -------------------------------------------------
+
+# A header line: `local name = KEYS[i]` or `local name = tonumber(ARGV[i])`, a comment allowed.
+HEADER_LINE = re.compile(r"^local (\w+) = (?:tonumber\()?(KEYS|ARGV)\[(\d+)\]\)?(?: --.*)?$")
+
+
+def header(source: str) -> tuple[dict[str, list[str]], list[str]]:
+    """The names a script's header reads KEYS and ARGV into, in order of index, and every
+    other line that reads KEYS or ARGV."""
+    found: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
+    elsewhere = []
+    for line in source.splitlines():
+        matched = HEADER_LINE.match(line)
+        if matched:
+            name, table, index = matched.groups()
+            assert int(index) not in found[table], f"{table}[{index}] read twice"
+            found[table][int(index)] = name
+        elif re.search(r"\b(KEYS|ARGV)\b", line.split("--", 1)[0]):
+            elsewhere.append(line)
+    ordered = {table: [names[i] for i in sorted(names)] for table, names in found.items()}
+    for table, names in found.items():
+        assert sorted(names) == list(range(1, len(names) + 1)), f"{table} indices have a gap"
+    return ordered, elsewhere
+
+
+@pytest.mark.parametrize("name", sorted(scripts.ALL))
+def test_each_script_reads_its_keys_and_arguments_as_declared(name: str) -> None:
+    declared = scripts.ALL[name]
+    source = (Path(scripts.__file__).parent / f"{name}.lua").read_text()
+    names, elsewhere = header(source)
+    assert names["KEYS"] == list(declared.keys)
+    assert names["ARGV"] == list(declared.args)
+    # Past the header only the declared rest of ARGV is read, and only by a script that has one.
+    if declared.rest:
+        assert all("KEYS" not in line for line in elsewhere), elsewhere
+        assert elsewhere, f"{name}.lua declares a rest of ARGV it never reads"
+    else:
+        assert elsewhere == []
+
+
+def test_the_prelude_reads_no_keys_or_arguments() -> None:
+    prelude = (Path(scripts.__file__).parent / "prelude.lua").read_text()
+    assert header(prelude) == ({"KEYS": [], "ARGV": []}, [])
+
+
+def test_a_call_that_misnames_a_key_or_an_argument_is_refused_before_redis() -> None:
+    notice = scripts.NOTICE
+    assert notice.ordered_keys({"notice": "k"}) == ["k"]
+    assert notice.ordered_args({"period_ms": 5}) == [5]
+    with pytest.raises(TypeError, match=r"missing \['period_ms'\], unknown \['period'\]"):
+        notice.ordered_args({"period": 5})
+    with pytest.raises(TypeError, match=r"missing \[\], unknown \['extra'\]"):
+        notice.ordered_keys({"notice": "k", "extra": "x"})
+    with pytest.raises(TypeError, match="takes no arguments past"):
+        notice.ordered_args({"period_ms": 5}, ["more"])
+    assert scripts.HEARTBEAT.ordered_args({"ttl_ms": 1, "started_at": ""}, ["pid", "7"]) == [
+        1,
+        "",
+        "pid",
+        "7",
+    ]

@@ -9,6 +9,7 @@ worth a retry from a bug.
 
 from __future__ import annotations
 
+from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
 from bot.store.config import (
     CLOCK_SLACK_MS,
@@ -37,27 +38,28 @@ from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
 from bot.store.keys import ACCESS_SEQ_KEY, SHARDS, Keys, access_key, due_key
-from bot.store.replies import as_text
+from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
-from bot.store.scripts import (
-    ACCESS_COPY,
-    ACCESS_SET,
-    ACQUIRE,
-    COMMIT,
-    DUE,
-    HEARTBEAT,
-    INGEST,
-    INTERRUPT,
-    NOTICE,
-    PRESEND,
-    RELEASE,
-    RENEW,
-    ROLE,
-    ROLE_RELEASE,
-    USAGE,
-)
 from bot.store.transcripts import Transcripts
 from bot.store.usage import MONTH_KEEP_MS, DayTotals, Spending, Usage
+
+# Each script's source, by its file's name in capitals: what `lastword doctor` loads on the
+# server to check it (`bot.doctor.store_scripts`), and the benchmarks load ahead.
+ACCESS_COPY = _scripts.ACCESS_COPY.source
+ACCESS_SET = _scripts.ACCESS_SET.source
+ACQUIRE = _scripts.ACQUIRE.source
+COMMIT = _scripts.COMMIT.source
+DUE = _scripts.DUE.source
+HEARTBEAT = _scripts.HEARTBEAT.source
+INGEST = _scripts.INGEST.source
+INTERRUPT = _scripts.INTERRUPT.source
+NOTICE = _scripts.NOTICE.source
+PRESEND = _scripts.PRESEND.source
+RELEASE = _scripts.RELEASE.source
+RENEW = _scripts.RENEW.source
+ROLE = _scripts.ROLE.source
+ROLE_RELEASE = _scripts.ROLE_RELEASE.source
+USAGE = _scripts.USAGE.source
 
 __all__ = [
     "ACCESS_COPY",
@@ -116,13 +118,15 @@ class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Heartbeats):
         cluster, one to each primary, all at once: the pipeline is split by node), which also
         reads whether a shard's copies of the access changes lag behind: a few such shards
         are mended then (`MEND_SHARDS_PER_SWEEP`), the rest at the next sweep."""
-        horizon = self.settings.horizon_ms
-        *shards, latest = await self._in_every_shard(
-            self._due,
-            lambda shard: ([due_key(shard), access_key(shard)], [limit, horizon]),
-            also=[("GET", ACCESS_SEQ_KEY)],
-        )
-        behind = [n for n, (_, whole) in enumerate(shards) if int(whole) < int(latest or 0)]
+        script = _scripts.DUE
+        args = script.ordered_args({"limit": limit, "horizon_ms": self.settings.horizon_ms})
+
+        def call(shard: int) -> tuple[list[str], list[str | int]]:
+            return script.ordered_keys({"due": due_key(shard), "access": access_key(shard)}), args
+
+        *replies, latest = await self._in_every_shard(script, call, also=[("GET", ACCESS_SEQ_KEY)])
+        shards = [decoded(reply) for reply in replies]
+        behind = [n for n, s in enumerate(shards) if int(s["whole"]) < int(latest or 0)]
         if behind:
             await self._mend_access(behind[:MEND_SHARDS_PER_SWEEP])
-        return [as_text(c) for found, _ in shards for c in found]
+        return [str(c) for shard in shards for c in listed(shard["found"])]

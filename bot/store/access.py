@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.message import Unavailable
+from bot.store import scripts
 from bot.store.calls import Calls
 from bot.store.keys import ACCESS_KEY, ACCESS_SEQ_KEY, SHARDS, access_key
-from bot.store.replies import as_text
+from bot.store.replies import as_text, decoded
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,13 @@ class Access(Calls):
         """An admin's change to a user's access or daily budget ("" clears it), seen by
         every replica once this returns: the user's record, then its copy in every shard.
         Raises `Unavailable` if any part failed; making the change again is harmless."""
-        keys = [ACCESS_KEY, ACCESS_SEQ_KEY]
-        raw, previous = await self._run_durable(self._access_set, keys, [user, change, value, by])
-        record = AccessRecord.from_json(user, as_text(raw))
+        keys = {"records": ACCESS_KEY, "sequence": ACCESS_SEQ_KEY}
+        args = {"user": user, "field": change, "value": value, "by": by}
+        reply = decoded(await self._run_durable(scripts.ACCESS_SET, keys, args))
+        record = AccessRecord.from_json(user, reply["record"])
         # A shard that held every change up to the one before holds every one up to this.
-        args: list[str | int] = [record.seq, int(previous), record.user, as_text(raw), record.seq]
-        await self._in_every_shard(self._access_copy, lambda shard: ([access_key(shard)], args))
+        whole = (record.seq, int(reply["previous"]))
+        await self._copy_access(whole, [record.user, reply["record"], record.seq], range(SHARDS))
         return record
 
     async def spread_access(self) -> int:
@@ -77,13 +79,25 @@ class Access(Calls):
             pipe.get(ACCESS_SEQ_KEY)
             pipe.hgetall(ACCESS_KEY)
             latest, records = await pipe.execute()
-        args: list[str | int] = [int(latest or 0), 0]
+        copies: list[str | int] = []
         for user, raw in records.items():
-            args += [as_text(user), as_text(raw), AccessRecord.from_json(as_text(user), raw).seq]
-        await self._in_every_shard(
-            self._access_copy, lambda shard: ([access_key(shard)], args), shards=shards
-        )
+            copies += [as_text(user), as_text(raw), AccessRecord.from_json(as_text(user), raw).seq]
+        await self._copy_access((int(latest or 0), 0), copies, shards)
         return len(records)
+
+    async def _copy_access(
+        self, whole: tuple[int, int], copies: list[str | int], shards: Sequence[int]
+    ) -> None:
+        """Copy records (user id, record json, seq, for each) into these shards, where a
+        shard lacks one or holds an older one. `whole`: the seq a shard then holds every change
+        up to, if it held every one up to the second before (access_copy.lua)."""
+        script = scripts.ACCESS_COPY
+        args = script.ordered_args({"whole_after": whole[0], "whole_before": whole[1]}, copies)
+
+        def call(shard: int) -> tuple[list[str], list[str | int]]:
+            return script.ordered_keys({"shard": access_key(shard)}), args
+
+        await self._in_every_shard(script, call, shards=shards)
 
     async def _mend_access(self, shards: Sequence[int]) -> None:
         """Mend these shards' copies of the access changes. Best effort: a failure is

@@ -6,35 +6,43 @@
 -- further ahead than max_wait (each with the slack). Likewise the starvation guard's clock
 -- (`since`): in the future, or older than the bound (a clock that moved forward), it starts
 -- again from now.
--- KEYS: state, window, lease, due, pending, history, outbox
--- ARGV: conversation, token, ttl ms, history entries to return, max wait ms, backoff cap ms,
---       clock slack ms, the oldest age the starvation guard trusts in ms (0: the guard's age
---       is off)
--- Returns one of
---   {'busy', ms until the lease expires}
---   {'early', ms until the moved deadline}
---   {'backoff', ms until the next attempt after failed ones}
---   {'idle'}                      nothing is owed (V == W); a stale wake-up is a no-op
---   {'acquired', fence, V, W, lateness ms, discards in a row, {outbox text, outbox version}
---    or {}, {pending json (W, V]}, {history json}, failed attempts in a row,
---    the outbox's fence and token, or '' and '', ms the oldest unanswered message has waited,
---    the model the user picked with /model or '', the admin changes the outbox announces or
---    ''}
-local state, window, lease, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local pending, history, outbox = KEYS[5], KEYS[6], KEYS[7]
-local conv, ttl = ARGV[1], tonumber(ARGV[3])
-local max_wait, backoff_cap, slack = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local horizon = math.max(max_wait, ttl, backoff_cap) + slack
+-- Returns a status, and what goes with it:
+--   busy     look_in_ms: until the lease expires
+--   early    look_in_ms: until the moved deadline
+--   backoff  look_in_ms: until the next attempt after failed ones
+--   idle     nothing is owed (V == W); a stale wake-up is a no-op
+--   acquired fence, version (V), watermark (W), lateness_ms, discards (in a row), resend (the
+--            outbox's text, version, fence, token and changes, if one was left), unanswered
+--            (pending json for (W, V]), history (json entries), failures (attempts in a row),
+--            waited_ms (how long the oldest unanswered message has waited), model (picked
+--            with /model, or '')
+local state = KEYS[1]
+local window = KEYS[2]
+local lease = KEYS[3]
+local due = KEYS[4]
+local pending = KEYS[5]
+local history = KEYS[6]
+local outbox = KEYS[7]
+local conversation = ARGV[1]
+local token = ARGV[2]
+local ttl_ms = tonumber(ARGV[3])
+local history_entries = tonumber(ARGV[4])
+local max_wait_ms = tonumber(ARGV[5])
+local backoff_cap_ms = tonumber(ARGV[6])
+local slack_ms = tonumber(ARGV[7])
+-- The oldest age the starvation guard trusts (0: the guard's age is off).
+local trusted_age_ms = tonumber(ARGV[8])
+local horizon = math.max(max_wait_ms, ttl_ms, backoff_cap_ms) + slack_ms
 local now = now_ms()
 
 local held = redis.call('PTTL', lease)
 -- The lease's own TTL counts too: a replica configured with a longer one than ours (a rolling
 -- change of LASTWORD_LEASE__TTL_MS) must not have its lease taken for a clock jump.
 local granted = tonumber(redis.call('HGET', lease, 'ttl') or '0')
-if held > 0 and held <= math.max(horizon, granted + slack) then
+if held > 0 and held <= math.max(horizon, granted + slack_ms) then
   -- Look again when it expires, in case its holder died.
-  redis.call('ZADD', due, now + held, conv)
-  return {'busy', held}
+  redis.call('ZADD', due, now + held, conversation)
+  return cjson.encode({status = 'busy', look_in_ms = held})
 end
 
 local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since',
@@ -45,29 +53,29 @@ local has_outbox = left[1] ~= false
 
 if v <= w and not has_outbox then
   redis.call('DEL', window)
-  redis.call('ZREM', due, conv)
-  return {'idle'}
+  redis.call('ZREM', due, conversation)
+  return cjson.encode({status = 'idle'})
 end
 
--- After failed attempts the next one waits, whichever replica looks (SPEC: a retry is backed
--- off across replicas).
+-- After failed attempts the next one waits, whichever replica looks: a retry is backed off
+-- across replicas.
 local retry_at = tonumber(counters[5] or '0')
-if retry_at > now + backoff_cap + slack then
+if retry_at > now + backoff_cap_ms + slack_ms then
   redis.call('HDEL', state, 'retry_at')
 elseif retry_at > now then
-  redis.call('ZADD', due, retry_at, conv)
-  return {'backoff', retry_at - now}
+  redis.call('ZADD', due, retry_at, conversation)
+  return cjson.encode({status = 'backoff', look_in_ms = retry_at - now})
 end
 
 local lateness = 0
 if not has_outbox then
   local deadline = tonumber(redis.call('HGET', window, 'deadline') or '0')
-  if deadline > now + max_wait + slack then
+  if deadline > now + max_wait_ms + slack_ms then
     deadline = now
   end
   if deadline > now then
-    redis.call('ZADD', due, deadline, conv)
-    return {'early', deadline - now}
+    redis.call('ZADD', due, deadline, conversation)
+    return cjson.encode({status = 'early', look_in_ms = deadline - now})
   end
   if deadline > 0 then
     lateness = now - deadline
@@ -77,15 +85,16 @@ if not has_outbox then
 end
 
 local fence = redis.call('HINCRBY', state, 'fence', 1)
-redis.call('HSET', lease, 'token', ARGV[2], 'fence', fence, 'ttl', ttl)
-redis.call('PEXPIRE', lease, ttl)
+redis.call('HSET', lease, 'token', token, 'fence', fence, 'ttl', ttl_ms)
+redis.call('PEXPIRE', lease, ttl_ms)
 -- If we die, the sweep finds the conversation once the lease has expired.
-redis.call('ZADD', due, now + ttl, conv)
+redis.call('ZADD', due, now + ttl_ms, conversation)
 
 local unanswered = {}
-local resend = {}
+local resend = nil
 if has_outbox then
-  resend = {left[1], left[2]}
+  resend = {text = left[1], version = tonumber(left[2]), fence = tonumber(left[3] or '0'),
+    token = left[4] or '', changes = left[5] or ''}
 elseif v > w then
   -- In chunks: unpack() fails past ~8000 values, and a script error here would leave the
   -- lease taken and the window consumed, wedging the conversation on every retry.
@@ -99,13 +108,13 @@ elseif v > w then
     end
   end
 end
-local past = redis.call('LRANGE', history, -tonumber(ARGV[4]), -1)
+local past = redis.call('LRANGE', history, -history_entries, -1)
 local discards, failures = tonumber(counters[3] or '0'), tonumber(counters[4] or '0')
 local waited = now - tonumber(counters[6] or now)
-local trusted = tonumber(ARGV[8])
-if trusted > 0 and (waited < 0 or waited > trusted) then
+if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
   redis.call('HSET', state, 'since', now)
   waited = 0
 end
-return {'acquired', fence, v, w, lateness, discards, resend, unanswered, past, failures,
-  left[3] or '', left[4] or '', waited, counters[7] or '', left[5] or ''}
+return cjson.encode({status = 'acquired', fence = fence, version = v, watermark = w,
+  lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
+  history = past, failures = failures, waited_ms = waited, model = counters[7] or ''})

@@ -4,7 +4,7 @@ through it, bounded in number and with failures told apart (`bot.store.errors`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from bot.store.config import StoreSettings
 from bot.store.durability import Durability
 from bot.store.errors import StoreUnavailable, reaching_redis
 from bot.store.keys import SHARDS
+from bot.store.scripts import Script
 
 
 class Calls:
@@ -26,21 +27,10 @@ class Calls:
     def __init__(self, redis: Client, settings: StoreSettings) -> None:
         self.redis = redis
         self.settings = settings
-        self._ingest = redis.register_script(scripts.INGEST)
-        self._notice = redis.register_script(scripts.NOTICE)
-        self._acquire = redis.register_script(scripts.ACQUIRE)
-        self._renew = redis.register_script(scripts.RENEW)
-        self._release = redis.register_script(scripts.RELEASE)
-        self._interrupt = redis.register_script(scripts.INTERRUPT)
-        self._usage = redis.register_script(scripts.USAGE)
-        self._presend = redis.register_script(scripts.PRESEND)
-        self._commit = redis.register_script(scripts.COMMIT)
-        self._due = redis.register_script(scripts.DUE)
-        self._role = redis.register_script(scripts.ROLE)
-        self._role_release = redis.register_script(scripts.ROLE_RELEASE)
-        self._heartbeat = redis.register_script(scripts.HEARTBEAT)
-        self._access_set = redis.register_script(scripts.ACCESS_SET)
-        self._access_copy = redis.register_script(scripts.ACCESS_COPY)
+        # AsyncScript reloads its script itself on NOSCRIPT (an empty cache after a restart).
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(script.source) for name, script in scripts.ALL.items()
+        }
         self.durability = Durability(redis)
         # The cluster client fails a call at once when a node's pool is exhausted, and then
         # closes every connection, failing the calls in flight too; the single-server pool
@@ -66,18 +56,29 @@ class Calls:
                 await drop_connections(self.redis)
             raise
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
-        # AsyncScript reloads the script itself on NOSCRIPT (empty cache after a restart).
+    async def _run(
+        self,
+        script: Script,
+        keys: Mapping[str, str],
+        args: Mapping[str, str | int],
+        rest: Sequence[str | int] = (),
+    ) -> Any:
+        """Run `script` with its keys and arguments by name (`Script.ordered_keys`), and
+        `rest` past the named arguments."""
+        ordered_keys, ordered_args = script.ordered_keys(keys), script.ordered_args(args, rest)
         async with self._reaching():
-            return await script(keys=keys, args=args)
+            return await self._scripts[script.name](keys=ordered_keys, args=ordered_args)
 
     async def _run_durable(
-        self, script: AsyncScript, keys: list[str], args: list[str | int]
+        self, script: Script, keys: Mapping[str, str], args: Mapping[str, str | int]
     ) -> Any:
         """`_run` for a step whose outcome is promised outside Redis: at the configured
         durability, it waits for the fsync (and a replica) on the script's connection."""
+        ordered_keys, ordered_args = script.ordered_keys(keys), script.ordered_args(args)
+        registered = self._scripts[script.name]
+        level = self.settings.durability
         async with self._reaching():
-            return await self.durability.run(self.settings.durability, script, keys, args)
+            return await self.durability.run(level, registered, ordered_keys, ordered_args)
 
     async def ping(self) -> None:
         async with self._reaching():
@@ -93,23 +94,25 @@ class Calls:
 
     async def _in_every_shard(
         self,
-        script: AsyncScript,
+        script: Script,
         call: Callable[[int], tuple[list[str], list[str | int]]],
         *,
         shards: Sequence[int] = range(SHARDS),
         also: Sequence[tuple[str, ...]] = (),
     ) -> list[Any]:
         """Run `script` once in each of `shards` (all by default), on the keys and with the
-        arguments `call(shard)` gives, and the commands `also` after them, in one pipeline (on
-        a cluster, one round trip to each primary, all at once). Their replies, in order."""
+        arguments `call(shard)` gives (in the script's order: `Script.ordered_keys`), and the
+        commands `also` after them, in one pipeline (on a cluster, one round trip to each
+        primary, all at once). Their replies, in order."""
+        registered = self._scripts[script.name]
         async with self._reaching():
             try:
-                return await self._pipeline_in_every_shard(script, call, shards, also)
+                return await self._pipeline_in_every_shard(registered, call, shards, also)
             except NoScriptError:
                 # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
                 # round trip to every sweep), so reload by hand after a restart.
-                await self.redis.script_load(script.script)
-                return await self._pipeline_in_every_shard(script, call, shards, also)
+                await self.redis.script_load(registered.script)
+                return await self._pipeline_in_every_shard(registered, call, shards, also)
 
     async def _pipeline_in_every_shard(
         self,

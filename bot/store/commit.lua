@@ -6,15 +6,26 @@
 -- closed their DMs: marked until they write again, unless they already did); 'abandoned' (a
 -- permanent platform error, or too many failed attempts). Only a sent reply joins the history,
 -- which holds what the user saw; the messages it covered are answered either way.
--- KEYS: lease, state, pending, history, outbox, window, due, seen, usage, the shard's totals of
---       today
--- ARGV: conversation, token, fence, history cap, outcome, retention ms, totals keep ms
--- Returns {'committed' | 'lost', ms until the next look or -1}
-local lease, state, pending, history = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local outbox, window, due = KEYS[5], KEYS[6], KEYS[7]
+-- Returns {status = 'committed' | 'lost', look_in_ms = ms until the next look or -1}
+local lease = KEYS[1]
+local state = KEYS[2]
+local pending = KEYS[3]
+local history = KEYS[4]
+local outbox = KEYS[5]
+local window = KEYS[6]
+local due = KEYS[7]
+local seen = KEYS[8]
+local usage = KEYS[9]
+local totals = KEYS[10] -- the shard's totals of today
+local conversation = ARGV[1]
+local token = ARGV[2]
+local fence = ARGV[3]
+local history_cap = tonumber(ARGV[4])
 local outcome = ARGV[5]
-if not holds(lease, ARGV[2], ARGV[3]) then
-  return {'lost', -1}
+local retention_ms = tonumber(ARGV[6])
+local totals_keep_ms = tonumber(ARGV[7])
+if not holds(lease, token, fence) then
+  return cjson.encode({status = 'lost', look_in_ms = -1})
 end
 
 local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid')
@@ -48,11 +59,11 @@ if covered ~= nil and covered > w then
     end
   end
   if outcome == 'sent' then
-    count_today(KEYS[10], 'replies', tonumber(ARGV[7]))
+    count_today(totals, 'replies', totals_keep_ms)
     redis.call('RPUSH', history,
       '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
   end
-  redis.call('LTRIM', history, -tonumber(ARGV[4]), -1)
+  redis.call('LTRIM', history, -history_cap, -1)
   redis.call('HSET', state, 'w', covered)
   -- The oldest message still owed arrived after the lease was taken, so it opened the window
   -- that is open now (the lease's acquire consumed the one before).
@@ -68,5 +79,6 @@ end
 redis.call('HSET', state, 'discards', 0)
 redis.call('HDEL', state, 'failures', 'retry_at')
 redis.call('DEL', outbox, lease)
-keep_alive(tonumber(ARGV[6]), state, pending, history, KEYS[8], KEYS[9])
-return {'committed', reschedule(state, window, due, ARGV[1], now_ms())}
+keep_alive(retention_ms, state, pending, history, seen, usage)
+return cjson.encode({status = 'committed',
+  look_in_ms = reschedule(state, window, due, conversation, now_ms())})

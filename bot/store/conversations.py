@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from bot.message import Attachment, InboundMessage
 from bot.settings import Verdict
+from bot.store import scripts
 from bot.store.calls import Calls
 from bot.store.config import (
     CLOCK_SLACK_MS,
@@ -21,7 +22,8 @@ from bot.store.config import (
     utc_today,
 )
 from bot.store.keys import SHARDS, Keys, active_key
-from bot.store.replies import as_text, look_in
+from bot.store.replies import as_text, decoded, listed, look_in
+from bot.store.scripts import Script
 
 # Platform message ids remembered per conversation for dedupe: at most this many, and none
 # older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
@@ -49,6 +51,22 @@ class Ingested:
     opened_window: bool = False  # this message opened the debounce window
     capped: bool = False  # the window's deadline is at its hard cap (max_wait)
     refused: bool = False  # its user may not talk to the bot (settings, or an admin's /deny)
+
+    @classmethod
+    def from_reply(cls, raw: bytes | str) -> Ingested:
+        """From ingest.lua's answer."""
+        reply = decoded(raw)
+        status, window = reply["status"], reply["window"]
+        return cls(
+            accepted=status == "accepted",
+            version=int(reply["version"]),
+            look_in_ms=look_in(reply["look_in_ms"]),
+            limited=status in ("limited", "first_limited"),
+            first_limited=status == "first_limited",
+            opened_window=window == "opened",
+            capped=window == "capped",
+            refused=status == "refused",
+        )
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,38 @@ class Grant:
     # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
     resend_changes: str = ""
 
+    @classmethod
+    def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
+        """From acquire.lua's answer to `token`'s attempt."""
+        reply = decoded(raw)
+        status = reply["status"]
+        if status != "acquired":
+            return cls(status, look_in_ms=reply.get("look_in_ms"))
+        resend = reply.get("resend")
+        return cls(
+            "acquired",
+            lease=Lease(conversation, token, int(reply["fence"])),
+            version=int(reply["version"]),
+            watermark=int(reply["watermark"]),
+            lateness_ms=int(reply["lateness_ms"]),
+            discards=int(reply["discards"]),
+            unanswered=tuple(InboundMessage.from_json(m) for m in listed(reply["unanswered"]) if m),
+            history=tuple(HistoryEntry.from_json(h) for h in listed(reply["history"])),
+            failures=int(reply["failures"]),
+            waited_ms=int(reply["waited_ms"]),
+            model=str(reply["model"]),
+            **(_resent(resend) if resend else {}),
+        )
+
+
+def _resent(outbox: dict[str, Any]) -> dict[str, Any]:
+    """The `Grant` fields of an outbox left by a crashed holder, from acquire.lua's answer."""
+    return {
+        "resend": (str(outbox["text"]), int(outbox["version"])),
+        "resend_lease": (int(outbox["fence"]), str(outbox["token"])),
+        "resend_changes": str(outbox["changes"]),
+    }
+
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
 Outcome = Literal["sent", "unreachable", "abandoned"]
@@ -115,6 +165,12 @@ class Ended:
     ok: bool  # False: the lease was no longer ours, and nothing changed
     look_in_ms: int | None  # None: nothing owed
 
+    @classmethod
+    def from_reply(cls, raw: bytes | str) -> Ended:
+        """From release.lua's or commit.lua's answer: any status but 'lost' is ok."""
+        reply = decoded(raw)
+        return cls(reply["status"] != "lost", look_in(reply["look_in_ms"]))
+
 
 @dataclass(frozen=True)
 class Interrupt:
@@ -123,12 +179,27 @@ class Interrupt:
     status: Literal["stale", "lost"]  # stale: the lease is given back
     look_in_ms: int | None = None
 
+    @classmethod
+    def from_reply(cls, raw: bytes | str) -> Interrupt:
+        """From interrupt.lua's answer."""
+        reply = decoded(raw)
+        return cls(reply["status"], look_in(reply["look_in_ms"]))
+
 
 @dataclass(frozen=True)
 class PreSend:
     status: Literal["ok", "stale", "lost"]
     forced: bool = False  # sent despite being stale, by the starvation guard
     look_in_ms: int | None = None
+
+    @classmethod
+    def from_reply(cls, raw: bytes | str) -> PreSend:
+        """From presend.lua's answer: 'forced' is an ok that the guard forced out."""
+        reply = decoded(raw)
+        status = reply["status"]
+        if status in ("ok", "forced"):
+            return cls("ok", forced=status == "forced")
+        return cls(status, look_in_ms=look_in(reply["look_in_ms"]))
 
 
 class Conversations(Calls):
@@ -138,111 +209,71 @@ class Conversations(Calls):
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin."""
         conversation = message.conversation
-        k = Keys(conversation)
-        keys = [k.state, k.pending, k.seen, k.window, k.due, k.rate, k.active]
-        keys += [k.history, k.outbox, k.usage, k.access]
-        args: list[str | int] = [
-            conversation,
-            message.message_id,
-            message.to_json(),
-            self.settings.quiet_ms,
-            self.settings.max_wait_ms,
-            SEEN_CAP,
-            self.settings.rate_per_minute,
-            RATE_WINDOW_MS,
-            ACTIVE_KEEP_MS,
-            SEEN_KEEP_MS,
-            self.settings.retention_ms,
-            verdict,
-            message.user_id,
-        ]
-        raw_status, version, due_in, raw_window = await self._run_durable(self._ingest, keys, args)
-        status, window = as_text(raw_status), as_text(raw_window)
-        return Ingested(
-            accepted=status == "accepted",
-            version=int(version),
-            look_in_ms=look_in(due_in),
-            limited=status in ("limited", "first_limited"),
-            first_limited=status == "first_limited",
-            opened_window=window == "opened",
-            capped=window == "capped",
-            refused=status == "refused",
-        )
+        args: dict[str, str | int] = {
+            "conversation": conversation,
+            "message_id": message.message_id,
+            "message": message.to_json(),
+            "quiet_ms": self.settings.quiet_ms,
+            "max_wait_ms": self.settings.max_wait_ms,
+            "seen_cap": SEEN_CAP,
+            "rate_limit": self.settings.rate_per_minute,
+            "rate_window_ms": RATE_WINDOW_MS,
+            "active_keep_ms": ACTIVE_KEEP_MS,
+            "seen_keep_ms": SEEN_KEEP_MS,
+            "retention_ms": self.settings.retention_ms,
+            "verdict": verdict,
+            "user": message.user_id,
+        }
+        keys = _own_keys(scripts.INGEST, Keys(conversation))
+        return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
         """True for the first caller, on any replica, within `ttl_ms`: a one-off notice (such
         as a refusal) is then sent by that caller only."""
-        keys = [Keys(conversation).notice]
-        return bool(await self._run(self._notice, keys, [ttl_ms]))
+        keys = {"notice": Keys(conversation).notice}
+        return bool(await self._run(scripts.NOTICE, keys, {"period_ms": ttl_ms}))
 
     async def acquire(self, conversation: str, token: str) -> Grant:
-        k = Keys(conversation)
-        keys = [k.state, k.window, k.lease, k.due, k.pending, k.history, k.outbox]
+        args: dict[str, str | int] = {
+            "conversation": conversation,
+            "token": token,
+            "ttl_ms": self.settings.ttl_ms,
+            "history_entries": self.settings.history_cap,
+            "max_wait_ms": self.settings.max_wait_ms,
+            "backoff_cap_ms": RETRY_AFTER_ERROR_CAP_MS,
+            "slack_ms": CLOCK_SLACK_MS,
+            "trusted_age_ms": self.settings.trusted_age_ms,
+        }
+        keys = _own_keys(scripts.ACQUIRE, Keys(conversation))
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
         # as safe as a pre-send's (the wait covers every write before this one).
-        args: list[str | int] = [
-            conversation,
-            token,
-            self.settings.ttl_ms,
-            self.settings.history_cap,
-            self.settings.max_wait_ms,
-            RETRY_AFTER_ERROR_CAP_MS,
-            CLOCK_SLACK_MS,
-            self.settings.trusted_age_ms,
-        ]
-        reply = await self._run_durable(self._acquire, keys, args)
-        status = as_text(reply[0])
-        if status in ("busy", "early", "backoff"):
-            return Grant(status, look_in_ms=look_in(reply[1]))  # type: ignore[arg-type]
-        if status == "idle":
-            return Grant("idle")
-        _, fence, version, watermark, lateness, discards, resend, unanswered, history = reply[:9]
-        return Grant(
-            "acquired",
-            lease=Lease(conversation, token, int(fence)),
-            version=int(version),
-            watermark=int(watermark),
-            lateness_ms=int(lateness),
-            discards=int(discards),
-            resend=(as_text(resend[0]), int(resend[1])) if resend else None,
-            unanswered=tuple(InboundMessage.from_json(m) for m in unanswered if m),
-            history=tuple(HistoryEntry.from_json(as_text(h)) for h in history),
-            failures=int(reply[9]),
-            resend_lease=(int(reply[10] or 0), as_text(reply[11])) if resend else (0, ""),
-            waited_ms=int(reply[12]),
-            model=as_text(reply[13]),
-            resend_changes=as_text(reply[14]) if resend else "",
-        )
+        raw = await self._run_durable(scripts.ACQUIRE, keys, args)
+        return Grant.from_reply(raw, conversation, token)
 
     async def renew(self, lease: Lease) -> bool:
-        k = Keys(lease.conversation)
-        args: list[str | int] = [lease.conversation, lease.token, lease.fence, self.settings.ttl_ms]
-        return bool(await self._run(self._renew, [k.lease, k.due], args))
+        keys = _own_keys(scripts.RENEW, Keys(lease.conversation))
+        args = {**_holder(lease), "ttl_ms": self.settings.ttl_ms}
+        return bool(await self._run(scripts.RENEW, keys, args))
 
     async def release(self, lease: Lease, *, failed: bool = False) -> Ended:
         """Give the lease back without a reply. `failed`: the attempt failed, so the next
         one, by any replica, is backed off (`RETRY_AFTER_ERROR_MS`, doubling, capped)."""
-        k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.window, k.due]
-        args: list[str | int] = [
-            lease.conversation,
-            lease.token,
-            int(failed),
-            RETRY_AFTER_ERROR_MS,
-            RETRY_AFTER_ERROR_CAP_MS,
-        ]
-        status, next_look = await self._run(self._release, keys, args)
-        return Ended(as_text(status) == "released", look_in(next_look))
+        args: dict[str, str | int] = {
+            "conversation": lease.conversation,
+            "token": lease.token,
+            "failed": int(failed),
+            "backoff_ms": RETRY_AFTER_ERROR_MS,
+            "backoff_cap_ms": RETRY_AFTER_ERROR_CAP_MS,
+        }
+        keys = _own_keys(scripts.RELEASE, Keys(lease.conversation))
+        return Ended.from_reply(await self._run(scripts.RELEASE, keys, args))
 
     async def interrupt(self, lease: Lease) -> Interrupt:
         """A newer message arrived mid-generation and the generation is cancelled: hand the
         lease back, counting a discard towards the starvation guard."""
-        k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.window, k.due, k.day_totals(utc_today())]
-        args: list[str | int] = [lease.conversation, lease.token, lease.fence, DAY_KEEP_MS]
-        raw_status, value = await self._run(self._interrupt, keys, args)
-        status = as_text(raw_status)
-        return Interrupt(status, look_in(value))  # type: ignore[arg-type]
+        keys = _own_keys(scripts.INTERRUPT, Keys(lease.conversation))
+        args = {**_holder(lease), "totals_keep_ms": DAY_KEEP_MS}
+        return Interrupt.from_reply(await self._run(scripts.INTERRUPT, keys, args))
 
     async def presend(
         self,
@@ -265,48 +296,37 @@ class Conversations(Calls):
         long the cycle has worked since its acquire (reading files, generating), by the
         replica's own clock; the starvation guard believes an age that much older than it
         would at the acquire, so a slow generation that the guard let run is not discarded."""
-        k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.outbox, k.window, k.due, k.day_totals(utc_today())]
-        args: list[str | int] = [
-            lease.conversation,
-            lease.token,
-            lease.fence,
-            version,
-            text,
-            self.settings.starvation_limit,
-            reset,
-            self.settings.retention_ms,
-            self.settings.starvation_age_ms,
-            replaces,
-            unsaid,
-            DAY_KEEP_MS,
-            changes,
-            self.settings.trusted_age_ms + worked_ms if self.settings.trusted_age_ms else 0,
-        ]
-        reply = await self._run_durable(self._presend, keys, args)
-        status = as_text(reply[0])
-        if status in ("ok", "forced"):
-            return PreSend("ok", forced=status == "forced")
-        return PreSend("stale" if status == "stale" else "lost", look_in_ms=look_in(reply[1]))
+        trusted = self.settings.trusted_age_ms
+        args: dict[str, str | int] = {
+            **_holder(lease),
+            "version": version,
+            "text": text,
+            "starvation_limit": self.settings.starvation_limit,
+            "reset": reset,
+            "retention_ms": self.settings.retention_ms,
+            "starvation_age_ms": self.settings.starvation_age_ms,
+            "replaces": replaces,
+            "unsaid": unsaid,
+            "totals_keep_ms": DAY_KEEP_MS,
+            "changes": changes,
+            "trusted_age_ms": trusted + worked_ms if trusted else 0,
+        }
+        keys = _own_keys(scripts.PRESEND, Keys(lease.conversation))
+        return PreSend.from_reply(await self._run_durable(scripts.PRESEND, keys, args))
 
     async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
         """W moves to the version the outbox covers and the lease is released. `outcome`
         says what became of the reply: only a sent one joins the history; `unreachable`
         marks the conversation until the user writes again."""
-        k = Keys(lease.conversation)
-        keys = [k.lease, k.state, k.pending, k.history, k.outbox, k.window, k.due, k.seen]
-        keys += [k.usage, k.day_totals(utc_today())]
-        args: list[str | int] = [
-            lease.conversation,
-            lease.token,
-            lease.fence,
-            self.settings.history_cap,
-            outcome,
-            self.settings.retention_ms,
-            DAY_KEEP_MS,
-        ]
-        status, next_look = await self._run_durable(self._commit, keys, args)
-        return Ended(as_text(status) == "committed", look_in(next_look))
+        args: dict[str, str | int] = {
+            **_holder(lease),
+            "history_cap": self.settings.history_cap,
+            "outcome": outcome,
+            "retention_ms": self.settings.retention_ms,
+            "totals_keep_ms": DAY_KEEP_MS,
+        }
+        keys = _own_keys(scripts.COMMIT, Keys(lease.conversation))
+        return Ended.from_reply(await self._run_durable(scripts.COMMIT, keys, args))
 
     async def pick_model(self, conversation: str, name: str) -> None:
         """Remember the model the user picked with /model, for every replica."""
@@ -351,3 +371,17 @@ class Conversations(Calls):
         async with self._reaching():
             raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(as_text(h)) for h in raw]
+
+
+def _own_keys(script: Script, k: Keys) -> dict[str, str]:
+    """A step's keys, each the conversation's own of the same name (`Keys`); `totals` is its
+    shard's totals of today."""
+    return {
+        name: k.day_totals(utc_today()) if name == "totals" else getattr(k, name)
+        for name in script.keys
+    }
+
+
+def _holder(lease: Lease) -> dict[str, str | int]:
+    """The arguments that say who holds the lease."""
+    return {"conversation": lease.conversation, "token": lease.token, "fence": lease.fence}

@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Mapping
 
+from bot.store import scripts
 from bot.store.calls import Calls
 from bot.store.keys import heartbeat_key
 
@@ -33,10 +34,10 @@ class Heartbeats(Calls):
         """
         fields: dict[str, str] = {"pid": str(os.getpid()), "host": socket.gethostname()}
         fields.update({k: str(v) for k, v in info.items() if k not in ("started_at", "last_beat")})
-        args: list[str | int] = [ttl_ms, "" if started_at_ms is None else started_at_ms]
-        for name, value in fields.items():
-            args += [name, value]
-        return int(await self._run(self._heartbeat, [heartbeat_key(replica_id)], args))
+        args = {"ttl_ms": ttl_ms, "started_at": "" if started_at_ms is None else started_at_ms}
+        pairs = [part for pair in fields.items() for part in pair]
+        keys = {"heartbeat": heartbeat_key(replica_id)}
+        return int(await self._run(scripts.HEARTBEAT, keys, args, pairs))
 
     async def remove_beat(self, replica_id: str) -> None:
         """Delete the replica's heartbeat, so it leaves the status at once."""

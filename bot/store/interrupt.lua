@@ -2,14 +2,22 @@
 -- cancelled the generation: give the lease back at once, as the pre-send check would after it.
 -- The discard counts towards the starvation guard as a stale reply does. (A holder whose
 -- reply the guard will force out does not interrupt at all: it learns the count on acquire.)
--- KEYS: lease, state, window, due, the shard's totals of today
--- ARGV: conversation, token, fence, totals keep ms
--- Returns {'stale', ms until the next look} | {'lost', -1}
-local lease, state, window, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if not holds(lease, ARGV[2], ARGV[3]) then
-  return {'lost', -1}
+-- Returns {status = 'stale', look_in_ms = ms until the next look} | {status = 'lost',
+-- look_in_ms = -1}
+local lease = KEYS[1]
+local state = KEYS[2]
+local window = KEYS[3]
+local due = KEYS[4]
+local totals = KEYS[5] -- the shard's totals of today
+local conversation = ARGV[1]
+local token = ARGV[2]
+local fence = ARGV[3]
+local totals_keep_ms = tonumber(ARGV[4])
+if not holds(lease, token, fence) then
+  return cjson.encode({status = 'lost', look_in_ms = -1})
 end
 redis.call('HINCRBY', state, 'discards', 1)
-count_today(KEYS[5], 'interrupted', tonumber(ARGV[4]))
+count_today(totals, 'interrupted', totals_keep_ms)
 redis.call('DEL', lease)
-return {'stale', reschedule(state, window, due, ARGV[1], now_ms())}
+return cjson.encode({status = 'stale',
+  look_in_ms = reschedule(state, window, due, conversation, now_ms())})

@@ -8,7 +8,8 @@ end
 
 -- Called whenever a lease ends. Schedules the next look at the conversation in the due-index,
 -- or drops it from the index when everything is answered. Returns the delay in ms, or -1.
--- It only reads the window: nothing that writes state may write the window (seed 2).
+-- It only reads the window: only ingest (which opens and extends it) and acquire (which
+-- consumes it) write the window, so a lease that ends never moves a deadline a message set.
 local function reschedule(state_key, window_key, due_key, conv, now)
   local v = tonumber(redis.call('HGET', state_key, 'v') or '0')
   local w = tonumber(redis.call('HGET', state_key, 'w') or '0')

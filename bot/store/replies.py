@@ -1,6 +1,10 @@
-"""What Redis answers, as Python values: the client hands back bytes."""
+"""What Redis answers, as Python values: the client hands back bytes, and the scripts answer
+with a JSON object (`cjson.encode`) whose fields the store's dataclasses take by name."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 
 def as_text(value: bytes | str | int | None) -> str:
@@ -16,3 +20,15 @@ def look_in(ms: int | str | bytes) -> int | None:
     (nothing is owed, or it is not ours to look at)."""
     value = int(ms)
     return None if value < 0 else value
+
+
+def decoded(raw: bytes | str) -> dict[str, Any]:
+    """A script's reply object. Lua's cjson writes an empty table as `{}`, so a field that
+    holds a list reads back as `{}` when empty: `listed` takes both."""
+    found: dict[str, Any] = json.loads(raw)
+    return found
+
+
+def listed(value: Any) -> list[Any]:
+    """A list field of a script's reply (`decoded`), empty when cjson wrote `{}` or left it out."""
+    return value if isinstance(value, list) else []

@@ -1,11 +1,19 @@
-"""The store's Lua scripts, each one step of the flow.
+"""The store's Lua scripts, each one step of the flow, declared with its KEYS and ARGV by name.
 
 Every script file next to this module is one step; `prelude.lua` holds their shared helpers
-and is loaded in front of each.
+and is loaded in front of each. A script's header reads each key and argument into a local of
+the declared name, in the declared order (`local state = KEYS[1]`, `local ttl_ms =
+tonumber(ARGV[3])`), and tests/test_scripts.py holds every header to its declaration here: a
+caller names what it passes (`Script.ordered_keys`, `Script.ordered_args`), so adding one
+touches the declaration, the script and the caller, nothing positional. A script with more
+than a scalar to say answers with a JSON object (`cjson.encode`) that `bot.store.replies`
+decodes into the store's dataclasses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 
 
@@ -15,18 +23,192 @@ def _load(name: str) -> str:
     return prelude + "\n" + folder.joinpath(f"{name}.lua").read_text()
 
 
-INGEST = _load("ingest")
-NOTICE = _load("notice")
-ACQUIRE = _load("acquire")
-RENEW = _load("renew")
-RELEASE = _load("release")
-INTERRUPT = _load("interrupt")
-USAGE = _load("usage")
-PRESEND = _load("presend")
-COMMIT = _load("commit")
-DUE = _load("due")
-ROLE = _load("role")
-ROLE_RELEASE = _load("role_release")
-HEARTBEAT = _load("heartbeat")
-ACCESS_SET = _load("access_set")
-ACCESS_COPY = _load("access_copy")
+@dataclass(frozen=True)
+class Script:
+    """One script: its file's name, its KEYS and ARGV by name in their order, and `rest`, the
+    name of what ARGV holds past the named arguments (repeated groups), if anything."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    rest: str = ""
+    source: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", _load(self.name))
+
+    def ordered_keys(self, named: Mapping[str, str]) -> list[str]:
+        """KEYS for a call, in the script's order, from every key by its declared name."""
+        self._check("keys", named, self.keys)
+        return [named[name] for name in self.keys]
+
+    def ordered_args(
+        self, named: Mapping[str, str | int], rest: Sequence[str | int] = ()
+    ) -> list[str | int]:
+        """ARGV for a call, in the script's order, then `rest` (only if the script has one)."""
+        self._check("args", named, self.args)
+        if rest and not self.rest:
+            raise TypeError(f"{self.name}.lua takes no arguments past {', '.join(self.args)}")
+        return [*(named[name] for name in self.args), *rest]
+
+    def _check(self, what: str, named: Mapping[str, object], declared: tuple[str, ...]) -> None:
+        # A name missing or unknown is a caller's bug: caught here, not as a script's
+        # misreading of a shifted position.
+        if named.keys() != set(declared):
+            missing = sorted(set(declared) - named.keys())
+            unknown = sorted(named.keys() - set(declared))
+            raise TypeError(f"{self.name}.lua {what}: missing {missing}, unknown {unknown}")
+
+
+INGEST = Script(
+    "ingest",
+    keys=(
+        "state",
+        "pending",
+        "seen",
+        "window",
+        "due",
+        "rate",
+        "active",
+        "history",
+        "outbox",
+        "usage",
+        "access",
+    ),
+    args=(
+        "conversation",
+        "message_id",
+        "message",
+        "quiet_ms",
+        "max_wait_ms",
+        "seen_cap",
+        "rate_limit",
+        "rate_window_ms",
+        "active_keep_ms",
+        "seen_keep_ms",
+        "retention_ms",
+        "verdict",
+        "user",
+    ),
+)
+NOTICE = Script("notice", keys=("notice",), args=("period_ms",))
+ACQUIRE = Script(
+    "acquire",
+    keys=("state", "window", "lease", "due", "pending", "history", "outbox"),
+    args=(
+        "conversation",
+        "token",
+        "ttl_ms",
+        "history_entries",
+        "max_wait_ms",
+        "backoff_cap_ms",
+        "slack_ms",
+        "trusted_age_ms",
+    ),
+)
+RENEW = Script("renew", keys=("lease", "due"), args=("conversation", "token", "fence", "ttl_ms"))
+RELEASE = Script(
+    "release",
+    keys=("lease", "state", "window", "due"),
+    args=("conversation", "token", "failed", "backoff_ms", "backoff_cap_ms"),
+)
+INTERRUPT = Script(
+    "interrupt",
+    keys=("lease", "state", "window", "due", "totals"),
+    args=("conversation", "token", "fence", "totals_keep_ms"),
+)
+PRESEND = Script(
+    "presend",
+    keys=("lease", "state", "outbox", "window", "due", "totals"),
+    args=(
+        "conversation",
+        "token",
+        "fence",
+        "version",
+        "text",
+        "starvation_limit",
+        "reset",
+        "retention_ms",
+        "starvation_age_ms",
+        "replaces",
+        "unsaid",
+        "totals_keep_ms",
+        "changes",
+        "trusted_age_ms",
+    ),
+)
+COMMIT = Script(
+    "commit",
+    keys=(
+        "lease",
+        "state",
+        "pending",
+        "history",
+        "outbox",
+        "window",
+        "due",
+        "seen",
+        "usage",
+        "totals",
+    ),
+    args=(
+        "conversation",
+        "token",
+        "fence",
+        "history_cap",
+        "outcome",
+        "retention_ms",
+        "totals_keep_ms",
+    ),
+)
+DUE = Script("due", keys=("due", "access"), args=("limit", "horizon_ms"))
+USAGE = Script(
+    "usage",
+    keys=("usage", "day", "totals", "ranking", "month"),
+    args=(
+        "prompt",
+        "completion",
+        "user",
+        "day_keep_ms",
+        "conversation",
+        "retention_ms",
+        "month_keep_ms",
+        "cost",
+    ),
+)
+ROLE = Script("role", keys=("role", "fences"), args=("mode", "name", "token", "fence", "ttl_ms"))
+ROLE_RELEASE = Script("role_release", keys=("role",), args=("token",))
+HEARTBEAT = Script(
+    "heartbeat", keys=("heartbeat",), args=("ttl_ms", "started_at"), rest="field_value_pairs"
+)
+ACCESS_SET = Script(
+    "access_set", keys=("records", "sequence"), args=("user", "field", "value", "by")
+)
+ACCESS_COPY = Script(
+    "access_copy",
+    keys=("shard",),
+    args=("whole_after", "whole_before"),
+    rest="user_record_seq_triples",
+)
+
+# Every script, by its file's name (each `.lua` file but the prelude is one).
+ALL: dict[str, Script] = {
+    script.name: script
+    for script in (
+        INGEST,
+        NOTICE,
+        ACQUIRE,
+        RENEW,
+        RELEASE,
+        INTERRUPT,
+        PRESEND,
+        COMMIT,
+        DUE,
+        USAGE,
+        ROLE,
+        ROLE_RELEASE,
+        HEARTBEAT,
+        ACCESS_SET,
+        ACCESS_COPY,
+    )
+}

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bot.store import scripts
 from bot.store.access import AccessRecord
 from bot.store.calls import Calls
 from bot.store.config import DAY_KEEP_MS, utc_today
@@ -64,19 +65,25 @@ class Usage(Calls):
         the user's day and month (a dearer model's tokens count for more)."""
         k = Keys(conversation)
         today = utc_today()
-        keys = [k.usage, k.day(today), *usage_day_keys(shard_of(conversation), today)]
-        keys.append(k.month(today))
-        args: list[str | int] = [
-            prompt,
-            completion,
-            user,
-            DAY_KEEP_MS,
-            conversation,
-            self.settings.retention_ms,
-            MONTH_KEEP_MS,
-            repr(cost),
-        ]
-        return int(await self._run(self._usage, keys, args))
+        totals, ranking = usage_day_keys(shard_of(conversation), today)
+        keys = {
+            "usage": k.usage,
+            "day": k.day(today),
+            "totals": totals,
+            "ranking": ranking,
+            "month": k.month(today),
+        }
+        args: dict[str, str | int] = {
+            "prompt": prompt,
+            "completion": completion,
+            "user": user,
+            "day_keep_ms": DAY_KEEP_MS,
+            "conversation": conversation,
+            "retention_ms": self.settings.retention_ms,
+            "month_keep_ms": MONTH_KEEP_MS,
+            "cost": repr(cost),
+        }
+        return int(await self._run(scripts.USAGE, keys, args))
 
     async def spending(self, conversation: str, user: str) -> Spending:
         """Tokens the conversation's user has spent today and this month (UTC), and the
