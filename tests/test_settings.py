@@ -356,3 +356,23 @@ async def test_a_platform_not_installed_names_the_installed_ones(
     # Where platforms are loaded, the same name is refused the same way.
     with pytest.raises(ConfigError, match="no platform 'irc' is installed"):
         adapters.find("irc")
+
+
+def test_a_platform_not_chosen_has_its_names_checked_not_its_values(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host may keep every platform's settings in one file; only the chosen one's are read
+    (and must be valid), but a misspelt name is refused whichever platform it belongs to."""
+    monkeypatch.setenv("LASTWORD_DISCORD__CATCH_UP_MINUTES", "90")  # past its limit
+    assert load_settings().platform == "console"
+    monkeypatch.setenv("LASTWORD_DISCORD__TOKNE", "a.b.c")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "LASTWORD_DISCORD__TOKNE: no such setting (did you mean LASTWORD_DISCORD__TOKEN?)"
+    )
+    monkeypatch.delenv("LASTWORD_DISCORD__TOKNE")
+    monkeypatch.setenv("LASTWORD_PLATFORM", "discord")
+    monkeypatch.setenv("LASTWORD_DISCORD__TOKEN", "a.b.c")
+    with pytest.raises(ConfigError, match="LASTWORD_DISCORD__CATCH_UP_MINUTES: "):
+        load_settings()
