@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from adapters.telegram import TelegramAdapter
+from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
 from bot.app import make_client, make_store
 from bot.media import Media, Timings
 from bot.message import Attachment, InboundMessage
-from bot.settings import LLMSettings, MediaSettings, Settings, TelegramSettings
+from bot.settings import LLMSettings, MediaSettings, Settings
 from bot.transcribe import OpenAITranscriber
 from tests.fakes import files
 from tests.fakes.openai_server import FakeOpenAI
