@@ -72,12 +72,12 @@ from pydantic import SecretStr
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_client, make_store
-from bot.cycle import Stats
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import OpenAILLM
 from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.runtime import Runtime
 from bot.settings import DebounceSettings, LLMSettings, Settings
+from bot.stats import Stats
 from bot.store import Store
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 
