@@ -1,11 +1,12 @@
 """Admin commands: /allow, /deny, /budget and /stats, for the users in
 LASTWORD_ACCESS__ADMINS, in a DM, answered in the burst's one reply like any command.
 
-A command is decided when the reply is written (`decide`: its arguments checked, misuse
-answered with its usage line) and carried out only once the reply has passed the pre-send
-check (`apply`): a reply thrown away as stale changes nothing, and the burst that covers the
-command again decides it again. The changes travel in the outbox with the reply's text, so a
-reply re-sent after a crash applies them too; applying one twice is harmless.
+Each is one `Command` of the registry (`bot.commands`): decided when the reply is written (its
+arguments parsed, misuse answered with its usage line) and carried out only once the reply has
+passed the pre-send check (`Change.apply`): a reply thrown away as stale changes nothing, and
+the burst that covers the command again decides it again. The changes travel in the outbox
+with the reply's text, so a reply re-sent after a crash applies them too; applying one twice
+is harmless.
 
 A change is kept in the store (`Store.change_access`), where every replica's ingest and budget
 check read it at once: nothing to reload. The settings' allow-list stays the starting point

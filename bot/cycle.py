@@ -350,57 +350,70 @@ class Cycle:
         assert grant.lease is not None
         lease = grant.lease
         if grant.resend is not None:
-            # A holder crashed after its pre-send check: send the same text again, never a
-            # freshly generated one (SPEC step 8). First make sure the lease is still ours: a
-            # pause after the acquire may have let another replica resend and commit it.
-            await keeper.ensure_fresh(always=True)
-            text, version = grant.resend
-            self.stats.resent += 1
-            log.info("resending the reply left in the outbox of %s", lease.conversation)
-            # What its commands change: carried out again, as its holder may have died first.
-            await apply(self.store, lease.conversation, decoded(grant.resend_changes))
+            text, version = await self._resend(grant, keeper)
+            # Whose pre-send check the reply passed: the crashed holder's.
+            sent_by = grant.resend_lease
         else:
-            self.stats.lateness_ms.append(grant.lateness_ms)
-            self.stats.lateness.observe(grant.lateness_ms)
-            version = grant.version
-            burst = plan(grant.watermark, grant.unanswered, self.settings.access.admins)
-            target = last_reply(grant.history) if burst.retry and burst.keeps_history else None
-            if burst.retry and target is None:
-                burst = replace(burst, answers=(*burst.answers, NOTHING_TO_RETRY))
-            reply = await self._reply_or_give_up(grant, burst, keeper, target)
-            if isinstance(reply, Next):
-                return reply
-            text, spent = reply.text, reply.spent
-            verdict = await self.store.presend(
-                lease,
-                version,
-                text,
-                reset=max(burst.reset, reply.reset),
-                replaces=target.version if target else 0,
-                unsaid=burst.retry,
-                changes=encoded(reply.changes),
-                worked_ms=int((time.monotonic() - began) * 1000),
-            )
-            if verdict.status == "lost":
-                raise LeaseLost(lease.conversation)
-            if verdict.status == "stale":
-                keeper.released()
-                self.stats.discarded += 1
-                self.stats.discarded_tokens += spent
-                log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
-                return Next(verdict.look_in_ms, working=True)
-            if verdict.forced:
-                self.stats.forced += 1
-                log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
-            # Only now, past the final check: a stale reply's commands change nothing.
-            await apply(self.store, lease.conversation, reply.changes)
-        # Whose pre-send check the reply passed: this lease's, or for a resend the crashed one's.
-        sent_by = grant.resend_lease if grant.resend is not None else (lease.fence, lease.token)
+            written = await self._write(grant, keeper, began)
+            if isinstance(written, Next):
+                return written
+            text, version, sent_by = written, grant.version, (lease.fence, lease.token)
         outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures)
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
+
+    async def _resend(self, grant: Grant, keeper: LeaseKeeper) -> tuple[str, int]:
+        """A holder crashed after its pre-send check: the same text goes out again, never a
+        freshly generated one. First make sure the lease is still ours: a pause after the
+        acquire may have let another replica resend and commit it."""
+        assert grant.lease is not None and grant.resend is not None
+        await keeper.ensure_fresh(always=True)
+        self.stats.resent += 1
+        log.info("resending the reply left in the outbox of %s", grant.lease.conversation)
+        # What its commands change: carried out again, as its holder may have died first.
+        await apply(self.store, grant.lease.conversation, decoded(grant.resend_changes))
+        return grant.resend
+
+    async def _write(self, grant: Grant, keeper: LeaseKeeper, began: float) -> str | Next:
+        """The reply to the burst, once it has passed the pre-send check and its commands'
+        changes are carried out; `Next` if it was interrupted or found stale."""
+        assert grant.lease is not None
+        lease = grant.lease
+        self.stats.lateness_ms.append(grant.lateness_ms)
+        self.stats.lateness.observe(grant.lateness_ms)
+        burst = plan(grant.watermark, grant.unanswered, self.settings.access.admins)
+        target = last_reply(grant.history) if burst.retry and burst.keeps_history else None
+        if burst.retry and target is None:
+            burst = replace(burst, answers=(*burst.answers, NOTHING_TO_RETRY))
+        reply = await self._reply_or_give_up(grant, burst, keeper, target)
+        if isinstance(reply, Next):
+            return reply
+        verdict = await self.store.presend(
+            lease,
+            grant.version,
+            reply.text,
+            reset=max(burst.reset, reply.reset),
+            replaces=target.version if target else 0,
+            unsaid=burst.retry,
+            changes=encoded(reply.changes),
+            worked_ms=int((time.monotonic() - began) * 1000),
+        )
+        if verdict.status == "lost":
+            raise LeaseLost(lease.conversation)
+        if verdict.status == "stale":
+            keeper.released()
+            self.stats.discarded += 1
+            self.stats.discarded_tokens += reply.spent
+            log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
+            return Next(verdict.look_in_ms, working=True)
+        if verdict.forced:
+            self.stats.forced += 1
+            log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
+        # Only now, past the final check: a stale reply's commands change nothing.
+        await apply(self.store, lease.conversation, reply.changes)
+        return reply.text
 
     async def _deliver(
         self,
