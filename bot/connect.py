@@ -34,7 +34,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 
 # Every Redis call ends within this, answered or not. A primary that vanishes without a reset
@@ -123,11 +123,12 @@ def parse_sentinel(url: str) -> SentinelTarget:
     return SentinelTarget(tuple(sentinels), master, tls, options, sentinel_options)
 
 
-def _bounds(url: str) -> dict[str, Any]:
-    """The timeouts and health checks every connection gets, whatever the mode."""
+def _bounds(url: str, timeout_s: float | None = None) -> dict[str, Any]:
+    """The timeouts and health checks every connection gets, whatever the mode; `timeout_s`
+    in place of both timeouts (a check that must answer within its own bound)."""
     options: dict[str, Any] = {
-        "socket_timeout": REDIS_TIMEOUT_S,
-        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "socket_timeout": timeout_s or REDIS_TIMEOUT_S,
+        "socket_connect_timeout": timeout_s or REDIS_CONNECT_TIMEOUT_S,
         "health_check_interval": REDIS_HEALTH_CHECK_S,
     }
     if urlparse(url).scheme != "unix":
@@ -156,37 +157,43 @@ def cluster_enabled(url: str) -> bool:
         probe.close()
 
 
-def make_client(url: str, *, cluster: bool | None = None) -> Client:
+def make_client(
+    url: str, *, cluster: bool | None = None, timeout_s: float | None = None, retries: bool = True
+) -> Client:
     """The client for `url`, with the bounds above. `cluster`: whether a `redis://` or
     `rediss://` URL names a cluster; None asks the node (`cluster_enabled`), which may raise
-    redis-py's connection errors. Raises ValueError for a URL it cannot use."""
+    redis-py's connection errors. `timeout_s` and `retries=False` are for a check that reports
+    what it finds at once (`lastword doctor`): both timeouts that long, no retry at all.
+    Raises ValueError for a URL it cannot use."""
     scheme = urlparse(url).scheme
+    bounds = _bounds(url, timeout_s)
+    if not retries:
+        bounds["retry"] = Retry(NoBackoff(), 0)
     if scheme in SENTINEL_SCHEMES:
-        return _sentinel_client(parse_sentinel(url))
+        return _sentinel_client(parse_sentinel(url), bounds)
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"unsupported scheme {scheme!r}")
     if cluster is None:
         cluster = scheme != "unix" and cluster_enabled(url)
     if cluster:
+        backoff = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES)
         return RedisCluster.from_url(
-            url,
-            max_connections=MAX_CONNECTIONS,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES),
-            **_bounds(url),
+            url, max_connections=MAX_CONNECTIONS, **({"retry": backoff} | bounds)
         )
     # redis-py's default pool fails with "Too many connections" when all are busy, so a
     # replica with more than a hundred conversations due at once would fail cycles and
     # answer a second late. A call that times out drops its connection, so hung
     # connections cannot fill the pool.
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S, **_bounds(url)
+        url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S, **bounds
     )
     return Redis.from_pool(pool)
 
 
-def _sentinel_client(target: SentinelTarget) -> Redis:
-    bounds = _bounds("redis://")
-    sentinel_options = {k: v for k, v in bounds.items() if k != "health_check_interval"}
+def _sentinel_client(target: SentinelTarget, bounds: dict[str, Any]) -> Redis:
+    sentinel_options = {
+        k: v for k, v in bounds.items() if k not in ("health_check_interval", "retry")
+    }
     sentinel_options |= target.sentinel_options
     if target.tls:
         sentinel_options["ssl"] = True

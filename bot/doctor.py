@@ -24,14 +24,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr
 
 from bot.check import Check, PlatformCheck, guarded
-from bot.connect import not_redis
+from bot.connect import make_client, not_redis
 from bot.logs import MASK, Scrub, redact, secrets_of
 from bot.settings import ConfigError, Settings, load_settings
 
@@ -222,38 +221,21 @@ def _minimum() -> str:
 
 def _client(url: str, timeout_s: float) -> Redis:
     """A client of the node the URL names (for a Sentinel URL, of the primary the Sentinels
-    name now)."""
+    name now), as `bot.connect` builds them, but bounded by the check's own time and with no
+    retries: doctor reports what it finds at once rather than backing off for seconds."""
     from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
-    from redis.asyncio.sentinel import Sentinel
-    from redis.backoff import NoBackoff
 
-    from bot.connect import is_sentinel, parse_sentinel
-
-    # No retries: doctor reports what it finds at once rather than backing off for seconds.
-    bounds: dict[str, Any] = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s}
-    if is_sentinel(url):
-        target = parse_sentinel(url)
-        sentinel_options = bounds | target.sentinel_options | ({"ssl": True} if target.tls else {})
-        sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
-        client: Redis = sentinels.master_for(
-            target.master, retry=Retry(NoBackoff(), 0), **(target.options | bounds)
-        )
-        return client
-    return Redis.from_url(url, retry=Retry(NoBackoff(), 0), **bounds)
+    client = make_client(url, cluster=False, timeout_s=timeout_s, retries=False)
+    assert isinstance(client, Redis)
+    return client
 
 
 def _cluster_client(url: str, timeout_s: float) -> RedisCluster:
     from redis.asyncio.cluster import RedisCluster
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
 
-    return RedisCluster.from_url(
-        url,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
+    client = make_client(url, cluster=True, timeout_s=timeout_s, retries=False)
+    assert isinstance(client, RedisCluster)
+    return client
 
 
 async def _cluster_enabled(client: Redis) -> bool:
@@ -479,15 +461,12 @@ def _data_dir_problem(data_dir: Path) -> str | None:
 
 
 def store_scripts() -> dict[str, str]:
-    """Every Lua script of the store, by file name: the module constants of `bot.store`."""
-    import bot.store
+    """Every Lua script of the store, by file name: the declared steps (`bot.store.scripts`)
+    and the user's own data (`bot.store.personal`)."""
+    from bot.store import personal, scripts
 
-    names = sorted(
-        Path(entry.name).stem
-        for entry in resources.files(bot.store).iterdir()
-        if entry.name.endswith(".lua") and entry.name != "prelude.lua"
-    )
-    return {name: getattr(bot.store, name.upper()) for name in names}
+    declared = {name: script.source for name, script in scripts.ALL.items()}
+    return declared | {"forget": personal.FORGET, "persona": personal.PERSONA}
 
 
 async def _server_checks(settings: Settings, timeout_s: float) -> list[Check]:

@@ -189,6 +189,9 @@ class LLMSettings(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # Tokens (prompt + completion) one user may spend per UTC day, across replicas; 0: no limit.
     daily_tokens_per_user: int = Field(default=0, ge=0)
+    # The longest /persona a user may set, in characters (their instructions, added to the
+    # system prompt of their conversation); 0 turns /persona off.
+    persona_chars: int = Field(default=1000, ge=0, le=10_000)
     # Models users may pick with /model (JSON in the environment: [{"name": "smart",
     # "model": "gpt-4o", "cost": 10}, ...]); empty: everyone gets `model`.
     models: list[ModelChoice] = Field(default_factory=list)

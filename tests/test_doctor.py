@@ -505,7 +505,7 @@ def test_every_store_script_is_checked() -> None:
     scripts = store_scripts()
 
     assert set(scripts) == files
-    assert scripts["ingest"] == bot.store.INGEST
+    assert scripts["ingest"] == bot.store.scripts.INGEST.source
 
 
 async def test_unknown_model_names_the_setting(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.commands.persona import NONE, PERSONA_CHARS
+from bot.commands.persona import NONE, TURNED_OFF
 from bot.prompt import PERSONA_INTRO
 from bot.runtime import Runtime
 from bot.store import Keys
@@ -21,6 +21,8 @@ from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.outbound import RecordingOutbound
 
 CONV = "test:1"
+# The setting's default, LASTWORD_LLM__PERSONA_CHARS.
+PERSONA_CHARS = 1000
 PIRATE = "Answer like a pirate,\nin two lines at most."
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,10 +35,10 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 async def replica(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, **more: Any
 ) -> tuple[Runtime, RecordingOutbound]:
     llm: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
-    llm |= {"model": FAKE_MODEL_ID, "retries": 0}
+    llm |= {"model": FAKE_MODEL_ID, "retries": 0} | more
     return await runtime_factory(llm=llm)
 
 
@@ -86,3 +88,14 @@ async def test_a_persona_over_the_limit_is_refused_and_changes_nothing(
     assert await redis.hget(Keys(CONV).state, "persona") == b"Be brief."
     await say(a, 3, "/persona " + "y" * PERSONA_CHARS)
     assert await redis.hget(Keys(CONV).state, "persona") == b"y" * PERSONA_CHARS
+
+
+async def test_a_limit_of_zero_turns_persona_off(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
+) -> None:
+    a, out = await replica(runtime_factory, fake, persona_chars=0)
+    await say(a, 1, "/persona Be brief.", "hello")
+    # The command's answer, then the model's to the rest of the burst, in one reply.
+    assert out.texts()[0].startswith(TURNED_OFF + "\n")
+    assert await redis.hget(Keys(CONV).state, "persona") is None
+    assert PERSONA_INTRO not in system_of(fake)

@@ -10,20 +10,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bot.command import Ask, Command, Decision, Turn, any_words
-from bot.settings import Settings
 from bot.store import Store
 from bot.store.personal import keep_persona
 
-# The longest persona, in characters, until the settings carry `llm.persona_chars`.
-PERSONA_CHARS = 1000
 OFF = "off"
 TURNED_OFF = "Personas are turned off on this bot."
 NONE = "You have no persona: I follow only my own instructions. /persona <text> sets one."
-
-
-def persona_chars(settings: Settings) -> int:
-    """The longest persona allowed; 0: /persona is off."""
-    return int(getattr(settings.llm, "persona_chars", PERSONA_CHARS))
 
 
 @dataclass(frozen=True)
@@ -38,7 +30,7 @@ class Persona:
 
 
 async def _persona(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
-    limit = persona_chars(turn.settings)
+    limit = turn.settings.llm.persona_chars
     if not limit:
         return Decision(TURNED_OFF)
     text = ask.argument.strip()
