@@ -70,6 +70,7 @@ WRONG: dict[str, str] = {
     "LLM__EXTRA_HEADERS": "{bad",
     "LLM__EXTRA_BODY": "{bad",
     "LLM__DAILY_TOKENS_PER_USER": "-1",
+    "LLM__PERSONA_CHARS": "20000",
     "LLM__MODELS": "smart:gpt-4o",
     "MEDIA__VISION": "sometimes",
     "MEDIA__VISION_MODELS": "gpt-4o*,llava 13b",
