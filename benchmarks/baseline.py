@@ -60,7 +60,8 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table
-from bot.app import make_client, make_store
+from bot.app import make_store
+from bot.connect import make_client
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
 from bot.message import InboundMessage, NoFiles, Unavailable

@@ -28,7 +28,8 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_client, make_store
+from bot.app import make_store
+from bot.connect import make_client
 from bot.llm import OpenAILLM
 from bot.message import InboundMessage
 from bot.runtime import Runtime

@@ -4,7 +4,7 @@
 
 One real server (the embedded one, unix socket, no append-only file). Each row runs 1 or 2
 separate OS processes (this module with ``--worker``), each with the client the bot builds
-(`bot.app.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
+(`bot.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
 in flight, sharing `--messages` messages between them, round-robin over `--users`
 conversations (so both processes write to the same conversations, as replicas behind a load
 balancer do):
@@ -61,7 +61,7 @@ from redis.exceptions import ResponseError
 from benchmarks.command_line import timed_run
 from benchmarks.roundtrips import CLIENT_COMMANDS
 from benchmarks.wakeup import print_table
-from bot.app import make_client
+from bot.connect import make_client
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.message import InboundMessage
 from bot.settings import Settings

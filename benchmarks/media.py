@@ -26,7 +26,8 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.app import make_client, make_store
+from bot.app import make_store
+from bot.connect import make_client
 from bot.media import Media, Timings
 from bot.message import Attachment, InboundMessage
 from bot.settings import LLMSettings, MediaSettings, Settings

@@ -48,7 +48,8 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.app import make_client, make_store
+from bot.app import make_store
+from bot.connect import make_client
 from bot.doctor import store_scripts
 from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage

@@ -81,7 +81,8 @@ async def closed(media: Any) -> None:
 
 async def stall(folder: Path, window_s: float) -> None:
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_client, make_store
+    from bot.app import make_store
+    from bot.connect import make_client
     from bot.media import Media
     from bot.message import Attachment
     from bot.settings import MediaSettings, Settings
@@ -170,7 +171,8 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_client, make_store
+    from bot.app import make_store
+    from bot.connect import make_client
     from bot.media import Media
     from bot.message import Attachment
     from bot.settings import LLMSettings, MediaSettings, Settings

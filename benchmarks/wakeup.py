@@ -35,8 +35,8 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
-from bot.app import make_client, make_store
-from bot.connect import Client
+from bot.app import make_store
+from bot.connect import Client, make_client
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import EchoLLM
 from bot.message import InboundMessage, NoFiles

@@ -13,7 +13,6 @@ from adapters.base import Adapter, login, refused
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.connect import Client, NotRedis, open_client
-from bot.connect import make_client as connect_client
 from bot.credentials import REPORT_EVERY_S
 from bot.embedded import EmbeddedRedis
 from bot.llm import LLM, OpenAILLM, make_llm
@@ -51,20 +50,6 @@ KEY_PROBE_TIMEOUT_S = 10.0
 
 class StartupError(Exception):
     """The bot cannot start; the message is meant for the operator, on one line."""
-
-
-def make_client(url: str) -> Client:
-    """The client for `LASTWORD_REDIS_URL` (`bot.connect`): one server, a Redis Cluster (when
-    the node named runs in cluster mode; asking it may raise redis-py's connection errors), or
-    the primary a set of Sentinels names. Whatever the mode, every call is bounded in time
-    (`REDIS_TIMEOUT_S`, `REDIS_CONNECT_TIMEOUT_S`), TCP keepalive is on, idle connections are
-    checked after `REDIS_HEALTH_CHECK_S`, and at most 100 connections are open per node; with
-    one server or Sentinel a call waits for a free one rather than fail with "Too many
-    connections", so a replica with more than a hundred conversations due at once does not
-    fail cycles. A call that times out drops its connection, so hung connections cannot fill
-    the pool.
-    """
-    return connect_client(url)
 
 
 def make_store(settings: Settings, redis: Client) -> Store:

@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.app import make_client, make_store
+from bot.app import make_store
 from bot.cancel import cancel_and_wait
+from bot.connect import make_client
 from bot.llm import make_llm
 from bot.message import InboundMessage, NoFiles, SendFailed, Unavailable
 from bot.runtime import Runtime

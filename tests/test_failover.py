@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_client, make_store
-from bot.connect import Client
+from bot.app import make_store
+from bot.connect import Client, make_client
 from bot.embedded import EmbeddedRedis
 from bot.store import StoreUnavailable
 from tests.builders import message
