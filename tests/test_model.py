@@ -20,11 +20,15 @@ holders and messages are picked by a drawn number from plain lists, never from H
 bundles, so what Hypothesis draws does not depend on the clock.
 
 Inside the steps, every answer a script gives is checked against whether the caller held the
-lease (its token and fence, read from the server just before). After every step, the
-invariants are read from the server itself.
+lease (its token and fence, read from the server just before), a wake-up's against the window
+(before its deadline, a reply owed is `early`), a pre-send's against the starvation guard (by
+count and by age). After every step, the invariants are read from the server itself: V, W,
+the pending messages, the window, the due-index, and the history the model kept (each
+answered message, then the reply when it was sent, the newest HISTORY_CAP entries).
 
-The seed is printed (pytest shows it on failure); LASTWORD_MODEL_SEED replays one, and
-LASTWORD_MODEL_EXAMPLES runs more examples than CI's bound.
+The seed is printed, and a failure ends with the line that replays it; LASTWORD_MODEL_SEED
+picks one (CI's runner, .ci/run, fixes it), and LASTWORD_MODEL_EXAMPLES runs more examples
+than CI's bound.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from bot.store import (
     CLOCK_SLACK_MS,
     RETRY_AFTER_ERROR_CAP_MS,
     Grant,
+    HistoryEntry,
     Keys,
     Store,
     StoreSettings,
@@ -65,11 +70,15 @@ pytestmark = pytest.mark.timeout(300)
 
 CONVERSATIONS = ("model:a", "model:b")
 REPLICAS = 3
-QUIET_MS = 5
-MAX_WAIT_MS = 15
+QUIET_MS = 20
+MAX_WAIT_MS = 40
 # Never runs out by itself within a test; `expire` ends a lease on purpose.
 TTL_MS = 60_000
 STARVATION_LIMIT = 1
+# Of the order of a few steps, so that both a first discard passed by age and one held back
+# happen in most runs.
+STARVATION_AGE_MS = 40
+HISTORY_CAP = 6
 # How far back a clock moves (`clock_moves_back`), and the times past which a script must take
 # what it holds for the work of such a clock: a window deadline, a backoff, a lease.
 JUMP_MS = 3_600_000
@@ -125,8 +134,9 @@ class Protocol(RuleBasedStateMachine):
                     quiet_ms=QUIET_MS,
                     max_wait_ms=MAX_WAIT_MS,
                     ttl_ms=TTL_MS,
-                    history_cap=20,
+                    history_cap=HISTORY_CAP,
                     starvation_limit=STARVATION_LIMIT,
+                    starvation_age_ms=STARVATION_AGE_MS,
                 ),
             )
             for _ in range(REPLICAS)
@@ -144,6 +154,9 @@ class Protocol(RuleBasedStateMachine):
         self.backoff_until = dict.fromkeys(CONVERSATIONS, 0)
         self.committed: set[tuple[str, int]] = set()
         self.outbox: dict[str, tuple[str, int]] = {}
+        # What each conversation's history must hold: (role, version, text), oldest first.
+        self.history: dict[str, list[tuple[str, int, str]]] = {c: [] for c in CONVERSATIONS}
+        self.texts: dict[str, list[str]] = {c: [] for c in CONVERSATIONS}  # by version - 1
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(step)
@@ -220,6 +233,7 @@ class Protocol(RuleBasedStateMachine):
             self.accepted[conv] += 1
             assert ingested.version == self.accepted[conv]
             self.messages.append(message)
+            self.texts[conv].append(message.text)
             # A window opened in the future (the clock moved back) is anchored anew, at now.
             if ingested.opened_window or self.opened.get(conv, 0) > now:
                 window = self.run(self._integers(Keys(conv).window))
@@ -301,6 +315,7 @@ class Protocol(RuleBasedStateMachine):
         in_the_way = [n for n, at in ahead.items() if now < at <= now + bounds[n] + 5]
         if owed and not in_the_way:
             assert grant.status == "acquired", f"{conv} was {grant.status}: {ahead}, now {now}"
+        self._check_window(conv, grant, deadline, now, owed and in_the_way == ["window"])
         if grant.status == "idle":
             self.opened.pop(conv, None)
         if grant.status != "acquired":
@@ -309,6 +324,7 @@ class Protocol(RuleBasedStateMachine):
         assert fence > self.fence[conv], "a fence was handed out twice"
         self.fence[conv] = fence
         assert (grant.version, grant.watermark) == (self.accepted[conv], self.watermark[conv])
+        assert [(e.role, e.version, e.text) for e in grant.history] == self.history[conv]
         self._leased(conv)
         if grant.resend is not None:
             # I3: a crashed holder's reply goes out as it was recorded, never regenerated.
@@ -322,6 +338,19 @@ class Protocol(RuleBasedStateMachine):
         assert len(numbers) == grant.version - grant.watermark, "an unanswered message is lost"
         assert numbers == sorted(numbers), "unanswered messages out of order"
         self.holders.append(Holder(replica, grant, "acquired", grant.version))
+
+    def _check_window(
+        self, conv: str, grant: Grant, deadline: int, now: int, only_the_window: bool
+    ) -> None:
+        """A wake-up before the window's deadline is `early` (a reply owed waits for the
+        user's last word), and one that says `early` had a deadline still ahead of it."""
+        if grant.status == "early":
+            assert conv not in self.outbox, "a resend waited for a window"
+            assert now < deadline, f"{conv}: early, yet its deadline {deadline} passed at {now}"
+            assert grant.look_in_ms is not None and grant.look_in_ms <= deadline - now
+        ahead = now + 5 < deadline <= now + DEADLINE_BOUND_MS - 5
+        if only_the_window and conv not in self.outbox and ahead:
+            assert grant.status == "early", f"{conv} was {grant.status} before its deadline"
 
     @rule(n=pick)
     def expire(self, n: int) -> None:
@@ -381,6 +410,7 @@ class Protocol(RuleBasedStateMachine):
             self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
         held = self.run(self._held(holder))
         before = self.run(self._state(conv))
+        since_before = self.run(self._now())
         text = f"reply by r{holder.replica} fence {holder.lease.fence} to v{holder.version}"
         checked = self.run(
             self.replicas[holder.replica].presend(holder.lease, holder.version, text)
@@ -390,14 +420,20 @@ class Protocol(RuleBasedStateMachine):
             return
         assert held, f"a superseded holder's pre-send said {checked.status}"
         current = before.get("v", 0) == holder.version
-        starving = before.get("discards", 0) + 1 > STARVATION_LIMIT
+        # The guard's age, as the script saw it, lies between these two readings.
+        since = before.get("since")
+        waited = (0, 0) if since is None else (since_before - since, self.run(self._now()) - since)
+        starving = (
+            before.get("discards", 0) + 1 > STARVATION_LIMIT or waited[0] >= STARVATION_AGE_MS
+        )
+        may_starve = starving or waited[1] >= STARVATION_AGE_MS
         if checked.status == "ok":
-            assert current or (starving and checked.forced), "a stale reply passed the check"
+            assert current or (may_starve and checked.forced), "a stale reply passed the check"
             holder.stage, holder.text = "presented", text
             self.outbox[conv] = (text, holder.version)
         else:
             assert not current, "a current reply was called stale"
-            assert not starving, "the starvation guard did not force the reply out"
+            assert not starving, f"the starvation guard did not force the reply out: {waited}"
             self._ended(holder)
 
     @rule(n=pick)
@@ -424,8 +460,19 @@ class Protocol(RuleBasedStateMachine):
         assert not covered & self.committed, f"committed twice: {covered & self.committed}"
         self.committed |= covered
         self.watermark[conv] = max(w, holder.version)
-        self.outbox.pop(conv, None)
+        text, version = self.outbox.pop(conv)
+        if version > w:
+            self._answered(conv, w, version, text if outcome == "sent" else None)
         self._ended(holder)
+
+    def _answered(self, conv: str, w: int, version: int, reply: str | None) -> None:
+        """The history after a commit: the messages it covered, then the reply if it was
+        sent (only what the user saw), the newest HISTORY_CAP entries kept."""
+        history = self.history[conv]
+        history += [("user", v, self.texts[conv][v - 1]) for v in range(w + 1, version + 1)]
+        if reply is not None:
+            history.append(("assistant", version, reply))
+        del history[:-HISTORY_CAP]
 
     @rule(n=pick, outcome=st.sampled_from(["sent", "unreachable", "abandoned"]))
     def advance(self, n: int, outcome: Outcome) -> None:
@@ -478,6 +525,9 @@ class Protocol(RuleBasedStateMachine):
         assert w == self.watermark[conv], f"{conv}: W moved to {w} without a commit"
         pending = await self.redis.hlen(k.pending)
         assert v - w == pending, f"{conv}: V-W is {v - w} but {pending} are pending"
+        history = [HistoryEntry.from_json(e) for e in await self.redis.lrange(k.history, 0, -1)]
+        seen = [(e.role, e.version, e.text) for e in history]
+        assert seen == self.history[conv], f"{conv}: history {seen}, not {self.history[conv]}"
         window = await self._integers(k.window)
         if window:
             assert window["opened"] == self.opened.get(conv), f"{conv}: window moved: {window}"
@@ -497,8 +547,18 @@ class Protocol(RuleBasedStateMachine):
 
 def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> None:
     chosen = int(os.environ.get("LASTWORD_MODEL_SEED") or random.randrange(2**32))
-    print(f"model test seed {chosen}: rerun with LASTWORD_MODEL_SEED={chosen}")
+    replay = f"LASTWORD_MODEL_SEED={chosen} .venv/bin/pytest -n 0 tests/test_model.py"
+    print(f"model test seed {chosen}: rerun with {replay}")
     Protocol.url = server.url
+    try:
+        _run(chosen)
+    except Exception as failure:
+        failure.add_note(f"replay this run: {replay}")
+        raise
+
+
+def _run(chosen: int) -> None:
+    """Hypothesis's run of the model, from the seed `chosen`."""
     run_state_machine_as_test(
         seed(chosen)(Protocol),
         settings=settings(
