@@ -52,7 +52,6 @@ from bot.store import (
     Store,
     StoreUnavailable,
     lease_token,
-    personal,
 )
 from bot.tokens import Counter
 from bot.transcribe import Transcriber
@@ -565,7 +564,7 @@ class Cycle:
             conversation,
             echo=self.llm.name == "echo",
             model=grant.model,
-            persona=await personal.persona(self.store, conversation),
+            persona=grant.persona,
         )
         answers: list[str] = []
         changes: list[Change] = []

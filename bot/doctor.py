@@ -461,12 +461,11 @@ def _data_dir_problem(data_dir: Path) -> str | None:
 
 
 def store_scripts() -> dict[str, str]:
-    """Every Lua script of the store, by file name: the declared steps (`bot.store.scripts`)
-    and the user's own data (`bot.store.personal`)."""
-    from bot.store import personal, scripts
+    """Every Lua script of the store, by file name, each as it runs (the prelude in front):
+    the declared steps (`bot.store.scripts.ALL`)."""
+    from bot.store import scripts
 
-    declared = {name: script.source for name, script in scripts.ALL.items()}
-    return declared | {"forget": personal.FORGET, "persona": personal.PERSONA}
+    return {name: script.source for name, script in scripts.ALL.items()}
 
 
 async def _server_checks(settings: Settings, timeout_s: float) -> list[Check]:

@@ -279,6 +279,7 @@ def test_keyslot_matches_redis_cluster() -> None:
 def test_conversation_keys_share_one_slot_with_their_due_shard(conversation: str) -> None:
     k = Keys(conversation)
     names = [k.state, k.pending, k.seen, k.window, k.lease, k.outbox, k.history, k.due]
+    names += [k.heard, k.transcript("doc:file-1")]
     assert len(set(names)) == len(names)
     assert {keyslot(name) for name in names} == {keyslot(k.due)}
     assert k.due == due_key(shard_of(conversation))
@@ -294,6 +295,9 @@ def test_key_names_are_those_of_existing_deployments() -> None:
     names = {kind: getattr(k, kind) for kind in kinds}
     assert names == {kind: "{lw:53.5995}:c:telegram:42:" + kind for kind in kinds}
     assert k.day(date(2024, 5, 6)) == "{lw:53.5995}:c:telegram:42:day:2024-05-06"
+    # forget.lua finds a cached transcript as the index's name, ":", its file key.
+    assert k.transcript("doc:f1") == "{lw:53.5995}:c:telegram:42:heard:doc:f1"
+    assert k.heard == "{lw:53.5995}:c:telegram:42:heard"
     assert (k.due, k.active) == ("{lw:53.5995}:due", "{lw:53.5995}:active")
     assert usage_day_keys(3, date(2024, 5, 6)) == (
         "{lw:3.2945}:usage:2024-05-06:totals",
@@ -1039,6 +1043,85 @@ async def test_a_lost_copy_of_an_access_change_is_mended_at_start(
         seqs = {k: json.loads(v)["seq"] for k, v in copies.items() if k != b"~seq"}
         assert seqs == {b"u1": first.seq, b"u2": second.seq}
         assert copies[b"~seq"] == str(second.seq).encode()
+
+
+# -- the transcript cache, the persona, /forget --------------------------------------------------
+
+
+async def test_each_cached_transcript_is_indexed_until_it_expires(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    day = 86_400_000
+    k = Keys(CONV)
+    before = await server_ms(redis)
+    await store.keep_transcript(CONV, "voice-1", "first words")
+    await store.keep_transcript(CONV, "doc:file-2", "+a document")
+    after = await server_ms(redis)
+    assert sorted(await redis.zrange(k.heard, 0, -1)) == [b"doc:file-2", b"voice-1"]
+    for file_key in ("voice-1", "doc:file-2"):
+        expires = await redis.zscore(k.heard, file_key)
+        assert expires is not None and before + 30 * day <= expires <= after + 30 * day
+    assert await redis.get(k.transcript("doc:file-2")) == b"+a document"
+    assert 29 * day < await redis.pttl(k.transcript("voice-1")) <= 30 * day
+
+    # An entry whose time has come leaves the index at the next write, as its key left.
+    await redis.zadd(k.heard, {"voice-1": before - 1})
+    await redis.delete(k.transcript("voice-1"))
+    # A shorter retention configured since: the index still outlives the longer entry.
+    shorter = build(make_settings, redis, retention_days=1)
+    await shorter.keep_transcript(CONV, "voice-3", "later words")
+    assert sorted(await redis.zrange(k.heard, 0, -1)) == [b"doc:file-2", b"voice-3"]
+    assert await redis.pttl(k.heard) > 29 * day
+    assert 0 < await redis.pttl(k.transcript("voice-3")) <= day
+
+
+async def test_acquire_brings_the_persona_kept_only_on_a_live_conversation(
+    store: Store, redis: Redis
+) -> None:
+    k = Keys(CONV)
+    # Nothing to keep it with: no key is made that would never expire.
+    await store.keep_persona(CONV, "Be brief.")
+    assert not await redis.exists(k.state)
+    await store.ingest(message(1))
+    await store.keep_persona(CONV, "Be brief.")
+    grant = await acquire_when_ready(store, CONV, "one")
+    assert grant.persona == "Be brief."
+    assert grant.lease is not None and (await store.release(grant.lease)).ok
+    await store.keep_persona(CONV, "")
+    assert (await acquire_when_ready(store, CONV, "two")).persona == ""
+    assert await redis.hget(k.state, "persona") is None
+
+
+async def test_forget_erases_what_the_index_names_and_keeps_the_counters(
+    store: Store, redis: Redis
+) -> None:
+    k, other = Keys(CONV), Keys("test:2")
+    await store.ingest(message(1))
+    await store.ingest(message(1, chat="2"))
+    await cycle_once(store, CONV, "a reply")
+    await store.pick_model(CONV, "smart")
+    await store.keep_persona(CONV, "Be brief.")
+    await store.add_usage(CONV, "u1", 10, 5)
+    files = [f"voice-{n}" for n in range(150)] + ["doc:file-1"]
+    for file_key in files:
+        await store.keep_transcript(CONV, file_key, "words")
+    await store.keep_transcript("test:2", "voice-1", "another's words")
+    assert not await store.forget_asked(CONV)
+    await store.ask_forget(CONV)
+    assert await store.forget_asked(CONV)
+    usage = await redis.hgetall(k.usage)
+
+    await store.forget(CONV)
+    assert not await redis.exists(k.history, k.heard, *map(k.transcript, files))
+    counters = {"v": "1", "w": "1", "fence": "1", "discards": "0", "last": "m1"}
+    assert await hash_of(redis, k.state) == counters
+    assert await redis.hgetall(k.usage) == usage
+    assert await redis.zscore(k.seen, "m1") is not None
+    assert not await store.forget_asked(CONV)
+    # Another conversation's cache is its own.
+    assert await store.transcripts("test:2", ["voice-1"]) == ["another's words"]
+    assert await redis.zrange(other.heard, 0, -1) == [b"voice-1"]
 
 
 # -- the scripts' declared keys and arguments -------------------------------------------------

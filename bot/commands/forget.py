@@ -1,5 +1,5 @@
 """/forget: erase what is kept about the user, once they confirm (the same command again
-within a minute, `FORGET_CONFIRM_MS`): the history, the messages it answers, the cached
+within a minute, `bot.store.FORGET_CONFIRM_MS`): the history, the messages it answers, the cached
 transcripts and documents, the model and persona they picked. Counters without content stay:
 usage totals (budgets count on them) and the ids that keep a redelivered message from being
 answered twice."""
@@ -12,7 +12,6 @@ from typing import ClassVar
 
 from bot.command import Ask, Command, Decision, Turn, no_words
 from bot.store import Store
-from bot.store.personal import ask_forget, forget, forget_asked
 
 CONFIRM = (
     "This erases everything I keep about you: our conversation, what your files said, and "
@@ -32,21 +31,21 @@ class Asked:
     kind: ClassVar[str] = "forget_asked"
 
     async def apply(self, store: Store, conversation: str) -> None:
-        await ask_forget(store, conversation)
+        await store.ask_forget(conversation)
 
 
 @dataclass(frozen=True)
 class Erase:
-    """/forget confirmed: erase (`bot.store.personal.forget`)."""
+    """/forget confirmed: erase (`Store.forget`)."""
 
     kind: ClassVar[str] = "forget"
 
     async def apply(self, store: Store, conversation: str) -> None:
-        await forget(store, conversation)
+        await store.forget(conversation)
 
 
 async def _forget(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
-    if turn.forget_asked or await forget_asked(turn.store, turn.conversation):
+    if turn.forget_asked or await turn.store.forget_asked(turn.conversation):
         turn.model, turn.persona, turn.forget_asked = "", "", False
         return Decision(FORGOTTEN, (Erase(),), reset=True)
     turn.forget_asked = True

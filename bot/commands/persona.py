@@ -11,7 +11,6 @@ from typing import ClassVar
 
 from bot.command import Ask, Command, Decision, Turn, any_words
 from bot.store import Store
-from bot.store.personal import keep_persona
 
 OFF = "off"
 TURNED_OFF = "Personas are turned off on this bot."
@@ -26,7 +25,7 @@ class Persona:
     text: str
 
     async def apply(self, store: Store, conversation: str) -> None:
-        await keep_persona(store, conversation, self.text)
+        await store.keep_persona(conversation, self.text)
 
 
 async def _persona(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:

@@ -3,8 +3,8 @@
 The scripts and their arguments are declared in `bot.store.scripts`; every key name comes
 from `bot.store.keys`, which also describes the layout. `Store` is put together from one part
 per area: conversations (the flow's steps), roles, kept values, access, usage, the transcript
-cache and heartbeats, on the base in `bot.store.calls`; `bot.store.errors` tells a failure
-worth a retry from a bug.
+cache, what a user chose or may take back (persona, /forget) and heartbeats, on the base in
+`bot.store.calls`; `bot.store.errors` tells a failure worth a retry from a bug.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
 from bot.store.keys import ACCESS_SEQ_KEY, SHARDS, Keys, access_key, due_key
+from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
 from bot.store.transcripts import Transcripts
@@ -50,15 +51,18 @@ ACCESS_SET = _scripts.ACCESS_SET.source
 ACQUIRE = _scripts.ACQUIRE.source
 COMMIT = _scripts.COMMIT.source
 DUE = _scripts.DUE.source
+FORGET = _scripts.FORGET.source
 HEARTBEAT = _scripts.HEARTBEAT.source
 INGEST = _scripts.INGEST.source
 INTERRUPT = _scripts.INTERRUPT.source
 NOTICE = _scripts.NOTICE.source
+PERSONA = _scripts.PERSONA.source
 PRESEND = _scripts.PRESEND.source
 RELEASE = _scripts.RELEASE.source
 RENEW = _scripts.RENEW.source
 ROLE = _scripts.ROLE.source
 ROLE_RELEASE = _scripts.ROLE_RELEASE.source
+TRANSCRIPT = _scripts.TRANSCRIPT.source
 USAGE = _scripts.USAGE.source
 
 __all__ = [
@@ -70,12 +74,15 @@ __all__ = [
     "COMMIT",
     "DAY_KEEP_MS",
     "DUE",
+    "FORGET",
+    "FORGET_CONFIRM_MS",
     "HEARTBEAT",
     "INGEST",
     "INTERRUPT",
     "MEND_SHARDS_PER_SWEEP",
     "MONTH_KEEP_MS",
     "NOTICE",
+    "PERSONA",
     "PRESEND",
     "RATE_WINDOW_MS",
     "RELEASE",
@@ -87,6 +94,7 @@ __all__ = [
     "SEEN_CAP",
     "SEEN_KEEP_MS",
     "SHARDS",
+    "TRANSCRIPT",
     "USAGE",
     "AccessRecord",
     "DayTotals",
@@ -109,7 +117,7 @@ __all__ = [
 ]
 
 
-class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Heartbeats):
+class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats):
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
     async def due(self, limit: int = 100) -> list[str]:

@@ -15,7 +15,7 @@
 --            outbox's text, version, fence, token and changes, if one was left), unanswered
 --            (pending json for (W, V]), history (json entries), failures (attempts in a row),
 --            waited_ms (how long the oldest unanswered message has waited), model (picked
---            with /model, or '')
+--            with /model, or ''), persona (the user's instructions, /persona, or '')
 local state = KEYS[1]
 local window = KEYS[2]
 local lease = KEYS[3]
@@ -46,7 +46,7 @@ if held > 0 and held <= math.max(horizon, granted + slack_ms) then
 end
 
 local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since',
-  'model')
+  'model', 'persona')
 local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version', 'fence', 'token', 'changes')
 local has_outbox = left[1] ~= false
@@ -117,4 +117,5 @@ if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
 end
 return cjson.encode({status = 'acquired', fence = fence, version = v, watermark = w,
   lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
-  history = past, failures = failures, waited_ms = waited, model = counters[7] or ''})
+  history = past, failures = failures, waited_ms = waited, model = counters[7] or '',
+  persona = counters[8] or ''})

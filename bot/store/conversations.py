@@ -1,6 +1,6 @@
 """Conversations: the flow's steps on one conversation (ingest, acquire, renew, release,
 interrupt, pre-send, commit) and what the runtime reads of it (V and W, the history, the
-recent ones, the chosen model)."""
+recent ones, the chosen model; the persona comes with the lease)."""
 
 from __future__ import annotations
 
@@ -120,6 +120,8 @@ class Grant:
     model: str = ""
     # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
     resend_changes: str = ""
+    # The user's own instructions, set with /persona ("": none).
+    persona: str = ""
 
     @classmethod
     def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
@@ -141,6 +143,7 @@ class Grant:
             failures=int(reply["failures"]),
             waited_ms=int(reply["waited_ms"]),
             model=str(reply["model"]),
+            persona=str(reply["persona"]),
             **(_resent(resend) if resend else {}),
         )
 

@@ -1,13 +1,15 @@
 -- /forget, in the conversation's slot: ask for the confirmation, check it was asked lately,
--- or erase what is kept about the user. Counters without content (usage totals, the dedupe
--- ids, V and W) stay; the messages the burst covers leave with the commit (a reset).
--- KEYS: state, history, then the conversation's cached transcripts and documents
--- ARGV: 'ask' | 'asked' | 'erase', how long a confirmation is awaited in ms
--- Returns 1, or for 'asked' 1 if the confirmation was asked within that long, else 0
-local state, history = KEYS[1], KEYS[2]
-local mode = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- or erase what is kept about the user: the history, the cached transcripts and documents (the
+-- entries the index `heard` names, each under the index's name, ':', its file key), the model
+-- and persona they picked. Counters without content (usage totals, the dedupe ids, V and W)
+-- stay; the messages the burst covers leave with the commit (a reset).
+-- Returns 1, or for 'asked' 1 if the confirmation was asked within confirm_ms, else 0
+local state = KEYS[1]
+local history = KEYS[2]
+local heard = KEYS[3] -- the index of cached files (transcript.lua)
+local mode = ARGV[1] -- 'ask' | 'asked' | 'erase'
+local confirm_ms = tonumber(ARGV[2]) -- how long a confirmation is awaited
+local now = now_ms()
 if mode == 'ask' then
   -- Only on a live conversation: a field set on a missing key would keep it for ever.
   if redis.call('EXISTS', state) == 1 then
@@ -17,13 +19,15 @@ if mode == 'ask' then
 end
 if mode == 'asked' then
   local asked = tonumber(redis.call('HGET', state, 'forget_asked') or '')
-  if asked ~= nil and asked <= now and now - asked <= tonumber(ARGV[2]) then
+  if asked ~= nil and asked <= now and now - asked <= confirm_ms then
     return 1
   end
   return 0
 end
-redis.call('HDEL', state, 'model', 'persona', 'forget_asked')
-for i = 2, #KEYS do
-  redis.call('DEL', KEYS[i])
+-- Derived from the index's name, so in its slot: the same node holds every one.
+for _, file_key in ipairs(redis.call('ZRANGE', heard, 0, -1)) do
+  redis.call('DEL', heard .. ':' .. file_key)
 end
+redis.call('DEL', history, heard)
+redis.call('HDEL', state, 'model', 'persona', 'forget_asked')
 return 1

@@ -28,7 +28,9 @@ Key layout, for a conversation in the shard tagged {T}:
                                              blocked us or closed DMs; cleared when they write),
                                              since (when the oldest unanswered message arrived:
                                              the starvation guard's clock), model (picked with
-                                             /model)
+                                             /model), persona (the user's own instructions,
+                                             /persona), forget_asked (when /forget last asked
+                                             for its confirmation, ms, server clock)
     {T}:c:<conversation>:pending     hash    version -> message json, for (W, V]
     {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
     {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)
@@ -45,8 +47,14 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:month:<M>   hash    tokens spent in UTC month M (YYYY-MM); expires
                                              after 62 days
     {T}:c:<conversation>:heard:<F>   string  the transcript of the voice note or audio file
-                                             whose stable file key is F; expires with the
+                                             whose stable file key is F (a document's text
+                                             under "doc:" and its key); expires after the
                                              conversation's retention
+    {T}:c:<conversation>:heard       zset    the index of those: F -> when its entry expires
+                                             (ms, server clock), so /forget erases them
+                                             without a SCAN; written with each entry
+                                             (`transcript`), expired entries dropped then,
+                                             and lives as long as its longest-lived entry
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message
     {T}:usage:<D>:totals             hash    prompt, completion, generations, replies,
@@ -61,7 +69,8 @@ Key layout, for a conversation in the shard tagged {T}:
 
 A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
 together after `retention_ms` without a message or a reply: every step that writes them renews
-their lifetime.
+their lifetime. A cached transcript, and the index naming it, last `retention_ms` from when it
+was written.
 
 Roles (one holder across all replicas for a shared job, such as a platform's single poller;
 `role` and `role_release`), all in one slot:
@@ -222,6 +231,8 @@ class Keys:
         self.rate = f"{self.base}:rate"
         self.notice = f"{self.base}:notice"
         self.usage = f"{self.base}:usage"
+        # The index of cached transcripts; each entry's key is this, ":", its file key.
+        self.heard = f"{self.base}:heard"
         self.due = due_key(shard)
         self.active = active_key(shard)
         self.access = access_key(shard)
@@ -238,4 +249,5 @@ class Keys:
         return usage_day_keys(self.shard, when)[0]
 
     def transcript(self, file_key: str) -> str:
-        return f"{self.base}:heard:{file_key}"
+        """The cached transcript of a file; forget.lua derives it from `heard` the same way."""
+        return f"{self.heard}:{file_key}"

@@ -190,6 +190,11 @@ ACCESS_COPY = Script(
     args=("whole_after", "whole_before"),
     rest="user_record_seq_triples",
 )
+TRANSCRIPT = Script(
+    "transcript", keys=("transcript", "heard"), args=("file_key", "text", "retention_ms")
+)
+FORGET = Script("forget", keys=("state", "history", "heard"), args=("mode", "confirm_ms"))
+PERSONA = Script("persona", keys=("state",), args=("persona",))
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).
 ALL: dict[str, Script] = {
@@ -210,5 +215,8 @@ ALL: dict[str, Script] = {
         HEARTBEAT,
         ACCESS_SET,
         ACCESS_COPY,
+        TRANSCRIPT,
+        FORGET,
+        PERSONA,
     )
 }
