@@ -1,7 +1,8 @@
 """/forget across replicas: two runtimes on one real server. The first /forget only asks; the
 same command again within a minute, on whichever replica, erases the history, the cached
-transcripts and documents, the model and the persona picked, while the usage totals and the
-dedupe ids stay."""
+transcripts and documents (those the conversation's index names), the model and the persona
+picked, while the usage totals and the dedupe ids stay. On a real cluster, the erasure and
+the persona work on conversations of every primary."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from bot.app import make_store
 from bot.commands.forget import CONFIRM, FORGOTTEN
+from bot.connect import open_client
 from bot.prompt import PERSONA_INTRO
 from bot.runtime import Runtime
-from bot.store import Keys
-from bot.store.personal import FORGET_CONFIRM_MS
+from bot.store import FORGET_CONFIRM_MS, Keys
 from tests.builders import message
-from tests.conftest import RuntimeFactory, settled
+from tests.clusters import Cluster, cluster, conversations_on_each_primary
+from tests.conftest import RuntimeFactory, SettingsFactory, settled
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.outbound import RecordingOutbound
+from tests.test_scripts import acquire_when_ready
+
+__all__ = ["cluster"]  # the fixture, imported for pytest
 
 CONV = "test:1"
 MODELS = [{"name": "smart", "model": "smart-model-2"}]
@@ -61,6 +67,7 @@ async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
     history = await a.store.history(CONV)
     usage = await redis.hgetall(keys.usage)
     assert len(history) == 5 and usage
+    assert sorted(await redis.zrange(keys.heard, 0, -1)) == [b"doc:file-2", b"voice-1"]
 
     await say(b, 4, "/forget")
     assert b_out.texts() == [CONFIRM]
@@ -73,6 +80,7 @@ async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
     assert [(h.role, h.text) for h in await a.store.history(CONV)] == [("assistant", FORGOTTEN)]
     assert await redis.hmget(keys.state, ["model", "persona", "forget_asked"]) == [None] * 3
     assert await a.store.transcripts(CONV, ["voice-1", "doc:file-2"]) == [None, None]
+    assert not await redis.exists(keys.heard)
     # Counters without content stay: usage totals, and the ids that make a redelivery a
     # duplicate.
     assert await redis.hgetall(keys.usage) == usage
@@ -109,3 +117,30 @@ async def test_forget_confirmed_in_the_same_burst_and_not_after_a_minute(
     # What came after the confirmation is kept, and nothing from before it.
     history = await a.store.history(CONV)
     assert [(h.role, h.version) for h in history] == [("user", 7), ("assistant", 7)]
+
+
+async def test_forget_and_persona_on_conversations_of_every_primary_of_a_cluster(
+    cluster: Cluster, make_settings: SettingsFactory
+) -> None:
+    files = ["voice-1", "doc:file-2"]
+    settings = make_settings(redis_url=cluster.url, debounce={"quiet_ms": 0, "max_wait_ms": 0})
+    store = make_store(settings, await open_client(cluster.url))
+    try:
+        for conversation in conversations_on_each_primary(1, prefix="test:forget-"):
+            assert (await store.ingest(message(n=1, conversation=conversation))).accepted
+            await store.keep_persona(conversation, "Be brief.")
+            for file_key in files:
+                await store.keep_transcript(conversation, file_key, "words")
+            grant = await acquire_when_ready(store, conversation, "before")
+            assert grant.persona == "Be brief." and grant.lease is not None
+            assert (await store.release(grant.lease)).ok
+
+            await store.ask_forget(conversation)
+            assert await store.forget_asked(conversation)
+            # The cached entries are found through the index, in the conversation's slot.
+            await store.forget(conversation)
+            assert await store.transcripts(conversation, files) == [None, None]
+            assert not await store.forget_asked(conversation)
+            assert (await acquire_when_ready(store, conversation, "after")).persona == ""
+    finally:
+        await store.close()
