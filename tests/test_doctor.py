@@ -505,7 +505,9 @@ def test_every_store_script_is_checked() -> None:
     scripts = store_scripts()
 
     assert set(scripts) == files
-    assert scripts["ingest"] == bot.store.scripts.INGEST.source
+    # Each as it runs, the prelude in front: the declared steps, /forget and /persona alike.
+    assert scripts == {name: s.source for name, s in bot.store.scripts.ALL.items()}
+    assert scripts["forget"].startswith((resources.files(bot.store) / "prelude.lua").read_text())
 
 
 async def test_unknown_model_names_the_setting(
