@@ -54,9 +54,9 @@ async def test_a_streamed_reply_is_drafted_as_it_grows_then_sent_once(world: Wor
     assert all(ANSWER.startswith(text) for text in growing)
     assert all(len(a) <= len(b) for a, b in itertools.pairwise(growing))
     assert len(growing[-1]) > len(growing[0])
-    for call in drafts(telegram):
-        if call.params.get("parse_mode") == "HTML":
-            assert well_formed(draft_text(call))
+    html = [draft_text(c) for c in drafts(telegram) if c.params.get("parse_mode") == "HTML"]
+    assert html, "no draft was sent as HTML"
+    assert all(well_formed(text) for text in html)
     [reply] = telegram.sent_messages
     assert reply.text == ANSWER
     assert all(c.at < reply.at for c in drafts(telegram))

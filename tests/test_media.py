@@ -11,7 +11,7 @@ import pytest
 from PIL import Image as Pillow
 from redis.asyncio import Redis
 
-from bot.heavy import encode_image, pdf_text
+from bot.heavy import Unreadable, encode_image, pdf_text
 from bot.media import Media, decode_text, image_tokens
 from bot.message import Attachment, InboundMessage
 from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
@@ -65,7 +65,7 @@ def test_image_tokens_follow_the_published_tiling() -> None:
 
 @pytest.mark.parametrize("data", [files.corrupt_photo(), b"", b"GIF89a broken", files.pdf("x")])
 def test_what_is_not_an_image_is_refused_with_a_reason(data: bytes) -> None:
-    with pytest.raises(Exception, match="not a readable image"):
+    with pytest.raises(Unreadable, match="not a readable image"):
         encoded(data)
 
 
@@ -82,7 +82,7 @@ def test_pdf_text_is_read_page_by_page() -> None:
     ],
 )
 def test_a_bad_pdf_is_refused_with_a_reason(data: bytes, why: str) -> None:
-    with pytest.raises(Exception, match=why):
+    with pytest.raises(Unreadable, match=why):
         pdf_text(data)
 
 
@@ -91,7 +91,7 @@ def test_text_files_decode_leniently_but_binaries_are_refused() -> None:
     assert decode_text(b"\xef\xbb\xbfwith a BOM") == "with a BOM"
     assert decode_text("utf16".encode("utf-16")) == "utf16"
     assert decode_text(b"bad \xff byte") == "bad \ufffd byte"
-    with pytest.raises(Exception, match="not a text file"):
+    with pytest.raises(Unreadable, match="not a text file"):
         decode_text(b"\x7fELF\x00\x00\x01")
 
 

@@ -388,6 +388,7 @@ def test_metrics_and_health_after_a_burst(
             if metric(text, "lastword_replies_total") == 1:
                 break
             time.sleep(0.05)
+        assert metric(text, "lastword_replies_total") == 1, "the reply was never counted"
         assert metric(text, "lastword_messages_ingested_total") == 3
         assert metric(text, "lastword_windows_opened_total") == 1
         assert metric(text, "lastword_cycles_total") >= 1
