@@ -605,7 +605,8 @@ class Cycle:
         async with self._interruptible(grant, keeper) as race:
             prompt = await race(self._prompt(request))
             if isinstance(prompt, Next):
-                return Generation("", None, usage, prompt, model)
+                # Cut short while reading the files (a transcription, say): an interrupt too.
+                return self._interrupted(request, Generation("", None, usage, prompt, model))
             began = time.monotonic()
             try:
                 text = await race(generate(self.llm, prompt, self.settings.llm, usage))
@@ -613,9 +614,7 @@ class Cycle:
                 self._apologise(request, exc)
                 return Generation(APOLOGY, prompt, usage, None, model)
         if isinstance(text, Next):
-            generation = Generation("", prompt, usage, text, model)
-            self._interrupted(request.conversation, generation.spent)
-            return generation
+            return self._interrupted(request, Generation("", prompt, usage, text, model))
         self.stats.llm_seconds.observe(time.monotonic() - began)
         generation = Generation(text, prompt, usage, None, model)
         self.stats.finished += 1
@@ -633,8 +632,10 @@ class Cycle:
             exc,
         )
 
-    def _interrupted(self, conversation: str, spent: int) -> None:
+    def _interrupted(self, request: Request, generation: Generation) -> Generation:
+        """Count and log a generation cut short by a newer message; it, as it was."""
         stats = self.stats
+        spent = generation.spent
         saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
         stats.interrupted += 1
         stats.interrupted_tokens += spent
@@ -642,10 +643,11 @@ class Cycle:
         log.info(
             "interrupted the generation for %s after %d tokens (about %d saved): "
             "a newer message arrived",
-            conversation,
+            request.conversation,
             spent,
             saved,
         )
+        return generation
 
     async def _prompt(self, request: Request) -> Prompt:
         llm = self.settings.llm

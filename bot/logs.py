@@ -101,9 +101,10 @@ def _secret_values(node: object) -> Iterator[str]:
 
 def quiet(*names: str) -> None:
     """Show these loggers' lines from WARNING up only (all of them at DEBUG): a library
-    that logs every request, such as a platform's. Takes effect at once and in `setup`."""
+    that logs every request, such as a platform's. Takes effect in `setup` (plug-ins are
+    loaded with the settings, before it): importing a module must not change how a process
+    that only imports it logs."""
     CHATTY.update(names)
-    _quieten(logging.getLevelName(logging.getLogger().level))
 
 
 def irrelevant(logger: str, text: str) -> None:

@@ -25,7 +25,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import ENV_PREFIX, Settings
+from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, Settings, settings_tree
+
+# The settings with every installed platform's own, as its plug-in declares them.
+TREE = settings_tree(PLATFORM_SECTIONS)
 
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 SINGLE = "lastword.service"
@@ -108,7 +111,7 @@ def setting_for(env_name: str) -> object:
     """The annotation of the setting an environment variable (or credential) name sets; fails
     the test when lastword has no such setting."""
     assert env_name.startswith(ENV_PREFIX), env_name
-    model: type[BaseModel] = Settings
+    model: type[BaseModel] = TREE
     *parents, leaf = env_name.removeprefix(ENV_PREFIX).lower().split("__")
     for parent in parents:
         field = model.model_fields.get(parent)
@@ -121,7 +124,7 @@ def setting_for(env_name: str) -> object:
     return field.annotation
 
 
-def secret_settings(model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX) -> set[str]:
+def secret_settings(model: type[BaseModel] = TREE, prefix: str = ENV_PREFIX) -> set[str]:
     """Environment names of every SecretStr setting, found by walking the settings tree."""
     found: set[str] = set()
     for name, field in model.model_fields.items():
