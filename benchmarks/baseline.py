@@ -58,7 +58,7 @@ from typing import Any
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from benchmarks.command_line import timed_run
+from benchmarks.command_line import reap, timed_run
 from benchmarks.wakeup import print_table
 from bot.app import make_store
 from bot.connect import make_client
@@ -306,11 +306,7 @@ def run_design(
         reports = [read_line(process) for process in processes]
     finally:
         for process in processes:
-            try:
-                process.wait(WORKER_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            reap(process, WORKER_TIMEOUT_S)
     stored = [(str(t), float(at)) for r in reports for t, at in r["stored"]]
     sent = [(str(k), str(text), float(at)) for r in reports for k, text, at in r["sent"]]
     return stored, sent

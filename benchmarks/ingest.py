@@ -58,7 +58,7 @@ from redis import Redis as SyncRedis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from benchmarks.command_line import timed_run
+from benchmarks.command_line import reap, timed_run
 from benchmarks.roundtrips import CLIENT_COMMANDS
 from benchmarks.wakeup import print_table
 from bot.connect import make_client
@@ -277,11 +277,7 @@ class Workers:
             with contextlib.suppress(OSError):
                 self.send(process, json.dumps({"kind": "stop"}))
         for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            reap(process, 10)
 
 
 def command_calls(admin: SyncRedis) -> dict[str, int]:

@@ -85,6 +85,11 @@ class Collected:
     def _join_readers(self) -> None:
         for reader in self._readers:
             reader.join(5)
+        if not any(reader.is_alive() for reader in self._readers):
+            # Read to the end: closed here, as the garbage collector would with a warning.
+            for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def _wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         """Until `done()` (checked under `_changed`); fails the test after `timeout`."""
