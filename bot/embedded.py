@@ -51,8 +51,11 @@ class EmbeddedRedis:
         port: int = 0,
         appendonly: bool = True,
         appendfsync: str = "everysec",
+        binary: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # None: `server_binary()`, looked up at start, where a missing one is reported.
+        self.binary = binary
         self.port = port
         self.appendonly = appendonly
         # everysec, or always when LASTWORD_DURABILITY asks for more (bot/store/durability.py).
@@ -93,7 +96,7 @@ class EmbeddedRedis:
                 )
             self.socket.unlink()
         args = [
-            server_binary(),
+            self.binary or server_binary(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--unixsocket", str(self.socket),

