@@ -287,7 +287,7 @@ async def migrate_shards(settings: Settings) -> int:
     started for it, as `run` would (and refused if a bot runs on it)."""
     from bot.embedded import EmbeddedRedis
     from bot.store import StoreUnavailable, reaching_redis
-    from bot.store.keys import SHARDS
+    from bot.store.keys import LAYOUT
     from bot.store.migrate import LayoutError, migrate
 
     embedded: EmbeddedRedis | None = None
@@ -318,12 +318,12 @@ async def migrate_shards(settings: Settings) -> int:
         if embedded is not None:
             embedded.stop()
     if done.nothing:
-        print(f"nothing to migrate: the store is laid out in {SHARDS} shards (recorded)")
+        print(f"nothing to migrate: the store is laid out in {LAYOUT.shards} shards (recorded)")
     else:
         print(
             f"migrated {done.conversations} conversations ({done.keys} keys), "
             f"{done.index_entries} index entries and {done.usage_keys} usage keys "
-            f"to the {SHARDS} shards; the layout is recorded"
+            f"to the {LAYOUT.shards} shards; the layout is recorded"
         )
     for key in done.skipped:
         print(f"left in place, not understood: {key}", file=sys.stderr)

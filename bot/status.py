@@ -26,13 +26,11 @@ from bot.store import AccessRecord, DayTotals, reaching_redis
 from bot.store.keys import (
     ACCESS_KEY,
     HEARTBEAT_PATTERN,
+    LAYOUT,
     ROLE_TAG,
-    SHARDS,
     Keys,
-    due_key,
     replica_of,
     role_key,
-    usage_day_keys,
 )
 from bot.store.replies import as_text
 
@@ -323,10 +321,10 @@ def _read_shards(pipe: Any, day: date) -> None:
     """Queue the reads of the access changed in chat, every shard's due-index, then its
     totals and ranking of `day`."""
     pipe.hgetall(ACCESS_KEY)
-    for shard in range(SHARDS):
-        pipe.zrange(due_key(shard), 0, -1, withscores=True)
-    for shard in range(SHARDS):
-        totals, ranking = usage_day_keys(shard, day)
+    for shard in range(LAYOUT.shards):
+        pipe.zrange(LAYOUT.due_key(shard), 0, -1, withscores=True)
+    for shard in range(LAYOUT.shards):
+        totals, ranking = LAYOUT.usage_day_keys(shard, day)
         pipe.hgetall(totals)
         pipe.zrevrange(ranking, 0, TOP_CONVERSATIONS - 1, withscores=True)
         pipe.zcard(ranking)
@@ -338,7 +336,7 @@ def _indexes(
     """What `_read_shards` queued, read back, with the rest of the first round trip."""
     access, shards = shards[0], shards[1:]
     due: dict[str, int] = {}
-    for shard in shards[:SHARDS]:
+    for shard in shards[: LAYOUT.shards]:
         for member, score in shard:
             due[as_text(member)] = int(score)
     return _Indexes(
@@ -346,7 +344,7 @@ def _indexes(
         role_names=sorted(as_text(n) for n in role_names),
         heartbeats=sorted(heartbeats),
         due=due,
-        tokens_today=_tokens_today(day.isoformat(), shards[SHARDS:]),
+        tokens_today=_tokens_today(day.isoformat(), shards[LAYOUT.shards :]),
         access=sorted(
             (AccessRecord.from_json(as_text(user), raw) for user, raw in access.items()),
             key=lambda record: record.user,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -21,17 +19,19 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-import bot.store.keys as keys_module
 from bot.app import make_store
 from bot.message import InboundMessage
-from bot.store import Store
+from bot.store import Store, StoreSettings
 from bot.store.keys import (
+    LAYOUT,
+    LEGACY,
     LEGACY_SHARDS,
     META_KEY,
     SHARDS,
     TAGS,
     TAGS_DIGEST,
     Keys,
+    Layout,
     active_key,
     due_key,
     heartbeat_key,
@@ -50,7 +50,8 @@ SLOTS = 16384
 
 
 def test_sixty_four_shards_each_in_its_own_sixty_fourth_of_the_slots() -> None:
-    assert SHARDS == 64 == len(TAGS) == len(set(TAGS))
+    assert SHARDS == 64 == len(TAGS) == len(set(TAGS)) == LAYOUT.shards
+    assert LAYOUT.tags == TAGS
     width = SLOTS // SHARDS
     for shard, tag in enumerate(TAGS):
         # The midpoint of its range, by the tests' own CRC16 and by redis-py's.
@@ -59,7 +60,16 @@ def test_sixty_four_shards_each_in_its_own_sixty_fourth_of_the_slots() -> None:
         assert tag not in {legacy_tag(n) for n in range(LEGACY_SHARDS)}
     # Written out: the tags are a deployment's data, and the store records this digest.
     assert (TAGS[0], TAGS[5], TAGS[63]) == ("{lw:0.10592}", "{lw:5.23512}", "{lw:63.7934}")
-    assert TAGS_DIGEST == "54dbf74e"
+    assert TAGS_DIGEST == "54dbf74e" == LAYOUT.digest
+
+
+def test_the_legacy_layout_is_sixteen_shards_of_plain_tags() -> None:
+    assert LEGACY.shards == LEGACY_SHARDS == 16
+    assert LEGACY.tags == tuple(f"{{lw:{n}}}" for n in range(16))
+    k = Keys("telegram:42", LEGACY)
+    assert (k.state, k.due) == ("{lw:5}:c:telegram:42:state", "{lw:5}:due")
+    assert LEGACY.keys("telegram:42").base == k.base
+    assert LEGACY.usage_day_keys(5, date(2024, 5, 6))[0] == "{lw:5}:usage:2024-05-06:totals"
 
 
 def even_split(primaries: int) -> list[range]:
@@ -93,20 +103,8 @@ def test_conversations_spread_over_every_shard() -> None:
     assert min(counts) > 50 and max(counts) < 150, counts
 
 
-# The legacy layout, as every deployment before the 64 shards wrote it: the real scripts, with
-# the key module's table patched back.
-
-
-@contextmanager
-def legacy_layout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Within: the key names of the legacy layout, for the real store and scripts."""
-    with monkeypatch.context() as patch:
-        patch.setattr(keys_module, "TAGS", tuple(legacy_tag(n) for n in range(LEGACY_SHARDS)))
-        # Every module that took SHARDS by value (the store's sweep, status...).
-        for module in list(sys.modules.values()):
-            if getattr(module, "__name__", "").startswith("bot") and hasattr(module, "SHARDS"):
-                patch.setattr(module, "SHARDS", LEGACY_SHARDS)
-        yield
+# The legacy layout, as every deployment before the 64 shards wrote it: the real scripts, run
+# by a store built with that layout.
 
 
 def today() -> date:
@@ -130,8 +128,9 @@ CHATS = [str(n) for n in range(12)]
 
 async def write_legacy(make_settings: SettingsFactory, redis: Redis) -> Store:
     """Each conversation answered once (history, usage), then two more messages left pending
-    (a due entry each)."""
-    store = make_store(make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}), redis)
+    (a due entry each), by a store of the legacy layout."""
+    settings = StoreSettings.of(make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}))
+    store = Store(redis, settings, LEGACY)
     for chat in CHATS:
         await store.ingest(message(chat, 1))
         await answer(store, f"test:{chat}", f"reply to {chat}")
@@ -141,13 +140,13 @@ async def write_legacy(make_settings: SettingsFactory, redis: Redis) -> Store:
     return store
 
 
-async def snapshot(redis: Redis) -> dict[str, Any]:
-    """Every conversation's data, by what it is (not by key name): V, W, pending messages,
-    history, dedupe ids, usage; its due and activity scores; that its keys expire."""
+async def snapshot(redis: Redis, layout: Layout = LAYOUT) -> dict[str, Any]:
+    """Every conversation's data in `layout`, by what it is (not by key name): V, W, pending
+    messages, history, dedupe ids, usage; its due and activity scores; that its keys expire."""
     seen: dict[str, Any] = {}
     for chat in CHATS:
         conversation = f"test:{chat}"
-        k = Keys(conversation)
+        k = Keys(conversation, layout)
         seen[conversation] = {
             "state": await redis.hgetall(k.state),
             "pending": await redis.hgetall(k.pending),
@@ -180,10 +179,9 @@ async def test_a_fresh_store_records_the_layout_and_accepts_only_it(redis: Redis
 
 
 async def test_legacy_data_is_refused_at_start(
-    make_settings: SettingsFactory, redis: Redis, monkeypatch: pytest.MonkeyPatch
+    make_settings: SettingsFactory, redis: Redis
 ) -> None:
-    with legacy_layout(monkeypatch):
-        await write_legacy(make_settings, redis)
+    await write_legacy(make_settings, redis)
     with pytest.raises(LayoutError, match=r"legacy layout of 16 shards.*lastword migrate-shards"):
         await check_layout(redis)
     assert await redis.exists(META_KEY) == 0
@@ -202,12 +200,10 @@ async def test_migration_moves_everything_and_a_runtime_answers(
     make_settings: SettingsFactory,
     redis: Redis,
     runtime_factory: RuntimeFactory,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with legacy_layout(monkeypatch):
-        await write_legacy(make_settings, redis)
-        before = await snapshot(redis)
-        legacy_usage = await redis.hgetall(usage_day_keys(1, today())[0])
+    await write_legacy(make_settings, redis)
+    before = await snapshot(redis, LEGACY)
+    legacy_usage = await redis.hgetall(LEGACY.usage_day_keys(1, today())[0])
     assert legacy_usage and {c["state"][b"v"] for c in before.values()} == {b"3"}
     assert {c["state"][b"w"] for c in before.values()} == {b"1"}
     assert all(c["due"] and c["active"] and c["ttl"] for c in before.values())

@@ -37,7 +37,7 @@ from bot.store.conversations import (
 from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
-from bot.store.keys import ACCESS_SEQ_KEY, SHARDS, Keys, access_key, due_key
+from bot.store.keys import ACCESS_SEQ_KEY, SHARDS, Keys, Layout
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
@@ -104,6 +104,7 @@ __all__ = [
     "Ingested",
     "Interrupt",
     "Keys",
+    "Layout",
     "Lease",
     "Outcome",
     "PreSend",
@@ -130,7 +131,8 @@ class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, He
         args = script.ordered_args({"limit": limit, "horizon_ms": self.settings.horizon_ms})
 
         def call(shard: int) -> tuple[list[str], list[str | int]]:
-            return script.ordered_keys({"due": due_key(shard), "access": access_key(shard)}), args
+            named = {"due": self.layout.due_key(shard), "access": self.layout.access_key(shard)}
+            return script.ordered_keys(named), args
 
         *replies, latest = await self._in_every_shard(script, call, also=[("GET", ACCESS_SEQ_KEY)])
         shards = [decoded(reply) for reply in replies]

@@ -12,7 +12,7 @@ from typing import Literal
 from bot.message import Unavailable
 from bot.store import scripts
 from bot.store.calls import Calls
-from bot.store.keys import ACCESS_KEY, ACCESS_SEQ_KEY, SHARDS, access_key
+from bot.store.keys import ACCESS_KEY, ACCESS_SEQ_KEY
 from bot.store.replies import as_text, decoded
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ class Access(Calls):
         record = AccessRecord.from_json(user, reply["record"])
         # A shard that held every change up to the one before holds every one up to this.
         whole = (record.seq, int(reply["previous"]))
-        await self._copy_access(whole, [record.user, reply["record"], record.seq], range(SHARDS))
+        copy = [record.user, reply["record"], record.seq]
+        await self._copy_access(whole, copy, range(self.layout.shards))
         return record
 
     async def spread_access(self) -> int:
@@ -69,7 +70,7 @@ class Access(Calls):
         or holds an older one (a copy is not waited for at the durability level, so a
         failover may lose one). Run at start-up; returns the records spread. The sweep mends
         a shard found behind `{lw:access}` the same way (`due`)."""
-        return await self._spread_access(range(SHARDS))
+        return await self._spread_access(range(self.layout.shards))
 
     async def _spread_access(self, shards: Sequence[int]) -> int:
         """Copy every user's access record into these shards, where a shard lacks it or holds
@@ -95,7 +96,7 @@ class Access(Calls):
         args = script.ordered_args({"whole_after": whole[0], "whole_before": whole[1]}, copies)
 
         def call(shard: int) -> tuple[list[str], list[str | int]]:
-            return script.ordered_keys({"shard": access_key(shard)}), args
+            return script.ordered_keys({"shard": self.layout.access_key(shard)}), args
 
         await self._in_every_shard(script, call, shards=shards)
 

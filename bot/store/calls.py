@@ -16,7 +16,7 @@ from bot.store import scripts
 from bot.store.config import StoreSettings
 from bot.store.durability import Durability
 from bot.store.errors import StoreUnavailable, reaching_redis
-from bot.store.keys import SHARDS
+from bot.store.keys import LAYOUT, Layout
 from bot.store.scripts import Script
 
 
@@ -24,9 +24,12 @@ class Calls:
     """The client, the settings and the registered scripts, and how a call is made. One
     instance per process, shared by all its tasks (as `bot.store.Store`)."""
 
-    def __init__(self, redis: Client, settings: StoreSettings) -> None:
+    def __init__(self, redis: Client, settings: StoreSettings, layout: Layout = LAYOUT) -> None:
         self.redis = redis
         self.settings = settings
+        # How conversations are spread over shards, hence every key name a call uses: this
+        # version's, or another for a store that reads one (the legacy layout, in tests).
+        self.layout = layout
         # AsyncScript reloads its script itself on NOSCRIPT (an empty cache after a restart).
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(script.source) for name, script in scripts.ALL.items()
@@ -99,7 +102,7 @@ class Calls:
         script: Script,
         call: Callable[[int], tuple[list[str], list[str | int]]],
         *,
-        shards: Sequence[int] = range(SHARDS),
+        shards: Sequence[int] | None = None,
         also: Sequence[tuple[str, ...]] = (),
     ) -> list[Any]:
         """Run `script` once in each of `shards` (all by default), on the keys and with the
@@ -107,14 +110,15 @@ class Calls:
         commands `also` after them, in one pipeline (on a cluster, one round trip to each
         primary, all at once). Their replies, in order."""
         registered = self._scripts[script.name]
+        chosen = range(self.layout.shards) if shards is None else shards
         async with self._reaching():
             try:
-                return await self._pipeline_in_every_shard(registered, call, shards, also)
+                return await self._pipeline_in_every_shard(registered, call, chosen, also)
             except NoScriptError:
                 # Plain EVALSHA in the pipeline (a Script object would add a SCRIPT EXISTS
                 # round trip to every sweep), so reload by hand after a restart.
                 await self.redis.script_load(registered.script)
-                return await self._pipeline_in_every_shard(registered, call, shards, also)
+                return await self._pipeline_in_every_shard(registered, call, chosen, also)
 
     async def _pipeline_in_every_shard(
         self,

@@ -21,7 +21,7 @@ from bot.store.config import (
     RETRY_AFTER_ERROR_MS,
     utc_today,
 )
-from bot.store.keys import SHARDS, Keys, active_key
+from bot.store.keys import Keys
 from bot.store.replies import as_text, decoded, listed, look_in
 from bot.store.scripts import Script
 
@@ -227,13 +227,13 @@ class Conversations(Calls):
             "verdict": verdict,
             "user": message.user_id,
         }
-        keys = _own_keys(scripts.INGEST, Keys(conversation))
+        keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
         return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
         """True for the first caller, on any replica, within `ttl_ms`: a one-off notice (such
         as a refusal) is then sent by that caller only."""
-        keys = {"notice": Keys(conversation).notice}
+        keys = {"notice": self.layout.keys(conversation).notice}
         return bool(await self._run(scripts.NOTICE, keys, {"period_ms": ttl_ms}))
 
     async def acquire(self, conversation: str, token: str) -> Grant:
@@ -247,14 +247,14 @@ class Conversations(Calls):
             "slack_ms": CLOCK_SLACK_MS,
             "trusted_age_ms": self.settings.trusted_age_ms,
         }
-        keys = _own_keys(scripts.ACQUIRE, Keys(conversation))
+        keys = _own_keys(scripts.ACQUIRE, self.layout.keys(conversation))
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
         # as safe as a pre-send's (the wait covers every write before this one).
         raw = await self._run_durable(scripts.ACQUIRE, keys, args)
         return Grant.from_reply(raw, conversation, token)
 
     async def renew(self, lease: Lease) -> bool:
-        keys = _own_keys(scripts.RENEW, Keys(lease.conversation))
+        keys = _own_keys(scripts.RENEW, self.layout.keys(lease.conversation))
         args = {**_holder(lease), "ttl_ms": self.settings.ttl_ms}
         return bool(await self._run(scripts.RENEW, keys, args))
 
@@ -268,13 +268,13 @@ class Conversations(Calls):
             "backoff_ms": RETRY_AFTER_ERROR_MS,
             "backoff_cap_ms": RETRY_AFTER_ERROR_CAP_MS,
         }
-        keys = _own_keys(scripts.RELEASE, Keys(lease.conversation))
+        keys = _own_keys(scripts.RELEASE, self.layout.keys(lease.conversation))
         return Ended.from_reply(await self._run(scripts.RELEASE, keys, args))
 
     async def interrupt(self, lease: Lease) -> Interrupt:
         """A newer message arrived mid-generation and the generation is cancelled: hand the
         lease back, counting a discard towards the starvation guard."""
-        keys = _own_keys(scripts.INTERRUPT, Keys(lease.conversation))
+        keys = _own_keys(scripts.INTERRUPT, self.layout.keys(lease.conversation))
         args = {**_holder(lease), "totals_keep_ms": DAY_KEEP_MS}
         return Interrupt.from_reply(await self._run(scripts.INTERRUPT, keys, args))
 
@@ -314,7 +314,7 @@ class Conversations(Calls):
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
         }
-        keys = _own_keys(scripts.PRESEND, Keys(lease.conversation))
+        keys = _own_keys(scripts.PRESEND, self.layout.keys(lease.conversation))
         return PreSend.from_reply(await self._run_durable(scripts.PRESEND, keys, args))
 
     async def commit(self, lease: Lease, outcome: Outcome = "sent") -> Ended:
@@ -328,27 +328,27 @@ class Conversations(Calls):
             "retention_ms": self.settings.retention_ms,
             "totals_keep_ms": DAY_KEEP_MS,
         }
-        keys = _own_keys(scripts.COMMIT, Keys(lease.conversation))
+        keys = _own_keys(scripts.COMMIT, self.layout.keys(lease.conversation))
         return Ended.from_reply(await self._run_durable(scripts.COMMIT, keys, args))
 
     async def pick_model(self, conversation: str, name: str) -> None:
         """Remember the model the user picked with /model, for every replica."""
         async with self._reaching():
-            await self.redis.hset(Keys(conversation).state, "model", name)
+            await self.redis.hset(self.layout.keys(conversation).state, "model", name)
 
     async def versions(self, conversations: list[str]) -> list[int]:
         """V of each conversation, in one pipelined round trip (on a cluster, one per primary
         holding any of them, at once): for watching generations go stale."""
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
             for conversation in conversations:
-                pipe.hget(Keys(conversation).state, "v")
+                pipe.hget(self.layout.keys(conversation).state, "v")
             values: list[bytes | None] = await pipe.execute()
         return [int(v or 0) for v in values]
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""
         async with self._reaching():
-            v, w = await self.redis.hmget(Keys(conversation).state, ["v", "w"])
+            v, w = await self.redis.hmget(self.layout.keys(conversation).state, ["v", "w"])
         return int(v or 0), int(w or 0)
 
     async def recent(self, platform: str, within_ms: int) -> dict[str, str]:
@@ -360,19 +360,19 @@ class Conversations(Calls):
         since = int(time.time() * 1000) - min(within_ms, ACTIVE_KEEP_MS)
         async with self._reaching():
             async with self.redis.pipeline(transaction=False) as pipe:
-                for shard in range(SHARDS):
-                    pipe.zrangebyscore(active_key(shard), since, "+inf")
+                for shard in range(self.layout.shards):
+                    pipe.zrangebyscore(self.layout.active_key(shard), since, "+inf")
                 shards: list[list[bytes]] = await pipe.execute()
             conversations = [c for s in shards for c in map(as_text, s) if c.startswith(prefix)]
             async with self.redis.pipeline(transaction=False) as pipe:
                 for conversation in conversations:
-                    pipe.hget(Keys(conversation).state, "last")
+                    pipe.hget(self.layout.keys(conversation).state, "last")
                 lasts: list[bytes | None] = await pipe.execute()
         return {c: as_text(last) for c, last in zip(conversations, lasts, strict=True) if last}
 
     async def history(self, conversation: str) -> list[HistoryEntry]:
         async with self._reaching():
-            raw = await self.redis.lrange(Keys(conversation).history, 0, -1)
+            raw = await self.redis.lrange(self.layout.keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(as_text(h)) for h in raw]
 
 

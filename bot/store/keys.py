@@ -11,12 +11,14 @@ conversation id. Shard N's hash tag is `TAGS[N]`, `{lw:N.<nonce>}`, its nonce ch
 tag's cluster slot is the midpoint of the N-th 64th of the 16384 slots: the shards are spread
 evenly over the slot space, so a cluster of up to 64 primaries with an even slot split gets an
 even share of them (3 primaries: 21/22/21), and moving one slot moves at most a 64th of the
-data. Below, {T} stands for the tag of the conversation's shard.
+data. Below, {T} stands for the tag of the conversation's shard. A layout (the tags, hence the
+shard count) is a value, `Layout`: this version's is `LAYOUT`, and the store, status and the
+migration name their keys through the one they are given, never a count of their own.
 
 The layout itself is recorded in the store, `{lw:meta}` (hash: shards, tags, the digest of
 `TAGS`), written at first start; a bot whose layout differs refuses to start. Deployments made
-before it keep their data under 16 shards tagged `{lw:0}`..`{lw:15}` (`LEGACY_SHARDS`,
-`legacy_tag`), with the same names after the tag: `lastword migrate-shards` moves it
+before it keep their data under 16 shards tagged `{lw:0}`..`{lw:15}` (`LEGACY`), with the
+same names after the tag: `lastword migrate-shards` moves it
 (`bot.store.migrate`).
 
 Key layout, for a conversation in the shard tagged {T}:
@@ -106,6 +108,7 @@ under a hash tag of its own, since it belongs to no conversation's slot:
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from datetime import date
 
 # Fixed for the life of a deployment: changing it, or a tag, moves conversations to other
@@ -134,9 +137,6 @@ TAGS: tuple[str, ...] = (
     "{lw:60.18755}", "{lw:61.19472}", "{lw:62.38198}", "{lw:63.7934}",
 )
 # fmt: on
-# What the store records of `TAGS`: a change of any tag changes it.
-TAGS_DIGEST = f"{zlib.crc32(','.join(TAGS).encode()):08x}"
-
 # The layout of every deployment made before the tags above: 16 shards, tagged `{lw:0}` to
 # `{lw:15}`, the same hash of the conversation id. Only `lastword migrate-shards` uses it.
 LEGACY_SHARDS = 16
@@ -157,43 +157,66 @@ HEARTBEAT_PREFIX = "{lw:replica}:"
 HEARTBEAT_PATTERN = f"{HEARTBEAT_PREFIX}*"
 
 
-def shard_of(conversation: str) -> int:
-    return zlib.crc32(conversation.encode()) % SHARDS
+@dataclass(frozen=True)
+class Layout:
+    """How conversations are spread over shards: one hash tag per shard, a conversation's
+    shard a stable hash of its id, and the names of each shard's keys. A value handed to
+    whatever names keys (`Keys`, the store, status, the migration), so that a store of
+    another layout (the legacy one, which the migration reads) is built, not patched in."""
+
+    tags: tuple[str, ...]
+
+    @property
+    def shards(self) -> int:
+        return len(self.tags)
+
+    @property
+    def digest(self) -> str:
+        """What the store records of the tags: a change of any tag changes it."""
+        return f"{zlib.crc32(','.join(self.tags).encode()):08x}"
+
+    def shard_of(self, conversation: str) -> int:
+        return zlib.crc32(conversation.encode()) % self.shards
+
+    def due_key(self, shard: int) -> str:
+        return f"{self.tags[shard]}:due"
+
+    def active_key(self, shard: int) -> str:
+        return f"{self.tags[shard]}:active"
+
+    def access_key(self, shard: int) -> str:
+        """A shard's copy of the access records (`ACCESS_KEY`)."""
+        return f"{self.tags[shard]}:access"
+
+    def usage_day_keys(self, shard: int, when: date) -> tuple[str, str]:
+        """A shard's day: totals (hash: prompt, completion, generations, replies,
+        interrupted, forced), and its conversations ranked by tokens (sorted set). In the
+        shard's slot, so the scripts can write them with the conversation's own keys."""
+        base = f"{self.tags[shard]}:usage:{when.isoformat()}"
+        return f"{base}:totals", f"{base}:ranking"
+
+    def keys(self, conversation: str) -> Keys:
+        """The names of `conversation`'s keys in this layout."""
+        return Keys(conversation, self)
 
 
-def legacy_shard_of(conversation: str) -> int:
-    """The shard a conversation had in the legacy layout (`LEGACY_SHARDS`)."""
-    return zlib.crc32(conversation.encode()) % LEGACY_SHARDS
+# This version's layout, which the store records (`META_KEY`), and the legacy one.
+LAYOUT = Layout(TAGS)
+LEGACY = Layout(tuple(f"{{lw:{n}}}" for n in range(LEGACY_SHARDS)))
+TAGS_DIGEST = LAYOUT.digest
+
+# This version's names, for code that knows no other layout.
+shard_of = LAYOUT.shard_of
+due_key = LAYOUT.due_key
+active_key = LAYOUT.active_key
+access_key = LAYOUT.access_key
+usage_day_keys = LAYOUT.usage_day_keys
+legacy_shard_of = LEGACY.shard_of
 
 
 def legacy_tag(shard: int) -> str:
     """The hash tag of a legacy shard: `{lw:N}`."""
-    return f"{{lw:{shard}}}"
-
-
-def _shard_tag(shard: int) -> str:
-    return TAGS[shard]
-
-
-def due_key(shard: int) -> str:
-    return f"{_shard_tag(shard)}:due"
-
-
-def active_key(shard: int) -> str:
-    return f"{_shard_tag(shard)}:active"
-
-
-def access_key(shard: int) -> str:
-    """A shard's copy of the access records (`ACCESS_KEY`)."""
-    return f"{_shard_tag(shard)}:access"
-
-
-def usage_day_keys(shard: int, when: date) -> tuple[str, str]:
-    """A shard's day: totals (hash: prompt, completion, generations, replies, interrupted,
-    forced), and its conversations ranked by tokens (sorted set). In the shard's slot, so the
-    scripts can write them with the conversation's own keys."""
-    base = f"{_shard_tag(shard)}:usage:{when.isoformat()}"
-    return f"{base}:totals", f"{base}:ranking"
+    return LEGACY.tags[shard]
 
 
 def role_key(name: str) -> str:
@@ -217,10 +240,10 @@ def replica_of(heartbeat: str) -> str:
 class Keys:
     """The names of one conversation's keys; all share the hash tag of its shard."""
 
-    def __init__(self, conversation: str) -> None:
-        shard = shard_of(conversation)
+    def __init__(self, conversation: str, layout: Layout = LAYOUT) -> None:
+        shard = layout.shard_of(conversation)
         # Every key of the conversation starts with this and a ":".
-        self.base = f"{_shard_tag(shard)}:c:{conversation}"
+        self.base = f"{layout.tags[shard]}:c:{conversation}"
         self.state = f"{self.base}:state"
         self.pending = f"{self.base}:pending"
         self.seen = f"{self.base}:seen"
@@ -233,10 +256,11 @@ class Keys:
         self.usage = f"{self.base}:usage"
         # The index of cached transcripts; each entry's key is this, ":", its file key.
         self.heard = f"{self.base}:heard"
-        self.due = due_key(shard)
-        self.active = active_key(shard)
-        self.access = access_key(shard)
+        self.due = layout.due_key(shard)
+        self.active = layout.active_key(shard)
+        self.access = layout.access_key(shard)
         self.shard = shard
+        self.layout = layout
 
     def day(self, when: date) -> str:
         return f"{self.base}:day:{when.isoformat()}"
@@ -246,7 +270,7 @@ class Keys:
 
     def day_totals(self, when: date) -> str:
         """The totals of the conversation's shard on day `when` (`usage_day_keys`)."""
-        return usage_day_keys(self.shard, when)[0]
+        return self.layout.usage_day_keys(self.shard, when)[0]
 
     def transcript(self, file_key: str) -> str:
         """The cached transcript of a file; forget.lua derives it from `heard` the same way."""

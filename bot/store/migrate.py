@@ -27,19 +27,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from bot.store.keys import (
-    HEARTBEAT_PATTERN,
-    LEGACY_SHARDS,
-    META_KEY,
-    SHARDS,
-    TAGS_DIGEST,
-    Keys,
-    active_key,
-    due_key,
-    legacy_tag,
-    shard_of,
-    usage_day_keys,
-)
+from bot.store.keys import HEARTBEAT_PATTERN, LAYOUT, LEGACY, META_KEY
 from bot.store.replies import as_text
 
 # Keys moved per round trip.
@@ -70,7 +58,7 @@ class LayoutError(Exception):
 
 def expected_layout() -> dict[str, str]:
     """The layout record this version writes and expects."""
-    return {"shards": str(SHARDS), "tags": TAGS_DIGEST}
+    return {"shards": str(LAYOUT.shards), "tags": LAYOUT.digest}
 
 
 async def recorded_layout(redis: Client) -> dict[str, str] | None:
@@ -102,7 +90,7 @@ def _mismatch(recorded: dict[str, str]) -> LayoutError:
 async def legacy_keys(redis: Client, limit: int = 3) -> list[str]:
     """Up to `limit` keys of the legacy layout: its due and activity indexes first (one round
     trip), else whatever a SCAN finds under a legacy tag."""
-    names = [f"{legacy_tag(n)}:{kind}" for n in range(LEGACY_SHARDS) for kind in ("due", "active")]
+    names = [key(n) for n in range(LEGACY.shards) for key in (LEGACY.due_key, LEGACY.active_key)]
     async with redis.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.exists(name)
@@ -124,7 +112,7 @@ async def check_layout(redis: Client) -> None:
         found = await legacy_keys(redis)
         if found:
             raise LayoutError(
-                f"the store holds conversations in the legacy layout of {LEGACY_SHARDS} "
+                f"the store holds conversations in the legacy layout of {LEGACY.shards} "
                 f"shards (e.g. {', '.join(found)}), which this version no longer reads: stop "
                 f"every replica, run `{MIGRATE_COMMAND}` once, then start them again"
             )
@@ -180,7 +168,7 @@ async def _copy(redis: Client, moves: list[tuple[str, str]]) -> int:
 
 
 async def _move_conversations(redis: Client, shard: int, done: Migrated, seen: set[str]) -> None:
-    prefix = f"{legacy_tag(shard)}:c:"
+    prefix = f"{LEGACY.tags[shard]}:c:"
     async for batch in _batches(redis, f"{prefix}*"):
         moves: list[tuple[str, str]] = []
         for key in batch:
@@ -190,7 +178,7 @@ async def _move_conversations(redis: Client, shard: int, done: Migrated, seen: s
                 continue
             conversation = parsed["conversation"]
             seen.add(conversation)
-            moves.append((key, f"{Keys(conversation).base}:{parsed['suffix']}"))
+            moves.append((key, f"{LAYOUT.keys(conversation).base}:{parsed['suffix']}"))
         done.keys += await _copy(redis, moves)
 
 
@@ -199,7 +187,7 @@ async def _move_usage(redis: Client, shard: int, done: Migrated) -> None:
     up every shard's, and new shard N's come from legacy shard N alone: each holds the
     conversations of legacy shard N mod 16); the ranking's entries go to their conversation's
     new shard."""
-    tag = legacy_tag(shard)
+    tag = LEGACY.tags[shard]
     async for batch in _batches(redis, f"{tag}:usage:*"):
         for key in batch:
             parsed = _USAGE_KEY.fullmatch(key.removeprefix(tag))
@@ -208,14 +196,14 @@ async def _move_usage(redis: Client, shard: int, done: Migrated) -> None:
                 continue
             day = date.fromisoformat(parsed["day"])
             if parsed["kind"] == "totals":
-                done.usage_keys += await _copy(redis, [(key, usage_day_keys(shard, day)[0])])
+                done.usage_keys += await _copy(redis, [(key, LAYOUT.usage_day_keys(shard, day)[0])])
                 continue
             pttl = int(await redis.pttl(key))
             entries: Any = await redis.zrange(key, 0, -1, withscores=True)
             async with redis.pipeline(transaction=False) as pipe:
                 for member, score in entries:
                     conversation = as_text(member)
-                    ranking = usage_day_keys(shard_of(conversation), day)[1]
+                    ranking = LAYOUT.usage_day_keys(LAYOUT.shard_of(conversation), day)[1]
                     pipe.zadd(ranking, {conversation: score})
                     if pttl > 0:
                         pipe.pexpire(ranking, pttl)
@@ -232,7 +220,7 @@ async def _move_index(redis: Client, old: str, new: Callable[[int], str], done: 
         async with redis.pipeline(transaction=False) as pipe:
             for member, score in entries[start : start + BATCH]:
                 conversation = as_text(member)
-                pipe.zadd(new(shard_of(conversation)), {conversation: score})
+                pipe.zadd(new(LAYOUT.shard_of(conversation)), {conversation: score})
             await pipe.execute()
     await redis.delete(old)
     done.index_entries += len(entries)
@@ -255,17 +243,17 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
     conversations: set[str] = set()
     # The indexes last: they are what start-up looks for, so a run cut short anywhere still
     # leaves the store refused until a run completes.
-    for shard in range(LEGACY_SHARDS):
+    for shard in range(LEGACY.shards):
         before = done.keys
         await _move_conversations(redis, shard, done, conversations)
         # Only a shard that held something is news; an empty store ends in one summary line.
         if done.keys > before:
-            progress(f"shard {legacy_tag(shard)}: {done.keys} conversation keys moved so far")
-    for shard in range(LEGACY_SHARDS):
+            progress(f"shard {LEGACY.tags[shard]}: {done.keys} conversation keys moved so far")
+    for shard in range(LEGACY.shards):
         await _move_usage(redis, shard, done)
-    for shard in range(LEGACY_SHARDS):
-        await _move_index(redis, f"{legacy_tag(shard)}:due", due_key, done)
-        await _move_index(redis, f"{legacy_tag(shard)}:active", active_key, done)
+    for shard in range(LEGACY.shards):
+        await _move_index(redis, LEGACY.due_key(shard), LAYOUT.due_key, done)
+        await _move_index(redis, LEGACY.active_key(shard), LAYOUT.active_key, done)
     done.conversations = len(conversations)
     recorded = await record_layout(redis)
     if recorded != expected_layout():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from bot.store import scripts
 from bot.store.calls import Calls
-from bot.store.keys import Keys
 
 # How long /forget waits for the same command again before it asks anew.
 FORGET_CONFIRM_MS = 60_000
@@ -18,7 +17,7 @@ class Personal(Calls):
 
     async def keep_persona(self, conversation: str, text: str) -> None:
         """Keep the user's instructions for every replica ("" drops them)."""
-        keys = {"state": Keys(conversation).state}
+        keys = {"state": self.layout.keys(conversation).state}
         await self._run(scripts.PERSONA, keys, {"persona": text})
 
     async def ask_forget(self, conversation: str) -> None:
@@ -36,7 +35,7 @@ class Personal(Calls):
         await self._forget(conversation, "erase")
 
     async def _forget(self, conversation: str, mode: str) -> int:
-        k = Keys(conversation)
+        k = self.layout.keys(conversation)
         keys = {"state": k.state, "history": k.history, "heard": k.heard}
         args: dict[str, str | int] = {"mode": mode, "confirm_ms": FORGET_CONFIRM_MS}
         return int(await self._run(scripts.FORGET, keys, args))

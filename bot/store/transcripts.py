@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from bot.store import scripts
 from bot.store.calls import Calls
-from bot.store.keys import Keys
 from bot.store.replies import as_text
 
 
@@ -20,7 +19,7 @@ class Transcripts(Calls):
         none; one round trip (the keys share the conversation's slot)."""
         if not file_keys:
             return []
-        keys = Keys(conversation)
+        keys = self.layout.keys(conversation)
         async with self._reaching():
             found = await self.redis.mget([keys.transcript(f) for f in file_keys])
         return [None if v is None else as_text(v) for v in found]
@@ -29,7 +28,7 @@ class Transcripts(Calls):
         """Cache a transcript, for the conversation's retention: a generation interrupted and
         started again, and later turns' history, read it instead of paying for it again. The
         conversation's index of cached files names it, for /forget (`Store.forget`)."""
-        keys = Keys(conversation)
+        keys = self.layout.keys(conversation)
         named = {"transcript": keys.transcript(file_key), "heard": keys.heard}
         args: dict[str, str | int] = {
             "file_key": file_key,

@@ -11,7 +11,6 @@ from bot.store import scripts
 from bot.store.access import AccessRecord
 from bot.store.calls import Calls
 from bot.store.config import DAY_KEEP_MS, utc_today
-from bot.store.keys import SHARDS, Keys, shard_of, usage_day_keys
 from bot.store.replies import as_text
 
 # A month's tokens outlive the month, so /usage on its last day still reads it whole.
@@ -63,9 +62,9 @@ class Usage(Calls):
         """Count the tokens a reply cost; returns what the conversation's user spent today.
         A DM conversation is one user, so its day is the user's day. `cost` weighs them in
         the user's day and month (a dearer model's tokens count for more)."""
-        k = Keys(conversation)
+        k = self.layout.keys(conversation)
         today = utc_today()
-        totals, ranking = usage_day_keys(shard_of(conversation), today)
+        totals, ranking = self.layout.usage_day_keys(k.shard, today)
         keys = {
             "usage": k.usage,
             "day": k.day(today),
@@ -89,7 +88,7 @@ class Usage(Calls):
         """Tokens the conversation's user has spent today and this month (UTC), and the
         daily budget an admin set for them, in one round trip (all in the conversation's
         slot)."""
-        k = Keys(conversation)
+        k = self.layout.keys(conversation)
         today = utc_today()
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(k.day(today), "tokens")
@@ -104,8 +103,8 @@ class Usage(Calls):
         cluster, one to each primary, all at once)."""
         day = utc_today()
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
-            for shard in range(SHARDS):
-                totals, ranking = usage_day_keys(shard, day)
+            for shard in range(self.layout.shards):
+                totals, ranking = self.layout.usage_day_keys(shard, day)
                 pipe.hgetall(totals)
                 pipe.zcard(ranking)
             found: list[Any] = await pipe.execute()
