@@ -8,6 +8,12 @@ primaries with a replica each; REPLICAOF and SENTINEL MONITOR / SET for a primar
 and three Sentinels. Every wait is bounded and fails saying what it waited for; teardown kills
 every process started.
 
+A deployment that does not come up (a port taken by another process after `free_port`, nodes
+that never all meet, a cluster never ready) is started again on fresh ports, within one
+budget that leaves the test most of its timeout (pytest-timeout counts fixture setup). A
+killed server keeps its ports bound by the test process until it starts again, so no other
+process is handed them meanwhile.
+
 Fixtures (import them into a test module): `cluster` and `sentinel`. `runtime_on` runs a real
 `Runtime` on whatever a settings' `redis_url` names, with a recording platform.
 """
@@ -16,18 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from redis import Redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from bot.app import make_store
 from bot.connect import open_client
@@ -47,6 +56,20 @@ SENTINEL_FAILOVER_TIMEOUT_MS = 3000
 MASTER_NAME = "lw-primary"
 # The slots of each primary: three ranges covering all 16384.
 SLOT_RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
+# Starting a deployment, every attempt included, takes at most this long (about 2 s on an idle
+# machine): the cluster tests' timeouts (40-60 s) count fixture setup.
+SETUP_BUDGET_S = 20.0
+# How long one server may take to answer once started, one attempt's nodes to meet, and one
+# attempt's cluster to be ready (each also cut to what is left of the budget).
+START_WITHIN_S = 5.0
+MEET_WITHIN_S = 8.0
+READY_WITHIN_S = 8.0
+# Deployments are started afresh at most this many times in all, within the budget.
+FORM_ATTEMPTS = 3
+
+Deployment = TypeVar("Deployment")
+# A probe that tries once: a wait's bound is not stretched by the client's own retries.
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 def wait_until(check: Callable[[], Any], within_s: float, what: str) -> Any:
@@ -75,6 +98,40 @@ class PortTaken(AssertionError):
     """A server could not bind its port: another process took it after `free_port`."""
 
 
+class NotFormed(Exception):
+    """A deployment did not come up in time (nodes that never met, a cluster never ready, a
+    Sentinel that never saw the others), or one of its servers could not start."""
+
+
+@dataclass
+class Budget:
+    """What is left of `SETUP_BUDGET_S` for the attempts at one deployment."""
+
+    deadline: float = field(default_factory=lambda: time.monotonic() + SETUP_BUDGET_S)
+
+    def within(self, cap_s: float) -> float:
+        """`cap_s`, or what is left of the budget if less; NotFormed once nothing is left."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise NotFormed(f"the setup budget of {SETUP_BUDGET_S:g}s is spent")
+        return min(cap_s, left)
+
+
+def hold_port(port: int) -> socket.socket | None:
+    """Bind `port` (not listening) so that no other process's `free_port` is handed it while
+    its server is down; None if something else has it already. SO_REUSEADDR lets the bind
+    succeed past the dead server's TIME_WAIT connections; `free_port`'s socket sets no such
+    option, so the kernel will not give it this port."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", port))
+    except OSError:
+        holder.close()
+        return None
+    return holder
+
+
 @dataclass
 class Server:
     """One server process on 127.0.0.1:`port`."""
@@ -84,12 +141,18 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     # A cluster node's bus port; set, since port + 10000 may be taken, or past 65535.
     bus_port: int = field(default_factory=free_port)
+    # The ports' placeholders while the server is killed (see `kill`).
+    held: list[socket.socket] = field(default_factory=list)
 
     def admin(self) -> Redis:
         return Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
 
-    def start(self, *extra: str, config: Path | None = None) -> None:
+    def start(
+        self, *extra: str, config: Path | None = None, within_s: float = START_WITHIN_S
+    ) -> None:
+        """Start the server and wait until it answers. PortTaken if its port was taken."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.release()
         args = [server_binary()]
         if config is not None:
             args.append(str(config))
@@ -107,27 +170,68 @@ class Server:
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
-        def answers() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                tail = self.log_tail()
-                if "Address already in use" in tail:
-                    raise PortTaken(f"server on {self.port} exited: {tail}")
-                raise AssertionError(f"server on {self.port} exited: {tail}")
-            with self.admin() as client:
-                return bool(client.ping())
+        wait_until(self._answers, within_s, f"the server on port {self.port} to answer")
 
-        wait_until(answers, 10, f"the server on port {self.port} to answer")
+    def _answers(self) -> bool:
+        """Whether the server answers, as itself: on a taken port another process answers
+        until ours has failed to bind and exited (PortTaken then). One try per call, no
+        client retries, so the wait stays within its bound."""
+        self._check_alive()
+        probe = Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=NO_RETRY)
+        try:
+            with probe:
+                pid = probe.info("server")["process_id"]
+        except (RedisError, OSError):
+            self._check_alive()
+            raise
+        assert self.process is not None
+        return bool(pid == self.process.pid)
+
+    def _check_alive(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            tail = self.log_tail()
+            if "Address already in use" in tail:
+                raise PortTaken(f"server on {self.port} exited: {tail}")
+            raise AssertionError(f"server on {self.port} exited: {tail}")
+
+    def restart(self, *extra: str, attempts: int = 3) -> None:
+        """Start a killed server again on its own ports. Held since the kill, they can only
+        have been taken in the moment between their release and the server's bind, by another
+        process's `free_port` probe, which lets go at once: try again, a bounded number of
+        times."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.start(*extra)
+                return
+            except PortTaken:
+                if attempt == attempts:
+                    raise
+                self.held = [s for s in map(hold_port, (self.port, self.bus_port)) if s]
+                time.sleep(0.1)
 
     def log_tail(self) -> str:
         log = self.folder / "server.log"
         return " | ".join(log.read_text(errors="replace").splitlines()[-5:]) if log.exists() else ""
 
     def kill(self) -> None:
-        """SIGKILL, as a crash."""
+        """SIGKILL, as a crash. Its ports stay bound by this process (see `hold_port`) until it
+        starts again or is closed: another process could otherwise take one meanwhile, and a
+        restarted node could not bind it."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+            self.held = [s for s in map(hold_port, (self.port, self.bus_port)) if s]
+
+    def release(self) -> None:
+        for holder in self.held:
+            holder.close()
+        self.held = []
+
+    def close(self) -> None:
+        """Kill it for good, letting its ports go."""
+        self.kill()
+        self.release()
 
 
 @dataclass
@@ -164,33 +268,32 @@ class Cluster:
 
     def stop(self) -> None:
         for server in self.servers:
-            server.kill()
+            server.close()
 
 
-class NotFormed(Exception):
-    """The nodes did not all come to know each other in time, or one could not start."""
-
-
-# On a loaded machine the nodes of a new cluster sometimes never all meet: a handshake is lost,
-# or a port was just freed by another test's killed node, which its old cluster still dials.
-# And a port `free_port` found free may be taken by another process before the server binds
-# it. The cluster is then started again, on fresh ports, up to this many times in all.
-FORM_ATTEMPTS = 3
+def attempts(what: str, start: Callable[[Path, Budget], Deployment], folder: Path) -> Deployment:
+    """`start` a deployment in `folder`; if it does not come up (NotFormed: on a loaded machine
+    a cluster handshake is lost, or a port `free_port` found free is taken by another process
+    before the server binds it), again on fresh ports, up to FORM_ATTEMPTS times within one
+    SETUP_BUDGET_S."""
+    budget = Budget()
+    failures: list[str] = []
+    for attempt in range(1, FORM_ATTEMPTS + 1):
+        try:
+            return start(folder if attempt == 1 else folder / f"attempt{attempt}", budget)
+        except NotFormed as exc:
+            failures.append(f"attempt {attempt}: {exc}")
+            print(f"{what} attempt {attempt} did not come up: {exc}")
+            if budget.deadline <= time.monotonic():
+                break
+    raise AssertionError(f"no {what} came up: {'; '.join(failures)}")
 
 
 def start_cluster(folder: Path) -> Cluster:
-    for attempt in range(1, FORM_ATTEMPTS):
-        try:
-            return _start_cluster(folder if attempt == 1 else folder / f"attempt{attempt}")
-        except NotFormed as exc:
-            print(f"cluster attempt {attempt} did not form, starting afresh: {exc}")
-    try:
-        return _start_cluster(folder / f"attempt{FORM_ATTEMPTS}")
-    except NotFormed as exc:
-        raise AssertionError(f"no cluster formed in {FORM_ATTEMPTS} attempts: {exc}") from None
+    return attempts("cluster", _start_cluster, folder)
 
 
-def _start_cluster(folder: Path) -> Cluster:
+def _start_cluster(folder: Path, budget: Budget) -> Cluster:
     cluster = Cluster(
         [Server(free_port(), folder / f"p{i}") for i in range(3)],
         [Server(free_port(), folder / f"r{i}") for i in range(3)],
@@ -207,8 +310,9 @@ def _start_cluster(folder: Path) -> Cluster:
                 "--repl-diskless-sync-delay", "0",
                 # Replicas reach CLUSTER SLOTS once their offset moves: a ping moves it.
                 "--repl-ping-replica-period", "1",
+                within_s=budget.within(START_WITHIN_S),
             )  # fmt: skip
-        _form(cluster)
+        _form(cluster, budget)
     except BaseException as exc:
         cluster.stop()
         if isinstance(exc, PortTaken):
@@ -231,7 +335,7 @@ def _views(cluster: Cluster) -> str:
     return "; ".join(views)
 
 
-def _form(cluster: Cluster) -> None:
+def _form(cluster: Cluster, budget: Budget) -> None:
     for server in cluster.servers:
         with server.admin() as client:
             cluster.ids[server.port] = _text(client.execute_command("CLUSTER MYID"))
@@ -267,12 +371,17 @@ def _form(cluster: Cluster) -> None:
 
     meet()
     try:
-        wait_until(all_known, 15, "every cluster node to know the others")
+        wait_until(all_known, budget.within(MEET_WITHIN_S), "every cluster node to know the others")
     except AssertionError as exc:
         raise NotFormed(f"{exc}; {_views(cluster)}") from None
     for replica, primary in zip(cluster.replicas, cluster.primaries, strict=True):
         with replica.admin() as client:
             client.execute_command("CLUSTER REPLICATE", cluster.ids[primary.port])
+    _ready(cluster, budget)
+
+
+def _ready(cluster: Cluster, budget: Budget) -> None:
+    """Wait for cluster_state:ok everywhere and every replica in sync; NotFormed if not."""
 
     def ready() -> bool:
         for server in cluster.servers:
@@ -290,7 +399,14 @@ def _form(cluster: Cluster) -> None:
                     return False
         return True
 
-    wait_until(ready, 15, "cluster_state:ok on every node and every replica in sync")
+    try:
+        wait_until(
+            ready,
+            budget.within(READY_WITHIN_S),
+            "cluster_state:ok on every node and every replica in sync",
+        )
+    except AssertionError as exc:
+        raise NotFormed(f"{exc}; {_views(cluster)}") from None
 
 
 @dataclass
@@ -320,18 +436,24 @@ class SentinelSetup:
 
     def stop(self) -> None:
         for server in [*self.sentinels, self.replica, self.primary]:
-            server.kill()
+            server.close()
 
 
 def start_sentinel(folder: Path) -> SentinelSetup:
+    return attempts("Sentinel deployment", _start_sentinel, folder)
+
+
+def _start_sentinel(folder: Path, budget: Budget) -> SentinelSetup:
     setup = SentinelSetup(
         Server(free_port(), folder / "primary"),
         Server(free_port(), folder / "replica"),
         [Server(free_port(), folder / f"s{i}") for i in range(3)],
     )
     try:
-        setup.primary.start("--repl-diskless-sync-delay", "0")
-        setup.replica.start()
+        setup.primary.start(
+            "--repl-diskless-sync-delay", "0", within_s=budget.within(START_WITHIN_S)
+        )
+        setup.replica.start(within_s=budget.within(START_WITHIN_S))
         with setup.replica.admin() as client:
             client.replicaof("127.0.0.1", setup.primary.port)
         for sentinel in setup.sentinels:
@@ -339,7 +461,7 @@ def start_sentinel(folder: Path) -> SentinelSetup:
             config = sentinel.folder / "sentinel.conf"
             sentinel.folder.mkdir(parents=True)
             config.write_text("")
-            sentinel.start("--sentinel", config=config)
+            sentinel.start("--sentinel", config=config, within_s=budget.within(START_WITHIN_S))
             with sentinel.admin() as client:
                 client.execute_command(
                     "SENTINEL MONITOR", MASTER_NAME, "127.0.0.1", setup.primary.port, 2
@@ -359,9 +481,18 @@ def start_sentinel(folder: Path) -> SentinelSetup:
             with setup.replica.admin() as client:
                 return bool(client.info("replication").get("master_link_status") == "up")
 
-        wait_until(watching, 20, "every Sentinel to see the primary, its replica and the others")
-    except BaseException:
+        try:
+            wait_until(
+                watching,
+                budget.within(READY_WITHIN_S),
+                "every Sentinel to see the primary, its replica and the others",
+            )
+        except AssertionError as exc:
+            raise NotFormed(str(exc)) from None
+    except BaseException as exc:
         setup.stop()
+        if isinstance(exc, PortTaken):
+            raise NotFormed(str(exc)) from None
         raise
     return setup
 

@@ -50,11 +50,12 @@ from tests.clusters import (
     sentinel,
     wait_until,
 )
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.test_replicas import (
     I3_BOUND_S,
     LLM_DELAY_S,
     PLATFORM,
+    QUIET_MS,
     SEED,
     SWEEP_MS,
     TTL_MS,
@@ -63,6 +64,7 @@ from tests.test_replicas import (
     Step,
     check_conversation,
     conversation_of,
+    message,
     plan_workload,
     quiet,
     tokens,
@@ -81,6 +83,8 @@ FAILOVER_BOUND_S = 15.0
 # README, LASTWORD_DURABILITY=fast: a crash loses up to ~1 s of acknowledged writes (the
 # AOF's everysec), and a promoted asynchronous replica lacks what it had not received yet.
 FAST_LOSS_WINDOW_S = 1.0
+# The killed bot's last generation: far longer than the test, so the kill always cuts it.
+ORPHAN_DELAY_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,18 @@ def conversations_of(plans: list[list[Step]]) -> list[str]:
     return [f"{PLATFORM}:{conv}" for conv in range(len(plans))]
 
 
+def slow_for(replica: str, message_id: str) -> Callable[[RecordedRequest], float]:
+    """The fake LLM's delay per request: `replica`'s generation covering `message_id` is
+    still going when the test kills it (the fake notices the hang-up and stops); every
+    other request takes the workload's LLM_DELAY_S."""
+
+    def delay(request: RecordedRequest) -> float:
+        mine = request.api_key == replica and message_id in tokens(request.last_user_text)
+        return ORPHAN_DELAY_S if mine else LLM_DELAY_S
+
+    return delay
+
+
 def holders(cluster: Cluster, conversations: Iterable[str]) -> dict[int, set[str]]:
     """Primary index -> the conversations whose keys its node holds."""
     found: dict[int, set[str]] = {}
@@ -289,28 +305,33 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
     ):
         fake.delay_s = LLM_DELAY_S
         plans, messages = workload(rng, replicas, conversations=9)
-        conversations = conversations_of(plans)
-        assert {primary_of(c) for c in conversations} == {0, 1, 2}
-        router = Router(replicas, rng)
         victim = replicas.names[0]
-        generating: list[str] = []
+        # The victim's own work: a conversation no other bot hears of, whose generation is
+        # slow, so the kill certainly cuts one short; only the sweep can recover it.
+        orphan = message(len(plans), 1)
+        conversations = [*conversations_of(plans), orphan.conversation]
+        assert {primary_of(c) for c in conversations} == {0, 1, 2}
+        fake.delay_for = slow_for(victim, orphan.message_id)
+        router = Router(replicas, rng)
+        cut: list[RecordedRequest] = []
 
         async def kill_mid_run() -> None:
             await when_acknowledged(replicas, len(messages) // 3)
-            # Preferably while it generates: its lease must expire and the sweep hand over.
-            with contextlib.suppress(TimeoutError):
+            assert await replicas.deliver(victim, orphan)
+            cut.append(
                 await fake.wait_for_request(
-                    lambda r: r.api_key == victim and not r.finished, timeout=2
+                    lambda r: r.api_key == victim and orphan.message_id in r.last_user_text,
+                    timeout=QUIET_MS / 1000 + 5,
                 )
-            in_flight = [r for r in fake.requests if r.api_key == victim and not r.finished]
-            await router.kill(victim)
-            # What its death cut short: generations in flight that never finished.
-            generating.extend(
-                t for r in in_flight if not r.finished for t in tokens(r.last_user_text)
             )
+            await router.kill(victim)
 
         await asyncio.gather(kill_mid_run(), *(router.play(steps) for steps in plans))
+        messages.append(orphan.message_id)
         await answered(replicas, redis, messages, within_s=I3_BOUND_S + 10)
+        # The victim's generation died with it, unfinished; a survivor answered instead.
+        await fake.wait_for_request(lambda r: r is cut[0] and r.cancelled, timeout=5)
+        assert not cut[0].finished
         survivors = replicas.alive()
         assert victim not in survivors and len(survivors) == 2
         await replicas.terminate_all(survivors)
@@ -327,7 +348,7 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
         print(
             f"\ncluster, bot killed: {len(messages)} messages, {replies} replies "
             f"({resent(replicas)} parts resent under their key), conversations by primary {held}; "
-            f"{victim} killed while generating for {generating or 'nothing'}"
+            f"{victim} killed while generating for {tokens(cut[0].last_user_text)}"
         )
 
 
@@ -356,7 +377,7 @@ def durable(servers: Iterable[Server]) -> None:
 def restart_cluster_node(server: Server, *extra: str) -> None:
     """Start a killed cluster node again with its own nodes.conf (tests/clusters.py's
     options): the cluster makes a primary that lost its slots a replica of their new owner."""
-    server.start(
+    server.restart(
         "--cluster-enabled", "yes",
         "--cluster-port", str(server.bus_port),
         "--cluster-config-file", "nodes.conf",
@@ -576,7 +597,7 @@ async def sentinel_failover(sentinel: SentinelSetup, short_dir: Path) -> None:
             )
             # WAIT 1 needs a replica: the crashed primary comes back as one.
             await asyncio.to_thread(
-                sentinel.primary.start,
+                sentinel.primary.restart,
                 "--appendonly", "yes",
                 "--appendfsync", "always",
                 "--replicaof", "127.0.0.1", str(sentinel.replica.port),
