@@ -31,7 +31,6 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-import bot.embedded
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table
 from bot.embedded import EmbeddedRedis
@@ -82,9 +81,8 @@ def _version(binary: str) -> str:
 
 @asynccontextmanager
 async def server(binary: str, fsync: str, *, port: int = 0) -> AsyncIterator[EmbeddedRedis]:
-    bot.embedded.server_binary = lambda: binary
     folder = Path(tempfile.mkdtemp(prefix="lw-dur-", dir=DATA_ROOT))
-    embedded = EmbeddedRedis(folder, port=port, appendfsync=fsync)
+    embedded = EmbeddedRedis(folder, port=port, appendfsync=fsync, binary=binary)
     embedded.start()
     try:
         yield embedded

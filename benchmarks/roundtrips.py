@@ -53,9 +53,11 @@ from bot.store import (
     PRESEND,
     RELEASE,
     RENEW,
-    SHARDS,
     USAGE,
 )
+from bot.store.keys import LAYOUT
+
+SHARDS = LAYOUT.shards
 
 # Commands a client sends itself; everything else in commandstats ran inside a script here
 # (the bot issues no other direct command in these phases, which the client count confirms).

@@ -576,11 +576,11 @@ async def durability_check(settings: Settings, timeout_s: float) -> Check:
         if settings.redis_url is None:
             fsync = embedded_appendfsync(level)
             server = Server(waitaof=False, appendonly=True, appendfsync=fsync, embedded=True)
-            waits = waits_for(level, server)
+            waits = waits_for(level, server, settings.durability_wait_ms)
         else:
             client = _client(settings.redis_url, timeout_s)
             try:
-                waits = await Durability(client).prepare(level)
+                waits = await Durability(client, settings.durability_wait_ms).prepare(level)
             finally:
                 await client.aclose()
     except Refused as exc:

@@ -37,7 +37,7 @@ from bot.store.conversations import (
 from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
-from bot.store.keys import ACCESS_SEQ_KEY, SHARDS, Keys, Layout
+from bot.store.keys import ACCESS_SEQ_KEY, Keys, Layout
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
@@ -93,7 +93,6 @@ __all__ = [
     "ROLE_RELEASE",
     "SEEN_CAP",
     "SEEN_KEEP_MS",
-    "SHARDS",
     "TRANSCRIPT",
     "USAGE",
     "AccessRecord",
