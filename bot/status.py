@@ -508,7 +508,12 @@ def render(status: Status) -> str:
     """The snapshot as text for a terminal: one aligned table per section, "none" if empty."""
     when = datetime.fromtimestamp(status.now_ms / 1000, UTC).isoformat(timespec="seconds")
     lines = [f"lastword status at {when.replace('+00:00', 'Z')} (server clock)"]
+    for section in (_replicas, _roles, _waiting, _leases, _wakeup, _tokens, _access):
+        lines += section(status)
+    return "\n".join(lines) + "\n"
 
+
+def _replicas(status: Status) -> list[str]:
     rows = []
     for r in status.replicas:
         leases = sum(1 for held in status.leases if held.lease.holder == r.id)
@@ -528,15 +533,19 @@ def render(status: Status) -> str:
             ]
         )
     headers = ["ID", "HOST", "PID", "PLATFORM", "UP", "LAST BEAT", "LEASES", "ROLES", "INFO"]
-    lines += _section(f"replicas ({len(status.replicas)})", headers, rows)
+    return _section(f"replicas ({len(status.replicas)})", headers, rows)
 
+
+def _roles(status: Status) -> list[str]:
     rows = [
         [role.name, _holder(role.lease), str(role.lease.fence), duration(role.lease.expires_in_ms)]
         for role in status.roles
     ]
     headers = ["NAME", "HOLDER", "FENCE", "EXPIRES IN"]
-    lines += _section(f"roles ({len(status.roles)})", headers, rows)
+    return _section(f"roles ({len(status.roles)})", headers, rows)
 
+
+def _waiting(status: Status) -> list[str]:
     rows = [
         [
             w.conversation,
@@ -549,8 +558,10 @@ def render(status: Status) -> str:
         for w in status.waiting
     ]
     headers = ["CONVERSATION", "UNANSWERED", "WAITED", "NEXT LOOK", "LEASE", "OUTBOX"]
-    lines += _section(f"conversations waiting ({len(status.waiting)})", headers, rows)
+    return _section(f"conversations waiting ({len(status.waiting)})", headers, rows)
 
+
+def _leases(status: Status) -> list[str]:
     rows = [
         [
             held.conversation,
@@ -561,24 +572,31 @@ def render(status: Status) -> str:
         for held in status.leases
     ]
     headers = ["CONVERSATION", "HOLDER", "FENCE", "EXPIRES IN"]
-    lines += _section(f"leases held ({len(status.leases)})", headers, rows)
+    return _section(f"leases held ({len(status.leases)})", headers, rows)
 
+
+def _wakeup(status: Status) -> list[str]:
     wakeup = status.oldest_wakeup
     rows = [] if wakeup is None else [[wakeup.conversation, _relative(-wakeup.overdue_ms)]]
-    lines += _section("oldest wake-up", ["CONVERSATION", "DUE"], rows)
+    return _section("oldest wake-up", ["CONVERSATION", "DUE"], rows)
 
+
+def _tokens(status: Status) -> list[str]:
     tokens = status.tokens_today
-    if tokens is not None:
-        title = (
-            f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-            f"{tokens.completion:,} completion in {counted(tokens.generations, 'generation')}; "
-            f"{counted(tokens.replies, 'reply', 'replies')} to {counted(tokens.users, 'user')}, "
-            f"{tokens.interrupted:,} interrupted, {tokens.forced:,} forced"
-        )
-        rows = [[spender.conversation, f"{spender.tokens:,}"] for spender in tokens.top]
-        # No "none" under it: the totals line says as much.
-        lines += _section(title, ["CONVERSATION", "TOKENS"], rows) if rows else ["", title]
+    if tokens is None:
+        return []
+    title = (
+        f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
+        f"{tokens.completion:,} completion in {counted(tokens.generations, 'generation')}; "
+        f"{counted(tokens.replies, 'reply', 'replies')} to {counted(tokens.users, 'user')}, "
+        f"{tokens.interrupted:,} interrupted, {tokens.forced:,} forced"
+    )
+    rows = [[spender.conversation, f"{spender.tokens:,}"] for spender in tokens.top]
+    # No "none" under it: the totals line says as much.
+    return _section(title, ["CONVERSATION", "TOKENS"], rows) if rows else ["", title]
 
+
+def _access(status: Status) -> list[str]:
     rows = [
         [
             record.user,
@@ -590,5 +608,4 @@ def render(status: Status) -> str:
         for record in status.access
     ]
     headers = ["USER", "ACCESS", "DAILY BUDGET", "BY", "WHEN"]
-    lines += _section(f"access changed in chat ({len(status.access)})", headers, rows)
-    return "\n".join(lines) + "\n"
+    return _section(f"access changed in chat ({len(status.access)})", headers, rows)
