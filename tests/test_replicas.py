@@ -9,6 +9,9 @@ test checks, per conversation:
 - I1: no message is covered by two delivered replies; reply versions strictly increase;
 - I3: every accepted message is covered, within max_wait + LLM time + lease TTL + sweep
   interval (plus scheduling slack for a busy CI machine);
+- I4, from the fences the replies carry (in their idempotency keys): each reply went out
+  under its own lease, none under an older lease after one under a newer, none under a fence
+  the store never granted;
 - I5: V equals the number of distinct messages, however many times each was delivered;
 - I6: the history holds every answered message and every reply, in order, matching what
   was delivered.
@@ -21,7 +24,6 @@ the last test pins down why one once did not (a cancellation lost inside a store
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import random
 import re
@@ -81,40 +83,6 @@ def tokens(text: str) -> list[str]:
 def covering_reply(request: RecordedRequest) -> str:
     """The fake LLM's answer: the tokens of the messages it was asked to answer, in order."""
     return "covers " + " ".join(tokens(request.last_user_text))
-
-
-class Generations:
-    """The fake LLM's reply function, remembering when each request was answered, so a test
-    can check that no two generations for one conversation were ever in flight at once."""
-
-    def __init__(self) -> None:
-        self.answered_at: dict[int, float] = {}
-
-    def __call__(self, request: RecordedRequest) -> str:
-        self.answered_at[id(request)] = time.monotonic()
-        return covering_reply(request)
-
-    def assert_one_at_a_time(self, requests: list[RecordedRequest], delay_s: float) -> None:
-        """I4: a conversation's next generation starts only after the previous one's answer
-        left the fake (its lease ends after that), whichever replicas made them."""
-        by_conversation: dict[str, list[RecordedRequest]] = {}
-        for request in requests:
-            conversations = {conversation_of(t) for t in tokens(request.last_user_text)}
-            assert len(conversations) == 1, f"one prompt, several conversations: {conversations}"
-            by_conversation.setdefault(conversations.pop(), []).append(request)
-        for conversation, ordered in by_conversation.items():
-            ordered.sort(key=lambda r: r.started_at)
-            for before, after in itertools.pairwise(ordered):
-                if id(before) not in self.answered_at:
-                    continue  # an attempt that failed outright; its retry follows it
-                if before.cancelled and after.api_key == before.api_key:
-                    # An interrupt: the holder hung up on its own generation before starting
-                    # the next, but the fake notices the hang-up only some time later.
-                    continue
-                ended = self.answered_at[id(before)] + delay_s
-                assert after.started_at >= ended, (
-                    f"{conversation}: {after.api_key} generated while {before.api_key} still was"
-                )
 
 
 def conversation_of(token: str) -> str:
@@ -413,6 +381,7 @@ class Reply:
     text: str
     version: int
     t: float
+    fence: int  # of the lease that passed the pre-send check
 
     @property
     def tokens(self) -> list[str]:
@@ -427,7 +396,8 @@ async def check_conversation(
     *,
     since: float = 0.0,
 ) -> list[Reply]:
-    """Assert I1, I3, I5 and I6 for one conversation; returns its replies in delivery order.
+    """Assert I1, I3, I4 (from the fences), I5 and I6 for one conversation; returns its
+    replies in delivery order.
 
     `accepted` maps this conversation's message ids to when they were accepted; latency for
     I3 is counted from that moment, or from `since` if later (the end of a deliberate hold).
@@ -437,17 +407,21 @@ async def check_conversation(
     assert len(keys) == len(set(keys)), f"{conversation}: a reply part went out twice: {keys}"
     for event in sorted(sent, key=lambda e: float(e["t"])):
         # <conversation>:<version>:<part>:<fence>:<token salt> (bot.cycle.idempotency_key)
-        conv, version, part, _, _ = str(event["key"]).rsplit(":", 4)
+        conv, version, part, fence, _ = str(event["key"]).rsplit(":", 4)
         assert conv == conversation
         # Replies here are far below the platform limit, so each is exactly one part.
         assert part == "0", f"{conversation}: unexpected split reply {event}"
-        replies.append(Reply(event["replica"], event["text"], int(version), float(event["t"])))
+        replies.append(
+            Reply(event["replica"], event["text"], int(version), float(event["t"]), int(fence))
+        )
 
     # I1: versions strictly increase, and no message is covered twice.
     versions = [r.version for r in replies]
     assert versions == sorted(set(versions)), f"{conversation}: versions {versions}"
     covered = [token for r in replies for token in r.tokens]
     assert len(covered) == len(set(covered)), f"{conversation}: covered twice: {covered}"
+
+    await check_fences(redis, conversation, replies)
 
     # I3: every accepted message covered, nothing else, and in time.
     assert set(covered) == set(accepted), (
@@ -488,6 +462,16 @@ async def check_conversation(
         # The reply covers exactly the messages it follows, folded in arrival order.
         assert reply.tokens == [u["message"]["message_id"] for u in group]
     return replies
+
+
+async def check_fences(redis: Redis, conversation: str, replies: list[Reply]) -> None:
+    """I4 from the store's fences: in the order they went out, the replies' fences strictly
+    increase (one lease per reply; no holder sent after a newer lease was granted, which is
+    what the fence is for), and the store granted every one of them."""
+    fences = [r.fence for r in replies]
+    assert fences == sorted(set(fences)), f"{conversation}: fences in send order {fences}"
+    granted = int(await redis.hget(Keys(conversation).state, "fence") or 0)
+    assert all(0 < f <= granted for f in fences), f"{conversation}: {fences}, granted {granted}"
 
 
 async def check_replies(
@@ -565,9 +549,8 @@ async def test_random_bursts_across_replicas(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:
     rng = random.Random(SEED)
-    generations = Generations()
     async with (
-        FakeOpenAI(reply=generations) as fake,
+        FakeOpenAI(reply=covering_reply) as fake,
         Cluster(server, fake, short_dir, size=3) as cluster,
     ):
         fake.delay_s = LLM_DELAY_S
@@ -589,7 +572,6 @@ async def test_random_bursts_across_replicas(
             replies += len(
                 await check_conversation(redis, conversation, mine, cluster.sent(conversation))
             )
-        generations.assert_one_at_a_time(fake.requests, LLM_DELAY_S)
         # The debounce must actually fold bursts: far fewer replies than messages.
         assert replies < len(messages)
         assert len({e["replica"] for e in cluster.sent()}) > 1, "replies came from one replica"
@@ -674,6 +656,25 @@ async def test_kill_9_mid_generation(server: EmbeddedRedis, redis: Redis, short_
         assert dropped >= len(stale_drafts)
 
 
+async def lease_when_stopped(
+    cluster: Cluster, redis: Redis, name: str, conversation: str
+) -> tuple[int, float]:
+    """Once replica `name` is stopped (SIGSTOP sent), the fence of the lease it holds on
+    `conversation` and when that lease expires (time.monotonic(), the fake's clock). A renewal
+    it wrote just before stopping may land after this read: that only makes the lease end
+    later than said, never earlier."""
+    pid = cluster.replicas[name].process.pid
+
+    async def stopped() -> bool:
+        return process_state(pid).split()[1:2] == ["T"]
+
+    await eventually(stopped, 5, what=f"{name} to be stopped")
+    lease = Keys(conversation).lease
+    fence, ttl_ms = await redis.hget(lease, "fence"), await redis.pttl(lease)
+    assert fence is not None and ttl_ms > 0, f"{name} holds no lease on {conversation}"
+    return int(fence), time.monotonic() + ttl_ms / 1000
+
+
 async def test_paused_holder_is_fenced(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:
@@ -685,21 +686,28 @@ async def test_paused_holder_is_fenced(
         fake.hold()
         for n in (1, 2):
             assert await cluster.deliver(cluster.names[0], message(0, n))
-        held = await fake.wait_for_request(lambda r: "c0m1" in tokens(r.last_user_text))
+        # The generation covering both: one that took in only the first may have been
+        # interrupted by the second, by its own holder.
+        held = await fake.wait_for_request(lambda r: tokens(r.last_user_text) == ["c0m1", "c0m2"])
         holder = held.api_key
 
         cluster.signal(holder, signal.SIGSTOP)
-        paused_at = time.monotonic()
-        released_at = time.time()
         try:
+            paused_fence, expires_at = await lease_when_stopped(
+                cluster, redis, holder, conversation
+            )
+            released_at = time.time()
             # The paused holder's answer now waits in its socket; it cannot act on it.
             fake.release()
             takeover = await fake.wait_for_request(
                 lambda r: r.api_key != holder and "c0m1" in tokens(r.last_user_text),
                 timeout=(TTL_MS + SWEEP_MS) / 1000 + 5,
             )
-            # I4: nobody else got the lease before it expired (renewed at most TTL/3 before).
-            assert time.monotonic() - paused_at >= TTL_MS / 2000
+            # I4: nobody else generated before the paused holder's lease expired, counted from
+            # its last renewal (the lease's TTL once it could renew no more).
+            assert takeover.started_at >= expires_at, (
+                f"taken over {expires_at - takeover.started_at:.3f}s before the lease expired"
+            )
             await settle(cluster, redis, ["c0m1", "c0m2"], timeout=I3_BOUND_S + 5)
         finally:
             cluster.signal(holder, signal.SIGCONT)
@@ -727,6 +735,8 @@ async def test_paused_holder_is_fenced(
             (takeover.api_key, ["c0m1", "c0m2"]),
             (holder, ["c0m3"]),
         ]
+        # The takeover's reply went out under a newer lease than the one the pause ended.
+        assert replies[0].fence > paused_fence
         replies = await check_replies(cluster, redis, f"{PLATFORM}:1")
         assert [r.replica for r in replies] == [holder]
 
