@@ -35,6 +35,7 @@ from bot.logs import MASK, Scrub, redact, secrets_of
 from bot.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
+    import openai
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
@@ -755,64 +756,13 @@ async def _llm_check(settings: Settings, timeout_s: float) -> Check:
         default_headers=llm.extra_headers or None,
     )
     try:
-        try:
-            page = await client.models.list()
-            listed = sorted(model.id for model in page.data)
-        except openai.NotFoundError:
-            # Not every OpenAI-compatible server has /models: ask for one token instead.
-            await client.chat.completions.create(
-                model=llm.model,
-                messages=[{"role": "user", "content": "ping"}],
-                max_tokens=1,
-                extra_body=llm.extra_body or None,
-            )
-            return Check("llm", True, f"model {llm.model} answered at {shown} (no /models)")
-    except openai.AuthenticationError:
-        if llm.api_key is None:
-            return Check(
-                "llm",
-                False,
-                f"{shown} wants an API key, and none is set",
-                "set LASTWORD_LLM__API_KEY (or OPENAI_API_KEY)",
-            )
-        return Check("llm", False, f"{shown} refused the API key", f"fix {settings.key_source}")
-    except openai.PermissionDeniedError:
-        return Check(
-            "llm",
-            False,
-            f"{shown} refused the API key access (403)",
-            "fix LASTWORD_LLM__API_KEY, or its permissions at the provider",
-        )
-    except openai.NotFoundError:
-        return Check(
-            "llm",
-            False,
-            f"{shown} does not know model {llm.model}",
-            "set LASTWORD_LLM__MODEL to a model the provider serves",
-        )
-    except openai.APITimeoutError:
-        return Check(
-            "llm",
-            False,
-            f"no answer within {timeout_s:g} s from {shown}",
-            "check LASTWORD_LLM__BASE_URL and that the server is up",
-        )
-    except openai.APIConnectionError:
-        return Check(
-            "llm",
-            False,
-            f"cannot connect to {shown}",
-            "fix LASTWORD_LLM__BASE_URL, or start the server it names",
-        )
-    except openai.APIStatusError as exc:
-        return Check(
-            "llm",
-            False,
-            f"{shown} answered {exc.status_code}: {exc.message[:200]}",
-            "check LASTWORD_LLM__BASE_URL and LASTWORD_LLM__MODEL",
-        )
+        listed = await _models_listed(client, settings)
+    except openai.APIError as exc:
+        return _llm_failure(exc, settings, timeout_s)
     finally:
         await client.close()
+    if listed is None:
+        return Check("llm", True, f"model {llm.model} answered at {shown} (no /models)")
     if llm.model not in listed:
         shown_models = ", ".join(listed[:10]) + (", ..." if len(listed) > 10 else "")
         return Check(
@@ -822,3 +772,67 @@ async def _llm_check(settings: Settings, timeout_s: float) -> Check:
             "set LASTWORD_LLM__MODEL to one of the listed models",
         )
     return Check("llm", True, f"model {llm.model} is listed at {shown}")
+
+
+async def _models_listed(client: openai.AsyncOpenAI, settings: Settings) -> list[str] | None:
+    """The models the endpoint lists; None when it has no /models but the model answered a
+    one-token request instead (not every OpenAI-compatible server has /models)."""
+    import openai
+
+    llm = settings.llm
+    try:
+        page = await client.models.list()
+    except openai.NotFoundError:
+        await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": "ping"}],
+            max_tokens=1,
+            extra_body=llm.extra_body or None,
+        )
+        return None
+    return sorted(model.id for model in page.data)
+
+
+def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
+    """What the endpoint's refusal or silence means, and what to fix."""
+    import openai
+
+    llm, shown = settings.llm, _llm_url(settings)
+    if isinstance(exc, openai.AuthenticationError):
+        if llm.api_key is None:
+            return Check(
+                "llm",
+                False,
+                f"{shown} wants an API key, and none is set",
+                "set LASTWORD_LLM__API_KEY (or OPENAI_API_KEY)",
+            )
+        return Check("llm", False, f"{shown} refused the API key", f"fix {settings.key_source}")
+    found: tuple[str, str]
+    if isinstance(exc, openai.PermissionDeniedError):
+        found = (
+            f"{shown} refused the API key access (403)",
+            "fix LASTWORD_LLM__API_KEY, or its permissions at the provider",
+        )
+    elif isinstance(exc, openai.NotFoundError):
+        found = (
+            f"{shown} does not know model {llm.model}",
+            "set LASTWORD_LLM__MODEL to a model the provider serves",
+        )
+    elif isinstance(exc, openai.APITimeoutError):
+        found = (
+            f"no answer within {timeout_s:g} s from {shown}",
+            "check LASTWORD_LLM__BASE_URL and that the server is up",
+        )
+    elif isinstance(exc, openai.APIConnectionError):
+        found = (
+            f"cannot connect to {shown}",
+            "fix LASTWORD_LLM__BASE_URL, or start the server it names",
+        )
+    elif isinstance(exc, openai.APIStatusError):
+        found = (
+            f"{shown} answered {exc.status_code}: {exc.message[:200]}",
+            "check LASTWORD_LLM__BASE_URL and LASTWORD_LLM__MODEL",
+        )
+    else:
+        found = (f"{shown}: {type(exc).__name__}", "check LASTWORD_LLM__BASE_URL")
+    return Check("llm", False, *found)
