@@ -175,6 +175,8 @@ async def test_live_messages_wait_for_the_catch_up_so_the_gap_is_stored_first(
     server: EmbeddedRedis, redis: Redis, fake: FakeDiscord, short_dir: Path
 ) -> None:
     channel = fake.dm_channel(USER)
+    # Heartbeats report what the bot has received: often, so the test learns it soon.
+    fake.heartbeat_interval_ms = 100
     async with discord_bots(1, server, fake, short_dir):
         await fake.user_sends(USER, "before")
         await settled(redis, channel, 1)
@@ -188,9 +190,13 @@ async def test_live_messages_wait_for_the_catch_up_so_the_gap_is_stored_first(
         await fake.wait_for(lambda: fake.history_reads > reads, timeout=15)
         await fake.wait_for_sessions(1, timeout=5)
         await fake.user_sends(USER, "live")
-        # Nothing the bot does shows that it has a message it must hold back, so this is a
-        # bounded wait: without the hold, the message would be stored within it.
-        await asyncio.sleep(0.3)
+        # The bot has the live message once a heartbeat reports its sequence number (the
+        # adapter sorts a message as it is received). Nothing it does shows that it holds the
+        # message back, so it gets one more heartbeat interval, far longer than storing takes,
+        # in which a bot without the hold would have stored it.
+        await fake.wait_for(fake.received_all, timeout=5)
+        beats = fake.heartbeat_acks
+        await fake.wait_for(lambda: fake.heartbeat_acks > beats + 1, timeout=5)
         assert await counters(redis, channel) == (1, 1), "the live message was stored early"
         fake.hold_history(False)
         await settled(redis, channel, 4)
