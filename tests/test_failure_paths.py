@@ -123,6 +123,9 @@ async def test_a_commit_refused_once_is_retried_not_resent(
         # nothing is left that a later holder could resend.
         keys = Keys(CONVERSATION)
         assert await redis.exists(keys.outbox, keys.lease) == 0
+        # Stopped, the replica has printed everything, its last counters included: what was
+        # sent is read whole, not while a line may still be in the pipe.
+        assert await bots.terminate("r0") == 0
         assert [e["text"] for e in bots.sent()] == ["covers c1m1"]
         assert bots.stats("r0").get("resent", 0) == 0
 
