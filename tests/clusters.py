@@ -147,6 +147,11 @@ class Server:
     def admin(self) -> Redis:
         return Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
 
+    def probe(self) -> Redis:
+        """A client for the checks a bounded wait repeats: one try per command, no retries
+        of the client's own, so one check cannot outlast the wait's bound."""
+        return Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=NO_RETRY)
+
     def start(
         self, *extra: str, config: Path | None = None, within_s: float = START_WITHIN_S
     ) -> None:
@@ -177,10 +182,9 @@ class Server:
         until ours has failed to bind and exited (PortTaken then). One try per call, no
         client retries, so the wait stays within its bound."""
         self._check_alive()
-        probe = Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=NO_RETRY)
         try:
-            with probe:
-                pid = probe.info("server")["process_id"]
+            with self.probe() as client:
+                pid = client.info("server")["process_id"]
         except (RedisError, OSError):
             self._check_alive()
             raise
@@ -326,7 +330,7 @@ def _views(cluster: Cluster) -> str:
     views = []
     for server in cluster.servers:
         try:
-            with server.admin() as client:
+            with server.probe() as client:
                 nodes = client.execute_command("CLUSTER NODES")
             known = ", ".join(f"{address} {node.get('flags')}" for address, node in nodes.items())
         except (RedisError, OSError) as exc:
@@ -351,7 +355,7 @@ def _form(cluster: Cluster, budget: Budget) -> None:
         if time.monotonic() - met_at[0] < 2:
             return
         met_at[0] = time.monotonic()
-        with cluster.primaries[0].admin() as client:
+        with cluster.primaries[0].probe() as client:
             known = {str(address) for address in client.execute_command("CLUSTER NODES")}
             for other in cluster.servers[1:]:
                 if not any(address.endswith(f":{other.port}") for address in known):
@@ -359,7 +363,7 @@ def _form(cluster: Cluster, budget: Budget) -> None:
 
     def all_known() -> bool:
         for server in cluster.servers:
-            with server.admin() as client:
+            with server.probe() as client:
                 # redis-py parses it: address -> {node_id, flags, ...}
                 nodes = client.execute_command("CLUSTER NODES")
                 if len(nodes) != len(cluster.servers) or any(
@@ -385,7 +389,7 @@ def _ready(cluster: Cluster, budget: Budget) -> None:
 
     def ready() -> bool:
         for server in cluster.servers:
-            with server.admin() as client:
+            with server.probe() as client:
                 if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
                     return False
                 # CLUSTER SLOTS (what clients read) lists a replica only once it has told the
@@ -394,7 +398,7 @@ def _ready(cluster: Cluster, budget: Budget) -> None:
                 if len(ranges) != len(SLOT_RANGES) or any(len(r) < 4 for r in ranges):
                     return False
         for replica in cluster.replicas:
-            with replica.admin() as client:
+            with replica.probe() as client:
                 if client.info("replication").get("master_link_status") != "up":
                     return False
         return True
@@ -474,11 +478,11 @@ def _start_sentinel(folder: Path, budget: Budget) -> SentinelSetup:
 
         def watching() -> bool:
             for sentinel in setup.sentinels:
-                with sentinel.admin() as client:
+                with sentinel.probe() as client:
                     info = client.sentinel_master(MASTER_NAME)
                     if int(info["num-other-sentinels"]) < 2 or int(info["num-slaves"]) < 1:
                         return False
-            with setup.replica.admin() as client:
+            with setup.replica.probe() as client:
                 return bool(client.info("replication").get("master_link_status") == "up")
 
         try:
