@@ -50,6 +50,7 @@ from tests.clusters import (
     sentinel,
     wait_until,
 )
+from tests.conftest import eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.test_replicas import (
     I3_BOUND_S,
@@ -272,6 +273,18 @@ def slow_for(replica: str, message_id: str) -> Callable[[RecordedRequest], float
     return delay
 
 
+async def renewed(redis: Redis, conversation: str, since: float) -> None:
+    """Wait until the lease on `conversation` has been renewed after `since` (monotonic): it
+    expires later than a lease taken before then could."""
+    lease = Keys(conversation).lease
+
+    async def later() -> bool:
+        ttl_ms = await redis.pttl(lease)
+        return ttl_ms > 0 and time.monotonic() + ttl_ms / 1000 > since + TTL_MS / 1000 + 0.05
+
+    await eventually(later, TTL_MS / 1000 + 5, what=f"a renewal of the lease on {conversation}")
+
+
 def holders(cluster: Cluster, conversations: Iterable[str]) -> dict[int, set[str]]:
     """Primary index -> the conversations whose keys its node holds."""
     found: dict[int, set[str]] = {}
@@ -324,6 +337,9 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
                     timeout=QUIET_MS / 1000 + 5,
                 )
             )
+            # Killed once it has renewed the lease: what a renewal leaves behind must let the
+            # sweep find the conversation when the lease expires.
+            await renewed(redis, orphan.conversation, cut[0].started_at)
             await router.kill(victim)
 
         await asyncio.gather(kill_mid_run(), *(router.play(steps) for steps in plans))
