@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 
 def _load(name: str) -> str:
@@ -39,25 +40,29 @@ class Script:
 
     def ordered_keys(self, named: Mapping[str, str]) -> list[str]:
         """KEYS for a call, in the script's order, from every key by its declared name."""
-        self._check("keys", named, self.keys)
-        return [named[name] for name in self.keys]
+        return self._ordered("keys", named, self.keys)
 
     def ordered_args(
         self, named: Mapping[str, str | int], rest: Sequence[str | int] = ()
     ) -> list[str | int]:
         """ARGV for a call, in the script's order, then `rest` (only if the script has one)."""
-        self._check("args", named, self.args)
         if rest and not self.rest:
             raise TypeError(f"{self.name}.lua takes no arguments past {', '.join(self.args)}")
-        return [*(named[name] for name in self.args), *rest]
+        ordered: list[str | int] = self._ordered("args", named, self.args)
+        return ordered + list(rest) if rest else ordered
 
-    def _check(self, what: str, named: Mapping[str, object], declared: tuple[str, ...]) -> None:
-        # A name missing or unknown is a caller's bug: caught here, not as a script's
-        # misreading of a shifted position.
-        if named.keys() != set(declared):
-            missing = sorted(set(declared) - named.keys())
-            unknown = sorted(named.keys() - set(declared))
-            raise TypeError(f"{self.name}.lua {what}: missing {missing}, unknown {unknown}")
+    def _ordered(self, what: str, named: Mapping[str, Any], declared: tuple[str, ...]) -> list[Any]:
+        """`named` in the declared order. A name missing or unknown is a caller's bug: caught
+        here, not as a script's misreading of a shifted position. (Checked by count and
+        lookup, not with sets: this runs on every call of every step.)"""
+        try:
+            if len(named) == len(declared):
+                return [named[name] for name in declared]
+        except KeyError:
+            pass
+        missing = sorted(set(declared) - named.keys())
+        unknown = sorted(named.keys() - set(declared))
+        raise TypeError(f"{self.name}.lua {what}: missing {missing}, unknown {unknown}")
 
 
 INGEST = Script(
