@@ -22,10 +22,14 @@ def look_in(ms: int | str | bytes) -> int | None:
     return None if value < 0 else value
 
 
+_DECODER = json.JSONDecoder()
+
+
 def decoded(raw: bytes | str) -> dict[str, Any]:
     """A script's reply object. Lua's cjson writes an empty table as `{}`, so a field that
     holds a list reads back as `{}` when empty: `listed` takes both."""
-    found: dict[str, Any] = json.loads(raw)
+    # Decoded to text first: json.loads would sniff the bytes' encoding on every reply.
+    found: dict[str, Any] = _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
     return found
 
 
