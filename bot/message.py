@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 
@@ -71,7 +71,11 @@ class InboundMessage:
         return f"{self.platform}:{self.chat_id}"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        # Not dataclasses.asdict, which deep-copies every value: this runs for every message
+        # taken in, and the fields are plain values (the attachments' too).
+        data = dict(vars(self))
+        data["attachments"] = [vars(attachment) for attachment in self.attachments]
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> InboundMessage:

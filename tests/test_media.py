@@ -5,7 +5,9 @@ in tests/test_media_e2e.py."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
+import json
 
 import pytest
 from PIL import Image as Pillow
@@ -188,3 +190,14 @@ async def test_history_shows_a_past_voice_note_as_its_cached_transcript(
     key = Keys(CONV).transcript("uniq-1")
     assert key.startswith(Keys(CONV).base)
     assert 0 < await redis.pttl(key) <= store.settings.retention_ms
+
+
+def test_a_stored_message_is_laid_out_as_it_always_was() -> None:
+    """`to_json` skips `dataclasses.asdict` (a deep copy per message) and must still write
+    the very same text: every field, in declaration order, attachments as objects."""
+    photo = Attachment("photo", "ref", "image/png", 5, "a.png", "k", True)
+    message = InboundMessage(
+        "telegram", "1", "2", "m1", "héllo", "Ann", 1.5, "m0", (photo, Attachment("voice", "v"))
+    )
+    assert message.to_json() == json.dumps(dataclasses.asdict(message), ensure_ascii=False)
+    assert InboundMessage.from_json(message.to_json()) == message
