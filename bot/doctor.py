@@ -93,62 +93,49 @@ async def run_checks(
     if settings is None:
         return [settings_check]
     scrub = Scrub(secrets_of(settings))
-    checks = [settings_check]
-
-    store = await guarded(
-        _store_check(settings, timeout_s),
-        timeout_s,
-        Check(
-            "store",
-            False,
-            f"no answer within {timeout_s:g} s from {_store_name(settings)}",
-            "start Redis or fix LASTWORD_REDIS_URL",
-        ),
-    )
-    checks.append(store)
-    if store.ok:
-        checks += await _server_checks(settings, timeout_s)
-        checks.append(
-            await guarded(
-                durability_check(settings, timeout_s),
-                timeout_s,
-                Check(
-                    "durability",
-                    False,
-                    f"no answer within {timeout_s:g} s from {_store_name(settings)}",
-                    "check WAITAOF and appendfsync on the server by hand",
-                ),
-            )
-        )
-    else:
-        checks += [
-            Check(name, False, "not checked: the store is not usable", "fix the store first")
-            for name in ("scripts", "memory", "durability")
-        ]
+    checks = [settings_check, *await _store_checks(settings, timeout_s)]
+    backstop_s = timeout_s + PLATFORM_BACKSTOP_S
     checks.append(
         await guarded(
             platform_check(settings, timeout_s),
-            timeout_s + PLATFORM_BACKSTOP_S,
-            Check(
-                "platform",
-                False,
-                f"{settings.platform}: no answer within {timeout_s + PLATFORM_BACKSTOP_S:g} s",
-            ),
+            backstop_s,
+            Check("platform", False, f"{settings.platform}: no answer within {backstop_s:g} s"),
         )
     )
-    checks.append(
-        await guarded(
-            _llm_check(settings, timeout_s),
-            timeout_s,
-            Check(
-                "llm",
-                False,
-                f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
-                "check LASTWORD_LLM__BASE_URL and that the server is up",
-            ),
-        )
+    silent = Check(
+        "llm",
+        False,
+        f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
+        "check LASTWORD_LLM__BASE_URL and that the server is up",
     )
+    checks.append(await guarded(_llm_check(settings, timeout_s), timeout_s, silent))
     return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
+
+
+async def _store_checks(settings: Settings, timeout_s: float) -> list[Check]:
+    """The store, then what runs on it (scripts, memory, durability): those are reported as
+    not checked when the store is not usable."""
+    silence = f"no answer within {timeout_s:g} s from {_store_name(settings)}"
+    store = await guarded(
+        _store_check(settings, timeout_s),
+        timeout_s,
+        Check("store", False, silence, "start Redis or fix LASTWORD_REDIS_URL"),
+    )
+    if not store.ok:
+        return [
+            store,
+            *(
+                Check(name, False, "not checked: the store is not usable", "fix the store first")
+                for name in ("scripts", "memory", "durability")
+            ),
+        ]
+    server = await _server_checks(settings, timeout_s)
+    durability = await guarded(
+        durability_check(settings, timeout_s),
+        timeout_s,
+        Check("durability", False, silence, "check WAITAOF and appendfsync on the server by hand"),
+    )
+    return [store, *server, durability]
 
 
 # 1. Settings
