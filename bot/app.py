@@ -176,9 +176,9 @@ async def _reach(settings: Settings, url: str, *, patient: bool) -> Store:
         await asyncio.sleep(delay)
 
 
-async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
+def _model(settings: Settings) -> LLM:
+    """The model the settings name, said in the log (a warning when none is configured)."""
     provider = settings.llm_provider
-    llm = make_llm(settings.llm, provider)
     if provider == "echo" and settings.llm.provider is None:
         log.warning(
             "no LLM configured (set LASTWORD_LLM__BASE_URL and LASTWORD_LLM__API_KEY, or "
@@ -186,26 +186,43 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         )
     else:
         log.info("LLM: %s, model %s", provider, settings.llm.model)
-    transcriber = make_transcriber(settings.media, settings.llm, provider)
+    return make_llm(settings.llm, provider)
+
+
+async def _health(
+    runtime: Runtime,
+    adapter: Adapter,
+    supervisor: Supervisor,
+    llm: LLM,
+    transcriber: Transcriber | None,
+) -> HealthServer | None:
+    """`/healthz` and `/metrics` where `LASTWORD_METRICS_LISTEN` asks for them; an address
+    that cannot be served stops the start (the runtime with it)."""
+    listen = runtime.settings.metrics_listen
+    if not listen:
+        return None
+    health = HealthServer(
+        listen,
+        runtime,
+        adapter.connected,
+        lambda: supervisor.down,
+        _refusals(adapter, llm, transcriber),
+    )
+    try:
+        await health.start()
+    except (OSError, ValueError) as exc:
+        await runtime.stop()
+        raise StartupError(f"LASTWORD_METRICS_LISTEN={listen}: {exc}") from None
+    return health
+
+
+async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
+    llm = _model(settings)
+    transcriber = make_transcriber(settings.media, settings.llm, settings.llm_provider)
     runtime = Runtime(settings, store, llm, adapter, transcriber)
     runtime.start()
     supervisor = Supervisor()
-    health: HealthServer | None = None
-    if settings.metrics_listen:
-        health = HealthServer(
-            settings.metrics_listen,
-            runtime,
-            adapter.connected,
-            lambda: supervisor.down,
-            _refusals(adapter, llm, transcriber),
-        )
-        try:
-            await health.start()
-        except (OSError, ValueError) as exc:
-            await runtime.stop()
-            raise StartupError(
-                f"LASTWORD_METRICS_LISTEN={settings.metrics_listen}: {exc}"
-            ) from None
+    health = await _health(runtime, adapter, supervisor, llm, transcriber)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
