@@ -297,12 +297,22 @@ async def _watch_keys(llm: LLM, transcriber: Transcriber | None) -> None:
         probes.setdefault((str(client.client.base_url), client.key.setting), client)
     keyed = list(probes.values())
     for client in keyed:
-        await client.probe(KEY_PROBE_TIMEOUT_S, level=logging.WARNING)
+        await _probe(client, logging.WARNING)
     while True:
         await asyncio.sleep(REPORT_EVERY_S)
         for client in keyed:
             if client.key.reason is not None:
-                await client.probe(KEY_PROBE_TIMEOUT_S)
+                await _probe(client, logging.ERROR)
+
+
+async def _probe(client: OpenAILLM | OpenAITranscriber, level: int) -> None:
+    """One key check, bounded in time whatever the client does; an error nobody expected
+    (a provider's odd answer) is logged and the checks go on, rather than end unseen."""
+    try:
+        async with asyncio.timeout(KEY_PROBE_TIMEOUT_S + 1):
+            await client.probe(KEY_PROBE_TIMEOUT_S, level=level)
+    except Exception:
+        log.warning("checking %s failed unexpectedly", client.key.setting, exc_info=True)
 
 
 async def _stop(runtime: Runtime, receiving: asyncio.Task[None], grace_s: float) -> None:
