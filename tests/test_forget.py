@@ -6,9 +6,6 @@ the persona work on conversations of every primary."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import pytest
 from redis.asyncio import Redis
 
@@ -16,49 +13,26 @@ from bot.app import make_store
 from bot.commands.forget import CONFIRM, FORGOTTEN
 from bot.connect import open_client
 from bot.prompt import PERSONA_INTRO
-from bot.runtime import Runtime
 from bot.store import FORGET_CONFIRM_MS, Keys
 from tests.builders import message
+from tests.chatting import CONV, fake, replica, say
 from tests.clusters import Cluster, cluster, conversations_on_each_primary
-from tests.conftest import RuntimeFactory, SettingsFactory, settled
+from tests.conftest import RuntimeFactory, SettingsFactory
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
-from tests.fakes.outbound import RecordingOutbound
 from tests.test_scripts import acquire_when_ready
 
-__all__ = ["cluster"]  # the fixture, imported for pytest
+__all__ = ["cluster", "fake"]  # the fixtures, imported for pytest
 
-CONV = "test:1"
 MODELS = [{"name": "smart", "model": "smart-model-2"}]
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-async def replica(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI
-) -> tuple[Runtime, RecordingOutbound]:
-    llm: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
-    llm |= {"model": FAKE_MODEL_ID, "retries": 0, "models": MODELS}
-    return await runtime_factory(llm=llm)
-
-
-async def say(runtime: Runtime, n: int, *texts: str) -> None:
-    """Send a burst, numbered from `n`, and wait for its reply."""
-    for i, text in enumerate(texts):
-        assert await runtime.ingest(message(text, n=n + i))
-    await settled(runtime, CONV)
-
-
 async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
-    a, a_out = await replica(runtime_factory, fake)
-    b, b_out = await replica(runtime_factory, fake)
+    a, a_out = await replica(runtime_factory, fake, models=MODELS)
+    b, b_out = await replica(runtime_factory, fake, models=MODELS)
     keys = Keys(CONV)
     await say(a, 1, "remember the word apple")
     await say(a, 2, "/model smart", "/persona Answer like a pirate.")
@@ -97,7 +71,7 @@ async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
 async def test_forget_confirmed_in_the_same_burst_and_not_after_a_minute(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
-    a, out = await replica(runtime_factory, fake)
+    a, out = await replica(runtime_factory, fake, models=MODELS)
     keys = Keys(CONV)
     await say(a, 1, "/persona Be brief.", "hello")
     await say(a, 3, "/forget")

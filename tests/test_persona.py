@@ -5,48 +5,23 @@ and changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import pytest
 from redis.asyncio import Redis
 
 from bot.commands.persona import NONE, TURNED_OFF
 from bot.prompt import PERSONA_INTRO
-from bot.runtime import Runtime
 from bot.store import Keys
-from tests.builders import message
-from tests.conftest import RuntimeFactory, settled
-from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
-from tests.fakes.outbound import RecordingOutbound
+from tests.chatting import CONV, fake, replica, say
+from tests.conftest import RuntimeFactory
+from tests.fakes.openai_server import FakeOpenAI
 
-CONV = "test:1"
+__all__ = ["fake"]  # the fixture, imported for pytest
+
 # The setting's default, LASTWORD_LLM__PERSONA_CHARS.
 PERSONA_CHARS = 1000
 PIRATE = "Answer like a pirate,\nin two lines at most."
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-async def replica(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI, **more: Any
-) -> tuple[Runtime, RecordingOutbound]:
-    llm: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
-    llm |= {"model": FAKE_MODEL_ID, "retries": 0} | more
-    return await runtime_factory(llm=llm)
-
-
-async def say(runtime: Runtime, n: int, *texts: str) -> None:
-    """Send a burst, numbered from `n`, and wait for its reply."""
-    for i, text in enumerate(texts):
-        assert await runtime.ingest(message(text, n=n + i))
-    await settled(runtime, CONV)
 
 
 def system_of(fake: FakeOpenAI) -> str:

@@ -1,0 +1,40 @@
+"""What the tests of the users' commands share: a fake OpenAI server, a runtime that talks to
+it (one per replica, all on the test's real Redis server), and `say`, which sends a numbered
+burst and waits until it is answered."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from bot.runtime import Runtime
+from tests.builders import message
+from tests.conftest import RuntimeFactory, settled
+from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.fakes.outbound import RecordingOutbound
+
+CONV = "test:1"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+async def replica(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, **llm: Any
+) -> tuple[Runtime, RecordingOutbound]:
+    """A runtime answering through `fake`; `llm` adds or overrides LLM settings."""
+    base: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
+    base |= {"model": FAKE_MODEL_ID, "retries": 0}
+    return await runtime_factory(llm=base | llm)
+
+
+async def say(runtime: Runtime, n: int, *texts: str) -> None:
+    """Send a burst to `CONV`, numbered from `n`, and wait for its reply."""
+    for i, text in enumerate(texts):
+        assert await runtime.ingest(message(text, n=n + i))
+    await settled(runtime, CONV)
