@@ -270,6 +270,15 @@ class MediaSettings(BaseModel):
 class DebounceSettings(BaseModel):
     quiet_ms: int = Field(default=2000, ge=0)
     max_wait_ms: int = Field(default=8000, ge=0)
+    # Speculation: once the user has been quiet this long, start generating although the
+    # window is still open; the reply is held until the window closes on the server's clock,
+    # and a newer message cancels it as any interrupt does. 0, or not below the quiet window
+    # (learned or not): off, the generation starts when the window closes.
+    speculate_ms: int = Field(default=0, ge=0)
+    # The quiet window follows the user's own gaps between the messages of a burst (their
+    # recent p90), between `floor_ms` and `quiet_ms`; `max_wait_ms` caps it as always.
+    learn: bool = False
+    floor_ms: int = Field(default=600, ge=0)
 
     @model_validator(mode="after")
     def _cap_covers_quiet(self) -> DebounceSettings:
