@@ -9,6 +9,11 @@ the same id (the first unanswered version), so its preview replaces the old one.
 A `Drafter` sends the first, empty draft at once (Telegram shows "Thinking…"), then the text
 so far at most once per interval. A 429 slows it down; any other failure is logged and
 ignored, and after a few in a row it stops trying for this reply. It never delays the reply.
+
+A speculative generation, started while the user's quiet window is still open, is held:
+nothing at all is shown before the window closes (the user may still be typing, and the reply
+may yet be thrown away), and the first draft after it carries all the text generated so far
+("Thinking…" only if there is none yet).
 """
 
 from __future__ import annotations
@@ -59,16 +64,25 @@ def drafts_of(outbound: object) -> Drafts | None:
 
 
 class Drafter:
-    """The drafts of one generation."""
+    """The drafts of one generation; none before `hold_until` (a `time.monotonic()` instant),
+    if given."""
 
-    def __init__(self, drafts: Drafts, conversation: str, draft_id: int) -> None:
+    def __init__(
+        self,
+        drafts: Drafts,
+        conversation: str,
+        draft_id: int,
+        hold_until: float | None = None,
+    ) -> None:
         assert drafts.draft_interval_s
         self.drafts = drafts
         self.conversation = conversation
         self.draft_id = draft_id
         self.interval_s = drafts.draft_interval_s
+        self.hold_until = hold_until
         self.sent = 0
-        # Seconds from start() to the first draft the platform accepted, once there is one.
+        # Seconds from start() (or the end of the hold, if later) to the first draft the
+        # platform accepted, once there is one: the preview's own delay, not the window's.
         self.first_after_s: float | None = None
         self._latest = ""
         self._shown: str | None = None
@@ -91,6 +105,9 @@ class Drafter:
             await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
+        if self.hold_until is not None:
+            await asyncio.sleep(max(self.hold_until - time.monotonic(), 0.0))
+            self._started = max(self._started, self.hold_until)
         failures = 0
         self._changed.set()
         while failures < MAX_FAILURES:
@@ -128,14 +145,16 @@ class Drafter:
 
 @contextlib.asynccontextmanager
 async def drafting(
-    drafts: Drafts | None, conversation: str, draft_id: int
+    drafts: Drafts | None, conversation: str, draft_id: int, hold_until: float | None = None
 ) -> AsyncIterator[Drafter | None]:
     """A `Drafter` for the generation inside the block (None when drafts are off), stopped
-    when the block ends, before the reply is checked and sent."""
+    when the block ends, before the reply is checked and sent. With `hold_until` (a
+    `time.monotonic()` instant: when a speculative generation's window closes) nothing is
+    drafted before then; a block that ends earlier drafts nothing at all."""
     if drafts is None:
         yield None
         return
-    drafter = Drafter(drafts, conversation, draft_id)
+    drafter = Drafter(drafts, conversation, draft_id, hold_until)
     drafter.start()
     try:
         yield drafter

@@ -1,21 +1,28 @@
 """Live drafts on Telegram: `lastword run` (webhook, the OpenAI client streaming from the fake
 provider, a real server). The reply is shown as it is written (sendMessageDraft), then sent
 once; an interrupt starts the preview over; a failing draft changes nothing delivered. Every
-draft shows the stop button, and pressing it is /stop, over the webhook and over polling."""
+draft shows the stop button, and pressing it is /stop, over the webhook and over polling.
+
+A held drafter (a speculative generation's, while the user's window is open) is driven
+directly, through the real Telegram adapter against the fake Bot API: nothing is shown before
+the hold ends, and the first draft after it carries all the text so far."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from telegram import Update
 
-from adapters.telegram import normalize
+from adapters.telegram import TelegramAdapter, TelegramSettings, normalize
 from adapters.telegram_html import well_formed
 from bot.commands import STOPPED
+from bot.drafts import Drafter, drafting
 from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env
@@ -190,3 +197,73 @@ def test_a_stop_press_is_the_stop_its_user_could_have_typed() -> None:
     group = {"id": -100, "type": "group", "title": "Team"}
     other = Update.de_json({"update_id": 78, STOP_PRESSED: {"chat": group, "draft_id": 3}}, None)
     assert normalize(other) is None
+
+
+HELD_CONVERSATION = f"telegram:{CHAT}"
+# Long enough that a drafter ignoring the hold would have drafted well before it ends.
+HOLD_S = 0.8
+
+
+@pytest.fixture
+async def adapter() -> AsyncIterator[tuple[TelegramAdapter, FakeTelegram]]:
+    """The real Telegram adapter, its bot open (getMe) against the fake Bot API."""
+    async with FakeTelegram() as telegram:
+        settings = TelegramSettings.model_validate(
+            {"token": telegram.token, "api_url": telegram.api_url, "draft_interval_ms": 200}
+        )
+        own = TelegramAdapter(settings)
+        async with own.bot:
+            yield own, telegram
+
+
+async def write(drafter: Drafter | None, pieces: list[str], every_s: float) -> str:
+    """Stream `pieces` into the drafter as a generation would; the text it ends with."""
+    assert drafter is not None
+    text = ""
+    for piece in pieces:
+        text += piece
+        drafter.update(text)
+        await asyncio.sleep(every_s)
+    return text
+
+
+async def test_a_held_drafter_shows_nothing_until_the_hold_ends_then_all_the_text_so_far(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    hold_until = time.monotonic() + HOLD_S
+    async with drafting(outbound, HELD_CONVERSATION, 7, hold_until) as drafter:
+        written = await write(drafter, ["Hello", " there,", " friend"], HOLD_S / 4)
+        first = (await telegram.wait_for_calls("sendMessageDraft", 1, timeout=5))[0]
+        assert drafter is not None
+        drafter.update(written + " and more")
+        await telegram.wait_for_calls("sendMessageDraft", 2, timeout=5)
+    shown = drafts(telegram)
+    assert first.at >= hold_until
+    # No "Thinking…" first: the text was there when the hold ended.
+    assert draft_text(first) == written
+    assert draft_text(shown[1]) == written + " and more"
+    # Measured from the end of the hold, not from the start.
+    assert drafter.first_after_s is not None and drafter.first_after_s < HOLD_S / 2
+
+
+async def test_a_held_drafter_with_no_text_yet_shows_thinking_when_the_hold_ends(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    hold_until = time.monotonic() + HOLD_S / 2
+    async with drafting(outbound, HELD_CONVERSATION, 7, hold_until):
+        [first] = await telegram.wait_for_calls("sendMessageDraft", 1, timeout=5)
+    assert first.at >= hold_until and draft_text(first) == ""
+
+
+async def test_a_generation_that_ends_within_its_hold_is_never_drafted(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    async with drafting(outbound, HELD_CONVERSATION, 7, time.monotonic() + 60) as drafter:
+        await write(drafter, ["all", " of", " it"], HOLD_S / 3)
+    # A draft sent during the block would have been received long before this one.
+    await outbound.draft("telegram:99", 1, "marker")
+    assert [c.chat_id for c in drafts(telegram)] == [99]
+    assert drafter is not None and drafter.sent == 0
