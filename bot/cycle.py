@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ from bot.store import (
     HistoryEntry,
     Lease,
     Outcome,
+    PreSend,
     Store,
     StoreUnavailable,
     lease_token,
@@ -89,6 +90,10 @@ COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
 # Characters of a lease token's random part in a reply part's idempotency key.
 KEY_SALT_CHARS = 8
+# A speculative reply waits for its window to close, then asks the pre-send check; a check that
+# still finds it open (this replica's clock a little ahead of the server's) says how much
+# longer. Bounded all the same: a window that never closes is a bug, not a reason to wait.
+HOLDS = 5
 
 
 def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
@@ -204,6 +209,9 @@ class Race:
         self.lease = lease
         self.keeper = keeper
         self.store = store
+        # Whether the newer message was of the same burst, sent while its window was open: a
+        # speculative generation restarted, not a reply gone stale.
+        self.restarted = False
 
     async def __call__(self, step: Coroutine[Any, Any, T]) -> T | Next:
         task = asyncio.ensure_future(step)
@@ -225,6 +233,7 @@ class Race:
         if verdict.status == "lost":
             raise LeaseLost(self.lease.conversation)
         self.keeper.released()
+        self.restarted = verdict.restarted
         return Next(verdict.look_in_ms, working=True)
 
 
@@ -291,6 +300,7 @@ class Cycle:
             return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
+        self.stats.speculated += grant.window_ms > 0
         keeper = LeaseKeeper(
             f"lease on {conversation}",
             functools.partial(self.store.renew, lease),
@@ -389,20 +399,30 @@ class Cycle:
         reply = await self._reply_or_give_up(grant, burst, keeper, target)
         if isinstance(reply, Next):
             return reply
-        verdict = await self.store.presend(
-            lease,
-            grant.version,
-            reply.text,
-            reset=max(burst.reset, reply.reset),
-            replaces=target.version if target else 0,
-            unsaid=burst.retry,
-            changes=encoded(reply.changes),
-            worked_ms=int((time.monotonic() - began) * 1000),
-        )
+
+        def presend() -> Awaitable[PreSend]:
+            return self.store.presend(
+                lease,
+                grant.version,
+                reply.text,
+                reset=max(burst.reset, reply.reset),
+                replaces=target.version if target else 0,
+                unsaid=burst.retry,
+                changes=encoded(reply.changes),
+                worked_ms=int((time.monotonic() - began) * 1000),
+            )
+
+        verdict = await self._when_closed(grant, keeper, presend)
+        if isinstance(verdict, Next):
+            return verdict
         if verdict.status == "lost":
             raise LeaseLost(lease.conversation)
         if verdict.status == "stale":
             keeper.released()
+            if verdict.restarted:
+                self.stats.restarted += 1
+                self.stats.restarted_tokens += reply.spent
+                return Next(verdict.look_in_ms, working=True)
             self.stats.discarded += 1
             self.stats.discarded_tokens += reply.spent
             log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
@@ -413,6 +433,29 @@ class Cycle:
         # Only now, past the final check: a stale reply's commands change nothing.
         await apply(self.store, lease.conversation, reply.changes)
         return reply.text
+
+    async def _when_closed(
+        self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
+    ) -> PreSend | Next:
+        """The pre-send check, once the burst's window has closed: a speculative reply (its
+        lease taken with the window open) waits for that here, and a newer message meanwhile
+        cuts the wait short as it would the generation (`Next` then)."""
+        assert grant.lease is not None
+        wait_s = grant.closes_at - time.monotonic()
+        self.stats.held += wait_s > 0
+        for _ in range(HOLDS):
+            if wait_s > 0:
+                async with self._interruptible(grant, keeper) as race:
+                    waited = await race(asyncio.sleep(wait_s))
+                if isinstance(waited, Next):
+                    if not self._restarted(grant.lease.conversation, race, 0):
+                        self.stats.interrupted += 1
+                    return waited
+            verdict = await presend()
+            if verdict.status != "hold":
+                return verdict
+            wait_s = (verdict.look_in_ms or 0) / 1000
+        raise RuntimeError(f"the window of {grant.lease.conversation} is still open")
 
     async def _deliver(
         self,
@@ -606,7 +649,8 @@ class Cycle:
             prompt = await race(self._prompt(request))
             if isinstance(prompt, Next):
                 # Cut short while reading the files (a transcription, say): an interrupt too.
-                return self._interrupted(request, Generation("", None, usage, prompt, model))
+                generation = Generation("", None, usage, prompt, model)
+                return self._interrupted(request, generation, race)
             began = time.monotonic()
             try:
                 text = await race(generate(self.llm, prompt, self.settings.llm, usage))
@@ -614,7 +658,7 @@ class Cycle:
                 self._apologise(request, exc)
                 return Generation(APOLOGY, prompt, usage, None, model)
         if isinstance(text, Next):
-            return self._interrupted(request, Generation("", prompt, usage, text, model))
+            return self._interrupted(request, Generation("", prompt, usage, text, model), race)
         self.stats.llm_seconds.observe(time.monotonic() - began)
         generation = Generation(text, prompt, usage, None, model)
         self.stats.finished += 1
@@ -632,10 +676,12 @@ class Cycle:
             exc,
         )
 
-    def _interrupted(self, request: Request, generation: Generation) -> Generation:
+    def _interrupted(self, request: Request, generation: Generation, race: Race) -> Generation:
         """Count and log a generation cut short by a newer message; it, as it was."""
         stats = self.stats
         spent = generation.spent
+        if self._restarted(request.conversation, race, spent):
+            return generation
         saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
         stats.interrupted += 1
         stats.interrupted_tokens += spent
@@ -648,6 +694,16 @@ class Cycle:
             saved,
         )
         return generation
+
+    def _restarted(self, conversation: str, race: Race, spent: int) -> bool:
+        """Count a speculative generation (or its wait for the window) cut short by a message of
+        its own burst, if it was one (True); False for an interrupt proper."""
+        if not race.restarted:
+            return False
+        self.stats.restarted += 1
+        self.stats.restarted_tokens += spent
+        log.debug("restarted the speculative generation for %s: the user wrote on", conversation)
+        return True
 
     async def _prompt(self, request: Request) -> Prompt:
         llm = self.settings.llm

@@ -45,6 +45,13 @@ COUNTERS = (
     ("cycles_discarded", "Replies discarded as stale by the pre-send check", "discarded"),
     ("cycles_interrupted", "Generations cancelled because a newer message came", "interrupted"),
     ("cycles_forced", "Stale replies sent anyway by the starvation guard", "forced"),
+    ("cycles_speculated", "Generations started while the window was still open", "speculated"),
+    (
+        "cycles_restarted",
+        "Speculative generations cut short by a message of the same burst",
+        "restarted",
+    ),
+    ("replies_held", "Speculative replies that waited for their window to close", "held"),
     ("replies", "Replies delivered", "replies"),
     ("reply_parts", "Reply parts delivered (a long reply is split)", "parts"),
     ("replies_resent", "Replies re-sent from the outbox after a crash", "resent"),
@@ -78,6 +85,11 @@ COUNTERS = (
         "interrupted_tokens",
     ),
     ("llm_discarded_tokens", "Tokens of finished replies discarded as stale", "discarded_tokens"),
+    (
+        "llm_restarted_tokens",
+        "Tokens of speculative generations restarted by the same burst's next message",
+        "restarted_tokens",
+    ),
     (
         "llm_saved_tokens",
         "Tokens interrupts saved, estimated by the mean finished generation",

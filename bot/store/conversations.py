@@ -125,6 +125,9 @@ class Grant:
     # > 0: the lease was taken speculatively, the window still open this much longer (server
     # clock); the reply waits for it to close (`PreSend.status` "hold").
     window_ms: int = 0
+    # With `window_ms`: when the window closes by this replica's clock (`time.monotonic()`),
+    # counted from the answer's arrival, so never before the server's deadline.
+    closes_at: float = 0.0
 
     @classmethod
     def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
@@ -148,6 +151,7 @@ class Grant:
             model=str(reply["model"]),
             persona=str(reply["persona"]),
             window_ms=int(reply["window_ms"]),
+            closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
             **(_resent(resend) if resend else {}),
         )
 
