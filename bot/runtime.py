@@ -112,6 +112,8 @@ class Runtime:
         if result.first_limited:
             self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
+            # Before anything else: a generation of this conversation running here is stale.
+            self.cycle.watch.moved(conversation, result.version)
             self.typing.show(conversation)
             self._look_again(conversation, result.look_in_ms)
         return result.accepted

@@ -5,6 +5,9 @@ interval it reads their versions in one pipelined round trip, and signals those 
 moved. A poll per conversation would cost a round trip and a task wake-up each; with a few
 hundred generations in flight that alone would keep a replica's event loop busy and make every
 interrupt late. The task runs only while something is watched.
+
+A message this replica takes in is signalled at once (`moved`): the poll is for the messages
+other replicas take in, and waiting for it would add up to a poll interval to every interrupt.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ class VersionWatch:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="version watch")
         return moved
+
+    def moved(self, conversation: str, version: int) -> None:
+        """This replica has just taken in a message that moved `conversation` to `version`:
+        signal its watch now rather than at the next poll."""
+        current = self._watched.get(conversation)
+        if current is not None and current[0] != version:
+            current[1].set()
 
     def unwatch(self, conversation: str, moved: asyncio.Event) -> None:
         current = self._watched.get(conversation)
