@@ -91,6 +91,9 @@ class RecordedRequest:
     cancelled: bool = False
     # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
+    # The prompt tokens the provider bills for this request (the same estimate as its usage
+    # answer): paid once the request lands, so a request cancelled and made again pays twice.
+    prompt_tokens: int = 0
     # Content pieces written to a stream so far (about one token each): what the provider
     # generated, and billed, before the client finished or hung up. For a `RawReply`, the
     # pieces of its body written so far.
@@ -574,6 +577,7 @@ class FakeOpenAI(LoopbackServer):
             headers={key.lower(): value for key, value in request.headers.items()},
             started_at=time.monotonic(),
             connection=_client_port(request),
+            prompt_tokens=_prompt_tokens(body["messages"]),
         )
         self.requests.append(recorded)
         self._notify()
