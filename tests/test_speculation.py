@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from bot.embedded import EmbeddedRedis
 from bot.store import Grant, Keys, Store, StoreSettings
 from tests.builders import message
+from tests.test_model import integers
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,8 +56,7 @@ async def stores(server: EmbeddedRedis) -> AsyncIterator[StoreFactory]:
 
 
 async def window(redis: Redis) -> dict[str, int]:
-    raw = await redis.hgetall(Keys(CONV).window)
-    return {k.decode(): int(v) for k, v in raw.items()}
+    return integers(await redis.hgetall(Keys(CONV).window))
 
 
 async def speculative_grant(store: Store, token: str = "t1") -> Grant:
