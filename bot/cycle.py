@@ -629,7 +629,10 @@ class Cycle:
         # One draft id for every generation of this burst (its first version), so a
         # generation started after an interrupt replaces the old preview.
         draft_id = grant.watermark + 1
-        async with drafting(drafts_of(self.outbound), request.conversation, draft_id) as drafter:
+        # A speculative generation is not previewed while the user may still be typing.
+        hold_until = grant.closes_at if grant.window_ms else None
+        drafts = drafts_of(self.outbound)
+        async with drafting(drafts, request.conversation, draft_id, hold_until) as drafter:
             if drafter is not None:
                 usage.on_text = drafter.update
             generation = await self._generate(grant, request, usage, keeper)
