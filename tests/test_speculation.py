@@ -180,9 +180,10 @@ async def test_without_speculation_the_lease_waits_for_the_deadline(
     assert (await store.acquire(CONV, "t1")).status == "early"
 
 
-async def learned(store: Store, redis: Redis, gaps_ms: list[int]) -> int:
-    """Send a message after each gap; the quiet window the last one opened or extended."""
-    for n, gap in enumerate(gaps_ms, start=1):
+async def learned(store: Store, redis: Redis, gaps_ms: list[int], first: int = 1) -> int:
+    """Send a message after each gap (numbered from `first`); the quiet window the last one
+    opened or extended."""
+    for n, gap in enumerate(gaps_ms, start=first):
         await asyncio.sleep(gap / 1000)
         ingested = await store.ingest(message(f"m{n}", n=n))
         assert ingested.accepted
@@ -211,3 +212,13 @@ async def test_with_too_few_gaps_known_the_window_is_the_setting(
 ) -> None:
     store = stores(quiet_ms=400, speculate_ms=0, learn_floor_ms=100)
     assert await learned(store, redis, [0, 450, 450]) >= 380
+
+
+async def test_forget_erases_the_learned_pace(stores: StoreFactory, redis: Redis) -> None:
+    store = stores(quiet_ms=400, speculate_ms=0, learn_floor_ms=100)
+    await learned(store, redis, [0, 450, 450, 450, 450])
+    assert await redis.hget(Keys(CONV).state, "gaps")
+    await store.forget(CONV)
+    assert await redis.hmget(Keys(CONV).state, ["gaps", "gaps_at"]) == [None, None]
+    # Back to the setting until enough gaps are known again.
+    assert await learned(store, redis, [450], first=6) >= 380
