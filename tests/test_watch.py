@@ -1,9 +1,10 @@
 """The watch for newer messages: a message this replica takes in cuts its stale generation at
 once, without waiting for the next poll; one another replica takes in is still seen by the
-poll."""
+poll; a watcher's callback is called the moment the move is known, once."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.embedded import EmbeddedRedis
+from bot.store import Store
 from bot.watch import VersionWatch
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
@@ -69,3 +71,42 @@ async def test_a_message_another_replica_took_in_is_seen_by_the_poll(
         )
         assert [tokens(e["text"]) for e in cluster.sent("pipe:0")] == [["c0m1", "c0m2"]]
         assert int(cluster.stats(first.api_key).get("interrupted", 0)) == 1
+
+
+async def test_the_callback_is_called_once_when_this_replica_takes_a_message_in(
+    store: Store,
+) -> None:
+    watch = VersionWatch(store, poll_s=3600.0)
+    seen: list[bool] = []
+    moved = watch.watch(CONV, 1, on_moved=lambda: seen.append(moved.is_set()))
+    watch.moved(CONV, 1)
+    assert seen == [] and not moved.is_set()
+    watch.moved(CONV, 2)
+    watch.moved(CONV, 3)
+    # Synchronously, with the event already set, and once.
+    assert seen == [True]
+    await watch.stop()
+
+
+async def test_the_poll_calls_back_too(store: Store) -> None:
+    watch = VersionWatch(store, poll_s=0.01)
+    seen: list[bool] = []
+    moved = watch.watch(CONV, 0, on_moved=lambda: seen.append(moved.is_set()))
+    # Taken in without telling the watch, as another replica would.
+    assert (await store.ingest(message(n=1), "allowed")).accepted
+    async with asyncio.timeout(5):
+        await moved.wait()
+    assert seen == [True]
+    await watch.stop()
+
+
+async def test_a_failing_callback_still_sets_the_event(store: Store) -> None:
+    watch = VersionWatch(store, poll_s=3600.0)
+
+    def fails() -> None:
+        raise RuntimeError("broken")
+
+    moved = watch.watch(CONV, 1, on_moved=fails)
+    watch.moved(CONV, 2)
+    assert moved.is_set()
+    await watch.stop()
