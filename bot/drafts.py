@@ -14,6 +14,11 @@ A speculative generation, started while the user's quiet window is still open, i
 nothing at all is shown before the window closes (the user may still be typing, and the reply
 may yet be thrown away), and the first draft after it carries all the text generated so far
 ("Thinking…" only if there is none yet).
+
+A draft shows the bot at work, so while one is shown (`showing`) the typing indicator is not
+sent for that conversation. Drafts and typing are the first work shed when the event loop
+lags (`lagging`): a replica flooded with messages spends its loop on acknowledging them and
+on the replies themselves, not on previews.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Set
 from typing import Protocol, runtime_checkable
 
 from bot.cancel import cancel_and_wait
@@ -54,6 +60,53 @@ class Drafts(Protocol):
     async def draft(self, conversation: str, draft_id: int, text: str) -> None:
         """Show `text` as the draft `draft_id` (non-zero) of the conversation; "" shows that
         the bot is thinking. Raises `DraftThrottled` on a 429."""
+
+
+# How often the loop's lag is sampled, and the lag above which previews are shed. The lag is
+# the worst recent one: it decays by LAG_DECAY per sample, so a stall sheds for a second or so.
+LAG_TICK_S = 0.05
+LAG_DECAY = 0.9
+SHED_LAG_S = 0.05
+
+
+class _Lag:
+    """How late the running loop runs a timer, lately: a callback rescheduling itself (no
+    task, so nothing is left pending when the loop closes)."""
+
+    def __init__(self) -> None:
+        self.recent_s = 0.0
+        self._due = asyncio.get_running_loop().time() + LAG_TICK_S
+        asyncio.get_running_loop().call_later(LAG_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        late = max(loop.time() - self._due, 0.0)
+        self.recent_s = max(late, self.recent_s * LAG_DECAY)
+        self._due = loop.time() + LAG_TICK_S
+        loop.call_later(LAG_TICK_S, self._tick)
+
+
+_lags: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lag] = weakref.WeakKeyDictionary()
+
+
+def lagging() -> bool:
+    """Whether the running loop has lately been late enough that previews (drafts, typing)
+    should be skipped; sampling starts with the first call."""
+    loop = asyncio.get_running_loop()
+    lag = _lags.get(loop)
+    if lag is None:
+        lag = _lags[loop] = _Lag()
+    return lag.recent_s > SHED_LAG_S
+
+
+# The conversations each outbound (by id) shows a live draft in right now; an outbound with
+# none has no entry, so this holds only drafts in flight.
+_showing: dict[int, set[str]] = {}
+
+
+def showing(outbound: object) -> Set[str]:
+    """The conversations `outbound` shows a live draft in right now."""
+    return _showing.get(id(outbound), frozenset())
 
 
 def drafts_of(outbound: object) -> Drafts | None:
@@ -103,6 +156,11 @@ class Drafter:
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        shown = _showing.get(id(self.drafts))
+        if shown is not None:
+            shown.discard(self.conversation)
+            if not shown:
+                del _showing[id(self.drafts)]
 
     async def _run(self) -> None:
         if self.hold_until is not None:
@@ -113,6 +171,11 @@ class Drafter:
         while failures < MAX_FAILURES:
             await self._changed.wait()
             self._changed.clear()
+            if lagging():
+                # Shed: tried again after the interval, with the text as it is by then.
+                self._changed.set()
+                await asyncio.sleep(self.interval_s)
+                continue
             text = strip_reasoning(self._latest)
             if text == self._shown:
                 continue
@@ -136,6 +199,7 @@ class Drafter:
             self._shown = text
             if self.first_after_s is None:
                 self.first_after_s = time.monotonic() - self._started
+                _showing.setdefault(id(self.drafts), set()).add(self.conversation)
             if text:
                 # The interval spaces updates of the text; the first words follow "Thinking…"
                 # as soon as they come.

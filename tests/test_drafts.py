@@ -23,6 +23,7 @@ from adapters.telegram import TelegramAdapter, TelegramSettings, normalize
 from adapters.telegram_html import well_formed
 from bot.commands import STOPPED
 from bot.drafts import Drafter, drafting
+from bot.typing_indicator import Typing
 from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env
@@ -267,3 +268,36 @@ async def test_a_generation_that_ends_within_its_hold_is_never_drafted(
     await outbound.draft("telegram:99", 1, "marker")
     assert [c.chat_id for c in drafts(telegram)] == [99]
     assert drafter is not None and drafter.sent == 0
+
+
+async def test_no_typing_indicator_is_sent_while_a_draft_shows_the_bot_at_work(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    outbound.typing_interval_s = 0.05
+    typing = Typing(outbound)
+    typing.show(HELD_CONVERSATION)
+    try:
+        await telegram.wait_for_calls("sendChatAction", 2, timeout=5)
+        async with drafting(outbound, HELD_CONVERSATION, 7) as drafter:
+            assert drafter is not None
+            await eventually(_shown(drafter), within_s=5)
+            typed = len(telegram.calls_to("sendChatAction"))
+            drafter.update("the answer so far")
+            # Two more drafts, at least 0.2 s apart: room for several typing intervals.
+            await telegram.wait_for_calls("sendMessageDraft", 2, timeout=5)
+            drafter.update("the answer so far, and more")
+            await telegram.wait_for_calls("sendMessageDraft", 3, timeout=5)
+            # One call may have been on its way as the draft was shown.
+            assert len(telegram.calls_to("sendChatAction")) <= typed + 1
+        # The draft is gone: the indicator is the only sign of work again.
+        await telegram.wait_for_calls("sendChatAction", typed + 3, timeout=5)
+    finally:
+        typing.stop()
+
+
+def _shown(drafter: Drafter) -> Callable[[], Awaitable[bool]]:
+    async def shown() -> bool:
+        return drafter.sent > 0
+
+    return shown

@@ -1,0 +1,517 @@
+"""A flood on one replica: how many Telegram webhook updates per second it acknowledges, how
+quickly, and whether its replies still go out before the user has moved on.
+
+    python -m benchmarks.flood [--rate 150] [--load-s 20] [--senders 100] [--users 5000]
+                               [--seed 7] [--py-spy out.txt]
+
+One `lastword run` process (the real Telegram adapter in webhook mode, the real OpenAI client)
+on an embedded server, with the loopback fakes of the Bot API and of the provider each in a
+child process of its own, so that neither their CPU nor their event loop is the bot's. The
+fake model answers in 0.2-1 s (seeded by the prompt), a reply of about 30 words streamed.
+
+Load: DMs arrive at `--rate` per second (Poisson, seeded) for `--load-s` seconds, each from a
+user drawn from a pool of `--users`, posted to the webhook over at most `--senders`
+connections at once (Telegram's cap on a webhook's concurrent deliveries is 100). Open loop: a
+message waits for a free connection, as Telegram's queue would, and its acknowledgement
+latency counts from when it was due, so a slow replica cannot hide its backlog by slowing the
+senders down. The debounce window is the shipped one.
+
+It prints:
+
+- messages/s acknowledged (200s over the load time), and how many were answered otherwise;
+- acknowledgement latency p50 / p99 / max, from a message's due time to its 200;
+- late replies: replies the fake Bot API received more than 1 s after a newer message of the
+  same user had been acknowledged (the reply names the newest message its prompt held; the
+  fake's receive time and the senders' acknowledgement time are one clock,
+  `time.monotonic()`): such a reply passed the pre-send check, then waited to be sent;
+- the Bot API calls per message (sendMessage, sendMessageDraft, sendChatAction);
+- CPU seconds per message of the bot process (utime + stime from /proc over the load).
+
+With `--py-spy PATH`, py-spy (installed separately) samples the bot for the load's middle and
+writes its collapsed stacks to PATH; the top frames by share of samples are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+
+from benchmarks.command_line import timed_run
+from benchmarks.wakeup import percentile, print_table, temporary_server
+from bot.app import make_store
+from bot.connect import make_client
+from bot.embedded import EmbeddedRedis
+from bot.settings import DebounceSettings, Settings
+from tests.fakes.loopback import free_port
+from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.fakes.telegram_server import FakeTelegram
+from tests.running import clean_environ
+
+SECRET = "flood-webhook-secret"
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+# A reply is late when it reaches Telegram this long after a newer message of its user was
+# acknowledged (the issue's bound).
+LATE_S = 1.0
+# Every message says which one it is; the reply names the newest one its prompt held.
+TAG = re.compile(r"#(\d+)\b")
+FILLER = ("fine", "thanks", "and", "you", "said", "something", "worth", "a", "careful", "answer")
+POST_TIMEOUT_S = 30.0
+# How long the bot gets to answer everything once the load ends.
+SETTLE_S = 30.0
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+# -- the fakes, each in a process of its own ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    at: float
+    chat_id: int
+    text: str
+
+
+def reply_for(seed: int) -> Any:
+    def reply(request: RecordedRequest) -> str:
+        newest = max((int(n) for n in TAG.findall(request.last_user_text)), default=0)
+        rng = random.Random(f"{seed}:{newest}")
+        return f"re #{newest} " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(20, 40)))
+
+    return reply
+
+
+def delay_for(seed: int, low_s: float, high_s: float) -> Any:
+    def delay(request: RecordedRequest) -> float:
+        return random.Random(f"{seed}:delay:{request.last_user_text}").uniform(low_s, high_s)
+
+    return delay
+
+
+def fake_main(kind: str, seed: int, model_s: tuple[float, float], conn: Connection) -> None:
+    asyncio.run(serve_fake(kind, seed, model_s, conn))
+
+
+async def serve_fake(kind: str, seed: int, model_s: tuple[float, float], conn: Connection) -> None:
+    """One fake until told the run is over; then what it saw, sent back."""
+    if kind == "telegram":
+        async with FakeTelegram() as telegram:
+            conn.send(telegram.api_url)
+            with contextlib.suppress(EOFError):
+                await asyncio.to_thread(conn.recv)
+            calls = [
+                Call(c.method, c.at, int(c.chat_id or 0), c.text or "")
+                for c in telegram.calls
+                if c.status == 200
+            ]
+        with contextlib.suppress(OSError):
+            conn.send(calls)
+        return
+    async with FakeOpenAI(reply=reply_for(seed)) as provider:
+        provider.delay_for = delay_for(seed, *model_s)
+        conn.send(provider.base_url)
+        with contextlib.suppress(EOFError):
+            await asyncio.to_thread(conn.recv)
+        requests = len(provider.requests)
+        cancelled = sum(r.cancelled for r in provider.requests)
+    with contextlib.suppress(OSError):
+        conn.send((requests, cancelled))
+
+
+class FakeProcess:
+    """A fake in a child process (time.monotonic() is one clock for every process on Linux)."""
+
+    def __init__(self, kind: str, seed: int, model_s: tuple[float, float]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=fake_main, args=(kind, seed, model_s, child), name=f"fake-{kind}", daemon=True
+        )
+
+    async def start(self) -> str:
+        self.process.start()
+        return cast(str, await self._receive(30.0))
+
+    async def finish(self) -> object:
+        self.conn.send("done")
+        return await self._receive(30.0)
+
+    async def _receive(self, timeout_s: float) -> object:
+        try:
+            if await asyncio.to_thread(self.conn.poll, timeout_s):
+                return self.conn.recv()
+        except EOFError:
+            raise RuntimeError("a fake's process ended early (see above)") from None
+        raise TimeoutError(f"a fake's process said nothing for {timeout_s:g} s")
+
+    async def close(self) -> None:
+        self.conn.close()
+        if self.process.pid is None:
+            return
+        await asyncio.to_thread(self.process.join, 5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            await asyncio.to_thread(self.process.join)
+
+
+# -- the bot --------------------------------------------------------------------------------
+
+
+def bot_env(server: EmbeddedRedis, data_dir: Path, api_url: str, llm_url: str, port: int) -> Any:
+    return clean_environ() | {
+        "LASTWORD_PLATFORM": "telegram",
+        "LASTWORD_REDIS_URL": server.url,
+        "LASTWORD_DATA_DIR": str(data_dir),
+        "LASTWORD_LOG_LEVEL": "WARNING",
+        "LASTWORD_TELEGRAM__TOKEN": FakeTelegram().token,
+        "LASTWORD_TELEGRAM__API_URL": api_url,
+        "LASTWORD_TELEGRAM__MODE": "webhook",
+        "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
+        "LASTWORD_LLM__PROVIDER": "openai",
+        "LASTWORD_LLM__BASE_URL": llm_url,
+        "LASTWORD_LLM__API_KEY": "sk-flood",
+        "LASTWORD_LLM__MODEL": "gpt-4o-mini",
+    }
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+async def ready(url: str, timeout_s: float) -> None:
+    """Wait until the webhook answers (a wrong secret: 401)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.post(url, json={}) as response:
+                    if response.status == 401:
+                        return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the bot's webhook did not answer within {timeout_s:g} s")
+            await asyncio.sleep(0.1)
+
+
+# -- the load -------------------------------------------------------------------------------
+
+
+@dataclass
+class Sent:
+    seq: int
+    user: int
+    due: float
+    acked: float | None = None
+    status: int | None = None
+
+
+def plan(args: argparse.Namespace) -> list[tuple[float, int]]:
+    """(seconds from the start, user) for every message, seeded."""
+    rng = random.Random(args.seed)
+    at, out = 0.0, list[tuple[float, int]]()
+    while True:
+        at += rng.expovariate(args.rate)
+        if at >= args.load_s:
+            return out
+        out.append((at, rng.randrange(args.users)))
+
+
+def update(seq: int, user: int, message_id: int) -> dict[str, Any]:
+    chat = 10_000 + user
+    person = {"id": chat, "is_bot": False, "first_name": f"U{user}"}
+    return {
+        "update_id": seq,
+        "message": {
+            "message_id": message_id,
+            "from": person,
+            "chat": {"id": chat, "type": "private", "first_name": f"U{user}"},
+            "date": int(time.time()),
+            "text": f"#{seq} hello, it is user {user} with a question",
+        },
+    }
+
+
+async def post(session: aiohttp.ClientSession, url: str, sent: Sent, body: dict[str, Any]) -> None:
+    delay = sent.due - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    try:
+        async with session.post(url, json=body, headers={SECRET_HEADER: SECRET}) as response:
+            await response.read()
+            sent.status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        sent.status = -1
+        del exc
+    sent.acked = time.monotonic()
+
+
+async def flood(url: str, args: argparse.Namespace) -> list[Sent]:
+    connector = aiohttp.TCPConnector(limit=args.senders)
+    timeout = aiohttp.ClientTimeout(total=POST_TIMEOUT_S)
+    message_ids: Counter[int] = Counter()
+    start = time.monotonic() + 0.5
+    sent: list[Sent] = []
+    tasks = []
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for seq, (offset, user) in enumerate(plan(args), 1):
+            message_ids[user] += 1
+            one = Sent(seq, user, start + offset)
+            sent.append(one)
+            tasks.append(post(session, url, one, update(seq, user, message_ids[user])))
+        await asyncio.gather(*tasks)
+    return sent
+
+
+async def settle(server: EmbeddedRedis, users: set[int], timeout_s: float) -> int:
+    """Wait until every conversation is answered (V == W); how many are not, at the end."""
+    settings = Settings(platform="console", redis_url=server.url, data_dir=server.data_dir)
+    redis = make_client(server.url)
+    store = make_store(settings, redis)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            open_ = 0
+            for user in users:
+                v, w = await store.counters(f"telegram:{10_000 + user}")
+                open_ += v != w
+            if not open_ or time.monotonic() > deadline:
+                return open_
+            await asyncio.sleep(0.5)
+    finally:
+        await redis.aclose()
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    sent: list[Sent]
+    calls: list[Call]
+    requests: int
+    cancelled: int
+    cpu_s: float
+    # Seconds the CPU time was measured over: from the first message to the last answer.
+    wall_s: float
+    unsettled: int
+    profile: list[tuple[str, float]] = field(default_factory=list)
+
+
+async def run_once(args: argparse.Namespace) -> Outcome:
+    telegram = FakeProcess("telegram", args.seed, tuple(args.model_s))
+    provider = FakeProcess("openai", args.seed, tuple(args.model_s))
+    folder = Path(tempfile.mkdtemp(prefix="lw-flood-", dir="/tmp"))
+    try:
+        api_url, llm_url = await telegram.start(), await provider.start()
+        async with temporary_server() as server:
+            port = free_port()
+            log_path = folder / "bot.log"
+            with log_path.open("w") as log:
+                bot = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "bot",
+                    "run",
+                    env=bot_env(server, folder / "data", api_url, llm_url, port),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                url = f"http://127.0.0.1:{port}/telegram"
+                await ready(url, 30.0)
+                spy = None
+                if args.py_spy:
+                    spy = await asyncio.create_subprocess_exec(
+                        *start_spy_command(bot.pid, args),
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                before, began = cpu_s(bot.pid), time.monotonic()
+                sent = await flood(url, args)
+                used, wall = cpu_s(bot.pid) - before, time.monotonic() - began
+                if spy is not None:
+                    await asyncio.wait_for(spy.wait(), 60)
+                unsettled = await settle(server, {s.user for s in sent}, SETTLE_S)
+            finally:
+                bot.terminate()
+                await asyncio.wait_for(bot.wait(), 30)
+        problems = [line for line in log_path.read_text().splitlines() if "ERROR" in line]
+        for line in problems[:5]:
+            print(f"  ! bot: {line}")
+        calls = cast(list[Call], await telegram.finish())
+        requests, cancelled = cast(tuple[int, int], await provider.finish())
+    finally:
+        await telegram.close()
+        await provider.close()
+    outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled)
+    if args.py_spy:
+        outcome.profile = top_frames(Path(args.py_spy))
+    shutil.rmtree(folder, ignore_errors=True)
+    return outcome
+
+
+# What a frame is reported as: the function and its file, without the line.
+FRAME = re.compile(r"^(.*?) \((.*?)(?::\d+)?\)$")
+# Frames on nearly every stack (the loop itself) say nothing about where its time goes.
+SCAFFOLD_SHARE = 0.9
+
+
+def top_frames(path: Path, count: int = 30) -> list[tuple[str, float]]:
+    """The frames found in the most samples (each counted once per sample), by share of all
+    samples, leaving out those on nearly every stack."""
+    total = 0
+    inclusive: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        if not samples.isdigit():
+            continue
+        total += int(samples)
+        for name in {frame_name(frame) for frame in stack.split(";")}:
+            inclusive[name] += int(samples)
+    if not total:
+        return []
+    shares = ((name, n / total) for name, n in inclusive.most_common())
+    return [(name, share) for name, share in shares if share < SCAFFOLD_SHARE][:count]
+
+
+def frame_name(frame: str) -> str:
+    match = FRAME.match(frame)
+    # The file with its folder: httpx and httpx2 (the OpenAI client's) share file names.
+    return f"{match[1]} ({'/'.join(match[2].split('/')[-2:])})" if match else frame
+
+
+def start_spy_command(pid: int, args: argparse.Namespace) -> list[str]:
+    """py-spy on the bot for the load's middle (its first and last seconds left out); it
+    pauses the bot for each sample, so a profiled run's figures are not the unprofiled ones."""
+    duration = max(int(args.load_s) - 4, 1)
+    command = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))]
+    command += ["record", "-p", str(pid), "-d", str(duration), "-r", "100"]
+    return [*command, "--format", "raw", "-o", args.py_spy]
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def late_replies(sent: list[Sent], calls: list[Call]) -> tuple[int, int]:
+    """(replies, late replies): a reply is late when its user had a message newer than the
+    one it names acknowledged more than LATE_S before the reply reached the fake."""
+    acked: dict[int, list[tuple[int, float]]] = {}
+    for s in sent:
+        if s.status == 200 and s.acked is not None:
+            acked.setdefault(10_000 + s.user, []).append((s.seq, s.acked))
+    replies = late = 0
+    for call in calls:
+        found = TAG.match(call.text.removeprefix("re "))
+        if call.method != "sendMessage" or not found:
+            continue
+        replies += 1
+        newest = int(found[1])
+        newer = [at for seq, at in acked.get(call.chat_id, []) if seq > newest]
+        late += bool(newer) and call.at - min(newer) > LATE_S
+    return replies, late
+
+
+def rows(o: Outcome, args: argparse.Namespace) -> list[list[str]]:
+    ok = [s for s in o.sent if s.status == 200 and s.acked is not None]
+    latencies = sorted(int(((s.acked or 0) - s.due) * 1000) for s in ok)
+    span = max((s.acked or 0) for s in o.sent) - min(s.due for s in o.sent)
+    other = Counter(s.status for s in o.sent if s.status != 200)
+    replies, late = late_replies(o.sent, o.calls)
+    methods = Counter(c.method for c in o.calls)
+    per = len(ok) or 1
+    return [
+        ["messages sent / acknowledged (200)", f"{len(o.sent)} / {len(ok)}"],
+        ["  answered otherwise", ", ".join(f"{k}: {v}" for k, v in other.items()) or "-"],
+        ["messages/s acknowledged", f"{len(ok) / span:.1f}" if span > 0 else "-"],
+        [
+            "ack latency p50 / p99 / max ms",
+            f"{percentile(latencies, 50)} / {percentile(latencies, 99)} / {latencies[-1]}"
+            if latencies
+            else "-",
+        ],
+        ["replies / late (> 1 s after a newer ack)", f"{replies} / {late}"],
+        ["conversations not settled after the load", str(o.unsettled)],
+        [
+            "Bot API calls per message: send / draft / typing",
+            f"{methods['sendMessage'] / per:.2f} / {methods['sendMessageDraft'] / per:.2f}"
+            f" / {methods['sendChatAction'] / per:.2f}",
+        ],
+        ["LLM requests / cancelled", f"{o.requests} / {o.cancelled}"],
+        ["bot CPU s per message (load only)", f"{o.cpu_s / per * 1000:.2f} ms"],
+        ["bot CPU share of one core (load only)", f"{o.cpu_s / o.wall_s:.0%}"],
+    ]
+
+
+async def run(args: argparse.Namespace) -> None:
+    outcomes = [await run_once(args) for _ in range(args.runs)]
+    print(
+        f"cpus: {os.cpu_count()}; one `lastword run` (telegram webhook), fakes in 2 processes;"
+        f" seed {args.seed}"
+    )
+    print(
+        f"load: {args.rate:g} DMs/s (Poisson) for {args.load_s:g} s from {args.users} users,"
+        f" at most {args.senders} connections; model {args.model_s[0]:g}-{args.model_s[1]:g} s;"
+        f" debounce quiet {DebounceSettings().quiet_ms} ms (shipped)"
+    )
+    for n, outcome in enumerate(outcomes, 1):
+        print(f"\n== run {n}")
+        print_table(["figure", "value"], rows(outcome, args))
+        if outcome.profile:
+            print("\n  py-spy, frames by share of samples (inclusive):")
+            for name, share in outcome.profile:
+                print(f"  {share:6.1%}  {name}")
+    if len(outcomes) > 1:
+        rates = [float(rows(o, args)[2][1]) for o in outcomes if rows(o, args)[2][1] != "-"]
+        print(
+            f"\nmedian messages/s acknowledged over {len(outcomes)} runs: "
+            f"{statistics.median(rates):.1f}"
+        )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.flood",
+        description=__doc__.split("\n\n")[0] if __doc__ else "",
+    )
+    parser.add_argument("--rate", type=float, default=150.0, help="DMs per second offered")
+    parser.add_argument("--load-s", type=float, default=20.0)
+    parser.add_argument("--senders", type=int, default=100, help="connections at most")
+    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--model-s", type=float, nargs=2, default=[0.2, 1.0], metavar=("LOW", "HIGH")
+    )
+    parser.add_argument("--py-spy", help="write the bot's collapsed stacks here (py-spy)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    with timed_run():
+        asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
