@@ -260,9 +260,8 @@ async def post(session: aiohttp.ClientSession, url: str, sent: Sent, body: dict[
         async with session.post(url, json=body, headers={SECRET_HEADER: SECRET}) as response:
             await response.read()
             sent.status = response.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        sent.status = -1
-        del exc
+    except (aiohttp.ClientError, TimeoutError):
+        sent.status = -1  # no answer: Telegram would deliver it again
     sent.acked = time.monotonic()
 
 
@@ -433,7 +432,7 @@ def late_replies(sent: list[Sent], calls: list[Call]) -> tuple[int, int]:
     return replies, late
 
 
-def rows(o: Outcome, args: argparse.Namespace) -> list[list[str]]:
+def rows(o: Outcome) -> list[list[str]]:
     ok = [s for s in o.sent if s.status == 200 and s.acked is not None]
     latencies = sorted(int(((s.acked or 0) - s.due) * 1000) for s in ok)
     span = max((s.acked or 0) for s in o.sent) - min(s.due for s in o.sent)
@@ -477,13 +476,13 @@ async def run(args: argparse.Namespace) -> None:
     )
     for n, outcome in enumerate(outcomes, 1):
         print(f"\n== run {n}")
-        print_table(["figure", "value"], rows(outcome, args))
+        print_table(["figure", "value"], rows(outcome))
         if outcome.profile:
             print("\n  py-spy, frames by share of samples (inclusive):")
             for name, share in outcome.profile:
                 print(f"  {share:6.1%}  {name}")
     if len(outcomes) > 1:
-        rates = [float(rows(o, args)[2][1]) for o in outcomes if rows(o, args)[2][1] != "-"]
+        rates = [float(rows(o)[2][1]) for o in outcomes if rows(o)[2][1] != "-"]
         print(
             f"\nmedian messages/s acknowledged over {len(outcomes)} runs: "
             f"{statistics.median(rates):.1f}"
