@@ -90,9 +90,9 @@ COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
 # Characters of a lease token's random part in a reply part's idempotency key.
 KEY_SALT_CHARS = 8
-# A speculative reply waits for its window to close, then asks the pre-send check; a check that
-# still finds it open (this replica's clock a little ahead of the server's) says how much
-# longer. Bounded all the same: a window that never closes is a bug, not a reason to wait.
+# A speculative reply asks the pre-send check, which holds it while its window is open and
+# says how much longer; it waits that long and asks again. Bounded all the same: a window that
+# never closes is a bug, not a reason to wait.
 HOLDS = 5
 
 
@@ -438,23 +438,20 @@ class Cycle:
         self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
     ) -> PreSend | Next:
         """The pre-send check, once the burst's window has closed: a speculative reply (its
-        lease taken with the window open) waits for that here, and a newer message meanwhile
-        cuts the wait short as it would the generation (`Next` then)."""
+        lease taken with the window open) is held by the check until then, and waits here;
+        a newer message meanwhile cuts the wait short as it would the generation (`Next`)."""
         assert grant.lease is not None
-        wait_s = grant.closes_at - time.monotonic()
-        self.stats.held += wait_s > 0
-        for _ in range(HOLDS):
-            if wait_s > 0:
-                async with self._interruptible(grant, keeper) as race:
-                    waited = await race(asyncio.sleep(wait_s))
-                if isinstance(waited, Next):
-                    if not self._restarted(grant.lease.conversation, race, 0):
-                        self.stats.interrupted += 1
-                    return waited
+        for hold in range(HOLDS):
             verdict = await presend()
             if verdict.status != "hold":
                 return verdict
-            wait_s = (verdict.look_in_ms or 0) / 1000
+            self.stats.held += hold == 0
+            async with self._interruptible(grant, keeper) as race:
+                waited = await race(asyncio.sleep((verdict.look_in_ms or 0) / 1000))
+            if isinstance(waited, Next):
+                if not self._restarted(grant.lease.conversation, race, 0):
+                    self.stats.interrupted += 1
+                return waited
         raise RuntimeError(f"the window of {grant.lease.conversation} is still open")
 
     async def _deliver(

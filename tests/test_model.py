@@ -89,7 +89,7 @@ STARVATION_AGE_MS = 40
 HISTORY_CAP = 6
 # Speculation may start this long after a message, on the windows replicas 0 and 1 open or
 # extend (replica 2 does not speculate).
-SPECULATE_MS = 8
+SPECULATE_MS = 3
 SPECULATING = (True, True, False)
 # How far back a clock moves (`clock_moves_back`), and the times past which a script must take
 # what it holds for the work of such a clock: a window deadline, a backoff, a lease.
@@ -293,17 +293,29 @@ class Protocol(RuleBasedStateMachine):
         self.run(quiet())
         self.acquire(replica, conv, on_time=False)
 
-    @rule(replica=replica_, conv=conversation_, newer=st.booleans())
-    def speculative_cycle(self, replica: int, conv: str, newer: bool) -> None:
+    @rule(
+        replica=replica_,
+        conv=conversation_,
+        newer=st.sampled_from(["none", "before the check", "mid-generation"]),
+    )
+    def speculative_cycle(self, replica: int, conv: str, newer: str) -> None:
         """Speculation's common case: the lease taken at the speculation time, the reply ready
-        while the window is open (held), or a message of the same burst first (`newer`: a
-        restart); then, past the deadline, the reply's check, send and commit."""
+        while the window is open (held), or a message of the same burst first: seen by the
+        check, or cutting the generation short (both restarts); then, past the deadline, the
+        reply's check, send and commit."""
+        if self.accepted[conv] == self.watermark[conv] and conv not in self.outbox:
+            # A fresh burst, from a replica that speculates: the guard has nothing to force.
+            self.deliver(replica % SPECULATING.count(True), conv, 1)
         before = len(self.holders)
         self.speculate(replica, conv)
         if len(self.holders) == before or not self.holders[-1].speculative:
             return
         holder = self.holders[-1]
-        self._presend(holder, newer)
+        if newer == "mid-generation":
+            self.deliver((replica + 1) % REPLICAS, conv, 1)
+            self.interrupt(self.holders.index(holder))
+            return
+        self._presend(holder, newer == "before the check")
         if holder.stage == "acquired":
             self.run(self._past_deadline(conv))
             for _ in ACTIVE:
