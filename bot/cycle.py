@@ -198,28 +198,42 @@ class Generation:
 
 
 class Race:
-    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, if `newer`
-    completes first (a newer message arrived), cancelled on the spot with the lease handed
-    back, and then `Next` instead of its result. Without `newer` a step is not interrupted."""
+    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, once it
+    `follow`s a version watch and a newer message arrives, cancelled on the spot with the
+    lease handed back, and then `Next` instead of its result. Not following, a step is not
+    interrupted."""
 
-    def __init__(
-        self, newer: asyncio.Future[Any] | None, lease: Lease, keeper: LeaseKeeper, store: Store
-    ) -> None:
-        self.newer = newer
+    def __init__(self, lease: Lease, keeper: LeaseKeeper, store: Store) -> None:
         self.lease = lease
         self.keeper = keeper
         self.store = store
+        self.newer: asyncio.Future[Any] | None = None
+        # The step running now, which `cut` cancels.
+        self._step: asyncio.Future[Any] | None = None
         # Whether the newer message was of the same burst, sent while its window was open: a
         # speculative generation restarted, not a reply gone stale.
         self.restarted = False
 
+    def follow(self, moved: asyncio.Event) -> None:
+        """Be interrupted once `moved` is set."""
+        self.newer = asyncio.ensure_future(moved.wait())
+
+    def cut(self) -> None:
+        """Cancel the running step now. The version watch calls this the moment it knows of a
+        newer message, before the loop wakes anything waiting for `moved`: on a busy loop each
+        such wake-up may take tens of milliseconds, and the provider bills until the stream
+        is closed."""
+        if self._step is not None:
+            self._step.cancel()
+
     async def __call__(self, step: Coroutine[Any, Any, T]) -> T | Next:
         task = asyncio.ensure_future(step)
+        self._step = task
         try:
             if self.newer is None:
                 return await task
             await asyncio.wait({task, self.newer}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
+            if task.done() and not task.cancelled():
                 # The answer came first, or with the news: the pre-send check decides.
                 return task.result()
             # Stop paying for tokens before anything else: cancelling closes the provider's
@@ -229,6 +243,7 @@ class Race:
             task.cancel()
             verdict = await self.store.interrupt(self.lease)
         finally:
+            self._step = None
             await cancel_and_wait(task)
         if verdict.status == "lost":
             raise LeaseLost(self.lease.conversation)
@@ -736,19 +751,21 @@ class Cycle:
         """What runs the generation's steps: each is cancelled if a newer message arrives
         meanwhile, the lease handed back, and `Next` returned instead of its result."""
         assert grant.lease is not None
+        race = Race(grant.lease, keeper, self.store)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
         if not self.settings.llm.interrupt or self._starved(grant):
-            yield Race(None, grant.lease, keeper, self.store)
+            yield race
             return
         conversation = grant.lease.conversation
-        moved = self.watch.watch(conversation, grant.version)
-        newer = asyncio.ensure_future(moved.wait())
+        moved = self.watch.watch(conversation, grant.version, race.cut)
+        race.follow(moved)
         try:
-            yield Race(newer, grant.lease, keeper, self.store)
+            yield race
         finally:
             self.watch.unwatch(conversation, moved)
-            await cancel_and_wait(newer)
+            if race.newer is not None:
+                await cancel_and_wait(race.newer)
 
     def _starved(self, grant: Grant) -> bool:
         """Whether the pre-send check will send this reply whatever arrives meanwhile."""
