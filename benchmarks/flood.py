@@ -25,7 +25,10 @@ It prints:
   fake's receive time and the senders' acknowledgement time are one clock,
   `time.monotonic()`): such a reply passed the pre-send check, then waited to be sent;
 - the Bot API calls per message (sendMessage, sendMessageDraft, sendChatAction);
-- CPU seconds per message of the bot process (utime + stime from /proc over the load).
+- CPU seconds per message of the bot process (utime + stime from /proc over the load);
+- the bot's event-loop lag over the load, from its /metrics: p50 and p99 of how late its loop
+  ran a 50 ms timer (to the histogram's bucket bounds, so "<= 25" is between 10 and 25 ms),
+  and the highest its decaying worst recent lag (what sheds previews) was seen at, polled.
 
 With `--py-spy PATH`, py-spy (installed separately) samples the bot for the load's middle and
 writes its collapsed stacks to PATH; the top frames by share of samples are printed.
@@ -47,17 +50,18 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import aiohttp
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_store
+from bot.cancel import cancel_and_wait
 from bot.connect import make_client
 from bot.embedded import EmbeddedRedis
 from bot.settings import DebounceSettings, Settings
@@ -78,6 +82,7 @@ POST_TIMEOUT_S = 30.0
 # How long the bot gets to answer everything once the load ends.
 SETTLE_S = 30.0
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 # -- the fakes, each in a process of its own ------------------------------------------------
@@ -176,7 +181,9 @@ class FakeProcess:
 # -- the bot --------------------------------------------------------------------------------
 
 
-def bot_env(server: EmbeddedRedis, data_dir: Path, api_url: str, llm_url: str, port: int) -> Any:
+def bot_env(
+    server: EmbeddedRedis, data_dir: Path, api_url: str, llm_url: str, port: int, metrics: int
+) -> Any:
     return clean_environ() | {
         "LASTWORD_PLATFORM": "telegram",
         "LASTWORD_REDIS_URL": server.url,
@@ -191,6 +198,7 @@ def bot_env(server: EmbeddedRedis, data_dir: Path, api_url: str, llm_url: str, p
         "LASTWORD_LLM__BASE_URL": llm_url,
         "LASTWORD_LLM__API_KEY": "sk-flood",
         "LASTWORD_LLM__MODEL": "gpt-4o-mini",
+        "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics}",
     }
 
 
@@ -212,6 +220,76 @@ async def ready(url: str, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the bot's webhook did not answer within {timeout_s:g} s")
             await asyncio.sleep(0.1)
+
+
+LAG = "lastword_event_loop_lag_seconds"
+LAG_RECENT = "lastword_event_loop_lag_recent_seconds"
+# How often the decaying recent lag is read during the load.
+LAG_POLL_S = 0.25
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The bot's metrics by name with labels, as exposed (`name{le="0.1"}`)."""
+    async with session.get(url) as response:
+        text = await response.text()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name and not line.startswith("#"):
+            out[name] = float(value)
+    return out
+
+
+@dataclass
+class LagWatch:
+    """The bot's event-loop lag over the load: its histogram before and after, and the
+    recent lag polled in between."""
+
+    url: str
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    recent_s: list[float] = field(default_factory=list)
+
+    async def run(self, load: Awaitable[T]) -> T:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            self.before = await self._first(session, 30.0)
+            poll = asyncio.create_task(self._poll(session))
+            try:
+                result = await load
+            finally:
+                await cancel_and_wait(poll)
+            self.after = await scrape(session, self.url)
+        return result
+
+    async def _first(self, session: aiohttp.ClientSession, timeout_s: float) -> dict[str, float]:
+        """The metrics once the bot serves them (it may start after the webhook)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                return await scrape(session, self.url)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the bot's /metrics did not answer within {timeout_s:g} s")
+            await asyncio.sleep(0.1)
+
+    async def _poll(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            await asyncio.sleep(LAG_POLL_S)
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                self.recent_s.append((await scrape(session, self.url))[LAG_RECENT])
+
+    def quantile_ms(self, q: float) -> str:
+        """The bucket bound (ms) the q-quantile of the load's lag samples is under."""
+        bounds = sorted(
+            (float(key.split('"')[1]), key)
+            for key in self.after
+            if key.startswith(LAG + "_bucket") and "+Inf" not in key
+        )
+        total = self.after[LAG + "_count"] - self.before.get(LAG + "_count", 0.0)
+        for bound, key in bounds:
+            if self.after[key] - self.before.get(key, 0.0) >= q * total:
+                return f"<= {bound * 1000:g}"
+        return f"> {bounds[-1][0] * 1000:g}" if bounds else "-"
 
 
 # -- the load -------------------------------------------------------------------------------
@@ -314,6 +392,7 @@ class Outcome:
     # Seconds the CPU time was measured over: from the first message to the last answer.
     wall_s: float
     unsettled: int
+    lag: LagWatch
     profile: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -324,7 +403,8 @@ async def run_once(args: argparse.Namespace) -> Outcome:
     try:
         api_url, llm_url = await telegram.start(), await provider.start()
         async with temporary_server() as server:
-            port = free_port()
+            port, metrics = free_port(), free_port()
+            lag = LagWatch(f"http://127.0.0.1:{metrics}/metrics")
             log_path = folder / "bot.log"
             with log_path.open("w") as log:
                 bot = await asyncio.create_subprocess_exec(
@@ -332,7 +412,7 @@ async def run_once(args: argparse.Namespace) -> Outcome:
                     "-m",
                     "bot",
                     "run",
-                    env=bot_env(server, folder / "data", api_url, llm_url, port),
+                    env=bot_env(server, folder / "data", api_url, llm_url, port, metrics),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -348,7 +428,7 @@ async def run_once(args: argparse.Namespace) -> Outcome:
                         stderr=subprocess.DEVNULL,
                     )
                 before, began = cpu_s(bot.pid), time.monotonic()
-                sent = await flood(url, args)
+                sent = await lag.run(flood(url, args))
                 used, wall = cpu_s(bot.pid) - before, time.monotonic() - began
                 if spy is not None:
                     await asyncio.wait_for(spy.wait(), 60)
@@ -364,7 +444,7 @@ async def run_once(args: argparse.Namespace) -> Outcome:
     finally:
         await telegram.close()
         await provider.close()
-    outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled)
+    outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled, lag)
     if args.py_spy:
         outcome.profile = top_frames(Path(args.py_spy))
     shutil.rmtree(folder, ignore_errors=True)
@@ -460,6 +540,11 @@ def rows(o: Outcome) -> list[list[str]]:
         ["LLM requests / cancelled", f"{o.requests} / {o.cancelled}"],
         ["bot CPU s per message (load only)", f"{o.cpu_s / per * 1000:.2f} ms"],
         ["bot CPU share of one core (load only)", f"{o.cpu_s / o.wall_s:.0%}"],
+        [
+            "bot loop lag p50 / p99 / recent max ms",
+            f"{o.lag.quantile_ms(0.5)} / {o.lag.quantile_ms(0.99)}"
+            f" / {max(o.lag.recent_s, default=0) * 1000:.0f}",
+        ],
     ]
 
 

@@ -17,8 +17,8 @@ may yet be thrown away), and the first draft after it carries all the text gener
 
 A draft shows the bot at work, so while one is shown (`showing`) the typing indicator is not
 sent for that conversation. Drafts and typing are the first work shed when the event loop
-lags (`lagging`): a replica flooded with messages spends its loop on acknowledging them and
-on the replies themselves, not on previews.
+lags with many of them in flight (`bot.loop_lag.shedding`): a replica flooded with messages
+spends its loop on acknowledging them and on the replies themselves, not on previews.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Set
 from typing import Protocol, runtime_checkable
 
 from bot.cancel import cancel_and_wait
 from bot.llm import strip_reasoning
+from bot.loop_lag import shedding
 
 log = logging.getLogger(__name__)
 
@@ -62,46 +62,11 @@ class Drafts(Protocol):
         the bot is thinking. Raises `DraftThrottled` on a 429."""
 
 
-# How often the loop's lag is sampled, and the lag above which previews are shed. The lag is
-# the worst recent one: it decays by LAG_DECAY per sample, so a stall sheds for a second or so.
-LAG_TICK_S = 0.05
-LAG_DECAY = 0.9
-SHED_LAG_S = 0.05
-
-
-class _Lag:
-    """How late the running loop runs a timer, lately: a callback rescheduling itself (no
-    task, so nothing is left pending when the loop closes)."""
-
-    def __init__(self) -> None:
-        self.recent_s = 0.0
-        self._due = asyncio.get_running_loop().time() + LAG_TICK_S
-        asyncio.get_running_loop().call_later(LAG_TICK_S, self._tick)
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        late = max(loop.time() - self._due, 0.0)
-        self.recent_s = max(late, self.recent_s * LAG_DECAY)
-        self._due = loop.time() + LAG_TICK_S
-        loop.call_later(LAG_TICK_S, self._tick)
-
-
-_lags: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lag] = weakref.WeakKeyDictionary()
-
-
-def lagging() -> bool:
-    """Whether the running loop has lately been late enough that previews (drafts, typing)
-    should be skipped; sampling starts with the first call."""
-    loop = asyncio.get_running_loop()
-    lag = _lags.get(loop)
-    if lag is None:
-        lag = _lags[loop] = _Lag()
-    return lag.recent_s > SHED_LAG_S
-
-
 # The conversations each outbound (by id) shows a live draft in right now; an outbound with
 # none has no entry, so this holds only drafts in flight.
 _showing: dict[int, set[str]] = {}
+# The drafters running now, on every outbound: how many previews shedding would save.
+_running: set[Drafter] = set()
 
 
 def showing(outbound: object) -> Set[str]:
@@ -145,6 +110,7 @@ class Drafter:
 
     def start(self) -> None:
         self._started = time.monotonic()
+        _running.add(self)
         self._task = asyncio.ensure_future(self._run())
 
     def update(self, text: str) -> None:
@@ -156,6 +122,7 @@ class Drafter:
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        _running.discard(self)
         shown = _showing.get(id(self.drafts))
         if shown is not None:
             shown.discard(self.conversation)
@@ -171,7 +138,7 @@ class Drafter:
         while failures < MAX_FAILURES:
             await self._changed.wait()
             self._changed.clear()
-            if lagging():
+            if shedding(len(_running)):
                 # Shed: tried again after the interval, with the text as it is by then.
                 self._changed.set()
                 await asyncio.sleep(self.interval_s)

@@ -3,8 +3,8 @@
 Platforms show "typing" for a few seconds after each call, so it is repeated every
 `Outbound.typing_interval_s` until the reply goes out (or the cycle ends without one), except
 while a live draft shows the bot at work: then the indicator would only cost a call. It is
-also skipped while the event loop lags (`bot.drafts.lagging`): acknowledgements and replies
-come first.
+also skipped while the event loop lags with many conversations typing
+(`bot.loop_lag.shedding`): acknowledgements and replies come first.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from bot.drafts import lagging, showing
+from bot.drafts import showing
+from bot.loop_lag import shedding
 from bot.message import Outbound
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Typing:
 
     async def _repeat(self, conversation: str) -> None:
         while True:
-            if conversation not in showing(self.outbound) and not lagging():
+            if conversation not in showing(self.outbound) and not shedding(len(self._tasks)):
                 try:
                     await self.outbound.typing(conversation)
                 except Exception as exc:
