@@ -12,8 +12,10 @@ held until the window closes), `learned` (the quiet window follows the user's ga
 `--floor-ms`), `both`, and `peers` (a fixed `--peers-quiet-ms` window, 500 ms as OpenClaw's
 default debounce, with interrupt on). All rows interrupt a stale generation. One table
 compares them: last message -> reply p50 and p95; replies per burst (a burst is a run of
-messages the workload sends with short gaps, so more than 1 means split replies); stale
-replies (sent after a message they do not cover had been taken in); LLM requests per reply;
+messages the workload sends with short gaps; one reply covers several when a message lands
+while the reply to the earlier ones is generated); split bursts (answered in parts: a reply
+went out covering some of a burst's messages but not its last); stale replies (sent after a
+message they do not cover had been taken in); LLM requests per reply;
 prompt and completion tokens per reply, as the fake provider bills them (a request's prompt
 when it lands, so a restarted request pays its prompt again; every piece streamed, cancelled
 requests' included); newer message -> stream closed; the bot's event-loop lag.
@@ -116,12 +118,22 @@ class User:
     index: int
     # Seconds from the start of the run at which each message is sent.
     offsets: tuple[float, ...]
-    # Runs of messages sent with short gaps: what the user means as one message each.
-    bursts: int
+    # Runs of messages sent with short gaps, what the user means as one message each: the
+    # version (1, 2...) of each one's last message.
+    burst_ends: tuple[int, ...]
 
     @property
     def conversation(self) -> str:
         return f"{PLATFORM}:{self.index}"
+
+    def split(self, covered: list[int]) -> int:
+        """How many of the bursts the replies (by the versions they cover) answered in parts:
+        a reply went out covering some of a burst's messages but not its last."""
+        starts = (0, *self.burst_ends[:-1])
+        return sum(
+            any(start < version < end for version in covered)
+            for start, end in zip(starts, self.burst_ends, strict=True)
+        )
 
     def message(self, n: int) -> InboundMessage:
         text = f"user {self.index} message {n + 1}: what about the thing I said?"
@@ -136,15 +148,15 @@ def workload(args: argparse.Namespace) -> list[User]:
     for index in range(args.users):
         at = rng.uniform(0, args.stagger_s)
         offsets = [at]
-        bursts = 1
+        ends = []
         for _ in range(rng.randint(*args.messages) - 1):
             if rng.random() < 0.5:
                 at += rng.uniform(0.2, 1.0)
             else:
                 at += rng.uniform(1.5, 6.0)
-                bursts += 1
+                ends.append(len(offsets))
             offsets.append(at)
-        users.append(User(index, tuple(offsets), bursts))
+        users.append(User(index, tuple(offsets), (*ends, len(offsets))))
     return users
 
 
@@ -592,6 +604,8 @@ class Figures:
     users: int
     messages: int
     bursts: int
+    # Bursts answered in parts (see `User.split`).
+    split: int
     requests: int
     prompt_tokens: int
     cancelled: int
@@ -656,7 +670,10 @@ class Figures:
             ttft_s=o.ttft_s,
             users=len(o.users),
             messages=sum(len(u.offsets) for u in o.users),
-            bursts=sum(u.bursts for u in o.users),
+            bursts=sum(len(u.burst_ends) for u in o.users),
+            split=sum(
+                u.split([s.version for s in o.sent.get(u.conversation, [])]) for u in o.users
+            ),
             requests=len(served),
             prompt_tokens=sum(r.prompt_tokens for r in served),
             cancelled=len(cancelled),
@@ -870,6 +887,7 @@ def compared(runs: list[Figures]) -> None:
                 seconds(f.latencies_ms, 50),
                 seconds(f.latencies_ms, 95),
                 f"{f.replies / f.bursts:.2f}",
+                str(f.split),
                 str(f.overtaken),
                 f"{f.requests / replies:.2f}",
                 f"{f.prompt_tokens / replies:.0f}",
@@ -879,7 +897,8 @@ def compared(runs: list[Figures]) -> None:
                 f"{len(f.latencies_ms)} / {f.users}",
             ]
         )
-    headers = ["row", "last -> reply p50 s", "p95 s", "replies / burst", "stale replies"]
+    headers = ["row", "last -> reply p50 s", "p95 s", "replies / burst", "split bursts"]
+    headers += ["stale replies"]
     headers += ["requests / reply", "prompt tok / reply", "completion tok / reply"]
     headers += ["newer -> closed p50 / p95 ms", "loop lag p99 ms", "answered"]
     print_table(headers, rows)
@@ -888,7 +907,8 @@ def compared(runs: list[Figures]) -> None:
             print(f"  ! {f.mode}: {line}")
     print(
         f"  bursts: runs of messages 0.2-1 s apart ({runs[0].bursts} in {runs[0].messages} "
-        "messages); stale: sent after a message it does not cover was taken in"
+        "messages; a reply may cover several); split: a burst answered in parts;\n"
+        "  stale: a reply sent after a message it does not cover was taken in"
     )
 
 
