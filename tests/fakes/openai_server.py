@@ -781,7 +781,10 @@ class FakeOpenAI(LoopbackServer):
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:
-            # The client hung up as the stream ended (a replica killed on purpose).
+            # The client hung up as the stream ended (a replica killed on purpose, or a
+            # generation cut just as its last piece came): it gave up before the end.
+            recorded.cancelled = True
+            self._notify()
             return response
         recorded.finished = True
         self._notify()
