@@ -240,7 +240,8 @@ class Race:
             # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
             # reach just now, StoreUnavailable ends the cycle as any store failure does: the
             # generation is gone either way, and the lease is released or expires.)
-            task.cancel()
+            if not task.cancelling():  # `cut` may have cancelled it already
+                task.cancel()
             verdict = await self.store.interrupt(self.lease)
         finally:
             self._step = None
