@@ -275,21 +275,24 @@ class LagWatch:
     async def _poll(self, session: aiohttp.ClientSession) -> None:
         while True:
             await asyncio.sleep(LAG_POLL_S)
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError):
                 self.recent_s.append((await scrape(session, self.url))[LAG_RECENT])
 
     def quantile_ms(self, q: float) -> str:
-        """The bucket bound (ms) the q-quantile of the load's lag samples is under."""
+        """The bucket bound (ms) the q-quantile of the load's lag samples is under; "-" if
+        the bot exported none."""
+        total = self.after.get(LAG + "_count", 0.0) - self.before.get(LAG + "_count", 0.0)
+        if not total:
+            return "-"
         bounds = sorted(
             (float(key.split('"')[1]), key)
             for key in self.after
             if key.startswith(LAG + "_bucket") and "+Inf" not in key
         )
-        total = self.after[LAG + "_count"] - self.before.get(LAG + "_count", 0.0)
         for bound, key in bounds:
             if self.after[key] - self.before.get(key, 0.0) >= q * total:
                 return f"<= {bound * 1000:g}"
-        return f"> {bounds[-1][0] * 1000:g}" if bounds else "-"
+        return f"> {bounds[-1][0] * 1000:g}"
 
 
 # -- the load -------------------------------------------------------------------------------

@@ -145,6 +145,10 @@ class LLM(Protocol):
         """Take on reloaded settings (model, temperature...); the connection stays as it is."""
         ...
 
+    async def close(self) -> None:
+        """Close the connections to the provider, once the replica stops using the model."""
+        ...
+
 
 # The most pauses the echo model's streamed answer takes, whatever its length.
 ECHO_STEPS = 25
@@ -165,6 +169,9 @@ class EchoLLM:
     def configure(self, settings: LLMSettings) -> None:
         self.delay_s = settings.echo_delay_ms / 1000
         self.word_s = settings.echo_word_ms / 1000
+
+    async def close(self) -> None:
+        return None
 
     async def complete(self, prompt: Prompt, usage: Usage) -> str:
         attempt = usage.start()
@@ -213,6 +220,9 @@ class OpenAILLM:
 
     def configure(self, settings: LLMSettings) -> None:
         self.settings = settings
+
+    async def close(self) -> None:
+        await self.client.close()
 
     async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
         """Whether the provider takes the key, into `self.key` (`probe_key`)."""
