@@ -23,11 +23,13 @@ from adapters.telegram import TelegramAdapter, TelegramSettings, normalize
 from adapters.telegram_html import well_formed
 from bot.commands import STOPPED
 from bot.drafts import Drafter, drafting
+from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
 from bot.typing_indicator import Typing
 from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
+from tests.test_typing import stall_the_loop
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -301,3 +303,65 @@ def _shown(drafter: Drafter) -> Callable[[], Awaitable[bool]]:
         return drafter.sent > 0
 
     return shown
+
+
+class LagRecordingDrafts:
+    """A platform's drafts that note, with each call, how late the loop counted as running."""
+
+    draft_interval_s: float | None = 0.05
+
+    def __init__(self) -> None:
+        self.lags_at_calls: list[float] = []
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        self.lags_at_calls.append(watch().recent_s)
+
+
+async def drafting_through_a_stall(conversations: int) -> LagRecordingDrafts:
+    """`conversations` generations drafted at once, their text growing, the loop stalled for
+    0.3 s, until drafts have gone on for a while after the stall has decayed from the lag."""
+    platform = LagRecordingDrafts()
+    drafters = [Drafter(platform, f"test:{n}", 1) for n in range(conversations)]
+
+    async def write() -> None:
+        for words in itertools.count():
+            for drafter in drafters:
+                drafter.update(f"word{words} " * words)
+            await asyncio.sleep(0.01)
+
+    async def drafted(calls: int) -> bool:
+        return len(platform.lags_at_calls) >= calls
+
+    async def lagging() -> bool:
+        return watch().recent_s > SHED_LAG_S
+
+    async def not_lagging() -> bool:
+        return not await lagging()
+
+    for drafter in drafters:
+        drafter.start()
+    writer = asyncio.create_task(write())
+    try:
+        await eventually(lambda: drafted(conversations), 5, what="a draft in every conversation")
+        stall_the_loop(0.3)
+        await eventually(lagging, 5, what="the stall counted as lag")
+        seen = len(platform.lags_at_calls)
+        await eventually(not_lagging, 10, what="the lag decayed")
+        await eventually(lambda: drafted(seen + 2 * conversations), 10, what="drafts again")
+    finally:
+        writer.cancel()
+        for drafter in drafters:
+            await drafter.stop()
+    return platform
+
+
+async def test_drafts_are_shed_while_the_loop_lags_with_many_in_flight() -> None:
+    platform = await drafting_through_a_stall(SHED_MIN_PREVIEWS)
+    # Checked and sent in one step: no draft went out while the loop counted as lagging.
+    assert max(platform.lags_at_calls) <= SHED_LAG_S
+
+
+async def test_a_few_drafts_go_on_through_a_stall() -> None:
+    # A few previews cannot be what lags the loop (on a loaded machine it is the machine).
+    platform = await drafting_through_a_stall(2)
+    assert max(platform.lags_at_calls) > SHED_LAG_S
