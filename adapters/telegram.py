@@ -35,6 +35,7 @@ import json
 import logging
 import random
 import re
+import urllib.parse
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
@@ -580,6 +581,8 @@ class AiohttpRequest(BaseRequest):
     def __init__(self, connections: int) -> None:
         self.connections = connections
         self._session: aiohttp.ClientSession | None = None
+        self._headers = {"User-Agent": self.USER_AGENT}
+        self._form_headers = self._headers | {"Content-Type": "application/x-www-form-urlencoded"}
 
     @property
     def read_timeout(self) -> float | None:
@@ -618,15 +621,19 @@ class AiohttpRequest(BaseRequest):
             total=connect + pool + write + read, connect=connect + pool, sock_read=read
         )
         data: Any = None
-        if request_data is not None:
-            data = request_data.json_parameters
-            if request_data.multipart_data:
-                data = aiohttp.FormData(data)
-                for name, (filename, content, mime) in request_data.multipart_data.items():
-                    data.add_field(name, content, filename=filename, content_type=mime)
+        headers = self._headers
+        if request_data is not None and request_data.multipart_data:
+            data = aiohttp.FormData(request_data.json_parameters)
+            for name, (filename, content, mime) in request_data.multipart_data.items():
+                data.add_field(name, content, filename=filename, content_type=mime)
+        elif request_data is not None:
+            # Encoded here: given a dict, aiohttp first fails to find a payload type for it,
+            # then builds a multipart writer only to send the form urlencoded.
+            data = urllib.parse.urlencode(request_data.json_parameters).encode()
+            headers = self._form_headers
         try:
             async with self._session.request(
-                method, url, data=data, timeout=timeout, headers={"User-Agent": self.USER_AGENT}
+                method, url, data=data, timeout=timeout, headers=headers
             ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:
