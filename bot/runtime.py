@@ -17,6 +17,7 @@ from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
+from bot.loop_lag import watch
 from bot.message import InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
@@ -69,6 +70,9 @@ class Runtime:
         return self.cycle.stats
 
     def start(self) -> None:
+        # The event loop's lag, watched for the replica's whole life: logged when it stalls,
+        # exported in the metrics, and what sheds drafts and typing.
+        watch()
         self.timers.start()
         self.heartbeat.start()
         self._accepting = True
