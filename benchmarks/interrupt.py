@@ -447,11 +447,13 @@ def rows_of(args: argparse.Namespace) -> dict[str, Row]:
             floor_ms=args.floor_ms,
         )
 
-    peers = DebounceSettings(quiet_ms=args.peers_quiet_ms, max_wait_ms=args.max_wait_ms)
+    peers = DebounceSettings(
+        quiet_ms=args.peers_quiet_ms, max_wait_ms=args.max_wait_ms, speculate_ms=0, learn=False
+    )
     both = f"speculate {args.speculate_ms} + learned {args.floor_ms}"
     rows = [
-        Row("today", f"today (quiet {args.quiet_ms} ms)", window()),
-        Row("off", "today, interrupt off", window(), interrupt=False),
+        Row("today", f"fixed {args.quiet_ms} ms (before speculation)", window()),
+        Row("off", f"fixed {args.quiet_ms} ms, interrupt off", window(), interrupt=False),
         Row("speculate", f"speculate {args.speculate_ms} ms", window(speculate=True)),
         Row("learned", f"learned, floor {args.floor_ms} ms", window(learn=True)),
         Row("both", both, window(speculate=True, learn=True)),
@@ -982,8 +984,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="interrupt on vs off (rows today and off) with the detailed figures, instead",
     )
     parser.add_argument("--details", action="store_true", help="every row's detailed figures")
-    parser.add_argument("--speculate-ms", type=int, default=500)
-    parser.add_argument("--floor-ms", type=int, default=600)
+    parser.add_argument("--speculate-ms", type=int, default=DebounceSettings().speculate_ms)
+    parser.add_argument("--floor-ms", type=int, default=DebounceSettings().floor_ms)
     parser.add_argument(
         "--peers-quiet-ms", type=int, default=500, help="the peers' fixed window (OpenClaw's)"
     )

@@ -1,7 +1,7 @@
 """Black-box reply latency: `lastword run` on the console, as a user meets it.
 
     python -m benchmarks.lastword_latency [--rows today speculate] [--bursts 6] [--seed 7]
-        [--quiet-ms 2000] [--model-s 1.5] [--speculate-ms 500] [--floor-ms 600]
+        [--quiet-ms 2000] [--model-s 1.5] [--speculate-ms 400] [--floor-ms 600]
 
 The bot runs as the README's "Try it" runs it: `lastword run`, console platform, the embedded
 store in a fresh data directory, stdin and stdout piped (so no drafts), against the loopback
@@ -191,7 +191,7 @@ async def run_row(args: argparse.Namespace, base_url: str, row: str) -> list[Ses
 
 def label(args: argparse.Namespace, row: str) -> str:
     return {
-        "today": f"today (quiet {args.quiet_ms} ms)",
+        "today": f"fixed {args.quiet_ms} ms (before speculation)",
         "speculate": f"speculate {args.speculate_ms} ms",
         "learned": f"learned, floor {args.floor_ms} ms",
         "both": f"speculate {args.speculate_ms} + learned {args.floor_ms}",
@@ -246,8 +246,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quiet-ms", type=int, default=DebounceSettings().quiet_ms)
     parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
     parser.add_argument("--model-s", type=float, default=1.5, help="every answer's latency")
-    parser.add_argument("--speculate-ms", type=int, default=500)
-    parser.add_argument("--floor-ms", type=int, default=600)
+    parser.add_argument("--speculate-ms", type=int, default=DebounceSettings().speculate_ms)
+    parser.add_argument("--floor-ms", type=int, default=DebounceSettings().floor_ms)
     return parser.parse_args(argv)
 
 

@@ -274,10 +274,10 @@ class DebounceSettings(BaseModel):
     # window is still open; the reply is held until the window closes on the server's clock,
     # and a newer message cancels it as any interrupt does. 0, or not below the quiet window
     # (learned or not): off, the generation starts when the window closes.
-    speculate_ms: int = Field(default=0, ge=0)
+    speculate_ms: int = Field(default=400, ge=0)
     # The quiet window follows the user's own gaps between the messages of a burst (their
     # recent p90), between `floor_ms` and `quiet_ms`; `max_wait_ms` caps it as always.
-    learn: bool = False
+    learn: bool = True
     floor_ms: int = Field(default=600, ge=0)
 
     @model_validator(mode="after")

@@ -36,6 +36,9 @@ __all__ = ["world"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.timeout(60)
 
 FAST_DRAFTS = {"LASTWORD_TELEGRAM__DRAFT_INTERVAL_MS": "200"}
+# Drafting from the generation's start, as a fixed window has it; a speculative generation's
+# drafts wait for its window (tests/test_speculation_e2e.py).
+FIXED_WINDOW = {"LASTWORD_DEBOUNCE__SPECULATE_MS": "0"}
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
 
@@ -51,7 +54,7 @@ async def test_a_streamed_reply_is_drafted_as_it_grows_then_sent_once(world: Wor
     telegram, provider = world.telegram, world.provider
     provider.reply = lambda request: ANSWER
     provider.delay_s = 2.0  # the pieces spread over two seconds
-    async with world.bot(**FAST_DRAFTS) as bot:
+    async with world.bot(**FAST_DRAFTS, **FIXED_WINDOW) as bot:
         await bot.post(telegram.private_text_update(CHAT, CHAT, "tell me something long"))
         await telegram.wait_for_sent(1, timeout=15)
         await settled(world.redis, CONVERSATION, within_s=10)
@@ -79,7 +82,7 @@ async def test_a_message_mid_generation_starts_the_draft_over_and_one_reply_cove
     telegram, provider = world.telegram, world.provider
     provider.reply = lambda request: ANSWER + " about " + request.last_user_text.split()[-1]
     provider.delay_s = 3.0
-    async with world.bot(**FAST_DRAFTS) as bot:
+    async with world.bot(**FAST_DRAFTS, **FIXED_WINDOW) as bot:
         await bot.post(telegram.private_text_update(CHAT, CHAT, "first thought"))
         await provider.wait_for_request(lambda r: r.pieces_streamed >= 5, timeout=15)
         await bot.post(telegram.private_text_update(CHAT, CHAT, "second thought"))
