@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from bot.store import Keys
 from tests.conftest import settled
+from tests.test_drafts import ANSWER, FAST_DRAFTS, draft_text
 from tests.test_media_e2e import CHAT, CONVERSATION, Bot, World, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -135,3 +136,21 @@ async def test_the_learned_window_shortens_for_single_lines_and_stays_long_for_b
     for sent in telegram.sent_messages:
         replies[int(sent.params["chat_id"])] += 1
     assert replies == {single: 6, bursts: 3}, "a burst was split or a line went unanswered"
+
+
+async def test_a_speculative_reply_is_not_drafted_until_its_window_closes(world: World) -> None:
+    telegram, provider = world.telegram, world.provider
+    provider.reply = lambda request: ANSWER
+    provider.delay_s = 3.0  # streaming from the speculation's start until well past the close
+    async with world.bot("a", **SPECULATION, **FAST_DRAFTS) as bot:
+        await bot.post(telegram.private_text_update(CHAT, CHAT, "tell me something long"))
+        closes = await deadline(world.redis)
+        await telegram.wait_for_sent(1, timeout=15)
+        await settled(world.redis, CONVERSATION, version=1)
+        offset = await offset_ms(world.redis)
+    shown = [c for c in telegram.calls_to("sendMessageDraft") if c.status == 200]
+    assert shown, "nothing was drafted once the window had closed"
+    first = min(c.at for c in shown) * 1000 + offset
+    assert first >= closes - CLOCK_MS, f"drafted {closes - first:.0f} ms before the window closed"
+    # The first draft carries what was generated meanwhile, not "Thinking…".
+    assert draft_text(shown[0]).startswith("word0 word1")
