@@ -26,6 +26,9 @@ It prints:
   `time.monotonic()`): such a reply passed the pre-send check, then waited to be sent;
 - the Bot API calls per message (sendMessage, sendMessageDraft, sendChatAction);
 - CPU seconds per message of the bot process (utime + stime from /proc over the load);
+- where the machine's CPU went over the load, in cores: the bot, the rest of the benchmark
+  (the fakes, the embedded server, the senders), and everything else on the machine (other
+  people's work on a shared one): a run whose bot was starved of CPU shows it here;
 - the bot's event-loop lag over the load, from its /metrics: p50 and p99 of how late its loop
   ran a 50 ms timer (to the histogram's bucket bounds, so "<= 25" is between 10 and 25 ms),
   and the highest its decaying worst recent lag (what sheds previews) was seen at, polled.
@@ -152,6 +155,11 @@ class FakeProcess:
             target=fake_main, args=(kind, seed, model_s, child), name=f"fake-{kind}", daemon=True
         )
 
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None, "not started"
+        return self.process.pid
+
     async def start(self) -> str:
         self.process.start()
         return cast(str, await self._receive(30.0))
@@ -206,6 +214,33 @@ def cpu_s(pid: int) -> float:
     """User plus system CPU seconds the process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def busy_s() -> float:
+    """CPU seconds the whole machine has spent busy so far, over all its cores."""
+    fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields[:8]) - idle) / TICKS_PER_S
+
+
+@dataclass
+class Machine:
+    """CPU seconds used by the bot, by the rest of the benchmark and by the whole machine."""
+
+    bot_s: float = 0.0
+    bench_s: float = 0.0
+    all_s: float = 0.0
+
+    @staticmethod
+    def now(bot: int, others: Sequence[int]) -> Machine:
+        return Machine(
+            cpu_s(bot), sum(cpu_s(pid) for pid in others) + time.process_time(), busy_s()
+        )
+
+    def __sub__(self, before: Machine) -> Machine:
+        return Machine(
+            self.bot_s - before.bot_s, self.bench_s - before.bench_s, self.all_s - before.all_s
+        )
 
 
 async def ready(url: str, timeout_s: float) -> None:
@@ -396,6 +431,7 @@ class Outcome:
     wall_s: float
     unsettled: int
     lag: LagWatch
+    machine: Machine = field(default_factory=Machine)
     profile: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -430,9 +466,12 @@ async def run_once(args: argparse.Namespace) -> Outcome:
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )
-                before, began = cpu_s(bot.pid), time.monotonic()
+                assert server.process is not None, "the embedded server is not running"
+                others = [telegram.pid, provider.pid, server.process.pid]
+                before, began = Machine.now(bot.pid, others), time.monotonic()
                 sent = await lag.run(flood(url, args))
-                used, wall = cpu_s(bot.pid) - before, time.monotonic() - began
+                machine = Machine.now(bot.pid, others) - before
+                used, wall = machine.bot_s, time.monotonic() - began
                 if spy is not None:
                     await asyncio.wait_for(spy.wait(), 60)
                 unsettled = await settle(server, {s.user for s in sent}, SETTLE_S)
@@ -447,7 +486,7 @@ async def run_once(args: argparse.Namespace) -> Outcome:
     finally:
         await telegram.close()
         await provider.close()
-    outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled, lag)
+    outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled, lag, machine)
     if args.py_spy:
         outcome.profile = top_frames(Path(args.py_spy))
     shutil.rmtree(folder, ignore_errors=True)
@@ -543,6 +582,11 @@ def rows(o: Outcome) -> list[list[str]]:
         ["LLM requests / cancelled", f"{o.requests} / {o.cancelled}"],
         ["bot CPU s per message (load only)", f"{o.cpu_s / per * 1000:.2f} ms"],
         ["bot CPU share of one core (load only)", f"{o.cpu_s / o.wall_s:.0%}"],
+        [
+            f"cores busy: bot / benchmark / other work (of {os.cpu_count()})",
+            f"{o.machine.bot_s / o.wall_s:.2f} / {o.machine.bench_s / o.wall_s:.2f}"
+            f" / {(o.machine.all_s - o.machine.bot_s - o.machine.bench_s) / o.wall_s:.2f}",
+        ],
         [
             "bot loop lag p50 / p99 / recent max ms",
             f"{o.lag.quantile_ms(0.5)} / {o.lag.quantile_ms(0.99)}"
