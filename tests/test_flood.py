@@ -28,6 +28,8 @@ def test_a_small_flood_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> N
     sent, acknowledged = figure(out, "messages sent / acknowledged (200)").split(" / ")
     assert int(sent) > 0 and sent == acknowledged, out
     assert figure(out, "conversations not settled after the load") == "0", out
+    # No ERROR in the bot's log, its stop included (the provider's connections closed).
+    assert "! bot:" not in out, out
     # p50 and p99 as histogram bounds, and the recent lag as polled.
     lag = figure(out, "bot loop lag p50 / p99 / recent max ms")
     assert re.fullmatch(r"<= [\d.]+ / <= [\d.]+ / \d+", lag), out
