@@ -25,12 +25,17 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 async def replica(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI, **llm: Any
+    runtime_factory: RuntimeFactory,
+    fake: FakeOpenAI,
+    outbound: RecordingOutbound | None = None,
+    **llm: Any,
 ) -> tuple[Runtime, RecordingOutbound]:
-    """A runtime answering through `fake`; `llm` adds or overrides LLM settings."""
+    """A runtime answering through `fake`; `llm` adds or overrides LLM settings. Replicas given
+    one `outbound` share it as they share a platform: whichever of them takes a burst's wake-up
+    (its own timer, or another's sweep) answers it, and the user sees one chat."""
     base: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
     base |= {"model": FAKE_MODEL_ID, "retries": 0}
-    return await runtime_factory(llm=base | llm)
+    return await runtime_factory(llm=base | llm, outbound=outbound)
 
 
 async def say(runtime: Runtime, n: int, *texts: str) -> None:

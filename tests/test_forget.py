@@ -31,8 +31,8 @@ pytestmark = pytest.mark.timeout(60)
 async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
-    a, a_out = await replica(runtime_factory, fake, models=MODELS)
-    b, b_out = await replica(runtime_factory, fake, models=MODELS)
+    a, chat = await replica(runtime_factory, fake, models=MODELS)
+    b, _ = await replica(runtime_factory, fake, chat, models=MODELS)
     keys = Keys(CONV)
     await say(a, 1, "remember the word apple")
     await say(a, 2, "/model smart", "/persona Answer like a pirate.")
@@ -44,13 +44,13 @@ async def test_forget_asks_then_erases_on_another_replica_and_keeps_counters(
     assert sorted(await redis.zrange(keys.heard, 0, -1)) == [b"doc:file-2", b"voice-1"]
 
     await say(b, 4, "/forget")
-    assert b_out.texts() == [CONFIRM]
+    assert chat.texts()[-1] == CONFIRM
     # Only asked: nothing is erased yet.
     assert len(await b.store.history(CONV)) == 7
     assert await redis.hget(keys.state, "persona") == b"Answer like a pirate."
 
     await say(a, 5, "/forget")
-    assert a_out.texts()[-1] == FORGOTTEN
+    assert chat.texts()[-1] == FORGOTTEN
     assert [(h.role, h.text) for h in await a.store.history(CONV)] == [("assistant", FORGOTTEN)]
     assert await redis.hmget(keys.state, ["model", "persona", "forget_asked"]) == [None] * 3
     assert await a.store.transcripts(CONV, ["voice-1", "doc:file-2"]) == [None, None]

@@ -31,10 +31,10 @@ def system_of(fake: FakeOpenAI) -> str:
 async def test_a_persona_set_on_one_replica_is_followed_by_another(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI
 ) -> None:
-    a, a_out = await replica(runtime_factory, fake)
-    b, b_out = await replica(runtime_factory, fake)
+    a, chat = await replica(runtime_factory, fake)
+    b, _ = await replica(runtime_factory, fake, chat)
     await say(a, 1, "/persona")
-    assert a_out.texts() == [NONE]
+    assert chat.texts() == [NONE]
 
     # The rest of the burst that sets it already follows it.
     await say(a, 2, f"/persona {PIRATE}", "hello")
@@ -43,7 +43,7 @@ async def test_a_persona_set_on_one_replica_is_followed_by_another(
     await say(b, 4, "and now?")
     assert system_of(fake).endswith(f"{PERSONA_INTRO}\n{PIRATE}")
     await say(b, 5, "/persona")
-    assert b_out.texts()[-1] == f"Your persona:\n{PIRATE}"
+    assert chat.texts()[-1] == f"Your persona:\n{PIRATE}"
 
     await say(a, 6, "/persona off")
     await say(b, 7, "plain again?")
