@@ -33,7 +33,10 @@ def test_interrupt_rows_run_and_report(capsys: pytest.CaptureFixture[str]) -> No
     )
     out = capsys.readouterr().out
     rows = table(out, "row")
-    assert [r["row"] for r in rows] == ["today (quiet 2000 ms)", "peers (quiet 500 ms)"], out
+    assert [r["row"] for r in rows] == [
+        "fixed 2000 ms (before speculation)",
+        "peers (quiet 500 ms)",
+    ], out
     assert all(r["answered"] == "6 / 6" and r["stale replies"] == "0" for r in rows), out
     assert all(float(r["prompt tok / reply"]) > 0 for r in rows), out
 
