@@ -17,9 +17,6 @@ tests and benchmarks. They refuse what they cannot read by raising `Unreadable` 
 the model is shown, and open only what they are meant to: images in five formats (never
 PostScript, which Pillow would hand to Ghostscript), PDFs without external decoders (no
 jbig2dec) and with decompression capped.
-
-`LoopWatch` (from `bot.loop_lag`, re-exported for the tests that import it from here)
-measures how late the event loop runs a timer, so a stall is logged with a figure.
 """
 
 from __future__ import annotations
@@ -40,8 +37,6 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
-
-from bot.loop_lag import LoopWatch as LoopWatch
 
 log = logging.getLogger(__name__)
 
