@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import random
 import re
@@ -61,6 +60,7 @@ from typing import Any, TypeVar, cast
 
 import aiohttp
 
+from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_store
@@ -143,47 +143,6 @@ async def serve_fake(kind: str, seed: int, model_s: tuple[float, float], conn: C
         cancelled = sum(r.cancelled for r in provider.requests)
     with contextlib.suppress(OSError):
         conn.send((requests, cancelled))
-
-
-class FakeProcess:
-    """A fake in a child process (time.monotonic() is one clock for every process on Linux)."""
-
-    def __init__(self, kind: str, seed: int, model_s: tuple[float, float]) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=fake_main, args=(kind, seed, model_s, child), name=f"fake-{kind}", daemon=True
-        )
-
-    @property
-    def pid(self) -> int:
-        assert self.process.pid is not None, "not started"
-        return self.process.pid
-
-    async def start(self) -> str:
-        self.process.start()
-        return cast(str, await self._receive(30.0))
-
-    async def finish(self) -> object:
-        self.conn.send("done")
-        return await self._receive(30.0)
-
-    async def _receive(self, timeout_s: float) -> object:
-        try:
-            if await asyncio.to_thread(self.conn.poll, timeout_s):
-                return self.conn.recv()
-        except EOFError:
-            raise RuntimeError("a fake's process ended early (see above)") from None
-        raise TimeoutError(f"a fake's process said nothing for {timeout_s:g} s")
-
-    async def close(self) -> None:
-        self.conn.close()
-        if self.process.pid is None:
-            return
-        await asyncio.to_thread(self.process.join, 5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            await asyncio.to_thread(self.process.join)
 
 
 # -- the bot --------------------------------------------------------------------------------
@@ -436,11 +395,11 @@ class Outcome:
 
 
 async def run_once(args: argparse.Namespace) -> Outcome:
-    telegram = FakeProcess("telegram", args.seed, tuple(args.model_s))
-    provider = FakeProcess("openai", args.seed, tuple(args.model_s))
+    telegram = Child("fake-telegram", fake_main, "telegram", args.seed, tuple(args.model_s))
+    provider = Child("fake-openai", fake_main, "openai", args.seed, tuple(args.model_s))
     folder = Path(tempfile.mkdtemp(prefix="lw-flood-", dir="/tmp"))
     try:
-        api_url, llm_url = await telegram.start(), await provider.start()
+        api_url, llm_url = cast(str, await telegram.start()), cast(str, await provider.start())
         async with temporary_server() as server:
             port, metrics = free_port(), free_port()
             lag = LagWatch(f"http://127.0.0.1:{metrics}/metrics")

@@ -76,7 +76,6 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import multiprocessing
 import os
 import random
 import re
@@ -91,6 +90,7 @@ from typing import cast
 
 from pydantic import SecretStr
 
+from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_store
@@ -305,45 +305,6 @@ async def wait_requests_closed(fake: FakeOpenAI, timeout_s: float) -> list[str]:
         await asyncio.sleep(0.05)
 
 
-class ProviderProcess:
-    """The fake provider in a child process, so that streaming it costs the bot no CPU and
-    the bot's load cannot stretch the provider's latency (both would share one event loop
-    otherwise). time.monotonic() is one clock for both processes on Linux."""
-
-    def __init__(self, seed: int, ttft_s: float) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=provider_main, args=(seed, ttft_s, child), name="fake-openai", daemon=True
-        )
-
-    async def start(self) -> str:
-        """Start the process; returns the fake's base URL."""
-        self.process.start()
-        return cast(str, await self._receive(30.0))
-
-    async def finish(self) -> ProviderReport:
-        self.conn.send("done")
-        return cast(ProviderReport, await self._receive(30.0))
-
-    async def _receive(self, timeout_s: float) -> object:
-        try:
-            if await asyncio.to_thread(self.conn.poll, timeout_s):
-                return self.conn.recv()
-        except EOFError:
-            raise RuntimeError("the fake provider's process ended early (see above)") from None
-        raise TimeoutError(f"the fake provider's process said nothing for {timeout_s:g} s")
-
-    async def close(self) -> None:
-        self.conn.close()
-        if self.process.pid is None:
-            return  # never started
-        await asyncio.to_thread(self.process.join, 5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            await asyncio.to_thread(self.process.join)
-
-
 # -- the platform ---------------------------------------------------------------------------
 
 
@@ -520,9 +481,11 @@ async def run_mode(args: argparse.Namespace, users: list[User], row: Row, ttft_s
     lag = LoopLag()
     outbound = TimedOutbound()
     ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
-    provider = ProviderProcess(args.seed, ttft_s)
+    # In a process of its own (benchmarks.child), so that streaming costs the bot no CPU and
+    # the bot's load cannot stretch the provider's latency.
+    provider = Child("fake-openai", provider_main, args.seed, ttft_s)
     try:
-        base_url = await provider.start()
+        base_url = cast(str, await provider.start())
         async with temporary_server() as server:
             settings = mode_settings(server, base_url, args, row)
             redis = make_client(server.url)
@@ -546,7 +509,7 @@ async def run_mode(args: argparse.Namespace, users: list[User], row: Row, ttft_s
                 await runtime.stop()
                 await llm.client.close()
                 await redis.aclose()
-        report = await provider.finish()
+        report = cast(ProviderReport, await provider.finish())
     finally:
         await provider.close()
     return Outcome(
