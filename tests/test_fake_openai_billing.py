@@ -6,25 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import openai
 import pytest
 
+from tests.chatting import fake
 from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.timeout(30)
+__all__ = ["fake"]  # the fixture, imported for pytest
 
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [
     {"role": "system", "content": "be brief"},
     {"role": "user", "content": "a question long enough to cost a few prompt tokens"},
 ]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def test_a_request_given_up_and_made_again_is_billed_its_prompt_twice(
