@@ -275,8 +275,9 @@ class DebounceSettings(BaseModel):
     # and a newer message cancels it as any interrupt does. 0, or not below the quiet window
     # (learned or not): off, the generation starts when the window closes.
     speculate_ms: int = Field(default=400, ge=0)
-    # The quiet window follows the user's own gaps between the messages of a burst (their
-    # recent p90), between `floor_ms` and `quiet_ms`; `max_wait_ms` caps it as always.
+    # The quiet window learns the user: `floor_ms` for one whose last 16 messages had no
+    # follow-up within `quiet_ms`, `quiet_ms` for anyone who followed up even once;
+    # `max_wait_ms` caps it as always.
     learn: bool = True
     floor_ms: int = Field(default=600, ge=0)
 

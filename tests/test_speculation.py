@@ -5,7 +5,7 @@ With speculation on, the lease may be taken once the user has been quiet for `sp
 the window still open; the reply then waits (`hold`) until the window closes, and a message
 that extends the window restarts the generation without counting a discard. A burst the
 starvation guard will force out is not speculated on. With learning on, the quiet window
-follows the user's gaps between the messages of a burst, within the floor and `quiet_ms`.
+learns the user: the floor for one who never follows up, `quiet_ms` for one who does.
 The processes' side (`lastword run`, a fake provider) is in test_speculation_e2e.py.
 """
 

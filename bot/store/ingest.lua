@@ -42,10 +42,12 @@ end
 
 -- The user's own pace, for a window that learns it. Each message adds the gap before it to the
 -- last GAPS_KEPT, or a 0 when that gap was no pause within a burst (as long as the longest
--- window, or longer): the message before it had no follow-up. The window is their p90 plus a
--- margin (time to start typing again), between the floor and the setting; with fewer than
--- GAPS_NEEDED gaps known, the setting.
-local GAPS_KEPT, GAPS_NEEDED, MARGIN_MS = 16, 4, 250
+-- window, or longer): the message before it had no follow-up. A user none of whose last
+-- messages had a follow-up gets the floor; one who followed up even once keeps the setting.
+-- Not a window shaped to their gaps: one too short splits a burst into two replies, which
+-- costs the user far more than the wait (and speculation hides most of the wait), and a few
+-- gaps are no guide to the next one. With fewer than GAPS_NEEDED gaps known, the setting.
+local GAPS_KEPT, GAPS_NEEDED = 16, 4
 local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
   local known = redis.call('HMGET', state_key, 'gaps_at', 'gaps')
   local gaps = {}
@@ -54,7 +56,8 @@ local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
   end
   if known[1] then
     local gap = at - tonumber(known[1])
-    gaps[#gaps + 1] = (gap > 0 and gap < ceiling_ms) and gap or 0
+    -- Two messages in the same millisecond are a follow-up too: 1, not the 0 of none.
+    gaps[#gaps + 1] = (gap >= 0 and gap < ceiling_ms) and math.max(gap, 1) or 0
     while #gaps > GAPS_KEPT do
       table.remove(gaps, 1)
     end
@@ -63,10 +66,10 @@ local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
   if #gaps < GAPS_NEEDED then
     return ceiling_ms
   end
-  local sorted = {unpack(gaps)}
-  table.sort(sorted)
-  local p90 = sorted[math.ceil(#sorted * 0.9)]
-  return math.max(floor_ms, math.min(ceiling_ms, p90 + MARGIN_MS))
+  if math.max(unpack(gaps)) > 0 then
+    return ceiling_ms
+  end
+  return math.min(floor_ms, ceiling_ms)
 end
 
 -- An admin's /allow or /deny overrides the allow-list, for anyone but an admin. A refused
