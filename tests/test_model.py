@@ -311,16 +311,21 @@ class Protocol(RuleBasedStateMachine):
         if len(self.holders) == before or not self.holders[-1].speculative:
             return
         holder = self.holders[-1]
+        # Ready while the window is still open (most often): held.
+        self._presend(holder, newer=False)
+        if holder.stage != "acquired":
+            return
         if newer == "mid-generation":
             self.deliver((replica + 1) % REPLICAS, conv, 1)
             self.interrupt(self.holders.index(holder))
             return
-        self._presend(holder, newer == "before the check")
-        if holder.stage == "acquired":
-            self.run(self._past_deadline(conv))
-            for _ in ACTIVE:
-                if holder.stage in ACTIVE:
-                    self._next_step(holder, "sent")
+        if newer == "before the check":
+            self._presend(holder, newer=True)
+            return
+        self.run(self._past_deadline(conv))
+        for _ in ACTIVE:
+            if holder.stage in ACTIVE:
+                self._next_step(holder, "sent")
 
     @rule(conv=conversation_)
     def wait_out_the_backoff(self, conv: str) -> None:
