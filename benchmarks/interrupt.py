@@ -1,14 +1,35 @@
-"""Interrupting stale generations: LLM requests, thrown-away tokens and reply latency, on vs off.
+"""Answering at the last word: reply latency, split and stale replies, LLM requests and tokens,
+for the ways of waiting for the user; and interrupting stale generations, on vs off.
 
-    python -m benchmarks.interrupt [--users 200] [--seed 7] [--quiet-ms 2000] [--max-wait-ms 8000]
+    python -m benchmarks.interrupt [--rows today speculate learned both peers] [--users 200]
+        [--seed 7] [--quiet-ms 2000] [--max-wait-ms 8000] [--details]
+    python -m benchmarks.interrupt --compare [--ttft-s 0.5 0]
 
-A burst workload runs twice on the same seed: once with `llm.interrupt` on (a generation is
-cancelled as soon as a newer message arrives) and once off (the generation finishes and the
-pre-send check throws its reply away, as in the seeds). Each mode gets a fresh embedded server
-in a temporary directory, one in-process runtime, the real `OpenAILLM` (streaming) pointed at
-the loopback `FakeOpenAI`, and a platform that timestamps every send. The fake runs in a child
-process of its own: sharing the bot's event loop, its per-piece sleeps drifted under load and
-stretched the 1-4 s latency several times over.
+By default one seeded burst workload runs once per row, each a way of waiting for the user's
+last word: `today` (the quiet window as configured, `--quiet-ms` and `--max-wait-ms`, fixed,
+no speculation), `speculate` (generation starts after `--speculate-ms` of quiet, the reply
+held until the window closes), `learned` (the quiet window follows the user's gaps, down to
+`--floor-ms`), `both`, and `peers` (a fixed `--peers-quiet-ms` window, 500 ms as OpenClaw's
+default debounce, with interrupt on). All rows interrupt a stale generation. One table
+compares them: last message -> reply p50 and p95; replies per burst (a burst is a run of
+messages the workload sends with short gaps; one reply covers several when a message lands
+while the reply to the earlier ones is generated); split bursts (answered in parts: a reply
+went out covering some of a burst's messages but not its last); stale replies (sent after a
+message they do not cover had been taken in); LLM requests per reply;
+prompt and completion tokens per reply, as the fake provider bills them (a request's prompt
+when it lands, so a restarted request pays its prompt again; every piece streamed, cancelled
+requests' included); newer message -> stream closed; the bot's event-loop lag.
+
+`--compare` runs the comparison this benchmark was first written for instead: the `today` row
+with `llm.interrupt` on (a generation is cancelled as soon as a newer message arrives) and off
+(row `off`: the generation finishes and the pre-send check throws its reply away, as in the
+seeds), for every time to first token given, with the detailed figures below.
+
+Each run gets a fresh embedded server in a temporary directory, one in-process runtime, the
+real `OpenAILLM` (streaming) pointed at the loopback `FakeOpenAI`, and a platform that
+timestamps every send. The fake runs in a child process of its own: sharing the bot's event
+loop, its per-piece sleeps drifted under load and stretched the 1-4 s latency several times
+over.
 
 Workload: each user starts at a random moment in the first `--stagger-s` seconds and sends 3-6
 messages; each gap is short (0.2-1 s, within the quiet window) or long (1.5-6 s, so that it
@@ -16,14 +37,15 @@ often lands while the reply to the earlier messages is being generated), half an
 fake answers 150-300 words in a latency of 1-4 s: the first piece comes `--ttft-s` into it
 (time to first token: queueing and prefill, at most half the latency) and the pieces are
 spread evenly over the rest. The workload runs once per time to first token given: by default
-0.5 s, typical of a hosted chat model, and then 0, where tokens stream from the instant the
-request lands, which no real provider does and which leaves an interrupt the least to save.
+0.5 s, typical of a hosted chat model (and, with `--compare`, then 0, where tokens stream
+from the instant the request lands, which no real provider does and which leaves an
+interrupt the least to save).
 Length and latency are drawn from a generator seeded with the seed and the request's last user
 turn, so that both modes see the same answer to the same prompt. The words are three letters
 each, so the fake's own usage count (characters / 4) equals the pieces it streams: one piece
 is one token in every figure below.
 
-It measures, per mode:
+It measures, per run (`--details` prints these for every row):
 
 - LLM requests started, per user and per reply delivered (a reply ends one burst);
 - generated tokens thrown away, two ways. From the fake: the pieces it streamed for requests
@@ -45,7 +67,7 @@ It measures, per mode:
   both the reply and the interrupt.
 
 The ratio of thrown-away tokens, on / off, is issue 5's figure (it must be at most 0.5).
-A mode that does not settle within `--settle-s` prints what is missing instead of hanging.
+A run that does not settle within `--settle-s` prints what is missing instead of hanging.
 """
 
 from __future__ import annotations
@@ -54,7 +76,6 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import multiprocessing
 import os
 import random
 import re
@@ -69,6 +90,7 @@ from typing import cast
 
 from pydantic import SecretStr
 
+from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_store
@@ -96,10 +118,22 @@ class User:
     index: int
     # Seconds from the start of the run at which each message is sent.
     offsets: tuple[float, ...]
+    # Runs of messages sent with short gaps, what the user means as one message each: the
+    # version (1, 2...) of each one's last message.
+    burst_ends: tuple[int, ...]
 
     @property
     def conversation(self) -> str:
         return f"{PLATFORM}:{self.index}"
+
+    def split(self, covered: list[int]) -> int:
+        """How many of the bursts the replies (by the versions they cover) answered in parts:
+        a reply went out covering some of a burst's messages but not its last."""
+        starts = (0, *self.burst_ends[:-1])
+        return sum(
+            any(start < version < end for version in covered)
+            for start, end in zip(starts, self.burst_ends, strict=True)
+        )
 
     def message(self, n: int) -> InboundMessage:
         text = f"user {self.index} message {n + 1}: what about the thing I said?"
@@ -114,10 +148,15 @@ def workload(args: argparse.Namespace) -> list[User]:
     for index in range(args.users):
         at = rng.uniform(0, args.stagger_s)
         offsets = [at]
+        ends = []
         for _ in range(rng.randint(*args.messages) - 1):
-            at += rng.uniform(0.2, 1.0) if rng.random() < 0.5 else rng.uniform(1.5, 6.0)
+            if rng.random() < 0.5:
+                at += rng.uniform(0.2, 1.0)
+            else:
+                at += rng.uniform(1.5, 6.0)
+                ends.append(len(offsets))
             offsets.append(at)
-        users.append(User(index, tuple(offsets)))
+        users.append(User(index, tuple(offsets), (*ends, len(offsets))))
     return users
 
 
@@ -159,6 +198,8 @@ class Served:
     # What the fake answered (None: it never got as far as choosing an answer).
     text: str | None
     pieces: int
+    # What the fake billed for the prompt (every request pays its own).
+    prompt_tokens: int
     finished: bool
     cancelled: bool
     # When the sampler first saw the request finished or cancelled.
@@ -240,6 +281,7 @@ async def serve_provider(seed: int, ttft_s: float, conn: Connection) -> None:
                 last_user_text=r.last_user_text,
                 text=provider.texts.get(id(r)),
                 pieces=r.pieces_streamed,
+                prompt_tokens=r.prompt_tokens,
                 finished=r.finished,
                 cancelled=r.cancelled,
                 closed_at=sampler.closed_at[i],
@@ -261,45 +303,6 @@ async def wait_requests_closed(fake: FakeOpenAI, timeout_s: float) -> list[str]:
         if time.monotonic() > deadline:
             return [f"{len(open_)} requests neither finished nor cancelled after settling"]
         await asyncio.sleep(0.05)
-
-
-class ProviderProcess:
-    """The fake provider in a child process, so that streaming it costs the bot no CPU and
-    the bot's load cannot stretch the provider's latency (both would share one event loop
-    otherwise). time.monotonic() is one clock for both processes on Linux."""
-
-    def __init__(self, seed: int, ttft_s: float) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=provider_main, args=(seed, ttft_s, child), name="fake-openai", daemon=True
-        )
-
-    async def start(self) -> str:
-        """Start the process; returns the fake's base URL."""
-        self.process.start()
-        return cast(str, await self._receive(30.0))
-
-    async def finish(self) -> ProviderReport:
-        self.conn.send("done")
-        return cast(ProviderReport, await self._receive(30.0))
-
-    async def _receive(self, timeout_s: float) -> object:
-        try:
-            if await asyncio.to_thread(self.conn.poll, timeout_s):
-                return self.conn.recv()
-        except EOFError:
-            raise RuntimeError("the fake provider's process ended early (see above)") from None
-        raise TimeoutError(f"the fake provider's process said nothing for {timeout_s:g} s")
-
-    async def close(self) -> None:
-        self.conn.close()
-        if self.process.pid is None:
-            return  # never started
-        await asyncio.to_thread(self.process.join, 5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            await asyncio.to_thread(self.process.join)
 
 
 # -- the platform ---------------------------------------------------------------------------
@@ -354,6 +357,7 @@ class LoopLag:
 @dataclass
 class Outcome:
     mode: str
+    ttft_s: float
     users: list[User]
     provider: ProviderReport
     sent: dict[str, list[Sent]]
@@ -379,21 +383,61 @@ GUARDS: dict[str, tuple[int, int]] = {
 }
 
 
+ROWS = ("today", "off", "speculate", "learned", "both", "peers")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One way of waiting for the user's last word, run against the same workload."""
+
+    name: str
+    label: str
+    debounce: DebounceSettings
+    interrupt: bool = True
+
+
+def rows_of(args: argparse.Namespace) -> dict[str, Row]:
+    """Every row the command line can ask for, by name."""
+
+    def window(speculate: bool = False, learn: bool = False) -> DebounceSettings:
+        return DebounceSettings(
+            quiet_ms=args.quiet_ms,
+            max_wait_ms=args.max_wait_ms,
+            speculate_ms=args.speculate_ms if speculate else 0,
+            learn=learn,
+            floor_ms=args.floor_ms,
+        )
+
+    peers = DebounceSettings(
+        quiet_ms=args.peers_quiet_ms, max_wait_ms=args.max_wait_ms, speculate_ms=0, learn=False
+    )
+    both = f"speculate {args.speculate_ms} + learned {args.floor_ms}"
+    rows = [
+        Row("today", f"fixed {args.quiet_ms} ms (before speculation)", window()),
+        Row("off", f"fixed {args.quiet_ms} ms, interrupt off", window(), interrupt=False),
+        Row("speculate", f"speculate {args.speculate_ms} ms", window(speculate=True)),
+        Row("learned", f"learned, floor {args.floor_ms} ms", window(learn=True)),
+        Row("both", both, window(speculate=True, learn=True)),
+        Row("peers", f"peers (quiet {args.peers_quiet_ms} ms)", peers),
+    ]
+    return {row.name: row for row in rows}
+
+
 def mode_settings(
-    server: EmbeddedRedis, base_url: str, args: argparse.Namespace, on: bool
+    server: EmbeddedRedis, base_url: str, args: argparse.Namespace, row: Row
 ) -> Settings:
     return Settings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,
-        debounce=DebounceSettings(quiet_ms=args.quiet_ms, max_wait_ms=args.max_wait_ms),
+        debounce=row.debounce,
         llm=LLMSettings(
             provider="openai",
             base_url=base_url,
             api_key=SecretStr("bench"),
             model="bench",
             stream=True,
-            interrupt=on,
+            interrupt=row.interrupt,
         ),
         log_level="WARNING",
         starvation_age_ms=GUARDS[args.guard][0],
@@ -433,16 +477,17 @@ async def settle(runtime: Runtime, store: Store, users: list[User], timeout_s: f
         return [f"not settled after {timeout_s:g} s: {len(missing)} conversations", *missing]
 
 
-async def run_mode(args: argparse.Namespace, users: list[User], on: bool, ttft_s: float) -> Outcome:
-    mode = ("interrupt on" if on else "interrupt off") + f", time to first token {ttft_s:g} s"
+async def run_mode(args: argparse.Namespace, users: list[User], row: Row, ttft_s: float) -> Outcome:
     lag = LoopLag()
     outbound = TimedOutbound()
     ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
-    provider = ProviderProcess(args.seed, ttft_s)
+    # In a process of its own (benchmarks.child), so that streaming costs the bot no CPU and
+    # the bot's load cannot stretch the provider's latency.
+    provider = Child("fake-openai", provider_main, args.seed, ttft_s)
     try:
-        base_url = await provider.start()
+        base_url = cast(str, await provider.start())
         async with temporary_server() as server:
-            settings = mode_settings(server, base_url, args, on)
+            settings = mode_settings(server, base_url, args, row)
             redis = make_client(server.url)
             store = make_store(settings, redis)
             llm = OpenAILLM(settings.llm)
@@ -464,11 +509,12 @@ async def run_mode(args: argparse.Namespace, users: list[User], on: bool, ttft_s
                 await runtime.stop()
                 await llm.client.close()
                 await redis.aclose()
-        report = await provider.finish()
+        report = cast(ProviderReport, await provider.finish())
     finally:
         await provider.close()
     return Outcome(
-        mode,
+        row.label,
+        ttft_s,
         users,
         report,
         outbound.sent,
@@ -519,9 +565,14 @@ def cut(o: Outcome, request: Served) -> Cut | None:
 @dataclass(frozen=True)
 class Figures:
     mode: str
+    ttft_s: float
     users: int
     messages: int
+    bursts: int
+    # Bursts answered in parts (see `User.split`).
+    split: int
     requests: int
+    prompt_tokens: int
     cancelled: int
     finished_sent: int
     finished_dropped: int
@@ -581,9 +632,15 @@ class Figures:
                     longest = max(longest, int((answer.at - sent_at) * 1000))
         return cls(
             mode=o.mode,
+            ttft_s=o.ttft_s,
             users=len(o.users),
             messages=sum(len(u.offsets) for u in o.users),
+            bursts=sum(len(u.burst_ends) for u in o.users),
+            split=sum(
+                u.split([s.version for s in o.sent.get(u.conversation, [])]) for u in o.users
+            ),
             requests=len(served),
+            prompt_tokens=sum(r.prompt_tokens for r in served),
             cancelled=len(cancelled),
             finished_sent=len(finished) - len(dropped),
             finished_dropped=len(dropped),
@@ -626,6 +683,7 @@ class Figures:
                 f"{self.cancelled} / {self.finished_sent} / {self.finished_dropped}",
             ],
             ["tokens generated (fake)", str(self.generated)],
+            ["prompt tokens billed (fake)", str(self.prompt_tokens)],
             ["tokens thrown away (fake)", str(self.thrown_fake)],
             [
                 "tokens thrown away (Stats)",
@@ -681,7 +739,8 @@ def header(args: argparse.Namespace, version: str) -> None:
     print(f"server: {Path(server_binary()).name} {version} (embedded, unix socket)")
     print(f"cpus: {os.cpu_count()}, bot and fake provider in two processes, seed {args.seed}")
     print(
-        f"settings: quiet_ms={args.quiet_ms} max_wait_ms={args.max_wait_ms}, "
+        f"settings: quiet_ms={args.quiet_ms} max_wait_ms={args.max_wait_ms} unless the row "
+        "says otherwise, "
         f"lease ttl_ms=30000, interrupt_poll_ms={LLMSettings().interrupt_poll_ms}, "
         f"starvation guard: {args.guard} (age_ms, limit = {GUARDS[args.guard]}), "
         f"stream=True, OpenAILLM -> FakeOpenAI"
@@ -695,13 +754,17 @@ def header(args: argparse.Namespace, version: str) -> None:
     )
 
 
+def details(figures: Figures) -> None:
+    print(f"\n== {figures.mode}, time to first token {figures.ttft_s:g} s")
+    print_table(["figure", "value"], figures.rows())
+    for line in figures.problems + figures.unanswered[:20]:
+        print(f"  ! {line}")
+
+
 def report(on: Figures, off: Figures) -> None:
-    for figures in (on, off):
-        print(f"\n== {figures.mode}")
-        print_table(["figure", "value"], figures.rows())
-        for line in figures.problems + figures.unanswered[:20]:
-            print(f"  ! {line}")
-    print(f"\n== comparison (on vs off), {on.mode.split(', ')[1]}")
+    details(on)
+    details(off)
+    print(f"\n== comparison (on vs off), time to first token {on.ttft_s:g} s")
     rows = [
         ["LLM requests", str(on.requests), str(off.requests), ratio(on.requests, off.requests)],
         [
@@ -769,16 +832,72 @@ def summary(pairs: list[tuple[float, Figures, Figures]]) -> None:
     print_table(["time to first token", "on", "off", "on / off", "best possible", "<= 0.5"], rows)
 
 
+def seconds(ms: Sequence[int], p: float) -> str:
+    return f"{percentile(ms, p) / 1000:.2f}" if ms else "-"
+
+
+def compared(runs: list[Figures]) -> None:
+    """The rows side by side, per time to first token: issue 22's table."""
+    print(
+        f"\n== ways of waiting for the last word, time to first token {runs[0].ttft_s:g} s "
+        "(tokens as the fake bills them)"
+    )
+    rows = []
+    for f in runs:
+        replies = max(f.replies, 1)
+        closed, lags = f.ran_on_ms, f.lags_ms or [0]
+        rows.append(
+            [
+                f.mode,
+                seconds(f.latencies_ms, 50),
+                seconds(f.latencies_ms, 95),
+                f"{f.replies / f.bursts:.2f}",
+                str(f.split),
+                str(f.overtaken),
+                f"{f.requests / replies:.2f}",
+                f"{f.prompt_tokens / replies:.0f}",
+                f"{f.generated / replies:.0f}",
+                f"{percentile(closed, 50)} / {percentile(closed, 95)}" if closed else "-",
+                str(percentile(lags, 99)),
+                f"{len(f.latencies_ms)} / {f.users}",
+            ]
+        )
+    headers = ["row", "last -> reply p50 s", "p95 s", "replies / burst", "split bursts"]
+    headers += ["stale replies"]
+    headers += ["requests / reply", "prompt tok / reply", "completion tok / reply"]
+    headers += ["newer -> closed p50 / p95 ms", "loop lag p99 ms", "answered"]
+    print_table(headers, rows)
+    for f in runs:
+        for line in f.problems + f.unanswered[:20]:
+            print(f"  ! {f.mode}: {line}")
+    print(
+        f"  bursts: runs of messages 0.2-1 s apart ({runs[0].bursts} in {runs[0].messages} "
+        "messages; a reply may cover several); split: a burst answered in parts;\n"
+        "  stale: a reply sent after a message it does not cover was taken in"
+    )
+
+
 async def run(args: argparse.Namespace) -> None:
     users = workload(args)
-    pairs = []
-    for ttft_s in args.ttft_s:
-        on, off = [Figures.of(await run_mode(args, users, mode, ttft_s)) for mode in (True, False)]
-        pairs.append((ttft_s, on, off))
-    header(args, pairs[0][1].server_version)
-    for _, on, off in pairs:
-        report(on, off)
-    summary(pairs)
+    rows = rows_of(args)
+    names = ["today", "off"] if args.compare else args.rows
+    if args.ttft_s is None:
+        args.ttft_s = [0.5, 0.0] if args.compare else [0.5]
+    runs = [
+        [Figures.of(await run_mode(args, users, rows[name], ttft_s)) for name in names]
+        for ttft_s in args.ttft_s
+    ]
+    header(args, runs[0][0].server_version)
+    if args.compare:
+        for on, off in runs:
+            report(on, off)
+        summary([(on.ttft_s, on, off) for on, off in runs])
+        return
+    for figures in runs:
+        if args.details:
+            for f in figures:
+                details(f)
+        compared(figures)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -811,9 +930,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ttft-s",
         type=float,
         nargs="+",
-        default=[0.5, 0.0],
         help="times to first token to run the workload with, within each request's latency "
-        "(at most half of it); 0: the pieces are spread over the whole latency",
+        "(at most half of it); 0: the pieces are spread over the whole latency "
+        "(default 0.5, and 0 with --compare)",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=ROWS,
+        default=["today", "speculate", "learned", "both", "peers"],
+        help="the ways of waiting to run, in this order (off: today with interrupt off)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="interrupt on vs off (rows today and off) with the detailed figures, instead",
+    )
+    parser.add_argument("--details", action="store_true", help="every row's detailed figures")
+    parser.add_argument("--speculate-ms", type=int, default=DebounceSettings().speculate_ms)
+    parser.add_argument("--floor-ms", type=int, default=DebounceSettings().floor_ms)
+    parser.add_argument(
+        "--peers-quiet-ms", type=int, default=500, help="the peers' fixed window (OpenClaw's)"
     )
     return parser.parse_args(argv)
 

@@ -93,7 +93,10 @@ def bench_settings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,
-        debounce=DebounceSettings(quiet_ms=quiet_ms, max_wait_ms=max_wait_ms),
+        # A fixed window: what is measured is the wake-up at its deadline.
+        debounce=DebounceSettings(
+            quiet_ms=quiet_ms, max_wait_ms=max_wait_ms, speculate_ms=0, learn=False
+        ),
         lease=LeaseSettings(ttl_ms=ttl_ms),
         sweep_interval_ms=sweep_interval_ms,
         llm=LLMSettings(provider="echo", echo_delay_ms=echo_delay_ms, interrupt=interrupt),

@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ from bot.store import (
     HistoryEntry,
     Lease,
     Outcome,
+    PreSend,
     Store,
     StoreUnavailable,
     lease_token,
@@ -89,6 +90,10 @@ COMMIT_RETRY_S = 0.05
 COMMIT_RETRY_CAP_S = 1.0
 # Characters of a lease token's random part in a reply part's idempotency key.
 KEY_SALT_CHARS = 8
+# A speculative reply asks the pre-send check, which holds it while its window is open and
+# says how much longer; it waits that long and asks again. Bounded all the same: a window that
+# never closes is a bug, not a reason to wait.
+HOLDS = 5
 
 
 def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
@@ -193,38 +198,58 @@ class Generation:
 
 
 class Race:
-    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, if `newer`
-    completes first (a newer message arrived), cancelled on the spot with the lease handed
-    back, and then `Next` instead of its result. Without `newer` a step is not interrupted."""
+    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, once it
+    `follow`s a version watch and a newer message arrives, cancelled on the spot with the
+    lease handed back, and then `Next` instead of its result. Not following, a step is not
+    interrupted."""
 
-    def __init__(
-        self, newer: asyncio.Future[Any] | None, lease: Lease, keeper: LeaseKeeper, store: Store
-    ) -> None:
-        self.newer = newer
+    def __init__(self, lease: Lease, keeper: LeaseKeeper, store: Store) -> None:
         self.lease = lease
         self.keeper = keeper
         self.store = store
+        self.newer: asyncio.Future[Any] | None = None
+        # The step running now, which `cut` cancels.
+        self._step: asyncio.Future[Any] | None = None
+        # Whether the newer message was of the same burst, sent while its window was open: a
+        # speculative generation restarted, not a reply gone stale.
+        self.restarted = False
+
+    def follow(self, moved: asyncio.Event) -> None:
+        """Be interrupted once `moved` is set."""
+        self.newer = asyncio.ensure_future(moved.wait())
+
+    def cut(self) -> None:
+        """Cancel the running step now. The version watch calls this the moment it knows of a
+        newer message, before the loop wakes anything waiting for `moved`: on a busy loop each
+        such wake-up may take tens of milliseconds, and the provider bills until the stream
+        is closed."""
+        if self._step is not None:
+            self._step.cancel()
 
     async def __call__(self, step: Coroutine[Any, Any, T]) -> T | Next:
         task = asyncio.ensure_future(step)
+        self._step = task
         try:
             if self.newer is None:
                 return await task
             await asyncio.wait({task, self.newer}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
+            if task.done() and not task.cancelled():
                 # The answer came first, or with the news: the pre-send check decides.
                 return task.result()
             # Stop paying for tokens before anything else: cancelling closes the provider's
             # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
             # reach just now, StoreUnavailable ends the cycle as any store failure does: the
             # generation is gone either way, and the lease is released or expires.)
-            task.cancel()
+            if not task.cancelling():  # `cut` may have cancelled it already
+                task.cancel()
             verdict = await self.store.interrupt(self.lease)
         finally:
+            self._step = None
             await cancel_and_wait(task)
         if verdict.status == "lost":
             raise LeaseLost(self.lease.conversation)
         self.keeper.released()
+        self.restarted = verdict.restarted
         return Next(verdict.look_in_ms, working=True)
 
 
@@ -291,6 +316,7 @@ class Cycle:
             return NOTHING
         lease = grant.lease
         self.stats.cycles += 1
+        self.stats.speculated += grant.window_ms > 0
         keeper = LeaseKeeper(
             f"lease on {conversation}",
             functools.partial(self.store.renew, lease),
@@ -389,20 +415,30 @@ class Cycle:
         reply = await self._reply_or_give_up(grant, burst, keeper, target)
         if isinstance(reply, Next):
             return reply
-        verdict = await self.store.presend(
-            lease,
-            grant.version,
-            reply.text,
-            reset=max(burst.reset, reply.reset),
-            replaces=target.version if target else 0,
-            unsaid=burst.retry,
-            changes=encoded(reply.changes),
-            worked_ms=int((time.monotonic() - began) * 1000),
-        )
+
+        def presend() -> Awaitable[PreSend]:
+            return self.store.presend(
+                lease,
+                grant.version,
+                reply.text,
+                reset=max(burst.reset, reply.reset),
+                replaces=target.version if target else 0,
+                unsaid=burst.retry,
+                changes=encoded(reply.changes),
+                worked_ms=int((time.monotonic() - began) * 1000),
+            )
+
+        verdict = await self._when_closed(grant, keeper, presend)
+        if isinstance(verdict, Next):
+            return verdict
         if verdict.status == "lost":
             raise LeaseLost(lease.conversation)
         if verdict.status == "stale":
             keeper.released()
+            if verdict.restarted:
+                self.stats.restarted += 1
+                self.stats.restarted_tokens += reply.spent
+                return Next(verdict.look_in_ms, working=True)
             self.stats.discarded += 1
             self.stats.discarded_tokens += reply.spent
             log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
@@ -413,6 +449,26 @@ class Cycle:
         # Only now, past the final check: a stale reply's commands change nothing.
         await apply(self.store, lease.conversation, reply.changes)
         return reply.text
+
+    async def _when_closed(
+        self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
+    ) -> PreSend | Next:
+        """The pre-send check, once the burst's window has closed: a speculative reply (its
+        lease taken with the window open) is held by the check until then, and waits here;
+        a newer message meanwhile cuts the wait short as it would the generation (`Next`)."""
+        assert grant.lease is not None
+        for hold in range(HOLDS):
+            verdict = await presend()
+            if verdict.status != "hold":
+                return verdict
+            self.stats.held += hold == 0
+            async with self._interruptible(grant, keeper) as race:
+                waited = await race(asyncio.sleep((verdict.look_in_ms or 0) / 1000))
+            if isinstance(waited, Next):
+                if not self._restarted(grant.lease.conversation, race, 0):
+                    self.stats.interrupted += 1
+                return waited
+        raise RuntimeError(f"the window of {grant.lease.conversation} is still open")
 
     async def _deliver(
         self,
@@ -586,7 +642,10 @@ class Cycle:
         # One draft id for every generation of this burst (its first version), so a
         # generation started after an interrupt replaces the old preview.
         draft_id = grant.watermark + 1
-        async with drafting(drafts_of(self.outbound), request.conversation, draft_id) as drafter:
+        # A speculative generation is not previewed while the user may still be typing.
+        hold_until = grant.closes_at if grant.window_ms else None
+        drafts = drafts_of(self.outbound)
+        async with drafting(drafts, request.conversation, draft_id, hold_until) as drafter:
             if drafter is not None:
                 usage.on_text = drafter.update
             generation = await self._generate(grant, request, usage, keeper)
@@ -606,7 +665,8 @@ class Cycle:
             prompt = await race(self._prompt(request))
             if isinstance(prompt, Next):
                 # Cut short while reading the files (a transcription, say): an interrupt too.
-                return self._interrupted(request, Generation("", None, usage, prompt, model))
+                generation = Generation("", None, usage, prompt, model)
+                return self._interrupted(request, generation, race)
             began = time.monotonic()
             try:
                 text = await race(generate(self.llm, prompt, self.settings.llm, usage))
@@ -614,7 +674,7 @@ class Cycle:
                 self._apologise(request, exc)
                 return Generation(APOLOGY, prompt, usage, None, model)
         if isinstance(text, Next):
-            return self._interrupted(request, Generation("", prompt, usage, text, model))
+            return self._interrupted(request, Generation("", prompt, usage, text, model), race)
         self.stats.llm_seconds.observe(time.monotonic() - began)
         generation = Generation(text, prompt, usage, None, model)
         self.stats.finished += 1
@@ -632,10 +692,12 @@ class Cycle:
             exc,
         )
 
-    def _interrupted(self, request: Request, generation: Generation) -> Generation:
+    def _interrupted(self, request: Request, generation: Generation, race: Race) -> Generation:
         """Count and log a generation cut short by a newer message; it, as it was."""
         stats = self.stats
         spent = generation.spent
+        if self._restarted(request.conversation, race, spent):
+            return generation
         saved = max(stats.finished_tokens // stats.finished - spent, 0) if stats.finished else 0
         stats.interrupted += 1
         stats.interrupted_tokens += spent
@@ -648,6 +710,16 @@ class Cycle:
             saved,
         )
         return generation
+
+    def _restarted(self, conversation: str, race: Race, spent: int) -> bool:
+        """Count a speculative generation (or its wait for the window) cut short by a message of
+        its own burst, if it was one (True); False for an interrupt proper."""
+        if not race.restarted:
+            return False
+        self.stats.restarted += 1
+        self.stats.restarted_tokens += spent
+        log.debug("restarted the speculative generation for %s: the user wrote on", conversation)
+        return True
 
     async def _prompt(self, request: Request) -> Prompt:
         llm = self.settings.llm
@@ -680,19 +752,21 @@ class Cycle:
         """What runs the generation's steps: each is cancelled if a newer message arrives
         meanwhile, the lease handed back, and `Next` returned instead of its result."""
         assert grant.lease is not None
+        race = Race(grant.lease, keeper, self.store)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
         if not self.settings.llm.interrupt or self._starved(grant):
-            yield Race(None, grant.lease, keeper, self.store)
+            yield race
             return
         conversation = grant.lease.conversation
-        moved = self.watch.watch(conversation, grant.version)
-        newer = asyncio.ensure_future(moved.wait())
+        moved = self.watch.watch(conversation, grant.version, race.cut)
+        race.follow(moved)
         try:
-            yield Race(newer, grant.lease, keeper, self.store)
+            yield race
         finally:
             self.watch.unwatch(conversation, moved)
-            await cancel_and_wait(newer)
+            if race.newer is not None:
+                await cancel_and_wait(race.newer)
 
     def _starved(self, grant: Grant) -> bool:
         """Whether the pre-send check will send this reply whatever arrives meanwhile."""

@@ -9,6 +9,16 @@ the same id (the first unanswered version), so its preview replaces the old one.
 A `Drafter` sends the first, empty draft at once (Telegram shows "Thinking…"), then the text
 so far at most once per interval. A 429 slows it down; any other failure is logged and
 ignored, and after a few in a row it stops trying for this reply. It never delays the reply.
+
+A speculative generation, started while the user's quiet window is still open, is held:
+nothing at all is shown before the window closes (the user may still be typing, and the reply
+may yet be thrown away), and the first draft after it carries all the text generated so far
+("Thinking…" only if there is none yet).
+
+A draft shows the bot at work, so while one is shown (`showing`) the typing indicator is not
+sent for that conversation. Drafts and typing are the first work shed when the event loop
+lags with many of them in flight (`bot.loop_lag.shedding`): a replica flooded with messages
+spends its loop on acknowledging them and on the replies themselves, not on previews.
 """
 
 from __future__ import annotations
@@ -17,11 +27,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Set
 from typing import Protocol, runtime_checkable
 
 from bot.cancel import cancel_and_wait
 from bot.llm import strip_reasoning
+from bot.loop_lag import shedding
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +62,18 @@ class Drafts(Protocol):
         the bot is thinking. Raises `DraftThrottled` on a 429."""
 
 
+# The conversations each outbound (by id) shows a live draft in right now; an outbound with
+# none has no entry, so this holds only drafts in flight.
+_showing: dict[int, set[str]] = {}
+# The drafters running now, on every outbound: how many previews shedding would save.
+_running: set[Drafter] = set()
+
+
+def showing(outbound: object) -> Set[str]:
+    """The conversations `outbound` shows a live draft in right now."""
+    return _showing.get(id(outbound), frozenset())
+
+
 def drafts_of(outbound: object) -> Drafts | None:
     """The outbound's drafts, if it has them and they are on."""
     if isinstance(outbound, Drafts) and outbound.draft_interval_s:
@@ -59,16 +82,25 @@ def drafts_of(outbound: object) -> Drafts | None:
 
 
 class Drafter:
-    """The drafts of one generation."""
+    """The drafts of one generation; none before `hold_until` (a `time.monotonic()` instant),
+    if given."""
 
-    def __init__(self, drafts: Drafts, conversation: str, draft_id: int) -> None:
+    def __init__(
+        self,
+        drafts: Drafts,
+        conversation: str,
+        draft_id: int,
+        hold_until: float | None = None,
+    ) -> None:
         assert drafts.draft_interval_s
         self.drafts = drafts
         self.conversation = conversation
         self.draft_id = draft_id
         self.interval_s = drafts.draft_interval_s
+        self.hold_until = hold_until
         self.sent = 0
-        # Seconds from start() to the first draft the platform accepted, once there is one.
+        # Seconds from start() (or the end of the hold, if later) to the first draft the
+        # platform accepted, once there is one: the preview's own delay, not the window's.
         self.first_after_s: float | None = None
         self._latest = ""
         self._shown: str | None = None
@@ -78,6 +110,7 @@ class Drafter:
 
     def start(self) -> None:
         self._started = time.monotonic()
+        _running.add(self)
         self._task = asyncio.ensure_future(self._run())
 
     def update(self, text: str) -> None:
@@ -89,13 +122,27 @@ class Drafter:
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        _running.discard(self)
+        shown = _showing.get(id(self.drafts))
+        if shown is not None:
+            shown.discard(self.conversation)
+            if not shown:
+                del _showing[id(self.drafts)]
 
     async def _run(self) -> None:
+        if self.hold_until is not None:
+            await asyncio.sleep(max(self.hold_until - time.monotonic(), 0.0))
+            self._started = max(self._started, self.hold_until)
         failures = 0
         self._changed.set()
         while failures < MAX_FAILURES:
             await self._changed.wait()
             self._changed.clear()
+            if shedding(len(_running)):
+                # Shed: tried again after the interval, with the text as it is by then.
+                self._changed.set()
+                await asyncio.sleep(self.interval_s)
+                continue
             text = strip_reasoning(self._latest)
             if text == self._shown:
                 continue
@@ -119,6 +166,7 @@ class Drafter:
             self._shown = text
             if self.first_after_s is None:
                 self.first_after_s = time.monotonic() - self._started
+                _showing.setdefault(id(self.drafts), set()).add(self.conversation)
             if text:
                 # The interval spaces updates of the text; the first words follow "Thinking…"
                 # as soon as they come.
@@ -128,14 +176,16 @@ class Drafter:
 
 @contextlib.asynccontextmanager
 async def drafting(
-    drafts: Drafts | None, conversation: str, draft_id: int
+    drafts: Drafts | None, conversation: str, draft_id: int, hold_until: float | None = None
 ) -> AsyncIterator[Drafter | None]:
     """A `Drafter` for the generation inside the block (None when drafts are off), stopped
-    when the block ends, before the reply is checked and sent."""
+    when the block ends, before the reply is checked and sent. With `hold_until` (a
+    `time.monotonic()` instant: when a speculative generation's window closes) nothing is
+    drafted before then; a block that ends earlier drafts nothing at all."""
     if drafts is None:
         yield None
         return
-    drafter = Drafter(drafts, conversation, draft_id)
+    drafter = Drafter(drafts, conversation, draft_id, hold_until)
     drafter.start()
     try:
         yield drafter

@@ -17,8 +17,6 @@ tests and benchmarks. They refuse what they cannot read by raising `Unreadable` 
 the model is shown, and open only what they are meant to: images in five formats (never
 PostScript, which Pillow would hand to Ghostscript), PDFs without external decoders (no
 jbig2dec) and with decompression capped.
-
-`LoopWatch` measures how late the event loop runs a timer, so a stall is logged with a figure.
 """
 
 from __future__ import annotations
@@ -338,36 +336,6 @@ class Workers:
         reaped = asyncio.ensure_future(worker.process.wait())
         self._reaping.add(reaped)
         reaped.add_done_callback(self._reaping.discard)
-
-
-class LoopWatch:
-    """How late the event loop runs a timer: the worst stall since it started, logged each
-    time it grows by a quarter (so the log holds a handful of lines, not one per tick)."""
-
-    def __init__(self, interval_s: float = 0.1, floor_s: float = 0.05) -> None:
-        self.interval_s = interval_s
-        self.floor_s = floor_s
-        self.worst_s = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start watching the running loop, once."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._watch())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            began = loop.time()
-            await asyncio.sleep(self.interval_s)
-            late = loop.time() - began - self.interval_s
-            if late > max(self.floor_s, self.worst_s * 1.25):
-                log.info("event loop stall: %.0f ms, the worst so far on this replica", late * 1e3)
-            self.worst_s = max(self.worst_s, late)
 
 
 # -- the worker process -------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from bot.heavy import LoopWatch, ReaderUnavailable, Unreadable, Workers
+from bot.heavy import ReaderUnavailable, Unreadable, Workers
+from bot.loop_lag import watch
 from bot.message import Attachment, FetchFailed, InboundMessage, Outbound
 from bot.prompt import Image, Turn
 from bot.settings import MediaSettings
@@ -142,7 +143,6 @@ class Media:
         self.store = store
         self.transcriber = transcriber
         self.workers = Workers(settings.workers, settings.work_timeout_s, settings.worker_memory_mb)
-        self.watch = LoopWatch()
         # Each file's reading (download, then the worker or the transcription), by
         # conversation and file key, while it runs: a cycle that a newer message interrupted
         # leaves it running (bounded by the fetch and work time limits), and the next cycle
@@ -169,9 +169,7 @@ class Media:
         )
 
     async def close(self) -> None:
-        """Stop the worker processes (they also exit on their own when the replica does)
-        and the loop watch."""
-        self.watch.stop()
+        """Stop the worker processes (they also exit on their own when the replica does)."""
         await self.workers.close()
 
     async def prepare(self, conversation: str, messages: Sequence[InboundMessage]) -> Prepared:
@@ -181,7 +179,8 @@ class Media:
         budget = _Budget(self.settings.max_files, self.settings.max_burst_bytes)
         timings = Timings()
         if any(m.attachments for m in messages):
-            self.watch.start()
+            # A stall while files are read is logged with its figure (the loop's one watcher).
+            watch()
         cached = await self._cached(conversation, messages)
         texts: list[str] = []
         images: list[tuple[Image, ...]] = []

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from bot.loop_lag import TICK_S, LoopWatch, watch
 from bot.message import Unavailable
 from bot.runtime import Runtime
 from bot.stats import Buckets, Stats
@@ -45,6 +46,13 @@ COUNTERS = (
     ("cycles_discarded", "Replies discarded as stale by the pre-send check", "discarded"),
     ("cycles_interrupted", "Generations cancelled because a newer message came", "interrupted"),
     ("cycles_forced", "Stale replies sent anyway by the starvation guard", "forced"),
+    ("cycles_speculated", "Generations started while the window was still open", "speculated"),
+    (
+        "cycles_restarted",
+        "Speculative generations cut short by a message of the same burst",
+        "restarted",
+    ),
+    ("replies_held", "Speculative replies that waited for their window to close", "held"),
     ("replies", "Replies delivered", "replies"),
     ("reply_parts", "Reply parts delivered (a long reply is split)", "parts"),
     ("replies_resent", "Replies re-sent from the outbox after a crash", "resent"),
@@ -79,6 +87,11 @@ COUNTERS = (
     ),
     ("llm_discarded_tokens", "Tokens of finished replies discarded as stale", "discarded_tokens"),
     (
+        "llm_restarted_tokens",
+        "Tokens of speculative generations restarted by the same burst's next message",
+        "restarted_tokens",
+    ),
+    (
         "llm_saved_tokens",
         "Tokens interrupts saved, estimated by the mean finished generation",
         "saved_tokens",
@@ -99,6 +112,8 @@ class StatsCollector(Collector):
     def __init__(self, stats: Callable[[], Stats], runtime: Runtime) -> None:
         self.stats = stats
         self.runtime = runtime
+        # The serving loop's watcher, once the server runs on it.
+        self.lag: LoopWatch | None = None
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         stats = self.stats()
@@ -130,6 +145,23 @@ class StatsCollector(Collector):
         for role in sorted(self.runtime.roles):
             roles.add_metric([role], 1)
         yield roles
+        if self.lag is not None:
+            yield from _lag_metrics(self.lag)
+
+
+def _lag_metrics(lag: LoopWatch) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
+    yield _histogram(
+        "event_loop_lag_seconds",
+        f"How late the event loop ran a timer, sampled every {TICK_S * 1000:g} ms",
+        lag.lags,
+        1.0,
+    )
+    recent = GaugeMetricFamily(
+        PREFIX + "event_loop_lag_recent_seconds",
+        "The event loop's worst recent lag, decaying in about a second: what sheds previews",
+    )
+    recent.add_metric([], lag.recent_s)
+    yield recent
 
 
 class HealthServer:
@@ -152,10 +184,12 @@ class HealthServer:
         # credential right now, or None while it takes it.
         self.refused = refused
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(lambda: runtime.stats, runtime))
+        self.collector = StatsCollector(lambda: runtime.stats, runtime)
+        self.registry.register(self.collector)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        self.collector.lag = watch()
         app = web.Application()
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/metrics", self._metrics)

@@ -17,6 +17,7 @@ from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle, Next
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
+from bot.loop_lag import watch
 from bot.message import InboundMessage, Outbound, Unavailable
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
@@ -69,6 +70,9 @@ class Runtime:
         return self.cycle.stats
 
     def start(self) -> None:
+        # The event loop's lag, watched for the replica's whole life: logged when it stalls,
+        # exported in the metrics, and what sheds drafts and typing.
+        watch()
         self.timers.start()
         self.heartbeat.start()
         self._accepting = True
@@ -112,6 +116,8 @@ class Runtime:
         if result.first_limited:
             self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
         if result.accepted:
+            # Before anything else: a generation of this conversation running here is stale.
+            self.cycle.watch.moved(conversation, result.version)
             self.typing.show(conversation)
             self._look_again(conversation, result.look_in_ms)
         return result.accepted

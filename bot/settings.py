@@ -270,6 +270,16 @@ class MediaSettings(BaseModel):
 class DebounceSettings(BaseModel):
     quiet_ms: int = Field(default=2000, ge=0)
     max_wait_ms: int = Field(default=8000, ge=0)
+    # Speculation: once the user has been quiet this long, start generating although the
+    # window is still open; the reply is held until the window closes on the server's clock,
+    # and a newer message cancels it as any interrupt does. 0, or not below the quiet window
+    # (learned or not): off, the generation starts when the window closes.
+    speculate_ms: int = Field(default=400, ge=0)
+    # The quiet window learns the user: `floor_ms` for one whose last 16 messages had no
+    # follow-up within `quiet_ms`, `quiet_ms` for anyone who followed up even once;
+    # `max_wait_ms` caps it as always.
+    learn: bool = True
+    floor_ms: int = Field(default=600, ge=0)
 
     @model_validator(mode="after")
     def _cap_covers_quiet(self) -> DebounceSettings:

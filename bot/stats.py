@@ -66,6 +66,13 @@ class Stats:
     # streamed by then; tokens of finished replies thrown away by the pre-send check.
     interrupted: int = 0
     interrupted_tokens: int = 0
+    # Speculation: generations started with the window still open; of those, cut short by a
+    # message of the same burst (and the tokens they had streamed), and replies that waited
+    # for their window to close.
+    speculated: int = 0
+    restarted: int = 0
+    restarted_tokens: int = 0
+    held: int = 0
     discarded_tokens: int = 0
     # What the interrupts saved, estimated: a cancelled generation would likely have gone on
     # to the mean length of the finished ones (0 until one has finished).

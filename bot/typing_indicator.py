@@ -1,7 +1,10 @@
 """The typing indicator, kept alive per conversation from its first message to the reply.
 
 Platforms show "typing" for a few seconds after each call, so it is repeated every
-`Outbound.typing_interval_s` until the reply goes out (or the cycle ends without one).
+`Outbound.typing_interval_s` until the reply goes out (or the cycle ends without one), except
+while a live draft shows the bot at work: then the indicator would only cost a call. It is
+also skipped while the event loop lags with many conversations typing
+(`bot.loop_lag.shedding`): acknowledgements and replies come first.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from bot.drafts import showing
+from bot.loop_lag import shedding
 from bot.message import Outbound
 
 log = logging.getLogger(__name__)
@@ -32,11 +37,12 @@ class Typing:
 
     async def _repeat(self, conversation: str) -> None:
         while True:
-            try:
-                await self.outbound.typing(conversation)
-            except Exception as exc:
-                # An indicator is a nicety; a platform hiccup must not end the conversation.
-                log.debug("typing indicator failed for %s: %s", conversation, exc)
+            if conversation not in showing(self.outbound) and not shedding(len(self._tasks)):
+                try:
+                    await self.outbound.typing(conversation)
+                except Exception as exc:
+                    # An indicator is a nicety; a platform hiccup must not end the conversation.
+                    log.debug("typing indicator failed for %s: %s", conversation, exc)
             await asyncio.sleep(self.outbound.typing_interval_s)
 
     def stop(self) -> None:

@@ -5,12 +5,20 @@ interval it reads their versions in one pipelined round trip, and signals those 
 moved. A poll per conversation would cost a round trip and a task wake-up each; with a few
 hundred generations in flight that alone would keep a replica's event loop busy and make every
 interrupt late. The task runs only while something is watched.
+
+A message this replica takes in is signalled at once (`moved`): the poll is for the messages
+other replicas take in, and waiting for it would add up to a poll interval to every interrupt.
+A watcher may also give a callback, called the moment the version is seen to move: a loaded
+event loop takes a while for every task it must wake, and the generation can be cancelled
+before any of them (the event still wakes whoever waits on it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from bot.cancel import cancel_and_wait
 from bot.store import Store, StoreUnavailable
@@ -18,25 +26,57 @@ from bot.store import Store, StoreUnavailable
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Watched:
+    """One conversation's watch: the version its generation covers, and whom to tell."""
+
+    version: int
+    moved: asyncio.Event
+    on_moved: Callable[[], None] | None
+
+    def signal(self) -> None:
+        if self.moved.is_set():
+            return
+        self.moved.set()
+        if self.on_moved is None:
+            return
+        try:
+            self.on_moved()
+        except Exception:
+            # Called from ingest too: a failing callback must not refuse the message. The
+            # event is set, so the generation is still cut, a little later.
+            log.exception("a version watch callback failed")
+
+
 class VersionWatch:
     def __init__(self, store: Store, poll_s: float) -> None:
         self.store = store
         self.poll_s = poll_s
-        self._watched: dict[str, tuple[int, asyncio.Event]] = {}
+        self._watched: dict[str, Watched] = {}
         self._poller: asyncio.Task[None] | None = None
 
-    def watch(self, conversation: str, version: int) -> asyncio.Event:
-        """An event set once the conversation's version is no longer `version`. A process
-        runs one cycle per conversation at a time, so one watch per conversation."""
+    def watch(
+        self, conversation: str, version: int, on_moved: Callable[[], None] | None = None
+    ) -> asyncio.Event:
+        """An event set once the conversation's version is no longer `version`, and
+        `on_moved` called then, synchronously. A process runs one cycle per conversation at
+        a time, so one watch per conversation."""
         moved = asyncio.Event()
-        self._watched[conversation] = (version, moved)
+        self._watched[conversation] = Watched(version, moved, on_moved)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="version watch")
         return moved
 
+    def moved(self, conversation: str, version: int) -> None:
+        """This replica has just taken in a message that moved `conversation` to `version`:
+        signal its watch now rather than at the next poll."""
+        watched = self._watched.get(conversation)
+        if watched is not None and watched.version != version:
+            watched.signal()
+
     def unwatch(self, conversation: str, moved: asyncio.Event) -> None:
-        current = self._watched.get(conversation)
-        if current is not None and current[1] is moved:
+        watched = self._watched.get(conversation)
+        if watched is not None and watched.moved is moved:
             del self._watched[conversation]
 
     async def _poll(self) -> None:
@@ -57,9 +97,9 @@ class VersionWatch:
                 # or every generation on this replica would run to its end.
                 log.exception("version watch failed a poll")
                 continue
-            for (_, (version, moved)), current in zip(watched, versions, strict=True):
-                if current != version:
-                    moved.set()
+            for (_, one), current in zip(watched, versions, strict=True):
+                if current != one.version:
+                    one.signal()
 
     async def stop(self) -> None:
         self._watched.clear()

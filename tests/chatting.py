@@ -1,6 +1,6 @@
-"""What the tests of the users' commands share: a fake OpenAI server, a runtime that talks to
-it (one per replica, all on the test's real Redis server), and `say`, which sends a numbered
-burst and waits until it is answered."""
+"""What tests that talk to the fake provider share: the fake OpenAI server as a fixture, a
+runtime that talks to it (one per replica, all on the test's real Redis server), and `say`,
+which sends a numbered burst and waits until it is answered."""
 
 from __future__ import annotations
 

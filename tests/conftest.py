@@ -45,6 +45,7 @@ SLOW_MODULES = frozenset(
         "tests.test_redis_hangs",
         "tests.test_discord_handover",
         "tests.test_install_walkthrough",
+        "tests.test_speculation_e2e",
     }
 )
 

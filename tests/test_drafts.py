@@ -1,31 +1,44 @@
 """Live drafts on Telegram: `lastword run` (webhook, the OpenAI client streaming from the fake
 provider, a real server). The reply is shown as it is written (sendMessageDraft), then sent
 once; an interrupt starts the preview over; a failing draft changes nothing delivered. Every
-draft shows the stop button, and pressing it is /stop, over the webhook and over polling."""
+draft shows the stop button, and pressing it is /stop, over the webhook and over polling.
+
+A held drafter (a speculative generation's, while the user's window is open) is driven
+directly, through the real Telegram adapter against the fake Bot API: nothing is shown before
+the hold ends, and the first draft after it carries all the text so far."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from telegram import Update
 
-from adapters.telegram import normalize
+from adapters.telegram import TelegramAdapter, TelegramSettings, normalize
 from adapters.telegram_html import well_formed
 from bot.commands import STOPPED
+from bot.drafts import Drafter, drafting
+from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
+from bot.typing_indicator import Typing
 from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
+from tests.test_typing import stall_the_loop
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
 
 FAST_DRAFTS = {"LASTWORD_TELEGRAM__DRAFT_INTERVAL_MS": "200"}
+# Drafting from the generation's start, as a fixed window has it; a speculative generation's
+# drafts wait for its window (tests/test_speculation_e2e.py).
+FIXED_WINDOW = {"LASTWORD_DEBOUNCE__SPECULATE_MS": "0"}
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
 
@@ -41,7 +54,7 @@ async def test_a_streamed_reply_is_drafted_as_it_grows_then_sent_once(world: Wor
     telegram, provider = world.telegram, world.provider
     provider.reply = lambda request: ANSWER
     provider.delay_s = 2.0  # the pieces spread over two seconds
-    async with world.bot(**FAST_DRAFTS) as bot:
+    async with world.bot(**FAST_DRAFTS, **FIXED_WINDOW) as bot:
         await bot.post(telegram.private_text_update(CHAT, CHAT, "tell me something long"))
         await telegram.wait_for_sent(1, timeout=15)
         await settled(world.redis, CONVERSATION, within_s=10)
@@ -69,7 +82,7 @@ async def test_a_message_mid_generation_starts_the_draft_over_and_one_reply_cove
     telegram, provider = world.telegram, world.provider
     provider.reply = lambda request: ANSWER + " about " + request.last_user_text.split()[-1]
     provider.delay_s = 3.0
-    async with world.bot(**FAST_DRAFTS) as bot:
+    async with world.bot(**FAST_DRAFTS, **FIXED_WINDOW) as bot:
         await bot.post(telegram.private_text_update(CHAT, CHAT, "first thought"))
         await provider.wait_for_request(lambda r: r.pieces_streamed >= 5, timeout=15)
         await bot.post(telegram.private_text_update(CHAT, CHAT, "second thought"))
@@ -190,3 +203,168 @@ def test_a_stop_press_is_the_stop_its_user_could_have_typed() -> None:
     group = {"id": -100, "type": "group", "title": "Team"}
     other = Update.de_json({"update_id": 78, STOP_PRESSED: {"chat": group, "draft_id": 3}}, None)
     assert normalize(other) is None
+
+
+HELD_CONVERSATION = f"telegram:{CHAT}"
+# Long enough that a drafter ignoring the hold would have drafted well before it ends.
+HOLD_S = 0.8
+
+
+@pytest.fixture
+async def adapter() -> AsyncIterator[tuple[TelegramAdapter, FakeTelegram]]:
+    """The real Telegram adapter, its bot open (getMe) against the fake Bot API."""
+    async with FakeTelegram() as telegram:
+        settings = TelegramSettings.model_validate(
+            {"token": telegram.token, "api_url": telegram.api_url, "draft_interval_ms": 200}
+        )
+        own = TelegramAdapter(settings)
+        async with own.bot:
+            yield own, telegram
+
+
+async def write(drafter: Drafter | None, pieces: list[str], every_s: float) -> str:
+    """Stream `pieces` into the drafter as a generation would; the text it ends with."""
+    assert drafter is not None
+    text = ""
+    for piece in pieces:
+        text += piece
+        drafter.update(text)
+        await asyncio.sleep(every_s)
+    return text
+
+
+async def test_a_held_drafter_shows_nothing_until_the_hold_ends_then_all_the_text_so_far(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    hold_until = time.monotonic() + HOLD_S
+    async with drafting(outbound, HELD_CONVERSATION, 7, hold_until) as drafter:
+        written = await write(drafter, ["Hello", " there,", " friend"], HOLD_S / 4)
+        first = (await telegram.wait_for_calls("sendMessageDraft", 1, timeout=5))[0]
+        assert drafter is not None
+        drafter.update(written + " and more")
+        await telegram.wait_for_calls("sendMessageDraft", 2, timeout=5)
+    shown = drafts(telegram)
+    assert first.at >= hold_until
+    # No "Thinking…" first: the text was there when the hold ended.
+    assert draft_text(first) == written
+    assert draft_text(shown[1]) == written + " and more"
+    # Measured from the end of the hold, not from the start.
+    assert drafter.first_after_s is not None and drafter.first_after_s < HOLD_S / 2
+
+
+async def test_a_held_drafter_with_no_text_yet_shows_thinking_when_the_hold_ends(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    hold_until = time.monotonic() + HOLD_S / 2
+    async with drafting(outbound, HELD_CONVERSATION, 7, hold_until):
+        [first] = await telegram.wait_for_calls("sendMessageDraft", 1, timeout=5)
+    assert first.at >= hold_until and draft_text(first) == ""
+
+
+async def test_a_generation_that_ends_within_its_hold_is_never_drafted(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    async with drafting(outbound, HELD_CONVERSATION, 7, time.monotonic() + 60) as drafter:
+        await write(drafter, ["all", " of", " it"], HOLD_S / 3)
+    # A draft sent during the block would have been received long before this one.
+    await outbound.draft("telegram:99", 1, "marker")
+    assert [c.chat_id for c in drafts(telegram)] == [99]
+    assert drafter is not None and drafter.sent == 0
+
+
+async def test_no_typing_indicator_is_sent_while_a_draft_shows_the_bot_at_work(
+    adapter: tuple[TelegramAdapter, FakeTelegram],
+) -> None:
+    outbound, telegram = adapter
+    outbound.typing_interval_s = 0.05
+    typing = Typing(outbound)
+    typing.show(HELD_CONVERSATION)
+    try:
+        await telegram.wait_for_calls("sendChatAction", 2, timeout=5)
+        async with drafting(outbound, HELD_CONVERSATION, 7) as drafter:
+            assert drafter is not None
+            await eventually(_shown(drafter), within_s=5)
+            typed = len(telegram.calls_to("sendChatAction"))
+            drafter.update("the answer so far")
+            # Two more drafts, at least 0.2 s apart: room for several typing intervals.
+            await telegram.wait_for_calls("sendMessageDraft", 2, timeout=5)
+            drafter.update("the answer so far, and more")
+            await telegram.wait_for_calls("sendMessageDraft", 3, timeout=5)
+            # One call may have been on its way as the draft was shown.
+            assert len(telegram.calls_to("sendChatAction")) <= typed + 1
+        # The draft is gone: the indicator is the only sign of work again.
+        await telegram.wait_for_calls("sendChatAction", typed + 3, timeout=5)
+    finally:
+        typing.stop()
+
+
+def _shown(drafter: Drafter) -> Callable[[], Awaitable[bool]]:
+    async def shown() -> bool:
+        return drafter.sent > 0
+
+    return shown
+
+
+class LagRecordingDrafts:
+    """A platform's drafts that note, with each call, how late the loop counted as running."""
+
+    draft_interval_s: float | None = 0.05
+
+    def __init__(self) -> None:
+        self.lags_at_calls: list[float] = []
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        self.lags_at_calls.append(watch().recent_s)
+
+
+async def drafting_through_a_stall(conversations: int) -> LagRecordingDrafts:
+    """`conversations` generations drafted at once, their text growing, the loop stalled for
+    0.3 s, until drafts have gone on for a while after the stall has decayed from the lag."""
+    platform = LagRecordingDrafts()
+    drafters = [Drafter(platform, f"test:{n}", 1) for n in range(conversations)]
+
+    async def write() -> None:
+        for words in itertools.count():
+            for drafter in drafters:
+                drafter.update(f"word{words} " * words)
+            await asyncio.sleep(0.01)
+
+    async def drafted(calls: int) -> bool:
+        return len(platform.lags_at_calls) >= calls
+
+    async def lagging() -> bool:
+        return watch().recent_s > SHED_LAG_S
+
+    async def not_lagging() -> bool:
+        return not await lagging()
+
+    for drafter in drafters:
+        drafter.start()
+    writer = asyncio.create_task(write())
+    try:
+        await eventually(lambda: drafted(conversations), 5, what="a draft in every conversation")
+        stall_the_loop(0.3)
+        await eventually(lagging, 5, what="the stall counted as lag")
+        seen = len(platform.lags_at_calls)
+        await eventually(not_lagging, 10, what="the lag decayed")
+        await eventually(lambda: drafted(seen + 2 * conversations), 10, what="drafts again")
+    finally:
+        writer.cancel()
+        for drafter in drafters:
+            await drafter.stop()
+    return platform
+
+
+async def test_drafts_are_shed_while_the_loop_lags_with_many_in_flight() -> None:
+    platform = await drafting_through_a_stall(SHED_MIN_PREVIEWS)
+    # Checked and sent in one step: no draft went out while the loop counted as lagging.
+    assert max(platform.lags_at_calls) <= SHED_LAG_S
+
+
+async def test_a_few_drafts_go_on_through_a_stall() -> None:
+    # A few previews cannot be what lags the loop (on a loaded machine it is the machine).
+    platform = await drafting_through_a_stall(2)
+    assert max(platform.lags_at_calls) > SHED_LAG_S

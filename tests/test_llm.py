@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI, ScriptedError
 from tests.fakes.outbound import RecordingOutbound
+from tests.fakes.tcp_proxy import TcpProxy
 
 # Distinctive, so that finding it anywhere in logs or errors cannot be a coincidence.
 KEY = "sk-test-9f3a-DO-NOT-LOG-71c2"
@@ -162,6 +164,54 @@ async def test_generations_reuse_one_connection_to_the_provider(
     finally:
         await llm.client.close()
     assert len({r.connection for r in fake.requests}) == 1 and fake.requests[0].connection
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_the_request_carries_the_settings_and_the_provider_quirks(
+    fake: FakeOpenAI, stream: bool
+) -> None:
+    llm = openai_llm(
+        fake,
+        stream=stream,
+        temperature=0.3,
+        max_tokens=99,
+        extra_headers={"HTTP-Referer": "https://example.org/bot", "X-Title": "lastword"},
+        extra_body={"top_k": 40, "max_tokens": 77},
+    )
+    try:
+        assert await llm.complete(prompt("hi"), Usage())
+    finally:
+        await llm.client.close()
+    [request] = fake.requests
+    assert request.api_key == KEY and request.model == MODEL
+    assert request.headers["http-referer"] == "https://example.org/bot"
+    assert request.headers["x-title"] == "lastword"
+    assert request.headers["content-type"] == "application/json"
+    # The extra body is merged in last, as the client merges it: it wins over a setting.
+    assert request.body["top_k"] == 40 and request.body["max_tokens"] == 77
+    assert request.body["temperature"] == 0.3 and request.body["stream"] is stream
+    assert request.messages == prompt("hi").messages()
+
+
+@pytest.mark.parametrize("bypassed", [False, True], ids=["proxied", "no_proxy"])
+async def test_requests_go_through_the_proxy_the_environment_names(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, bypassed: bool
+) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    upstream = urllib.parse.urlsplit(fake.base_url)
+    async with TcpProxy(("127.0.0.1", upstream.port or 80)) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        if bypassed:
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        llm = openai_llm(fake)
+        try:
+            assert await llm.complete(prompt("hi"), Usage())
+        finally:
+            await llm.client.close()
+        assert proxy.accepted == (0 if bypassed else 1)
+    assert len(fake.requests) == 1
 
 
 async def test_a_provider_that_refuses_stream_options_still_streams(

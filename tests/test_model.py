@@ -21,10 +21,16 @@ bundles, so what Hypothesis draws does not depend on the clock.
 
 Inside the steps, every answer a script gives is checked against whether the caller held the
 lease (its token and fence, read from the server just before), a wake-up's against the window
-(before its deadline, a reply owed is `early`), a pre-send's against the starvation guard (by
-count and by age). After every step, the invariants are read from the server itself: V, W,
-the pending messages, the window, the due-index, and the history the model kept (each
-answered message, then the reply when it was sent, the newest HISTORY_CAP entries).
+(before its deadline, a reply owed is `early`, unless the user has been quiet long enough to
+speculate), a pre-send's against the starvation guard (by count and by age) and against the
+window: no reply leaves before its window closed. Two of the three replicas speculate (they
+set a speculation time on the windows they open or extend), one does not; a speculative
+holder's pre-send waits (`hold`) while its window is open, and a message that extends that
+window restarts it without a discard.
+
+After every step, the invariants are read from the server itself: V, W, the pending
+messages, the window, the due-index, and the history the model kept (each answered message,
+then the reply when it was sent, the newest HISTORY_CAP entries).
 
 The seed is printed, and a failure ends with the line that replays it; LASTWORD_MODEL_SEED
 picks one (CI's runner, .ci/run, fixes it), and LASTWORD_MODEL_EXAMPLES runs more examples
@@ -36,9 +42,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections import Counter
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
@@ -60,6 +67,7 @@ from bot.store import (
     Grant,
     HistoryEntry,
     Keys,
+    PreSend,
     Store,
     StoreSettings,
     lease_token,
@@ -79,6 +87,10 @@ STARVATION_LIMIT = 1
 # happen in most runs.
 STARVATION_AGE_MS = 40
 HISTORY_CAP = 6
+# Speculation may start this long after a message, on the windows replicas 0 and 1 open or
+# extend (replica 2 does not speculate).
+SPECULATE_MS = 3
+SPECULATING = (True, True, False)
 # How far back a clock moves (`clock_moves_back`), and the times past which a script must take
 # what it holds for the work of such a clock: a window deadline, a backoff, a lease.
 JUMP_MS = 3_600_000
@@ -108,6 +120,11 @@ class Holder:
     text: str = ""
 
     @property
+    def speculative(self) -> bool:
+        """Whether its lease took the window while still open."""
+        return self.grant.window_ms > 0
+
+    @property
     def lease(self) -> Any:
         assert self.grant.lease is not None
         return self.grant.lease
@@ -122,6 +139,9 @@ def integers(raw: Mapping[Any, Any]) -> dict[str, int]:
 
 class Protocol(RuleBasedStateMachine):
     url = ""  # the server's, set by the test that started it
+    # What the runs of one test went through, so it can tell its rules were not vacuous:
+    # leases taken speculatively, pre-sends held, restarts.
+    seen: ClassVar[Counter[str]] = Counter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -137,9 +157,10 @@ class Protocol(RuleBasedStateMachine):
                     history_cap=HISTORY_CAP,
                     starvation_limit=STARVATION_LIMIT,
                     starvation_age_ms=STARVATION_AGE_MS,
+                    speculate_ms=SPECULATE_MS if speculating else 0,
                 ),
             )
-            for _ in range(REPLICAS)
+            for speculating in SPECULATING
         ]
         self.holders: list[Holder] = []
         self.messages: list[InboundMessage] = []
@@ -194,7 +215,12 @@ class Protocol(RuleBasedStateMachine):
         token, fence = await self.redis.hmget(key, ["token", "fence"])
         return (token, fence) == (holder.lease.token.encode(), str(holder.lease.fence).encode())
 
-    def _leased(self, conv: str) -> None:
+    async def _leased(self, holder: Holder) -> bool:
+        """Whether the conversation's window is leased to the holder (speculation)."""
+        leased = await self.redis.hget(Keys(holder.lease.conversation).window, "leased")
+        return leased == str(holder.lease.fence).encode()
+
+    def _took(self, conv: str) -> None:
         """A lease was taken or renewed just now: remember when it would run out."""
         self.lease_until[conv] = self.run(self._now()) + TTL_MS
 
@@ -251,6 +277,56 @@ class Protocol(RuleBasedStateMachine):
     def pass_the_deadline(self, conv: str) -> None:
         self.run(self._past_deadline(conv))
 
+    @rule(replica=replica_, conv=conversation_)
+    def speculate(self, replica: int, conv: str) -> None:
+        """A wake-up once the user has been quiet until the window's speculation time."""
+
+        async def quiet() -> None:
+            speculate_at = await self.redis.hget(Keys(conv).window, "speculate_at")
+            if speculate_at is not None and 0 < int(speculate_at) <= await self._now() + 50:
+
+                async def passed() -> bool:
+                    return await self._now() >= int(speculate_at)
+
+                await eventually(passed, within_s=1)
+
+        self.run(quiet())
+        self.acquire(replica, conv, on_time=False)
+
+    @rule(
+        replica=replica_,
+        conv=conversation_,
+        newer=st.sampled_from(["none", "before the check", "mid-generation"]),
+    )
+    def speculative_cycle(self, replica: int, conv: str, newer: str) -> None:
+        """Speculation's common case: the lease taken at the speculation time, the reply ready
+        while the window is open (held), or a message of the same burst first: seen by the
+        check, or cutting the generation short (both restarts); then, past the deadline, the
+        reply's check, send and commit."""
+        if self.accepted[conv] == self.watermark[conv] and conv not in self.outbox:
+            # A fresh burst, from a replica that speculates: the guard has nothing to force.
+            self.deliver(replica % SPECULATING.count(True), conv, 1)
+        before = len(self.holders)
+        self.speculate(replica, conv)
+        if len(self.holders) == before or not self.holders[-1].speculative:
+            return
+        holder = self.holders[-1]
+        # Ready while the window is still open (most often): held.
+        self._presend(holder, newer=False)
+        if holder.stage != "acquired":
+            return
+        if newer == "mid-generation":
+            self.deliver((replica + 1) % REPLICAS, conv, 1)
+            self.interrupt(self.holders.index(holder))
+            return
+        if newer == "before the check":
+            self._presend(holder, newer=True)
+            return
+        self.run(self._past_deadline(conv))
+        for _ in ACTIVE:
+            if holder.stage in ACTIVE:
+                self._next_step(holder, "sent")
+
     @rule(conv=conversation_)
     def wait_out_the_backoff(self, conv: str) -> None:
         async def skip() -> None:
@@ -297,9 +373,11 @@ class Protocol(RuleBasedStateMachine):
             self.run(self._past_deadline(conv))
         before = self.run(self._state(conv))
         held: int = self.run(self.redis.pttl(Keys(conv).lease))
-        deadline = int(self.run(self.redis.hget(Keys(conv).window, "deadline")) or 0)
+        window = self.run(self._integers(Keys(conv).window))
+        deadline = window.get("deadline", 0)
         now = self.run(self._now())
         grant = self.run(self.replicas[replica].acquire(conv, lease_token(f"r{replica}")))
+        after = self.run(self._now())
         owed = before.get("v", 0) > before.get("w", 0) or conv in self.outbox
         retry_at = before.get("retry_at", 0)
         if 0 < held <= HORIZON_MS - 5:
@@ -315,7 +393,8 @@ class Protocol(RuleBasedStateMachine):
         in_the_way = [n for n, at in ahead.items() if now < at <= now + bounds[n] + 5]
         if owed and not in_the_way:
             assert grant.status == "acquired", f"{conv} was {grant.status}: {ahead}, now {now}"
-        self._check_window(conv, grant, deadline, now, owed and in_the_way == ["window"])
+        only_the_window = owed and in_the_way == ["window"] and conv not in self.outbox
+        self._check_window(conv, grant, window, before, (now, after), only_the_window)
         if grant.status == "idle":
             self.opened.pop(conv, None)
         if grant.status != "acquired":
@@ -325,7 +404,7 @@ class Protocol(RuleBasedStateMachine):
         self.fence[conv] = fence
         assert (grant.version, grant.watermark) == (self.accepted[conv], self.watermark[conv])
         assert [(e.role, e.version, e.text) for e in grant.history] == self.history[conv]
-        self._leased(conv)
+        self._took(conv)
         if grant.resend is not None:
             # I3: a crashed holder's reply goes out as it was recorded, never regenerated.
             assert grant.resend == self.outbox[conv]
@@ -333,24 +412,51 @@ class Protocol(RuleBasedStateMachine):
             self.holders.append(Holder(replica, grant, "presented", version, text))
             return
         assert conv not in self.outbox
-        self.opened.pop(conv, None)  # the window is consumed
+        if grant.window_ms:
+            self.seen["speculated"] += 1
+        else:
+            self.opened.pop(conv, None)  # the window is consumed
         numbers = [int(m.message_id[1:]) for m in grant.unanswered]
         assert len(numbers) == grant.version - grant.watermark, "an unanswered message is lost"
         assert numbers == sorted(numbers), "unanswered messages out of order"
         self.holders.append(Holder(replica, grant, "acquired", grant.version))
 
     def _check_window(
-        self, conv: str, grant: Grant, deadline: int, now: int, only_the_window: bool
+        self,
+        conv: str,
+        grant: Grant,
+        window: dict[str, int],
+        state: dict[str, int],
+        between: tuple[int, int],
+        only_the_window: bool,
     ) -> None:
         """A wake-up before the window's deadline is `early` (a reply owed waits for the
-        user's last word), and one that says `early` had a deadline still ahead of it."""
+        user's last word), and one that says `early` had a deadline still ahead of it; unless
+        the user has been quiet until the window's speculation time and the starvation guard
+        will not force the reply out: then the lease is taken with the window still open.
+        `between`: the server's clock just before and just after the acquire."""
+        now, after = between
+        deadline, speculate_at = window.get("deadline", 0), window.get("speculate_at", 0)
+        since = state.get("since")
+
+        def starved(at: int) -> bool:
+            aged = since is not None and at - since >= STARVATION_AGE_MS
+            return aged or state.get("discards", 0) >= STARVATION_LIMIT
+
         if grant.status == "early":
             assert conv not in self.outbox, "a resend waited for a window"
             assert now < deadline, f"{conv}: early, yet its deadline {deadline} passed at {now}"
             assert grant.look_in_ms is not None and grant.look_in_ms <= deadline - now
-        ahead = now + 5 < deadline <= now + DEADLINE_BOUND_MS - 5
-        if only_the_window and conv not in self.outbox and ahead:
+        if grant.status == "acquired" and grant.window_ms:
+            assert 0 < speculate_at <= after, f"{conv}: speculated before its time: {window}"
+            assert not starved(now), f"{conv}: speculated on a burst the guard forces out"
+            assert now < deadline and grant.window_ms <= deadline - now, (window, now)
+        ahead = after + 5 < deadline <= now + DEADLINE_BOUND_MS - 5
+        may_speculate = 0 < speculate_at <= after and not starved(now)
+        if only_the_window and ahead and not may_speculate:
             assert grant.status == "early", f"{conv} was {grant.status} before its deadline"
+        if only_the_window and ahead and 0 < speculate_at <= now and not starved(after):
+            assert grant.window_ms, f"{conv} was {grant.status}, not speculated on: {window}"
 
     @rule(n=pick)
     def expire(self, n: int) -> None:
@@ -386,15 +492,23 @@ class Protocol(RuleBasedStateMachine):
             renewed = self.run(self.replicas[holder.replica].renew(holder.lease))
             assert renewed == held, f"renew said {renewed}; held: {held}"
             if renewed:
-                self._leased(holder.lease.conversation)
+                self._took(holder.lease.conversation)
 
     @rule(n=pick)
     def interrupt(self, n: int) -> None:
         if (holder := self.holder(n)) is not None:
             held = self.run(self._held(holder))
+            conv = holder.lease.conversation
+            leased = self.run(self._leased(holder))
+            discards = self.run(self._state(conv)).get("discards", 0)
             outcome = self.run(self.replicas[holder.replica].interrupt(holder.lease))
             assert (outcome.status == "stale") == held, outcome
             if outcome.status == "stale":
+                # Cut short in its own open window: a restart, no discard.
+                assert outcome.restarted == leased, outcome
+                self.seen["restarted"] += leased
+                counted = self.run(self._state(conv)).get("discards", 0)
+                assert counted == discards + (not leased), f"discards {discards} -> {counted}"
                 self._ended(holder)
 
     @rule(n=pick, newer=st.booleans())
@@ -410,16 +524,25 @@ class Protocol(RuleBasedStateMachine):
             self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
         held = self.run(self._held(holder))
         before = self.run(self._state(conv))
+        leased = self.run(self._leased(holder))
+        deadline = self.run(self._integers(Keys(conv).window)).get("deadline", 0)
         since_before = self.run(self._now())
         text = f"reply by r{holder.replica} fence {holder.lease.fence} to v{holder.version}"
         checked = self.run(
             self.replicas[holder.replica].presend(holder.lease, holder.version, text)
         )
+        after = self.run(self._now())
         if checked.status == "lost":
             assert not held, "a holder with the lease was refused"
             return
         assert held, f"a superseded holder's pre-send said {checked.status}"
         current = before.get("v", 0) == holder.version
+        between = (since_before, after)
+        if leased and self._speculation_checked(
+            holder, checked, current, before, deadline, between
+        ):
+            return
+        assert not checked.restarted, "a restart outside a speculative window"
         # The guard's age, as the script saw it, lies between these two readings.
         since = before.get("since")
         waited = (0, 0) if since is None else (since_before - since, self.run(self._now()) - since)
@@ -435,6 +558,41 @@ class Protocol(RuleBasedStateMachine):
             assert not current, "a current reply was called stale"
             assert not starving, f"the starvation guard did not force the reply out: {waited}"
             self._ended(holder)
+
+    def _speculation_checked(
+        self,
+        holder: Holder,
+        checked: PreSend,
+        current: bool,
+        before: dict[str, int],
+        at: int,
+        between: tuple[int, int],
+    ) -> bool:
+        """The pre-send check of a holder whose window is leased to it (speculation), whose
+        deadline was `at`, made `between` these two readings of the server's clock: held while
+        the window is open, restarted if a message extended it, else consumed and on as any
+        check. True if that was all (held or restarted)."""
+        now, after = between
+        conv = holder.lease.conversation
+        if not current:
+            # A message extended the open window: no reply went stale, nothing is forced.
+            assert checked.status == "stale" and checked.restarted, checked
+            discards = self.run(self._state(conv)).get("discards", 0)
+            assert discards == before.get("discards", 0), "a restart counted as a discard"
+            self.seen["restarted"] += 1
+            self._ended(holder)
+            return True
+        if checked.status == "hold":
+            assert checked.look_in_ms is not None and 0 < checked.look_in_ms <= at - now
+            assert conv not in self.outbox, "a held reply was recorded"
+            self.seen["held"] += 1
+            return True
+        # Its window closed: consumed, as an acquire at the deadline would have.
+        assert checked.status == "ok" and not checked.forced, checked
+        assert at <= after, f"{conv}: a reply left before its window closed"
+        self.seen["sent after its window"] += 1
+        self.opened.pop(conv, None)
+        return False
 
     @rule(n=pick)
     def send(self, n: int) -> None:
@@ -565,11 +723,15 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     replay = f"LASTWORD_MODEL_SEED={chosen} .venv/bin/pytest -n 0 tests/test_model.py"
     print(f"model test seed {chosen}: rerun with {replay}")
     Protocol.url = server.url
+    Protocol.seen.clear()
     try:
         _run(chosen)
     except Exception as failure:
         failure.add_note(f"replay this run: {replay}")
         raise
+    print(f"speculation in this run: {dict(Protocol.seen)}")
+    for step in ("speculated", "held", "restarted", "sent after its window"):
+        assert Protocol.seen[step], f"no run went through '{step}': {replay}"
 
 
 def _run(chosen: int) -> None:

@@ -411,6 +411,50 @@ def test_metrics_and_health_after_a_burst(
         bot.kill()
 
 
+def lag_samples_over(text: str, bound: str) -> float:
+    """How many of the loop's lag samples were over `bound` seconds (a bucket's `le`)."""
+    name = "lastword_event_loop_lag_seconds"
+    return metric(text, f"{name}_count") - metric(text, f'{name}_bucket{{le="{bound}"}}')
+
+
+def test_the_event_loop_lag_is_exported_and_a_stall_shows_in_it(
+    server: EmbeddedRedis, data_dir: Path, notify_socket: socket.socket
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    bot = Bot(
+        data_dir,
+        NOTIFY_SOCKET=notify_socket.getsockname(),
+        LASTWORD_METRICS_LISTEN=f"127.0.0.1:{port}",
+        LASTWORD_REDIS_URL=server.url,
+    )
+    try:
+        wait_ready(notify_socket)
+        _, before = get(url)
+        assert metric(before, "lastword_event_loop_lag_recent_seconds") >= 0
+        # The whole process stopped for a second: its loop runs the next tick that late.
+        bot.process.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)
+        bot.process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while True:
+            _, after = get(url)
+            if lag_samples_over(after, "0.5") > lag_samples_over(before, "0.5"):
+                break
+            assert time.monotonic() < deadline, "the stall never showed in the lag histogram"
+            time.sleep(0.05)
+        lag_sum = "lastword_event_loop_lag_seconds_sum"
+        assert metric(after, lag_sum) - metric(before, lag_sum) >= 0.9
+        assert metric(after, "lastword_event_loop_lag_seconds_count") > metric(
+            before, "lastword_event_loop_lag_seconds_count"
+        )
+    finally:
+        bot.process.send_signal(signal.SIGCONT)
+        bot.process.send_signal(signal.SIGTERM)
+        bot.wait(10)
+        bot.kill()
+
+
 # -- lastword status and doctor ------------------------------------------------------------------
 
 

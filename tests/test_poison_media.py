@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from bot.heavy import LoopWatch, Unreadable, Workers, encode_image
+from bot.heavy import Unreadable, Workers, encode_image
+from bot.loop_lag import LoopWatch
 from bot.media import Media, Prepared
 from bot.message import Attachment, InboundMessage
 from bot.settings import LLMSettings, MediaSettings

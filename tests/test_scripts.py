@@ -55,13 +55,13 @@ def build(make_settings: SettingsFactory, redis: Redis, **overrides: Any) -> Sto
     """A store over the test server; `quiet`/`max_wait`/`ttl` are the timings in ms.
 
     Defaults close the window at once (quiet 0), so a test can acquire right after ingesting.
+    The window is fixed, without speculation: those have tests of their own (test_speculation).
     """
     quiet = overrides.pop("quiet", 0)
     max_wait = overrides.pop("max_wait", max(quiet, 0))
     ttl = overrides.pop("ttl", 1500)
-    settings = make_settings(
-        debounce={"quiet_ms": quiet, "max_wait_ms": max_wait}, lease={"ttl_ms": ttl}, **overrides
-    )
+    debounce = {"quiet_ms": quiet, "max_wait_ms": max_wait, "speculate_ms": 0, "learn": False}
+    settings = make_settings(debounce=debounce, lease={"ttl_ms": ttl}, **overrides)
     return make_store(settings, redis)
 
 

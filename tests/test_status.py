@@ -32,8 +32,10 @@ def message(chat: str, n: int, timestamp: float | None = None) -> InboundMessage
 
 
 def slow_store(redis: Redis, make_settings: SettingsFactory, quiet_ms: int = 60_000) -> Store:
-    """A store whose windows stay open for the whole test, so ingested messages stay owed."""
-    settings = make_settings(debounce={"quiet_ms": quiet_ms, "max_wait_ms": 120_000})
+    """A store whose windows stay open for the whole test, so ingested messages stay owed (and
+    no replica may speculate on them: the next look is the deadline)."""
+    debounce = {"quiet_ms": quiet_ms, "max_wait_ms": 120_000, "speculate_ms": 0}
+    settings = make_settings(debounce=debounce)
     return make_store(settings, redis)
 
 

@@ -8,14 +8,20 @@
 -- again from now.
 -- Returns a status, and what goes with it:
 --   busy     look_in_ms: until the lease expires
---   early    look_in_ms: until the moved deadline
+--   early    look_in_ms: until the moved deadline, or until speculation may start
 --   backoff  look_in_ms: until the next attempt after failed ones
 --   idle     nothing is owed (V == W); a stale wake-up is a no-op
 --   acquired fence, version (V), watermark (W), lateness_ms, discards (in a row), resend (the
 --            outbox's text, version, fence, token and changes, if one was left), unanswered
 --            (pending json for (W, V]), history (json entries), failures (attempts in a row),
 --            waited_ms (how long the oldest unanswered message has waited), model (picked
---            with /model, or ''), persona (the user's instructions, /persona, or '')
+--            with /model, or ''), persona (the user's instructions, /persona, or ''),
+--            window_ms (> 0: taken speculatively, the window still open that much longer; the
+--            reply waits for it)
+-- Speculation: once the user has been quiet for the window's speculate_at, the lease is taken
+-- with the window still open. The window is then leased to this fence rather than consumed;
+-- the pre-send check consumes it once it has closed. A burst the starvation guard will force
+-- out is not speculated on: its reply could not wait for the window.
 local state = KEYS[1]
 local window = KEYS[2]
 local lease = KEYS[3]
@@ -32,6 +38,8 @@ local backoff_cap_ms = tonumber(ARGV[6])
 local slack_ms = tonumber(ARGV[7])
 -- The oldest age the starvation guard trusts (0: the guard's age is off).
 local trusted_age_ms = tonumber(ARGV[8])
+local starvation_limit = tonumber(ARGV[9]) -- discards in a row
+local starvation_age_ms = tonumber(ARGV[10]) -- 0: off
 local horizon = math.max(max_wait_ms, ttl_ms, backoff_cap_ms) + slack_ms
 local now = now_ms()
 
@@ -67,24 +75,42 @@ elseif retry_at > now then
   return cjson.encode({status = 'backoff', look_in_ms = retry_at - now})
 end
 
-local lateness = 0
+local discards, failures = tonumber(counters[3] or '0'), tonumber(counters[4] or '0')
+local waited = now - tonumber(counters[6] or now)
+if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
+  redis.call('HSET', state, 'since', now)
+  waited = 0
+end
+
+local lateness, window_ms = 0, 0
 if not has_outbox then
-  local deadline = tonumber(redis.call('HGET', window, 'deadline') or '0')
+  local times = redis.call('HMGET', window, 'deadline', 'speculate_at')
+  local deadline, speculate_at = tonumber(times[1] or '0'), tonumber(times[2] or '0')
   if deadline > now + max_wait_ms + slack_ms then
     deadline = now
   end
+  local starved = discards >= starvation_limit
+    or (starvation_age_ms > 0 and waited >= starvation_age_ms)
+  if deadline > now and (speculate_at == 0 or speculate_at > now or starved) then
+    local at = (speculate_at > now and not starved) and speculate_at or deadline
+    redis.call('ZADD', due, at, conversation)
+    return cjson.encode({status = 'early', look_in_ms = at - now})
+  end
   if deadline > now then
-    redis.call('ZADD', due, deadline, conversation)
-    return cjson.encode({status = 'early', look_in_ms = deadline - now})
+    window_ms = deadline - now
+  else
+    if deadline > 0 then
+      lateness = now - deadline
+    end
+    -- The window is consumed: messages from now on open a new one with a fresh cap.
+    redis.call('DEL', window)
   end
-  if deadline > 0 then
-    lateness = now - deadline
-  end
-  -- The window is consumed: messages from now on open a new one with a fresh cap.
-  redis.call('DEL', window)
 end
 
 local fence = redis.call('HINCRBY', state, 'fence', 1)
+if window_ms > 0 then
+  redis.call('HSET', window, 'leased', fence)
+end
 redis.call('HSET', lease, 'token', token, 'fence', fence, 'ttl', ttl_ms)
 redis.call('PEXPIRE', lease, ttl_ms)
 -- If we die, the sweep finds the conversation once the lease has expired.
@@ -109,13 +135,7 @@ elseif v > w then
   end
 end
 local past = redis.call('LRANGE', history, -history_entries, -1)
-local discards, failures = tonumber(counters[3] or '0'), tonumber(counters[4] or '0')
-local waited = now - tonumber(counters[6] or now)
-if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
-  redis.call('HSET', state, 'since', now)
-  waited = 0
-end
 return cjson.encode({status = 'acquired', fence = fence, version = v, watermark = w,
   lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
   history = past, failures = failures, waited_ms = waited, model = counters[7] or '',
-  persona = counters[8] or ''})
+  persona = counters[8] or '', window_ms = window_ms})

@@ -42,6 +42,10 @@ class StoreSettings:
     durability: Level = DEFAULT_LEVEL
     # How long each of those waits before the step counts as a store outage.
     durability_wait_ms: int = DEFAULT_WAIT_MS
+    # Speculation starts this long after a message, if the window is still open then (0: off).
+    speculate_ms: int = 0
+    # The learned window's floor (0: the window does not learn; `quiet_ms` is its ceiling).
+    learn_floor_ms: int = 0
 
     @property
     def horizon_ms(self) -> int:
@@ -62,9 +66,10 @@ class StoreSettings:
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSettings:
+        debounce = settings.debounce
         return cls(
-            quiet_ms=settings.debounce.quiet_ms,
-            max_wait_ms=settings.debounce.max_wait_ms,
+            quiet_ms=debounce.quiet_ms,
+            max_wait_ms=debounce.max_wait_ms,
             ttl_ms=settings.lease.ttl_ms,
             history_cap=settings.history_cap,
             starvation_limit=settings.starvation_limit,
@@ -73,4 +78,11 @@ class StoreSettings:
             retention_ms=int(settings.retention_days * 86_400_000),
             durability=settings.durability,
             durability_wait_ms=settings.durability_wait_ms,
+            # Speculating without interrupts would let a burst's every message start a
+            # generation that runs to its end.
+            speculate_ms=debounce.speculate_ms if settings.llm.interrupt else 0,
+            # A floor of 0 would mean "no learning" to the script: learning means at least 1 ms.
+            learn_floor_ms=max(min(debounce.floor_ms, debounce.quiet_ms), 1)
+            if debounce.learn
+            else 0,
         )

@@ -122,6 +122,12 @@ class Grant:
     resend_changes: str = ""
     # The user's own instructions, set with /persona ("": none).
     persona: str = ""
+    # > 0: the lease was taken speculatively, the window still open this much longer (server
+    # clock); the reply waits for it to close (`PreSend.status` "hold").
+    window_ms: int = 0
+    # With `window_ms`: when the window closes by this replica's clock (`time.monotonic()`),
+    # counted from the answer's arrival, so never before the server's deadline.
+    closes_at: float = 0.0
 
     @classmethod
     def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
@@ -144,6 +150,8 @@ class Grant:
             waited_ms=int(reply["waited_ms"]),
             model=str(reply["model"]),
             persona=str(reply["persona"]),
+            window_ms=int(reply["window_ms"]),
+            closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
             **(_resent(resend) if resend else {}),
         )
 
@@ -181,27 +189,39 @@ class Interrupt:
 
     status: Literal["stale", "lost"]  # stale: the lease is given back
     look_in_ms: int | None = None
+    # A speculative generation cut short by a message of its own burst: no reply went stale.
+    restarted: bool = False
 
     @classmethod
     def from_reply(cls, raw: bytes | str) -> Interrupt:
-        """From interrupt.lua's answer."""
+        """From interrupt.lua's answer: 'restarted' is a stale that counted no discard."""
         reply = decoded(raw)
-        return cls(reply["status"], look_in(reply["look_in_ms"]))
+        status = reply["status"]
+        restarted = status == "restarted"
+        return cls("stale" if restarted else status, look_in(reply["look_in_ms"]), restarted)
 
 
 @dataclass(frozen=True)
 class PreSend:
-    status: Literal["ok", "stale", "lost"]
+    # hold: a speculative reply whose window is still open (look_in_ms: until it closes);
+    # nothing changed, ask again then.
+    status: Literal["ok", "stale", "hold", "lost"]
     forced: bool = False  # sent despite being stale, by the starvation guard
     look_in_ms: int | None = None
+    # Stale because a message of its own burst came while the window was open (speculation):
+    # no discard counts.
+    restarted: bool = False
 
     @classmethod
     def from_reply(cls, raw: bytes | str) -> PreSend:
-        """From presend.lua's answer: 'forced' is an ok that the guard forced out."""
+        """From presend.lua's answer: 'forced' is an ok that the guard forced out,
+        'restarted' a stale that counted no discard."""
         reply = decoded(raw)
         status = reply["status"]
         if status in ("ok", "forced"):
             return cls("ok", forced=status == "forced")
+        if status == "restarted":
+            return cls("stale", look_in_ms=look_in(reply["look_in_ms"]), restarted=True)
         return cls(status, look_in_ms=look_in(reply["look_in_ms"]))
 
 
@@ -226,6 +246,8 @@ class Conversations(Calls):
             "retention_ms": self.settings.retention_ms,
             "verdict": verdict,
             "user": message.user_id,
+            "speculate_ms": self.settings.speculate_ms,
+            "learn_floor_ms": self.settings.learn_floor_ms,
         }
         keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
         return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
@@ -246,6 +268,8 @@ class Conversations(Calls):
             "backoff_cap_ms": RETRY_AFTER_ERROR_CAP_MS,
             "slack_ms": CLOCK_SLACK_MS,
             "trusted_age_ms": self.settings.trusted_age_ms,
+            "starvation_limit": self.settings.starvation_limit,
+            "starvation_age_ms": self.settings.starvation_age_ms,
         }
         keys = _own_keys(scripts.ACQUIRE, self.layout.keys(conversation))
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
@@ -313,6 +337,7 @@ class Conversations(Calls):
             "totals_keep_ms": DAY_KEEP_MS,
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
+            "window_bound_ms": self.settings.max_wait_ms + CLOCK_SLACK_MS,
         }
         keys = _own_keys(scripts.PRESEND, self.layout.keys(lease.conversation))
         return PreSend.from_reply(await self._run_durable(scripts.PRESEND, keys, args))

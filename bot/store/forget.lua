@@ -1,7 +1,7 @@
 -- /forget, in the conversation's slot: ask for the confirmation, check it was asked lately,
 -- or erase what is kept about the user: the history, the cached transcripts and documents (the
 -- entries the index `heard` names, each under the index's name, ':', its file key), the model
--- and persona they picked. Counters without content (usage totals, the dedupe ids, V and W)
+-- and persona they picked, and the pace a learning window keeps of them. Counters without content (usage totals, the dedupe ids, V and W)
 -- stay; the messages the burst covers leave with the commit (a reset).
 -- Returns 1, or for 'asked' 1 if the confirmation was asked within confirm_ms, else 0
 local state = KEYS[1]
@@ -29,5 +29,5 @@ for _, file_key in ipairs(redis.call('ZRANGE', heard, 0, -1)) do
   redis.call('DEL', heard .. ':' .. file_key)
 end
 redis.call('DEL', history, heard)
-redis.call('HDEL', state, 'model', 'persona', 'forget_asked')
+redis.call('HDEL', state, 'model', 'persona', 'forget_asked', 'gaps_at', 'gaps')
 return 1

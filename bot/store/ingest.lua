@@ -4,7 +4,9 @@
 -- 'accepted', 'refused' (its user may not talk to the bot), 'duplicate' (a redelivery),
 -- 'limited' (dropped by the rate limit) or 'first_limited' (dropped by the rate limit, and the
 -- first such in its window); window 'opened' when this message opened it, 'capped' when its
--- deadline is at the hard cap, 'extended' otherwise, 'none' if dropped
+-- deadline is at the hard cap, 'extended' otherwise, 'none' if dropped. look_in_ms is until
+-- the first moment a replica may start work: the window's deadline, or sooner, when the user has
+-- been quiet for speculate_ms, if speculation is on (the reply is then held until the deadline).
 local state = KEYS[1]
 local pending = KEYS[2]
 local seen = KEYS[3]
@@ -29,11 +31,45 @@ local seen_keep_ms = tonumber(ARGV[10])
 local retention_ms = tonumber(ARGV[11])
 local verdict = ARGV[12] -- what the settings say of the user: 'admin', 'allowed' or 'refused'
 local user = ARGV[13]
+local speculate_ms = tonumber(ARGV[14]) -- 0: off
+local learn_floor_ms = tonumber(ARGV[15]) -- the learned window's floor; 0: no learning
 local now = now_ms()
 
 local function answer(status, version, look_in_ms, flag)
   return cjson.encode({status = status, version = version, look_in_ms = look_in_ms,
     window = flag})
+end
+
+-- The user's own pace, for a window that learns it. Each message adds the gap before it to the
+-- last GAPS_KEPT, or a 0 when that gap was no pause within a burst (as long as the longest
+-- window, or longer): the message before it had no follow-up. A user none of whose last
+-- messages had a follow-up gets the floor; one who followed up even once keeps the setting.
+-- Not a window shaped to their gaps: one too short splits a burst into two replies, which
+-- costs the user far more than the wait (and speculation hides most of the wait), and a few
+-- gaps are no guide to the next one. With fewer than GAPS_NEEDED gaps known, the setting.
+local GAPS_KEPT, GAPS_NEEDED = 16, 4
+local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
+  local known = redis.call('HMGET', state_key, 'gaps_at', 'gaps')
+  local gaps = {}
+  for gap in string.gmatch(known[2] or '', '%d+') do
+    gaps[#gaps + 1] = tonumber(gap)
+  end
+  if known[1] then
+    local gap = at - tonumber(known[1])
+    -- Two messages in the same millisecond are a follow-up too: 1, not the 0 of none.
+    gaps[#gaps + 1] = (gap >= 0 and gap < ceiling_ms) and math.max(gap, 1) or 0
+    while #gaps > GAPS_KEPT do
+      table.remove(gaps, 1)
+    end
+  end
+  redis.call('HSET', state_key, 'gaps_at', at, 'gaps', table.concat(gaps, ','))
+  if #gaps < GAPS_NEEDED then
+    return ceiling_ms
+  end
+  if math.max(unpack(gaps)) > 0 then
+    return ceiling_ms
+  end
+  return math.min(floor_ms, ceiling_ms)
 end
 
 -- An admin's /allow or /deny overrides the allow-list, for anyone but an admin. A refused
@@ -86,8 +122,20 @@ redis.call('HSETNX', state, 'since', now)
 -- The user wrote: whatever kept them from our replies (a block, closed DMs) may be over.
 redis.call('HDEL', state, 'unreachable')
 
+if learn_floor_ms > 0 then
+  quiet_ms = learned_quiet(state, now, quiet_ms, learn_floor_ms)
+end
+
 -- The cap is anchored where the window opened, so a late message can never push it out.
-local was_open = redis.call('HGET', window, 'opened')
+local was = redis.call('HMGET', window, 'opened', 'deadline', 'leased')
+local was_open = was[1]
+if was_open and was[3] and tonumber(was[2]) <= now then
+  -- A holder took this window's burst while it was open (speculatively), and it has closed
+  -- since: that burst is the holder's, as if taken at the deadline, and this message opens the
+  -- next window, as it would after an acquire at the deadline.
+  redis.call('DEL', window)
+  was_open = false
+end
 local opened = tonumber(was_open or now)
 if opened > now then
   -- Opened in the future: the clock moved back (a failover to a node behind). Anchored there,
@@ -96,8 +144,15 @@ if opened > now then
 end
 local cap = opened + max_wait_ms
 local deadline = math.min(now + quiet_ms, cap)
-redis.call('HSET', window, 'opened', opened, 'deadline', deadline)
-redis.call('ZADD', due, deadline, conversation)
+-- Speculation may start once the user has been quiet for speculate_ms, if that comes before the
+-- deadline (0: not in this window).
+local speculate_at = 0
+if speculate_ms > 0 and now + speculate_ms < deadline then
+  speculate_at = now + speculate_ms
+end
+redis.call('HSET', window, 'opened', opened, 'deadline', deadline, 'speculate_at', speculate_at)
+local wake_at = speculate_at > 0 and speculate_at or deadline
+redis.call('ZADD', due, wake_at, conversation)
 -- Lifetimes are renewed by the message that opens a window (and by the commit that answers
 -- it): later ones of the same burst, seconds after, would only repeat it, and every key they
 -- write already exists with its lifetime (HSET, ZADD, HINCRBY keep it). Seven commands fewer
@@ -111,4 +166,4 @@ if not was_open then
 elseif deadline == cap then
   flag = 'capped'
 end
-return answer('accepted', v, math.max(deadline - now, 0), flag)
+return answer('accepted', v, math.max(wake_at - now, 0), flag)

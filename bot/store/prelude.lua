@@ -8,8 +8,10 @@ end
 
 -- Called whenever a lease ends. Schedules the next look at the conversation in the due-index,
 -- or drops it from the index when everything is answered. Returns the delay in ms, or -1.
--- It only reads the window: only ingest (which opens and extends it) and acquire (which
--- consumes it) write the window, so a lease that ends never moves a deadline a message set.
+-- The next look is at the window's deadline, or at the moment speculation may start if that
+-- comes first. It never moves a deadline a message set: only ingest (which opens and extends
+-- the window) and the steps that consume it (an acquire at the deadline, a speculative reply's
+-- pre-send check) change it.
 local function reschedule(state_key, window_key, due_key, conv, now)
   local v = tonumber(redis.call('HGET', state_key, 'v') or '0')
   local w = tonumber(redis.call('HGET', state_key, 'w') or '0')
@@ -17,12 +19,27 @@ local function reschedule(state_key, window_key, due_key, conv, now)
     redis.call('ZREM', due_key, conv)
     return -1
   end
-  local deadline = tonumber(redis.call('HGET', window_key, 'deadline') or now)
-  if deadline < now then
-    deadline = now
+  local times = redis.call('HMGET', window_key, 'deadline', 'speculate_at')
+  local at = tonumber(times[1] or now)
+  local speculate_at = tonumber(times[2] or '0')
+  if speculate_at > 0 and speculate_at < at then
+    at = speculate_at
   end
-  redis.call('ZADD', due_key, deadline, conv)
-  return deadline - now
+  if at < now then
+    at = now
+  end
+  redis.call('ZADD', due_key, at, conv)
+  return at - now
+end
+
+-- Whether the window is leased to the holder with this fence: taken while still open (a
+-- speculative generation), so its reply waits for the deadline, and a message that extends the
+-- window restarts that generation rather than counting as a stale reply.
+local function leased_to(window_key, fence)
+  if not fence then
+    return false
+  end
+  return redis.call('HGET', window_key, 'leased') == tostring(fence)
 end
 
 -- A lease belongs to us only if both the token and the fence match.

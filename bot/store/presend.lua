@@ -2,8 +2,13 @@
 -- Passing records the reply in the outbox, so a crash after this point resends the same text.
 -- Failing drops the reply, leaves W alone and releases the lease; the newer message has
 -- already scheduled the cycle that will cover everything.
+-- A speculative reply (its lease took the window while still open) also waits for the window:
+-- while the window is open this answers 'hold', changing nothing; once it has closed, the
+-- window is consumed here. A message that came while it was open (and extended it) restarts the
+-- generation: 'restarted' counts no discard and forces nothing out, since no reply went stale.
 -- Returns {status, look_in_ms}: status 'ok', 'forced' (stale, but sent by the starvation
--- guard), 'stale' (look_in_ms: until the next look) or 'lost' (look_in_ms -1)
+-- guard), 'stale' or 'restarted' (look_in_ms: until the next look), 'hold' (look_in_ms: until
+-- the window closes) or 'lost' (look_in_ms -1)
 local lease = KEYS[1]
 local state = KEYS[2]
 local outbox = KEYS[3]
@@ -29,6 +34,8 @@ local totals_keep_ms = tonumber(ARGV[12])
 local changes = ARGV[13]
 -- The oldest age the starvation guard trusts (0: the guard's age is off).
 local trusted_age_ms = tonumber(ARGV[14])
+-- A window deadline further ahead than this is a clock that moved back: taken as passed.
+local window_bound_ms = tonumber(ARGV[15])
 
 local function answer(status, look_in_ms)
   return cjson.encode({status = status, look_in_ms = look_in_ms})
@@ -39,7 +46,23 @@ if not holds(lease, token, fence) then
 end
 
 local status = 'ok'
-if tonumber(redis.call('HGET', state, 'v')) ~= tonumber(version) then
+local speculative = leased_to(window, fence)
+local current = tonumber(redis.call('HGET', state, 'v')) == tonumber(version)
+if speculative and not current then
+  redis.call('HDEL', window, 'leased')
+  redis.call('DEL', lease)
+  return answer('restarted', reschedule(state, window, due, conversation, now_ms()))
+end
+if speculative then
+  local now = now_ms()
+  local deadline = tonumber(redis.call('HGET', window, 'deadline') or '0')
+  if deadline > now and deadline <= now + window_bound_ms then
+    return answer('hold', deadline - now)
+  end
+  -- Closed: consumed, as an acquire at the deadline would have.
+  redis.call('DEL', window)
+end
+if not current then
   local discards = redis.call('HINCRBY', state, 'discards', 1)
   local now = now_ms()
   local waited = now - tonumber(redis.call('HGET', state, 'since') or now)

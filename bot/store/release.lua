@@ -21,6 +21,10 @@ end
 if not holds(lease, token, nil) then
   return answer('lost', -1)
 end
+-- A speculative holder gives its window back with its lease: the next holder takes it anew.
+if leased_to(window, redis.call('HGET', lease, 'fence')) then
+  redis.call('HDEL', window, 'leased')
+end
 redis.call('DEL', lease)
 local now = now_ms()
 if failed == '1' then

@@ -94,6 +94,8 @@ INGEST = Script(
         "retention_ms",
         "verdict",
         "user",
+        "speculate_ms",
+        "learn_floor_ms",
     ),
 )
 NOTICE = Script("notice", keys=("notice",), args=("period_ms",))
@@ -109,6 +111,8 @@ ACQUIRE = Script(
         "backoff_cap_ms",
         "slack_ms",
         "trusted_age_ms",
+        "starvation_limit",
+        "starvation_age_ms",
     ),
 )
 RENEW = Script("renew", keys=("lease", "due"), args=("conversation", "token", "fence", "ttl_ms"))
@@ -140,6 +144,7 @@ PRESEND = Script(
         "totals_keep_ms",
         "changes",
         "trusted_age_ms",
+        "window_bound_ms",
     ),
 )
 COMMIT = Script(

@@ -91,6 +91,9 @@ class RecordedRequest:
     cancelled: bool = False
     # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
+    # The prompt tokens the provider bills for this request (the same estimate as its usage
+    # answer): paid once the request lands, so a request cancelled and made again pays twice.
+    prompt_tokens: int = 0
     # Content pieces written to a stream so far (about one token each): what the provider
     # generated, and billed, before the client finished or hung up. For a `RawReply`, the
     # pieces of its body written so far.
@@ -574,6 +577,7 @@ class FakeOpenAI(LoopbackServer):
             headers={key.lower(): value for key, value in request.headers.items()},
             started_at=time.monotonic(),
             connection=_client_port(request),
+            prompt_tokens=_prompt_tokens(body["messages"]),
         )
         self.requests.append(recorded)
         self._notify()
@@ -777,7 +781,10 @@ class FakeOpenAI(LoopbackServer):
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:
-            # The client hung up as the stream ended (a replica killed on purpose).
+            # The client hung up as the stream ended (a replica killed on purpose, or a
+            # generation cut just as its last piece came): it gave up before the end.
+            recorded.cancelled = True
+            self._notify()
             return response
         recorded.finished = True
         self._notify()
