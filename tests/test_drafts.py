@@ -29,7 +29,7 @@ from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
-from tests.test_typing import stall_the_loop
+from tests.test_typing import through_a_stall
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -332,25 +332,11 @@ async def drafting_through_a_stall(conversations: int) -> LagRecordingDrafts:
                 drafter.update(f"word{words} " * words)
             await asyncio.sleep(0.01)
 
-    async def drafted(calls: int) -> bool:
-        return len(platform.lags_at_calls) >= calls
-
-    async def lagging() -> bool:
-        return watch().recent_s > SHED_LAG_S
-
-    async def not_lagging() -> bool:
-        return not await lagging()
-
     for drafter in drafters:
         drafter.start()
     writer = asyncio.create_task(write())
     try:
-        await eventually(lambda: drafted(conversations), 5, what="a draft in every conversation")
-        stall_the_loop(0.3)
-        await eventually(lagging, 5, what="the stall counted as lag")
-        seen = len(platform.lags_at_calls)
-        await eventually(not_lagging, 10, what="the lag decayed")
-        await eventually(lambda: drafted(seen + 2 * conversations), 10, what="drafts again")
+        await through_a_stall(lambda: len(platform.lags_at_calls), conversations, "a draft")
     finally:
         writer.cancel()
         for drafter in drafters:

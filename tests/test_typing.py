@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from bot.llm import EchoLLM
 from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
@@ -50,14 +51,12 @@ def stall_the_loop(seconds: float) -> None:
     time.sleep(seconds)
 
 
-async def typing_through_a_stall(conversations: int) -> LagRecordingOutbound:
-    """Typing in `conversations` at once, the loop stalled for 0.3 s, until typing has gone
-    on for a while after the stall has decayed from the lag."""
-    outbound = LagRecordingOutbound()
-    typing = Typing(outbound)
+async def through_a_stall(calls: Callable[[], int], conversations: int, what: str) -> None:
+    """Wait for `what` (counted by `calls`) in every conversation, stall the loop for 0.3 s,
+    wait for the stall to count as lag and then to decay, and for two more rounds of `what`."""
 
-    async def typed(calls: int) -> bool:
-        return len(outbound.typing_calls) >= calls
+    async def made(count: int) -> bool:
+        return calls() >= count
 
     async def lagging() -> bool:
         return watch().recent_s > SHED_LAG_S
@@ -65,15 +64,24 @@ async def typing_through_a_stall(conversations: int) -> LagRecordingOutbound:
     async def not_lagging() -> bool:
         return not await lagging()
 
+    await eventually(lambda: made(conversations), 5, what=f"{what} in every conversation")
+    stall_the_loop(0.3)
+    await eventually(lagging, 5, what="the stall counted as lag")
+    seen = calls()
+    await eventually(not_lagging, 10, what="the lag decayed")
+    await eventually(lambda: made(seen + 2 * conversations), 10, what=f"{what} again")
+
+
+async def typing_through_a_stall(conversations: int) -> LagRecordingOutbound:
+    """Typing in `conversations` at once, the loop stalled for 0.3 s, until typing has gone
+    on for a while after the stall has decayed from the lag."""
+    outbound = LagRecordingOutbound()
+    typing = Typing(outbound)
+
     for n in range(conversations):
         typing.show(f"test:{n}")
     try:
-        await eventually(lambda: typed(conversations), 5, what="typing in every conversation")
-        stall_the_loop(0.3)
-        await eventually(lagging, 5, what="the stall counted as lag")
-        seen = len(outbound.typing_calls)
-        await eventually(not_lagging, 10, what="the lag decayed")
-        await eventually(lambda: typed(seen + 2 * conversations), 10, what="typing again")
+        await through_a_stall(lambda: len(outbound.typing_calls), conversations, "typing")
     finally:
         typing.stop()
     return outbound
