@@ -8,6 +8,7 @@ the model is told how many.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -50,6 +51,13 @@ class Prompt:
     images: tuple[tuple[Image, ...], ...] = ()
     # The model the user picked with /model (None: the configured one).
     model: str | None = None
+    # Tools offered to the model (Chat Completions `tools` entries), and what it has done with
+    # them in this reply so far: its assistant messages with `tool_calls` and the `tool`
+    # messages with their results, in order, after the user turn.
+    tools: tuple[dict[str, Any], ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()
+    # "none" on the step after the last one allowed: the model must answer in text.
+    tool_choice: Literal["auto", "none"] | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages: history with adjacent turns of one role merged, then ONE
@@ -64,6 +72,7 @@ class Prompt:
             # The last answered turn cannot be a user turn, but a trimmed history might be.
             out.append({"role": "assistant", "content": "(no reply)"})
         out.append({"role": "user", "content": self.folded()})
+        out += self.steps
         return out
 
     def folded(self) -> str | list[dict[str, Any]]:
@@ -175,9 +184,13 @@ def estimated_tokens(prompt: Prompt, counter: Counter) -> int:
     """What `counter` expects the provider to count for `prompt`."""
     total = sum(im.tokens for its in prompt.images for im in its)
     for message in prompt.messages():
-        content = message["content"]
+        content = message.get("content")
         if isinstance(content, str):
             total += counter.count(content)
-        else:
+        elif content:
             total += sum(counter.count(p["text"]) for p in content if p["type"] == "text")
+        for call in message.get("tool_calls", ()):
+            total += counter.count(call["function"]["name"] + call["function"]["arguments"])
+    if prompt.tools:
+        total += counter.count(json.dumps(prompt.tools))
     return total
