@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from bot.llm import JUNK_LIMIT, LLMError, OpenAILLM, Usage, generate
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
+from bot.tools import ToolCall
 from tests.fakes.openai_server import FakeOpenAI, RawReply
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,6 +57,7 @@ class Asked:
         self.drafts: list[str] = []
         self.usage = Usage(on_text=self.drafts.append)
         self.text: str | None = None
+        self.calls: tuple[ToolCall, ...] = ()
         self.error: LLMError | None = None
 
     @property
@@ -71,7 +73,8 @@ async def ask(fake: FakeOpenAI, *raw: RawReply, stream: bool = True) -> Asked:
     llm = OpenAILLM(llm_settings(fake, stream=stream))
     asked = Asked()
     try:
-        asked.text = await llm.complete(PROMPT, asked.usage)
+        answer = await llm.complete(PROMPT, asked.usage)
+        asked.text, asked.calls = answer.text, answer.calls
     except LLMError as exc:
         asked.error = exc
     finally:
@@ -164,7 +167,7 @@ async def test_a_reply_of_thinking_only_is_retried_and_the_next_one_answers(
     fake.answer_next(thinking)
     usage = Usage()
     answer = await generate(OpenAILLM(settings), PROMPT, settings, usage)
-    assert answer == "the plain answer" and len(fake.requests) == 2
+    assert answer.text == "the plain answer" and len(fake.requests) == 2
 
 
 # -- usage ------------------------------------------------------------------------------------
@@ -269,7 +272,7 @@ async def test_past_the_junk_limit_the_stream_is_given_up_and_retried(fake: Fake
     settings = llm_settings(fake)
     fake.answer_next(RawReply.events(chunk({"content": "lost"}), *junk))
     answer = await generate(OpenAILLM(settings), PROMPT, settings, Usage())
-    assert answer == "the plain answer" and len(fake.requests) == 2
+    assert answer.text == "the plain answer" and len(fake.requests) == 2
     # Up to the limit, it is read.
     kept = RawReply.events(chunk({"content": "kept"}), *junk[:JUNK_LIMIT])
     assert (await answered(fake, kept)).text == "kept"
@@ -307,7 +310,8 @@ async def test_an_html_page_with_a_200_is_a_transient_error(fake: FakeOpenAI, st
 async def test_an_html_error_page_with_a_502_is_retried(fake: FakeOpenAI, stream: bool) -> None:
     settings = llm_settings(fake, stream=stream)
     fake.answer_next(RawReply.html(status=502))
-    assert await generate(OpenAILLM(settings), PROMPT, settings, Usage()) == "the plain answer"
+    answer = await generate(OpenAILLM(settings), PROMPT, settings, Usage())
+    assert answer.text == "the plain answer"
 
 
 async def test_a_whole_completion_to_a_stream_request_is_read(fake: FakeOpenAI) -> None:
