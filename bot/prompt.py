@@ -17,6 +17,8 @@ from typing import Any, Literal
 from bot.tokens import Counter
 
 FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
+# What heads the tool calls a past reply made, in the history.
+TOOLS_USED = "Tools called for this reply, and what they returned:"
 # Told to the model when the provider refused the images of the turn.
 IMAGES_NOT_SHOWN = (
     "The user sent images, marked [photo] or [image], that could not be shown to you. Say so "
@@ -118,6 +120,12 @@ class Prompt:
         if not self.history:
             return None
         return replace(self, history=self.history[len(self.history) // 2 + 1 :])
+
+
+def with_tools(reply: str, tools: str) -> str:
+    """A past reply as the history shows it: the tool calls it made and what they gave first,
+    so a follow-up question can use them without calling again."""
+    return f"[{TOOLS_USED}\n{tools}]\n{reply}" if tools else reply
 
 
 def system_prompt(template: str, now: datetime | None = None) -> str:

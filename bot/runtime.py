@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable
 from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
-from bot.cycle import Cycle, Next
+from bot.cycle import Cycle
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
 from bot.message import InboundMessage, Outbound, Unavailable
+from bot.race import Next
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
 from bot.stats import Stats

@@ -145,6 +145,7 @@ PRESEND = Script(
         "changes",
         "trusted_age_ms",
         "window_bound_ms",
+        "tools",
     ),
 )
 COMMIT = Script(
