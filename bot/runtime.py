@@ -25,6 +25,7 @@ from bot.settings import Settings, reloaded
 from bot.stats import Stats
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
+from bot.tools import Toolbox
 from bot.transcribe import Transcriber
 from bot.typing_indicator import Typing
 
@@ -48,11 +49,12 @@ class Runtime:
         llm: LLM,
         outbound: Outbound,
         transcriber: Transcriber | None = None,
+        toolbox: Toolbox | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.outbound = outbound
-        self.cycle = Cycle(settings, store, llm, outbound, transcriber)
+        self.cycle = Cycle(settings, store, llm, outbound, transcriber, toolbox)
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
