@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.llm import JUNK_LIMIT, LLMError, OpenAILLM, Usage, generate
+from bot.llm import JUNK_LIMIT, TOOL_NAME, LLMError, OpenAILLM, Usage, generate
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
 from bot.tools import ToolCall
@@ -422,8 +422,28 @@ CONTENT = JSON | st.lists(
     ),
     max_size=3,
 )
+# Pieces of tool calls, usable or not: an index, an id, a name and arguments of any type.
+TOOL_PIECES = JSON | st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": JSON | st.integers(-1, 3),
+            "id": JSON,
+            "function": JSON
+            | st.fixed_dictionaries(
+                {},
+                optional={
+                    "name": JSON | st.sampled_from(["get_time", "a bad name"]),
+                    "arguments": JSON,
+                },
+            ),
+        },
+    ),
+    max_size=3,
+)
 CHUNKS = st.one_of(
     JSON,
+    st.builds(lambda pieces: chunk({"tool_calls": pieces}), TOOL_PIECES),
     st.builds(
         chunk, st.fixed_dictionaries({}, optional={"content": CONTENT, "reasoning_content": JSON})
     ),
@@ -435,6 +455,7 @@ CHUNKS = st.one_of(
 
 BODIES = st.one_of(
     JSON,
+    st.builds(lambda calls: completion({"tool_calls": calls}), TOOL_PIECES),
     st.builds(completion, JSON | st.fixed_dictionaries({"content": CONTENT})),
     st.builds(lambda usage: completion({"content": "x"}, usage=usage), JSON),
     st.builds(lambda choices: completion({}, choices=choices), JSON),
@@ -462,4 +483,5 @@ async def test_any_reply_is_read_or_is_a_transient_error(
     if asked.error is not None:
         assert asked.error.kind == "transient"
     else:
-        assert isinstance(asked.text, str) and asked.text
+        assert isinstance(asked.text, str) and (asked.text or asked.calls)
+        assert all(TOOL_NAME.fullmatch(call.name) for call in asked.calls)
