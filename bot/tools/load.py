@@ -2,11 +2,11 @@
 configured MCP servers.
 
 `load_toolbox` returns within the start timeout in all. A server still starting then goes on
-in the background: its `McpSource` offers its tools to the same `Toolbox` object when it is
-up, by putting them in `Toolbox.tools` (and after a restart, replacing the ones it offered
-before). The toolbox is a plain dict the cycle reads each time it asks `offered()`, so a tool
-added later is offered from the next generation on, with no lock: every change is made on the
-event loop, between awaits.
+in the background, and offers its tools to the same `Toolbox` object when it is up (and again,
+as listed afresh, after each restart): `Toolbox.tools` is refilled from every source's latest
+listing, in the configured order. The cycle reads that dict each time it asks `offered()` or
+runs a call, so a tool added later is offered from the next model step on, with no lock: every
+change is made on the event loop, between awaits.
 """
 
 from __future__ import annotations
@@ -27,20 +27,25 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
     from bot.tools.python import python_tools
 
     toolbox = Toolbox()
-    for tool, runner in python_tools():
-        toolbox.add([tool], runner)
+    python: list[tuple[Tool, Runner]] = list(python_tools())
     if not settings.mcp_servers:
+        offer_all(toolbox, [python])
         return toolbox
     from bot.tools.mcp import McpSource
 
+    # Each source's tools as last listed, in the order the sources are configured.
+    offers: dict[str, list[tuple[Tool, Runner]]] = {}
+
     def offer(source: str, tools: list[tuple[Tool, Runner]]) -> None:
-        replace(toolbox, source, tools)
+        offers[source] = tools
+        offer_all(toolbox, [python, *offers.values()])
 
     sources = [
         McpSource(name, config, settings.start_timeout_s, offer)
         for name, config in settings.mcp_servers.items()
     ]
     for source in sources:
+        offers[source.source] = []
         source.start()
         toolbox.closers.append(source.close)
     waits = [asyncio.create_task(source.tried.wait()) for source in sources]
@@ -57,10 +62,12 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
     return toolbox
 
 
-def replace(toolbox: Toolbox, source: str, tools: list[tuple[Tool, Runner]]) -> None:
-    """Offer `tools` as all of `source`'s: a server listed again after a restart may have
-    dropped or renamed some."""
-    for name in [name for name, (tool, _) in toolbox.tools.items() if tool.source == source]:
-        del toolbox.tools[name]
-    for tool, runner in tools:
-        toolbox.add([tool], runner)
+def offer_all(toolbox: Toolbox, sources: list[list[tuple[Tool, Runner]]]) -> None:
+    """Offer every source's tools afresh, in the order given, whichever started first: a
+    name two sources share goes to the first (the other's tool gets its source as a prefix),
+    so every replica gives each tool the same name once its servers are up. The record of a
+    turn's calls matches on names."""
+    toolbox.tools.clear()
+    for tools in sources:
+        for tool, runner in tools:
+            toolbox.add([tool], runner)

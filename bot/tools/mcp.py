@@ -77,11 +77,11 @@ def tool_name(name: str) -> str:
 
 
 def describe(config: McpServer) -> str:
-    """The server as logs and `doctor` show it: its command, or its URL without a password
-    (never its headers or environment, which may hold secrets)."""
+    """The server as logs and `doctor` show it: its command, or its URL without a password;
+    never its arguments, headers or environment, any of which may hold a credential."""
     if config.url is not None:
         return redact(str(config.url))
-    return " ".join([config.command or "", *config.args])
+    return config.command or ""
 
 
 def reason(exc: BaseException) -> str:
