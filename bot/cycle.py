@@ -564,6 +564,7 @@ class Cycle:
             echo=self.llm.name == "echo",
             model=grant.model,
             persona=grant.persona,
+            toolbox=self.toolbox,
         )
         answers: list[str] = []
         changes: list[Change] = []

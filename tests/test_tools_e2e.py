@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import eventually, settled
 from tests.fakes.openai_server import RecordedRequest, ToolPolicy
+from tests.test_drafts import FAST_DRAFTS, FIXED_WINDOW, draft_text, drafts
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -145,3 +146,13 @@ async def test_the_step_limit_ends_a_model_that_calls_tools_for_ever(
     # Two steps that called the tool, then one that could not: text.
     assert [r.tool_choice for r in steps] == ["auto", "auto", "none"]
     assert reply == "Gave up after again\nagain", reply
+
+
+async def test_the_draft_says_which_tool_is_running(world: World, short_dir: Path) -> None:
+    world.provider.reply = ToolPolicy("slow", '{"seconds": 1.5}', answer="Waited: {result}")
+    config = servers(waiting=append_server(short_dir / "effects.txt")) | FAST_DRAFTS | FIXED_WINDOW
+    async with world.bot("a", **config) as bot:
+        await bot.post(world.telegram.private_text_update(CHAT, CHAT, "take your time"))
+        reply = await world.one_reply()
+    assert reply == "Waited: slept 1.5 s"
+    assert "Slow…" in [draft_text(call) for call in drafts(world.telegram)]
