@@ -213,6 +213,24 @@ async def test_a_server_that_does_not_start_is_a_warning_and_is_retried_calmly(
     assert all(TOKEN not in r.getMessage() for r in caplog.records)
 
 
+async def test_a_server_that_comes_up_later_has_its_tools_offered_then(
+    boxes: Boxes, tmp_path: Path
+) -> None:
+    flaky = append_server(tmp_path, env={"LW_FAIL_ONCE": str(tmp_path / "failed")})
+    box = await boxes(mcp_servers={"app": flaky})
+    assert box.offered(admin=True) == []
+    # The same toolbox: the server's tools join it when its second start (after 1 s) lists
+    # them.
+    deadline = time.monotonic() + 10
+    while box.get("append") is None:
+        assert time.monotonic() < deadline, "the tools never came"
+        await asyncio.sleep(0.05)
+    assert {tool.name for tool in box.offered(admin=True)} == APPEND_TOOLS
+    result = await run(box, "append", text="late")
+    assert (result.text, result.error) == ("appended late", False)
+    assert len(lines(tmp_path / "starts")) == 2
+
+
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[str]:
     """The append server over streamable HTTP on a loopback port: its URL."""
@@ -222,20 +240,19 @@ def http_server(tmp_path: Path) -> Iterator[str]:
         "LW_TOKEN": TOKEN,
         "PYTHONPATH": str(ROOT),
     }
-    process = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.mcp_append_server", "--http"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # bounded by the test's timeout
-        assert line.startswith("PORT "), line
-        yield f"http://127.0.0.1:{line.split()[1]}/mcp"
-    finally:
-        process.kill()
-        process.wait(timeout=5)
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()  # bounded by the test's timeout
+            assert line.startswith("PORT "), line
+            yield f"http://127.0.0.1:{line.split()[1]}/mcp"
+        finally:
+            process.kill()
 
 
 async def test_a_streamable_http_server_with_headers(

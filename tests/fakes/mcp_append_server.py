@@ -8,7 +8,8 @@ Its one side effect is a line appended to the file `LW_APPEND_FILE` names (the a
 the call's idempotency key, as the request's `_meta` carried it): the file is how a test counts
 the times a call really ran. `LW_STARTS_FILE`, when set, gets a line per start (its pid), so a
 test can see a restart happen and find the process. With `LW_LINGER` set, it outlives the end
-of its stdin and ignores SIGTERM.
+of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that does not exist yet, it
+creates the file and exits at once: its first start fails, the next succeeds.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def main() -> None:
     if starts:
         with open(starts, "a", encoding="utf-8") as file:
             file.write(f"{os.getpid()} {time.time()}\n")
+    fail_once = os.environ.get("LW_FAIL_ONCE")
+    if fail_once and not os.path.exists(fail_once):
+        open(fail_once, "w").close()
+        sys.exit("failing this first start, as asked")
     if "--http" in sys.argv[1:]:
         _serve_http()
     else:
