@@ -126,16 +126,24 @@ async def test_a_failing_tool_is_an_error_result(boxes: Boxes, tmp_path: Path) -
     )
 
 
-async def test_a_server_that_dies_mid_call_is_restarted(boxes: Boxes, tmp_path: Path) -> None:
+async def test_a_server_that_dies_mid_call_is_restarted(
+    boxes: Boxes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     box = await boxes(mcp_servers={"app": append_server(tmp_path)})
-    died = await run(box, "die")
-    assert died.error
-    assert "went away during the call: its outcome is unknown" in died.text
-    # The next call waits for the restart (1 s of backoff, then the start).
-    result = await run(box, "append", timeout_s=10, text="after")
+    with caplog.at_level(logging.WARNING, logger="bot.tools.mcp"):
+        died = await run(box, "die")
+        assert died.error
+        assert "went away during the call: its outcome is unknown" in died.text
+        # The next call waits for the restart (1 s of backoff, then the start).
+        result = await run(box, "append", timeout_s=10, text="after")
     assert (result.text, result.error) == ("appended after", False)
     assert len(lines(tmp_path / "starts")) == 2
     assert {tool.name for tool in box.offered(admin=True)} == APPEND_TOOLS
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "bot.tools.mcp"]
+    assert warning == (
+        f"MCP server app ({sys.executable}) is not running: its session ended (the server "
+        "exited or closed the connection); starting it again in 1 s"
+    )
 
 
 async def test_side_effects_come_from_the_hint_unless_configured(

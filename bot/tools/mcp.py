@@ -306,6 +306,8 @@ class McpSource:
         self._over = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # Sessions that got up, so far.
+        self.starts = 0
 
     def start(self) -> None:
         """Start the server in the background: `tried` is set once the first attempt ended."""
@@ -353,7 +355,7 @@ class McpSource:
         backoff = Backoff(RESTART_FIRST_S, RESTART_CAP_S)
         said = ""
         while not self._closing:
-            began = asyncio.get_running_loop().time()
+            began, starts = asyncio.get_running_loop().time(), self.starts
             try:
                 await self._session()
                 why = "its session ended (the server exited or closed the connection)"
@@ -365,8 +367,8 @@ class McpSource:
             if asyncio.get_running_loop().time() - began > RESTART_CAP_S:
                 backoff.reset()
             delay = backoff.next_delay()
-            # One WARNING per distinct trouble; repeats of it are INFO.
-            level = logging.INFO if why == said else logging.WARNING
+            # A WARNING when it goes down, or fails anew; failing again as before is INFO.
+            level = logging.INFO if why == said and starts == self.starts else logging.WARNING
             said = why
             log.log(
                 level,
@@ -399,6 +401,7 @@ class McpSource:
                     ", ".join(tool.name for tool, _ in tools),
                 )
                 self._client = client
+                self.starts += 1
                 self._up.set()
                 self.tried.set()
                 try:
