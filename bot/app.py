@@ -262,6 +262,8 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         loop.remove_signal_handler(signal.SIGHUP)
         stopping.cancel()
         await _stop(runtime, receiving, runtime.settings.shutdown_grace_s)
+        # Before the leftovers' wait: each MCP server's session task ends only here.
+        await toolbox.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await cancel_and_wait(pulse)
@@ -274,7 +276,6 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         if leftovers:
             await asyncio.wait(leftovers, timeout=DRAIN_TIMEOUT_S)
         await llm.close()
-        await toolbox.close()
     if not receiving.cancelled() and receiving.exception() is not None:
         raise receiving.exception()  # type: ignore[misc]
     return 0

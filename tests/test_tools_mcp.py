@@ -299,3 +299,16 @@ async def test_close_ends_a_server_that_ignores_the_end_of_its_input(
     assert time.monotonic() - began < 8
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_an_mcp_servers_headers_and_credential_env_are_never_logged() -> None:
+    from bot.logs import secrets_of
+    from bot.settings import Settings, ToolsSettings
+
+    servers = {
+        "remote": {"url": "https://mcp.example/mcp", "headers": {"Authorization": "Bearer s3cr3t"}},
+        "local": {"command": "srv", "env": {"GITHUB_TOKEN": "ghp_abcdef", "TZ": "Europe/Paris"}},
+    }
+    hidden = secrets_of(Settings(tools=ToolsSettings.model_validate({"mcp_servers": servers})))
+    assert "Bearer s3cr3t" in hidden and "ghp_abcdef" in hidden
+    assert "Europe/Paris" not in hidden
