@@ -331,7 +331,7 @@ class McpServer(BaseModel):
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
         if (self.command is None) == (self.url is None):
-            raise ValueError('give either "command" (stdio) or "url" (streamable HTTP)')
+            raise ValueError('expected either "command" (stdio) or "url" (streamable HTTP)')
         return self
 
 
@@ -851,6 +851,22 @@ def _one_line(error: Any) -> str:
     if item < len(loc):
         name += f", item {int(loc[item]) + 1}" + "".join(f" {part}" for part in loc[item + 1 :])
     given = error.get("input")
+    if path[:2] == ("tools", "mcp_servers") and len(path) > 2:
+        # An MCP server's own entry: named by its key, shown with its secrets masked.
+        name = f"{spelling.env_name(ENV_PREFIX, path[:2])}, server {path[2]!r}" + "".join(
+            f" {part}" for part in path[3:]
+        )
+        if isinstance(given, dict):
+            return f"{name}: {message}; given {json.dumps(_masked_server(given))}"
     if isinstance(given, str | int | float | bool) or given is None:
         return f"{name}: {message}; given {_shown(path, given)}"
     return f"{name}: {message}"
+
+
+def _masked_server(config: dict[str, Any]) -> dict[str, Any]:
+    """An MCP server's configuration fit for an error message: header and env values hidden."""
+    hidden = {"headers", "env"}
+    return {
+        k: {name: "***" for name in v} if k in hidden and isinstance(v, dict) else v
+        for k, v in config.items()
+    }
