@@ -27,9 +27,12 @@ from bot.llm import (
     generate,
 )
 from bot.prompt import Prompt
-from bot.settings import LLMSettings
 from bot.tools import Tool, ToolCall
+from tests.chatting import fake
 from tests.fakes.openai_server import FakeOpenAI, RawReply, ToolCalls, ToolPolicy
+from tests.test_provider_shapes import llm_settings
+
+__all__ = ["fake"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,26 +53,6 @@ NOTE = Tool(
 UTC = '{"timezone": "UTC"}'
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-def settings(fake: FakeOpenAI, **overrides: Any) -> LLMSettings:
-    values: dict[str, Any] = {
-        "provider": "openai",
-        "base_url": fake.base_url,
-        "api_key": "sk-tools",
-        "model": "test-model",
-        "timeout_s": 5.0,
-        "retries": 2,
-        "retry_base_s": 0.01,
-        "deadline_s": 10.0,
-    }
-    return LLMSettings(**(values | overrides))
-
-
 def asking(*unanswered: str, **fields: Any) -> Prompt:
     """A prompt offering both tools unless `tools` says otherwise."""
     fields.setdefault("tools", (CLOCK.spec(), NOTE.spec()))
@@ -81,7 +64,7 @@ class Client:
     """One `OpenAILLM`, closed at the end of the test; what it showed as drafts."""
 
     def __init__(self, fake: FakeOpenAI, **overrides: Any) -> None:
-        self.settings = settings(fake, **overrides)
+        self.settings = llm_settings(fake, **overrides)
         self.llm = OpenAILLM(self.settings)
         self.drafts: list[str] = []
         self.usage = Usage(on_text=self.drafts.append)
@@ -199,14 +182,14 @@ async def test_calls_not_streamed_come_from_the_message(fake: FakeOpenAI, plain:
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_the_text_after_a_tool_result_answers_with_it(fake: FakeOpenAI, stream: bool) -> None:
     fake.reply = ToolPolicy("get_current_time", UTC, answer="It is {result}.")
-    llm_settings = settings(fake, stream=stream)
-    llm = OpenAILLM(llm_settings)
+    chosen = llm_settings(fake, stream=stream)
+    llm = OpenAILLM(chosen)
     try:
-        first = await generate(llm, asking(), llm_settings, Usage())
+        first = await generate(llm, asking(), chosen, Usage())
         [call] = first.calls
         assert (call.name, call.arguments, first.text) == ("get_current_time", UTC, "")
         then = asking(steps=step(first, "12:00 UTC"))
-        answer = await generate(llm, then, llm_settings, Usage())
+        answer = await generate(llm, then, chosen, Usage())
     finally:
         await llm.close()
     assert answer == Answer("It is 12:00 UTC.")

@@ -12,46 +12,24 @@ call with side effects waits while a speculative lease's window is open. The pro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
-from bot.store import Grant, Keys, Lease, Store, StoreSettings
+from bot.store import Grant, Keys, Lease, Store
 from bot.tools import ToolCall
 from tests.builders import message
+from tests.test_speculation import StoreFactory, stores
+
+__all__ = ["stores"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(30)
 
 CONV = "test:1"
 QUIET_MS = 300
+# The flow's timings of test_speculation's stores, with a shorter window and no speculation.
+FLOW = {"quiet_ms": QUIET_MS, "speculate_ms": 0}
 CALLS = (ToolCall("call_a", "append", '{"line": "x"}'), ToolCall("call_b", "now", "{}"))
-
-StoreFactory = Callable[..., Store]
-
-
-@pytest.fixture
-async def stores(server: EmbeddedRedis) -> AsyncIterator[StoreFactory]:
-    made: list[Store] = []
-
-    def make(**overrides: Any) -> Store:
-        settings = {
-            "quiet_ms": QUIET_MS,
-            "max_wait_ms": 3000,
-            "ttl_ms": 10_000,
-            "history_cap": 10,
-            "starvation_limit": 3,
-            "speculate_ms": 0,
-        } | overrides
-        store = Store(Redis.from_url(server.url), StoreSettings(**settings))
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        await store.close()
 
 
 async def granted(store: Store, token: str) -> Grant:
@@ -75,7 +53,7 @@ async def taken_over(store: Store, lease: Lease, token: str) -> Grant:
 async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_unknown(
     stores: StoreFactory,
 ) -> None:
-    store = stores()
+    store = stores(**FLOW)
     await store.ingest(message("do it", n=1))
     first = await granted(store, "replica-a")
     assert first.lease is not None
@@ -108,7 +86,7 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
 
 
 async def test_a_started_call_without_side_effects_runs_again(stores: StoreFactory) -> None:
-    store = stores()
+    store = stores(**FLOW)
     await store.ingest(message("what time is it", n=1))
     first = await granted(store, "replica-a")
     assert first.lease is not None
@@ -127,7 +105,7 @@ async def test_a_started_call_without_side_effects_runs_again(stores: StoreFacto
 async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
     stores: StoreFactory,
 ) -> None:
-    store = stores()
+    store = stores(**FLOW)
     await store.ingest(message("do it", n=1))
     first = await granted(store, "replica-a")
     assert first.lease is not None
@@ -143,7 +121,7 @@ async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
 async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
     stores: StoreFactory, redis: Redis
 ) -> None:
-    store = stores()
+    store = stores(**FLOW)
     await store.ingest(message("first", n=1))
     grant = await granted(store, "replica-a")
     assert grant.lease is not None
