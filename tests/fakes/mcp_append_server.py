@@ -7,9 +7,12 @@ configured headers sent).
 Its one side effect is a line appended to the file `LW_APPEND_FILE` names (the argument and
 the call's idempotency key, as the request's `_meta` carried it): the file is how a test counts
 the times a call really ran. `LW_STARTS_FILE`, when set, gets a line per start (its pid), so a
-test can see a restart happen and find the process. With `LW_LINGER` set, it outlives the end
-of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that does not exist yet, it
-creates the file and exits at once: its first start fails, the next succeeds.
+test can see a restart happen and find the process. `LW_TIMES_FILE`, when set, gets a line per
+run of `append` and `read_only_echo`: the tool, its text, the idempotency key, and when the
+tool's own work started and ended (`time.monotonic()`, one clock for every process here), so a
+benchmark can take the tool's own time out of a tool step's. With `LW_LINGER` set, it outlives
+the end of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that does not
+exist yet, it creates the file and exits at once: its first start fails, the next succeeds.
 """
 
 from __future__ import annotations
@@ -35,18 +38,31 @@ KEY_META = "lastword/idempotency-key"
 server: MCPServer[Any] = MCPServer("lastword-append", version="1.0")
 
 
-def _append(line: str) -> None:
-    path = os.environ["LW_APPEND_FILE"]
+def _append(line: str, variable: str = "LW_APPEND_FILE") -> None:
+    path = os.environ[variable]
     with open(path, "a", encoding="utf-8") as file:
         file.write(line + "\n")
+
+
+def _key(ctx: Context) -> str:
+    meta = ctx.request_context.meta or {}
+    return str(meta.get(KEY_META, ""))
+
+
+def _timed(tool: str, text: str, ctx: Context, started: float) -> None:
+    """A line for the benchmark, if it asked for them: this run of `tool`, start to now."""
+    if os.environ.get("LW_TIMES_FILE"):
+        ended = time.monotonic()
+        _append(f"{tool}\t{text}\t{_key(ctx)}\t{started:.6f}\t{ended:.6f}", "LW_TIMES_FILE")
 
 
 @server.tool(title="Append a line")
 async def append(text: str, ctx: Context, delay_s: float = 0.0) -> str:
     """Append `text` to the test's file (a side effect: no readOnlyHint), then wait `delay_s`."""
-    meta = ctx.request_context.meta or {}
-    _append(f"{text}\t{meta.get(KEY_META, '')}")
+    started = time.monotonic()
+    _append(f"{text}\t{_key(ctx)}")
     await asyncio.sleep(delay_s)
+    _timed("append", text, ctx, started)
     return f"appended {text}"
 
 
@@ -70,8 +86,9 @@ def big(n: int) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(title="Echo, read only", read_only_hint=True))
-def read_only_echo(text: str) -> str:
+def read_only_echo(text: str, ctx: Context) -> str:
     """Say `text` back."""
+    _timed("read_only_echo", text, ctx, time.monotonic())
     return text
 
 
