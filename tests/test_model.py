@@ -701,15 +701,17 @@ class Protocol(RuleBasedStateMachine):
 
     @rule(n=pick, replica=replica_)
     def tool_runner_dies(self, n: int, replica: int) -> None:
-        """The kill -9 case: a call with side effects begun, its runner gone mid-call (its
-        lease runs out), and the next holder of the burst asks for the same call."""
+        """The kill -9 case: one call finished, one with side effects begun and its runner
+        gone mid-call (its lease runs out); the next holder of the burst resumes both."""
         if (holder := self.holder(n, "acquired")) is None:
             return
+        self._tool_call(holder, 1, finish=True)
         self._tool_call(holder, 0, finish=False)
         before = len(self.holders)
         self._expire(holder)
         self.acquire(replica, holder.lease.conversation, on_time=True)
         if len(self.holders) > before and self.holders[-1].stage == "acquired":
+            self._tool_call(self.holders[-1], 1, finish=True)
             self._tool_call(self.holders[-1], 0, finish=True)
 
     def _tool_call(self, holder: Holder, index: int, finish: bool) -> None:
