@@ -67,7 +67,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
-from aiohttp import web
 
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
@@ -150,26 +149,20 @@ class Served:
 
 
 class TimedOpenAI(FakeOpenAI):
-    """The fake provider, noting which requests it answered with a call and when each
-    answer's last byte went out."""
+    """The fake provider, noting which requests it answered with a call (when each answer's
+    last byte went out, it notes for every request: `RecordedRequest.ended_at`)."""
 
     def __init__(self, model: Model) -> None:
         super().__init__(reply=self._reply)
         self.model = model
         self.delay_for = model.delay
         self.called: set[int] = set()
-        self.ended: dict[int, float] = {}
 
     def _reply(self, request: RecordedRequest) -> str | ToolCalls:
         answer = self.model.policy(request)(request)
         if isinstance(answer, ToolCalls):
             self.called.add(id(request))
         return answer
-
-    async def _answer(self, request: web.Request, recorded: RecordedRequest) -> web.StreamResponse:
-        response = await super()._answer(request, recorded)
-        self.ended[id(recorded)] = time.monotonic()
-        return response
 
     def served(self) -> list[Served]:
         return [
@@ -178,7 +171,7 @@ class TimedOpenAI(FakeOpenAI):
                 steps=len(r.tool_steps(this_turn=True)),
                 called=id(r) in self.called,
                 started_at=r.started_at,
-                ended_at=self.ended.get(id(r)),
+                ended_at=r.ended_at,
                 finished=r.finished,
             )
             for r in self.requests

@@ -132,6 +132,8 @@ class RecordedRequest:
     connection: int = 0
     finished: bool = False
     cancelled: bool = False
+    # When the answer's last byte went out (`time.monotonic()`), once finished.
+    ended_at: float | None = None
     # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
     # The prompt tokens the provider bills for this request (the same estimate as its usage
@@ -234,6 +236,7 @@ class TranscriptionRequest:
     data: bytes = field(default=b"", repr=False)
     finished: bool = False
     cancelled: bool = False
+    ended_at: float | None = None
 
     @property
     def response_format(self) -> str:
@@ -387,10 +390,11 @@ def _data(payload: str) -> bytes:
 
 
 class _Outcome(Protocol):
-    """What becomes of a recorded request: the flags tests wait on."""
+    """What becomes of a recorded request: the flags tests wait on, and when it ended."""
 
     finished: bool
     cancelled: bool
+    ended_at: float | None
 
 
 _T = TypeVar("_T")
@@ -859,6 +863,7 @@ class FakeOpenAI(LoopbackServer):
         await response.prepare(request)
         await response.write_eof()
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
@@ -890,6 +895,7 @@ class FakeOpenAI(LoopbackServer):
                 return response
         await response.write_eof()
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
@@ -964,6 +970,7 @@ class FakeOpenAI(LoopbackServer):
                     await response.write(f"data: {json.dumps(error)}\n\n".encode())
                     await response.write_eof()
                     recorded.finished = True
+                    recorded.ended_at = time.monotonic()
                     self._notify()
                     return response
                 # Cut the connection under the response: the client sees a body that stops
@@ -990,6 +997,7 @@ class FakeOpenAI(LoopbackServer):
             self._notify()
             return response
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
