@@ -3,7 +3,8 @@
 A cycle runs on whichever replica wins the lease. Everything it needs comes from the store
 when the lease is taken, so any replica can finish any conversation. While it works, a
 keeper (`bot.lease`) renews the lease every TTL/3; once it is lost, the work is cancelled on
-the spot.
+the spot. The generation's model steps and tool calls are `bot.steps`'s, and racing them
+against a newer message is `bot.race`'s.
 """
 
 from __future__ import annotations

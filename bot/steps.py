@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 # What the model reads for a call with side effects that was started and never finished.
 UNKNOWN = (
-    "error: the outcome of this call is unknown. An earlier attempt started it and stopped "
-    "before it finished (the bot was restarted). Do not assume it succeeded or failed, and do "
-    "not call it again: tell the user it may or may not have happened."
+    "error: the outcome of this call is unknown. An earlier attempt started it and was cut "
+    "off before it finished (the bot was restarted or lost its turn). Do not assume it "
+    "succeeded or failed, and do not call it again: tell the user it may or may not have "
+    "happened."
 )
 # A model that asks for more calls in one step than this gets an error for the rest.
 MAX_CALLS_PER_STEP = 16
