@@ -41,9 +41,9 @@ UNKNOWN = (
     "succeeded or failed, and do not call it again: tell the user it may or may not have "
     "happened."
 )
-# A model that asks for more calls in one step than this gets an error for the rest.
+# Calls of one step that are run (and recorded) at most; the model's step is kept with these
+# alone, so the record of a reply stays bounded whatever a provider sends.
 MAX_CALLS_PER_STEP = 16
-TOO_MANY = f"error: at most {MAX_CALLS_PER_STEP} tool calls are run in one step"
 NOT_OFFERED = "error: there is no tool named {name!r} available to this user"
 # What the reply says if the last step allowed still asked for tools rather than answering.
 STEP_LIMIT = "(I stopped there: this reply used as many tool steps as it may.)"
@@ -111,7 +111,14 @@ class Steps:
             if not answered.calls or last:
                 text = answered.text or STEP_LIMIT
                 return Done(text, _joined_history(history), k, len(history))
-            calls = answered.calls
+            calls = answered.calls[:MAX_CALLS_PER_STEP]
+            if len(answered.calls) > len(calls):
+                log.warning(
+                    "the model asked for %d tool calls in one step for %s; the first %d are run",
+                    len(answered.calls),
+                    self.lease.conversation,
+                    len(calls),
+                )
             if not await self.store.record_step(self.lease, self.burst, k, calls):
                 raise LeaseLost(self.lease.conversation)
             steps.append(_assistant(answered.text, calls))
@@ -145,8 +152,6 @@ class Steps:
         if known is not None and known.status == "done":
             self.calls_reused += 1
             return ToolResult(known.text, known.error)
-        if j >= MAX_CALLS_PER_STEP:
-            return ToolResult(TOO_MANY, error=True)
         tool = next((t for t in self.offered if t.name == call.name), None)
         if tool is None:
             return ToolResult(NOT_OFFERED.format(name=call.name), error=True)

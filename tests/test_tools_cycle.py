@@ -6,11 +6,13 @@ kills, replicas) is in test_tools_e2e.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from bot.prompt import TOOLS_USED
+from bot.steps import MAX_CALLS_PER_STEP
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
@@ -121,3 +123,18 @@ async def test_a_replys_calls_join_the_history_for_the_next_question(
 def last_result(request: Any) -> str:
     results = request.tool_results(this_turn=True)
     return results[-1].text if results else "no result"
+
+
+async def test_a_step_runs_at_most_sixteen_calls(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    many = [json.dumps({"text": str(i)}) for i in range(MAX_CALLS_PER_STEP + 4)]
+    fake.reply = ToolPolicy("echo", many, answer="{results}")
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "many")
+    assert counted.runs == [f"echo {i}" for i in range(MAX_CALLS_PER_STEP)]
+    _, answered = fake.requests
+    assert len(answered.tool_calls(this_turn=True)) == MAX_CALLS_PER_STEP
+    [reply] = outbound.texts(CONV)
+    assert reply.splitlines() == [f"echo: {i}" for i in range(MAX_CALLS_PER_STEP)]
