@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,7 +47,13 @@ UNKNOWN = (
 MAX_CALLS_PER_STEP = 16
 NOT_OFFERED = "error: there is no tool named {name!r} available to this user"
 # What the reply says if the last step allowed still asked for tools rather than answering.
-STEP_LIMIT = "(I stopped there: this reply used as many tool steps as it may.)"
+STEP_LIMIT = "(I stopped there: this reply used all the tool steps, or the time, it may.)"
+# What the model reads for a call not run because the reply's time for tools is spent.
+OUT_OF_TIME = (
+    "error: not run: this reply has used all its time for tools; answer with what you have"
+)
+# A call started with less time left than this still gets this long.
+MIN_CALL_S = 1.0
 # Waits for the window to close before a call with side effects, at most: a window that never
 # closes is a bug, not a reason to wait.
 HOLDS = 5
@@ -83,6 +90,9 @@ class Steps:
     on_status: Callable[[str], None] | None = None
     calls_run: int = 0
     calls_reused: int = 0
+    # When the reply's time for tools ends (`time.monotonic()`): `LASTWORD_LLM__DEADLINE_S`
+    # after its first step, so a reply ends in bounded time however many calls hang.
+    until: float = 0.0
 
     async def answer(self, prompt: Prompt, usage: Usage) -> Done | Next:
         """The reply's text after as many steps as it takes; `Next` if a newer message cut
@@ -90,6 +100,7 @@ class Steps:
         if not self.offered:
             answered = await self.race(generate(self.llm, prompt, self.settings, usage))
             return answered if isinstance(answered, Next) else Done(answered.text)
+        self.until = time.monotonic() + self.settings.deadline_s
         record = await self.store.tool_record(self.lease.conversation, self.burst)
         steps: list[dict[str, Any]] = []
         history: list[str] = []
@@ -101,7 +112,7 @@ class Steps:
         specs = tuple(tool.spec() for tool in self.offered)
         k = len(record.steps)
         while True:
-            last = k >= self.tools.step_limit
+            last = k >= self.tools.step_limit or time.monotonic() >= self.until
             asked = replace(
                 prompt, tools=specs, steps=tuple(steps), tool_choice="none" if last else "auto"
             )
@@ -155,6 +166,9 @@ class Steps:
         tool = next((t for t in self.offered if t.name == call.name), None)
         if tool is None:
             return ToolResult(NOT_OFFERED.format(name=call.name), error=True)
+        left = self.until - time.monotonic()
+        if left <= 0:
+            return ToolResult(OUT_OF_TIME, error=True)
         for _ in range(HOLDS):
             begun = await self.store.begin_call(self.lease, self.burst, k, j, tool.side_effects)
             if begun.status != "hold":
@@ -180,9 +194,8 @@ class Steps:
         if self.on_status is not None:
             self.on_status(f"{tool.shown()}…")
         key = f"{self.lease.conversation}:{self.burst}:{k}:{j}"
-        result = await self.toolbox.run(
-            call, key, self.tools.call_timeout_s, self.tools.output_chars
-        )
+        timeout = min(self.tools.call_timeout_s, max(left, MIN_CALL_S))
+        result = await self.toolbox.run(call, key, timeout, self.tools.output_chars)
         self.calls_run += 1
         await self.store.end_call(self.lease, self.burst, k, j, result.text, result.error)
         return result

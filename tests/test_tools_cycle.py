@@ -6,13 +6,15 @@ kills, replicas) is in test_tools_e2e.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 
 from bot.prompt import TOOLS_USED
-from bot.steps import MAX_CALLS_PER_STEP
+from bot.steps import MAX_CALLS_PER_STEP, OUT_OF_TIME
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.timeout(30)
 
 ADMIN = "admin-1"
 TEXT = {"type": "object", "properties": {"text": {"type": "string"}}}
+SLOW_S = 0.8
 
 
 class Counted:
@@ -41,6 +44,7 @@ class Counted:
             PythonTool(function=self.echo, parameters=TEXT, side_effects=False),
             PythonTool(function=self.book, parameters=TEXT, side_effects=True, admin_only=True),
             PythonTool(function=self.broken, parameters=TEXT, side_effects=False),
+            PythonTool(function=self.slow, parameters=TEXT, side_effects=False),
         ):
             box.add([declared.tool("python:test")], PythonRunner(declared))
         return box
@@ -54,6 +58,12 @@ class Counted:
         """Book a table."""
         self.runs.append(f"book {text}")
         return "booked"
+
+    async def slow(self, text: str) -> str:
+        """Takes its time."""
+        self.runs.append(f"slow {text}")
+        await asyncio.sleep(SLOW_S)
+        return f"slow: {text}"
 
     async def broken(self, text: str) -> str:
         """Always fails."""
@@ -138,3 +148,23 @@ async def test_a_step_runs_at_most_sixteen_calls(
     assert len(answered.tool_calls(this_turn=True)) == MAX_CALLS_PER_STEP
     [reply] = outbound.texts(CONV)
     assert reply.splitlines() == [f"echo: {i}" for i in range(MAX_CALLS_PER_STEP)]
+
+
+async def test_a_replys_tools_end_by_the_llm_deadline_and_the_model_answers_with_what_it_has(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    letters = [json.dumps({"text": c}) for c in "abcd"]
+    fake.reply = ToolPolicy("slow", letters, steps=10, answer="{results}")
+    runtime, outbound = await replica(
+        runtime_factory, fake, toolbox=counted.toolbox(), deadline_s=2.0
+    )
+    began = time.monotonic()
+    await say(runtime, 1, "take your time")
+    # a and b take 1.6 s; c starts with 0.4 s left and gets its 1 s minimum; d is not run.
+    assert counted.runs == ["slow a", "slow b", "slow c"]
+    assert time.monotonic() - began < 2.0 + 2 * SLOW_S
+    _, answered = fake.requests
+    assert answered.tool_choice == "none", "asked for more tools past the deadline"
+    [reply] = outbound.texts(CONV)
+    assert reply.splitlines() == ["slow: a", "slow: b", "slow: c", OUT_OF_TIME]
