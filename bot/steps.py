@@ -68,8 +68,6 @@ class Done:
 
     text: str
     tools: str = ""
-    steps: int = 0
-    calls: int = 0
 
 
 @dataclass
@@ -101,16 +99,13 @@ class Steps:
             answered = await self.race(generate(self.llm, prompt, self.settings, usage))
             return answered if isinstance(answered, Next) else Done(answered.text)
         self.until = time.monotonic() + self.settings.deadline_s
-        record = await self.store.tool_record(self.lease.conversation, self.burst)
         steps: list[dict[str, Any]] = []
         history: list[str] = []
-        for k, calls in enumerate(record.steps):
-            steps.append(_assistant("", calls))
-            cut = await self._run_step(k, calls, record, steps, history)
-            if cut is not None:
-                return cut
+        resumed = await self._resume(steps, history)
+        if isinstance(resumed, Next):
+            return resumed
         specs = tuple(tool.spec() for tool in self.offered)
-        k = len(record.steps)
+        k = resumed
         while True:
             last = k >= self.tools.step_limit or time.monotonic() >= self.until
             asked = replace(
@@ -120,16 +115,8 @@ class Steps:
             if isinstance(answered, Next):
                 return answered
             if not answered.calls or last:
-                text = answered.text or STEP_LIMIT
-                return Done(text, _joined_history(history), k, len(history))
-            calls = answered.calls[:MAX_CALLS_PER_STEP]
-            if len(answered.calls) > len(calls):
-                log.warning(
-                    "the model asked for %d tool calls in one step for %s; the first %d are run",
-                    len(answered.calls),
-                    self.lease.conversation,
-                    len(calls),
-                )
+                return Done(answered.text or STEP_LIMIT, _joined_history(history))
+            calls = self._bounded(answered.calls)
             if not await self.store.record_step(self.lease, self.burst, k, calls):
                 raise LeaseLost(self.lease.conversation)
             steps.append(_assistant(answered.text, calls))
@@ -137,6 +124,28 @@ class Steps:
             if cut is not None:
                 return cut
             k += 1
+
+    async def _resume(self, steps: list[dict[str, Any]], history: list[str]) -> int | Next:
+        """Take up the steps an earlier generation of the burst recorded (its calls reused,
+        or run if never finished and safe to): how many there were, or `Next`."""
+        record = await self.store.tool_record(self.lease.conversation, self.burst)
+        for k, calls in enumerate(record.steps):
+            steps.append(_assistant("", calls))
+            cut = await self._run_step(k, calls, record, steps, history)
+            if cut is not None:
+                return cut
+        return len(record.steps)
+
+    def _bounded(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """The calls of a step that are run: the first `MAX_CALLS_PER_STEP`."""
+        if len(calls) > MAX_CALLS_PER_STEP:
+            log.warning(
+                "the model asked for %d tool calls in one step for %s; the first %d are run",
+                len(calls),
+                self.lease.conversation,
+                MAX_CALLS_PER_STEP,
+            )
+        return calls[:MAX_CALLS_PER_STEP]
 
     async def _run_step(
         self,
