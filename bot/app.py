@@ -26,6 +26,7 @@ from bot.store import Store, StoreSettings, reaching_redis
 from bot.store.durability import Refused, describe, embedded_appendfsync
 from bot.supervisor import Supervisor
 from bot.systemd import notify, under_systemd, watchdog_interval_s
+from bot.tools.load import load_toolbox
 from bot.transcribe import OpenAITranscriber, Transcriber, make_transcriber
 
 log = logging.getLogger("lastword")
@@ -225,7 +226,10 @@ async def _health(
 async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     llm = _model(settings)
     transcriber = make_transcriber(settings.media, settings.llm, settings.llm_provider)
-    runtime = Runtime(settings, store, llm, adapter, transcriber)
+    # Before READY: the MCP servers' tools are listed at start (bounded by their start timeout;
+    # one still starting adds its tools when it is up).
+    toolbox = await load_toolbox(settings.tools)
+    runtime = Runtime(settings, store, llm, adapter, transcriber, toolbox)
     runtime.start()
     supervisor = Supervisor()
     health = await _health(runtime, adapter, supervisor, llm, transcriber)
@@ -258,6 +262,8 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
         loop.remove_signal_handler(signal.SIGHUP)
         stopping.cancel()
         await _stop(runtime, receiving, runtime.settings.shutdown_grace_s)
+        # Before the leftovers' wait: each MCP server's session task ends only here.
+        await toolbox.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await cancel_and_wait(pulse)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from bot.settings import Settings
 from bot.store import Store
+from bot.tools import Toolbox
 
 # A command's shape, as Telegram and Discord users type one: "/name", "/name@Bot", "/name args".
 # "/etc/hosts is broken" is not one, and goes to the model.
@@ -78,6 +79,8 @@ class Turn:
     persona: str  # the user's own instructions ("": none)
     # A /forget earlier in this burst asked for its confirmation.
     forget_asked: bool = False
+    # The replica's tools (/tools lists those offered to the asker).
+    toolbox: Toolbox = field(default_factory=Toolbox)
 
 
 Parse = Callable[[Sequence[str]], Args | None]

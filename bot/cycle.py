@@ -3,7 +3,8 @@
 A cycle runs on whichever replica wins the lease. Everything it needs comes from the store
 when the lease is taken, so any replica can finish any conversation. While it works, a
 keeper (`bot.lease`) renews the lease every TTL/3; once it is lost, the work is cancelled on
-the spot.
+the spot. The generation's model steps and tool calls are `bot.steps`'s, and racing them
+against a newer message is `bot.race`'s.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
@@ -35,13 +36,15 @@ from bot.commands import (
 )
 from bot.drafts import drafting, drafts_of
 from bot.lease import LeaseKeeper, LeaseLost
-from bot.llm import LLM, LLMError, Usage, generate
+from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import InboundMessage, Outbound, SendFailed, Unavailable, Unreachable
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
+from bot.race import NOTHING, Next, Race
 from bot.settings import ModelChoice, Settings
 from bot.split import split_message
 from bot.stats import Stats
+from bot.steps import Steps
 from bot.store import (
     RETRY_AFTER_ERROR_MS,
     Ended,
@@ -55,6 +58,7 @@ from bot.store import (
     lease_token,
 )
 from bot.tokens import Counter
+from bot.tools import Toolbox
 from bot.transcribe import Transcriber
 from bot.watch import VersionWatch
 
@@ -142,18 +146,6 @@ def cause_of(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class Next:
-    """When to look at the conversation again (None: nothing owed, or another replica's), and
-    whether this replica is still the one working towards its reply (so it shows typing)."""
-
-    look_in_ms: int | None
-    working: bool
-
-
-NOTHING = Next(None, working=False)
-
-
-@dataclass(frozen=True)
 class Reply:
     """The one reply to a burst: its text, the completion tokens it cost, what its commands
     change (carried out once it passes the pre-send check), and the version of a confirmed
@@ -163,6 +155,8 @@ class Reply:
     spent: int = 0
     changes: tuple[Change, ...] = ()
     reset: int = 0
+    # The tool calls the model's answer made, for the history.
+    tools: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,67 +184,13 @@ class Generation:
     usage: Usage
     interrupted: Next | None
     model: ModelChoice | None
+    # The tool calls it made and what they gave, for the history (empty: none).
+    tools: str = ""
 
     @property
     def spent(self) -> int:
         """Its completion tokens."""
         return sum(a.completion_tokens for a in self.usage.attempts)
-
-
-class Race:
-    """Runs one step of a generation (`Cycle._interruptible`): to its end, or, once it
-    `follow`s a version watch and a newer message arrives, cancelled on the spot with the
-    lease handed back, and then `Next` instead of its result. Not following, a step is not
-    interrupted."""
-
-    def __init__(self, lease: Lease, keeper: LeaseKeeper, store: Store) -> None:
-        self.lease = lease
-        self.keeper = keeper
-        self.store = store
-        self.newer: asyncio.Future[Any] | None = None
-        # The step running now, which `cut` cancels.
-        self._step: asyncio.Future[Any] | None = None
-        # Whether the newer message was of the same burst, sent while its window was open: a
-        # speculative generation restarted, not a reply gone stale.
-        self.restarted = False
-
-    def follow(self, moved: asyncio.Event) -> None:
-        """Be interrupted once `moved` is set."""
-        self.newer = asyncio.ensure_future(moved.wait())
-
-    def cut(self) -> None:
-        """Cancel the running step now. The version watch calls this the moment it knows of a
-        newer message, before the loop wakes anything waiting for `moved`: on a busy loop each
-        such wake-up may take tens of milliseconds, and the provider bills until the stream
-        is closed."""
-        if self._step is not None:
-            self._step.cancel()
-
-    async def __call__(self, step: Coroutine[Any, Any, T]) -> T | Next:
-        task = asyncio.ensure_future(step)
-        self._step = task
-        try:
-            if self.newer is None:
-                return await task
-            await asyncio.wait({task, self.newer}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done() and not task.cancelled():
-                # The answer came first, or with the news: the pre-send check decides.
-                return task.result()
-            # Stop paying for tokens before anything else: cancelling closes the provider's
-            # stream. The lease goes back while the cancellation unwinds. (If Redis is out of
-            # reach just now, StoreUnavailable ends the cycle as any store failure does: the
-            # generation is gone either way, and the lease is released or expires.)
-            if not task.cancelling():  # `cut` may have cancelled it already
-                task.cancel()
-            verdict = await self.store.interrupt(self.lease)
-        finally:
-            self._step = None
-            await cancel_and_wait(task)
-        if verdict.status == "lost":
-            raise LeaseLost(self.lease.conversation)
-        self.keeper.released()
-        self.restarted = verdict.restarted
-        return Next(verdict.look_in_ms, working=True)
 
 
 def _joined(*parts: str) -> str:
@@ -266,11 +206,13 @@ class Cycle:
         llm: LLM,
         outbound: Outbound,
         transcriber: Transcriber | None = None,
+        toolbox: Toolbox | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
         self.outbound = outbound
+        self.toolbox = toolbox or Toolbox()
         self.stats = Stats()
         self.counter = Counter()
         self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
@@ -426,6 +368,7 @@ class Cycle:
                 unsaid=burst.retry,
                 changes=encoded(reply.changes),
                 worked_ms=int((time.monotonic() - began) * 1000),
+                tools=reply.tools,
             )
 
         verdict = await self._when_closed(grant, keeper, presend)
@@ -607,7 +550,8 @@ class Cycle:
         await self._account(conversation, user, generation)
         if generation.interrupted is not None:
             return generation.interrupted
-        return replace(said, text=_joined(said.text, generation.text), spent=generation.spent)
+        text = _joined(said.text, generation.text)
+        return replace(said, text=text, spent=generation.spent, tools=generation.tools)
 
     async def _commands(self, grant: Grant, burst: Plan) -> tuple[Turn, Reply]:
         """The answers to the burst's commands, and the context they leave for the model's
@@ -621,6 +565,7 @@ class Cycle:
             echo=self.llm.name == "echo",
             model=grant.model,
             persona=grant.persona,
+            toolbox=self.toolbox,
         )
         answers: list[str] = []
         changes: list[Change] = []
@@ -668,18 +613,44 @@ class Cycle:
                 generation = Generation("", None, usage, prompt, model)
                 return self._interrupted(request, generation, race)
             began = time.monotonic()
+            steps = self._steps(grant, request, race, usage)
             try:
-                text = await race(generate(self.llm, prompt, self.settings.llm, usage))
+                done = await steps.answer(prompt, usage)
             except LLMError as exc:
                 self._apologise(request, exc)
                 return Generation(APOLOGY, prompt, usage, None, model)
-        if isinstance(text, Next):
-            return self._interrupted(request, Generation("", prompt, usage, text, model), race)
+            finally:
+                self.stats.tool_calls += steps.calls_run
+                self.stats.tool_calls_reused += steps.calls_reused
+        if isinstance(done, Next):
+            return self._interrupted(request, Generation("", prompt, usage, done, model), race)
         self.stats.llm_seconds.observe(time.monotonic() - began)
-        generation = Generation(text, prompt, usage, None, model)
+        generation = Generation(done.text, prompt, usage, None, model, done.tools)
         self.stats.finished += 1
         self.stats.finished_tokens += generation.spent
         return generation
+
+    def _steps(self, grant: Grant, request: Request, race: Race, usage: Usage) -> Steps:
+        """The reply's tool loop: the tools its user is offered, and the record of the burst
+        (a /retry's: the burst of the reply it replaces, so its calls are not run again)."""
+        assert grant.lease is not None
+        user = grant.unanswered[-1].user_id
+        admin = self.settings.access.verdict(user) == "admin"
+        burst = grant.watermark + 1
+        if request.target is not None and request.target.asked:
+            burst = request.target.asked[0].version
+        return Steps(
+            self.llm,
+            self.settings.llm,
+            self.settings.tools,
+            self.toolbox,
+            self.store,
+            grant.lease,
+            burst,
+            tuple(self.toolbox.offered(admin)),
+            race,
+            usage.on_text,
+        )
 
     def _apologise(self, request: Request, exc: LLMError) -> None:
         self.stats.apologies += 1

@@ -3,7 +3,7 @@
 Each check answers one question an operator has when the bot will not start or stays silent:
 are the settings valid, is the store reachable and recent enough, do our Lua scripts load on
 it, can it evict our keys when memory runs short, does the platform accept the token, and does
-the LLM endpoint know the model. Every check
+the LLM endpoint know the model, and does each MCP server start and list its tools. Every check
 is bounded in time, so doctor itself never hangs on a black-holed address, and a failed check
 says how to fix it.
 
@@ -32,7 +32,8 @@ from pydantic import BaseModel, SecretStr
 from bot.check import Check, PlatformCheck, guarded
 from bot.connect import make_client, not_redis
 from bot.logs import MASK, Scrub, redact, secrets_of
-from bot.settings import ConfigError, Settings, load_settings
+from bot.plural import counted
+from bot.settings import ConfigError, McpServer, Settings, load_settings
 
 if TYPE_CHECKING:
     import openai
@@ -109,6 +110,7 @@ async def run_checks(
         "check LASTWORD_LLM__BASE_URL and that the server is up",
     )
     checks.append(await guarded(_llm_check(settings, timeout_s), timeout_s, silent))
+    checks += await _mcp_checks(settings)
     return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
 
 
@@ -823,3 +825,53 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
     else:
         found = (f"{shown}: {type(exc).__name__}", "check LASTWORD_LLM__BASE_URL")
     return Check("llm", False, *found)
+
+
+# 6. MCP servers
+
+# Doctor waits this much longer than the start timeout for a server's check, which bounds
+# itself (stopping a child that will not exit takes the SDK a few seconds more).
+MCP_BACKSTOP_S = 8.0
+
+
+async def _mcp_checks(settings: Settings) -> list[Check]:
+    """One check per configured MCP server, run side by side: each is started, its tools
+    listed and stopped, as a replica starts it, within the start timeout."""
+    timeout_s = settings.tools.start_timeout_s
+    return list(
+        await asyncio.gather(
+            *(
+                guarded(
+                    _mcp_check(name, config, timeout_s),
+                    timeout_s + MCP_BACKSTOP_S,
+                    Check(f"mcp {name}", False, f"not stopped within {timeout_s:g} s"),
+                )
+                for name, config in settings.tools.mcp_servers.items()
+            )
+        )
+    )
+
+
+async def _mcp_check(name: str, config: McpServer, timeout_s: float) -> Check:
+    from bot.tools.mcp import describe, probe, reason
+
+    shown = describe(config)
+    # Its headers and environment may hold credentials that no other setting names.
+    scrub = Scrub(sorted({*config.headers.values(), *config.env.values()}, key=len, reverse=True))
+    if config.url is not None:
+        fix = "check the URL and the headers in LASTWORD_TOOLS__MCP_SERVERS, and that it is up"
+    else:
+        fix = (
+            "check the command, arguments and env in LASTWORD_TOOLS__MCP_SERVERS (run by hand, "
+            "the command should wait for MCP messages on its standard input)"
+        )
+    try:
+        tools = await probe(name, config, timeout_s)
+    except TimeoutError:
+        return Check(f"mcp {name}", False, f"{shown}: no tools listed within {timeout_s:g} s", fix)
+    except Exception as exc:  # doctor reports every failure as a ✗ line
+        return Check(f"mcp {name}", False, scrub(f"{shown}: {reason(exc)}"), fix)
+    names = ", ".join(tool.name for tool in tools)
+    if len(names) > 200:
+        names = names[:197] + "..."
+    return Check(f"mcp {name}", True, f"{shown}: {counted(len(tools), 'tool')} ({names or 'none'})")

@@ -12,6 +12,11 @@ stale) closes the connection and the provider stops generating, and paying, at o
 still gets one final message. Reasoning (`<think>` blocks, `reasoning_content`, thinking
 parts) is never part of the answer.
 
+An answer is text, tool calls, or both (`Answer`). Calls stream as pieces (`ToolCallPieces`):
+arguments a few characters at a time, several calls in one step told apart by their index,
+possibly interleaved; they are assembled here, bounded (`MAX_CALLS`, `MAX_ARGUMENT_BYTES`, a
+name as Chat Completions allows one), and handed to the cycle whole.
+
 "OpenAI-compatible" servers differ: content as a list of parts (Mistral), usage of any type,
 junk between events, a proxy's HTML page with a 200. Replies are read raw, whatever their
 shape: what is text is the answer, what is unusable is the transient `LLMError`, never a
@@ -42,6 +47,7 @@ from bot.credentials import Credential
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
 from bot.tokens import estimate
+from bot.tools import ToolCall
 
 if TYPE_CHECKING:
     import openai
@@ -76,6 +82,14 @@ MAX_CONNECTIONS = 1000
 # Where the OpenAI client sends requests when no base URL is set.
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 KEY_SETTING = "LASTWORD_LLM__API_KEY"
+# Tool calls in one step, and the arguments of one, at most: a provider that sends more is
+# looping, and every call is recorded in the store before it runs.
+MAX_CALLS = 64
+MAX_ARGUMENT_BYTES = 64 << 10
+# What a tool's name may be, as Chat Completions itself allows it.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A call's id is echoed back to the provider and stored with its result: a sane length only.
+MAX_CALL_ID_CHARS = 256
 
 
 def strip_reasoning(text: str) -> str:
@@ -114,6 +128,15 @@ class Usage:
         return prompt, sum(a.completion_tokens for a in self.attempts)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What the model answered: text, the tools it asked to call, or both (a line such as
+    "Let me look that up." before the calls)."""
+
+    text: str
+    calls: tuple[ToolCall, ...] = ()
+
+
 # "key": the provider refused the API key; permanent, and already logged once a minute by
 # the key's `Credential`, so each burst's apology need not say it again at ERROR.
 Kind = Literal["transient", "permanent", "key", "context", "images"]
@@ -137,7 +160,7 @@ class LLMError(Exception):
 class LLM(Protocol):
     name: str
 
-    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+    async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
         """One completion for `prompt`, recording its tokens in `usage` as it goes."""
         ...
 
@@ -173,7 +196,8 @@ class EchoLLM:
     async def close(self) -> None:
         return None
 
-    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+    async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
+        # Tools offered are ignored: the echo has nothing to ask of them.
         attempt = usage.start()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -189,7 +213,7 @@ class EchoLLM:
                     await asyncio.sleep(self.word_s)
             usage.on_text(answer)
         attempt.completion_tokens = estimate(answer)
-        return answer
+        return Answer(answer)
 
 
 class OpenAILLM:
@@ -243,6 +267,10 @@ class OpenAILLM:
             request["stream_options"] = {"include_usage": True}
         if s.temperature is not None:
             request["temperature"] = s.temperature
+        if prompt.tools:
+            request["tools"] = list(prompt.tools)
+            if prompt.tool_choice is not None:
+                request["tool_choice"] = prompt.tool_choice
         return request | s.extra_body
 
     @contextlib.asynccontextmanager
@@ -268,15 +296,15 @@ class OpenAILLM:
         finally:
             await response.aclose()
 
-    async def complete(self, prompt: Prompt, usage: Usage) -> str:
+    async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
         import openai
 
         attempt = usage.start()
         try:
             if self.settings.stream:
-                text = await self._streamed(prompt, attempt, usage.on_text)
+                answer = await self._streamed(prompt, attempt, usage.on_text)
             else:
-                text = await self._whole(prompt, attempt)
+                answer = await self._whole(prompt, attempt)
         except openai.APIStatusError as exc:
             if self._refuses_stream_options(exc):
                 # Nothing was generated: ask again at once, without it, from now on.
@@ -292,11 +320,11 @@ class OpenAILLM:
                 f"cannot reach the provider: {type(exc).__name__}", kind="transient"
             ) from None
         self.key.accepted()
-        if not text:
+        if not answer.text and not answer.calls:
             raise LLMError("the provider returned an empty reply", kind="transient")
-        return well_formed(text)
+        return Answer(well_formed(answer.text), answer.calls)
 
-    async def _whole(self, prompt: Prompt, attempt: Attempt) -> str:
+    async def _whole(self, prompt: Prompt, attempt: Attempt) -> Answer:
         # Read raw, as streams are: the client's models take whatever shape came (a proxy's
         # HTML page arrives as a str, a choice as a string) and fail later in our hands.
         async with self._response(prompt) as response:
@@ -304,22 +332,23 @@ class OpenAILLM:
 
     async def _streamed(
         self, prompt: Prompt, attempt: Attempt, on_text: Callable[[str], None] | None
-    ) -> str:
+    ) -> Answer:
         # The raw event stream rather than the client's chunk objects: building one pydantic
         # model per token cost about 80 us, which at a few hundred streams in flight kept a
         # replica's event loop busy enough to read the stream, and notice a newer message,
         # late. The client still makes the request and maps its status errors.
         text = ""
+        calls = ToolCallPieces()
         # Leaving the block (also when this task is cancelled) drops the connection, which is
         # how a provider learns to stop generating.
         async with self._response(prompt) as response:
             kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
             if kind.endswith("json"):
                 # A server that ignores `stream` answers with the whole completion at once.
-                text = self._completion(await _body(response.aiter_bytes()), attempt)
-                if text and on_text is not None:
-                    on_text(text)
-                return text
+                answer = self._completion(await _body(response.aiter_bytes()), attempt)
+                if answer.text and on_text is not None:
+                    on_text(answer.text)
+                return answer
             if kind == "text/html":
                 raise LLMError(
                     "the provider answered with a web page, not an event stream "
@@ -327,16 +356,17 @@ class OpenAILLM:
                     kind="transient",
                 )
             async for chunk in sse_events(response.aiter_lines()):
-                piece = self._chunk_text(chunk, attempt)
+                piece = self._chunk_text(chunk, attempt, calls)
                 if piece:
                     text += piece
                     if on_text is not None:
                         on_text(text)
-        return text
+        return Answer(text, calls.calls())
 
-    def _chunk_text(self, chunk: dict[str, Any], attempt: Attempt) -> str:
-        """The answer text one stream chunk adds, whatever its shape; its tokens are noted in
-        `attempt`. An error event is a transient `LLMError`."""
+    def _chunk_text(self, chunk: dict[str, Any], attempt: Attempt, calls: ToolCallPieces) -> str:
+        """The answer text one stream chunk adds, whatever its shape; its tool call pieces go
+        to `calls`, its tokens are noted in `attempt`. An error event is a transient
+        `LLMError`."""
         if error := chunk.get("error"):
             raise LLMError(
                 f"the provider failed mid-stream: {self._scrub(_error_message(error))}",
@@ -346,13 +376,16 @@ class OpenAILLM:
         piece = ""
         for delta in _entries(chunk.get("choices"), "delta"):
             content = delta.get("content")
+            pieces = delta.get("tool_calls")
             # Reasoning streams as its own field (or as thinking parts): billed, not shown.
-            if not attempt.reported and (content or _reasoning(delta)):
+            if not attempt.reported and (content or pieces or _reasoning(delta)):
                 attempt.completion_tokens += 1  # about one token per chunk
             piece += content_text(content)
+            if pieces:
+                calls.add(pieces)
         return piece
 
-    def _completion(self, body: bytes, attempt: Attempt) -> str:
+    def _completion(self, body: bytes, attempt: Attempt) -> Answer:
         """The answer in a whole (not streamed) completion body, whatever its shape; its
         usage is noted in `attempt`. A body that is no completion is a transient `LLMError`."""
         payload = _json(body.decode("utf-8", "replace"))
@@ -367,7 +400,11 @@ class OpenAILLM:
             )
         _read_usage(payload.get("usage"), attempt)
         messages = _entries(payload.get("choices"), "message")
-        return content_text(messages[0].get("content")) if messages else ""
+        if not messages:
+            return Answer("")
+        calls = ToolCallPieces()
+        calls.add(messages[0].get("tool_calls"), whole=True)
+        return Answer(content_text(messages[0].get("content")), calls.calls())
 
     def _refuses_stream_options(self, exc: openai.APIStatusError) -> bool:
         # Servers that predate it (older Azure OpenAI API versions, vLLM and Ollama) refuse
@@ -515,6 +552,105 @@ def content_text(content: object) -> str:
             and isinstance(part.get("text"), str)
         )
     )
+
+
+@dataclass
+class _Pieces:
+    """One tool call as it streams in: its id and name once known, its arguments so far."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+class ToolCallPieces:
+    """Tool calls assembled from the pieces a provider sends, whatever their shape.
+
+    Each streamed piece names its call by `index`: the first piece of a call carries its id
+    and name, the rest pieces of its arguments, and pieces of several calls may come
+    interleaved. A piece without a usable index (servers that send each call whole) starts a
+    call when it brings a new id and continues the last one otherwise; a plain completion's
+    calls are numbered by their place in the list. Entries of any other shape are skipped, as
+    odd deltas are; more calls, or longer arguments, than a step can have are a transient
+    `LLMError`.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[int, _Pieces] = {}
+        self._last = -1
+
+    def add(self, entries: object, *, whole: bool = False) -> None:
+        """Take one delta's `tool_calls`, or (`whole`) a whole message's."""
+        if not isinstance(entries, list):
+            return
+        for position, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                self._add(position if whole else self._index(entry), entry)
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The calls in index order. A call without a name Chat Completions allows (or with
+        an id too long to echo back) is a transient `LLMError`: it cannot be run or answered."""
+        calls: list[ToolCall] = []
+        for index in sorted(self._calls):
+            pieces = self._calls[index]
+            if not TOOL_NAME.fullmatch(pieces.name):
+                raise LLMError(
+                    f"the provider sent a tool call with a bad name: {pieces.name[:80]!r}",
+                    kind="transient",
+                )
+            if len(pieces.id) > MAX_CALL_ID_CHARS:
+                raise LLMError(
+                    f"the provider sent a tool call id over {MAX_CALL_ID_CHARS} characters",
+                    kind="transient",
+                )
+            # The id is how the provider matches a result to its call: one that is missing,
+            # or taken by an earlier call of the step, gets one of its own that a later
+            # generation of the same answer would get too.
+            taken = pieces.id in {call.id for call in calls}
+            call_id = well_formed(pieces.id) if pieces.id and not taken else f"call_{index}"
+            arguments = well_formed("".join(pieces.arguments))
+            # No arguments at all is an empty object, which every provider takes back.
+            calls.append(ToolCall(call_id, pieces.name, arguments if arguments.strip() else "{}"))
+        return tuple(calls)
+
+    def _index(self, entry: dict[str, Any]) -> int:
+        index = entry.get("index")
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return index
+        last = self._calls.get(self._last)
+        new_id = entry.get("id") and (last is None or entry.get("id") != last.id)
+        return max(self._calls, default=-1) + 1 if new_id or last is None else self._last
+
+    def _add(self, index: int, entry: dict[str, Any]) -> None:
+        call = self._calls.get(index)
+        if call is None:
+            if len(self._calls) >= MAX_CALLS:
+                raise LLMError(
+                    f"the provider sent over {MAX_CALLS} tool calls in one step",
+                    kind="transient",
+                )
+            call = self._calls[index] = _Pieces()
+        self._last = index
+        if not call.id and isinstance(entry.get("id"), str):
+            call.id = entry["id"]
+        function = entry.get("function")
+        if not isinstance(function, dict):
+            return
+        if not call.name and isinstance(function.get("name"), str):
+            call.name = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            # Some servers send the arguments as the object itself, not its JSON text.
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if isinstance(arguments, str) and arguments:
+            call.size += len(arguments.encode("utf-8", "surrogatepass"))
+            if call.size > MAX_ARGUMENT_BYTES:
+                raise LLMError(
+                    f"the provider sent tool call arguments over {MAX_ARGUMENT_BYTES >> 10} KiB",
+                    kind="transient",
+                )
+            call.arguments.append(arguments)
 
 
 def _entries(choices: object, field: str) -> list[dict[str, Any]]:
@@ -695,8 +831,9 @@ def _httpx_error(exc: aiohttp.ClientError | TimeoutError) -> Exception:
     return httpx2.ReadError(str(exc))
 
 
-async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage) -> str:
-    """One answer for the prompt, reasoning stripped, within `settings.deadline_s`."""
+async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage) -> Answer:
+    """One answer for the prompt, reasoning stripped from its text, within
+    `settings.deadline_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.deadline_s
     # Uncapped in effect: a wait past the deadline is refused below.
@@ -705,10 +842,11 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
     while True:
         try:
             async with asyncio.timeout_at(deadline):
-                answer = strip_reasoning(await llm.complete(prompt, usage))
-            if not answer:
+                answer = await llm.complete(prompt, usage)
+            text = strip_reasoning(answer.text)
+            if not text and not answer.calls:
                 raise LLMError("the reply was all reasoning and no answer", kind="transient")
-            return answer
+            return Answer(text, answer.calls)
         except TimeoutError:
             raise LLMError(
                 f"no answer within LASTWORD_LLM__DEADLINE_S={settings.deadline_s:g}s",

@@ -18,6 +18,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -66,6 +67,10 @@ def about(conv: str) -> Iterator[None]:
         conversation.reset(token)
 
 
+# An environment variable whose name says it holds a credential.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
+
+
 def secrets_of(settings: Settings) -> list[str]:
     """The values that must never appear in a log line, an error message or a doctor report:
     every secret setting of the whole tree (a platform's own too, whatever it names them),
@@ -79,6 +84,11 @@ def secrets_of(settings: Settings) -> list[str]:
         values += parse_qs(parts.query).get("password", [])
     # Headers sent to the LLM may carry credentials of their own (an Authorization header).
     values += settings.llm.extra_headers.values()
+    # So may an MCP server's headers, and the environment its command is given (an API key
+    # by any name that says so).
+    for server in settings.tools.mcp_servers.values():
+        values += server.headers.values()
+        values += (v for k, v in server.env.items() if SECRET_NAME.search(k))
     # Shorter values are too short to be secrets, and masking them would mangle ordinary
     # words. Longest first, so a secret that contains another is hidden whole.
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)

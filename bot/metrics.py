@@ -53,6 +53,12 @@ COUNTERS = (
         "restarted",
     ),
     ("replies_held", "Speculative replies that waited for their window to close", "held"),
+    ("tool_calls", "Tool calls run", "tool_calls"),
+    (
+        "tool_calls_reused",
+        "Tool calls answered from the burst's record instead of running again",
+        "tool_calls_reused",
+    ),
     ("replies", "Replies delivered", "replies"),
     ("reply_parts", "Reply parts delivered (a long reply is split)", "parts"),
     ("replies_resent", "Replies re-sent from the outbox after a crash", "resent"),

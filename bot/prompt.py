@@ -8,6 +8,7 @@ the model is told how many.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -16,6 +17,8 @@ from typing import Any, Literal
 from bot.tokens import Counter
 
 FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
+# What heads the tool calls a past reply made, in the history.
+TOOLS_USED = "Tools called for this reply, and what they returned:"
 # Told to the model when the provider refused the images of the turn.
 IMAGES_NOT_SHOWN = (
     "The user sent images, marked [photo] or [image], that could not be shown to you. Say so "
@@ -50,6 +53,13 @@ class Prompt:
     images: tuple[tuple[Image, ...], ...] = ()
     # The model the user picked with /model (None: the configured one).
     model: str | None = None
+    # Tools offered to the model (Chat Completions `tools` entries), and what it has done with
+    # them in this reply so far: its assistant messages with `tool_calls` and the `tool`
+    # messages with their results, in order, after the user turn.
+    tools: tuple[dict[str, Any], ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()
+    # "none" on the step after the last one allowed: the model must answer in text.
+    tool_choice: Literal["auto", "none"] | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages: history with adjacent turns of one role merged, then ONE
@@ -64,6 +74,7 @@ class Prompt:
             # The last answered turn cannot be a user turn, but a trimmed history might be.
             out.append({"role": "assistant", "content": "(no reply)"})
         out.append({"role": "user", "content": self.folded()})
+        out += self.steps
         return out
 
     def folded(self) -> str | list[dict[str, Any]]:
@@ -109,6 +120,12 @@ class Prompt:
         if not self.history:
             return None
         return replace(self, history=self.history[len(self.history) // 2 + 1 :])
+
+
+def with_tools(reply: str, tools: str) -> str:
+    """A past reply as the history shows it: the tool calls it made and what they gave first,
+    so a follow-up question can use them without calling again."""
+    return f"[{TOOLS_USED}\n{tools}]\n{reply}" if tools else reply
 
 
 def system_prompt(template: str, now: datetime | None = None) -> str:
@@ -175,9 +192,13 @@ def estimated_tokens(prompt: Prompt, counter: Counter) -> int:
     """What `counter` expects the provider to count for `prompt`."""
     total = sum(im.tokens for its in prompt.images for im in its)
     for message in prompt.messages():
-        content = message["content"]
+        content = message.get("content")
         if isinstance(content, str):
             total += counter.count(content)
-        else:
+        elif content:
             total += sum(counter.count(p["text"]) for p in content if p["type"] == "text")
+        for call in message.get("tool_calls", ()):
+            total += counter.count(call["function"]["name"] + call["function"]["arguments"])
+    if prompt.tools:
+        total += counter.count(json.dumps(prompt.tools))
     return total

@@ -14,16 +14,18 @@ from collections.abc import Awaitable, Callable
 from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
-from bot.cycle import Cycle, Next
+from bot.cycle import Cycle
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
 from bot.message import InboundMessage, Outbound, Unavailable
+from bot.race import Next
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
 from bot.stats import Stats
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.timers import Timers
+from bot.tools import Toolbox
 from bot.transcribe import Transcriber
 from bot.typing_indicator import Typing
 
@@ -47,11 +49,12 @@ class Runtime:
         llm: LLM,
         outbound: Outbound,
         transcriber: Transcriber | None = None,
+        toolbox: Toolbox | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.outbound = outbound
-        self.cycle = Cycle(settings, store, llm, outbound, transcriber)
+        self.cycle = Cycle(settings, store, llm, outbound, transcriber, toolbox)
         self.typing = Typing(outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}

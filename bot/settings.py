@@ -23,6 +23,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     SecretStr,
     SerializeAsAny,
@@ -295,6 +296,67 @@ class LeaseSettings(BaseModel):
     ttl_ms: int = Field(default=30000, ge=300)
 
 
+class ToolRule(BaseModel):
+    """What the configuration says of one tool, over what the tool says of itself."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    side_effects: bool | None = Field(default=None, alias="sideEffects")
+    admin_only: bool | None = Field(default=None, alias="adminOnly")
+
+
+class McpServer(BaseModel):
+    """One entry of `LASTWORD_TOOLS__MCP_SERVERS`, in the `mcpServers` shape MCP clients share
+    (Claude Desktop, Cursor, VS Code): a command to start over stdio, or the URL of a server
+    that speaks streamable HTTP. The camelCase keys are lastword's own additions."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: OptionalWebUrl = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    # Some clients name the transport; it follows from `command` or `url` all the same.
+    type: Literal["stdio", "http", "streamable-http", "streamableHttp"] | None = None
+    # Whether this server's tools change anything, overriding their `readOnlyHint` (None: the
+    # hint decides, and a tool without one is taken to have side effects).
+    side_effects: bool | None = Field(default=None, alias="sideEffects")
+    # Only admins are offered this server's tools.
+    admin_only: bool = Field(default=False, alias="adminOnly")
+    # Per tool: {"<tool>": {"sideEffects": false, "adminOnly": true}}.
+    tools: dict[str, ToolRule] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError('expected either "command" (stdio) or "url" (streamable HTTP)')
+        return self
+
+
+def _servers(value: object) -> object:
+    # A whole MCP client configuration file pasted as it is: `{"mcpServers": {...}}`.
+    if isinstance(value, dict) and set(value) == {"mcpServers"}:
+        return value["mcpServers"]
+    return value
+
+
+class ToolsSettings(BaseModel):
+    # MCP servers, started once per replica: name -> McpServer.
+    mcp_servers: Annotated[dict[str, McpServer], BeforeValidator(_servers)] = Field(
+        default_factory=dict
+    )
+    # Model steps in one reply that may call tools; the step after the last is asked for text.
+    step_limit: int = Field(default=5, ge=1, le=50)
+    # One call, from asking the tool to its result; past it, the model is told it timed out.
+    call_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    # A result longer than this is cut, with a note saying so, before the model sees it.
+    output_chars: int = Field(default=4000, ge=100, le=100_000)
+    # Starting an MCP server and listing its tools.
+    start_timeout_s: float = Field(default=20.0, gt=0, le=300)
+
+
 # What the settings say of a user: an admin (always let in, whatever was changed in chat), or
 # let in or refused by the allow-list. Admins' /allow and /deny, kept in the store, override
 # the last two.
@@ -341,6 +403,7 @@ class Settings(BaseSettings):
     debounce: DebounceSettings = DebounceSettings()
     lease: LeaseSettings = LeaseSettings()
     access: AccessSettings = AccessSettings()
+    tools: ToolsSettings = ToolsSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2)
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and
@@ -557,6 +620,8 @@ CLIENT_FIXED = (
     "llm.interrupt_poll_ms",
     "media.transcription_base_url",
     "media.transcription_api_key",
+    # Started once per replica, their tools listed then.
+    "tools.mcp_servers",
 )
 
 
@@ -786,6 +851,22 @@ def _one_line(error: Any) -> str:
     if item < len(loc):
         name += f", item {int(loc[item]) + 1}" + "".join(f" {part}" for part in loc[item + 1 :])
     given = error.get("input")
+    if path[:2] == ("tools", "mcp_servers") and len(path) > 2:
+        # An MCP server's own entry: named by its key, shown with its secrets masked.
+        name = f"{spelling.env_name(ENV_PREFIX, path[:2])}, server {path[2]!r}" + "".join(
+            f" {part}" for part in path[3:]
+        )
+        if isinstance(given, dict):
+            return f"{name}: {message}; given {json.dumps(_masked_server(given))}"
     if isinstance(given, str | int | float | bool) or given is None:
         return f"{name}: {message}; given {_shown(path, given)}"
     return f"{name}: {message}"
+
+
+def _masked_server(config: dict[str, Any]) -> dict[str, Any]:
+    """An MCP server's configuration fit for an error message: header and env values hidden."""
+    hidden = {"headers", "env"}
+    return {
+        k: {name: "***" for name in v} if k in hidden and isinstance(v, dict) else v
+        for k, v in config.items()
+    }

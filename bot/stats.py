@@ -73,6 +73,9 @@ class Stats:
     restarted: int = 0
     restarted_tokens: int = 0
     held: int = 0
+    # Tool calls run, and those whose recorded result a later generation of the burst reused.
+    tool_calls: int = 0
+    tool_calls_reused: int = 0
     discarded_tokens: int = 0
     # What the interrupts saved, estimated: a cancelled generation would likely have gone on
     # to the mean length of the finished ones (0 until one has finished).

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bot.runtime import Runtime
+from bot.tools import Toolbox
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
@@ -28,14 +29,16 @@ async def replica(
     runtime_factory: RuntimeFactory,
     fake: FakeOpenAI,
     outbound: RecordingOutbound | None = None,
+    toolbox: Toolbox | None = None,
     **llm: Any,
 ) -> tuple[Runtime, RecordingOutbound]:
     """A runtime answering through `fake`; `llm` adds or overrides LLM settings. Replicas given
     one `outbound` share it as they share a platform: whichever of them takes a burst's wake-up
-    (its own timer, or another's sweep) answers it, and the user sees one chat."""
+    (its own timer, or another's sweep) answers it, and the user sees one chat. Its tools are
+    `toolbox`'s."""
     base: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
     base |= {"model": FAKE_MODEL_ID, "retries": 0}
-    return await runtime_factory(llm=base | llm, outbound=outbound)
+    return await runtime_factory(llm=base | llm, outbound=outbound, toolbox=toolbox)
 
 
 async def say(runtime: Runtime, n: int, *texts: str) -> None:

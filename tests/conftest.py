@@ -26,6 +26,7 @@ from bot.llm import LLM, EchoLLM, OpenAILLM
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.store import Keys, Store
+from bot.tools import Toolbox
 from tests.fakes.outbound import RecordingOutbound
 
 T = TypeVar("T")
@@ -230,6 +231,7 @@ class RuntimeFactory(Protocol):
         *,
         model: LLM | None = None,
         outbound: RecordingOutbound | None = None,
+        toolbox: Toolbox | None = None,
         **overrides: Any,
     ) -> tuple[Runtime, RecordingOutbound]: ...
 
@@ -242,8 +244,9 @@ async def runtime_factory(
 
     `await runtime_factory(settings)` or `await runtime_factory(**make_settings_overrides)`;
     the model is `model`, else the one the settings name (OpenAILLM for "openai", else the
-    echo). Returns the runtime and its outbound. Every runtime is stopped (again, if the test
-    stopped it: that is harmless), and every OpenAILLM client closed, at teardown.
+    echo), its tools `toolbox`'s. Returns the runtime and its outbound. Every runtime is
+    stopped (again, if the test stopped it: that is harmless), and every OpenAILLM client
+    closed, at teardown.
     """
     started: list[tuple[Runtime, LLM]] = []
 
@@ -253,6 +256,7 @@ async def runtime_factory(
         *,
         model: LLM | None = None,
         outbound: RecordingOutbound | None = None,
+        toolbox: Toolbox | None = None,
         **overrides: Any,
     ) -> tuple[Runtime, RecordingOutbound]:
         if settings is None:
@@ -263,7 +267,7 @@ async def runtime_factory(
             model = OpenAILLM(settings.llm) if settings.llm_provider == "openai" else EchoLLM()
         if outbound is None:
             outbound = RecordingOutbound()
-        runtime = Runtime(settings, make_store(settings, redis), model, outbound)
+        runtime = Runtime(settings, make_store(settings, redis), model, outbound, None, toolbox)
         runtime.start()
         started.append((runtime, model))
         return runtime, outbound

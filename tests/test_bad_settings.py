@@ -13,6 +13,7 @@ OPENAI_API_KEY and OPENAI_BASE_URL stand in for unset settings, and doctor says 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -94,6 +95,12 @@ WRONG: dict[str, str] = {
     "DEBOUNCE__SPECULATE_MS": "-5",
     "DEBOUNCE__LEARN": "sometimes",
     "DEBOUNCE__FLOOR_MS": "0.5s",
+    # A server with neither a command nor a URL.
+    "TOOLS__MCP_SERVERS": '{"time": {"args": ["-m", "mcp_server_time"]}}',
+    "TOOLS__STEP_LIMIT": "0",
+    "TOOLS__CALL_TIMEOUT_S": "forever",
+    "TOOLS__OUTPUT_CHARS": "10",
+    "TOOLS__START_TIMEOUT_S": "-1",
     "LEASE__TTL_MS": "100",
     "ACCESS__ALLOWED_USERS": "123,456 789",
     "ACCESS__ADMINS": "alice bob",
@@ -123,7 +130,12 @@ SECRETS = {
 # right for the wrong one to be the error shown.
 REQUIRED = {"TELEGRAM": {"TELEGRAM__TOKEN": "123:abc"}, "DISCORD": {"DISCORD__TOKEN": "a.b.c"}}
 # How a value too long to quote is shown instead.
-SHOWN_AS = {"LLM__SYSTEM_PROMPT": "about 50000 tokens"}
+SHOWN_AS = {
+    "LLM__SYSTEM_PROMPT": "about 50000 tokens",
+    # The server's own entry, named by its key (its headers and env would be masked).
+    "TOOLS__MCP_SERVERS": 'server \'time\': expected either "command" (stdio) or "url" '
+    '(streamable HTTP); given {"args": ["-m", "mcp_server_time"]}',
+}
 COMMANDS = (["run"], ["doctor"], ["status"])
 
 
@@ -404,3 +416,13 @@ def test_a_redis_url_at_the_wrong_server_is_one_line(
     lines = [line for line in ran.stderr.splitlines() if "WARNING" not in line]
     assert len(lines) == 1 and reason in lines[0], ran.stderr
     assert lines[0].startswith("lastword: configuration error: LASTWORD_REDIS_URL")
+
+
+def test_a_wrong_mcp_server_is_shown_without_its_headers_or_env(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = {"headers": {"Authorization": "Bearer s3cr3t-h"}, "env": {"TOKEN": "s3cr3t-e"}}
+    monkeypatch.setenv(ENV_PREFIX + "TOOLS__MCP_SERVERS", json.dumps({"crm": server}))
+    code, output = one_line(capsys, ["doctor"])
+    assert code == 2 and "server 'crm'" in output, output
+    assert "s3cr3t" not in output and '"Authorization": "***"' in output, output

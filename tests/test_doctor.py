@@ -8,6 +8,7 @@ report names the setting to fix, and none may leak a secret into the rendered ou
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -590,3 +591,67 @@ async def test_console_and_echo_need_nothing(make_settings: SettingsFactory) -> 
     assert found["platform"] == Check("platform", True, "console: no token needed")
     assert found["llm"] == Check("llm", True, "offline echo model")
     assert all(check.ok for check in found.values())
+
+
+# MCP servers: each started, its tools listed and stopped, as a replica would.
+
+MCP_SECRET = "SECRET-mcp-header-Wd40xq"
+
+
+def mcp_time_server() -> dict[str, Any]:
+    return {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        "env": {"SOME_TOKEN": MCP_SECRET},
+    }
+
+
+async def test_an_mcp_server_is_started_and_its_tools_counted(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(tools={"mcp_servers": {"time": mcp_time_server()}})
+    checks = await run_checks(settings)
+
+    assert [check.name for check in checks] == [*NAMES, "mcp time"]
+    assert checks[-1] == Check(
+        "mcp time", True, f"{sys.executable}: 2 tools (get_current_time, convert_time)"
+    )
+    assert exit_code(checks) == 0
+    assert_no_secret(render(checks), MCP_SECRET)
+
+
+async def test_mcp_servers_that_fail_say_why_in_one_line(
+    make_settings: SettingsFactory, short_dir: Path
+) -> None:
+    missing = str(short_dir / "no-such-server")
+    url = f"http://127.0.0.1:{closed_port()}/mcp"
+    servers = {
+        "time": mcp_time_server(),
+        "gone": {"command": missing, "args": ["--token", MCP_SECRET]},
+        "web": {"url": url, "headers": {"Authorization": f"Bearer {MCP_SECRET}"}},
+        # Started, but never answers.
+        "mute": {"command": sys.executable, "args": ["-c", "import time; time.sleep(30)"]},
+    }
+    began = time.monotonic()
+    settings = make_settings(tools={"mcp_servers": servers, "start_timeout_s": 2})
+    checks = by_name(await run_checks(settings))
+    # Side by side: the mute one's 2 s and its stop, not the sum of all.
+    assert time.monotonic() - began < 12
+
+    assert checks["mcp time"].ok
+    gone = checks["mcp gone"]
+    assert not gone.ok
+    assert gone.detail == (
+        f"{missing}: FileNotFoundError: [Errno 2] No such file or directory: '{missing}'"
+    )
+    assert "LASTWORD_TOOLS__MCP_SERVERS" in gone.fix
+    web = checks["mcp web"]
+    assert not web.ok
+    assert web.detail.startswith(f"{url}: ")
+    assert "LASTWORD_TOOLS__MCP_SERVERS" in web.fix
+    assert checks["mcp mute"] == Check(
+        "mcp mute", False, f"{sys.executable}: no tools listed within 2 s", gone.fix
+    )
+    report = render(list(checks.values()))
+    assert_no_secret(report, MCP_SECRET)
+    assert all("\n" not in check.detail for check in checks.values())

@@ -14,6 +14,11 @@ import aiohttp
 import openai
 import pytest
 from openai.types import AudioResponseFormat
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+)
 
 from tests.fakes.openai_server import (
     IMAGE_TOKENS,
@@ -21,6 +26,10 @@ from tests.fakes.openai_server import (
     RawReply,
     RecordedRequest,
     ScriptedError,
+    SeenCall,
+    SeenResult,
+    ToolCalls,
+    ToolPolicy,
 )
 
 
@@ -601,3 +610,231 @@ async def test_a_raw_reply_is_written_piece_by_piece(fake: FakeOpenAI) -> None:
             assert not recorded.finished
             assert await response.content.read() == b'\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
     assert recorded.finished
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+CLOCK_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_current_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}},
+    },
+}
+UTC_ARGS = '{"timezone": "UTC"}'
+ASK_TIME: list[dict[str, Any]] = [{"role": "user", "content": "what time is it?"}]
+
+
+def answered_call(call_id: str, result: str) -> list[dict[str, Any]]:
+    """The steps after a call of the clock: the assistant's call, then the tool's result."""
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "get_current_time", "arguments": UTC_ARGS},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+async def chat(client: openai.AsyncOpenAI, **request: Any) -> ChatCompletionMessage:
+    """The message of one completion asked of the clock-offering fake (plain dicts in, as the
+    bot sends them, rather than the client's typed parameters); an option given as None is
+    left out."""
+    request = {"model": "m", "messages": ASK_TIME, "tools": [CLOCK_TOOL]} | request
+    sent = {key: value for key, value in request.items() if value is not None}
+    completion: ChatCompletion = await client.chat.completions.create(**sent)
+    [choice] = completion.choices
+    return choice.message
+
+
+def function_calls(message: ChatCompletionMessage) -> list[ChatCompletionMessageFunctionToolCall]:
+    calls = message.tool_calls or []
+    assert all(isinstance(c, ChatCompletionMessageFunctionToolCall) for c in calls)
+    return [c for c in calls if isinstance(c, ChatCompletionMessageFunctionToolCall)]
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["in-turn", "interleaved"])
+async def test_streamed_tool_calls_are_what_the_official_client_assembles(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI, interleave: bool
+) -> None:
+    calls = [("get_current_time", UTC_ARGS), ("get_current_time", '{"timezone": "Asia/Tokyo"}')]
+    fake.answer_next(ToolCalls(calls, text="Checking.", interleave=interleave))
+    request: dict[str, Any] = {"model": "m", "messages": ASK_TIME, "tools": [CLOCK_TOOL]}
+    async with client.chat.completions.stream(
+        **request, stream_options={"include_usage": True}
+    ) as stream:
+        deltas = [
+            event.chunk.choices[0].delta
+            async for event in stream
+            if event.type == "chunk" and event.chunk.choices
+        ]
+        final = await stream.get_final_completion()
+    [choice] = final.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    made = function_calls(choice.message)
+    assert [(c.function.name, c.function.arguments) for c in made] == calls
+    assert all(c.id.startswith("call_") for c in made) and len({c.id for c in made}) == 2
+    # As OpenAI streams them: each call's first piece has its id, type and name and no
+    # arguments yet; the rest only argument pieces.
+    pieces = [p for d in deltas for p in d.tool_calls or ()]
+    firsts = [(p.index, p.type, p.function and p.function.arguments) for p in pieces if p.id]
+    assert firsts == [(0, "function", ""), (1, "function", "")]
+    assert all(p.function and p.function.name is None for p in pieces if not p.id)
+    assert len(pieces) > 2 * len(firsts)
+    assert final.usage is not None
+    assert final.usage.completion_tokens == ToolCalls(calls, "Checking.").tokens()
+    [recorded] = fake.requests
+    # Every chunk but the first (the role, empty content) and the last (the finish reason).
+    assert recorded.pieces_streamed == len(deltas) - 2
+    assert recorded.tool_names == ["get_current_time"] and recorded.tool_choice is None
+
+
+async def test_tool_calls_not_streamed(fake: FakeOpenAI, client: openai.AsyncOpenAI) -> None:
+    fake.answer_next(ToolCalls([("get_current_time", UTC_ARGS)], ids=["call_1"]))
+    message = await chat(client, tool_choice="auto")
+    assert message.content is None
+    [call] = function_calls(message)
+    assert call.id == "call_1" and call.function.arguments == UTC_ARGS
+    assert fake.requests[0].tool_choice == "auto"
+
+
+def results(message: ChatCompletionMessage, label: str) -> list[dict[str, Any]]:
+    """The steps after `message`: it, then a result for each of its calls."""
+    told = [
+        {"role": "tool", "tool_call_id": call.id, "content": f"{label} {n}"}
+        for n, call in enumerate(function_calls(message))
+    ]
+    return [message.model_dump(exclude_none=True), *told]
+
+
+async def test_a_tool_policy_runs_call_result_text_on_its_own(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    cet = '{"timezone": "CET"}'
+    fake.reply = ToolPolicy(
+        "get_current_time", [UTC_ARGS, cet], steps=2, answer="{results} | {user}"
+    )
+    first = await chat(client)
+    assert [c.function.arguments for c in function_calls(first)] == [UTC_ARGS, cet]
+    steps = results(first, "time")
+    # Two steps asked for: a second round of calls, then the text quoting every result.
+    second = await chat(client, messages=ASK_TIME + steps)
+    assert len(function_calls(second)) == 2
+    steps += results(second, "later")
+    text = await chat(client, messages=ASK_TIME + steps)
+    assert text.content == "time 0\ntime 1\nlater 0\nlater 1 | what time is it?"
+    assert not text.tool_calls
+    # Told to answer in text: no call, and with no result yet, the echo.
+    none = await chat(client, tool_choice="none")
+    assert none.content == "You said: what time is it?" and not none.tool_calls
+    # Not offered the tool: the same.
+    bare = await chat(client, tools=[CLOCK_TOOL | {"function": {"name": "other"}}])
+    assert bare.content == "You said: what time is it?" and not bare.tool_calls
+    last = fake.requests[2]
+    assert [len(step) for step in last.tool_steps(this_turn=True)] == [2, 2]
+    assert [r.text for r in last.tool_results()] == ["time 0", "time 1", "later 0", "later 1"]
+    assert {r.name for r in last.tool_results()} == {"get_current_time"}
+
+
+async def test_tool_steps_this_turn_leave_the_history_out(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    messages = [
+        {"role": "user", "content": "earlier"},
+        *answered_call("call_old", "then"),
+        {"role": "assistant", "content": "It was then."},
+        {"role": "user", "content": "and now?"},
+        *answered_call("call_new", "now"),
+    ]
+    await chat(client, messages=messages)
+    [recorded] = fake.requests
+    assert [call.id for call in recorded.tool_calls()] == ["call_old", "call_new"]
+    now = recorded.tool_calls(this_turn=True)
+    assert now == [SeenCall("call_new", "get_current_time", UTC_ARGS)]
+    told = recorded.tool_results(this_turn=True)
+    assert told == [SeenResult("call_new", "get_current_time", "now")]
+    assert recorded.last_user_text == "and now?"
+
+
+async def test_tools_and_tool_messages_are_billed(
+    fake: FakeOpenAI, client: openai.AsyncOpenAI
+) -> None:
+    said = "twelve o'clock, " * 10
+    await chat(client, tools=None)
+    await chat(client)
+    await chat(client, messages=[*ASK_TIME, *answered_call("call_1", said)])
+    plain, offered, stepped = (r.prompt_tokens for r in fake.requests)
+    assert offered - plain == len(json.dumps([CLOCK_TOOL])) // 4 + 1
+    call = len("get_current_time" + UTC_ARGS) // 4 + 1
+    result = len(said) // 4 + 1
+    # The assistant message with the call has no content: an empty text costs 1 like any.
+    assert stepped - offered == 1 + call + result
+
+
+def unanswered_then_asked() -> list[dict[str, Any]]:
+    call, result = answered_call("c", "r")
+    return [*ASK_TIME, call, *ASK_TIME, result]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [CLOCK_TOOL], "tool_choice": "always"}, "tool_choice"),
+        ({"tools": CLOCK_TOOL}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "x" * 65}}]},
+            "tools[0].function.name",
+        ),
+        ({"messages": [*ASK_TIME, answered_call("c", "r")[1]]}, "messages.[1].role"),
+        ({"messages": [*ASK_TIME, answered_call("c", "r")[0]]}, "messages.[1].role"),
+        ({"messages": unanswered_then_asked()}, "messages.[1].role"),
+        (
+            {"messages": [*ASK_TIME, {"role": "assistant", "content": None, "tool_calls": []}]},
+            "messages[1].tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    *ASK_TIME,
+                    answered_call("c", "r")[0],
+                    {"role": "tool", "tool_call_id": "c"},
+                ]
+            },
+            "messages[2].content",
+        ),
+    ],
+    ids=[
+        "choice-without-tools",
+        "unknown-choice",
+        "tools-not-a-list",
+        "no-function",
+        "bad-name",
+        "long-name",
+        "orphan-result",
+        "unanswered-call",
+        "result-too-late",
+        "empty-calls",
+        "result-without-content",
+    ],
+)
+async def test_malformed_tools_and_tool_messages_are_openai_style_400s(
+    fake: FakeOpenAI, body: dict[str, Any], param: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            fake.base_url + "/chat/completions",
+            json={"model": "m", "messages": ASK_TIME} | body,
+            headers={"Authorization": "Bearer k1"},
+        ) as response,
+    ):
+        error = (await response.json())["error"]
+    assert response.status == 400 and error["param"] == param, error
+    assert error["type"] == "invalid_request_error"
+    assert fake.requests == [] and len(fake.rejected) == 1

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pytest
 
 from bot.cycle import APOLOGY
-from bot.llm import EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
+from bot.llm import Answer, EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
 from bot.prompt import FOLD_HEADER, Image, Prompt, Turn
 from bot.runtime import Runtime
 from bot.settings import LLMSettings
@@ -112,9 +112,9 @@ def test_prompt_roles_alternate_even_after_a_trimmed_history() -> None:
 async def test_echo_answers_with_the_folded_messages_deterministically() -> None:
     llm = EchoLLM()
     first = await llm.complete(prompt("A", "B", "C"), Usage())
-    assert first == "You said: A / B / C"
+    assert first == Answer("You said: A / B / C")
     assert await llm.complete(prompt("A", "B", "C"), Usage()) == first
-    assert await EchoLLM(delay_ms=20).complete(prompt("solo"), Usage()) == "You said: solo"
+    assert await EchoLLM(delay_ms=20).complete(prompt("solo"), Usage()) == Answer("You said: solo")
 
 
 # -- OpenAILLM against the fake provider -----------------------------------------------------
@@ -124,7 +124,8 @@ async def test_plain_completion_returns_the_text(fake: FakeOpenAI) -> None:
     fake.reply = lambda request: "Hello from the model."
     asked = Prompt("Be brief.", (Turn("user", "earlier"), Turn("assistant", "ok")), ("A", "B"))
     usage = Usage()
-    assert await openai_llm(fake, stream=False).complete(asked, usage) == "Hello from the model."
+    answer = await openai_llm(fake, stream=False).complete(asked, usage)
+    assert answer == Answer("Hello from the model.")
     [request] = fake.requests
     assert request.model == MODEL
     assert request.api_key == KEY
@@ -141,7 +142,8 @@ async def test_streamed_completion_returns_the_text_and_the_reported_usage(
 ) -> None:
     fake.reply = lambda request: "one two three, four five six"
     usage = Usage()
-    assert await openai_llm(fake).complete(prompt("count"), usage) == "one two three, four five six"
+    answer = await openai_llm(fake).complete(prompt("count"), usage)
+    assert answer == Answer("one two three, four five six")
     [request] = fake.requests
     assert request.stream and request.body["stream_options"] == {"include_usage": True}
     assert request.finished and not request.cancelled
@@ -223,8 +225,8 @@ async def test_a_provider_that_refuses_stream_options_still_streams(
     llm = openai_llm(fake)
     first, second = Usage(), Usage()
     try:
-        assert await llm.complete(prompt("hi"), first) == "one two three four"
-        assert await llm.complete(prompt("again"), second) == "one two three four"
+        assert (await llm.complete(prompt("hi"), first)).text == "one two three four"
+        assert (await llm.complete(prompt("again"), second)).text == "one two three four"
     finally:
         await llm.client.close()
     # Refused once, then asked without it, and not again for the next reply.
@@ -250,7 +252,7 @@ async def test_a_stream_that_breaks_midway_is_retried(
     settings = LLMSettings(**llm_config(fake))
     usage = Usage()
     answer = await generate(OpenAILLM(settings), prompt("hi"), settings, usage)
-    assert answer == fake.reply(fake.requests[-1])
+    assert answer.text == fake.reply(fake.requests[-1])
     first, second = fake.requests
     assert (first.dropped, first.finished) == ((True, False) if how == "drop" else (False, True))
     assert second.finished and not second.dropped
@@ -383,7 +385,7 @@ async def test_transient_failures_are_retried_with_backoff(
     base_s = 0.05
     settings = LLMSettings(**llm_config(fake, retries=3, retry_base_s=base_s))
     answer = await generate(OpenAILLM(settings), prompt("hi"), settings, Usage())
-    assert answer == "third time lucky"
+    assert answer == Answer("third time lucky")
     assert len(fake.requests) == 3
     starts = [r.started_at for r in fake.requests]
     # Jitter takes at most half off base * 2**attempt, so each wait is at least half of that.
@@ -497,7 +499,7 @@ async def test_a_model_that_refuses_images_answers_once_without_them(
     image = Image("data:image/jpeg;base64,/9j/AA==", 255)
     asked = Prompt("Be brief.", (), ("[photo] what is this?",), images=((image,),))
     answer = await generate(openai_llm(fake), asked, LLMSettings(**llm_config(fake)), Usage())
-    assert answer == "You said: [photo] what is this?"
+    assert answer == Answer("You said: [photo] what is this?")
     first, second = fake.requests
     assert first.image_urls() == [image.url] and second.image_urls() == []
     assert "could not be shown to you" in second.messages[0]["content"]
@@ -507,9 +509,9 @@ async def test_a_model_that_refuses_images_answers_once_without_them(
 async def test_the_echo_model_streams_word_by_word_and_a_long_answer_briefly() -> None:
     seen: list[str] = []
     answer = await EchoLLM(word_ms=1).complete(prompt("one two"), Usage(on_text=seen.append))
-    assert answer == "You said: one two"
+    assert answer == Answer("You said: one two")
     # Each step a longer prefix, the last the whole answer.
-    assert seen == ["You", "You said:", "You said: one", answer, answer]
+    assert seen == ["You", "You said:", "You said: one", answer.text, answer.text]
     seen.clear()
     long = " ".join(f"w{n}" for n in range(1000))
     await EchoLLM(word_ms=1).complete(prompt(long), Usage(on_text=seen.append))

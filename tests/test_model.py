@@ -28,6 +28,14 @@ set a speculation time on the windows they open or extend), one does not; a spec
 holder's pre-send waits (`hold`) while its window is open, and a message that extends that
 window restarts it without a discard.
 
+Tools: a holder generating may record a step of two tool calls (the first with side effects,
+the second without) and begin one, finishing it or not (its runner dies mid-call). The tool's
+side effect is counted by the model, never by the server: it happens at most once per call
+asked for, whatever holders come and go; a finished call's result is reused as it was
+recorded; one with side effects started and never finished is 'unknown' for good; a holder
+that lost its lease starts nothing; a speculative holder's call with side effects waits while
+its window is open.
+
 After every step, the invariants are read from the server itself: V, W, the pending
 messages, the window, the due-index, and the history the model kept (each answered message,
 then the reply when it was sent, the newest HISTORY_CAP entries).
@@ -72,6 +80,7 @@ from bot.store import (
     StoreSettings,
     lease_token,
 )
+from bot.tools import ToolCall
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -97,6 +106,8 @@ JUMP_MS = 3_600_000
 DEADLINE_BOUND_MS = MAX_WAIT_MS + CLOCK_SLACK_MS
 BACKOFF_BOUND_MS = RETRY_AFTER_ERROR_CAP_MS + CLOCK_SLACK_MS
 HORIZON_MS = max(MAX_WAIT_MS, TTL_MS, RETRY_AFTER_ERROR_CAP_MS) + CLOCK_SLACK_MS
+# The one tool step every generation asks for: call 0 has side effects, call 1 has none.
+CALLS = (ToolCall("c0", "book", '{"table": 2}'), ToolCall("c1", "look", "{}"))
 EXAMPLES = int(os.environ.get("LASTWORD_MODEL_EXAMPLES", "200"))
 STEPS = 50
 
@@ -178,6 +189,12 @@ class Protocol(RuleBasedStateMachine):
         # What each conversation's history must hold: (role, version, text), oldest first.
         self.history: dict[str, list[tuple[str, int, str]]] = {c: [] for c in CONVERSATIONS}
         self.texts: dict[str, list[str]] = {c: [] for c in CONVERSATIONS}  # by version - 1
+        # Tools: the burst each conversation's record holds, what is known of each of its
+        # calls ("started", "unknown", or "done:" and the result), and how many times each
+        # call with side effects really ran, by (conversation, burst, call).
+        self.record_burst: dict[str, int] = {}
+        self.calls: dict[tuple[str, int, int], str] = {}
+        self.effects: Counter[tuple[str, int, int]] = Counter()
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(step)
@@ -311,6 +328,8 @@ class Protocol(RuleBasedStateMachine):
         if len(self.holders) == before or not self.holders[-1].speculative:
             return
         holder = self.holders[-1]
+        # A call with side effects asked for while the window is open: held.
+        self._tool_call(holder, 0, finish=True)
         # Ready while the window is still open (most often): held.
         self._presend(holder, newer=False)
         if holder.stage != "acquired":
@@ -675,6 +694,68 @@ class Protocol(RuleBasedStateMachine):
             if failed:
                 self.backoff_until[conv] = self.run(self._state(conv))["retry_at"]
 
+    @rule(n=pick, index=st.integers(0, 1), finish=st.booleans())
+    def tool_call(self, n: int, index: int, finish: bool) -> None:
+        if (holder := self.holder(n, "acquired")) is not None:
+            self._tool_call(holder, index, finish)
+
+    @rule(n=pick, replica=replica_)
+    def tool_runner_dies(self, n: int, replica: int) -> None:
+        """The kill -9 case: one call finished, one with side effects begun and its runner
+        gone mid-call (its lease runs out); the next holder of the burst resumes both."""
+        if (holder := self.holder(n, "acquired")) is None:
+            return
+        self._tool_call(holder, 1, finish=True)
+        self._tool_call(holder, 0, finish=False)
+        before = len(self.holders)
+        self._expire(holder)
+        self.acquire(replica, holder.lease.conversation, on_time=True)
+        if len(self.holders) > before and self.holders[-1].stage == "acquired":
+            self._tool_call(self.holders[-1], 1, finish=True)
+            self._tool_call(self.holders[-1], 0, finish=True)
+
+    def _tool_call(self, holder: Holder, index: int, finish: bool) -> None:
+        """A generating holder's tool step: recorded (unless an earlier holder of the burst
+        did), then call `index` begun and, if `finish`, ended with its result."""
+        conv, store, lease = holder.lease.conversation, self.replicas[holder.replica], holder.lease
+        burst = holder.grant.watermark + 1
+        held = self.run(self._held(holder))
+        if not self.run(store.tool_record(conv, burst)).steps:
+            recorded = self.run(store.record_step(lease, burst, 0, CALLS))
+            assert recorded == held, f"record_step said {recorded}; held: {held}"
+            if recorded and self.record_burst.get(conv) != burst:
+                self.calls = {key: s for key, s in self.calls.items() if key[0] != conv}
+                self.record_burst[conv] = burst
+        key, side_effects = (conv, burst, index), index == 0
+        leased = self.run(self._leased(holder))
+        begun = self.run(store.begin_call(lease, burst, 0, index, side_effects))
+        known = self.calls.get(key)
+        if not held or self.record_burst.get(conv) != burst:
+            assert begun.status == "lost", f"a holder without the lease got {begun}"
+            return
+        if known == "unknown" or (known == "started" and side_effects):
+            assert begun.status == "unknown", f"{key} was {known}, then {begun}"
+            self.calls[key] = "unknown"
+            self.seen["tool unknown"] += 1
+            return
+        if known is not None and known.startswith("done:"):
+            assert (begun.status, begun.text) == ("done", known[5:]), f"{key}: {begun}"
+            self.seen["tool reused"] += 1
+            return
+        if begun.status == "hold":
+            assert side_effects and leased, f"{key} held outside a speculative window"
+            self.seen["tool held"] += 1
+            return
+        assert begun.status == "run", f"{key} was {known}, then {begun}"
+        if side_effects:
+            self.effects[key] += 1
+            assert self.effects[key] == 1, f"{key} ran {self.effects[key]} times"
+        self.calls[key] = "started"
+        if finish:
+            text = f"result by r{holder.replica} fence {lease.fence}"
+            assert self.run(store.end_call(lease, burst, 0, index, text, False))
+            self.calls[key] = "done:" + text
+
     @rule(n=pick)
     def crash(self, n: int) -> None:
         """The holder stops calling, at whatever step it had reached."""
@@ -729,8 +810,9 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     except Exception as failure:
         failure.add_note(f"replay this run: {replay}")
         raise
-    print(f"speculation in this run: {dict(Protocol.seen)}")
-    for step in ("speculated", "held", "restarted", "sent after its window"):
+    print(f"speculation and tools in this run: {dict(Protocol.seen)}")
+    steps = ("speculated", "held", "restarted", "sent after its window")
+    for step in (*steps, "tool reused", "tool unknown", "tool held"):
         assert Protocol.seen[step], f"no run went through '{step}': {replay}"
 
 

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.llm import JUNK_LIMIT, LLMError, OpenAILLM, Usage, generate
+from bot.llm import JUNK_LIMIT, TOOL_NAME, LLMError, OpenAILLM, Usage, generate
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
+from bot.tools import ToolCall
 from tests.fakes.openai_server import FakeOpenAI, RawReply
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,6 +57,7 @@ class Asked:
         self.drafts: list[str] = []
         self.usage = Usage(on_text=self.drafts.append)
         self.text: str | None = None
+        self.calls: tuple[ToolCall, ...] = ()
         self.error: LLMError | None = None
 
     @property
@@ -71,7 +73,8 @@ async def ask(fake: FakeOpenAI, *raw: RawReply, stream: bool = True) -> Asked:
     llm = OpenAILLM(llm_settings(fake, stream=stream))
     asked = Asked()
     try:
-        asked.text = await llm.complete(PROMPT, asked.usage)
+        answer = await llm.complete(PROMPT, asked.usage)
+        asked.text, asked.calls = answer.text, answer.calls
     except LLMError as exc:
         asked.error = exc
     finally:
@@ -164,7 +167,7 @@ async def test_a_reply_of_thinking_only_is_retried_and_the_next_one_answers(
     fake.answer_next(thinking)
     usage = Usage()
     answer = await generate(OpenAILLM(settings), PROMPT, settings, usage)
-    assert answer == "the plain answer" and len(fake.requests) == 2
+    assert answer.text == "the plain answer" and len(fake.requests) == 2
 
 
 # -- usage ------------------------------------------------------------------------------------
@@ -269,7 +272,7 @@ async def test_past_the_junk_limit_the_stream_is_given_up_and_retried(fake: Fake
     settings = llm_settings(fake)
     fake.answer_next(RawReply.events(chunk({"content": "lost"}), *junk))
     answer = await generate(OpenAILLM(settings), PROMPT, settings, Usage())
-    assert answer == "the plain answer" and len(fake.requests) == 2
+    assert answer.text == "the plain answer" and len(fake.requests) == 2
     # Up to the limit, it is read.
     kept = RawReply.events(chunk({"content": "kept"}), *junk[:JUNK_LIMIT])
     assert (await answered(fake, kept)).text == "kept"
@@ -307,7 +310,8 @@ async def test_an_html_page_with_a_200_is_a_transient_error(fake: FakeOpenAI, st
 async def test_an_html_error_page_with_a_502_is_retried(fake: FakeOpenAI, stream: bool) -> None:
     settings = llm_settings(fake, stream=stream)
     fake.answer_next(RawReply.html(status=502))
-    assert await generate(OpenAILLM(settings), PROMPT, settings, Usage()) == "the plain answer"
+    answer = await generate(OpenAILLM(settings), PROMPT, settings, Usage())
+    assert answer.text == "the plain answer"
 
 
 async def test_a_whole_completion_to_a_stream_request_is_read(fake: FakeOpenAI) -> None:
@@ -418,8 +422,28 @@ CONTENT = JSON | st.lists(
     ),
     max_size=3,
 )
+# Pieces of tool calls, usable or not: an index, an id, a name and arguments of any type.
+TOOL_PIECES = JSON | st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": JSON | st.integers(-1, 3),
+            "id": JSON,
+            "function": JSON
+            | st.fixed_dictionaries(
+                {},
+                optional={
+                    "name": JSON | st.sampled_from(["get_time", "a bad name"]),
+                    "arguments": JSON,
+                },
+            ),
+        },
+    ),
+    max_size=3,
+)
 CHUNKS = st.one_of(
     JSON,
+    st.builds(lambda pieces: chunk({"tool_calls": pieces}), TOOL_PIECES),
     st.builds(
         chunk, st.fixed_dictionaries({}, optional={"content": CONTENT, "reasoning_content": JSON})
     ),
@@ -431,6 +455,7 @@ CHUNKS = st.one_of(
 
 BODIES = st.one_of(
     JSON,
+    st.builds(lambda calls: completion({"tool_calls": calls}), TOOL_PIECES),
     st.builds(completion, JSON | st.fixed_dictionaries({"content": CONTENT})),
     st.builds(lambda usage: completion({"content": "x"}, usage=usage), JSON),
     st.builds(lambda choices: completion({}, choices=choices), JSON),
@@ -458,4 +483,5 @@ async def test_any_reply_is_read_or_is_a_transient_error(
     if asked.error is not None:
         assert asked.error.kind == "transient"
     else:
-        assert isinstance(asked.text, str) and asked.text
+        assert isinstance(asked.text, str) and (asked.text or asked.calls)
+        assert all(TOOL_NAME.fullmatch(call.name) for call in asked.calls)

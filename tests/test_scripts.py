@@ -652,7 +652,9 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
     await store.ingest(message(2))
     grant = await acquire_when_ready(store, CONV, "owner")
     assert grant.lease is not None
-    verdict = await store.presend(grant.lease, grant.version, "the reply", changes="[change]")
+    verdict = await store.presend(
+        grant.lease, grant.version, "the reply", changes="[change]", tools='now() -> "12:00"'
+    )
     assert verdict == PreSend("ok", forced=False)
     assert await hash_of(redis, k.outbox) == {
         "text": "the reply",
@@ -663,6 +665,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "replaces": "0",  # not a /retry
         "unsaid": "0",
         "changes": "[change]",  # the admin changes it announces, for a resend to apply
+        "tools": 'now() -> "12:00"',  # the tool calls it made, for the history
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)

@@ -48,6 +48,7 @@ from bot.commands.chat import (
 )
 from bot.commands.forget import FORGET, Asked, Erase
 from bot.commands.persona import PERSONA, Persona
+from bot.commands.tools import TOOLS
 from bot.message import InboundMessage
 from bot.store import Store
 
@@ -97,6 +98,7 @@ COMMANDS: dict[str, AnyCommand] = {
         chat.RESET_COMMAND,
         FORGET,
         PERSONA,
+        TOOLS,
         admin.ALLOW,
         admin.DENY,
         admin.BUDGET,

@@ -3,7 +3,8 @@
 The scripts and their arguments are declared in `bot.store.scripts`; every key name comes
 from `bot.store.keys`, which also describes the layout. `Store` is put together from one part
 per area: conversations (the flow's steps), roles, kept values, access, usage, the transcript
-cache, what a user chose or may take back (persona, /forget) and heartbeats, on the base in
+cache, what a user chose or may take back (persona, /forget), heartbeats and the record of
+tool calls, on the base in
 `bot.store.calls`; `bot.store.errors` tells a failure worth a retry from a bug.
 """
 
@@ -41,6 +42,7 @@ from bot.store.keys import ACCESS_SEQ_KEY, Keys, Layout
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
+from bot.store.tools import Begun, Record, Recorded, Tools
 from bot.store.transcripts import Transcripts
 from bot.store.usage import MONTH_KEEP_MS, DayTotals, Spending, Usage
 
@@ -62,6 +64,9 @@ RELEASE = _scripts.RELEASE.source
 RENEW = _scripts.RENEW.source
 ROLE = _scripts.ROLE.source
 ROLE_RELEASE = _scripts.ROLE_RELEASE.source
+TOOL_BEGIN = _scripts.TOOL_BEGIN.source
+TOOL_END = _scripts.TOOL_END.source
+TOOL_STEP = _scripts.TOOL_STEP.source
 TRANSCRIPT = _scripts.TRANSCRIPT.source
 USAGE = _scripts.USAGE.source
 
@@ -93,9 +98,13 @@ __all__ = [
     "ROLE_RELEASE",
     "SEEN_CAP",
     "SEEN_KEEP_MS",
+    "TOOL_BEGIN",
+    "TOOL_END",
+    "TOOL_STEP",
     "TRANSCRIPT",
     "USAGE",
     "AccessRecord",
+    "Begun",
     "DayTotals",
     "Ended",
     "Grant",
@@ -107,6 +116,8 @@ __all__ = [
     "Lease",
     "Outcome",
     "PreSend",
+    "Record",
+    "Recorded",
     "Spending",
     "Store",
     "StoreSettings",
@@ -117,7 +128,7 @@ __all__ = [
 ]
 
 
-class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats):
+class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats, Tools):
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
     async def due(self, limit: int = 100) -> list[str]:

@@ -28,7 +28,7 @@ if not holds(lease, token, fence) then
   return cjson.encode({status = 'lost', look_in_ms = -1})
 end
 
-local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid')
+local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid', 'tools')
 local covered = tonumber(reply[2])
 local reset = tonumber(reply[3] or '0') or 0
 local replaces = tonumber(reply[4] or '0') or 0
@@ -60,8 +60,13 @@ if covered ~= nil and covered > w then
   end
   if outcome == 'sent' then
     count_today(totals, 'replies', totals_keep_ms)
-    redis.call('RPUSH', history,
-      '{"role":"assistant","v":' .. covered .. ',"text":' .. cjson.encode(reply[1]) .. '}')
+    -- The tool calls it made go with it, so a follow-up question can use what they gave.
+    local tools = ''
+    if reply[6] and reply[6] ~= '' then
+      tools = ',"tools":' .. cjson.encode(reply[6])
+    end
+    redis.call('RPUSH', history, '{"role":"assistant","v":' .. covered .. ',"text":'
+      .. cjson.encode(reply[1]) .. tools .. '}')
   end
   redis.call('LTRIM', history, -history_cap, -1)
   redis.call('HSET', state, 'w', covered)

@@ -84,6 +84,8 @@ class HistoryEntry:
     # A user message's files, by reference: the prompt shows a past one as a short
     # placeholder (a voice note as its transcript), never its bytes again.
     attachments: tuple[Attachment, ...] = ()
+    # A reply's tool calls and what they gave, one line each (`bot.steps`).
+    tools: str = ""
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> HistoryEntry:
@@ -91,7 +93,7 @@ class HistoryEntry:
         if data["role"] == "user":
             message = InboundMessage.from_json(json.dumps(data["message"]))
             return cls("user", int(data["v"]), message.prompt_text(), message.attachments)
-        return cls("assistant", int(data["v"]), str(data["text"]))
+        return cls("assistant", int(data["v"]), str(data["text"]), tools=str(data.get("tools", "")))
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,7 @@ class Conversations(Calls):
         unsaid: int = 0,
         changes: str = "",
         worked_ms: int = 0,
+        tools: str = "",
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
@@ -322,7 +325,8 @@ class Conversations(Calls):
         the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
         long the cycle has worked since its acquire (reading files, generating), by the
         replica's own clock; the starvation guard believes an age that much older than it
-        would at the acquire, so a slow generation that the guard let run is not discarded."""
+        would at the acquire, so a slow generation that the guard let run is not discarded.
+        `tools`: the tool calls the reply made, which the history keeps with it."""
         trusted = self.settings.trusted_age_ms
         args: dict[str, str | int] = {
             **_holder(lease),
@@ -338,6 +342,7 @@ class Conversations(Calls):
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
             "window_bound_ms": self.settings.max_wait_ms + CLOCK_SLACK_MS,
+            "tools": tools,
         }
         keys = _own_keys(scripts.PRESEND, self.layout.keys(lease.conversation))
         return PreSend.from_reply(await self._run_durable(scripts.PRESEND, keys, args))

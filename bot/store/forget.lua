@@ -7,6 +7,7 @@
 local state = KEYS[1]
 local history = KEYS[2]
 local heard = KEYS[3] -- the index of cached files (transcript.lua)
+local tools = KEYS[4] -- the turn's record of tool calls and their results (tool_step.lua)
 local mode = ARGV[1] -- 'ask' | 'asked' | 'erase'
 local confirm_ms = tonumber(ARGV[2]) -- how long a confirmation is awaited
 local now = now_ms()
@@ -28,6 +29,6 @@ end
 for _, file_key in ipairs(redis.call('ZRANGE', heard, 0, -1)) do
   redis.call('DEL', heard .. ':' .. file_key)
 end
-redis.call('DEL', history, heard)
+redis.call('DEL', history, heard, tools)
 redis.call('HDEL', state, 'model', 'persona', 'forget_asked', 'gaps_at', 'gaps')
 return 1

@@ -57,6 +57,12 @@ Key layout, for a conversation in the shard tagged {T}:
                                              without a SCAN; written with each entry
                                              (`transcript`), expired entries dropped then,
                                              and lives as long as its longest-lived entry
+    {T}:c:<conversation>:tools       hash    the turn's record of tool calls (one burst at a
+                                             time): burst (its first version), steps, s:<k>
+                                             (the calls model step k asked for, json),
+                                             c:<k>:<j> (call j of step k: started with the
+                                             runner's token, done with its result, or
+                                             unknown); lives for the conversation's retention
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message
     {T}:usage:<D>:totals             hash    prompt, completion, generations, replies,
@@ -256,6 +262,7 @@ class Keys:
         self.usage = f"{self.base}:usage"
         # The index of cached transcripts; each entry's key is this, ":", its file key.
         self.heard = f"{self.base}:heard"
+        self.tools = f"{self.base}:tools"
         self.due = layout.due_key(shard)
         self.active = layout.active_key(shard)
         self.access = layout.access_key(shard)

@@ -30,12 +30,12 @@ class Personal(Calls):
 
     async def forget(self, conversation: str) -> None:
         """Erase what is kept about the conversation's user: the history, the cached
-        transcripts and documents (those the conversation's index names), the model and
-        persona they picked. Usage totals and dedupe ids stay."""
+        transcripts and documents (those the conversation's index names), the record of tool
+        calls, the model and persona they picked. Usage totals and dedupe ids stay."""
         await self._forget(conversation, "erase")
 
     async def _forget(self, conversation: str, mode: str) -> int:
         k = self.layout.keys(conversation)
-        keys = {"state": k.state, "history": k.history, "heard": k.heard}
+        keys = {"state": k.state, "history": k.history, "heard": k.heard, "tools": k.tools}
         args: dict[str, str | int] = {"mode": mode, "confirm_ms": FORGET_CONFIRM_MS}
         return int(await self._run(scripts.FORGET, keys, args))

@@ -36,6 +36,8 @@ local changes = ARGV[13]
 local trusted_age_ms = tonumber(ARGV[14])
 -- A window deadline further ahead than this is a clock that moved back: taken as passed.
 local window_bound_ms = tonumber(ARGV[15])
+-- The tool calls the reply made and what they gave, for the history ('' for none).
+local tools = ARGV[16]
 
 local function answer(status, look_in_ms)
   return cjson.encode({status = status, look_in_ms = look_in_ms})
@@ -87,6 +89,6 @@ end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
 -- of them, so a resend repeats them and nothing else can (bot/cycle.py).
 redis.call('HSET', outbox, 'text', text, 'version', version, 'fence', fence, 'reset', reset,
-  'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes)
+  'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes, 'tools', tools)
 keep_alive(retention_ms, outbox)
 return answer(status, -1)

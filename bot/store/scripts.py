@@ -145,6 +145,7 @@ PRESEND = Script(
         "changes",
         "trusted_age_ms",
         "window_bound_ms",
+        "tools",
     ),
 )
 COMMIT = Script(
@@ -203,8 +204,23 @@ ACCESS_COPY = Script(
 TRANSCRIPT = Script(
     "transcript", keys=("transcript", "heard"), args=("file_key", "text", "retention_ms")
 )
-FORGET = Script("forget", keys=("state", "history", "heard"), args=("mode", "confirm_ms"))
+FORGET = Script("forget", keys=("state", "history", "heard", "tools"), args=("mode", "confirm_ms"))
 PERSONA = Script("persona", keys=("state",), args=("persona",))
+TOOL_STEP = Script(
+    "tool_step",
+    keys=("lease", "tools"),
+    args=("token", "fence", "burst", "step", "calls", "retention_ms"),
+)
+TOOL_BEGIN = Script(
+    "tool_begin",
+    keys=("lease", "tools", "window"),
+    args=("token", "fence", "burst", "call", "side_effects", "window_bound_ms", "retention_ms"),
+)
+TOOL_END = Script(
+    "tool_end",
+    keys=("tools",),
+    args=("token", "burst", "call", "text", "error", "retention_ms"),
+)
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).
 ALL: dict[str, Script] = {
@@ -228,5 +244,8 @@ ALL: dict[str, Script] = {
         TRANSCRIPT,
         FORGET,
         PERSONA,
+        TOOL_STEP,
+        TOOL_BEGIN,
+        TOOL_END,
     )
 }

@@ -24,6 +24,22 @@ byte for byte as scripted (events of any shape, junk between them, an HTML page 
 connection cut after so many bytes)::
 
     fake.answer_next(RawReply.events(RawReply.chunk({"content": [{"type": "text", "text": "hi"}]})))
+
+Tools: a request's `tools`, `tool_choice` and tool messages are validated as OpenAI validates
+them and recorded (`RecordedRequest.tools`, `tool_calls()`, `tool_results()`). An answer that
+calls tools is a `ToolCalls`, queued or returned by the reply function, and streamed as OpenAI
+streams one (a first piece with the call's id, type and name, then its arguments in pieces,
+finish_reason "tool_calls")::
+
+    fake.answer_next(ToolCalls([("get_current_time", '{"timezone": "UTC"}')]))
+
+`ToolPolicy` is a reply function that plays a model using a tool on its own, call -> result ->
+text, for tests whose bot runs unattended. The fake always lives in the test's process; bots in
+other processes (`lastword run` replicas) only talk to it over HTTP, so a policy set on it, as
+its `reply` or through the constructor, governs their requests too::
+
+    async with FakeOpenAI(reply=ToolPolicy("get_current_time", '{"timezone": "UTC"}')) as fake:
+        ...
 """
 
 from __future__ import annotations
@@ -32,11 +48,12 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import itertools
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -51,6 +68,10 @@ __all__ = [
     "RawReply",
     "RecordedRequest",
     "ScriptedError",
+    "SeenCall",
+    "SeenResult",
+    "ToolCalls",
+    "ToolPolicy",
     "TranscriptionRequest",
 ]
 
@@ -69,6 +90,28 @@ IMAGE_TOKENS: dict[str, int] = {"low": 85, "high": 765, "auto": 765}
 _PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
 _DATA_URL_RE = re.compile(r"data:(?P<mime>[^;,]*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
 _RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+# What Chat Completions takes as a function's name, and as `tool_choice` besides a named one.
+_TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_TOOL_NAME_CHARS = 64
+_TOOL_CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class SeenCall:
+    """A tool call in a request's assistant messages: what the bot says the model asked."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class SeenResult:
+    """A `tool` message of a request: the call it answers, that call's tool, and its text."""
+
+    call_id: str
+    name: str
+    text: str
 
 
 @dataclass
@@ -89,6 +132,8 @@ class RecordedRequest:
     connection: int = 0
     finished: bool = False
     cancelled: bool = False
+    # When the answer's last byte went out (`time.monotonic()`), once finished.
+    ended_at: float | None = None
     # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
     # The prompt tokens the provider bills for this request (the same estimate as its usage
@@ -124,6 +169,53 @@ class RecordedRequest:
             if kind == "image"
         ]
 
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools offered, as sent (validated); empty when none were."""
+        return list(self.body.get("tools") or [])
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [tool["function"]["name"] for tool in self.tools]
+
+    @property
+    def tool_choice(self) -> Any:
+        """The request's `tool_choice` as sent; None when it had none."""
+        return self.body.get("tool_choice")
+
+    def tool_steps(self, *, this_turn: bool = False) -> list[list[SeenCall]]:
+        """The calls of each assistant message that made some, in order; `this_turn`: only
+        those after the last user message (the steps of the reply being generated)."""
+        return [
+            [
+                SeenCall(call["id"], call["function"]["name"], call["function"]["arguments"])
+                for call in message["tool_calls"]
+            ]
+            for message in self._messages(this_turn)
+            if message.get("role") == "assistant" and message.get("tool_calls")
+        ]
+
+    def tool_calls(self, *, this_turn: bool = False) -> list[SeenCall]:
+        """The calls of `tool_steps`, one list."""
+        return [call for step in self.tool_steps(this_turn=this_turn) for call in step]
+
+    def tool_results(self, *, this_turn: bool = False) -> list[SeenResult]:
+        """The request's `tool` messages, in order, each named by the call it answers."""
+        names = {call.id: call.name for call in self.tool_calls()}
+        return [
+            SeenResult(
+                m["tool_call_id"], names.get(m["tool_call_id"], ""), _content_text(m.get("content"))
+            )
+            for m in self._messages(this_turn)
+            if m.get("role") == "tool"
+        ]
+
+    def _messages(self, this_turn: bool) -> list[dict[str, Any]]:
+        if not this_turn:
+            return self.messages
+        users = [i for i, m in enumerate(self.messages) if m.get("role") == "user"]
+        return self.messages[users[-1] + 1 :] if users else self.messages
+
 
 @dataclass
 class TranscriptionRequest:
@@ -144,6 +236,7 @@ class TranscriptionRequest:
     data: bytes = field(default=b"", repr=False)
     finished: bool = False
     cancelled: bool = False
+    ended_at: float | None = None
 
     @property
     def response_format(self) -> str:
@@ -242,15 +335,66 @@ class RawReply:
         } | fields
 
 
+@dataclass(frozen=True)
+class ToolCalls:
+    """A chat answer that calls tools: each call as (name, arguments as JSON text), in order,
+    after `text` if any. Streamed as OpenAI streams one: per call a first piece with its index,
+    id, type and name and empty arguments, then the arguments `piece_chars` characters a
+    piece; call after call, or `interleave`d (round robin), as some servers send them. Not
+    streamed: one message with `tool_calls`. `ids`: one per call; none given, each is made up
+    as OpenAI makes them."""
+
+    calls: Sequence[tuple[str, str]]
+    text: str = ""
+    ids: Sequence[str] = ()
+    interleave: bool = False
+    # "tool_calls" as OpenAI says; some servers say "stop" with calls all the same.
+    finish_reason: str = "tool_calls"
+    piece_chars: int = 4
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The calls as a message's `tool_calls`."""
+        ids = list(self.ids) or ["call_" + uuid.uuid4().hex[:24] for _ in self.calls]
+        return [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            for call_id, (name, args) in zip(ids, self.calls, strict=True)
+        ]
+
+    def deltas(self) -> list[dict[str, Any]]:
+        """The deltas that stream the calls, one piece of one call each."""
+        per_call: list[list[dict[str, Any]]] = []
+        for index, entry in enumerate(self.entries()):
+            arguments = entry["function"]["arguments"]
+            first = entry | {"index": index, "function": entry["function"] | {"arguments": ""}}
+            step = max(self.piece_chars, 1)
+            rest = [
+                {"index": index, "function": {"arguments": arguments[at : at + step]}}
+                for at in range(0, len(arguments), step)
+            ]
+            per_call.append([first, *rest])
+        if self.interleave:
+            pieces = [p for row in itertools.zip_longest(*per_call) for p in row if p is not None]
+        else:
+            pieces = [piece for call in per_call for piece in call]
+        return [{"tool_calls": [piece]} for piece in pieces]
+
+    def tokens(self) -> int:
+        """What the provider bills for generating it (text and calls)."""
+        return _estimate_tokens(self.text) + sum(
+            _estimate_tokens(name + arguments) for name, arguments in self.calls
+        )
+
+
 def _data(payload: str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
 class _Outcome(Protocol):
-    """What becomes of a recorded request: the flags tests wait on."""
+    """What becomes of a recorded request: the flags tests wait on, and when it ended."""
 
     finished: bool
     cancelled: bool
+    ended_at: float | None
 
 
 _T = TypeVar("_T")
@@ -308,6 +452,53 @@ def _default_reply(request: RecordedRequest) -> str:
     return "You said: " + request.last_user_text
 
 
+@dataclass
+class ToolPolicy:
+    """A reply function that plays a model using one tool, so that a whole call -> result ->
+    text loop runs unattended (bots in other processes included: see the module's docstring).
+
+    While a request offers `tool`, allows calls (its tool_choice is not "none") and has had
+    fewer than `steps` steps calling it since its user turn, it calls `tool` once per entry of
+    `arguments` in one step. Then it answers in text: `answer` with `{result}` (the tool's last
+    result in this turn), `{results}` (all of them, one a line) and `{user}` (the user turn)
+    filled in; or, if the tool gave no result in this turn, `otherwise`'s reply (the fake's
+    echo by default). `arguments` may be a function of the request, for calls that depend on
+    what was asked; a model asked again with the same request calls the same way.
+    """
+
+    tool: str
+    arguments: str | Sequence[str] | Callable[[RecordedRequest], Sequence[str]] = "{}"
+    steps: int = 1
+    answer: str = "The tool said: {result}"
+    otherwise: Callable[[RecordedRequest], str] = _default_reply
+    interleave: bool = False
+
+    def __call__(self, request: RecordedRequest) -> str | ToolCalls:
+        if self._calls_now(request):
+            return ToolCalls(
+                [(self.tool, a) for a in self._arguments(request)], interleave=self.interleave
+            )
+        results = [r.text for r in request.tool_results(this_turn=True) if r.name == self.tool]
+        if not results:
+            return self.otherwise(request)
+        return (
+            self.answer.replace("{results}", "\n".join(results))
+            .replace("{result}", results[-1])
+            .replace("{user}", request.last_user_text)
+        )
+
+    def _calls_now(self, request: RecordedRequest) -> bool:
+        if self.tool not in request.tool_names or request.tool_choice == "none":
+            return False
+        steps = request.tool_steps(this_turn=True)
+        return sum(any(c.name == self.tool for c in step) for step in steps) < self.steps
+
+    def _arguments(self, request: RecordedRequest) -> Sequence[str]:
+        if isinstance(self.arguments, str):
+            return [self.arguments]
+        return self.arguments(request) if callable(self.arguments) else self.arguments
+
+
 def _default_transcript(request: TranscriptionRequest) -> str:
     return f"transcript of {request.filename}"
 
@@ -320,9 +511,11 @@ def _bearer_key(request: web.Request) -> str:
 class FakeOpenAI(LoopbackServer):
     """Fake OpenAI Chat Completions and transcription server on 127.0.0.1, OS-chosen port."""
 
-    def __init__(self, reply: Callable[[RecordedRequest], str] | None = None) -> None:
+    def __init__(self, reply: Callable[[RecordedRequest], str | ToolCalls] | None = None) -> None:
         super().__init__()
-        self.reply: Callable[[RecordedRequest], str] = reply or _default_reply
+        # What each chat request is answered: text, or tool calls (`ToolPolicy` decides
+        # from the request).
+        self.reply: Callable[[RecordedRequest], str | ToolCalls] = reply or _default_reply
         self.requests: list[RecordedRequest] = []
         # Applies to every answer, scripted errors included, because a slow upstream is slow
         # whatever it ends up saying.
@@ -336,8 +529,9 @@ class FakeOpenAI(LoopbackServer):
         # it when not streaming), as reasoning models on some servers do.
         self.reasoning: Callable[[RecordedRequest], str] | None = None
         self._errors: list[ScriptedError] = []
-        # Chat requests answered as scripted, in order, once scripted errors are used up.
-        self.raw_replies: list[RawReply] = []
+        # Chat requests answered as scripted, in order, once scripted errors are used up: raw
+        # bytes, or tool calls sent as the provider sends them.
+        self.raw_replies: list[RawReply | ToolCalls] = []
         self._breaks: list[Literal["error", "drop"]] = []
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
         # (older Azure OpenAI API versions, vLLM and Ollama).
@@ -393,9 +587,10 @@ class FakeOpenAI(LoopbackServer):
         """Queue errors; each following request answers with the next one instead of a reply."""
         self._errors.extend(errors)
 
-    def answer_next(self, *replies: RawReply) -> None:
-        """Queue raw answers; each following chat request (scripted errors first) is answered
-        with the next one, byte for byte, instead of a reply."""
+    def answer_next(self, *replies: RawReply | ToolCalls) -> None:
+        """Queue answers; each following chat request (scripted errors first) is answered with
+        the next one instead of a reply: a `RawReply` byte for byte, `ToolCalls` streamed or
+        not as the request asked."""
         self.raw_replies.extend(replies)
 
     def fail_next_transcription(self, *errors: ScriptedError) -> None:
@@ -577,7 +772,7 @@ class FakeOpenAI(LoopbackServer):
             headers={key.lower(): value for key, value in request.headers.items()},
             started_at=time.monotonic(),
             connection=_client_port(request),
-            prompt_tokens=_prompt_tokens(body["messages"]),
+            prompt_tokens=_prompt_tokens(body["messages"], body.get("tools")),
         )
         self.requests.append(recorded)
         self._notify()
@@ -614,20 +809,29 @@ class FakeOpenAI(LoopbackServer):
                 await asyncio.sleep(delay)
             response = web.json_response(error.body, status=error.status, headers=error.headers)
             return await self._send_whole(request, recorded, response)
-        if self.raw_replies:
+        reply = self.raw_replies.pop(0) if self.raw_replies else self.reply(recorded)
+        if isinstance(reply, RawReply):
             if delay > 0:
                 await asyncio.sleep(delay)
-            return await self._send_raw(request, recorded, self.raw_replies.pop(0))
-
-        text = self.reply(recorded)
+            return await self._send_raw(request, recorded, reply)
+        calls = (
+            reply if isinstance(reply, ToolCalls) else ToolCalls((), reply, finish_reason="stop")
+        )
         if recorded.stream:
-            return await self._stream(request, recorded, text, delay)
+            return await self._stream(request, recorded, calls, delay)
 
         if delay > 0:
             await asyncio.sleep(delay)
-        completion_tokens = _estimate_tokens(text)
-        prompt_tokens = _prompt_tokens(recorded.messages)
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        completion_tokens = calls.tokens()
+        prompt_tokens = recorded.prompt_tokens
+        # Content null beside calls and no text, as OpenAI sends it.
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": calls.text if calls.text or not calls.calls else None,
+            "refusal": None,
+        }
+        if calls.calls:
+            message["tool_calls"] = calls.entries()
         if self.reasoning:
             message["reasoning_content"] = self.reasoning(recorded)
         payload = {
@@ -640,7 +844,7 @@ class FakeOpenAI(LoopbackServer):
                     "index": 0,
                     "message": message,
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": calls.finish_reason,
                 }
             ],
             "usage": {
@@ -659,6 +863,7 @@ class FakeOpenAI(LoopbackServer):
         await response.prepare(request)
         await response.write_eof()
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
@@ -690,11 +895,12 @@ class FakeOpenAI(LoopbackServer):
                 return response
         await response.write_eof()
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
     async def _stream(
-        self, request: web.Request, recorded: RecordedRequest, text: str, delay: float
+        self, request: web.Request, recorded: RecordedRequest, reply: ToolCalls, delay: float
     ) -> web.StreamResponse:
         completion_id = _completion_id()
         created = int(time.time())
@@ -727,11 +933,12 @@ class FakeOpenAI(LoopbackServer):
         if self.reasoning:
             thought = self.reasoning(recorded)
             chunks += [chunk({"reasoning_content": p}) for p in _PIECE_RE.findall(thought)]
-        chunks += [chunk({"content": piece}) for piece in _PIECE_RE.findall(text)]
-        chunks.append(chunk({}, "stop"))
+        chunks += [chunk({"content": piece}) for piece in _PIECE_RE.findall(reply.text)]
+        chunks += [chunk(delta) for delta in reply.deltas()]
+        chunks.append(chunk({}, reply.finish_reason))
         if include_usage:
-            prompt_tokens = _prompt_tokens(recorded.messages)
-            completion_tokens = _estimate_tokens(text)
+            prompt_tokens = recorded.prompt_tokens
+            completion_tokens = reply.tokens()
             chunks.append(
                 {
                     "id": completion_id,
@@ -763,6 +970,7 @@ class FakeOpenAI(LoopbackServer):
                     await response.write(f"data: {json.dumps(error)}\n\n".encode())
                     await response.write_eof()
                     recorded.finished = True
+                    recorded.ended_at = time.monotonic()
                     self._notify()
                     return response
                 # Cut the connection under the response: the client sees a body that stops
@@ -774,7 +982,9 @@ class FakeOpenAI(LoopbackServer):
             if pause > 0:
                 await asyncio.sleep(pause)
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
-            if any(c["delta"].get("content") for c in data["choices"]):
+            if any(
+                c["delta"].get("content") or c["delta"].get("tool_calls") for c in data["choices"]
+            ):
                 recorded.pieces_streamed += 1
                 self._notify()
         try:
@@ -787,6 +997,7 @@ class FakeOpenAI(LoopbackServer):
             self._notify()
             return response
         recorded.finished = True
+        recorded.ended_at = time.monotonic()
         self._notify()
         return response
 
@@ -926,7 +1137,140 @@ def _validate(body: Any) -> _Invalid | None:
         problem = _validate_content(f"messages[{index}]", message)
         if problem is not None:
             return problem
+    return _validate_tools(body) or _validate_tool_messages(messages)
+
+
+def _validate_tools(body: dict[str, Any]) -> _Invalid | None:
+    """`tools` as function definitions with names OpenAI takes; `tool_choice` one it knows,
+    and only beside tools."""
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            return _wrong_type("tools", "an array", tools)
+        for index, tool in enumerate(tools):
+            problem = _validate_tool(f"tools[{index}]", tool)
+            if problem is not None:
+                return problem
+    choice = body.get("tool_choice")
+    if choice is None:
+        return None
+    if not tools:
+        return _Invalid(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+            "specified.",
+            param="tool_choice",
+        )
+    named = isinstance(choice, dict) and isinstance(choice.get("function"), dict)
+    if choice not in _TOOL_CHOICES and not named:
+        return _not_one_of(choice, _TOOL_CHOICES, "tool_choice")
     return None
+
+
+def _validate_tool(param: str, tool: Any) -> _Invalid | None:
+    if not isinstance(tool, dict):
+        return _wrong_type(param, "an object", tool)
+    if tool.get("type") != "function":
+        return _not_one_of(tool.get("type"), ("function",), f"{param}.type")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return _missing(f"{param}.function")
+    problem = _validate_name(f"{param}.function.name", function.get("name"))
+    if problem is not None:
+        return problem
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        return _wrong_type(f"{param}.function.parameters", "an object", parameters)
+    return None
+
+
+def _validate_name(param: str, name: Any) -> _Invalid | None:
+    if not isinstance(name, str):
+        return _missing(param)
+    if len(name) > _TOOL_NAME_CHARS:
+        return _Invalid(
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{_TOOL_NAME_CHARS}, but got a string with length {len(name)} instead.",
+            param=param,
+            code="string_above_max_length",
+        )
+    if not _TOOL_NAME_RE.fullmatch(name):
+        return _Invalid(
+            f"Invalid '{param}': string does not match pattern. Expected a string that matches "
+            "the pattern '^[a-zA-Z0-9_-]+$'.",
+            param=param,
+            code="invalid_value",
+        )
+    return None
+
+
+def _validate_tool_messages(messages: list[dict[str, Any]]) -> _Invalid | None:
+    """As OpenAI insists: an assistant message's calls well formed and each answered by a
+    `tool` message right after it; a `tool` message only answering such a call."""
+    waiting: set[str] = set()  # the calls of the last assistant message not answered yet
+    asker = 0
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                return _missing(f"messages[{index}].tool_call_id")
+            if message.get("content") is None:
+                return _missing(f"messages[{index}].content")
+            if call_id not in waiting:
+                return _Invalid(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    param=f"messages.[{index}].role",
+                )
+            waiting.discard(call_id)
+            continue
+        if waiting:
+            return _unanswered(asker, waiting)
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            problem = _validate_calls(f"messages[{index}].tool_calls", calls)
+            if problem is not None:
+                return problem
+            waiting, asker = {call["id"] for call in calls}, index
+    return _unanswered(asker, waiting) if waiting else None
+
+
+def _validate_calls(param: str, calls: Any) -> _Invalid | None:
+    if not isinstance(calls, list):
+        return _wrong_type(param, "an array", calls)
+    if not calls:
+        return _Invalid(
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            param=param,
+            code="empty_array",
+        )
+    for index, call in enumerate(calls):
+        where = f"{param}[{index}]"
+        if not isinstance(call, dict):
+            return _wrong_type(where, "an object", call)
+        if not isinstance(call.get("id"), str):
+            return _missing(f"{where}.id")
+        if call.get("type") != "function":
+            return _not_one_of(call.get("type"), ("function",), f"{where}.type")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return _missing(f"{where}.function")
+        problem = _validate_name(f"{where}.function.name", function.get("name"))
+        if problem is not None:
+            return problem
+        if not isinstance(function.get("arguments"), str):
+            return _missing(f"{where}.function.arguments")
+    return None
+
+
+def _unanswered(index: int, ids: set[str]) -> _Invalid:
+    return _Invalid(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding "
+        "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+        + ", ".join(sorted(ids)),
+        param=f"messages.[{index}].role",
+    )
 
 
 def _validate_content(where: str, message: dict[str, Any]) -> _Invalid | None:
@@ -1026,10 +1370,17 @@ def _wrong_type(param: str, expected: str, value: Any) -> _Invalid:
     )
 
 
-def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """The text estimate plus IMAGE_TOKENS for each image part, by its detail."""
-    return sum(
-        _estimate_tokens(_content_text(m.get("content"))) + _image_tokens(m.get("content"))
+def _prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """The text estimate (tool messages and the calls they answer included) plus IMAGE_TOKENS
+    for each image part, by its detail, plus the tools offered."""
+    offered = _estimate_tokens(json.dumps(tools)) if tools else 0
+    return offered + sum(
+        _estimate_tokens(_content_text(m.get("content")))
+        + _image_tokens(m.get("content"))
+        + sum(
+            _estimate_tokens(call["function"]["name"] + call["function"]["arguments"])
+            for call in m.get("tool_calls") or ()
+        )
         for m in messages
     )
 

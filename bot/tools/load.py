@@ -1,0 +1,73 @@
+"""A replica's toolbox, from both sources: the Python tools installed as plug-ins and the
+configured MCP servers.
+
+`load_toolbox` returns within the start timeout in all. A server still starting then goes on
+in the background, and offers its tools to the same `Toolbox` object when it is up (and again,
+as listed afresh, after each restart): `Toolbox.tools` is refilled from every source's latest
+listing, in the configured order. The cycle reads that dict each time it asks `offered()` or
+runs a call, so a tool added later is offered from the next model step on, with no lock: every
+change is made on the event loop, between awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bot.settings import ToolsSettings
+from bot.tools import Runner, Tool, Toolbox
+
+log = logging.getLogger(__name__)
+
+
+async def load_toolbox(settings: ToolsSettings) -> Toolbox:
+    """The Python tools, and the tools of every MCP server that started within
+    `settings.start_timeout_s`; the rest are added when they are up. `Toolbox.close` stops the
+    servers."""
+    from bot.tools.python import python_tools
+
+    toolbox = Toolbox()
+    python: list[tuple[Tool, Runner]] = list(python_tools())
+    if not settings.mcp_servers:
+        offer_all(toolbox, [python])
+        return toolbox
+    from bot.tools.mcp import McpSource
+
+    # Each source's tools as last listed, in the order the sources are configured.
+    offers: dict[str, list[tuple[Tool, Runner]]] = {}
+
+    def offer(source: str, tools: list[tuple[Tool, Runner]]) -> None:
+        offers[source] = tools
+        offer_all(toolbox, [python, *offers.values()])
+
+    sources = [
+        McpSource(name, config, settings.start_timeout_s, offer)
+        for name, config in settings.mcp_servers.items()
+    ]
+    for source in sources:
+        offers[source.source] = []
+        source.start()
+        toolbox.closers.append(source.close)
+    waits = [asyncio.create_task(source.tried.wait()) for source in sources]
+    _, pending = await asyncio.wait(waits, timeout=settings.start_timeout_s)
+    for wait in pending:
+        wait.cancel()
+    starting = [source.name for source in sources if not source.tried.is_set()]
+    if starting:
+        log.warning(
+            "MCP servers %s did not start within %g s: their tools are offered once they do",
+            ", ".join(starting),
+            settings.start_timeout_s,
+        )
+    return toolbox
+
+
+def offer_all(toolbox: Toolbox, sources: list[list[tuple[Tool, Runner]]]) -> None:
+    """Offer every source's tools afresh, in the order given, whichever started first: a
+    name two sources share goes to the first (the other's tool gets its source as a prefix),
+    so every replica gives each tool the same name once its servers are up. The record of a
+    turn's calls matches on names."""
+    toolbox.tools.clear()
+    for tools in sources:
+        for tool, runner in tools:
+            toolbox.add([tool], runner)

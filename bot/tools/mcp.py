@@ -1,0 +1,413 @@
+"""Tools from MCP servers, through the official `mcp` SDK: one `McpSource` per configured
+server (`LASTWORD_TOOLS__MCP_SERVERS`), started once per replica.
+
+A source owns its server's session in one long-lived task, because the SDK's transports and
+session are async context managers built on anyio cancel scopes, which must be entered and
+exited by the same task. Calls from other tasks only send requests over the session. The task
+starts the server (a child process over stdio, or a streamable HTTP connection), lists its
+tools within the start timeout and offers them; when the session ends (the process exits, the
+connection closes) or will not start, it tries again after a backoff of 1 s doubling to 60 s,
+and offers the tools as listed again. A call in flight when the server dies fails; a call made
+while it restarts waits for it (the toolbox's call timeout bounds the wait).
+
+Each call carries its idempotency key in the request's `_meta`, under `KEY_META`, so a server
+that honours it can make a repeated call harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+import anyio
+
+from bot.backoff import Backoff
+from bot.logs import redact
+from bot.settings import McpServer
+from bot.tools import Runner, Tool
+
+if TYPE_CHECKING:
+    from mcp.client import Client, Transport
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.types import CallToolResult, RequestParamsMeta
+    from mcp.types import Tool as McpTool
+
+log = logging.getLogger(__name__)
+
+# Where a call's idempotency key goes in the request's `_meta` (a prefixed key, as MCP asks of
+# keys that are not its own).
+KEY_META = "lastword/idempotency-key"
+# Restarting a server that failed or died: never a tight loop.
+RESTART_FIRST_S = 1.0
+RESTART_CAP_S = 60.0
+# Closing a session: the SDK closes a child's stdin, waits 2 s, then terminates and kills its
+# process group, each step bounded; this is the backstop over all of it.
+CLOSE_TIMEOUT_S = 10.0
+# A server that lists tools on more pages than this is cut off there (each page is a request).
+MAX_PAGES = 20
+# Streamable HTTP: as the SDK's own default client (a response stream may stay open for long).
+HTTP_TIMEOUT_S = 30.0
+HTTP_READ_TIMEOUT_S = 300.0
+
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+T = TypeVar("T")
+
+
+class ToolError(Exception):
+    """The server ran the tool and it reported failure (`isError`): the text is its own."""
+
+
+class ServerDown(Exception):
+    """The server went away while the call was in flight: whether the tool ran is unknown."""
+
+
+def tool_name(name: str) -> str:
+    """An MCP tool's name as the model may call it: [A-Za-z0-9_-]{1,64}."""
+    return _NOT_NAME.sub("_", name)[:64] or "tool"
+
+
+def describe(config: McpServer) -> str:
+    """The server as logs and `doctor` show it: its command, or its URL without a password;
+    never its arguments, headers or environment, any of which may hold a credential."""
+    if config.url is not None:
+        return redact(str(config.url))
+    return config.command or ""
+
+
+def reason(exc: BaseException) -> str:
+    """One line on why a start or a call failed, from the first leaf of an exception group."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "timed out"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def tools_of(server: str, config: McpServer, listed: list[McpTool]) -> list[tuple[Tool, str]]:
+    """The server's tools as lastword offers them, each with its name on the server. Whether a
+    tool has side effects: the configuration's rule for the tool, else the server's, else the
+    tool's own `readOnlyHint` (no hint: it has them). Admin-only: the tool's rule, else the
+    server's."""
+    found = []
+    for tool in listed:
+        rule = config.tools.get(tool.name)
+        hints = tool.annotations
+        side_effects = not (hints is not None and hints.read_only_hint is True)
+        if config.side_effects is not None:
+            side_effects = config.side_effects
+        if rule is not None and rule.side_effects is not None:
+            side_effects = rule.side_effects
+        admin_only = config.admin_only
+        if rule is not None and rule.admin_only is not None:
+            admin_only = rule.admin_only
+        offered = Tool(
+            name=tool_name(tool.name),
+            description=tool.description or tool.title or tool.name,
+            parameters=dict(tool.input_schema),
+            side_effects=side_effects,
+            admin_only=admin_only,
+            source=f"mcp:{server}",
+            title=(hints.title if hints is not None else None) or tool.title or "",
+        )
+        found.append((offered, tool.name))
+    unknown = sorted(set(config.tools) - {tool.name for tool in listed})
+    if unknown:
+        log.warning(
+            "MCP server %s has no tool named %s, which its configuration has a rule for",
+            server,
+            ", ".join(unknown),
+        )
+    return found
+
+
+def text_of(result: CallToolResult) -> str:
+    """A tool's result as the model reads it: its text content joined, its structured content
+    as JSON when it gave no text, and any other content named. Raises `ToolError` carrying the
+    text when the tool reported failure."""
+    from mcp.types import EmbeddedResource, TextContent, TextResourceContents
+
+    texts: list[str] = []
+    others: list[str] = []
+    for block in result.content:
+        if isinstance(block, TextContent):
+            texts.append(block.text)
+        elif isinstance(block, EmbeddedResource) and isinstance(
+            block.resource, TextResourceContents
+        ):
+            texts.append(block.resource.text)
+        else:
+            others.append(f"[{block.type.replace('_', ' ')} omitted]")
+    if not texts and result.structured_content is not None:
+        texts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(texts + others)
+    if result.is_error:
+        raise ToolError(text or "the tool reported an error and said nothing more")
+    return text
+
+
+class _Watched(Generic[T]):
+    """A transport's read stream that sets `ended` when the server's side ends (the child
+    exited, the connection closed): how the owner learns its session is over. Everything else
+    is the inner stream's."""
+
+    def __init__(self, inner: Any, ended: asyncio.Event) -> None:
+        self.inner = inner
+        self.ended = ended
+
+    @property
+    def last_context(self) -> Any:
+        # The SDK looks for this on context-carrying streams (streamable HTTP's).
+        return getattr(self.inner, "last_context", None)
+
+    async def receive(self) -> T:
+        try:
+            item: T = await self.inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.ended.set()
+            raise
+        return item
+
+    def __aiter__(self) -> _Watched[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _Watched[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _stdio(config: McpServer) -> StdioServerParameters:
+    from mcp.client.stdio import StdioServerParameters
+
+    assert config.command is not None
+    # The SDK merges `env` over a minimal environment (PATH, HOME, USER, ...): the server does
+    # not see lastword's own settings and secrets.
+    return StdioServerParameters(
+        command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+    )
+
+
+@asynccontextmanager
+async def _transport(config: McpServer, ended: asyncio.Event) -> AsyncIterator[Any]:
+    """The server's read and write streams, the read one watched for its end."""
+    if config.command is not None:
+        from mcp.client.stdio import stdio_client
+
+        async with stdio_client(_stdio(config)) as (read, write):
+            yield _Watched[Any](read, ended), write
+        return
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    timeout = httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S)
+    async with (
+        httpx2.AsyncClient(headers=config.headers, timeout=timeout) as http,
+        streamable_http_client(str(config.url), http_client=http) as (read, write),
+    ):
+        yield _Watched[Any](read, ended), write
+
+
+def _client(config: McpServer, ended: asyncio.Event) -> Client:
+    from mcp.client import Client
+    from mcp.types import Implementation
+
+    transport: Transport = _transport(config, ended)
+    # No response cache: a restarted server is listed afresh, and a call always reaches it.
+    return Client(
+        transport, cache=None, client_info=Implementation(name="lastword", version=_version())
+    )
+
+
+def _version() -> str:
+    try:
+        return version("lastword")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+async def _listed(client: Client) -> list[McpTool]:
+    tools: list[McpTool] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools += page.tools
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+async def probe(server: str, config: McpServer, timeout_s: float) -> list[Tool]:
+    """Start the server, list its tools and stop it, all within `timeout_s`: `doctor`'s
+    check. Raises what went wrong (TimeoutError when it did not answer in time)."""
+    with anyio.fail_after(timeout_s):
+        async with _client(config, asyncio.Event()) as client:
+            listed = await _listed(client)
+    return [tool for tool, _ in tools_of(server, config, listed)]
+
+
+@dataclass(frozen=True)
+class McpRunner:
+    """Runs one tool of a source by its name on the server, whatever the toolbox calls it."""
+
+    source: McpSource
+    name: str
+
+    async def __call__(self, tool: Tool, arguments: dict[str, Any], key: str) -> str:
+        return await self.source.call(self.name, arguments, key)
+
+
+# What a source does with its tools each time the server is (re)started and listed.
+Offer = Callable[[str, list[tuple[Tool, Runner]]], None]
+
+
+class McpSource:
+    """One configured MCP server, kept running for this replica's life."""
+
+    def __init__(self, name: str, config: McpServer, start_timeout_s: float, offer: Offer) -> None:
+        self.name = name
+        self.config = config
+        self.start_timeout_s = start_timeout_s
+        self.offer = offer
+        self.source = f"mcp:{name}"
+        self._client: Client | None = None
+        # Set while a session is up; calls wait on it.
+        self._up = asyncio.Event()
+        # Set once the first start has succeeded or failed: what `load_toolbox` waits for.
+        self.tried = asyncio.Event()
+        # Set when the current session is over (its server ended, or close() asked).
+        self._over = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        # Sessions that got up, so far.
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start the server in the background: `tried` is set once the first attempt ended."""
+        self._task = asyncio.create_task(self._own(), name=f"mcp {self.name}")
+
+    async def call(self, name: str, arguments: dict[str, Any], key: str) -> str:
+        """Run tool `name` (as the server calls it), waiting for the server to be up first.
+        Unbounded here: the toolbox bounds every call."""
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED
+
+        while self._client is None:
+            await self._up.wait()
+        client, over = self._client, self._over
+        try:
+            # An open mapping at run time; mypy does not know PEP 728's extra items yet.
+            meta = cast("RequestParamsMeta", {KEY_META: key})
+            result = await client.call_tool(name, arguments, meta=meta)
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise
+            over.set()
+            raise ServerDown(
+                f"the MCP server {self.name} went away during the call: its outcome is unknown"
+            ) from exc
+        return text_of(result)
+
+    async def close(self) -> None:
+        """End the session and the server's process, within `CLOSE_TIMEOUT_S` or so."""
+        self._closing = True
+        self._over.set()
+        task = self._task
+        if task is None:
+            return
+        if self._client is None:
+            # Starting or waiting to retry: nothing to end gracefully.
+            task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S)
+
+    async def _own(self) -> None:
+        """Start, serve, and restart after a backoff when the session fails or ends."""
+        backoff = Backoff(RESTART_FIRST_S, RESTART_CAP_S)
+        said = ""
+        while not self._closing:
+            began, starts = asyncio.get_running_loop().time(), self.starts
+            try:
+                await self._session()
+                why = "its session ended (the server exited or closed the connection)"
+            except Exception as exc:  # whatever the SDK or the server raised: retried
+                why = reason(exc)
+            self.tried.set()
+            if self._closing:
+                break
+            if asyncio.get_running_loop().time() - began > RESTART_CAP_S:
+                backoff.reset()
+            delay = backoff.next_delay()
+            # A WARNING when it goes down, or fails anew; failing again as before is INFO.
+            level = logging.INFO if why == said and starts == self.starts else logging.WARNING
+            said = why
+            log.log(
+                level,
+                "MCP server %s (%s) is not running: %s; starting it again in %g s",
+                self.name,
+                describe(self.config),
+                why,
+                delay,
+            )
+            await asyncio.sleep(delay)
+
+    async def _session(self) -> None:
+        """One session: start the server and list its tools within the start timeout, offer
+        them, and hold the session until it is over."""
+        self._over = asyncio.Event()
+        over = self._over
+        with anyio.CancelScope(deadline=anyio.current_time() + self.start_timeout_s) as start:
+            async with _client(self.config, over) as client:
+                listed = await _listed(client)
+                start.deadline = math.inf
+                tools = tools_of(self.name, self.config, listed)
+                offered: list[tuple[Tool, Runner]] = [
+                    (tool, McpRunner(self, name)) for tool, name in tools
+                ]
+                self.offer(self.source, offered)
+                log.info(
+                    "MCP server %s is up with %d tools: %s",
+                    self.name,
+                    len(tools),
+                    ", ".join(tool.name for tool, _ in tools),
+                )
+                self._client = client
+                self.starts += 1
+                self._up.set()
+                self.tried.set()
+                try:
+                    await over.wait()
+                finally:
+                    self._up.clear()
+                    self._client = None
+        if start.cancelled_caught:
+            raise TimeoutError(f"no tools listed within {self.start_timeout_s:g} s")

@@ -1,0 +1,149 @@
+"""An MCP server for the tool tests, written with the `mcp` SDK's own server side: run as
+`python -m tests.fakes.mcp_append_server` it speaks stdio; with `--http` it serves streamable
+HTTP on a loopback port of its choosing, prints `PORT <n>` as its first line of stdout, and
+answers only requests that carry `Authorization: Bearer $LW_TOKEN` (so a test sees the
+configured headers sent).
+
+Its one side effect is a line appended to the file `LW_APPEND_FILE` names (the argument and
+the call's idempotency key, as the request's `_meta` carried it): the file is how a test counts
+the times a call really ran. `LW_STARTS_FILE`, when set, gets a line per start (its pid), so a
+test can see a restart happen and find the process. `LW_TIMES_FILE`, when set, gets a line per
+run of `append` and `read_only_echo`: the tool, its text, the idempotency key, and when the
+tool's own work started and ended (`time.monotonic()`, one clock for every process here), so a
+benchmark can take the tool's own time out of a tool step's. With `LW_LINGER` set, it outlives
+the end of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that does not
+exist yet, it creates the file and exits at once: its first start fails, the next succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+# The `_meta` key lastword puts each call's idempotency key under.
+KEY_META = "lastword/idempotency-key"
+
+server: MCPServer[Any] = MCPServer("lastword-append", version="1.0")
+
+
+def _append(line: str, variable: str = "LW_APPEND_FILE") -> None:
+    path = os.environ[variable]
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(line + "\n")
+
+
+def _key(ctx: Context) -> str:
+    meta = ctx.request_context.meta or {}
+    return str(meta.get(KEY_META, ""))
+
+
+def _timed(tool: str, text: str, ctx: Context, started: float) -> None:
+    """A line for the benchmark, if it asked for them: this run of `tool`, start to now."""
+    if os.environ.get("LW_TIMES_FILE"):
+        ended = time.monotonic()
+        _append(f"{tool}\t{text}\t{_key(ctx)}\t{started:.6f}\t{ended:.6f}", "LW_TIMES_FILE")
+
+
+@server.tool(title="Append a line")
+async def append(text: str, ctx: Context, delay_s: float = 0.0) -> str:
+    """Append `text` to the test's file (a side effect: no readOnlyHint), then wait `delay_s`."""
+    started = time.monotonic()
+    _append(f"{text}\t{_key(ctx)}")
+    await asyncio.sleep(delay_s)
+    _timed("append", text, ctx, started)
+    return f"appended {text}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def slow(seconds: float) -> str:
+    """Wait `seconds`, then say so."""
+    await asyncio.sleep(seconds)
+    return f"slept {seconds:g} s"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def boom() -> str:
+    """Always fails."""
+    raise ToolError("the boom tool always fails")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def big(n: int) -> str:
+    """`n` characters of output."""
+    return "x" * n
+
+
+@server.tool(annotations=ToolAnnotations(title="Echo, read only", read_only_hint=True))
+def read_only_echo(text: str, ctx: Context) -> str:
+    """Say `text` back."""
+    _timed("read_only_echo", text, ctx, time.monotonic())
+    return text
+
+
+@server.tool()
+def die() -> str:
+    """Exit the process at once, mid-call, as a crashing server does."""
+    os._exit(3)
+
+
+def _authorised(app: ASGIApp, token: str) -> ASGIApp:
+    """`app`, answering 401 to an HTTP request without `Authorization: Bearer <token>`."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        given = dict(scope.get("headers", [])).get(b"authorization", b"")
+        if scope["type"] == "http" and given != f"Bearer {token}".encode():
+            await PlainTextResponse("who are you?", status_code=401)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def _serve_http() -> None:
+    # Bound here, not by uvicorn, so the port is known before anyone connects.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    app = _authorised(server.streamable_http_app(), os.environ["LW_TOKEN"])
+    config = uvicorn.Config(app, log_level="warning")
+    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+
+
+def _linger() -> None:
+    """Outlive the end of stdin and ignore SIGTERM, as a badly written server may: only a
+    SIGKILL ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def main() -> None:
+    starts = os.environ.get("LW_STARTS_FILE")
+    if starts:
+        with open(starts, "a", encoding="utf-8") as file:
+            file.write(f"{os.getpid()} {time.time()}\n")
+    fail_once = os.environ.get("LW_FAIL_ONCE")
+    if fail_once and not os.path.exists(fail_once):
+        open(fail_once, "w").close()
+        sys.exit("failing this first start, as asked")
+    if "--http" in sys.argv[1:]:
+        _serve_http()
+    else:
+        server.run("stdio")
+        if os.environ.get("LW_LINGER"):
+            _linger()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The turn's record of tool calls, step by step on a real server: what makes a tool with side
+effects run at most once per call the model asked for.
+
+A step's calls are recorded before any runs; a call is begun (marked started) before it runs
+and ended with its result. A later lease of the same burst finds a finished call's result, and
+a call with side effects found started but never finished is 'unknown' for good, never run
+again; one without side effects runs again. Every write is checked against the lease, and a
+call with side effects waits while a speculative lease's window is open. The processes' side
+(replicas, kill -9, an interrupt storm, real MCP servers) is in test_tools_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.store import Grant, Keys, Lease, Store
+from bot.tools import ToolCall
+from tests.builders import message
+from tests.test_speculation import StoreFactory, stores
+
+__all__ = ["stores"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+CONV = "test:1"
+QUIET_MS = 300
+# The flow's timings of test_speculation's stores, with a shorter window and no speculation.
+FLOW = {"quiet_ms": QUIET_MS, "speculate_ms": 0}
+CALLS = (ToolCall("call_a", "append", '{"line": "x"}'), ToolCall("call_b", "now", "{}"))
+
+
+async def granted(store: Store, token: str) -> Grant:
+    """The lease, once the window lets it be taken."""
+    async with asyncio.timeout(5):
+        while True:
+            grant = await store.acquire(CONV, token)
+            if grant.status == "acquired":
+                return grant
+            assert grant.look_in_ms is not None, grant
+            await asyncio.sleep(grant.look_in_ms / 1000)
+
+
+async def taken_over(store: Store, lease: Lease, token: str) -> Grant:
+    """Another holder's lease of the same burst, as after a crash: the first lease released
+    (the TTL would do the same, later)."""
+    await store.release(lease)
+    return await granted(store, token)
+
+
+async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_unknown(
+    stores: StoreFactory,
+) -> None:
+    store = stores(**FLOW)
+    await store.ingest(message("do it", n=1))
+    first = await granted(store, "replica-a")
+    assert first.lease is not None
+    burst = first.watermark + 1
+    assert await store.record_step(first.lease, burst, 0, CALLS)
+    # Call 0 (side effects) starts and dies with its runner; call 1 (none) finishes.
+    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=True)).status == "run"
+    assert (await store.begin_call(first.lease, burst, 0, 1, side_effects=False)).status == "run"
+    assert await store.end_call(first.lease, burst, 0, 1, "12:00", error=False)
+
+    second = await taken_over(store, first.lease, "replica-b")
+    assert second.lease is not None and second.watermark + 1 == burst
+    record = await store.tool_record(CONV, burst)
+    assert record.steps == (CALLS,)
+    assert record.calls[0, 0].status == "started"
+    assert record.calls[0, 1].status == "done" and record.calls[0, 1].text == "12:00"
+    # Never run again blindly: unknown, and unknown for every later holder too.
+    assert (await store.begin_call(second.lease, burst, 0, 0, side_effects=True)).status == (
+        "unknown"
+    )
+    done = await store.begin_call(second.lease, burst, 0, 1, side_effects=False)
+    assert (done.status, done.text, done.error) == ("done", "12:00", False)
+    # The first runner's late result does not overwrite what the model was told.
+    assert not await store.end_call(first.lease, burst, 0, 0, "appended", error=False)
+    third = await taken_over(store, second.lease, "replica-c")
+    assert third.lease is not None
+    assert (await store.begin_call(third.lease, burst, 0, 0, side_effects=True)).status == (
+        "unknown"
+    )
+
+
+async def test_a_started_call_without_side_effects_runs_again(stores: StoreFactory) -> None:
+    store = stores(**FLOW)
+    await store.ingest(message("what time is it", n=1))
+    first = await granted(store, "replica-a")
+    assert first.lease is not None
+    burst = first.watermark + 1
+    assert await store.record_step(first.lease, burst, 0, CALLS[1:])
+    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=False)).status == "run"
+    second = await taken_over(store, first.lease, "replica-b")
+    assert second.lease is not None
+    assert (await store.begin_call(second.lease, burst, 0, 0, side_effects=False)).status == "run"
+    assert await store.end_call(second.lease, burst, 0, 0, "12:01", error=False)
+    # The first runner's result is no longer the record's: the second one's start replaced it.
+    assert not await store.end_call(first.lease, burst, 0, 0, "12:00", error=False)
+    assert (await store.tool_record(CONV, burst)).calls[0, 0].text == "12:01"
+
+
+async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
+    stores: StoreFactory,
+) -> None:
+    store = stores(**FLOW)
+    await store.ingest(message("do it", n=1))
+    first = await granted(store, "replica-a")
+    assert first.lease is not None
+    burst = first.watermark + 1
+    second = await taken_over(store, first.lease, "replica-b")
+    assert second.lease is not None
+    assert not await store.record_step(first.lease, burst, 0, CALLS)
+    assert await store.record_step(second.lease, burst, 0, CALLS)
+    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=True)).status == "lost"
+    assert (await store.tool_record(CONV, burst)).calls == {}
+
+
+async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
+    stores: StoreFactory, redis: Redis
+) -> None:
+    store = stores(**FLOW)
+    await store.ingest(message("first", n=1))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None
+    assert await store.record_step(grant.lease, 1, 0, CALLS)
+    assert await store.presend(grant.lease, grant.version, "done", tools='append("x") -> ok')
+    assert (await store.commit(grant.lease)).ok
+    # The reply's calls went into the history with it.
+    history = await store.history(CONV)
+    assert [(h.role, h.text, h.tools) for h in history] == [
+        ("user", "first", ""),
+        ("assistant", "done", 'append("x") -> ok'),
+    ]
+    await store.ingest(message("second", n=2))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None and grant.watermark + 1 == 2
+    assert (await store.tool_record(CONV, 2)).steps == ()
+    assert await store.record_step(grant.lease, 2, 0, CALLS[1:])
+    assert (await store.tool_record(CONV, 1)).steps == ()
+    assert (await store.tool_record(CONV, 2)).steps == (CALLS[1:],)
+    # Bounded in time like the rest of the conversation, and erased by /forget.
+    assert 0 < await redis.pttl(Keys(CONV).tools) <= store.settings.retention_ms
+    await store.forget(CONV)
+    assert not await redis.exists(Keys(CONV).tools)
+
+
+async def test_a_call_with_side_effects_waits_for_a_speculative_window(
+    stores: StoreFactory,
+) -> None:
+    store = stores(quiet_ms=800, speculate_ms=100)
+    await store.ingest(message("book it", n=1))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
+    burst = grant.watermark + 1
+    assert await store.record_step(grant.lease, burst, 0, CALLS)
+    held = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True)
+    assert held.status == "hold" and 0 < held.wait_ms <= 800
+    # Without side effects it runs at once, the window open or not.
+    assert (await store.begin_call(grant.lease, burst, 0, 1, side_effects=False)).status == "run"
+    await asyncio.sleep(held.wait_ms / 1000 + 0.05)
+    assert (await store.begin_call(grant.lease, burst, 0, 0, side_effects=True)).status == "run"

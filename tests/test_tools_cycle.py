@@ -1,0 +1,170 @@
+"""Tools in a cycle, on a real server with the OpenAI client on the fake provider, the tools
+Python functions: who is offered what (/tools, admin-only tools), a tool that fails or is not
+offered becomes an error the model reads (never a failed reply), and the calls of a reply join
+the history, so a follow-up question can use them. The processes' side (MCP servers, storms,
+kills, replicas) is in test_tools_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from bot.prompt import TOOLS_USED
+from bot.steps import MAX_CALLS_PER_STEP, OUT_OF_TIME
+from bot.tools import Toolbox
+from bot.tools.python import PythonRunner, PythonTool
+from tests.builders import message
+from tests.chatting import CONV, fake, replica, say
+from tests.conftest import RuntimeFactory, settled
+from tests.fakes.openai_server import FakeOpenAI, ToolCalls, ToolPolicy
+
+__all__ = ["fake"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+ADMIN = "admin-1"
+TEXT = {"type": "object", "properties": {"text": {"type": "string"}}}
+SLOW_S = 0.8
+
+
+class Counted:
+    """Tools whose runs the test counts: `echo` (looks), `book` (admin-only, changes
+    things), `broken` (raises)."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    def toolbox(self) -> Toolbox:
+        box = Toolbox()
+        for declared in (
+            PythonTool(function=self.echo, parameters=TEXT, side_effects=False),
+            PythonTool(function=self.book, parameters=TEXT, side_effects=True, admin_only=True),
+            PythonTool(function=self.broken, parameters=TEXT, side_effects=False),
+            PythonTool(function=self.slow, parameters=TEXT, side_effects=False),
+        ):
+            box.add([declared.tool("python:test")], PythonRunner(declared))
+        return box
+
+    async def echo(self, text: str) -> str:
+        """Say the text back."""
+        self.runs.append(f"echo {text}")
+        return f"echo: {text}"
+
+    async def book(self, text: str) -> str:
+        """Book a table."""
+        self.runs.append(f"book {text}")
+        return "booked"
+
+    async def slow(self, text: str) -> str:
+        """Takes its time."""
+        self.runs.append(f"slow {text}")
+        await asyncio.sleep(SLOW_S)
+        return f"slow: {text}"
+
+    async def broken(self, text: str) -> str:
+        """Always fails."""
+        self.runs.append(f"broken {text}")
+        raise ValueError("the database is on fire")
+
+
+async def test_tools_lists_what_each_user_is_offered(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    runtime, outbound = await runtime_factory(access={"admins": [ADMIN]}, toolbox=counted.toolbox())
+    assert await runtime.ingest(message("/tools", n=1, user="user-1"))
+    assert await runtime.ingest(message("/tools", n=2, user=ADMIN, conversation="test:2"))
+    await settled(runtime, CONV)
+    await settled(runtime, "test:2")
+    [user], [admin] = outbound.texts(CONV), outbound.texts("test:2")
+    assert "echo: Say the text back. (only looks things up)" in user
+    assert "book" not in user
+    assert "book: Book a table. (changes things, admins only)" in admin
+    assert counted.runs == []
+
+
+async def test_a_tool_the_user_is_not_offered_never_runs(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    # A model that calls the admin-only tool whatever it was offered.
+    fake.answer_next(ToolCalls([("book", '{"text": "for two"}')]))
+    fake.reply = ToolPolicy("never", answer="", otherwise=lambda r: last_result(r))
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "book a table")
+    assert counted.runs == []
+    [reply] = outbound.texts(CONV)
+    assert reply == "error: there is no tool named 'book' available to this user"
+    assert "book" not in fake.requests[0].tool_names
+
+
+async def test_a_failing_tool_is_an_error_the_model_reads_and_the_reply_still_comes(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    fake.reply = ToolPolicy("broken", '{"text": "x"}', answer="Sorry: {result}")
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "try it")
+    assert counted.runs == ["broken x"]
+    [reply] = outbound.texts(CONV)
+    assert reply == "Sorry: error: the tool failed: ValueError: the database is on fire"
+
+
+async def test_a_replys_calls_join_the_history_for_the_next_question(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    fake.reply = ToolPolicy("echo", '{"text": "42"}', answer="It said {result}")
+    runtime, _ = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "ask the tool")
+    fake.reply = lambda request: "no tool this time"
+    await say(runtime, 2, "what did it say?")
+    assert counted.runs == ["echo 42"]
+    history = [m for m in fake.requests[-1].messages if m["role"] == "assistant"]
+    assert history and TOOLS_USED in history[-1]["content"]
+    assert 'echo({"text": "42"}) -> echo: 42' in history[-1]["content"]
+    assert history[-1]["content"].endswith("It said echo: 42")
+
+
+def last_result(request: Any) -> str:
+    results = request.tool_results(this_turn=True)
+    return results[-1].text if results else "no result"
+
+
+async def test_a_step_runs_at_most_sixteen_calls(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    many = [json.dumps({"text": str(i)}) for i in range(MAX_CALLS_PER_STEP + 4)]
+    fake.reply = ToolPolicy("echo", many, answer="{results}")
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "many")
+    assert counted.runs == [f"echo {i}" for i in range(MAX_CALLS_PER_STEP)]
+    _, answered = fake.requests
+    assert len(answered.tool_calls(this_turn=True)) == MAX_CALLS_PER_STEP
+    [reply] = outbound.texts(CONV)
+    assert reply.splitlines() == [f"echo: {i}" for i in range(MAX_CALLS_PER_STEP)]
+
+
+async def test_a_replys_tools_end_by_the_llm_deadline_and_the_model_answers_with_what_it_has(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    letters = [json.dumps({"text": c}) for c in "abcd"]
+    fake.reply = ToolPolicy("slow", letters, steps=10, answer="{results}")
+    runtime, outbound = await replica(
+        runtime_factory, fake, toolbox=counted.toolbox(), deadline_s=2.0
+    )
+    began = time.monotonic()
+    await say(runtime, 1, "take your time")
+    # a and b take 1.6 s; c starts with 0.4 s left and gets its 1 s minimum; d is not run.
+    assert counted.runs == ["slow a", "slow b", "slow c"]
+    assert time.monotonic() - began < 2.0 + 2 * SLOW_S
+    _, answered = fake.requests
+    assert answered.tool_choice == "none", "asked for more tools past the deadline"
+    [reply] = outbound.texts(CONV)
+    assert reply.splitlines() == ["slow: a", "slow: b", "slow: c", OUT_OF_TIME]
