@@ -43,6 +43,14 @@ async def granted(store: Store, token: str) -> Grant:
             await asyncio.sleep(grant.look_in_ms / 1000)
 
 
+async def first_holder(store: Store, text: str) -> tuple[Lease, int]:
+    """A message taken in and its burst leased by "replica-a": the lease and the burst."""
+    await store.ingest(message(text, n=1))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None
+    return grant.lease, grant.watermark + 1
+
+
 async def taken_over(store: Store, lease: Lease, token: str) -> Grant:
     """Another holder's lease of the same burst, as after a crash: the first lease released
     (the TTL would do the same, later)."""
@@ -54,17 +62,14 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
     stores: StoreFactory,
 ) -> None:
     store = stores(**FLOW)
-    await store.ingest(message("do it", n=1))
-    first = await granted(store, "replica-a")
-    assert first.lease is not None
-    burst = first.watermark + 1
-    assert await store.record_step(first.lease, burst, 0, CALLS)
+    first, burst = await first_holder(store, "do it")
+    assert await store.record_step(first, burst, 0, CALLS)
     # Call 0 (side effects) starts and dies with its runner; call 1 (none) finishes.
-    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=True)).status == "run"
-    assert (await store.begin_call(first.lease, burst, 0, 1, side_effects=False)).status == "run"
-    assert await store.end_call(first.lease, burst, 0, 1, "12:00", error=False)
+    assert (await store.begin_call(first, burst, 0, 0, side_effects=True)).status == "run"
+    assert (await store.begin_call(first, burst, 0, 1, side_effects=False)).status == "run"
+    assert await store.end_call(first, burst, 0, 1, "12:00", error=False)
 
-    second = await taken_over(store, first.lease, "replica-b")
+    second = await taken_over(store, first, "replica-b")
     assert second.lease is not None and second.watermark + 1 == burst
     record = await store.tool_record(CONV, burst)
     assert record.steps == (CALLS,)
@@ -77,7 +82,7 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
     done = await store.begin_call(second.lease, burst, 0, 1, side_effects=False)
     assert (done.status, done.text, done.error) == ("done", "12:00", False)
     # The first runner's late result does not overwrite what the model was told.
-    assert not await store.end_call(first.lease, burst, 0, 0, "appended", error=False)
+    assert not await store.end_call(first, burst, 0, 0, "appended", error=False)
     third = await taken_over(store, second.lease, "replica-c")
     assert third.lease is not None
     assert (await store.begin_call(third.lease, burst, 0, 0, side_effects=True)).status == (
@@ -87,18 +92,15 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
 
 async def test_a_started_call_without_side_effects_runs_again(stores: StoreFactory) -> None:
     store = stores(**FLOW)
-    await store.ingest(message("what time is it", n=1))
-    first = await granted(store, "replica-a")
-    assert first.lease is not None
-    burst = first.watermark + 1
-    assert await store.record_step(first.lease, burst, 0, CALLS[1:])
-    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=False)).status == "run"
-    second = await taken_over(store, first.lease, "replica-b")
+    first, burst = await first_holder(store, "what time is it")
+    assert await store.record_step(first, burst, 0, CALLS[1:])
+    assert (await store.begin_call(first, burst, 0, 0, side_effects=False)).status == "run"
+    second = await taken_over(store, first, "replica-b")
     assert second.lease is not None
     assert (await store.begin_call(second.lease, burst, 0, 0, side_effects=False)).status == "run"
     assert await store.end_call(second.lease, burst, 0, 0, "12:01", error=False)
     # The first runner's result is no longer the record's: the second one's start replaced it.
-    assert not await store.end_call(first.lease, burst, 0, 0, "12:00", error=False)
+    assert not await store.end_call(first, burst, 0, 0, "12:00", error=False)
     assert (await store.tool_record(CONV, burst)).calls[0, 0].text == "12:01"
 
 
@@ -106,15 +108,12 @@ async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
     stores: StoreFactory,
 ) -> None:
     store = stores(**FLOW)
-    await store.ingest(message("do it", n=1))
-    first = await granted(store, "replica-a")
-    assert first.lease is not None
-    burst = first.watermark + 1
-    second = await taken_over(store, first.lease, "replica-b")
+    first, burst = await first_holder(store, "do it")
+    second = await taken_over(store, first, "replica-b")
     assert second.lease is not None
-    assert not await store.record_step(first.lease, burst, 0, CALLS)
+    assert not await store.record_step(first, burst, 0, CALLS)
     assert await store.record_step(second.lease, burst, 0, CALLS)
-    assert (await store.begin_call(first.lease, burst, 0, 0, side_effects=True)).status == "lost"
+    assert (await store.begin_call(first, burst, 0, 0, side_effects=True)).status == "lost"
     assert (await store.tool_record(CONV, burst)).calls == {}
 
 
