@@ -635,7 +635,7 @@ class Cycle:
         (a /retry's: the burst of the reply it replaces, so its calls are not run again)."""
         assert grant.lease is not None
         user = grant.unanswered[-1].user_id
-        admin = self.settings.access.verdict(user) == "admin"
+        admin = user in self.settings.access.admins
         burst = grant.watermark + 1
         if request.target is not None and request.target.asked:
             burst = request.target.asked[0].version

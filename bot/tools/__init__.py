@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,12 +76,11 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What a call gave the model: its text (the tool's output, or what went wrong), whether
-    it failed, and how long lastword waited for the tool."""
+    """What a call gave the model: its text (the tool's output, or what went wrong), and
+    whether it failed."""
 
     text: str
     error: bool = False
-    seconds: float = 0.0
 
 
 class Runner(Protocol):
@@ -131,7 +129,6 @@ class Toolbox:
         """Run one call within `timeout_s`, its output cut to `cap` characters. Never raises
         for the tool's sake: an unknown tool, arguments that are not a JSON object, a timeout
         or an exception become an error result the model reads. Cancellation propagates."""
-        began = time.monotonic()
         entry = self.tools.get(call.name)
         if entry is None:
             return ToolResult(f"error: there is no tool named {call.name!r}", error=True)
@@ -155,7 +152,7 @@ class Toolbox:
             text, error = f"error: the tool failed: {type(exc).__name__}: {exc}", True
         else:
             error = False
-        return ToolResult(capped(text, cap), error, time.monotonic() - began)
+        return ToolResult(capped(text, cap), error)
 
     async def close(self) -> None:
         """Close every source at once: a server that ignores the end of its input takes
