@@ -5,8 +5,10 @@ points that do not load."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import queue
 import threading
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 from bot.settings import ToolsSettings
 from bot.tools import Toolbox, ToolCall
 from bot.tools.load import load_toolbox
-from bot.tools.python import python_tools
+from bot.tools.python import Threads, python_tools
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -90,3 +92,40 @@ def test_entry_points_that_do_not_load_are_warnings(
         w.startswith("tool entry point not_a_tool = json:dumps names a function, not a")
         for w in warnings
     ), warnings
+
+
+async def test_plain_functions_that_hang_hold_their_own_threads_and_no_more() -> None:
+    """Hung plain functions take daemon threads of their own, a bounded number: not the loop's
+    default executor (the model requests' DNS lookups need it), and never one more thread per
+    call that timed out."""
+    threads = Threads(limit=2)
+    release = threading.Event()
+    started: queue.Queue[tuple[str, bool]] = queue.Queue()
+
+    def hang(n: int) -> int:
+        started.put((threading.current_thread().name, threading.current_thread().daemon))
+        release.wait(10)
+        return n
+
+    async def next_start(within_s: float) -> tuple[str, bool]:
+        return await asyncio.to_thread(started.get, timeout=within_s)
+
+    runs = [asyncio.create_task(threads.run(hang, {"n": n})) for n in range(3)]
+    try:
+        assert [await next_start(5), await next_start(5)] == [("lastword-tool", True)] * 2
+        # The loop's own executor is free meanwhile (next_start runs in it).
+        with pytest.raises(queue.Empty):
+            await next_start(0.3)
+        # A caller that stops waiting (the toolbox's timeout) does not free the slot: its
+        # thread still runs.
+        runs[0].cancel()
+        with pytest.raises(queue.Empty):
+            await next_start(0.3)
+        release.set()
+        assert await next_start(5) == ("lastword-tool", True)
+        assert [await runs[1], await runs[2]] == [1, 2]
+        assert runs[0].cancelled()
+    finally:
+        release.set()
+        for run in runs:
+            run.cancel()

@@ -13,12 +13,14 @@ name is not one a model may call) is a WARNING naming it, and lastword starts wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -31,6 +33,8 @@ GROUP = "lastword.tools"
 KEY_PARAMETER = "idempotency_key"
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Plain functions running at once, at most (see `Threads`).
+MAX_THREADS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,11 +75,60 @@ class PythonTool:
         )
 
 
+class Threads:
+    """Daemon threads for plain functions, at most `limit` alive at once.
+
+    Not the loop's default executor: DNS lookups share that one, so tools that hang there
+    would stall every user's model requests, and its threads are joined at exit, so they would
+    keep the replica from stopping. A slot is held until the thread ends, not until its caller
+    stops waiting: tools that hang for ever take `limit` threads at most, and later calls wait
+    for a slot (within the toolbox's call timeout).
+    """
+
+    def __init__(self, limit: int = MAX_THREADS) -> None:
+        self._slots = asyncio.Semaphore(limit)
+
+    async def run(self, function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+        await self._slots.acquire()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            self._slots.release()
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            outcome: tuple[Any, BaseException | None] = (
+                None,
+                RuntimeError("the tool's thread ended without a result"),
+            )
+            try:
+                outcome = (function(**arguments), None)
+            except Exception as exc:
+                outcome = (None, exc)
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(settle, *outcome)
+
+        try:
+            threading.Thread(target=work, name="lastword-tool", daemon=True).start()
+        except BaseException:
+            self._slots.release()
+            raise
+        return await done
+
+
 @dataclass(frozen=True)
 class PythonRunner:
     """Calls a `PythonTool`'s function."""
 
     declared: PythonTool
+    threads: Threads = field(default_factory=Threads)
 
     async def __call__(self, tool: Tool, arguments: dict[str, Any], key: str) -> str:
         function = self.declared.function
@@ -86,21 +139,22 @@ class PythonRunner:
         else:
             # A thread cannot be stopped: past the call timeout the model hears it timed out,
             # and the function finishes on its own.
-            result = await asyncio.to_thread(function, **arguments)
+            result = await self.threads.run(function, arguments)
         return result if isinstance(result, str) else json.dumps(result, default=str)
 
 
 def python_tools() -> list[tuple[Tool, PythonRunner]]:
     """Every tool installed in the `lastword.tools` entry point group that loads."""
+    threads = Threads()  # shared: the bound is on the replica's threads, not each tool's
     found = []
     for point in entry_points(group=GROUP):
-        loaded = _load(point)
+        loaded = _load(point, threads)
         if loaded is not None:
             found.append(loaded)
     return found
 
 
-def _load(point: EntryPoint) -> tuple[Tool, PythonRunner] | None:
+def _load(point: EntryPoint, threads: Threads) -> tuple[Tool, PythonRunner] | None:
     where = f"{point.name} = {point.value}"
     try:
         declared = point.load()
@@ -129,4 +183,4 @@ def _load(point: EntryPoint) -> tuple[Tool, PythonRunner] | None:
             tool.name,
         )
         return None
-    return tool, PythonRunner(declared)
+    return tool, PythonRunner(declared, threads)
