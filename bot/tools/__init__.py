@@ -74,6 +74,11 @@ class ToolCall:
         }
 
 
+class OutcomeUnknown(Exception):
+    """A call was sent and never answered (the server went away mid-call, or it timed out):
+    whether the tool ran is unknown, so one with side effects must not be called again."""
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What a call gave the model: its text (the tool's output, or what went wrong), and

@@ -33,7 +33,7 @@ import anyio
 from bot.backoff import Backoff
 from bot.logs import redact
 from bot.settings import McpServer
-from bot.tools import Runner, Tool
+from bot.tools import OutcomeUnknown, Runner, Tool
 
 if TYPE_CHECKING:
     from mcp.client import Client, Transport
@@ -67,7 +67,7 @@ class ToolError(Exception):
     """The server ran the tool and it reported failure (`isError`): the text is its own."""
 
 
-class ServerDown(Exception):
+class ServerDown(OutcomeUnknown):
     """The server went away while the call was in flight: whether the tool ran is unknown."""
 
 
