@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 import traceback
@@ -58,7 +59,7 @@ from bot.store import (
     lease_token,
 )
 from bot.tokens import Counter
-from bot.tools import Toolbox
+from bot.tools import Tool, Toolbox
 from bot.transcribe import Transcriber
 from bot.watch import VersionWatch
 
@@ -113,11 +114,13 @@ def idempotency_key(conversation: str, version: int, index: int, fence: int, tok
 @dataclass(frozen=True)
 class Retry:
     """What a /retry writes again: the last reply (its version), the user's messages it
-    answered, and the history before them."""
+    answered, the history before them, and the reply's turn (its tool record's id, so the
+    calls it made are reused, never run again)."""
 
     before: tuple[HistoryEntry, ...]
     asked: tuple[HistoryEntry, ...]
     version: int
+    turn: int
 
 
 def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
@@ -130,7 +133,9 @@ def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
     asked = tuple(e for e in history[first:last] if e.role == "user")
     if not asked:
         return None
-    return Retry(tuple(history[:first]), asked, history[last].version)
+    # An entry from before replies kept their turn: the first message it answered.
+    turn = history[last].turn or asked[0].version
+    return Retry(tuple(history[:first]), asked, history[last].version, turn)
 
 
 def cause_of(exc: BaseException) -> str:
@@ -157,6 +162,12 @@ class Reply:
     reset: int = 0
     # The tool calls the model's answer made, for the history.
     tools: str = ""
+
+
+def turn_of(grant: Grant, target: Retry | None) -> int:
+    """The id of the turn a reply answers, and of its tool record: a /retry's is the turn of
+    the reply it writes again; any other's, the first version of its burst."""
+    return target.turn if target is not None else grant.watermark + 1
 
 
 @dataclass(frozen=True)
@@ -369,6 +380,7 @@ class Cycle:
                 changes=encoded(reply.changes),
                 worked_ms=int((time.monotonic() - began) * 1000),
                 tools=reply.tools,
+                turn=turn_of(grant, target),
             )
 
         verdict = await self._when_closed(grant, keeper, presend)
@@ -606,14 +618,18 @@ class Cycle:
         """Read the burst's files, build the prompt and ask the model, all of it cancelled
         on the spot if a newer message arrives meanwhile (and interrupting is on)."""
         model = request.model
+        user = grant.unanswered[-1].user_id
+        # The tools as they are now, each call bound to one of these: a tool added or renamed
+        # meanwhile changes nothing for this reply.
+        offered = tuple(self.toolbox.offered(user in self.settings.access.admins))
         async with self._interruptible(grant, keeper) as race:
-            prompt = await race(self._prompt(request))
+            prompt = await race(self._prompt(request, offered))
             if isinstance(prompt, Next):
                 # Cut short while reading the files (a transcription, say): an interrupt too.
                 generation = Generation("", None, usage, prompt, model)
                 return self._interrupted(request, generation, race)
             began = time.monotonic()
-            steps = self._steps(grant, request, race, usage)
+            steps = self._steps(grant, request, race, usage, offered)
             try:
                 done = await steps.answer(prompt, usage)
             except LLMError as exc:
@@ -630,25 +646,26 @@ class Cycle:
         self.stats.finished_tokens += generation.spent
         return generation
 
-    def _steps(self, grant: Grant, request: Request, race: Race, usage: Usage) -> Steps:
-        """The reply's tool loop: the tools its user is offered, and the record of the burst
-        (a /retry's: the burst of the reply it replaces, so its calls are not run again)."""
+    def _steps(
+        self, grant: Grant, request: Request, race: Race, usage: Usage, offered: tuple[Tool, ...]
+    ) -> Steps:
+        """The reply's tool loop: the tools its user is offered, and the record of its turn
+        (a /retry's: the turn of the reply it replaces, so its calls are not run again)."""
         assert grant.lease is not None
-        user = grant.unanswered[-1].user_id
-        admin = user in self.settings.access.admins
-        burst = grant.watermark + 1
-        if request.target is not None and request.target.asked:
-            burst = request.target.asked[0].version
+        llm = self.settings.llm
         return Steps(
             self.llm,
-            self.settings.llm,
+            llm,
             self.settings.tools,
             self.toolbox,
             self.store,
             grant.lease,
-            burst,
-            tuple(self.toolbox.offered(admin)),
+            turn_of(grant, request.target),
+            grant.version,
+            offered,
             race,
+            self.counter,
+            llm.context_tokens - llm.max_tokens,
             usage.on_text,
         )
 
@@ -692,8 +709,12 @@ class Cycle:
         log.debug("restarted the speculative generation for %s: the user wrote on", conversation)
         return True
 
-    async def _prompt(self, request: Request) -> Prompt:
+    async def _prompt(self, request: Request, offered: tuple[Tool, ...]) -> Prompt:
+        """The prompt within the context, the schemas of the `offered` tools counted in."""
         llm = self.settings.llm
+        schemas = (
+            self.counter.count(json.dumps([tool.spec() for tool in offered])) if offered else 0
+        )
         conversation = request.conversation
         history = request.history
         system = with_persona(system_prompt(llm.system_prompt), request.persona)
@@ -712,7 +733,7 @@ class Cycle:
             system,
             await self.media.history(conversation, history),
             texts,
-            llm.context_tokens - llm.max_tokens,
+            llm.context_tokens - llm.max_tokens - schemas,
             self.counter,
             images,
         )

@@ -86,8 +86,9 @@ KEY_SETTING = "LASTWORD_LLM__API_KEY"
 # looping, and every call is recorded in the store before it runs.
 MAX_CALLS = 64
 MAX_ARGUMENT_BYTES = 64 << 10
-# What a tool's name may be, as Chat Completions itself allows it.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A tool's name as the model wrote it is kept up to this long: a name the model mangled
+# ("functions.get_time") or invented is an error result the model reads, not a failed reply.
+MAX_TOOL_NAME_CHARS = 256
 # A call's id is echoed back to the provider and stored with its result: a sane length only.
 MAX_CALL_ID_CHARS = 256
 
@@ -589,16 +590,14 @@ class ToolCallPieces:
                 self._add(position if whole else self._index(entry), entry)
 
     def calls(self) -> tuple[ToolCall, ...]:
-        """The calls in index order. A call without a name Chat Completions allows (or with
-        an id too long to echo back) is a transient `LLMError`: it cannot be run or answered."""
+        """The calls in index order. A call without a name (or with an id too long to echo
+        back) is a transient `LLMError`: it cannot be answered. A name no tool has, or one
+        Chat Completions would not take back, is kept (cut) for the toolbox to refuse."""
         calls: list[ToolCall] = []
         for index in sorted(self._calls):
             pieces = self._calls[index]
-            if not TOOL_NAME.fullmatch(pieces.name):
-                raise LLMError(
-                    f"the provider sent a tool call with a bad name: {pieces.name[:80]!r}",
-                    kind="transient",
-                )
+            if not pieces.name:
+                raise LLMError("the provider sent a tool call without a name", kind="transient")
             if len(pieces.id) > MAX_CALL_ID_CHARS:
                 raise LLMError(
                     f"the provider sent a tool call id over {MAX_CALL_ID_CHARS} characters",
@@ -611,7 +610,8 @@ class ToolCallPieces:
             call_id = well_formed(pieces.id) if pieces.id and not taken else f"call_{index}"
             arguments = well_formed("".join(pieces.arguments))
             # No arguments at all is an empty object, which every provider takes back.
-            calls.append(ToolCall(call_id, pieces.name, arguments if arguments.strip() else "{}"))
+            name = pieces.name[:MAX_TOOL_NAME_CHARS]
+            calls.append(ToolCall(call_id, name, arguments if arguments.strip() else "{}"))
         return tuple(calls)
 
     def _index(self, entry: dict[str, Any]) -> int:

@@ -40,7 +40,7 @@ from pathlib import PurePosixPath
 from bot.heavy import ReaderUnavailable, Unreadable, Workers
 from bot.loop_lag import watch
 from bot.message import Attachment, FetchFailed, InboundMessage, Outbound
-from bot.prompt import Image, Turn, with_tools
+from bot.prompt import Image, Turn, used_of
 from bot.settings import MediaSettings
 from bot.store import HistoryEntry, Store, StoreUnavailable
 from bot.transcribe import Transcriber, TranscriptionFailed
@@ -231,7 +231,7 @@ class Media:
             for a in entry.attachments:
                 if a.file_key in transcripts and _is_audio(a):
                     text = text.replace(a.label(), _transcribed(a, transcripts[a.file_key]), 1)
-            turns.append(Turn(entry.role, with_tools(text, entry.tools)))
+            turns.append(Turn(entry.role, text, used_of(entry.tools)))
         return turns
 
     async def _cached(

@@ -14,11 +14,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from bot.tokens import Counter
+from bot.tokens import PER_MESSAGE, Counter
+from bot.tools import well_named
 
 FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
-# What heads the tool calls a past reply made, in the history.
-TOOLS_USED = "Tools called for this reply, and what they returned:"
 # Told to the model when the provider refused the images of the turn.
 IMAGES_NOT_SHOWN = (
     "The user sent images, marked [photo] or [image], that could not be shown to you. Say so "
@@ -27,9 +26,42 @@ IMAGES_NOT_SHOWN = (
 
 
 @dataclass(frozen=True)
+class Used:
+    """A tool call a past reply made: the tool's name, the arguments as the model wrote them,
+    and what it returned (cut)."""
+
+    name: str
+    arguments: str
+    result: str
+
+
+@dataclass(frozen=True)
 class Turn:
     role: Literal["user", "assistant"]
     text: str
+    # The tool calls a past reply made before it answered: shown to the model as calls and
+    # `tool` results, attributed data, never as the reply's own sentences.
+    used: tuple[Used, ...] = ()
+
+    def counted(self) -> str:
+        """What the turn's tokens are counted from."""
+        return self.text + "".join(u.name + u.arguments + u.result for u in self.used)
+
+
+def used_of(tools: str) -> tuple[Used, ...]:
+    """A history entry's tool calls (`bot.steps.Done.tools`): none if it holds none, or is
+    not of that shape (an entry from before calls were kept as data is shown without them)."""
+    try:
+        listed = json.loads(tools) if tools else []
+    except ValueError:
+        return ()
+    if not isinstance(listed, list):
+        return ()
+    return tuple(
+        Used(str(e.get("tool", "")), str(e.get("arguments", "{}")), str(e.get("result", "")))
+        for e in listed
+        if isinstance(e, dict)
+    )
 
 
 @dataclass(frozen=True)
@@ -65,8 +97,10 @@ class Prompt:
         """Chat Completions messages: history with adjacent turns of one role merged, then ONE
         user turn that folds every unanswered message, so the model answers them together."""
         out: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
-        for turn in self.history:
-            if len(out) > 1 and out[-1]["role"] == turn.role:
+        for n, turn in enumerate(self.history):
+            if turn.used:
+                out += _calls_made(n, turn.used)
+            if len(out) > 1 and out[-1]["role"] == turn.role and not turn.used:
                 out[-1]["content"] += "\n" + turn.text
             else:
                 out.append({"role": turn.role, "content": turn.text})
@@ -122,10 +156,25 @@ class Prompt:
         return replace(self, history=self.history[len(self.history) // 2 + 1 :])
 
 
-def with_tools(reply: str, tools: str) -> str:
-    """A past reply as the history shows it: the tool calls it made and what they gave first,
-    so a follow-up question can use them without calling again."""
-    return f"[{TOOLS_USED}\n{tools}]\n{reply}" if tools else reply
+def _calls_made(n: int, used: tuple[Used, ...]) -> list[dict[str, Any]]:
+    """A past reply's tool calls as the model made them: one assistant message with the
+    calls, then each one's result as a `tool` message, so a follow-up question can use them
+    without calling again, and a result is read as the tool's data, never as what the bot
+    said (an instruction injected through a tool is not replayed in the bot's voice)."""
+    ids = [f"past_{n}_{i}" for i in range(len(used))]
+    calls = [
+        {
+            "id": i,
+            "type": "function",
+            "function": {"name": well_named(u.name), "arguments": u.arguments},
+        }
+        for i, u in zip(ids, used, strict=True)
+    ]
+    results = [
+        {"role": "tool", "tool_call_id": i, "content": u.result}
+        for i, u in zip(ids, used, strict=True)
+    ]
+    return [{"role": "assistant", "content": None, "tool_calls": calls}, *results]
 
 
 def system_prompt(template: str, now: datetime | None = None) -> str:
@@ -173,7 +222,7 @@ def fit(
     kept.reverse()
     turns: list[Turn] = []
     for turn in reversed(history):
-        cost = counter.count(turn.text)
+        cost = counter.count(turn.counted()) + PER_MESSAGE * 2 * len(turn.used)
         if cost > room:
             break
         turns.append(turn)

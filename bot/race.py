@@ -3,8 +3,9 @@ cancels it the moment the conversation's version moves and hands the lease back;
 what the cycle returns then, saying when to look at the conversation again.
 
 A step that a newer message must not cancel (a tool call: its effect is outside lastword, and
-its result is kept) runs outside the race; `Race.steered` then says, once it is done, whether a
-newer message arrived meanwhile, handing the lease back the same way.
+its result is kept) runs outside the race; `Race.steered` says, before and after each such
+step, whether a newer message arrived meanwhile, handing the lease back the same way, and
+`Race.moved` does so when the store found one as a call was about to start.
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ class Race:
         """After a step that runs outside the race (a tool call): `Next`, with the lease
         handed back, if a newer message arrived meanwhile; None to go on."""
         if self.newer is None or not self.newer.done():
+            return None
+        return await self._hand_back()
+
+    async def moved(self) -> Next | None:
+        """The store said a newer message arrived (a call may not start): `Next`, with the
+        lease handed back, if this generation follows the version; None if it does not (the
+        starvation guard will send its reply as it is, or interrupting is off)."""
+        if self.newer is None:
             return None
         return await self._hand_back()
 

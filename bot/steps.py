@@ -2,15 +2,23 @@
 results, and ask again, until it answers in text or the step limit is reached.
 
 Every call is recorded in the store before it runs (`bot.store.tools`), so that a tool with
-side effects runs at most once per call the model asked for:
+side effects runs at most once per call the model asked for, and only while the user's newest
+word still asks for it:
 - a generation cut short (a newer message while the model wrote, a lost lease, a killed
-  replica) leaves the record behind, and the next generation of the same burst, on any
-  replica, resumes from it: the model sees the recorded steps and results and goes on;
+  replica) leaves the record behind, and the next generation of the same turn, on any
+  replica (or a /retry of it), resumes from it: the model sees the recorded steps and results
+  and goes on;
 - a call found started with no result is run again only if it has no side effects; otherwise
-  the model is told its outcome is unknown;
-- a newer message while a tool runs does not cancel the tool (its result is kept): once the
-  step's calls are done, the lease goes back as an interrupt would, and the next generation
-  resumes with the newer message folded into the turn.
+  the model is told its outcome is unknown, as it is when a call with side effects timed out
+  or its server went away mid-call;
+- a newer message while a tool runs does not cancel the tool (its result is kept); but no
+  call starts once the user has written since its step was asked for (checked in the store,
+  in the step that starts the call): the lease goes back as an interrupt would, and the next
+  generation asks the model again with the newer messages, telling it which calls never ran;
+- each call is bound to the tool it was offered as (`Tool.identity`): the admin check, the
+  side-effect flag, the hold and the run all concern that one tool;
+- the steps are in the context budget: results are cut to fit, and once no room is left the
+  model is asked for its answer.
 While the burst's window is still open (a speculative generation), only tools without side
 effects run; one with side effects waits for the window to close.
 """
@@ -27,10 +35,11 @@ from typing import Any
 
 from bot.lease import LeaseLost
 from bot.llm import LLM, Usage, generate
-from bot.prompt import Prompt
+from bot.prompt import Prompt, Used, estimated_tokens
 from bot.race import Next, Race
 from bot.settings import LLMSettings, ToolsSettings
 from bot.store import Lease, Record, Store
+from bot.tokens import Counter
 from bot.tools import Tool, Toolbox, ToolCall, ToolResult
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,20 @@ STEP_LIMIT = "(I stopped there: this reply used all the tool steps, or the time,
 OUT_OF_TIME = (
     "error: not run: this reply has used all its time for tools; answer with what you have"
 )
+# What the model reads for a call that never ran because the user wrote again after it was
+# asked for (held in the window, or queued behind an earlier call of its step).
+NOT_RUN = (
+    "error: not run: the user wrote again before this call started. Read their newest "
+    "messages: call it again only if they still want it."
+)
+# What the model reads for the calls of a step that did not fit in its context.
+NO_ROOM = "error: not run: no room is left in the context for its result; answer with what you have"
+# What a result cut to fit the context says.
+ROOM_NOTE = "\n[cut to fit the context: {kept} of {total} characters shown]"
+# Tokens a step's results may take at least, per call, for them to be worth running; and the
+# share of the budget kept free for the estimate's error.
+MIN_RESULT_TOKENS = 48
+MARGIN = 0.05
 # A call started with less time left than this still gets this long.
 MIN_CALL_S = 1.0
 # Waits for the window to close before a call with side effects, at most: a window that never
@@ -59,12 +82,13 @@ MIN_CALL_S = 1.0
 HOLDS = 5
 # A result as the history keeps it, per call, at most; the whole reply's calls at most.
 HISTORY_RESULT_CHARS = 300
-HISTORY_TOOLS_CHARS = 2000
+HISTORY_TOOLS_CHARS = 4000
 
 
 @dataclass(frozen=True)
 class Done:
-    """A reply's steps came to this text; `tools`, what the calls were, for the history."""
+    """A reply's steps came to this text; `tools`, what the calls were and gave, as JSON for
+    the history (`bot.prompt.used_of` reads it back)."""
 
     text: str
     tools: str = ""
@@ -73,8 +97,8 @@ class Done:
 @dataclass
 class Steps:
     """One reply's tool loop under one lease. `race` runs what a newer message cancels (the
-    model's steps, a wait for the window) and, after each tool step, says whether a newer
-    message arrived meanwhile (`Race.steered`); either way `Next` ends the loop."""
+    model's steps, a wait for the window) and, before and after each tool call, says whether
+    a newer message arrived meanwhile (`Race.steered`); either way `Next` ends the loop."""
 
     llm: LLM
     settings: LLMSettings
@@ -82,15 +106,23 @@ class Steps:
     toolbox: Toolbox
     store: Store
     lease: Lease
-    burst: int  # the first version of the burst: the record's and the keys' name for it
+    burst: int  # the turn's id: its record's name (the first version of its burst)
+    version: int  # the version the prompt covers: no call starts once V has moved past it
     offered: tuple[Tool, ...]
     race: Race
+    counter: Counter
+    budget: int  # tokens the whole request may take (the context less the answer's room)
     on_status: Callable[[str], None] | None = None
     calls_run: int = 0
     calls_reused: int = 0
     # When the reply's time for tools ends (`time.monotonic()`): `LASTWORD_LLM__DEADLINE_S`
     # after its first step, so a reply ends in bounded time however many calls hang.
     until: float = 0.0
+    # The record's id, which every call's idempotency key carries.
+    record: str = ""
+    # Set once no more tools may run in this reply (no room left in the context, or the user
+    # wrote again and this generation is not interrupted): the model is asked for its answer.
+    closed: bool = False
 
     async def answer(self, prompt: Prompt, usage: Usage) -> Done | Next:
         """The reply's text after as many steps as it takes; `Next` if a newer message cut
@@ -99,42 +131,79 @@ class Steps:
             answered = await self.race(generate(self.llm, prompt, self.settings, usage))
             return answered if isinstance(answered, Next) else Done(answered.text)
         self.until = time.monotonic() + self.settings.deadline_s
-        steps: list[dict[str, Any]] = []
-        history: list[str] = []
-        resumed = await self._resume(steps, history)
+        asked = replace(prompt, tools=tuple(tool.spec() for tool in self.offered))
+        used: list[Used] = []
+        resumed = await self._resume(asked, used)
         if isinstance(resumed, Next):
             return resumed
-        specs = tuple(tool.spec() for tool in self.offered)
-        k = resumed
+        asked, k = resumed
         while True:
-            last = k >= self.tools.step_limit or time.monotonic() >= self.until
-            asked = replace(
-                prompt, tools=specs, steps=tuple(steps), tool_choice="none" if last else "auto"
-            )
+            last = self.closed or k >= self.tools.step_limit or time.monotonic() >= self.until
+            asked = replace(asked, tool_choice="none" if last else "auto")
             answered = await self.race(generate(self.llm, asked, self.settings, usage))
             if isinstance(answered, Next):
                 return answered
             if not answered.calls or last:
-                return Done(answered.text or STEP_LIMIT, _joined_history(history))
+                return Done(answered.text or STEP_LIMIT, _history(used))
             calls = self._bounded(answered.calls)
-            if not await self.store.record_step(self.lease, self.burst, k, calls):
+            step = replace(asked, steps=(*asked.steps, _assistant(answered.text, calls)))
+            share = self._share(step, len(calls))
+            if share < MIN_RESULT_TOKENS:
+                # Its results would not fit: it is not run, and the model answers instead.
+                log.warning(
+                    "no room in the context of %s for the results of %d tool calls; the model "
+                    "is asked for its answer",
+                    self.lease.conversation,
+                    len(calls),
+                )
+                self.closed = True
+                continue
+            bound = tuple(self._offered(call.name) for call in calls)
+            identities = tuple(tool.identity if tool else "" for tool in bound)
+            record = await self.store.record_step(
+                self.lease, self.burst, k, calls, self.version, identities
+            )
+            if not record:
                 raise LeaseLost(self.lease.conversation)
-            steps.append(_assistant(answered.text, calls))
-            cut = await self._run_step(k, calls, Record(), steps, history)
-            if cut is not None:
-                return cut
+            self.record = record
+            ran = await self._run_step(k, calls, bound, Record(), step, share, used)
+            if isinstance(ran, Next):
+                return ran
+            asked = ran
             k += 1
 
-    async def _resume(self, steps: list[dict[str, Any]], history: list[str]) -> int | Next:
-        """Take up the steps an earlier generation of the burst recorded (its calls reused,
-        or run if never finished and safe to): how many there were, or `Next`."""
+    async def _resume(self, asked: Prompt, used: list[Used]) -> tuple[Prompt, int] | Next:
+        """Take up the steps an earlier generation of the turn recorded (its calls reused,
+        run if never started and still asked for, never run if the user wrote since): the
+        prompt with them, and how many there were; or `Next`."""
         record = await self.store.tool_record(self.lease.conversation, self.burst)
+        self.record = record.id
         for k, calls in enumerate(record.steps):
-            steps.append(_assistant("", calls))
-            cut = await self._run_step(k, calls, record, steps, history)
-            if cut is not None:
-                return cut
-        return len(record.steps)
+            step = replace(asked, steps=(*asked.steps, _assistant("", calls)))
+            bound = tuple(
+                self._bound(record.bound[k, j]) if (k, j) in record.bound else None
+                for j in range(len(calls))
+            )
+            share = max(self._share(step, len(calls)), MIN_RESULT_TOKENS)
+            ran = await self._run_step(k, calls, bound, record, step, share, used)
+            if isinstance(ran, Next):
+                return ran
+            asked = ran
+        return asked, len(record.steps)
+
+    def _offered(self, name: str) -> Tool | None:
+        """The offered tool a call names, if any: what the call is bound to."""
+        return next((tool for tool in self.offered if tool.name == name), None)
+
+    def _bound(self, identity: str) -> Tool | None:
+        """The offered tool a recorded call was bound to, if this user is offered it here."""
+        return next((tool for tool in self.offered if tool.identity == identity), None)
+
+    def _share(self, step: Prompt, calls: int) -> int:
+        """Tokens each of a step's `calls` results may take, for the request to stay within
+        the budget (less a margin for the estimate's error)."""
+        room = int(self.budget * (1 - MARGIN)) - estimated_tokens(step, self.counter)
+        return room // max(calls, 1)
 
     def _bounded(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
         """The calls of a step that are run: the first `MAX_CALLS_PER_STEP`."""
@@ -151,35 +220,68 @@ class Steps:
         self,
         k: int,
         calls: tuple[ToolCall, ...],
+        bound: tuple[Tool | None, ...],
         record: Record,
-        steps: list[dict[str, Any]],
-        history: list[str],
-    ) -> Next | None:
-        """Run (or reuse) step `k`'s calls, one after another, adding their results to
-        `steps`; `Next` if a newer message arrived meanwhile (None: go on). Calls run in
-        order, not at once: a model's calls in one step may depend on each other's effects."""
-        for j, call in enumerate(calls):
-            result = await self._call(k, j, call, record)
+        step: Prompt,
+        share: int,
+        used: list[Used],
+    ) -> Prompt | Next:
+        """Run (or reuse) step `k`'s calls, one after another, each on the tool it is bound
+        to: the prompt with their results (each cut to `share` tokens); `Next` if a newer
+        message arrived meanwhile. Calls run in order, not at once: a model's calls in one
+        step may depend on each other's effects. Before each call the race is asked whether
+        the user wrote again, so a "stop" stops the calls not yet started."""
+        results: list[dict[str, Any]] = []
+        for j, (call, tool) in enumerate(zip(calls, bound, strict=True)):
+            steered = await self.race.steered()
+            if steered is not None:
+                return steered
+            result = await self._call(k, j, call, tool, record)
             if isinstance(result, Next):
                 return result
-            steps.append({"role": "tool", "tool_call_id": call.id, "content": result.text})
-            history.append(_history_line(call, result))
-        return await self.race.steered()
+            text = self._fitted(result.text, share)
+            results.append({"role": "tool", "tool_call_id": call.id, "content": text})
+            used.append(Used(call.name, call.arguments, result.text))
+        steered = await self.race.steered()
+        if steered is not None:
+            return steered
+        asked = replace(step, steps=(*step.steps, *results))
+        if self._share(asked, 1) < MIN_RESULT_TOKENS * 2:
+            self.closed = True  # no room for another step: the model answers now
+        return asked
 
-    async def _call(self, k: int, j: int, call: ToolCall, record: Record) -> ToolResult | Next:
-        """One call's result: recorded, run now, or unknown; or what cut a wait short."""
+    def _fitted(self, text: str, tokens: int) -> str:
+        """`text` within `tokens` (as counted), cut with a note if it must be."""
+        if self.counter.count(text) <= tokens:
+            return text
+        kept = len(text)
+        while kept > 0:
+            kept = int(kept * 0.8)
+            fitted = text[:kept] + ROOM_NOTE.format(kept=kept, total=len(text))
+            if self.counter.count(fitted) <= tokens:
+                return fitted
+        return ROOM_NOTE.format(kept=0, total=len(text)).strip()
+
+    async def _call(
+        self, k: int, j: int, call: ToolCall, tool: Tool | None, record: Record
+    ) -> ToolResult | Next:
+        """One call's result: recorded, run now, not run, or unknown; or what cut a wait
+        short."""
         known = record.calls.get((k, j))
         if known is not None and known.status == "done":
             self.calls_reused += 1
             return ToolResult(known.text, known.error)
-        tool = next((t for t in self.offered if t.name == call.name), None)
         if tool is None:
             return ToolResult(NOT_OFFERED.format(name=call.name), error=True)
+        if self.closed:
+            return ToolResult(NO_ROOM, error=True)
         left = self.until - time.monotonic()
         if left <= 0:
             return ToolResult(OUT_OF_TIME, error=True)
         for _ in range(HOLDS):
-            begun = await self.store.begin_call(self.lease, self.burst, k, j, tool.side_effects)
+            begun = await self.store.begin_call(
+                self.lease, self.burst, k, j, tool.side_effects, self.version
+            )
             if begun.status != "hold":
                 break
             waited = await self.race(asyncio.sleep(begun.wait_ms / 1000))
@@ -196,17 +298,42 @@ class Steps:
             log.warning(
                 "tool %s for %s was started before and never finished; the model is told its "
                 "outcome is unknown",
-                call.name,
+                tool.name,
                 self.lease.conversation,
             )
             return ToolResult(UNKNOWN, error=True)
+        if begun.status == "moved":
+            handed = await self.race.moved()
+            if handed is not None:
+                return handed
+            self.closed = True
+            return ToolResult(NOT_RUN, error=True)
+        if begun.status == "dropped":
+            log.info(
+                "tool %s for %s was asked for before the user wrote again; not run",
+                tool.name,
+                self.lease.conversation,
+            )
+            return ToolResult(NOT_RUN, error=True)
         if self.on_status is not None:
             self.on_status(f"{tool.shown()}…")
-        key = f"{self.lease.conversation}:{self.burst}:{k}:{j}"
+        key = f"{self.lease.conversation}:{self.record}:{k}:{j}"
         timeout = min(self.tools.call_timeout_s, max(left, MIN_CALL_S))
-        result = await self.toolbox.run(call, key, timeout, self.tools.output_chars)
+        result = await self.toolbox.run(call, key, timeout, self.tools.output_chars, tool)
         self.calls_run += 1
-        await self.store.end_call(self.lease, self.burst, k, j, result.text, result.error)
+        unknown = result.unknown and tool.side_effects
+        await self.store.end_call(
+            self.lease, self.burst, k, j, result.text, result.error, unknown=unknown
+        )
+        if unknown:
+            log.warning(
+                "tool %s for %s may or may not have run (%s); the model is told its outcome "
+                "is unknown",
+                tool.name,
+                self.lease.conversation,
+                result.text[:200],
+            )
+            return ToolResult(UNKNOWN, error=True)
         return result
 
 
@@ -218,18 +345,23 @@ def _assistant(text: str, calls: tuple[ToolCall, ...]) -> dict[str, Any]:
     }
 
 
-def _history_line(call: ToolCall, result: ToolResult) -> str:
-    text = result.text
-    if len(text) > HISTORY_RESULT_CHARS:
-        text = text[:HISTORY_RESULT_CHARS] + "…"
-    try:
-        arguments = json.dumps(json.loads(call.arguments or "{}"), ensure_ascii=False)
-    except ValueError:
+def _history(used: list[Used]) -> str:
+    """What the history keeps of a reply's calls, as JSON: each result cut, and as many calls
+    as fit in `HISTORY_TOOLS_CHARS` (the last kept one says how many more were left out)."""
+    kept: list[dict[str, str]] = []
+    size = 0
+    for n, call in enumerate(used):
+        result = call.result
+        if len(result) > HISTORY_RESULT_CHARS:
+            result = result[:HISTORY_RESULT_CHARS] + "…"
         arguments = call.arguments
-    return f"{call.name}({arguments}) -> {text}"
-
-
-def _joined_history(lines: list[str]) -> str:
-    """What the history keeps of a reply's calls: one line each, bounded in all."""
-    joined = "\n".join(lines)
-    return joined if len(joined) <= HISTORY_TOOLS_CHARS else joined[:HISTORY_TOOLS_CHARS] + "…"
+        if len(arguments) > HISTORY_RESULT_CHARS:
+            # Still a JSON object, as a provider may check the history's calls.
+            arguments = json.dumps({"cut": arguments[:HISTORY_RESULT_CHARS]})
+        entry = {"tool": call.name[:64], "arguments": arguments, "result": result}
+        size += len(json.dumps(entry))
+        if kept and size > HISTORY_TOOLS_CHARS:
+            kept[-1]["result"] += f"\n[{len(used) - n} more calls of this reply are not kept]"
+            break
+        kept.append(entry)
+    return json.dumps(kept, ensure_ascii=False) if kept else ""

@@ -380,19 +380,36 @@ async def test_arguments_longer_than_the_bound_are_refused(fake: FakeOpenAI, str
 
 
 @pytest.mark.parametrize(
-    "name",
-    ["get time", "", "x" * 65, "naïve", "get_current_time\n"],
-    ids=["space", "empty", "too-long", "not-ascii", "newline"],
+    ("name", "echoed"),
+    [
+        ("get time", "get_time"),
+        ("functions.get_time", "functions_get_time"),
+        ("x" * 65, "x" * 64),
+        ("naïve", "na_ve"),
+        ("get_current_time\n", "get_current_time_"),
+    ],
+    ids=["space", "prefixed", "too-long", "not-ascii", "newline"],
 )
-async def test_a_call_with_a_bad_name_is_refused(
-    fake: FakeOpenAI, client: Client, name: str
+async def test_a_call_with_a_mangled_name_is_kept_for_the_toolbox_to_refuse(
+    fake: FakeOpenAI, client: Client, name: str, echoed: str
 ) -> None:
     stream = RawReply.events(
         call_piece(index=0, id="c", function={"name": "get_current_time", "arguments": UTC}),
         call_piece(index=1, id="d", function={"name": name, "arguments": "{}"}),
     )
     fake.answer_next(stream)
-    assert "bad name" in str(await client.refused(asking()))
+    _, mangled = (await client.complete(asking())).calls
+    # As written, so no tool matches it by accident; echoed back as the provider takes it.
+    assert mangled.name == name
+    assert mangled.message()["function"]["name"] == echoed
+
+
+async def test_a_call_with_an_empty_name_is_refused(fake: FakeOpenAI, client: Client) -> None:
+    stream = RawReply.events(
+        call_piece(index=0, id="c", function={"name": "", "arguments": "{}"}),
+    )
+    fake.answer_next(stream)
+    assert "without a name" in str(await client.refused(asking()))
 
 
 async def test_a_call_without_a_name_is_refused_and_retried(

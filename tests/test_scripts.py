@@ -653,7 +653,12 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
     grant = await acquire_when_ready(store, CONV, "owner")
     assert grant.lease is not None
     verdict = await store.presend(
-        grant.lease, grant.version, "the reply", changes="[change]", tools='now() -> "12:00"'
+        grant.lease,
+        grant.version,
+        "the reply",
+        changes="[change]",
+        tools='now() -> "12:00"',
+        turn=grant.watermark + 1,
     )
     assert verdict == PreSend("ok", forced=False)
     assert await hash_of(redis, k.outbox) == {
@@ -666,6 +671,7 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "unsaid": "0",
         "changes": "[change]",  # the admin changes it announces, for a resend to apply
         "tools": 'now() -> "12:00"',  # the tool calls it made, for the history
+        "turn": str(grant.watermark + 1),  # its turn, which the history keeps for a /retry
     }
     # Nothing is answered until the commit, and the lease is still ours.
     assert await store.counters(CONV) == (2, 0)

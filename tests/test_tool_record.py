@@ -63,10 +63,14 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
 ) -> None:
     store = stores(**FLOW)
     first, burst = await first_holder(store, "do it")
-    assert await store.record_step(first, burst, 0, CALLS)
+    assert await store.record_step(first, burst, 0, CALLS, 1)
     # Call 0 (side effects) starts and dies with its runner; call 1 (none) finishes.
-    assert (await store.begin_call(first, burst, 0, 0, side_effects=True)).status == "run"
-    assert (await store.begin_call(first, burst, 0, 1, side_effects=False)).status == "run"
+    assert (
+        await store.begin_call(first, burst, 0, 0, side_effects=True, version=1)
+    ).status == "run"
+    assert (
+        await store.begin_call(first, burst, 0, 1, side_effects=False, version=1)
+    ).status == "run"
     assert await store.end_call(first, burst, 0, 1, "12:00", error=False)
 
     second = await taken_over(store, first, "replica-b")
@@ -76,28 +80,32 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
     assert record.calls[0, 0].status == "started"
     assert record.calls[0, 1].status == "done" and record.calls[0, 1].text == "12:00"
     # Never run again blindly: unknown, and unknown for every later holder too.
-    assert (await store.begin_call(second.lease, burst, 0, 0, side_effects=True)).status == (
-        "unknown"
-    )
-    done = await store.begin_call(second.lease, burst, 0, 1, side_effects=False)
+    assert (
+        await store.begin_call(second.lease, burst, 0, 0, side_effects=True, version=1)
+    ).status == ("unknown")
+    done = await store.begin_call(second.lease, burst, 0, 1, side_effects=False, version=1)
     assert (done.status, done.text, done.error) == ("done", "12:00", False)
     # The first runner's late result does not overwrite what the model was told.
     assert not await store.end_call(first, burst, 0, 0, "appended", error=False)
     third = await taken_over(store, second.lease, "replica-c")
     assert third.lease is not None
-    assert (await store.begin_call(third.lease, burst, 0, 0, side_effects=True)).status == (
-        "unknown"
-    )
+    assert (
+        await store.begin_call(third.lease, burst, 0, 0, side_effects=True, version=1)
+    ).status == ("unknown")
 
 
 async def test_a_started_call_without_side_effects_runs_again(stores: StoreFactory) -> None:
     store = stores(**FLOW)
     first, burst = await first_holder(store, "what time is it")
-    assert await store.record_step(first, burst, 0, CALLS[1:])
-    assert (await store.begin_call(first, burst, 0, 0, side_effects=False)).status == "run"
+    assert await store.record_step(first, burst, 0, CALLS[1:], 1)
+    assert (
+        await store.begin_call(first, burst, 0, 0, side_effects=False, version=1)
+    ).status == "run"
     second = await taken_over(store, first, "replica-b")
     assert second.lease is not None
-    assert (await store.begin_call(second.lease, burst, 0, 0, side_effects=False)).status == "run"
+    assert (
+        await store.begin_call(second.lease, burst, 0, 0, side_effects=False, version=1)
+    ).status == "run"
     assert await store.end_call(second.lease, burst, 0, 0, "12:01", error=False)
     # The first runner's result is no longer the record's: the second one's start replaced it.
     assert not await store.end_call(first, burst, 0, 0, "12:00", error=False)
@@ -111,9 +119,11 @@ async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
     first, burst = await first_holder(store, "do it")
     second = await taken_over(store, first, "replica-b")
     assert second.lease is not None
-    assert not await store.record_step(first, burst, 0, CALLS)
-    assert await store.record_step(second.lease, burst, 0, CALLS)
-    assert (await store.begin_call(first, burst, 0, 0, side_effects=True)).status == "lost"
+    assert not await store.record_step(first, burst, 0, CALLS, 1)
+    assert await store.record_step(second.lease, burst, 0, CALLS, 1)
+    assert (
+        await store.begin_call(first, burst, 0, 0, side_effects=True, version=1)
+    ).status == "lost"
     assert (await store.tool_record(CONV, burst)).calls == {}
 
 
@@ -124,7 +134,7 @@ async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
     await store.ingest(message("first", n=1))
     grant = await granted(store, "replica-a")
     assert grant.lease is not None
-    assert await store.record_step(grant.lease, 1, 0, CALLS)
+    assert await store.record_step(grant.lease, 1, 0, CALLS, 1)
     assert await store.presend(grant.lease, grant.version, "done", tools='append("x") -> ok')
     assert (await store.commit(grant.lease)).ok
     # The reply's calls went into the history with it.
@@ -137,7 +147,7 @@ async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
     grant = await granted(store, "replica-a")
     assert grant.lease is not None and grant.watermark + 1 == 2
     assert (await store.tool_record(CONV, 2)).steps == ()
-    assert await store.record_step(grant.lease, 2, 0, CALLS[1:])
+    assert await store.record_step(grant.lease, 2, 0, CALLS[1:], 2)
     assert (await store.tool_record(CONV, 1)).steps == ()
     assert (await store.tool_record(CONV, 2)).steps == (CALLS[1:],)
     # Bounded in time like the rest of the conversation, and erased by /forget.
@@ -154,10 +164,85 @@ async def test_a_call_with_side_effects_waits_for_a_speculative_window(
     grant = await granted(store, "replica-a")
     assert grant.lease is not None and grant.window_ms > 0, "not speculative"
     burst = grant.watermark + 1
-    assert await store.record_step(grant.lease, burst, 0, CALLS)
-    held = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True)
+    assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
+    held = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
     assert held.status == "hold" and 0 < held.wait_ms <= 800
     # Without side effects it runs at once, the window open or not.
-    assert (await store.begin_call(grant.lease, burst, 0, 1, side_effects=False)).status == "run"
+    assert (
+        await store.begin_call(grant.lease, burst, 0, 1, side_effects=False, version=1)
+    ).status == "run"
     await asyncio.sleep(held.wait_ms / 1000 + 0.05)
-    assert (await store.begin_call(grant.lease, burst, 0, 0, side_effects=True)).status == "run"
+    assert (
+        await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
+    ).status == "run"
+
+
+async def test_no_call_starts_once_the_user_has_written_since_its_step(
+    stores: StoreFactory,
+) -> None:
+    store = stores(**FLOW)
+    first, burst = await first_holder(store, "email bob")
+    assert await store.record_step(first, burst, 0, CALLS, 1)
+    # The look-up finishes before the user writes again; the side effect is still queued.
+    assert (await store.begin_call(first, burst, 0, 1, side_effects=False, version=1)).status == (
+        "run"
+    )
+    assert await store.end_call(first, burst, 0, 1, "12:00", error=False)
+    await store.ingest(message("wait, DON'T send it", n=2))
+    # The generation that asked is stale: the call does not start, whatever its flags.
+    moved = await store.begin_call(first, burst, 0, 0, side_effects=True, version=1)
+    assert moved.status == "moved"
+    # The next generation reads the newer message: the old step's queued call never starts,
+    # the finished one is reused, and only a call the model asks for now may run.
+    second = await taken_over(store, first, "replica-b")
+    assert second.lease is not None and second.version == 2
+    dropped = await store.begin_call(second.lease, burst, 0, 0, side_effects=True, version=2)
+    assert dropped.status == "dropped"
+    reused = await store.begin_call(second.lease, burst, 0, 1, side_effects=False, version=2)
+    assert (reused.status, reused.text) == ("done", "12:00")
+    assert await store.record_step(second.lease, burst, 1, CALLS[1:], 2)
+    fresh = await store.begin_call(second.lease, burst, 1, 0, side_effects=False, version=2)
+    assert fresh.status == "run"
+    assert (await store.tool_record(CONV, burst)).calls.get((0, 0)) is None, "it was started"
+
+
+async def test_a_window_pushed_far_ahead_by_the_clock_holds_no_call(
+    stores: StoreFactory, redis: Redis
+) -> None:
+    store = stores(quiet_ms=800, speculate_ms=100)
+    await store.ingest(message("book it", n=1))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
+    burst = grant.watermark + 1
+    assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
+    # A clock that moved back left a deadline an hour ahead: no window is that long.
+    seconds, micros = await redis.time()
+    await redis.hset(Keys(CONV).window, "deadline", seconds * 1000 + micros // 1000 + 3_600_000)
+    begun = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
+    assert begun.status == "run", begun
+
+
+async def test_a_record_is_born_with_an_id_of_its_own_that_its_steps_keep(
+    stores: StoreFactory,
+) -> None:
+    store = stores(**FLOW)
+    first, burst = await first_holder(store, "do it")
+    born = await store.record_step(first, burst, 0, CALLS, 1)
+    assert born and await store.record_step(first, burst, 1, CALLS, 1) == born
+    assert (await store.tool_record(CONV, burst)).id == born
+    # Another turn's record (as after V started again) is another record, with another id.
+    other = await store.record_step(first, burst + 1, 0, CALLS, 1)
+    assert other and other != born
+
+
+async def test_a_timed_out_call_with_side_effects_stays_unknown(stores: StoreFactory) -> None:
+    store = stores(**FLOW)
+    first, burst = await first_holder(store, "do it")
+    assert await store.record_step(first, burst, 0, CALLS, 1)
+    assert (await store.begin_call(first, burst, 0, 0, side_effects=True, version=1)).status == (
+        "run"
+    )
+    assert await store.end_call(first, burst, 0, 0, "timed out", error=True, unknown=True)
+    assert (await store.tool_record(CONV, burst)).calls[0, 0].status == "unknown"
+    again = await store.begin_call(first, burst, 0, 0, side_effects=True, version=1)
+    assert again.status == "unknown"

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from bot.prompt import TOOLS_USED
 from bot.steps import MAX_CALLS_PER_STEP, OUT_OF_TIME
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
@@ -40,14 +39,20 @@ class Counted:
 
     def toolbox(self) -> Toolbox:
         box = Toolbox()
-        for declared in (
+        declared = (
             PythonTool(function=self.echo, parameters=TEXT, side_effects=False),
             PythonTool(function=self.book, parameters=TEXT, side_effects=True, admin_only=True),
             PythonTool(function=self.broken, parameters=TEXT, side_effects=False),
             PythonTool(function=self.slow, parameters=TEXT, side_effects=False),
-        ):
-            box.add([declared.tool("python:test")], PythonRunner(declared))
+            PythonTool(function=self.note, parameters=TEXT, side_effects=True),
+        )
+        box.offer([[(tool.tool("python:test"), PythonRunner(tool)) for tool in declared]])
         return box
+
+    async def note(self, text: str) -> str:
+        """Write a note down (a side effect anyone may ask for)."""
+        self.runs.append(f"note {text}")
+        return "noted"
 
     async def echo(self, text: str) -> str:
         """Say the text back."""
@@ -124,10 +129,16 @@ async def test_a_replys_calls_join_the_history_for_the_next_question(
     fake.reply = lambda request: "no tool this time"
     await say(runtime, 2, "what did it say?")
     assert counted.runs == ["echo 42"]
-    history = [m for m in fake.requests[-1].messages if m["role"] == "assistant"]
-    assert history and TOOLS_USED in history[-1]["content"]
-    assert 'echo({"text": "42"}) -> echo: 42' in history[-1]["content"]
-    assert history[-1]["content"].endswith("It said echo: 42")
+    # The calls come back as the tool's data, not as the bot's own words.
+    system, asked, called, result, said, question = fake.requests[-1].messages
+    assert (asked["role"], said, question["role"]) == (
+        "user",
+        {"role": "assistant", "content": "It said echo: 42"},
+        "user",
+    )
+    [call] = called["tool_calls"]
+    assert call["function"] == {"name": "echo", "arguments": '{"text": "42"}'}
+    assert result == {"role": "tool", "tool_call_id": call["id"], "content": "echo: 42"}
 
 
 def last_result(request: Any) -> str:

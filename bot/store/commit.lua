@@ -17,6 +17,7 @@ local due = KEYS[7]
 local seen = KEYS[8]
 local usage = KEYS[9]
 local totals = KEYS[10] -- the shard's totals of today
+local tools = KEYS[11] -- the tool record of the turn (tool_step.lua)
 local conversation = ARGV[1]
 local token = ARGV[2]
 local fence = ARGV[3]
@@ -28,7 +29,8 @@ if not holds(lease, token, fence) then
   return cjson.encode({status = 'lost', look_in_ms = -1})
 end
 
-local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid', 'tools')
+local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces', 'unsaid', 'tools',
+  'turn')
 local covered = tonumber(reply[2])
 local reset = tonumber(reply[3] or '0') or 0
 local replaces = tonumber(reply[4] or '0') or 0
@@ -37,6 +39,12 @@ local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
   if reset > w then
     redis.call('DEL', history)
+    -- The record of an earlier turn goes with the history it belonged to (the one of the turn
+    -- this reply answers stays: a /retry of it finds it).
+    local recorded = tonumber(redis.call('HGET', tools, 'burst') or '0')
+    if recorded <= w then
+      redis.call('DEL', tools)
+    end
   end
   for i = w + 1, covered do
     local message = redis.call('HGET', pending, i)
@@ -61,12 +69,16 @@ if covered ~= nil and covered > w then
   if outcome == 'sent' then
     count_today(totals, 'replies', totals_keep_ms)
     -- The tool calls it made go with it, so a follow-up question can use what they gave.
-    local tools = ''
+    local used = ''
     if reply[6] and reply[6] ~= '' then
-      tools = ',"tools":' .. cjson.encode(reply[6])
+      used = ',"tools":' .. cjson.encode(reply[6])
+    end
+    local turn = ''
+    if tonumber(reply[7] or '') then
+      turn = ',"turn":' .. tonumber(reply[7])
     end
     redis.call('RPUSH', history, '{"role":"assistant","v":' .. covered .. ',"text":'
-      .. cjson.encode(reply[1]) .. tools .. '}')
+      .. cjson.encode(reply[1]) .. used .. turn .. '}')
   end
   redis.call('LTRIM', history, -history_cap, -1)
   redis.call('HSET', state, 'w', covered)

@@ -84,8 +84,10 @@ class HistoryEntry:
     # A user message's files, by reference: the prompt shows a past one as a short
     # placeholder (a voice note as its transcript), never its bytes again.
     attachments: tuple[Attachment, ...] = ()
-    # A reply's tool calls and what they gave, one line each (`bot.steps`).
+    # A reply's tool calls and what they gave, as JSON (`bot.steps.Done.tools`).
     tools: str = ""
+    # A reply's turn: the id of its tool record (0: an entry from before turns had ids).
+    turn: int = 0
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> HistoryEntry:
@@ -93,7 +95,13 @@ class HistoryEntry:
         if data["role"] == "user":
             message = InboundMessage.from_json(json.dumps(data["message"]))
             return cls("user", int(data["v"]), message.prompt_text(), message.attachments)
-        return cls("assistant", int(data["v"]), str(data["text"]), tools=str(data.get("tools", "")))
+        return cls(
+            "assistant",
+            int(data["v"]),
+            str(data["text"]),
+            tools=str(data.get("tools", "")),
+            turn=int(data.get("turn", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,7 @@ class Conversations(Calls):
         changes: str = "",
         worked_ms: int = 0,
         tools: str = "",
+        turn: int = 0,
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
@@ -326,7 +335,8 @@ class Conversations(Calls):
         long the cycle has worked since its acquire (reading files, generating), by the
         replica's own clock; the starvation guard believes an age that much older than it
         would at the acquire, so a slow generation that the guard let run is not discarded.
-        `tools`: the tool calls the reply made, which the history keeps with it."""
+        `tools`: the tool calls the reply made, which the history keeps with it; `turn`: the
+        id of the turn it answers (its tool record's), which the history keeps too."""
         trusted = self.settings.trusted_age_ms
         args: dict[str, str | int] = {
             **_holder(lease),
@@ -343,6 +353,7 @@ class Conversations(Calls):
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
             "window_bound_ms": self.settings.max_wait_ms + CLOCK_SLACK_MS,
             "tools": tools,
+            "turn": turn,
         }
         keys = _own_keys(scripts.PRESEND, self.layout.keys(lease.conversation))
         return PreSend.from_reply(await self._run_durable(scripts.PRESEND, keys, args))

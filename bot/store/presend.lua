@@ -38,6 +38,9 @@ local trusted_age_ms = tonumber(ARGV[14])
 local window_bound_ms = tonumber(ARGV[15])
 -- The tool calls the reply made and what they gave, for the history ('' for none).
 local tools = ARGV[16]
+-- The id of the turn the reply answers (its tool record's: the history keeps it with the reply,
+-- so a /retry finds the record again).
+local turn = ARGV[17]
 
 local function answer(status, look_in_ms)
   return cjson.encode({status = status, look_in_ms = look_in_ms})
@@ -89,6 +92,6 @@ end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
 -- of them, so a resend repeats them and nothing else can (bot/cycle.py).
 redis.call('HSET', outbox, 'text', text, 'version', version, 'fence', fence, 'reset', reset,
-  'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes, 'tools', tools)
+  'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes, 'tools', tools, 'turn', turn)
 keep_alive(retention_ms, outbox)
 return answer(status, -1)

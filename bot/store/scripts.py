@@ -146,6 +146,7 @@ PRESEND = Script(
         "trusted_age_ms",
         "window_bound_ms",
         "tools",
+        "turn",
     ),
 )
 COMMIT = Script(
@@ -161,6 +162,7 @@ COMMIT = Script(
         "seen",
         "usage",
         "totals",
+        "tools",
     ),
     args=(
         "conversation",
@@ -209,17 +211,26 @@ PERSONA = Script("persona", keys=("state",), args=("persona",))
 TOOL_STEP = Script(
     "tool_step",
     keys=("lease", "tools"),
-    args=("token", "fence", "burst", "step", "calls", "retention_ms"),
+    args=("token", "fence", "burst", "step", "calls", "version", "id", "retention_ms"),
 )
 TOOL_BEGIN = Script(
     "tool_begin",
-    keys=("lease", "tools", "window"),
-    args=("token", "fence", "burst", "call", "side_effects", "window_bound_ms", "retention_ms"),
+    keys=("lease", "tools", "window", "state"),
+    args=(
+        "token",
+        "fence",
+        "burst",
+        "call",
+        "side_effects",
+        "version",
+        "window_bound_ms",
+        "retention_ms",
+    ),
 )
 TOOL_END = Script(
     "tool_end",
     keys=("tools",),
-    args=("token", "burst", "call", "text", "error", "retention_ms"),
+    args=("token", "burst", "call", "status", "text", "error", "retention_ms"),
 )
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).

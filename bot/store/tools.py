@@ -3,17 +3,20 @@ call gave, in the conversation's slot, so that a call with side effects runs at 
 call the model asked for, whatever interrupts, kills or replicas do meanwhile.
 
 A generation records a step's calls (`record_step`) before running any, asks before each call
-(`begin_call`: run it, reuse its result, or tell the model its outcome is unknown) and records
-what it gave (`end_call`). A later generation of the same burst reads the record
-(`tool_record`) and resumes from it: the model sees the recorded steps and results and goes
-on from there. Writes are checked against the lease's token and fence, as the pre-send check
-is; starting and finishing a call are durable at the configured level, since the tool's effect
-is outside Redis.
+(`begin_call`: run it, reuse its result, tell the model its outcome is unknown, or not run it
+because the user has written since) and records what it gave (`end_call`). A later
+generation of the same turn reads the record (`tool_record`) and resumes from it: the model
+sees the recorded steps and results and goes on from there. A turn's record is found by the
+turn's id (the first version of the burst it answers), which the history keeps with the
+reply, so a /retry finds it too. Writes are checked against the lease's token and fence, as
+the pre-send check is; starting and finishing a call are durable at the configured level, since
+the tool's effect is outside Redis.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,14 +27,16 @@ from bot.store.conversations import Lease
 from bot.store.replies import as_text, decoded
 from bot.tools import ToolCall
 
-Begin = Literal["run", "done", "unknown", "hold", "lost"]
+Begin = Literal["run", "done", "unknown", "moved", "dropped", "hold", "lost"]
 
 
 @dataclass(frozen=True)
 class Begun:
     """What `begin_call` said: run the call, or its recorded result (`done`: text, error), or
-    `unknown` (started before and never finished, with side effects), or `hold` for `wait_ms`
-    (the window is still open), or `lost` (the lease or the record is gone)."""
+    `unknown` (started before and never finished, with side effects), or `moved` (a newer
+    message: this generation is stale), or `dropped` (the call was asked for before the user's
+    newest word, and never runs), or `hold` for `wait_ms` (the window is still open), or `lost`
+    (the lease or the record is gone)."""
 
     status: Begin
     text: str = ""
@@ -50,11 +55,15 @@ class Recorded:
 
 @dataclass(frozen=True)
 class Record:
-    """A burst's record: the calls of each step in order, and what is known of each call,
-    by (step, index in the step)."""
+    """A turn's record: its id (random, made when it was born: the calls' idempotency keys
+    carry it), the calls of each step in order with the tool each was bound to, and what is
+    known of each call, by (step, index in the step)."""
 
+    id: str = ""
     steps: tuple[tuple[ToolCall, ...], ...] = ()
     calls: dict[tuple[int, int], Recorded] = field(default_factory=dict)
+    # The tool each call was bound to when it was offered (`Tool.identity`), by (step, index).
+    bound: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 def call_name(step: int, index: int) -> str:
@@ -74,9 +83,11 @@ class Tools(Calls):
         if fields.get("burst") != str(burst):
             return Record()
         steps: list[tuple[ToolCall, ...]] = []
+        bound: dict[tuple[int, int], str] = {}
         for k in range(int(fields.get("steps") or 0)):
             listed = json.loads(fields.get(f"s:{k}") or "[]")
             steps.append(tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in listed))
+            bound.update({(k, j): c["tool"] for j, c in enumerate(listed) if c.get("tool")})
         calls: dict[tuple[int, int], Recorded] = {}
         for name, value in fields.items():
             if name.startswith("c:"):
@@ -85,29 +96,50 @@ class Tools(Calls):
                 calls[int(step), int(index)] = Recorded(
                     entry["status"], entry.get("text", ""), bool(entry.get("error"))
                 )
-        return Record(tuple(steps), calls)
+        return Record(fields.get("id", ""), tuple(steps), calls, bound)
 
     async def record_step(
-        self, lease: Lease, burst: int, step: int, calls: tuple[ToolCall, ...]
-    ) -> bool:
-        """Record the calls step `step` of `burst` asked for; False if the lease is lost."""
+        self,
+        lease: Lease,
+        burst: int,
+        step: int,
+        calls: tuple[ToolCall, ...],
+        version: int,
+        bound: tuple[str, ...] = (),
+    ) -> str:
+        """Record the calls step `step` of turn `burst` asked for, made from a prompt that
+        covered `version`, each bound to a tool (`bound[i]`, `Tool.identity`; '' for a name
+        no offered tool has). Returns the record's id ('' if the lease is lost)."""
         k = self.layout.keys(lease.conversation)
-        listed = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        tools = bound or ("",) * len(calls)
+        listed = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments, "tool": tool}
+            for c, tool in zip(calls, tools, strict=True)
+        ]
         args: dict[str, str | int] = {
             "token": lease.token,
             "fence": lease.fence,
             "burst": burst,
             "step": step,
             "calls": json.dumps(listed),
+            "version": version,
+            "id": secrets.token_hex(8),
             "retention_ms": self.settings.retention_ms,
         }
         keys = {"lease": k.lease, "tools": k.tools}
-        return bool(await self._run(scripts.TOOL_STEP, keys, args))
+        return as_text(await self._run(scripts.TOOL_STEP, keys, args))
 
     async def begin_call(
-        self, lease: Lease, burst: int, step: int, index: int, side_effects: bool
+        self,
+        lease: Lease,
+        burst: int,
+        step: int,
+        index: int,
+        side_effects: bool,
+        version: int,
     ) -> Begun:
-        """Whether call `index` of step `step` may run now (and, if so, it is started)."""
+        """Whether call `index` of step `step` may start now (and, if so, it is started), for
+        a generation whose prompt covered `version`."""
         k = self.layout.keys(lease.conversation)
         args: dict[str, str | int] = {
             "token": lease.token,
@@ -115,23 +147,34 @@ class Tools(Calls):
             "burst": burst,
             "call": call_name(step, index),
             "side_effects": int(side_effects),
+            "version": version,
             "window_bound_ms": self.settings.max_wait_ms + CLOCK_SLACK_MS,
             "retention_ms": self.settings.retention_ms,
         }
-        keys = {"lease": k.lease, "tools": k.tools, "window": k.window}
+        keys = {"lease": k.lease, "tools": k.tools, "window": k.window, "state": k.state}
         reply = decoded(await self._run_durable(scripts.TOOL_BEGIN, keys, args))
         return Begun(reply["status"], reply["text"], bool(reply["error"]), int(reply["wait_ms"]))
 
     async def end_call(
-        self, lease: Lease, burst: int, step: int, index: int, text: str, error: bool
+        self,
+        lease: Lease,
+        burst: int,
+        step: int,
+        index: int,
+        text: str,
+        error: bool,
+        *,
+        unknown: bool = False,
     ) -> bool:
-        """Record what call `index` of step `step` gave; False if it could not be (the call was
-        declared unknown meanwhile, or its burst is answered)."""
+        """Record what call `index` of step `step` gave, or that its outcome is `unknown` (it
+        timed out, or its server went away mid-call); False if it could not be (the call was
+        declared unknown meanwhile, or its turn's record is gone)."""
         k = self.layout.keys(lease.conversation)
         args: dict[str, str | int] = {
             "token": lease.token,
             "burst": burst,
             "call": call_name(step, index),
+            "status": "unknown" if unknown else "done",
             "text": text,
             "error": int(error),
             "retention_ms": self.settings.retention_ms,

@@ -14,14 +14,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 # What the model is told of a result cut to `LASTWORD_TOOLS__OUTPUT_CHARS`.
 CUT_NOTE = "\n[cut: the tool's output was {total} characters; the first {kept} are shown]"
+# What the model reads for a call of a tool that has gone (its server stopped offering it)
+# since it was offered.
+GONE = "error: the tool {name!r} is no longer available (its server has gone since it was offered)"
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+# Characters of a tool's or a server's text that one log line carries at most.
+LOG_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,14 @@ class Tool:
     source: str = ""
     # A short human title for the draft line ("Using Get current time…"); the name if none.
     title: str = ""
+    # Its name at its source (`name` may be renamed to settle a collision); '' for `name`.
+    origin: str = ""
+
+    @property
+    def identity(self) -> str:
+        """Which tool this is, whatever it is called in the toolbox: its source and its name
+        there. A call is bound to it when offered, and runs on nothing else."""
+        return f"{self.source}/{self.origin or self.name}"
 
     def spec(self) -> dict[str, Any]:
         """The tool in a Chat Completions request's `tools`."""
@@ -66,11 +81,12 @@ class ToolCall:
     arguments: str
 
     def message(self) -> dict[str, Any]:
-        """The call in an assistant message's `tool_calls`."""
+        """The call in an assistant message's `tool_calls`, its name as Chat Completions takes
+        it back (a name the model mangled is echoed mended; no tool has it either way)."""
         return {
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
+            "function": {"name": well_named(self.name), "arguments": self.arguments},
         }
 
 
@@ -86,6 +102,8 @@ class ToolResult:
 
     text: str
     error: bool = False
+    # Whether the tool may or may not have run (it timed out, or its server went away).
+    unknown: bool = False
 
 
 class Runner(Protocol):
@@ -104,23 +122,32 @@ class Toolbox:
     # Called at stop, in order: a source's sessions and child processes.
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
-    def add(self, tools: Iterable[Tool], runner: Runner) -> None:
-        """Offer `tools`, run by `runner`. A name already taken gets its source as a prefix,
-        so two servers may each have a `search`."""
-        for tool in tools:
-            name = tool.name
-            if name in self.tools:
-                prefix = tool.source.partition(":")[2] or tool.source
-                name = f"{prefix}_{tool.name}"[:64]
-                log.warning(
-                    "tool %s of %s is offered as %s: %s already has the name",
-                    tool.name,
-                    tool.source,
-                    name,
-                    self.tools[tool.name][0].source,
-                )
-                tool = Tool(**{**tool.__dict__, "name": name})
-            self.tools[name] = (tool, runner)
+    def offer(self, sources: Iterable[Iterable[tuple[Tool, Runner]]]) -> None:
+        """Offer every source's tools afresh, in the order given, whichever started first. A
+        name two tools share goes to the first; each other one is renamed with its source as
+        a prefix (then a number), to a name no tool has, so a rename never takes a name in use
+        and every replica names each tool alike once its servers are up."""
+        listed = [entry for tools in sources for entry in tools]
+        named: dict[str, tuple[Tool, Runner]] = {}
+        renamed: list[tuple[Tool, Runner]] = []
+        for tool, runner in listed:
+            if tool.name in named:
+                renamed.append((tool, runner))
+            else:
+                named[tool.name] = (tool, runner)
+        taken = set(named)
+        for tool, runner in renamed:
+            name = _free_name(tool, taken)
+            log.warning(
+                "tool %s of %s is offered as %s: %s already has the name",
+                tool.name,
+                tool.source,
+                name,
+                named[tool.name][0].source,
+            )
+            taken.add(name)
+            named[name] = (replace(tool, name=name, origin=tool.origin or tool.name), runner)
+        self.tools = {tool.name: (tool, runner) for tool, runner in named.values()}
 
     def offered(self, admin: bool) -> list[Tool]:
         """The tools a user is offered: all of them for an admin, else those not admin-only."""
@@ -130,11 +157,21 @@ class Toolbox:
         entry = self.tools.get(name)
         return entry[0] if entry else None
 
-    async def run(self, call: ToolCall, key: str, timeout_s: float, cap: int) -> ToolResult:
-        """Run one call within `timeout_s`, its output cut to `cap` characters. Never raises
-        for the tool's sake: an unknown tool, arguments that are not a JSON object, a timeout
-        or an exception become an error result the model reads. Cancellation propagates."""
-        entry = self.tools.get(call.name)
+    async def run(
+        self, call: ToolCall, key: str, timeout_s: float, cap: int, bound: Tool | None = None
+    ) -> ToolResult:
+        """Run one call within `timeout_s`, its output cut to `cap` characters: on the tool
+        it was `bound` to when offered (the one whose admin and side-effect flags were
+        checked), whatever holds its name now; else on the tool named in the call. Never
+        raises for the tool's sake: an unknown tool, one gone since it was offered, arguments
+        that are not a JSON object, a timeout or an exception become an error result the
+        model reads (`unknown` when whether it ran cannot be known). Cancellation propagates."""
+        if bound is None:
+            entry = self.tools.get(call.name)
+        else:
+            entry = next((e for e in self.tools.values() if e[0].identity == bound.identity), None)
+        if entry is None and bound is not None:
+            return ToolResult(GONE.format(name=call.name), error=True)
         if entry is None:
             return ToolResult(f"error: there is no tool named {call.name!r}", error=True)
         tool, runner = entry
@@ -149,15 +186,16 @@ class Toolbox:
                 text = await runner(tool, arguments, key)
         except TimeoutError:
             log.warning("tool %s (%s) timed out after %gs", tool.name, tool.source, timeout_s)
-            text, error = f"error: the tool did not answer within {timeout_s:g} s", True
+            text = f"error: the tool did not answer within {timeout_s:g} s"
+            return ToolResult(text, error=True, unknown=True)
+        except OutcomeUnknown as exc:
+            log.warning("tool %s (%s): %s", tool.name, tool.source, cut(str(exc)))
+            return ToolResult(capped(f"error: {exc}", cap), error=True, unknown=True)
         except Exception as exc:  # a failing tool is the model's to hear of
-            log.warning(
-                "tool %s (%s) failed: %s: %s", tool.name, tool.source, type(exc).__name__, exc
-            )
-            text, error = f"error: the tool failed: {type(exc).__name__}: {exc}", True
-        else:
-            error = False
-        return ToolResult(capped(text, cap), error)
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("tool %s (%s) failed: %s", tool.name, tool.source, cut(why))
+            return ToolResult(capped(f"error: the tool failed: {why}", cap), error=True)
+        return ToolResult(capped(text, cap))
 
     async def close(self) -> None:
         """Close every source at once: a server that ignores the end of its input takes
@@ -166,6 +204,31 @@ class Toolbox:
         for failed in closed:
             if isinstance(failed, Exception):
                 log.warning("closing a tool source failed: %s: %s", type(failed).__name__, failed)
+
+
+def well_named(name: str) -> str:
+    """`name` as Chat Completions allows a tool's name: [A-Za-z0-9_-]{1,64}."""
+    return _NOT_NAME.sub("_", name)[:64] or "tool"
+
+
+def _free_name(tool: Tool, taken: set[str]) -> str:
+    """A name for `tool` that no tool in `taken` has: its source's name as a prefix, then a
+    number if even that is taken."""
+    prefix = tool.source.partition(":")[2] or tool.source
+    name = f"{prefix}_{tool.name}"[:64]
+    n = 2
+    while name in taken:
+        suffix = f"_{n}"
+        name = f"{prefix}_{tool.name}"[: 64 - len(suffix)] + suffix
+        n += 1
+    return name
+
+
+def cut(text: str, chars: int = LOG_CHARS) -> str:
+    """`text` for a log line: at most `chars` characters, saying how long it was."""
+    if len(text) <= chars:
+        return text
+    return f"{text[:chars]}… [{len(text)} characters]"
 
 
 def capped(text: str, cap: int) -> str:

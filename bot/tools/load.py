@@ -4,9 +4,10 @@ configured MCP servers.
 `load_toolbox` returns within the start timeout in all. A server still starting then goes on
 in the background, and offers its tools to the same `Toolbox` object when it is up (and again,
 as listed afresh, after each restart): `Toolbox.tools` is refilled from every source's latest
-listing, in the configured order. The cycle reads that dict each time it asks `offered()` or
-runs a call, so a tool added later is offered from the next model step on, with no lock: every
-change is made on the event loop, between awaits.
+listing, in the configured order (`Toolbox.offer`). A reply is offered the tools as they are
+when it starts, each call bound to its tool's identity, so a tool added meanwhile, or a name
+that moves to a server that came up late, never changes what a call runs on. Every change is
+made on the event loop, between awaits, so no lock is needed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
     toolbox = Toolbox()
     python: list[tuple[Tool, Runner]] = list(python_tools())
     if not settings.mcp_servers:
-        offer_all(toolbox, [python])
+        toolbox.offer([python])
         return toolbox
     from bot.tools.mcp import McpSource
 
@@ -38,7 +39,7 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
 
     def offer(source: str, tools: list[tuple[Tool, Runner]]) -> None:
         offers[source] = tools
-        offer_all(toolbox, [python, *offers.values()])
+        toolbox.offer([python, *offers.values()])
 
     sources = [
         McpSource(name, config, settings.start_timeout_s, offer)
@@ -60,14 +61,3 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
             settings.start_timeout_s,
         )
     return toolbox
-
-
-def offer_all(toolbox: Toolbox, sources: list[list[tuple[Tool, Runner]]]) -> None:
-    """Offer every source's tools afresh, in the order given, whichever started first: a
-    name two sources share goes to the first (the other's tool gets its source as a prefix),
-    so every replica gives each tool the same name once its servers are up. The record of a
-    turn's calls matches on names."""
-    toolbox.tools.clear()
-    for tools in sources:
-        for tool, runner in tools:
-            toolbox.add([tool], runner)

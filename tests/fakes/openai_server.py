@@ -538,6 +538,10 @@ class FakeOpenAI(LoopbackServer):
         self.refuse_stream_options = False
         # Bodies of the requests answered 400 before they were recorded as requests.
         self.rejected: list[Any] = []
+        # The model's context in tokens, when set: a request whose prompt (by the fake's own
+        # estimate) and `max_tokens` together exceed it is refused as a real server refuses
+        # it (400, context_length_exceeded), and kept in `rejected`.
+        self.context_tokens: int | None = None
         # The key every request must carry as its bearer token; None accepts any key. A request
         # without one is answered 401 either way, as the real API does.
         self.expected_api_key: str | None = None
@@ -762,6 +766,12 @@ class FakeOpenAI(LoopbackServer):
         if problem is not None:
             self.rejected.append(body)
             return problem.response()
+        if self.context_tokens is not None:
+            asked = _prompt_tokens(body["messages"], body.get("tools"))
+            if asked + int(body.get("max_tokens") or 0) > self.context_tokens:
+                self.rejected.append(body)
+                refused = self.context_length()
+                return web.json_response(refused.body, status=refused.status)
 
         recorded = RecordedRequest(
             api_key=_bearer_key(request),
