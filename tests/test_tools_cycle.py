@@ -12,13 +12,15 @@ import time
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from bot.steps import MAX_CALLS_PER_STEP, OUT_OF_TIME
+from bot.store import Keys
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
 from tests.chatting import CONV, fake, replica, say
-from tests.conftest import RuntimeFactory, settled
+from tests.conftest import RuntimeFactory, eventually, settled
 from tests.fakes.openai_server import FakeOpenAI, ToolCalls, ToolPolicy
 
 __all__ = ["fake"]  # the fixture, imported for pytest
@@ -45,9 +47,15 @@ class Counted:
             PythonTool(function=self.broken, parameters=TEXT, side_effects=False),
             PythonTool(function=self.slow, parameters=TEXT, side_effects=False),
             PythonTool(function=self.note, parameters=TEXT, side_effects=True),
+            PythonTool(function=self.big, parameters=TEXT, side_effects=False),
         )
         box.offer([[(tool.tool("python:test"), PythonRunner(tool)) for tool in declared]])
         return box
+
+    async def big(self, text: str) -> str:
+        """A page of text: 4,000 characters, the most a result may be by default."""
+        self.runs.append(f"big {text}")
+        return text * 4000
 
     async def note(self, text: str) -> str:
         """Write a note down (a side effect anyone may ask for)."""
@@ -130,7 +138,7 @@ async def test_a_replys_calls_join_the_history_for_the_next_question(
     await say(runtime, 2, "what did it say?")
     assert counted.runs == ["echo 42"]
     # The calls come back as the tool's data, not as the bot's own words.
-    system, asked, called, result, said, question = fake.requests[-1].messages
+    _, asked, called, result, said, question = fake.requests[-1].messages
     assert (asked["role"], said, question["role"]) == (
         "user",
         {"role": "assistant", "content": "It said echo: 42"},
@@ -179,3 +187,77 @@ async def test_a_replys_tools_end_by_the_llm_deadline_and_the_model_answers_with
     assert answered.tool_choice == "none", "asked for more tools past the deadline"
     [reply] = outbound.texts(CONV)
     assert reply.splitlines() == ["slow: a", "slow: b", "slow: c", OUT_OF_TIME]
+
+
+async def test_retry_after_reset_and_retry_storms_reuse_the_turns_calls(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    fake.reply = ToolPolicy("note", '{"text": "x"}', answer="Done: {result}")
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    # The burst begins with /reset: the reply's turn is the /reset's version, not its first
+    # answered message's.
+    await say(runtime, 1, "/reset", "note it down")
+    for n in range(3, 6):
+        await say(runtime, n, "/retry")
+    assert counted.runs == ["note x"], "a /retry ran the side effect again"
+    assert outbound.texts(CONV)[-1] == "Done: noted"
+    assert runtime.stats.tool_calls_reused == 3
+
+
+async def test_a_call_never_starts_once_its_lease_has_moved(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
+) -> None:
+    counted = Counted()
+
+    async def steal(text: str) -> str:
+        """Looks something up while another replica takes the lease (as after a pause)."""
+        await redis.hset(Keys(CONV).lease, "token", "another-replica")
+        return "looked"
+
+    box = counted.toolbox()
+    thief = PythonTool(function=steal, parameters=TEXT, side_effects=False)
+    box.offer([[*box.tools.values(), (thief.tool("python:test"), PythonRunner(thief))]])
+    fake.reply = lambda r: ToolCalls([("steal", '{"text": "a"}'), ("note", '{"text": "b"}')])
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=box)
+    assert await runtime.ingest(message("look it up, then note it", n=1))
+
+    async def lost() -> bool:
+        return runtime.stats.lost >= 1
+
+    await eventually(lost, 10, what="the cycle losing its lease")
+    assert counted.runs == [], "the side effect ran without the lease"
+    assert outbound.texts(CONV) == []
+
+
+async def test_a_mangled_tool_name_is_an_error_the_model_reads(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    fake.answer_next(ToolCalls([("functions.echo", '{"text": "x"}')]))
+    fake.reply = lambda request: f"Sorry: {last_result(request)}"
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "echo x")
+    assert counted.runs == []
+    [reply] = outbound.texts(CONV)
+    assert reply == "Sorry: error: there is no tool named 'functions.echo' available to this user"
+    called = fake.requests[-1].tool_calls(this_turn=True)
+    assert [c.name for c in called] == ["functions_echo"], "echoed back as the provider takes it"
+
+
+async def test_a_steps_results_are_cut_to_fit_the_context(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    # Sixteen results of 4,000 characters would need about 16,000 tokens on their own.
+    many = [json.dumps({"text": f"{i % 10}"}) for i in range(MAX_CALLS_PER_STEP)]
+    fake.context_tokens = 16_000
+    fake.reply = ToolPolicy("big", many, answer="Read them all.")
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    await say(runtime, 1, "many big ones")
+    assert fake.rejected == [], "a request went over the context"
+    assert len(counted.runs) == MAX_CALLS_PER_STEP
+    assert outbound.texts(CONV) == ["Read them all."]
+    results = fake.requests[-1].tool_results(this_turn=True)
+    assert len(results) == MAX_CALLS_PER_STEP
+    assert all("cut to fit the context" in r.text for r in results)
