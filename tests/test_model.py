@@ -34,7 +34,11 @@ side effect is counted by the model, never by the server: it happens at most onc
 asked for, whatever holders come and go; a finished call's result is reused as it was
 recorded; one with side effects started and never finished is 'unknown' for good; a holder
 that lost its lease starts nothing; a speculative holder's call with side effects waits while
-its window is open.
+its window is open; no call starts once a newer message arrived after its step was asked for
+(a message while a call is held: the holder is told 'moved', and later holders of the burst
+'dropped'); a /retry's generation (the turn of the last reply sent, replies whose burst began
+with a /reset among them) reuses the turn's record, and a /reset closes the records of the
+turns before it.
 
 After every step, the invariants are read from the server itself: V, W, the pending
 messages, the window, the due-index, and the history the model kept (each answered message,
@@ -189,12 +193,19 @@ class Protocol(RuleBasedStateMachine):
         # What each conversation's history must hold: (role, version, text), oldest first.
         self.history: dict[str, list[tuple[str, int, str]]] = {c: [] for c in CONVERSATIONS}
         self.texts: dict[str, list[str]] = {c: [] for c in CONVERSATIONS}  # by version - 1
-        # Tools: the burst each conversation's record holds, what is known of each of its
-        # calls ("started", "unknown", or "done:" and the result), and how many times each
-        # call with side effects really ran, by (conversation, burst, call).
-        self.record_burst: dict[str, int] = {}
+        # Tools: the turns each conversation's record holds (the newest four, and the turn of
+        # the last reply sent), what is known of each of their calls ("started", "unknown", or
+        # "done:" and the result), and how many times each call with side effects really ran,
+        # by (conversation, turn, call).
+        self.record_turns: dict[str, set[int]] = {c: set() for c in CONVERSATIONS}
         self.calls: dict[tuple[str, int, int], str] = {}
         self.effects: Counter[tuple[str, int, int]] = Counter()
+        # The version each turn's step was asked for at; the /reset and the turn of the reply
+        # in the outbox; the turn of the last reply sent (what a /retry writes again).
+        self.step_version: dict[tuple[str, int], int] = {}
+        self.outbox_turn: dict[str, tuple[int, int]] = {}
+        self.last_turn: dict[str, int] = {}
+        self.reset_turns: set[tuple[str, int]] = set()  # turns of replies to a /reset burst
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(step)
@@ -313,7 +324,9 @@ class Protocol(RuleBasedStateMachine):
     @rule(
         replica=replica_,
         conv=conversation_,
-        newer=st.sampled_from(["none", "before the check", "mid-generation"]),
+        newer=st.sampled_from(
+            ["none", "before the check", "mid-generation", "while a call is held"]
+        ),
     )
     def speculative_cycle(self, replica: int, conv: str, newer: str) -> None:
         """Speculation's common case: the lease taken at the speculation time, the reply ready
@@ -330,6 +343,12 @@ class Protocol(RuleBasedStateMachine):
         holder = self.holders[-1]
         # A call with side effects asked for while the window is open: held.
         self._tool_call(holder, 0, finish=True)
+        if newer == "while a call is held":
+            # The user writes "don't" in the window: the held call never starts.
+            self.deliver((replica + 1) % REPLICAS, conv, 1)
+            self._tool_call(holder, 0, finish=True)
+            self.interrupt(self.holders.index(holder))
+            return
         # Ready while the window is still open (most often): held.
         self._presend(holder, newer=False)
         if holder.stage != "acquired":
@@ -530,14 +549,14 @@ class Protocol(RuleBasedStateMachine):
                 assert counted == discards + (not leased), f"discards {discards} -> {counted}"
                 self._ended(holder)
 
-    @rule(n=pick, newer=st.booleans())
-    def presend(self, n: int, newer: bool) -> None:
+    @rule(n=pick, newer=st.booleans(), reset=st.booleans())
+    def presend(self, n: int, newer: bool, reset: bool) -> None:
         """The pre-send check; `newer`: a message arrives just before it, the race the check
-        and the starvation guard exist for."""
+        and the starvation guard exist for; `reset`: the burst began with a /reset."""
         if (holder := self.holder(n, "acquired")) is not None:
-            self._presend(holder, newer)
+            self._presend(holder, newer, reset)
 
-    def _presend(self, holder: Holder, newer: bool) -> None:
+    def _presend(self, holder: Holder, newer: bool, reset: bool = False) -> None:
         conv = holder.lease.conversation
         if newer:
             self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
@@ -547,8 +566,12 @@ class Protocol(RuleBasedStateMachine):
         deadline = self.run(self._integers(Keys(conv).window)).get("deadline", 0)
         since_before = self.run(self._now())
         text = f"reply by r{holder.replica} fence {holder.lease.fence} to v{holder.version}"
+        turn = holder.grant.watermark + 1
+        reset_at = turn if reset else 0
         checked = self.run(
-            self.replicas[holder.replica].presend(holder.lease, holder.version, text)
+            self.replicas[holder.replica].presend(
+                holder.lease, holder.version, text, reset=reset_at, turn=turn
+            )
         )
         after = self.run(self._now())
         if checked.status == "lost":
@@ -573,6 +596,7 @@ class Protocol(RuleBasedStateMachine):
             assert current or (may_starve and checked.forced), "a stale reply passed the check"
             holder.stage, holder.text = "presented", text
             self.outbox[conv] = (text, holder.version)
+            self.outbox_turn[conv] = (reset_at, turn)
         else:
             assert not current, "a current reply was called stale"
             assert not starving, f"the starvation guard did not force the reply out: {waited}"
@@ -638,15 +662,36 @@ class Protocol(RuleBasedStateMachine):
         self.committed |= covered
         self.watermark[conv] = max(w, holder.version)
         text, version = self.outbox.pop(conv)
+        reset, turn = self.outbox_turn.pop(conv)
         if version > w:
-            self._answered(conv, w, version, text if outcome == "sent" else None)
+            if reset > w:
+                self._reset(conv, w)
+            if outcome == "sent":
+                self.last_turn[conv] = turn
+                self.reset_turns.discard((conv, turn))
+                if reset > w:
+                    self.reset_turns.add((conv, turn))
+            self._answered(conv, w, version, text if outcome == "sent" else None, reset)
         self._ended(holder)
 
-    def _answered(self, conv: str, w: int, version: int, reply: str | None) -> None:
-        """The history after a commit: the messages it covered, then the reply if it was
-        sent (only what the user saw), the newest HISTORY_CAP entries kept."""
+    def _reset(self, conv: str, w: int) -> None:
+        """A /reset committed: the history goes, and with it the record of an earlier turn
+        (and what a /retry could write again)."""
+        self.history[conv].clear()
+        self.last_turn.pop(conv, None)
+        for turn in [t for t in self.record_turns[conv] if t <= w]:
+            self._drop_turn(conv, turn)
+
+    def _drop_turn(self, conv: str, turn: int) -> None:
+        self.record_turns[conv].discard(turn)
+        self.calls = {key: s for key, s in self.calls.items() if key[:2] != (conv, turn)}
+
+    def _answered(self, conv: str, w: int, version: int, reply: str | None, reset: int) -> None:
+        """The history after a commit: the messages it covered (after its /reset), then the
+        reply if it was sent (only what the user saw), the newest HISTORY_CAP entries kept."""
         history = self.history[conv]
-        history += [("user", v, self.texts[conv][v - 1]) for v in range(w + 1, version + 1)]
+        first = max(w, reset) + 1
+        history += [("user", v, self.texts[conv][v - 1]) for v in range(first, version + 1)]
         if reply is not None:
             history.append(("assistant", version, reply))
         del history[:-HISTORY_CAP]
@@ -699,6 +744,14 @@ class Protocol(RuleBasedStateMachine):
         if (holder := self.holder(n, "acquired")) is not None:
             self._tool_call(holder, index, finish)
 
+    @rule(n=pick, index=st.integers(0, 1), finish=st.booleans())
+    def retry_tool_call(self, n: int, index: int, finish: bool) -> None:
+        """A /retry's generation: the turn of the last reply sent, whose record it reuses."""
+        holder = self.holder(n, "acquired")
+        if holder is not None and holder.lease.conversation in self.last_turn:
+            turn = self.last_turn[holder.lease.conversation]
+            self._tool_call(holder, index, finish, turn)
+
     @rule(n=pick, replica=replica_)
     def tool_runner_dies(self, n: int, replica: int) -> None:
         """The kill -9 case: one call finished, one with side effects begun and its runner
@@ -714,25 +767,50 @@ class Protocol(RuleBasedStateMachine):
             self._tool_call(self.holders[-1], 1, finish=True)
             self._tool_call(self.holders[-1], 0, finish=True)
 
-    def _tool_call(self, holder: Holder, index: int, finish: bool) -> None:
-        """A generating holder's tool step: recorded (unless an earlier holder of the burst
-        did), then call `index` begun and, if `finish`, ended with its result."""
+    @rule(replica=replica_, conv=conversation_)
+    def retry_after_reset(self, replica: int, conv: str) -> None:
+        """A burst that began with a /reset calls a tool and is answered; then the user's
+        /retry, whose generation finds the turn's record (not the first answered message's)."""
+        before = len(self.holders)
+        self.acquire(replica, conv, on_time=True)
+        if len(self.holders) == before:
+            return
+        holder = self.holders[-1]
+        self._tool_call(holder, 0, finish=True)
+        self._presend(holder, newer=False, reset=True)
+        while holder.stage in ("presented", "sent"):
+            self._next_step(holder, "sent")
+        if (conv, self.last_turn.get(conv)) not in self.reset_turns:
+            return
+        self.deliver(replica, conv, 1)
+        before = len(self.holders)
+        self.acquire(replica, conv, on_time=True)
+        if len(self.holders) > before:
+            self._tool_call(self.holders[-1], 0, finish=True, turn=self.last_turn[conv])
+
+    def _tool_call(self, holder: Holder, index: int, finish: bool, turn: int = 0) -> None:
+        """A generating holder's tool step: recorded (unless an earlier holder of the turn
+        did), then call `index` begun and, if `finish`, ended with its result. The turn is the
+        burst's, or a /retry's (`turn`)."""
         conv, store, lease = holder.lease.conversation, self.replicas[holder.replica], holder.lease
-        burst = holder.grant.watermark + 1
+        burst, version = turn or holder.grant.watermark + 1, holder.grant.version
         held = self.run(self._held(holder))
         if not self.run(store.tool_record(conv, burst)).steps:
-            recorded = self.run(store.record_step(lease, burst, 0, CALLS))
+            recorded = bool(self.run(store.record_step(lease, burst, 0, CALLS, version)))
             assert recorded == held, f"record_step said {recorded}; held: {held}"
-            if recorded and self.record_burst.get(conv) != burst:
-                self.calls = {key: s for key, s in self.calls.items() if key[0] != conv}
-                self.record_burst[conv] = burst
+            if recorded:
+                self._born(conv, burst)
+                self.step_version[conv, burst] = version
         key, side_effects = (conv, burst, index), index == 0
         leased = self.run(self._leased(holder))
-        begun = self.run(store.begin_call(lease, burst, 0, index, side_effects))
+        now = self.run(self._state(conv)).get("v", 0)
+        begun = self.run(store.begin_call(lease, burst, 0, index, side_effects, version))
         known = self.calls.get(key)
-        if not held or self.record_burst.get(conv) != burst:
+        if not held or burst not in self.record_turns[conv]:
             assert begun.status == "lost", f"a holder without the lease got {begun}"
             return
+        self.seen["tool retried"] += bool(turn)
+        self.seen["tool retried after a reset"] += (conv, turn) in self.reset_turns
         if known == "unknown" or (known == "started" and side_effects):
             assert begun.status == "unknown", f"{key} was {known}, then {begun}"
             self.calls[key] = "unknown"
@@ -742,6 +820,14 @@ class Protocol(RuleBasedStateMachine):
             assert (begun.status, begun.text) == ("done", known[5:]), f"{key}: {begun}"
             self.seen["tool reused"] += 1
             return
+        if now != version:
+            assert begun.status == "moved", f"{key} started past a newer message: {begun}"
+            self.seen["tool moved"] += 1
+            return
+        if self.step_version[conv, burst] != version:
+            assert begun.status == "dropped", f"{key} asked for before v{version}: {begun}"
+            self.seen["tool dropped"] += 1
+            return
         if begun.status == "hold":
             assert side_effects and leased, f"{key} held outside a speculative window"
             self.seen["tool held"] += 1
@@ -750,11 +836,21 @@ class Protocol(RuleBasedStateMachine):
         if side_effects:
             self.effects[key] += 1
             assert self.effects[key] == 1, f"{key} ran {self.effects[key]} times"
+            assert self.accepted[conv] == version, f"{key} ran past a newer message"
         self.calls[key] = "started"
         if finish:
             text = f"result by r{holder.replica} fence {lease.fence}"
             assert self.run(store.end_call(lease, burst, 0, index, text, False))
             self.calls[key] = "done:" + text
+
+    def _born(self, conv: str, turn: int) -> None:
+        """A turn's record is born: the oldest turns beyond four go, the one of the last reply
+        sent (what a /retry writes again) excepted."""
+        turns = self.record_turns[conv]
+        turns.add(turn)
+        for old in sorted(turns):
+            if len(turns) > 4 and old != self.last_turn.get(conv):
+                self._drop_turn(conv, old)
 
     @rule(n=pick)
     def crash(self, n: int) -> None:
@@ -812,7 +908,8 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
         raise
     print(f"speculation and tools in this run: {dict(Protocol.seen)}")
     steps = ("speculated", "held", "restarted", "sent after its window")
-    for step in (*steps, "tool reused", "tool unknown", "tool held"):
+    tools = ("tool reused", "tool unknown", "tool held", "tool moved", "tool dropped")
+    for step in (*steps, *tools, "tool retried after a reset"):
         assert Protocol.seen[step], f"no run went through '{step}': {replay}"
 
 

@@ -127,7 +127,7 @@ async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
     assert (await store.tool_record(CONV, burst)).calls == {}
 
 
-async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
+async def test_the_record_keeps_the_newest_turns_and_a_reset_closes_older_ones(
     stores: StoreFactory, redis: Redis
 ) -> None:
     store = stores(**FLOW)
@@ -135,21 +135,34 @@ async def test_the_record_holds_one_burst_and_a_newer_burst_replaces_it(
     grant = await granted(store, "replica-a")
     assert grant.lease is not None
     assert await store.record_step(grant.lease, 1, 0, CALLS, 1)
-    assert await store.presend(grant.lease, grant.version, "done", tools='append("x") -> ok')
+    assert await store.presend(grant.lease, grant.version, "done", tools="[]", turn=1)
     assert (await store.commit(grant.lease)).ok
-    # The reply's calls went into the history with it.
+    # The reply's calls and its turn went into the history with it.
     history = await store.history(CONV)
-    assert [(h.role, h.text, h.tools) for h in history] == [
-        ("user", "first", ""),
-        ("assistant", "done", 'append("x") -> ok'),
+    assert [(h.role, h.text, h.tools, h.turn) for h in history] == [
+        ("user", "first", "", 0),
+        ("assistant", "done", "[]", 1),
     ]
-    await store.ingest(message("second", n=2))
+    # A burst that begins with /reset: while it generates, the last reply's turn is still
+    # there for a /retry; once it is answered, only its own turn is left.
+    await store.ingest(message("/reset", n=2))
     grant = await granted(store, "replica-a")
     assert grant.lease is not None and grant.watermark + 1 == 2
-    assert (await store.tool_record(CONV, 2)).steps == ()
     assert await store.record_step(grant.lease, 2, 0, CALLS[1:], 2)
+    assert (await store.tool_record(CONV, 1)).steps == (CALLS,)
+    assert await store.presend(grant.lease, grant.version, "reset", reset=2, turn=2)
+    assert (await store.commit(grant.lease)).ok
     assert (await store.tool_record(CONV, 1)).steps == ()
     assert (await store.tool_record(CONV, 2)).steps == (CALLS[1:],)
+    # Bounded: the newest four turns are kept.
+    await store.ingest(message("third", n=3))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None
+    for turn in range(3, 7):
+        assert await store.record_step(grant.lease, turn, 0, CALLS, 3)
+    assert (await store.tool_record(CONV, 2)).steps == ()
+    for turn in range(3, 7):
+        assert (await store.tool_record(CONV, turn)).steps == (CALLS,)
     # Bounded in time like the rest of the conversation, and erased by /forget.
     assert 0 < await redis.pttl(Keys(CONV).tools) <= store.settings.retention_ms
     await store.forget(CONV)
@@ -230,7 +243,7 @@ async def test_a_record_is_born_with_an_id_of_its_own_that_its_steps_keep(
     born = await store.record_step(first, burst, 0, CALLS, 1)
     assert born and await store.record_step(first, burst, 1, CALLS, 1) == born
     assert (await store.tool_record(CONV, burst)).id == born
-    # Another turn's record (as after V started again) is another record, with another id.
+    # Another turn's record is another record, with another id.
     other = await store.record_step(first, burst + 1, 0, CALLS, 1)
     assert other and other != born
 

@@ -8,7 +8,9 @@ exactly once per call the model asked for, whatever the user and the fleet do me
   the turn, and one reply covers everything;
 - `kill -9` of the replica mid-call: the other replica takes over, never runs the call again,
   and the model is told its outcome is unknown;
-- the step limit ends a model that would call tools for ever with one text reply.
+- the step limit ends a model that would call tools for ever with one text reply;
+- a call with side effects held while the window is open never runs once the user, through
+  the other replica, writes "don't" inside the window.
 The side effect is a line the test MCP server (tests/fakes/mcp_append_server.py) appends to a
 file: the file counts the times the tool really ran.
 """
@@ -23,10 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from bot.steps import NOT_RUN
+from bot.store import Keys
 from tests.conftest import eventually, settled
-from tests.fakes.openai_server import RecordedRequest, ToolPolicy
+from tests.fakes.openai_server import RecordedRequest, ToolCalls, ToolPolicy
 from tests.test_drafts import FAST_DRAFTS, FIXED_WINDOW, draft_text, drafts
 from tests.test_media_e2e import CHAT, CONVERSATION, World, world
+from tests.test_speculation_e2e import SPECULATION
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -159,3 +164,40 @@ async def test_the_draft_says_which_tool_is_running(world: World, short_dir: Pat
         reply = await world.one_reply()
     assert reply == "Waited: slept 1.5 s"
     assert "Slow…" in [draft_text(call) for call in drafts(world.telegram)]
+
+
+async def test_a_call_held_in_the_window_never_runs_after_the_user_says_not_to(
+    world: World, short_dir: Path
+) -> None:
+    effects = short_dir / "effects.txt"
+    sends = ToolPolicy("append", '{"text": "email to bob"}', answer="Sent: {result}")
+
+    def model(request: RecordedRequest) -> str | ToolCalls:
+        if "DON'T" in request.last_user_text:
+            return "OK, I will not send it."
+        return sends(request)
+
+    world.provider.reply = model
+    config = servers(mail=append_server(effects)) | SPECULATION
+    async with world.bot("a", **config) as a, world.bot("b", **config) as b:
+        await a.post(world.telegram.private_text_update(CHAT, CHAT, "email bob the report"))
+        # The speculative generation asked for the call; the window is still open, so it is
+        # held. The user writes again, inside the window, through the other replica.
+        await recorded_step(world)
+        await b.post(world.telegram.private_text_update(CHAT, CHAT, "wait, DON'T send it"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=20)
+    assert lines(effects) == [], "the held call ran after the user said not to"
+    [reply] = world.telegram.sent_messages
+    assert reply.text == "OK, I will not send it."
+    # The model heard why the call it had asked for never ran.
+    last = world.provider.requests[-1]
+    assert [r.text for r in last.tool_results(this_turn=True)] == [NOT_RUN]
+
+
+async def recorded_step(world: World) -> None:
+    """Wait until a generation has recorded a tool step."""
+
+    async def recorded() -> bool:
+        return bool(await world.redis.hexists(Keys(CONVERSATION).tools, "s:0"))
+
+    await eventually(recorded, 10, what="a recorded tool step")

@@ -39,11 +39,12 @@ local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
   if reset > w then
     redis.call('DEL', history)
-    -- The record of an earlier turn goes with the history it belonged to (the one of the turn
+    -- The records of earlier turns go with the history they belonged to (the one of the turn
     -- this reply answers stays: a /retry of it finds it).
-    local recorded = tonumber(redis.call('HGET', tools, 'burst') or '0')
-    if recorded <= w then
-      redis.call('DEL', tools)
+    for _, turn in ipairs(record_turns(tools)) do
+      if turn <= w then
+        drop_turn(tools, turn)
+      end
     end
   end
   for i = w + 1, covered do
@@ -76,6 +77,10 @@ if covered ~= nil and covered > w then
     local turn = ''
     if tonumber(reply[7] or '') then
       turn = ',"turn":' .. tonumber(reply[7])
+      -- What a /retry writes again: its turn's record is kept whatever newer turns record.
+      if redis.call('EXISTS', tools) == 1 then
+        redis.call('HSET', tools, 'kept', reply[7])
+      end
     end
     redis.call('RPUSH', history, '{"role":"assistant","v":' .. covered .. ',"text":'
       .. cjson.encode(reply[1]) .. used .. turn .. '}')

@@ -57,11 +57,15 @@ Key layout, for a conversation in the shard tagged {T}:
                                              without a SCAN; written with each entry
                                              (`transcript`), expired entries dropped then,
                                              and lives as long as its longest-lived entry
-    {T}:c:<conversation>:tools       hash    the turn's record of tool calls (one burst at a
-                                             time): burst (its first version), steps, s:<k>
-                                             (the calls model step k asked for, json),
-                                             c:<k>:<j> (call j of step k: started with the
-                                             runner's token, done with its result, or
+    {T}:c:<conversation>:tools       hash    the record of tool calls of the newest 4 turns
+                                             and of the last reply sent (kept: its turn; a
+                                             turn t: its burst's first version): id:<t>
+                                             (random, in the calls' idempotency keys),
+                                             steps:<t>, s:<t>:<k> (the calls model step k
+                                             asked for, json, each with its tool's identity),
+                                             v:<t>:<k> (the version its prompt covered),
+                                             c:<t>:<k>:<j> (call j of step k: started with
+                                             the runner's token, done with its result, or
                                              unknown); lives for the conversation's retention
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message

@@ -63,3 +63,33 @@ local function count_today(totals, field, keep_ms)
   redis.call('HINCRBY', totals, field, 1)
   redis.call('PEXPIRE', totals, keep_ms)
 end
+
+-- A conversation's tool record (tool_step.lua) holds a few turns, each under fields of its own:
+-- 'id:<turn>', 'steps:<turn>', and 's:', 'v:', 'c:' fields named '<x>:<turn>:...'. The turns
+-- it holds, oldest first.
+local function record_turns(tools)
+  local turns = {}
+  for _, field in ipairs(redis.call('HKEYS', tools)) do
+    local turn = string.match(field, '^id:(%d+)$')
+    if turn then
+      table.insert(turns, tonumber(turn))
+    end
+  end
+  table.sort(turns)
+  return turns
+end
+
+-- Drop one turn's fields from a tool record; with `from_step`, only its steps from that one on.
+local function drop_turn(tools, turn, from_step)
+  local prefix = ':' .. turn .. ':'
+  for _, field in ipairs(redis.call('HKEYS', tools)) do
+    local whole = not from_step and (field == 'id:' .. turn or field == 'steps:' .. turn)
+    local mine = string.sub(field, 2, #prefix + 1) == prefix
+    if mine and from_step then
+      mine = tonumber(string.match(string.sub(field, #prefix + 2), '^(%d+)')) >= from_step
+    end
+    if whole or mine then
+      redis.call('HDEL', tools, field)
+    end
+  end
+end

@@ -211,7 +211,7 @@ PERSONA = Script("persona", keys=("state",), args=("persona",))
 TOOL_STEP = Script(
     "tool_step",
     keys=("lease", "tools"),
-    args=("token", "fence", "burst", "step", "calls", "version", "id", "retention_ms"),
+    args=("token", "fence", "turn", "step", "calls", "version", "id", "retention_ms"),
 )
 TOOL_BEGIN = Script(
     "tool_begin",
@@ -219,7 +219,7 @@ TOOL_BEGIN = Script(
     args=(
         "token",
         "fence",
-        "burst",
+        "turn",
         "call",
         "side_effects",
         "version",
@@ -230,7 +230,7 @@ TOOL_BEGIN = Script(
 TOOL_END = Script(
     "tool_end",
     keys=("tools",),
-    args=("token", "burst", "call", "status", "text", "error", "retention_ms"),
+    args=("token", "turn", "call", "status", "text", "error", "retention_ms"),
 )
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).

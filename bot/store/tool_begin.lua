@@ -22,7 +22,7 @@ local window = KEYS[3]
 local state = KEYS[4]
 local token = ARGV[1]
 local fence = ARGV[2]
-local burst = ARGV[3]
+local turn = ARGV[3]
 local call = ARGV[4] -- '<step>:<index in the step>'
 local side_effects = ARGV[5] -- '1': the tool changes something outside lastword
 local version = ARGV[6] -- the version this generation's prompt covered
@@ -34,10 +34,10 @@ local function answer(status, text, error, wait_ms)
     wait_ms = wait_ms or 0})
 end
 
-if not holds(lease, token, fence) or redis.call('HGET', tools, 'burst') ~= burst then
+if not holds(lease, token, fence) or not redis.call('HGET', tools, 'id:' .. turn) then
   return answer('lost')
 end
-local field = 'c:' .. call
+local field = 'c:' .. turn .. ':' .. call
 local found = redis.call('HGET', tools, field)
 if found then
   local entry = cjson.decode(found)
@@ -53,7 +53,7 @@ if (redis.call('HGET', state, 'v') or '0') ~= version then
   return answer('moved')
 end
 local step = string.match(call, '^(%d+):')
-if redis.call('HGET', tools, 'v:' .. step) ~= version then
+if redis.call('HGET', tools, 'v:' .. turn .. ':' .. step) ~= version then
   return answer('dropped')
 end
 if side_effects == '1' and leased_to(window, fence) then

@@ -6,17 +6,17 @@
 -- Returns 1 if recorded, else 0
 local tools = KEYS[1]
 local token = ARGV[1]
-local burst = ARGV[2]
+local turn = ARGV[2]
 local call = ARGV[3] -- '<step>:<index in the step>'
 local status = ARGV[4] -- 'done' | 'unknown'
 local text = ARGV[5]
 local error = ARGV[6] -- '1': the call failed
 local retention_ms = tonumber(ARGV[7])
 
-if redis.call('HGET', tools, 'burst') ~= burst then
+if not redis.call('HGET', tools, 'id:' .. turn) then
   return 0
 end
-local field = 'c:' .. call
+local field = 'c:' .. turn .. ':' .. call
 local found = redis.call('HGET', tools, field)
 if not found or cjson.decode(found).token ~= token then
   return 0

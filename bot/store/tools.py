@@ -74,29 +74,31 @@ class Tools(Calls):
     """Record, begin and end tool calls; read a burst's record."""
 
     async def tool_record(self, conversation: str, burst: int) -> Record:
-        """The record of `burst` (empty if the record is of another burst, or there is none).
-        A plain read: the record only changes under the lease, which the caller holds."""
+        """The record of turn `burst` (empty if the record holds no such turn). A plain read:
+        a turn's record only changes under the lease, which the caller holds."""
         key = self.layout.keys(conversation).tools
         async with self._reaching():
             raw = await self.redis.hgetall(key)
         fields = {as_text(k): as_text(v) for k, v in raw.items()}
-        if fields.get("burst") != str(burst):
+        turn = str(burst)
+        if f"id:{turn}" not in fields:
             return Record()
         steps: list[tuple[ToolCall, ...]] = []
         bound: dict[tuple[int, int], str] = {}
-        for k in range(int(fields.get("steps") or 0)):
-            listed = json.loads(fields.get(f"s:{k}") or "[]")
+        for k in range(int(fields.get(f"steps:{turn}") or 0)):
+            listed = json.loads(fields.get(f"s:{turn}:{k}") or "[]")
             steps.append(tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in listed))
             bound.update({(k, j): c["tool"] for j, c in enumerate(listed) if c.get("tool")})
         calls: dict[tuple[int, int], Recorded] = {}
+        prefix = f"c:{turn}:"
         for name, value in fields.items():
-            if name.startswith("c:"):
-                step, _, index = name[2:].partition(":")
+            if name.startswith(prefix):
+                step, _, index = name[len(prefix) :].partition(":")
                 entry = json.loads(value)
                 calls[int(step), int(index)] = Recorded(
                     entry["status"], entry.get("text", ""), bool(entry.get("error"))
                 )
-        return Record(fields.get("id", ""), tuple(steps), calls, bound)
+        return Record(fields[f"id:{turn}"], tuple(steps), calls, bound)
 
     async def record_step(
         self,
@@ -119,7 +121,7 @@ class Tools(Calls):
         args: dict[str, str | int] = {
             "token": lease.token,
             "fence": lease.fence,
-            "burst": burst,
+            "turn": burst,
             "step": step,
             "calls": json.dumps(listed),
             "version": version,
@@ -144,7 +146,7 @@ class Tools(Calls):
         args: dict[str, str | int] = {
             "token": lease.token,
             "fence": lease.fence,
-            "burst": burst,
+            "turn": burst,
             "call": call_name(step, index),
             "side_effects": int(side_effects),
             "version": version,
@@ -172,7 +174,7 @@ class Tools(Calls):
         k = self.layout.keys(lease.conversation)
         args: dict[str, str | int] = {
             "token": lease.token,
-            "burst": burst,
+            "turn": burst,
             "call": call_name(step, index),
             "status": "unknown" if unknown else "done",
             "text": text,
