@@ -154,14 +154,15 @@ async def test_the_record_keeps_the_newest_turns_and_a_reset_closes_older_ones(
     assert (await store.commit(grant.lease)).ok
     assert (await store.tool_record(CONV, 1)).steps == ()
     assert (await store.tool_record(CONV, 2)).steps == (CALLS[1:],)
-    # Bounded: the newest four turns are kept.
+    # Bounded: the newest four turns are kept, and the last sent reply's (a /retry's) too.
     await store.ingest(message("third", n=3))
     grant = await granted(store, "replica-a")
     assert grant.lease is not None
     for turn in range(3, 7):
         assert await store.record_step(grant.lease, turn, 0, CALLS, 3)
-    assert (await store.tool_record(CONV, 2)).steps == ()
-    for turn in range(3, 7):
+    assert (await store.tool_record(CONV, 3)).steps == ()
+    assert (await store.tool_record(CONV, 2)).steps == (CALLS[1:],)
+    for turn in range(4, 7):
         assert (await store.tool_record(CONV, turn)).steps == (CALLS,)
     # Bounded in time like the rest of the conversation, and erased by /forget.
     assert 0 < await redis.pttl(Keys(CONV).tools) <= store.settings.retention_ms
