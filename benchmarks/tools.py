@@ -1,23 +1,30 @@
 """Tools: side-effect executions per call the model asked for under an interrupt storm (with
-and without a replica killed), and the time lastword itself adds around each tool step.
+and without a replica killed), the time lastword itself adds around each tool step, and whose
+word a call obeys: a veto written while the call is held in the window, /retry storms, and an
+admin-only server that comes up late and takes a tool's name.
 
     python -m benchmarks.tools [--users 30] [--seed 7] [--tool-s 1.0] [--storm 4 6]
         [--gap-ms 300] [--stagger-s 8] [--no-kill] [--steps-users 80] [--steps-every-ms 300]
+        [--veto-users 12] [--veto-quiet-ms 3000] [--retry-users 10] [--retries 3]
+        [--admin-users 8] [--admin-asks 3]
 
 Everything runs as in production, over loopback: `lastword run` processes (the real Telegram
 adapter in webhook mode, the real OpenAI client, the real MCP client) on an embedded server,
 the fake Bot API and the fake provider each in a child process of its own
 (`benchmarks/child.py`), and the test MCP server (`tests/fakes/mcp_append_server.py`) over
 stdio, one per replica, as lastword starts it. The provider plays a model that uses one tool
-(`ToolPolicy`), its answers 0.2-0.6 s long (seeded by the prompt).
+(`ToolPolicy`), its answers 0.2-0.6 s long (seeded by the prompt). In every row but the steps
+run, the model books: it calls `append` (a side effect, `--tool-s` long: one line in a file
+per real run) once per turn, under whatever name the user is offered it, unless the user turn
+says "DON'T", when it answers in text and calls nothing.
 
 1. The storm. `--users` users (seeded) start over `--stagger-s` seconds; each one's messages
    alternate between two replicas. A user asks once for a booking; the model calls `append`
-   (a side effect, `--tool-s` long) once per burst. As soon as the tool has started (its line
-   is in the side-effect file), the user sends `--storm` more messages, `--gap-ms` apart. The
-   row `kill` does it again and sends replica a SIGKILL once a third of the users' calls have
-   started; from then on every message goes to replica b, which takes over a's conversations
-   once their leases expire. Per row:
+   once per burst. As soon as the tool has started (its line is in the side-effect file), the
+   user sends `--storm` more messages, `--gap-ms` apart. The row `kill` does it again and
+   sends replica a SIGKILL once a third of the users' calls have started; from then on every
+   message goes to replica b, which takes over a's conversations once their leases expire.
+   Per row:
    - requested calls: the bursts in which the model asked for the call, counted from the
      provider's requests: distinct (user, first message of the turn) over the requests it
      answered with the call (a request cut short and asked again in the same burst is the
@@ -40,6 +47,45 @@ stdio, one per replica, as lastword starts it. The provider plays a model that u
    next request. Split at the tool's start: "before" (stream end -> tool start) and "after"
    (tool end -> next request). Speculation is off in this run, so that a call with side
    effects never waits for the window to close (that wait is the user's, not lastword's).
+3. The veto in the window (row `veto`). `--veto-users` users start over `--veto-stagger-s`
+   seconds on two replicas, speculation on (the shipped speculate_ms, a `--veto-quiet-ms`
+   window that does not learn, so that it stays open long enough). A user asks once for a
+   booking; once they have been quiet for speculate_ms a generation starts while the window is
+   still open, the model calls `append`, and the call is held: it has side effects and the
+   user may still write. The benchmark sees the hold in Redis (the turn's record holds the
+   step and no start of its call, and the window's deadline is more than `VETO_MARGIN_MS`
+   ahead on the server's clock) and the user at once writes "wait, DON'T book it", inside the
+   window. The newest word governs: the held call never runs, the next generation tells the
+   model it was not run (`bot.steps.NOT_RUN`), and the model, reading the veto, answers
+   without calling. Per row: requested calls; vetoed (the veto sent while the call was held);
+   told "not run" (users whose model read `NOT_RUN` for the held call); side-effect runs of
+   vetoed calls (their lines in the file) and per vetoed call (0.00); replies per user (1);
+   users whose both messages the reply answered.
+4. /retry storms (row `retry`). `--retry-users` users start over `--retry-stagger-s` seconds,
+   their messages alternating between two replicas, the shipped window. Each asks once (odd
+   users begin that burst with /reset, which makes the /reset's version the turn's id), the
+   model calls `append` once, and once the reply is in (V == W in Redis) the user sends
+   /retry, `--retries` times, each once the previous reply is in. Every retry asks the model
+   again with the turn's recorded calls and results, on whichever replica takes it. Per row:
+   requested calls, side-effect runs and runs per requested call (1.00), duplicate keys,
+   replies per user (1 + retries).
+5. A late admin-only server (row `late admin`). One replica, two MCP servers over stdio, both
+   the test server, writing to two files: "admin" first, `"adminOnly": true`, started as
+   `sh -c '[ -f FLAG ] && exec python -m tests.fakes.mcp_append_server'`, so that every start
+   fails until FLAG exists; "public" second. While admin is down, public's tools keep their
+   names; once it is up, admin's `append` takes the name (the first server configured keeps a
+   shared name) and public's is offered as `public_append`. `--admin-users` users, none of
+   them an admin (`LASTWORD_ACCESS__ADMINS` names someone else), start over
+   `--admin-stagger-s` seconds and ask for bookings, each turn once the previous one is
+   answered: at least `--admin-asks` turns, and on until a turn has begun after admin came up.
+   Once a third as many calls as there are users have run, the benchmark creates FLAG: admin
+   comes up at its next restart (its backoff: 1 s doubling) while turns are in flight; the
+   benchmark sees the moment in the replica's log (the rename's WARNING). Per row: the calls
+   requested; of them, those asked as `append` (offered before admin came up) and as
+   `public_append`; in flight (asked as `append`, run after admin came up: a call looked up by
+   its name when it runs would then find admin's tool); side-effect runs on the admin server
+   (0: no call of a non-admin ever runs there) and on the public one, per requested call;
+   replies per user.
 
 All times are `time.monotonic()`, one clock for every process on Linux. The machine is shared:
 the figures are noisy, the "max" column most.
@@ -51,20 +97,20 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import re
+import shlex
 import shutil
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import aiohttp
 
@@ -72,8 +118,13 @@ from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.flood import ready, settle
 from benchmarks.wakeup import percentile, print_table, temporary_server
+from bot.app import make_store
+from bot.connect import Client, make_client
 from bot.embedded import EmbeddedRedis
-from bot.settings import DebounceSettings, ToolsSettings
+from bot.settings import DebounceSettings, Settings, ToolsSettings
+from bot.steps import NOT_RUN
+from bot.store import Store
+from bot.store.replies import as_text
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
 from tests.fakes.telegram_server import FakeTelegram
@@ -88,6 +139,15 @@ CHAT_BASE = 10_000
 MESSAGE = re.compile(r"\bu(\d+) m(\d+):")
 STEP = re.compile(r"^u(\d+) s(\d+)$")
 UNKNOWN = "outcome of this call is unknown"
+# The word that makes the model book nothing.
+VETO = "DON'T"
+# What the public server's `append` is offered as once the admin server has taken the name,
+# and what the replica logs as it renames it: the moment admin's tools are offered.
+PUBLIC_APPEND = "public_append"
+ADMIN_UP = f"is offered as {PUBLIC_APPEND}"
+# The admin row's one admin, as production names some: none of the row's users, so that every
+# one of them is refused the admin-only server's tools.
+ADMIN_ID = "1"
 # Short leases and sweeps, as the process tests use: a killed replica's conversations are
 # taken over within seconds, not the shipped 30 s.
 LEASE_TTL_MS = 1500
@@ -97,15 +157,29 @@ POST_TIMEOUT_S = 10.0
 TOOL_START_S = 30.0
 SETTLE_S = 40.0
 WATCH_S = 0.02
+# How long a user of the veto row waits for its call to be held; and how much of the window
+# must be left when it is seen held, since seeing it and writing are two steps, and a window
+# that closed between them would let the call start before the veto.
+HOLD_S = 15.0
+VETO_MARGIN_MS = 500
+# The id of a user's first turn (the first version of its burst): the veto row's only one.
+FIRST_TURN = 1
+# How long the admin server may take to come up once FLAG exists: its restarts back off 1, 2,
+# 4, 8, 16 s, so the next one may be that far.
+ADMIN_UP_S = 40.0
 
 
 # -- the provider: a model that uses one tool -----------------------------------------------
 
 
+Reply = Callable[[RecordedRequest], str | ToolCalls]
+
+
 @dataclass(frozen=True)
 class Model:
     """What the fake provider plays, sent to its process: `storm` (one booking per burst,
-    `tool_s` long) or `steps` (`steps` calls of one tool per turn, the tool by the user)."""
+    `tool_s` long, on whichever `append` the user is offered; none once the user turn says
+    DON'T) or `steps` (`steps` calls of one tool per turn, the tool by the user)."""
 
     mode: str
     seed: int
@@ -113,11 +187,13 @@ class Model:
     steps: int
     model_s: tuple[float, float]
 
-    def policy(self, request: RecordedRequest) -> ToolPolicy:
+    def policy(self, request: RecordedRequest) -> Reply:
         user, first = turn(request)
         if self.mode == "storm":
+            if VETO in request.last_user_text:
+                return refused
             booking = json.dumps({"text": f"u{user} m{first}", "delay_s": self.tool_s})
-            return ToolPolicy("append", booking, answer="Done: {result}\n{user}")
+            return ToolPolicy(booking_tool(request), booking, answer="Done: {result}\n{user}")
         k = len(request.tool_steps(this_turn=True))
         looked_up = json.dumps({"text": f"u{user} s{k}"})
         tool = "read_only_echo" if user % 2 == 0 else "append"
@@ -135,6 +211,18 @@ def turn(request: RecordedRequest) -> tuple[int, int]:
     return (int(found[1]), int(found[2])) if found else (-1, -1)
 
 
+def booking_tool(request: RecordedRequest) -> str:
+    """The name the request offers `append` under: its own, or its server's prefix on it once
+    another server took the name (`public_append`)."""
+    names = request.tool_names
+    return next((n for n in names if n == "append" or n.endswith("_append")), "append")
+
+
+def refused(request: RecordedRequest) -> str:
+    """The model's answer once the user said DON'T: nothing booked, the user turn quoted."""
+    return f"Not booked, as you said.\n{request.last_user_text}"
+
+
 @dataclass(frozen=True)
 class Served:
     """One request as the fake provider saw it, sent back from its process."""
@@ -142,26 +230,32 @@ class Served:
     user: int
     first: int
     steps: int  # tool steps already in it, this turn
-    called: bool  # answered with the tool call
+    tool: str  # the tool it was answered with a call of, as named in it ('': none)
+    results: tuple[str, ...]  # the tool results in it, this turn
     started_at: float
     ended_at: float | None
     finished: bool
 
+    @property
+    def called(self) -> bool:
+        return bool(self.tool)
+
 
 class TimedOpenAI(FakeOpenAI):
-    """The fake provider, noting which requests it answered with a call (when each answer's
-    last byte went out, it notes for every request: `RecordedRequest.ended_at`)."""
+    """The fake provider, noting which requests it answered with a call, and of which tool
+    (when each answer's last byte went out, it notes for every request:
+    `RecordedRequest.ended_at`)."""
 
     def __init__(self, model: Model) -> None:
         super().__init__(reply=self._reply)
         self.model = model
         self.delay_for = model.delay
-        self.called: set[int] = set()
+        self.called: dict[int, str] = {}
 
     def _reply(self, request: RecordedRequest) -> str | ToolCalls:
         answer = self.model.policy(request)(request)
         if isinstance(answer, ToolCalls):
-            self.called.add(id(request))
+            self.called[id(request)] = answer.calls[0][0]
         return answer
 
     def served(self) -> list[Served]:
@@ -169,7 +263,8 @@ class TimedOpenAI(FakeOpenAI):
             Served(
                 *turn(r),
                 steps=len(r.tool_steps(this_turn=True)),
-                called=id(r) in self.called,
+                tool=self.called.get(id(r), ""),
+                results=tuple(result.text for result in r.tool_results(this_turn=True)),
                 started_at=r.started_at,
                 ended_at=r.ended_at,
                 finished=r.finished,
@@ -218,15 +313,33 @@ class Replica:
     alive: bool = True
 
 
+def append_server(effects: Path, times: Path | None = None, **config: Any) -> dict[str, Any]:
+    """The test MCP server over stdio, in the `mcpServers` shape: appending a line to `effects`
+    per run of `append`, noting its runs' times in `times` if given; `config` adds keys or
+    overrides them (the command that starts it, `adminOnly`)."""
+    env = {"LW_APPEND_FILE": str(effects)}
+    if times is not None:
+        env["LW_TIMES_FILE"] = str(times)
+    server = {
+        "command": sys.executable,
+        "args": ["-m", "tests.fakes.mcp_append_server"],
+        "cwd": str(ROOT),
+        "env": env,
+    }
+    return server | config
+
+
 @dataclass
 class Setup:
-    """What a run's replicas are given: the server, the fakes, the files, the settings."""
+    """What a run's replicas are given: the server, the fakes, the files, the settings, and
+    the MCP servers (none given: one "booking" server writing `effects` and `times`)."""
 
     server: EmbeddedRedis
     folder: Path
     api_url: str
     llm_url: str
     settings: dict[str, str]
+    mcp: dict[str, Any] = field(default_factory=dict)
 
     @property
     def effects(self) -> Path:
@@ -237,12 +350,7 @@ class Setup:
         return self.folder / "times.txt"
 
     def env(self, name: str, port: int) -> dict[str, str]:
-        booking = {
-            "command": sys.executable,
-            "args": ["-m", "tests.fakes.mcp_append_server"],
-            "cwd": str(ROOT),
-            "env": {"LW_APPEND_FILE": str(self.effects), "LW_TIMES_FILE": str(self.times)},
-        }
+        servers = self.mcp or {"booking": append_server(self.effects, self.times)}
         return (
             clean_environ()
             | {
@@ -261,7 +369,7 @@ class Setup:
                 "LASTWORD_LLM__MODEL": "gpt-4o-mini",
                 "LASTWORD_LEASE__TTL_MS": str(LEASE_TTL_MS),
                 "LASTWORD_SWEEP_INTERVAL_MS": str(SWEEP_MS),
-                "LASTWORD_TOOLS__MCP_SERVERS": json.dumps({"booking": booking}),
+                "LASTWORD_TOOLS__MCP_SERVERS": json.dumps(servers),
             }
             | self.settings
         )
@@ -270,7 +378,11 @@ class Setup:
         port = free_port()
         running = await Running.start(self.env(name, port))
         url = f"http://127.0.0.1:{port}/telegram"
-        await ready(url, 30.0)
+        try:
+            await ready(url, 30.0)
+        except BaseException:
+            await running.stop()
+            raise
         return Replica(name, running, url)
 
 
@@ -296,7 +408,59 @@ async def fakes(model: Model) -> AsyncIterator[tuple[str, str, list[object]]]:
         await provider.close()
 
 
-# -- the storm ------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ran(Generic[T]):
+    """One row's run: what its load said, what the replicas were given, the replies Telegram
+    took (chat, text), the provider's requests, and the replicas' ERROR lines."""
+
+    load: T
+    setup: Setup
+    replies: list[tuple[int, str]]
+    served: list[Served]
+    errors: list[str]
+
+
+@contextlib.contextmanager
+def scratch() -> Iterator[Path]:
+    """A folder for one row's files (data directories, side-effect files), removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="lw-tools-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def run_row(
+    model: Model,
+    folder: Path,
+    settings: dict[str, str],
+    names: Sequence[str],
+    load: Callable[[Setup, list[Replica]], Awaitable[T]],
+    mcp: dict[str, Any] | None = None,
+) -> Ran[T]:
+    """The fakes, a fresh server and the replicas `names`; `load` run on them, then all
+    stopped, and what each said."""
+    async with fakes(model) as (api_url, llm_url, reports), temporary_server() as server:
+        setup = Setup(server, folder, api_url, llm_url, settings, mcp or {})
+        started = await asyncio.gather(*(setup.replica(n) for n in names), return_exceptions=True)
+        replicas = [r for r in started if isinstance(r, Replica)]
+        try:
+            for failed in started:
+                if isinstance(failed, BaseException):
+                    raise failed
+            done = await load(setup, replicas)
+        finally:
+            for replica in replicas:
+                await replica.running.stop()
+        problems = errors(replicas)
+    replies = cast(list[tuple[int, str]], reports[0])
+    return Ran(done, setup, replies, cast(list[Served], reports[1]), problems)
+
+
+# -- the users ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -307,15 +471,17 @@ class Plan:
     replica: int  # which replica takes the first message; then they alternate
 
 
-def plans(args: argparse.Namespace) -> list[Plan]:
-    rng = random.Random(args.seed)
+def plans(seed: int, users: int, stagger_s: float, storm: Sequence[int] = (0, 0)) -> list[Plan]:
+    rng = random.Random(seed)
     return [
-        Plan(u, rng.uniform(0, args.stagger_s), rng.randint(*args.storm), rng.randrange(2))
-        for u in range(args.users)
+        Plan(u, rng.uniform(0, stagger_s), rng.randint(storm[0], storm[1]), rng.randrange(2))
+        for u in range(users)
     ]
 
 
-def update(user: int, n: int, text: str) -> dict[str, Any]:
+def update(user: int, n: int, text: str, *, raw: bool = False) -> dict[str, Any]:
+    """Telegram's update for message `n` of `user`: "u<user> m<n>: <text>", or `text` as it
+    is if `raw` (a command)."""
     chat = CHAT_BASE + user
     person = {"id": chat, "is_bot": False, "first_name": f"U{user}"}
     return {
@@ -325,9 +491,17 @@ def update(user: int, n: int, text: str) -> dict[str, Any]:
             "from": person,
             "chat": {"id": chat, "type": "private", "first_name": f"U{user}"},
             "date": int(time.time()),
-            "text": f"u{user} m{n}: {text}",
+            "text": text if raw else f"u{user} m{n}: {text}",
         },
     }
+
+
+def booking(plan: Plan) -> str:
+    return f"book a table for {plan.user % 8 + 2}, please"
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 class Effects:
@@ -343,14 +517,30 @@ class Effects:
 
     async def run(self) -> None:
         while True:
-            text = self.path.read_text() if self.path.exists() else ""
-            lines = text.splitlines()
+            lines = lines_of(self.path)
             self.lines = len(lines)
             for line in lines:
                 self.started[effect_user(line)].set()
             if self.lines >= self.kill_at:
                 self.reached.set()
             await asyncio.sleep(WATCH_S)
+
+
+@contextlib.asynccontextmanager
+async def followed(effects: Effects) -> AsyncIterator[Effects]:
+    """`effects` followed while the block runs."""
+    watching = asyncio.create_task(effects.run())
+    try:
+        yield effects
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+
+async def arrive(plan: Plan, began: float) -> None:
+    """Wait for the user's start: `plan.at` seconds after the row `began`."""
+    await asyncio.sleep(max(0.0, began + plan.at - time.monotonic()))
 
 
 @dataclass
@@ -364,7 +554,7 @@ class Storm:
     sent: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     problems: list[str] = field(default_factory=list)
 
-    async def post(self, plan: Plan, n: int, text: str) -> None:
+    async def post(self, plan: Plan, n: int, text: str, *, raw: bool = False) -> None:
         """Message `n` to its replica, or the other one if that is dead (as Telegram would
         deliver it again elsewhere); noted as sent once a replica took it."""
         first = (plan.replica + n) % 2
@@ -374,16 +564,26 @@ class Storm:
                 continue
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self.session.post(
-                    replica.url, json=update(plan.user, n, text), headers={SECRET_HEADER: SECRET}
+                    replica.url,
+                    json=update(plan.user, n, text, raw=raw),
+                    headers={SECRET_HEADER: SECRET},
                 ) as response:
                     if response.status == 200:
                         self.sent[plan.user].append(n)
                         return
         self.problems.append(f"u{plan.user} m{n} was taken by no replica")
 
+    async def answered(self, server: EmbeddedRedis, plan: Plan) -> bool:
+        """Wait until the user's messages so far are answered (V == W); False, noted as a
+        problem, if they are not within `SETTLE_S`."""
+        if await settle(server, {plan.user}, SETTLE_S):
+            self.problems.append(f"u{plan.user}: not answered within {SETTLE_S:g} s")
+            return False
+        return True
+
     async def user(self, plan: Plan, began: float) -> None:
-        await asyncio.sleep(max(0.0, began + plan.at - time.monotonic()))
-        await self.post(plan, 0, f"book a table for {plan.user % 8 + 2}, please")
+        await arrive(plan, began)
+        await self.post(plan, 0, booking(plan))
         try:
             await asyncio.wait_for(self.effects.started[plan.user].wait(), TOOL_START_S)
         except TimeoutError:
@@ -392,6 +592,84 @@ class Storm:
         for n in range(1, plan.storm + 1):
             await self.post(plan, n, f"also, detail {n}")
             await asyncio.sleep(self.gap_s)
+
+    async def vetoing(self, plan: Plan, began: float, store: Store, vetoed: set[int]) -> None:
+        """Ask for a booking; once its call is held in the window, say DON'T."""
+        await arrive(plan, began)
+        await self.post(plan, 0, booking(plan))
+        if not await held(store, plan.user):
+            self.problems.append(f"u{plan.user}: the call was never seen held in the window")
+            return
+        await self.post(plan, 1, f"wait, {VETO} book it")
+        if 1 in self.sent[plan.user]:
+            vetoed.add(plan.user)
+
+    async def retrying(self, plan: Plan, began: float, server: EmbeddedRedis, retries: int) -> None:
+        """Ask for a booking (odd users after a /reset, in the same burst), then /retry
+        `retries` times, each once the previous reply is in."""
+        await arrive(plan, began)
+        n = 0
+        if plan.user % 2:
+            await self.post(plan, n, "/reset", raw=True)
+            n += 1
+        await self.post(plan, n, booking(plan))
+        for _ in range(retries):
+            if not await self.answered(server, plan):
+                return
+            n += 1
+            await self.post(plan, n, "/retry", raw=True)
+
+    async def asking(
+        self, plan: Plan, began: float, server: EmbeddedRedis, asks: int, admin: LateAdmin
+    ) -> None:
+        """Ask for bookings, one turn after the other: at least `asks`, and on until one
+        began after the admin server came up (or it was given up on)."""
+        await arrive(plan, began)
+        n, after = 0, False
+        while n < asks or not (after or admin.given_up()):
+            after = after or admin.up.is_set()
+            await self.post(plan, n, booking(plan))
+            if not await self.answered(server, plan):
+                return
+            n += 1
+
+
+async def server_ms(redis: Client) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def held(store: Store, user: int) -> bool:
+    """Wait until the user's call is held: the first step of their first turn recorded, its
+    call not started, and the window open for more than `VETO_MARGIN_MS` on the server's
+    clock. False if the call started, or was not held with that much window left, or nothing
+    came within `HOLD_S`."""
+    conversation = f"telegram:{CHAT_BASE + user}"
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        record = await store.tool_record(conversation, FIRST_TURN)
+        if (0, 0) in record.calls:
+            return False
+        if record.steps:
+            window = store.layout.keys(conversation).window
+            closes = int(as_text(await store.redis.hget(window, "deadline")) or 0)
+            return closes - await server_ms(store.redis) > VETO_MARGIN_MS
+        await asyncio.sleep(WATCH_S)
+    return False
+
+
+@contextlib.asynccontextmanager
+async def store_of(server: EmbeddedRedis) -> AsyncIterator[Store]:
+    """The store on a row's server, for the benchmark's own reads."""
+    settings = Settings(platform="console", redis_url=server.url, data_dir=server.data_dir)
+    redis = make_client(server.url)
+    try:
+        yield make_store(settings, redis)
+    finally:
+        await redis.aclose()
+
+
+# -- the storm ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -412,19 +690,16 @@ class StormRow:
     problems: list[str]
 
     def cells(self) -> list[str]:
-        per_call = self.executions / self.requested if self.requested else math.nan
-        dist = ", ".join(f"{n}: {c}" for n, c in sorted(self.replies.items()))
-        replies = sum(n * c for n, c in self.replies.items()) / max(self.users, 1)
         return [
             self.row,
             f"{self.users} / {self.messages}",
             str(self.requested),
             str(self.executions),
-            f"{per_call:.2f}",
+            ratio(self.executions, self.requested),
             str(self.duplicate_keys),
             str(self.over),
             str(self.unknown),
-            f"{replies:.2f} ({dist})",
+            replies_cell(self.replies, self.users),
             f"{self.folded} / {self.users}",
             str(self.unsettled),
             f"{self.wall_s:.1f}",
@@ -447,24 +722,51 @@ STORM_HEADERS = [
 ]
 
 
+def ratio(part: int, whole: int) -> str:
+    return f"{part / whole:.2f}" if whole else "-"
+
+
+def replies_cell(replies: Counter[int], users: int) -> str:
+    """Replies per user on average, and how many users got how many: "1.00 (1: 30)"."""
+    dist = ", ".join(f"{n}: {c}" for n, c in sorted(replies.items()))
+    mean = sum(n * c for n, c in replies.items()) / max(users, 1)
+    return f"{mean:.2f} ({dist})"
+
+
+def replies_by_user(sent: list[tuple[int, str]]) -> dict[int, list[str]]:
+    replies: dict[int, list[str]] = defaultdict(list)
+    for chat, text in sent:
+        replies[chat - CHAT_BASE].append(text)
+    return replies
+
+
+def folded(users: int, sent: dict[int, list[int]], replies: dict[int, list[str]]) -> int:
+    """The users whose every message appears in a reply they got (the model's answer quotes
+    the user turn it was given)."""
+    return sum(
+        all(any(f"u{u} m{n}:" in text for text in replies[u]) for n in sent[u])
+        for u in range(users)
+    )
+
+
+def requested_calls(served: list[Served]) -> dict[tuple[int, int], str]:
+    """The calls the model asked for: (user, first message of the turn) -> the tool's name
+    (a request cut short and asked again in the same burst is the same call)."""
+    return {(s.user, s.first): s.tool for s in served if s.called}
+
+
 async def storm_row(args: argparse.Namespace, kill: bool) -> StormRow:
     model = Model("storm", args.seed, args.tool_s, 1, tuple(args.model_s))
-    folder = Path(tempfile.mkdtemp(prefix="lw-tools-", dir="/tmp"))
-    try:
-        async with fakes(model) as (api_url, llm_url, reports), temporary_server() as server:
-            setup = Setup(server, folder, api_url, llm_url, storm_settings(args))
-            replicas = list(await asyncio.gather(setup.replica("a"), setup.replica("b")))
-            try:
-                load = await storm_load(args, setup, replicas, kill)
-            finally:
-                for replica in replicas:
-                    await replica.running.stop()
-            load.storm.problems += errors(replicas)
-        replies = cast(list[tuple[int, str]], reports[0])
-        served = cast(list[Served], reports[1])
-        return storm_figures("kill" if kill else "storm", args.users, load, replies, served)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with scratch() as folder:
+        ran = await run_row(
+            model,
+            folder,
+            storm_settings(args),
+            ("a", "b"),
+            lambda setup, replicas: storm_load(args, setup, replicas, kill),
+        )
+        ran.load.storm.problems.extend(ran.errors)
+        return storm_figures("kill" if kill else "storm", args.users, ran.load, ran)
 
 
 @dataclass(frozen=True)
@@ -482,23 +784,18 @@ async def storm_load(
     args: argparse.Namespace, setup: Setup, replicas: list[Replica], kill: bool
 ) -> Load:
     """Run the users, and the kill once a third of their calls have started."""
-    effects = Effects(setup.effects, kill_at=max(1, args.users // 3))
-    watching = asyncio.create_task(effects.run())
     timeout = aiohttp.ClientTimeout(total=POST_TIMEOUT_S)
     began = time.monotonic()
     killed_after: int | None = None
-    try:
+    async with followed(Effects(setup.effects, kill_at=max(1, args.users // 3))) as effects:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             storm = Storm(replicas, session, effects, args.gap_ms / 1000)
-            users = [asyncio.create_task(storm.user(p, began)) for p in plans(args)]
+            row = plans(args.seed, args.users, args.stagger_s, args.storm)
+            users = [asyncio.create_task(storm.user(p, began)) for p in row]
             if kill:
                 killed_after = await kill_mid_storm(effects, replicas[0], args.stagger_s)
             await asyncio.gather(*users)
         unsettled = await settle(setup.server, set(range(args.users)), SETTLE_S)
-    finally:
-        watching.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watching
     wall_s = time.monotonic() - began
     return Load(storm, setup.effects, killed_after, wall_s, unsettled)
 
@@ -522,24 +819,16 @@ def storm_settings(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def storm_figures(
-    row: str, users: int, load: Load, sent: list[tuple[int, str]], served: list[Served]
-) -> StormRow:
+def storm_figures(row: str, users: int, load: Load, ran: Ran[Load]) -> StormRow:
     """The row's figures from the replies Telegram took, the provider's requests and the
     side-effect file."""
     storm = load.storm
-    requested = {(s.user, s.first) for s in served if s.called}
-    lines = load.effects.read_text().splitlines() if load.effects.exists() else []
+    requested = requested_calls(ran.served)
+    lines = lines_of(load.effects)
     keys = [line.split("\t")[1] for line in lines]
-    ran = Counter(effect_user(line) for line in lines)
+    ran_for = Counter(effect_user(line) for line in lines)
     asked = Counter(user for user, _ in requested)
-    replies: dict[int, list[str]] = defaultdict(list)
-    for chat, text in sent:
-        replies[chat - CHAT_BASE].append(text)
-    folded = sum(
-        all(any(f"u{u} m{n}:" in text for text in replies[u]) for n in storm.sent[u])
-        for u in range(users)
-    )
+    replies = replies_by_user(ran.replies)
     return StormRow(
         row=row,
         users=users,
@@ -547,10 +836,10 @@ def storm_figures(
         requested=len(requested),
         executions=len(lines),
         duplicate_keys=len(keys) - len(set(keys)),
-        over=sum(ran[u] > asked[u] for u in range(users)),
+        over=sum(ran_for[u] > asked[u] for u in range(users)),
         unknown=sum(UNKNOWN in text for texts in replies.values() for text in texts),
         replies=Counter(len(replies[u]) for u in range(users)),
-        folded=folded,
+        folded=folded(users, storm.sent, replies),
         unsettled=load.unsettled,
         killed_after=load.killed_after,
         wall_s=load.wall_s,
@@ -558,10 +847,398 @@ def storm_figures(
     )
 
 
+def effect_turn(text: str) -> tuple[int, int]:
+    """(user, first message of the turn) of a call's text ("u3 m0")."""
+    found = MESSAGE.search(text + ":")
+    return (int(found[1]), int(found[2])) if found else (-1, -1)
+
+
 def effect_user(line: str) -> int:
     """The user whose call wrote this line of the side-effect file ("u3 m0<TAB>key")."""
-    found = MESSAGE.search(line.split("\t")[0] + ":")
-    return int(found[1]) if found else -1
+    return effect_turn(line.split("\t")[0])[0]
+
+
+# -- the newest word, /retry, a late admin-only server ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Users:
+    """What the users of a row did: their messages, the ones they vetoed, how long until all
+    were answered, and how many were not."""
+
+    storm: Storm
+    began: float
+    wall_s: float
+    unsettled: int
+    vetoed: set[int] = field(default_factory=set)
+
+
+async def users_load(
+    setup: Setup,
+    replicas: list[Replica],
+    row: list[Plan],
+    user: Callable[[Storm, Plan, float], Awaitable[None]],
+    vetoed: set[int] | None = None,
+) -> Users:
+    """Run `user(storm, plan, began)` for every plan of `row`, on the replicas (one given: it
+    takes every message), then wait for every user to be answered."""
+    timeout = aiohttp.ClientTimeout(total=POST_TIMEOUT_S)
+    began = time.monotonic()
+    pair = replicas if len(replicas) == 2 else [replicas[0], replicas[0]]
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        storm = Storm(pair, session, Effects(setup.effects), gap_s=0.0)
+        await asyncio.gather(*(user(storm, plan, began) for plan in row))
+    unsettled = await settle(setup.server, {plan.user for plan in row}, SETTLE_S)
+    return Users(storm, began, time.monotonic() - began, unsettled, vetoed or set())
+
+
+def veto_settings(args: argparse.Namespace) -> dict[str, str]:
+    """Speculation on, as shipped, in a window that stays `--veto-quiet-ms` long: a learned
+    one would shrink to its floor for users who never wrote before, and close before the
+    model asks for the call."""
+    return {
+        "LASTWORD_DEBOUNCE__QUIET_MS": str(args.veto_quiet_ms),
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(
+            max(args.veto_quiet_ms * 2, DebounceSettings().max_wait_ms)
+        ),
+        "LASTWORD_DEBOUNCE__SPECULATE_MS": str(DebounceSettings().speculate_ms),
+        "LASTWORD_DEBOUNCE__LEARN": "false",
+    }
+
+
+@dataclass(frozen=True)
+class VetoRow:
+    users: int
+    messages: int
+    requested: int
+    vetoed: int
+    told: int  # users whose model read that the held call was not run
+    runs: int  # side-effect runs of vetoed calls
+    replies: Counter[int]
+    folded: int
+    unsettled: int
+    wall_s: float
+    problems: list[str]
+
+    def cells(self) -> list[str]:
+        return [
+            "veto",
+            f"{self.users} / {self.messages}",
+            str(self.requested),
+            str(self.vetoed),
+            str(self.told),
+            str(self.runs),
+            ratio(self.runs, self.vetoed),
+            replies_cell(self.replies, self.users),
+            f"{self.folded} / {self.users}",
+            str(self.unsettled),
+            f"{self.wall_s:.1f}",
+        ]
+
+
+VETO_HEADERS = [
+    "row",
+    "users / msgs",
+    "requested calls",
+    "vetoed while held",
+    "told not run",
+    "runs of vetoed",
+    "runs / vetoed call",
+    "replies / user (by count)",
+    "both answered",
+    "unsettled",
+    "run s",
+]
+
+
+async def veto_row(args: argparse.Namespace) -> VetoRow:
+    model = Model("storm", args.seed, args.tool_s, 1, tuple(args.model_s))
+    with scratch() as folder:
+        ran = await run_row(
+            model, folder, veto_settings(args), ("a", "b"), lambda s, r: veto_load(args, s, r)
+        )
+        users, load = args.veto_users, ran.load
+        requested = requested_calls(ran.served)
+        told = {s.user for s in ran.served if s.user in load.vetoed and NOT_RUN in s.results}
+        runs = [line for line in lines_of(ran.setup.effects) if effect_user(line) in load.vetoed]
+        replies = replies_by_user(ran.replies)
+        return VetoRow(
+            users=users,
+            messages=sum(len(n) for n in load.storm.sent.values()),
+            requested=len(requested),
+            vetoed=len(load.vetoed),
+            told=len(told),
+            runs=len(runs),
+            replies=Counter(len(replies[u]) for u in range(users)),
+            folded=folded(users, load.storm.sent, replies),
+            unsettled=load.unsettled,
+            wall_s=load.wall_s,
+            problems=load.storm.problems + ran.errors,
+        )
+
+
+async def veto_load(args: argparse.Namespace, setup: Setup, replicas: list[Replica]) -> Users:
+    vetoed: set[int] = set()
+    async with store_of(setup.server) as store:
+        return await users_load(
+            setup,
+            replicas,
+            plans(args.seed, args.veto_users, args.veto_stagger_s),
+            lambda storm, plan, began: storm.vetoing(plan, began, store, vetoed),
+            vetoed,
+        )
+
+
+@dataclass(frozen=True)
+class RetryRow:
+    users: int
+    messages: int
+    retries: int
+    requested: int
+    runs: int
+    duplicate_keys: int
+    replies: Counter[int]
+    unsettled: int
+    wall_s: float
+    problems: list[str]
+
+    def cells(self) -> list[str]:
+        return [
+            "retry",
+            f"{self.users} / {self.messages}",
+            str(self.retries),
+            str(self.requested),
+            str(self.runs),
+            ratio(self.runs, self.requested),
+            str(self.duplicate_keys),
+            replies_cell(self.replies, self.users),
+            str(self.unsettled),
+            f"{self.wall_s:.1f}",
+        ]
+
+
+RETRY_HEADERS = [
+    "row",
+    "users / msgs",
+    "/retry per user",
+    "requested calls",
+    "side-effect runs",
+    "runs / requested",
+    "dup keys",
+    "replies / user (by count)",
+    "unsettled",
+    "run s",
+]
+
+
+async def retry_row(args: argparse.Namespace) -> RetryRow:
+    model = Model("storm", args.seed, args.tool_s, 1, tuple(args.model_s))
+    with scratch() as folder:
+        ran = await run_row(
+            model, folder, storm_settings(args), ("a", "b"), lambda s, r: retry_load(args, s, r)
+        )
+        users, load = args.retry_users, ran.load
+        lines = lines_of(ran.setup.effects)
+        keys = [line.split("\t")[1] for line in lines]
+        replies = replies_by_user(ran.replies)
+        return RetryRow(
+            users=users,
+            messages=sum(len(n) for n in load.storm.sent.values()),
+            retries=args.retries,
+            requested=len(requested_calls(ran.served)),
+            runs=len(lines),
+            duplicate_keys=len(keys) - len(set(keys)),
+            replies=Counter(len(replies[u]) for u in range(users)),
+            unsettled=load.unsettled,
+            wall_s=load.wall_s,
+            problems=load.storm.problems + ran.errors,
+        )
+
+
+async def retry_load(args: argparse.Namespace, setup: Setup, replicas: list[Replica]) -> Users:
+    return await users_load(
+        setup,
+        replicas,
+        plans(args.seed, args.retry_users, args.retry_stagger_s),
+        lambda storm, plan, began: storm.retrying(plan, began, setup.server, args.retries),
+    )
+
+
+@dataclass
+class LateAdmin:
+    """The admin server's FLAG, created once `effects` reached its mark (or `wait_s` passed),
+    and the moment the replica offers admin's tools, from its log."""
+
+    flag: Path
+    replica: Replica
+    effects: Effects
+    wait_s: float
+    up: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    flag_at: float | None = None
+    up_at: float | None = None
+
+    def given_up(self) -> bool:
+        return self.done.is_set() and not self.up.is_set()
+
+    async def run(self) -> None:
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.effects.reached.wait(), self.wait_s)
+            self.flag.touch()
+            self.flag_at = time.monotonic()
+            while time.monotonic() < self.flag_at + ADMIN_UP_S:
+                if self.replica.running.said(ADMIN_UP):
+                    self.up_at = time.monotonic()
+                    self.up.set()
+                    return
+                await asyncio.sleep(WATCH_S)
+        finally:
+            self.done.set()
+
+
+def admin_servers(folder: Path) -> dict[str, Any]:
+    """ "admin" (admin-only, down until FLAG exists) first, so that it takes the shared names
+    once it is up; "public" second, noting its runs' times."""
+    flag, python = shlex.quote(str(folder / "FLAG")), shlex.quote(sys.executable)
+    script = f"[ -f {flag} ] && exec {python} -m tests.fakes.mcp_append_server"
+    admin = append_server(folder / "admin.txt", command="sh", args=["-c", script], adminOnly=True)
+    return {"admin": admin, "public": append_server(folder / "effects.txt", folder / "times.txt")}
+
+
+@dataclass(frozen=True)
+class AdminLoad:
+    users: Users
+    admin: LateAdmin
+
+
+@dataclass(frozen=True)
+class AdminRow:
+    users: int
+    messages: int
+    requested: int
+    as_append: int  # asked as `append`: offered before the admin server was up
+    as_public: int  # asked as `public_append`: offered once it was up
+    in_flight: int  # asked as `append`, run once the admin server was up
+    admin_runs: int
+    public_runs: int
+    replies: Counter[int]
+    flag_s: float | None
+    up_s: float | None
+    unsettled: int
+    wall_s: float
+    problems: list[str]
+
+    def cells(self) -> list[str]:
+        def at(seconds: float | None) -> str:
+            return "-" if seconds is None else f"{seconds:.1f}"
+
+        return [
+            "late admin",
+            f"{self.users} / {self.messages}",
+            str(self.requested),
+            f"{self.as_append} / {self.as_public}",
+            str(self.in_flight),
+            str(self.admin_runs),
+            str(self.public_runs),
+            ratio(self.public_runs, self.requested),
+            replies_cell(self.replies, self.users),
+            f"{at(self.flag_s)} / {at(self.up_s)}",
+            str(self.unsettled),
+            f"{self.wall_s:.1f}",
+        ]
+
+
+ADMIN_HEADERS = [
+    "row",
+    "users / msgs",
+    "requested calls",
+    "as append / public_append",
+    "in flight",
+    "runs on admin",
+    "runs on public",
+    "public runs / requested",
+    "replies / user (by count)",
+    "FLAG / admin up at s",
+    "unsettled",
+    "run s",
+]
+
+
+async def admin_row(args: argparse.Namespace) -> AdminRow:
+    model = Model("storm", args.seed, args.tool_s, 1, tuple(args.model_s))
+    settings = storm_settings(args) | {"LASTWORD_ACCESS__ADMINS": ADMIN_ID}
+    with scratch() as folder:
+        ran = await run_row(
+            model,
+            folder,
+            settings,
+            ("a",),
+            lambda s, r: admin_load(args, s, r[0]),
+            admin_servers(folder),
+        )
+        users, load = args.admin_users, ran.load
+        requested = requested_calls(ran.served)
+
+        def since(at: float | None) -> float | None:
+            return None if at is None else at - load.users.began
+
+        up_at = load.admin.up_at
+        run_at = {
+            effect_turn(line.split("\t")[1]): float(line.split("\t")[3])
+            for line in lines_of(ran.setup.times)
+        }
+        in_flight = [
+            call
+            for call, tool in requested.items()
+            if tool == "append" and up_at is not None and run_at.get(call, 0.0) >= up_at
+        ]
+        replies = replies_by_user(ran.replies)
+        problems = load.users.storm.problems + ran.errors
+        if up_at is None:
+            problems.append(f"the admin server did not come up within {ADMIN_UP_S:g} s of FLAG")
+        return AdminRow(
+            users=users,
+            messages=sum(len(n) for n in load.users.storm.sent.values()),
+            requested=len(requested),
+            as_append=sum(tool == "append" for tool in requested.values()),
+            as_public=sum(tool == PUBLIC_APPEND for tool in requested.values()),
+            in_flight=len(in_flight),
+            admin_runs=len(lines_of(folder / "admin.txt")),
+            public_runs=len(lines_of(ran.setup.effects)),
+            replies=Counter(len(replies[u]) for u in range(users)),
+            flag_s=since(load.admin.flag_at),
+            up_s=since(up_at),
+            unsettled=load.users.unsettled,
+            wall_s=load.users.wall_s,
+            problems=problems,
+        )
+
+
+async def admin_load(args: argparse.Namespace, setup: Setup, replica: Replica) -> AdminLoad:
+    """The users asking; FLAG created once a third of them had a call run on the public
+    server, and the moment the admin server came up."""
+    row = plans(args.seed, args.admin_users, args.admin_stagger_s)
+    marks = Effects(setup.effects, kill_at=max(1, args.admin_users // 3))
+    async with followed(marks):
+        admin = LateAdmin(
+            setup.folder / "FLAG", replica, marks, args.admin_stagger_s + TOOL_START_S
+        )
+        watching = asyncio.create_task(admin.run())
+        try:
+            users = await users_load(
+                setup,
+                [replica],
+                row,
+                lambda storm, plan, began: storm.asking(
+                    plan, began, setup.server, args.admin_asks, admin
+                ),
+            )
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+    return AdminLoad(users, admin)
 
 
 # -- the time lastword adds per tool step -----------------------------------------------------
@@ -580,22 +1257,15 @@ async def steps_run(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
     """The quiet run: users one every `--steps-every-ms` on one replica; every tool step's
     times, and what went wrong."""
     model = Model("steps", args.seed, 0.0, args.steps_per_turn, tuple(args.steps_model_s))
-    folder = Path(tempfile.mkdtemp(prefix="lw-tools-", dir="/tmp"))
-    try:
-        async with fakes(model) as (api_url, llm_url, reports), temporary_server() as server:
-            setup = Setup(server, folder, api_url, llm_url, steps_settings(args))
-            replica = await setup.replica("a")
-            try:
-                problems = await steps_load(args, setup, replica)
-            finally:
-                await replica.running.stop()
-            problems += errors([replica])
-        steps, missing = steps_of(cast(list[Served], reports[1]), setup.times)
+    with scratch() as folder:
+        ran = await run_row(
+            model, folder, steps_settings(args), ("a",), lambda s, r: steps_load(args, s, r[0])
+        )
+        problems = ran.load + ran.errors
+        steps, missing = steps_of(ran.served, ran.setup.times)
         if missing:
             problems.append(f"{missing} tool steps could not be matched and were left out")
         return steps, problems
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def steps_settings(args: argparse.Namespace) -> dict[str, str]:
@@ -622,7 +1292,7 @@ def steps_of(served: list[Served], times: Path) -> tuple[list[Step], int]:
     """Each tool step's times: (user, k) -> the request that asked (k steps before it), the
     tool's run, and the request after it (k + 1 steps); how many could not be matched."""
     runs: dict[tuple[int, int], tuple[str, float, float]] = {}
-    for line in times.read_text().splitlines() if times.exists() else []:
+    for line in lines_of(times):
         tool, text, _key, started, ended = line.split("\t")
         found = STEP.match(text)
         if found:
@@ -704,6 +1374,29 @@ def header(args: argparse.Namespace, argv: Sequence[str], load: tuple[float, ...
         f"without delay), model answers {args.steps_model_s[0]:g}-{args.steps_model_s[1]:g} s;"
         f" quiet_ms={args.steps_quiet_ms}, speculation off"
     )
+    print(
+        f"veto: {args.veto_users} users over {args.veto_stagger_s:g} s, 2 replicas, quiet_ms="
+        f"{args.veto_quiet_ms} speculate_ms={shipped.speculate_ms} learn=False; each asks"
+        f" once, and writes DON'T once the call is held with over {VETO_MARGIN_MS} ms of window"
+        f" left"
+    )
+    print(
+        f"retry: {args.retry_users} users over {args.retry_stagger_s:g} s, 2 replicas, the"
+        f" storm's window; each asks once (odd users after /reset in the same burst), then"
+        f" /retry x{args.retries}, each once the previous reply is in"
+    )
+    print(
+        f"late admin: {args.admin_users} non-admin users over {args.admin_stagger_s:g} s, 1"
+        f" replica, the storm's window; servers admin (adminOnly, down until FLAG) then"
+        f" public; each asks at least {args.admin_asks} times, one turn after the other, and"
+        f" until a turn began after admin came up; FLAG once {max(1, args.admin_users // 3)}"
+        f" calls have run"
+    )
+
+
+def problems_of(row: str, problems: list[str]) -> None:
+    for line in problems[:10]:
+        print(f"  ! {row}: {line}")
 
 
 def storm_table(rows: list[StormRow]) -> None:
@@ -712,12 +1405,33 @@ def storm_table(rows: list[StormRow]) -> None:
     for r in rows:
         if r.killed_after is not None:
             print(f"  {r.row}: replica a killed (SIGKILL) once {r.killed_after} calls had started")
-        for line in r.problems[:10]:
-            print(f"  ! {r.row}: {line}")
+        problems_of(r.row, r.problems)
     print(
         "  requested calls: distinct (user, first message of the turn) over the provider's "
         "requests it answered with the call;\n  executions: lines the tool appended; unknown:"
         " replies whose model was told the call's outcome is unknown"
+    )
+
+
+def promises_tables(veto: VetoRow, retry: RetryRow, admin: AdminRow) -> None:
+    print("\n== the newest word governs a held call: a veto written inside the window")
+    print_table(VETO_HEADERS, [veto.cells()])
+    problems_of("veto", veto.problems)
+    print(
+        "  vetoed while held: DON'T sent while the call was recorded, not started, and the "
+        "window open;\n  told not run: users whose model then read that the call was not run;"
+        " runs of vetoed: their lines in the side-effect file"
+    )
+    print("\n== /retry storms: the turn's record is reused")
+    print_table(RETRY_HEADERS, [retry.cells()])
+    problems_of("retry", retry.problems)
+    print("\n== the tool that was checked is the tool that runs: a late admin-only server")
+    print_table(ADMIN_HEADERS, [admin.cells()])
+    problems_of("late admin", admin.problems)
+    print(
+        "  as append: offered before the admin server was up; as public_append: after;"
+        " in flight: asked as append, run\n  once admin had taken the name; runs on admin:"
+        " lines the admin server appended (no user is an admin)"
     )
 
 
@@ -727,16 +1441,17 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> None:
     if not args.no_kill:
         rows.append(await storm_row(args, kill=True))
     steps, problems = await steps_run(args)
+    veto, retry, admin = await veto_row(args), await retry_row(args), await admin_row(args)
     header(args, argv, load)
     storm_table(rows)
     print("\n== lastword's own time per tool step (quiet run, 1 replica)")
     steps_table(steps)
-    for line in problems[:10]:
-        print(f"  ! steps: {line}")
+    problems_of("steps", problems)
     print(
         "  lastword = next request start - end of the response that asked - the tool's own time;"
         "\n  before: stream end -> tool start; after: tool end -> next request start"
     )
+    promises_tables(veto, retry, admin)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -764,6 +1479,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-quiet-ms", type=int, default=300)
     parser.add_argument(
         "--steps-model-s", type=float, nargs=2, default=[0.05, 0.15], metavar=("LOW", "HIGH")
+    )
+    parser.add_argument("--veto-users", type=int, default=12)
+    parser.add_argument("--veto-stagger-s", type=float, default=4.0)
+    parser.add_argument(
+        "--veto-quiet-ms", type=int, default=3000,
+        help="the veto row's window: long enough for the model to ask before it closes",
+    )  # fmt: skip
+    parser.add_argument("--retry-users", type=int, default=10)
+    parser.add_argument("--retry-stagger-s", type=float, default=3.0)
+    parser.add_argument("--retries", type=int, default=3, help="/retry per user")
+    parser.add_argument("--admin-users", type=int, default=8)
+    parser.add_argument("--admin-stagger-s", type=float, default=4.0)
+    parser.add_argument(
+        "--admin-asks", type=int, default=3, help="turns per user at least, one after the other"
     )
     return parser.parse_args(argv)
 

@@ -1,8 +1,11 @@
 """A smoke run of `benchmarks.tools` at a tiny size: `lastword run` replicas, the fakes in
-processes of their own and the append MCP server run end to end and print both tables. Only
+processes of their own and the append MCP server run end to end and print every table. Only
 what lastword guarantees whatever the load is asserted: under the storm, one execution per
 requested call, one reply per user covering every message; with a replica killed, never more
-than one execution per requested call. The times are the benchmark's to report."""
+than one execution per requested call; a call held in the window and vetoed never runs, and
+the model is told so; however many /retry, one run per requested call; no call of a non-admin
+ever runs on an admin-only server that came up late and took the tool's name. The times are
+the benchmark's to report."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import pytest
 
 from benchmarks import tools
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 TINY = [
     "--users", "3",
@@ -22,16 +25,30 @@ TINY = [
     "--steps-users", "4",
     "--steps-per-turn", "2",
     "--steps-every-ms", "200",
+    "--veto-users", "3",
+    "--veto-stagger-s", "1",
+    # Room for the model to ask for the call before the window closes on a busy machine.
+    "--veto-quiet-ms", "4000",
+    "--retry-users", "2",
+    "--retry-stagger-s", "1",
+    "--retries", "2",
+    "--admin-users", "2",
+    "--admin-stagger-s", "1",
+    "--admin-asks", "2",
 ]  # fmt: skip
 
 
-def table(out: str, first: str, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """The rows named `names` of the table whose header starts with `first`, by column."""
+def table(
+    out: str, first: str, names: tuple[str, ...], after: str = ""
+) -> dict[str, dict[str, str]]:
+    """The rows named `names` of the table whose header starts with `first` (the first such
+    after the line containing `after`), by column."""
     lines = out.splitlines()
-    header = next(line for line in lines if line.startswith(first + " "))
+    start = next(i for i, line in enumerate(lines) if after in line) if after else 0
+    header = next(line for line in lines[start:] if line.startswith(first + " "))
     columns = re.split(r"\s{2,}", header.strip())
     rows = {}
-    for line in lines[lines.index(header) + 2 :]:
+    for line in lines[lines.index(header, start) + 2 :]:
         cells = re.split(r"\s{2,}", line.strip())
         if cells[0] not in names:
             break
@@ -62,3 +79,28 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
         "both": "8",
     }, out
     assert "! steps" not in out, out
+
+    # Every user's call was held, and vetoed while held: none ran, each model was told.
+    veto = table(out, "row", ("veto",), after="a veto written inside the window")["veto"]
+    assert veto["requested calls"] == "3" and veto["vetoed while held"] == "3", out
+    assert veto["runs of vetoed"] == "0" and veto["runs / vetoed call"] == "0.00", out
+    assert veto["told not run"] == "3", out
+    assert veto["replies / user (by count)"] == "1.00 (1: 3)", out
+    assert veto["both answered"] == "3 / 3" and veto["unsettled"] == "0", out
+    assert "! veto" not in out, out
+
+    # One run per booking (one user's burst began with /reset), one reply per message.
+    retry = table(out, "row", ("retry",), after="/retry storms")["retry"]
+    assert retry["requested calls"] == "2" and retry["runs / requested"] == "1.00", out
+    assert retry["dup keys"] == "0" and retry["unsettled"] == "0", out
+    assert retry["replies / user (by count)"] == "3.00 (3: 2)", out
+    assert "! retry" not in out, out
+
+    # The admin server came up mid-run and took the name; nothing of a non-admin ran there.
+    admin = table(out, "row", ("late admin",), after="a late admin-only server")["late admin"]
+    assert admin["runs on admin"] == "0", out
+    assert admin["public runs / requested"] == "1.00" and admin["unsettled"] == "0", out
+    _, as_public = admin["as append / public_append"].split(" / ")
+    assert int(as_public) >= 2, "each user asks once more after admin came up"
+    assert not admin["FLAG / admin up at s"].endswith("-"), out
+    assert "! late admin" not in out, out

@@ -7,6 +7,7 @@ with a 200, bodies cut short. What is usable is read; the rest is the retryable
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
