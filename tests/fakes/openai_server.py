@@ -770,8 +770,8 @@ class FakeOpenAI(LoopbackServer):
             asked = _prompt_tokens(body["messages"], body.get("tools"))
             if asked + int(body.get("max_tokens") or 0) > self.context_tokens:
                 self.rejected.append(body)
-                refused = self.context_length()
-                return web.json_response(refused.body, status=refused.status)
+                too_long = self.context_length()
+                return web.json_response(too_long.body, status=too_long.status)
 
         recorded = RecordedRequest(
             api_key=_bearer_key(request),
