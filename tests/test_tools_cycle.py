@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.steps import MAX_CALLS_PER_STEP, OUT_OF_TIME
+from bot.steps import MAX_CALLS_PER_STEP, NOT_RUN, OUT_OF_TIME
 from bot.store import Keys
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
 from tests.chatting import CONV, fake, replica, say
 from tests.conftest import RuntimeFactory, eventually, settled
-from tests.fakes.openai_server import FakeOpenAI, ToolCalls, ToolPolicy
+from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
 
 __all__ = ["fake"]  # the fixture, imported for pytest
 
@@ -261,3 +261,31 @@ async def test_a_steps_results_are_cut_to_fit_the_context(
     results = fake.requests[-1].tool_results(this_turn=True)
     assert len(results) == MAX_CALLS_PER_STEP
     assert all("cut to fit the context" in r.text for r in results)
+
+
+async def test_a_stop_while_a_steps_first_call_runs_starts_none_of_the_rest(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    step = ToolCalls(
+        [("slow", '{"text": "a"}'), ("note", '{"text": "b"}'), ("note", '{"text": "c"}')]
+    )
+
+    def model(request: RecordedRequest) -> str | ToolCalls:
+        if "stop" in request.last_user_text:
+            return f"Stopped: {[r.text for r in request.tool_results(this_turn=True)]}"
+        return step
+
+    fake.reply = model
+    runtime, outbound = await replica(runtime_factory, fake, toolbox=counted.toolbox())
+    assert await runtime.ingest(message("look it up, then note it twice", n=1))
+
+    async def slow_running() -> bool:
+        return counted.runs == ["slow a"]
+
+    await eventually(slow_running, 10, what="the first call running")
+    assert await runtime.ingest(message("stop", n=2))
+    await settled(runtime, CONV)
+    assert counted.runs == ["slow a"], "a call started after the user said stop"
+    [reply] = outbound.texts(CONV)
+    assert reply == f"Stopped: {['slow: a', NOT_RUN, NOT_RUN]}"
