@@ -28,6 +28,7 @@ import pytest
 
 from bot.steps import NOT_RUN
 from bot.store import Keys
+from bot.store.replies import as_text
 from tests.conftest import eventually, settled
 from tests.fakes.openai_server import RecordedRequest, ToolCalls, ToolPolicy
 from tests.test_drafts import FAST_DRAFTS, FIXED_WINDOW, draft_text, drafts
@@ -201,6 +202,6 @@ async def recorded_step(world: World) -> None:
 
     async def recorded() -> bool:
         fields = await world.redis.hkeys(Keys(CONVERSATION).tools)
-        return any(field.startswith(b"s:") for field in fields)
+        return any(as_text(field).startswith("s:") for field in fields)
 
     await eventually(recorded, 10, what="a recorded tool step")
