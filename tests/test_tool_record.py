@@ -51,6 +51,17 @@ async def first_holder(store: Store, text: str) -> tuple[Lease, int]:
     return grant.lease, grant.watermark + 1
 
 
+async def speculative_step(store: Store) -> tuple[Lease, int]:
+    """A message taken in, its burst leased while its window is still open (a speculative
+    generation), and the calls recorded as its step: the lease and the burst."""
+    await store.ingest(message("book it", n=1))
+    grant = await granted(store, "replica-a")
+    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
+    burst = grant.watermark + 1
+    assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
+    return grant.lease, burst
+
+
 async def taken_over(store: Store, lease: Lease, token: str) -> Grant:
     """Another holder's lease of the same burst, as after a crash: the first lease released
     (the TTL would do the same, later)."""
@@ -174,20 +185,16 @@ async def test_a_call_with_side_effects_waits_for_a_speculative_window(
     stores: StoreFactory,
 ) -> None:
     store = stores(quiet_ms=800, speculate_ms=100)
-    await store.ingest(message("book it", n=1))
-    grant = await granted(store, "replica-a")
-    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
-    burst = grant.watermark + 1
-    assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
-    held = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
+    lease, burst = await speculative_step(store)
+    held = await store.begin_call(lease, burst, 0, 0, side_effects=True, version=1)
     assert held.status == "hold" and 0 < held.wait_ms <= 800
     # Without side effects it runs at once, the window open or not.
     assert (
-        await store.begin_call(grant.lease, burst, 0, 1, side_effects=False, version=1)
+        await store.begin_call(lease, burst, 0, 1, side_effects=False, version=1)
     ).status == "run"
     await asyncio.sleep(held.wait_ms / 1000 + 0.05)
     assert (
-        await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
+        await store.begin_call(lease, burst, 0, 0, side_effects=True, version=1)
     ).status == "run"
 
 
@@ -224,15 +231,11 @@ async def test_a_window_pushed_far_ahead_by_the_clock_holds_no_call(
     stores: StoreFactory, redis: Redis
 ) -> None:
     store = stores(quiet_ms=800, speculate_ms=100)
-    await store.ingest(message("book it", n=1))
-    grant = await granted(store, "replica-a")
-    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
-    burst = grant.watermark + 1
-    assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
+    lease, burst = await speculative_step(store)
     # A clock that moved back left a deadline an hour ahead: no window is that long.
     seconds, micros = await redis.time()
     await redis.hset(Keys(CONV).window, "deadline", seconds * 1000 + micros // 1000 + 3_600_000)
-    begun = await store.begin_call(grant.lease, burst, 0, 0, side_effects=True, version=1)
+    begun = await store.begin_call(lease, burst, 0, 0, side_effects=True, version=1)
     assert begun.status == "run", begun
 
 
