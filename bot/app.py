@@ -17,7 +17,7 @@ from bot.connect import Client, NotRedis, open_client
 from bot.credentials import REPORT_EVERY_S
 from bot.embedded import EmbeddedRedis
 from bot.llm import LLM, OpenAILLM, make_llm
-from bot.logs import redact
+from bot.logs import Scrub, redact, secrets_of
 from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
@@ -228,7 +228,7 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     transcriber = make_transcriber(settings.media, settings.llm, settings.llm_provider)
     # Before READY: the MCP servers' tools are listed at start (bounded by their start timeout;
     # one still starting adds its tools when it is up).
-    toolbox = await load_toolbox(settings.tools)
+    toolbox = await load_toolbox(settings.tools, Scrub(secrets_of(settings)))
     runtime = Runtime(settings, store, llm, adapter, transcriber, toolbox)
     runtime.start()
     supervisor = Supervisor()

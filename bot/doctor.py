@@ -5,7 +5,8 @@ are the settings valid, is the store reachable and recent enough, do our Lua scr
 it, can it evict our keys when memory runs short, does the platform accept the token, and does
 the LLM endpoint know the model, and does each MCP server start and list its tools. Every check
 is bounded in time, so doctor itself never hangs on a black-holed address, and a failed check
-says how to fix it.
+says how to fix it. A warning (`Caution`, shown with `!`) is a check that passes, with advice:
+it does not change the exit code.
 
 Nothing a check reports may reveal a secret: details are written from what we know, not from
 the libraries' own error text where that may quote a token (python-telegram-bot's does), and
@@ -18,6 +19,7 @@ lives with the platform's adapter, and the caller (the composition root) hands i
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import tempfile
@@ -31,7 +33,7 @@ from pydantic import BaseModel, SecretStr
 
 from bot.check import Check, PlatformCheck, guarded
 from bot.connect import make_client, not_redis
-from bot.logs import MASK, Scrub, redact, secrets_of
+from bot.logs import MASK, Scrub, redact, secrets_of, server_secrets
 from bot.plural import counted
 from bot.settings import ConfigError, McpServer, Settings, load_settings
 
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     import openai
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
+
+    from bot.tools import Tool
 
 # Each check gets this long; a check that takes longer is reported as failed.
 CHECK_TIMEOUT_S = 5.0
@@ -52,12 +56,20 @@ MIN_REDIS_VERSION = (5, 0)
 PLATFORM_BACKSTOP_S = 1.0
 
 
+class Caution(Check):
+    """A check that passed with a warning (made with `ok` true): shown with `!` and its fix,
+    and, being ok, never a reason for a non-zero exit. (`Check` has no warning level.)"""
+
+
 def render(checks: list[Check]) -> str:
-    """One line per check, ✓ or ✗, with the fix indented under a failed one."""
+    """One line per check, ✓, ! (a warning) or ✗, with the fix indented under a failed one
+    and a warning."""
     lines: list[str] = []
     for check in checks:
-        lines.append(f"{'✓' if check.ok else '✗'} {check.name}: {check.detail}")
-        if not check.ok and check.fix:
+        warned = isinstance(check, Caution)
+        mark = "!" if warned else "✓" if check.ok else "✗"
+        lines.append(f"{mark} {check.name}: {check.detail}")
+        if (warned or not check.ok) and check.fix:
             lines.append(f"    fix: {check.fix}")
     return "\n".join(lines)
 
@@ -110,7 +122,9 @@ async def run_checks(
         "check LASTWORD_LLM__BASE_URL and that the server is up",
     )
     checks.append(await guarded(_llm_check(settings, timeout_s), timeout_s, silent))
-    checks += await _mcp_checks(settings)
+    tools: list[Tool] = []
+    checks += await _mcp_checks(settings, tools)
+    checks += _schema_checks(settings, tools)
     return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
 
 
@@ -830,19 +844,19 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
 # 6. MCP servers
 
 # Doctor waits this much longer than the start timeout for a server's check, which bounds
-# itself (stopping a child that will not exit takes the SDK a few seconds more).
+# itself (stopping a child that will not exit takes a few seconds more: bot.tools.stdio).
 MCP_BACKSTOP_S = 8.0
 
 
-async def _mcp_checks(settings: Settings) -> list[Check]:
+async def _mcp_checks(settings: Settings, tools: list[Tool]) -> list[Check]:
     """One check per configured MCP server, run side by side: each is started, its tools
-    listed and stopped, as a replica starts it, within the start timeout."""
+    listed (into `tools`) and stopped, as a replica starts it, within the start timeout."""
     timeout_s = settings.tools.start_timeout_s
     return list(
         await asyncio.gather(
             *(
                 guarded(
-                    _mcp_check(name, config, timeout_s),
+                    _mcp_check(name, config, settings, tools),
                     timeout_s + MCP_BACKSTOP_S,
                     Check(f"mcp {name}", False, f"not stopped within {timeout_s:g} s"),
                 )
@@ -852,12 +866,14 @@ async def _mcp_checks(settings: Settings) -> list[Check]:
     )
 
 
-async def _mcp_check(name: str, config: McpServer, timeout_s: float) -> Check:
+async def _mcp_check(name: str, config: McpServer, settings: Settings, found: list[Tool]) -> Check:
     from bot.tools.mcp import describe, probe, reason
 
+    timeout_s = settings.tools.start_timeout_s
     shown = describe(config)
-    # Its headers and environment may hold credentials that no other setting names.
-    scrub = Scrub(sorted({*config.headers.values(), *config.env.values()}, key=len, reverse=True))
+    # Its headers, URL and environment may hold credentials that no other setting names: all
+    # of its environment is masked here, whatever the names say.
+    scrub = Scrub([*server_secrets(config), *config.env.values()])
     if config.url is not None:
         fix = "check the URL and the headers in LASTWORD_TOOLS__MCP_SERVERS, and that it is up"
     else:
@@ -866,12 +882,51 @@ async def _mcp_check(name: str, config: McpServer, timeout_s: float) -> Check:
             "the command should wait for MCP messages on its standard input)"
         )
     try:
-        tools = await probe(name, config, timeout_s)
+        tools = await probe(
+            name, config, timeout_s, max_message_bytes=settings.tools.max_message_bytes
+        )
     except TimeoutError:
         return Check(f"mcp {name}", False, f"{shown}: no tools listed within {timeout_s:g} s", fix)
     except Exception as exc:  # doctor reports every failure as a ✗ line
-        return Check(f"mcp {name}", False, scrub(f"{shown}: {reason(exc)}"), fix)
+        return Check(f"mcp {name}", False, f"{shown}: {reason(exc, scrub)}", fix)
+    found += tools
     names = ", ".join(tool.name for tool in tools)
     if len(names) > 200:
         names = names[:197] + "..."
     return Check(f"mcp {name}", True, f"{shown}: {counted(len(tools), 'tool')} ({names or 'none'})")
+
+
+# What the tools' schemas may take of the model's context before doctor warns: the rest is the
+# system prompt, the history, the user's messages, the tool results and the reply.
+SCHEMA_SHARE = 4
+
+
+def _schema_checks(settings: Settings, mcp_tools: list[Tool]) -> list[Check]:
+    """A warning when the schemas of every tool (the Python tools and each MCP server's that
+    started) take more than a quarter of the model's context, counted as the cycle counts
+    them in a request; nothing otherwise."""
+    from bot.tokens import Counter
+    from bot.tools.python import python_tools
+
+    tools = [tool for tool, _ in python_tools()] + mcp_tools
+    if not tools:
+        return []
+    total = Counter().count(json.dumps([tool.spec() for tool in tools]))
+    context = settings.llm.context_tokens
+    if total <= context // SCHEMA_SHARE:
+        return []
+    return [
+        Caution(
+            "tools",
+            True,
+            detail=(
+                f"the schemas of the {counted(len(tools), 'tool')} take about {total} tokens, "
+                f"over a quarter of LASTWORD_LLM__CONTEXT_TOKENS ({context}), in every request "
+                "that offers them"
+            ),
+            fix=(
+                "offer fewer tools (drop a server, or mark tools adminOnly), or raise "
+                "LASTWORD_LLM__CONTEXT_TOKENS if the model has the room"
+            ),
+        )
+    ]

@@ -22,17 +22,20 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Literal
-from urllib.parse import parse_qs, urlparse, urlunparse
+from urllib.parse import parse_qs, urlparse, urlsplit, urlunparse
 
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import Settings
+from bot.settings import McpServer, Settings
 
 # What a secret is replaced with.
 MASK = "***"
+# A value shorter than this is never masked: it is too short to be a secret, and masking it
+# would mangle ordinary text (an empty value would put a mask between every two characters).
+MIN_SECRET_CHARS = 4
 
 conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "conversation", default=None
@@ -74,7 +77,7 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re
 def secrets_of(settings: Settings) -> list[str]:
     """The values that must never appear in a log line, an error message or a doctor report:
     every secret setting of the whole tree (a platform's own too, whatever it names them),
-    the Redis password and the LLM's header values."""
+    the Redis password, the LLM's header values and each MCP server's (`server_secrets`)."""
     values = list(_secret_values(settings))
     if settings.redis_url:
         parts = urlparse(settings.redis_url)
@@ -84,14 +87,38 @@ def secrets_of(settings: Settings) -> list[str]:
         values += parse_qs(parts.query).get("password", [])
     # Headers sent to the LLM may carry credentials of their own (an Authorization header).
     values += settings.llm.extra_headers.values()
-    # So may an MCP server's headers, and the environment its command is given (an API key
-    # by any name that says so).
     for server in settings.tools.mcp_servers.values():
-        values += server.headers.values()
-        values += (v for k, v in server.env.items() if SECRET_NAME.search(k))
-    # Shorter values are too short to be secrets, and masking them would mangle ordinary
-    # words. Longest first, so a secret that contains another is hidden whole.
-    return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+        values += server_secrets(server)
+    return maskable(values)
+
+
+def maskable(values: Iterable[str]) -> list[str]:
+    """The values worth masking, each once, longest first (so a secret that contains another
+    is hidden whole): none shorter than `MIN_SECRET_CHARS`."""
+    return sorted({v for v in values if len(v) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+
+
+def secret_env(env: Mapping[str, str]) -> list[str]:
+    """The values of an environment whose names say they hold a credential (an API key by
+    any name that says so)."""
+    return [value for name, value in env.items() if SECRET_NAME.search(name)]
+
+
+def server_secrets(server: McpServer) -> list[str]:
+    """An MCP server's values that no log line may show: its headers, its environment's
+    credentials, and of its URL the whole text (an MCP URL often carries its credential in
+    its path or query: the HTTP library logs every request's URL), the password and the query
+    values whose names say they are credentials (`?api_key=`)."""
+    values = [*server.headers.values(), *secret_env(server.env)]
+    if server.url is not None:
+        url = str(server.url)
+        parts = urlsplit(url)
+        values.append(url)
+        pairs = (pair.partition("=") for pair in parts.query.split("&"))
+        values += (value for name, _, value in pairs if SECRET_NAME.search(name))
+        if parts.password:
+            values.append(parts.password)
+    return values
 
 
 def _secret_values(node: object) -> Iterator[str]:
@@ -130,10 +157,11 @@ def _quieten(level: str) -> None:
 
 
 class Scrub:
-    """Replaces secrets in text."""
+    """Replaces secrets in text: those long enough to be secrets (`maskable`), longest
+    first, whoever gathered them."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self.secrets = list(secrets)
+        self.secrets = maskable(secrets)
 
     def __call__(self, text: str) -> str:
         for secret in self.secrets:
@@ -161,6 +189,18 @@ def redact(url: str) -> str:
         # Unchanged: keep the text as given (urlunparse would turn unix:///x into unix:/x).
         return url
     return urlunparse(parts._replace(netloc=netloc, query=query))
+
+
+def masked_url(url: str) -> str:
+    """The URL as scheme, host and port only, for a URL whose every other part may be a
+    credential (an MCP server's `?api_key=…` or `/s/<secret>/`): user info, path, query and
+    fragment are each shown as `***` when present. Works on the raw text, so it cannot fail."""
+    parts = urlsplit(url)
+    _, at, host = parts.netloc.rpartition("@")
+    shown = f"{parts.scheme}://{MASK + at if at else ''}{host}"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"{shown}/{MASK}"
+    return shown + parts.path
 
 
 class LineFormatter(logging.Formatter):

@@ -355,6 +355,10 @@ class ToolsSettings(BaseModel):
     output_chars: int = Field(default=4000, ge=100, le=100_000)
     # Starting an MCP server and listing its tools.
     start_timeout_s: float = Field(default=20.0, gt=0, le=300)
+    # One message from an MCP server over stdio (a line of JSON), in bytes: a server that
+    # writes a longer one is stopped and started again, and the call it answered is an error.
+    # Parsing a message holds the replica's loop up for about 5 ms a MiB, hence the maximum.
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=8 * 1024 * 1024)
 
 
 # What the settings say of a user: an admin (always let in, whatever was changed in chat), or

@@ -101,6 +101,7 @@ WRONG: dict[str, str] = {
     "TOOLS__CALL_TIMEOUT_S": "forever",
     "TOOLS__OUTPUT_CHARS": "10",
     "TOOLS__START_TIMEOUT_S": "-1",
+    "TOOLS__MAX_MESSAGE_BYTES": "100",
     "LEASE__TTL_MS": "100",
     "ACCESS__ALLOWED_USERS": "123,456 789",
     "ACCESS__ADMINS": "alice bob",

@@ -28,7 +28,17 @@ from bot.tools.mcp import KEY_META
 pytestmark = pytest.mark.timeout(30)
 
 ROOT = Path(__file__).resolve().parent.parent
-APPEND_TOOLS = {"append", "slow", "boom", "big", "read_only_echo", "die"}
+APPEND_TOOLS = {
+    "append",
+    "slow",
+    "boom",
+    "big",
+    "read_only_echo",
+    "flood",
+    "complain",
+    "env_names",
+    "die",
+}
 TOKEN = "SECRET-mcp-token-Vq81nz"
 
 Boxes = Callable[..., Awaitable[Toolbox]]
@@ -177,6 +187,9 @@ async def test_side_effects_come_from_the_hint_unless_configured(
         "boom": False,
         "big": False,
         "read_only_echo": False,
+        "flood": False,
+        "complain": False,
+        "env_names": False,
     }
     assert side_effects("mcp:configured") == {
         "append": False,
@@ -185,6 +198,9 @@ async def test_side_effects_come_from_the_hint_unless_configured(
         "boom": False,
         "big": False,
         "read_only_echo": True,
+        "flood": False,
+        "complain": False,
+        "env_names": False,
     }
 
 
@@ -284,7 +300,9 @@ async def test_a_streamable_http_server_refusing_the_headers_is_a_warning(
         box = await boxes(mcp_servers={"web": server})
     assert box.offered(admin=True) == []
     [warning] = [r.getMessage() for r in caplog.records if r.name == "bot.tools.mcp"]
-    assert warning.startswith(f"MCP server web ({http_server}) is not running: ")
+    # Scheme, host and port only: a URL's path and query may hold a credential.
+    origin = http_server.removesuffix("/mcp")
+    assert warning.startswith(f"MCP server web ({origin}/***) is not running: ")
 
 
 async def test_close_ends_a_server_that_ignores_the_end_of_its_input(

@@ -121,6 +121,9 @@ class Toolbox:
     tools: dict[str, tuple[Tool, Runner]] = field(default_factory=dict)
     # Called at stop, in order: a source's sessions and child processes.
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Masks the replica's secrets in a tool's text before a log line cuts it (a cut first
+    # could leave part of a secret that the log's own masking no longer recognises).
+    scrub: Callable[[str], str] = field(default=str)
 
     def offer(self, sources: Iterable[Iterable[tuple[Tool, Runner]]]) -> None:
         """Offer every source's tools afresh, in the order given, whichever started first. A
@@ -189,11 +192,11 @@ class Toolbox:
             text = f"error: the tool did not answer within {timeout_s:g} s"
             return ToolResult(text, error=True, unknown=True)
         except OutcomeUnknown as exc:
-            log.warning("tool %s (%s): %s", tool.name, tool.source, cut(str(exc)))
+            log.warning("tool %s (%s): %s", tool.name, tool.source, cut(self.scrub(str(exc))))
             return ToolResult(capped(f"error: {exc}", cap), error=True, unknown=True)
         except Exception as exc:  # a failing tool is the model's to hear of
             why = f"{type(exc).__name__}: {exc}"
-            log.warning("tool %s (%s) failed: %s", tool.name, tool.source, cut(why))
+            log.warning("tool %s (%s) failed: %s", tool.name, tool.source, cut(self.scrub(why)))
             return ToolResult(capped(f"error: the tool failed: {why}", cap), error=True)
         return ToolResult(capped(text, cap))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from bot.settings import ToolsSettings
 from bot.tools import Runner, Tool, Toolbox
@@ -21,13 +22,13 @@ from bot.tools import Runner, Tool, Toolbox
 log = logging.getLogger(__name__)
 
 
-async def load_toolbox(settings: ToolsSettings) -> Toolbox:
+async def load_toolbox(settings: ToolsSettings, scrub: Callable[[str], str] = str) -> Toolbox:
     """The Python tools, and the tools of every MCP server that started within
-    `settings.start_timeout_s`; the rest are added when they are up. `Toolbox.close` stops the
-    servers."""
+    `settings.start_timeout_s`; the rest are added when they are up. `scrub` masks the
+    replica's secrets in what the toolbox logs. `Toolbox.close` stops the servers."""
     from bot.tools.python import python_tools
 
-    toolbox = Toolbox()
+    toolbox = Toolbox(scrub=scrub)
     python: list[tuple[Tool, Runner]] = list(python_tools())
     if not settings.mcp_servers:
         toolbox.offer([python])
@@ -42,7 +43,13 @@ async def load_toolbox(settings: ToolsSettings) -> Toolbox:
         toolbox.offer([python, *offers.values()])
 
     sources = [
-        McpSource(name, config, settings.start_timeout_s, offer)
+        McpSource(
+            name,
+            config,
+            settings.start_timeout_s,
+            offer,
+            max_message_bytes=settings.max_message_bytes,
+        )
         for name, config in settings.mcp_servers.items()
     ]
     for source in sources:

@@ -4,14 +4,21 @@ server (`LASTWORD_TOOLS__MCP_SERVERS`), started once per replica.
 A source owns its server's session in one long-lived task, because the SDK's transports and
 session are async context managers built on anyio cancel scopes, which must be entered and
 exited by the same task. Calls from other tasks only send requests over the session. The task
-starts the server (a child process over stdio, or a streamable HTTP connection), lists its
-tools within the start timeout and offers them; when the session ends (the process exits, the
-connection closes) or will not start, it tries again after a backoff of 1 s doubling to 60 s,
-and offers the tools as listed again. A call in flight when the server dies fails; a call made
-while it restarts waits for it (the toolbox's call timeout bounds the wait).
+starts the server (a child process over stdio, through lastword's own transport in
+`bot.tools.stdio`, or a streamable HTTP connection), lists its tools within the start timeout
+and offers them; when the session ends (the process exits, the connection closes, the server
+wrote a message over `max_message_bytes`) or will not start, it tries again after a backoff of
+1 s doubling to 60 s, and offers the tools as listed again. A call in flight when the server
+dies fails with an unknown outcome; one whose answer was over the limit fails with `TooLong`
+(it ran: it answered); a call made while the server restarts waits for it (the toolbox's call
+timeout bounds the wait).
 
 Each call carries its idempotency key in the request's `_meta`, under `KEY_META`, so a server
 that honours it can make a repeated call harmless.
+
+What a server says reaches the log cut to a few hundred characters, and masked: its URL is
+shown as scheme, host and port only, and its headers, its environment's credentials and its
+whole URL are masked wherever they appear (`bot.logs.server_secrets`).
 """
 
 from __future__ import annotations
@@ -20,10 +27,9 @@ import asyncio
 import json
 import logging
 import math
-import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -31,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import anyio
 
 from bot.backoff import Backoff
-from bot.logs import redact
+from bot.logs import Scrub, masked_url, server_secrets
 from bot.settings import McpServer
-from bot.tools import OutcomeUnknown, Runner, Tool
+from bot.tools import OutcomeUnknown, Runner, Tool, cut, well_named
+from bot.tools.stdio import MAX_MESSAGE_BYTES, TOO_LONG, stdio_client
 
 if TYPE_CHECKING:
     from mcp.client import Client, Transport
@@ -49,8 +56,8 @@ KEY_META = "lastword/idempotency-key"
 # Restarting a server that failed or died: never a tight loop.
 RESTART_FIRST_S = 1.0
 RESTART_CAP_S = 60.0
-# Closing a session: the SDK closes a child's stdin, waits 2 s, then terminates and kills its
-# process group, each step bounded; this is the backstop over all of it.
+# Closing a session: the stdio transport closes a child's stdin, waits 2 s, then terminates
+# and kills its process group, each step bounded; this is the backstop over all of it.
 CLOSE_TIMEOUT_S = 10.0
 # A server that lists tools on more pages than this is cut off there (each page is a request).
 MAX_PAGES = 20
@@ -58,7 +65,6 @@ MAX_PAGES = 20
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0
 
-_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 T = TypeVar("T")
 
@@ -71,27 +77,31 @@ class ServerDown(OutcomeUnknown):
     """The server went away while the call was in flight: whether the tool ran is unknown."""
 
 
-def tool_name(name: str) -> str:
-    """An MCP tool's name as the model may call it: [A-Za-z0-9_-]{1,64}."""
-    return _NOT_NAME.sub("_", name)[:64] or "tool"
+class TooLong(Exception):
+    """The server's answer to the call was over the message limit, so the server was stopped:
+    the tool ran and answered, too much, so the outcome is known (an error)."""
 
 
 def describe(config: McpServer) -> str:
-    """The server as logs and `doctor` show it: its command, or its URL without a password;
-    never its arguments, headers or environment, any of which may hold a credential."""
+    """The server as logs and `doctor` show it: its command, or its URL's scheme, host and
+    port; never its arguments, headers, environment, or the rest of its URL, any of which may
+    hold a credential."""
     if config.url is not None:
-        return redact(str(config.url))
+        return masked_url(str(config.url))
     return config.command or ""
 
 
-def reason(exc: BaseException) -> str:
-    """One line on why a start or a call failed, from the first leaf of an exception group."""
+def reason(exc: BaseException, scrub: Scrub | None = None) -> str:
+    """One line on why a start or a call failed, from the first leaf of an exception group,
+    masked by `scrub` and then cut for a log line (masked first, so that no cut leaves part
+    of a secret unmasked)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, TimeoutError):
         return str(exc) or "timed out"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return cut(scrub(line) if scrub is not None else line)
 
 
 def tools_of(server: str, config: McpServer, listed: list[McpTool]) -> list[tuple[Tool, str]]:
@@ -112,13 +122,14 @@ def tools_of(server: str, config: McpServer, listed: list[McpTool]) -> list[tupl
         if rule is not None and rule.admin_only is not None:
             admin_only = rule.admin_only
         offered = Tool(
-            name=tool_name(tool.name),
+            name=well_named(tool.name),
             description=tool.description or tool.title or tool.name,
             parameters=dict(tool.input_schema),
             side_effects=side_effects,
             admin_only=admin_only,
             source=f"mcp:{server}",
             title=(hints.title if hints is not None else None) or tool.title or "",
+            origin=tool.name,
         )
         found.append((offered, tool.name))
     unknown = sorted(set(config.tools) - {tool.name for tool in listed})
@@ -126,7 +137,7 @@ def tools_of(server: str, config: McpServer, listed: list[McpTool]) -> list[tupl
         log.warning(
             "MCP server %s has no tool named %s, which its configuration has a rule for",
             server,
-            ", ".join(unknown),
+            cut(", ".join(unknown)),
         )
     return found
 
@@ -156,12 +167,42 @@ def text_of(result: CallToolResult) -> str:
     return text
 
 
+def _unheard(ending: _Ending) -> None:
+    """Nobody to tell of a session's end (`probe`'s session)."""
+
+
+@dataclass
+class _Ending:
+    """How one session ends, as its transport sees it: `over` once it has ended (or must),
+    and whether the server was stopped for a message over the limit. `ended` is told at once,
+    so that no call is sent on a session that is over while it winds down."""
+
+    ended: Callable[[_Ending], None] = _unheard
+    over: asyncio.Event = field(default_factory=asyncio.Event)
+    overlong: bool = False
+
+    @property
+    def ending(self) -> bool:
+        """Whether the session is over or being ended: no call is to be sent on it."""
+        return self.overlong or self.over.is_set()
+
+    def end(self) -> None:
+        self.over.set()
+        self.ended(self)
+
+    def overran(self) -> None:
+        """The server is being stopped for a message over the limit. The session is not over
+        yet: the call that message answered is to hear of it first."""
+        self.overlong = True
+        self.ended(self)
+
+
 class _Watched(Generic[T]):
-    """A transport's read stream that sets `ended` when the server's side ends (the child
+    """A transport's read stream that calls `ended` when the server's side ends (the child
     exited, the connection closed): how the owner learns its session is over. Everything else
     is the inner stream's."""
 
-    def __init__(self, inner: Any, ended: asyncio.Event) -> None:
+    def __init__(self, inner: Any, ended: Callable[[], None]) -> None:
         self.inner = inner
         self.ended = ended
 
@@ -174,7 +215,7 @@ class _Watched(Generic[T]):
         try:
             item: T = await self.inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.ended.set()
+            self.ended()
             raise
         return item
 
@@ -188,7 +229,7 @@ class _Watched(Generic[T]):
             raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
-        self.ended.set()
+        self.ended()
         await self.inner.aclose()
 
     async def __aenter__(self) -> _Watched[T]:
@@ -207,21 +248,26 @@ def _stdio(config: McpServer) -> StdioServerParameters:
     from mcp.client.stdio import StdioServerParameters
 
     assert config.command is not None
-    # The SDK merges `env` over a minimal environment (PATH, HOME, USER, ...): the server does
-    # not see lastword's own settings and secrets.
+    # The transport merges `env` over a minimal environment (`bot.tools.stdio.INHERITED`):
+    # the server does not see lastword's own settings and secrets.
     return StdioServerParameters(
         command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
     )
 
 
 @asynccontextmanager
-async def _transport(config: McpServer, ended: asyncio.Event) -> AsyncIterator[Any]:
+async def _transport(
+    server: str, config: McpServer, ending: _Ending, max_message_bytes: int
+) -> AsyncIterator[Any]:
     """The server's read and write streams, the read one watched for its end."""
     if config.command is not None:
-        from mcp.client.stdio import stdio_client
-
-        async with stdio_client(_stdio(config)) as (read, write):
-            yield _Watched[Any](read, ended), write
+        async with stdio_client(
+            _stdio(config),
+            name=server,
+            max_message_bytes=max_message_bytes,
+            on_overlong=ending.overran,
+        ) as (read, write):
+            yield _Watched[Any](read, ending.end), write
         return
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
@@ -231,14 +277,14 @@ async def _transport(config: McpServer, ended: asyncio.Event) -> AsyncIterator[A
         httpx2.AsyncClient(headers=config.headers, timeout=timeout) as http,
         streamable_http_client(str(config.url), http_client=http) as (read, write),
     ):
-        yield _Watched[Any](read, ended), write
+        yield _Watched[Any](read, ending.end), write
 
 
-def _client(config: McpServer, ended: asyncio.Event) -> Client:
+def _client(server: str, config: McpServer, ending: _Ending, max_message_bytes: int) -> Client:
     from mcp.client import Client
     from mcp.types import Implementation
 
-    transport: Transport = _transport(config, ended)
+    transport: Transport = _transport(server, config, ending, max_message_bytes)
     # No response cache: a restarted server is listed afresh, and a call always reaches it.
     return Client(
         transport, cache=None, client_info=Implementation(name="lastword", version=_version())
@@ -264,11 +310,14 @@ async def _listed(client: Client) -> list[McpTool]:
     return tools
 
 
-async def probe(server: str, config: McpServer, timeout_s: float) -> list[Tool]:
-    """Start the server, list its tools and stop it, all within `timeout_s`: `doctor`'s
-    check. Raises what went wrong (TimeoutError when it did not answer in time)."""
+async def probe(
+    server: str, config: McpServer, timeout_s: float, *, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> list[Tool]:
+    """Start the server, list its tools and stop it, all within `timeout_s`, as a replica
+    does: `doctor`'s check. Raises what went wrong (TimeoutError when it did not answer in
+    time)."""
     with anyio.fail_after(timeout_s):
-        async with _client(config, asyncio.Event()) as client:
+        async with _client(server, config, _Ending(), max_message_bytes) as client:
             listed = await _listed(client)
     return [tool for tool, _ in tools_of(server, config, listed)]
 
@@ -291,19 +340,30 @@ Offer = Callable[[str, list[tuple[Tool, Runner]]], None]
 class McpSource:
     """One configured MCP server, kept running for this replica's life."""
 
-    def __init__(self, name: str, config: McpServer, start_timeout_s: float, offer: Offer) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: McpServer,
+        start_timeout_s: float,
+        offer: Offer,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self.name = name
         self.config = config
         self.start_timeout_s = start_timeout_s
         self.offer = offer
+        self.max_message_bytes = max_message_bytes
         self.source = f"mcp:{name}"
+        # What its failures are masked of before they are logged.
+        self.scrub = Scrub(server_secrets(config))
         self._client: Client | None = None
-        # Set while a session is up; calls wait on it.
+        # Set while a session is up and not over; calls wait on it.
         self._up = asyncio.Event()
         # Set once the first start has succeeded or failed: what `load_toolbox` waits for.
         self.tried = asyncio.Event()
-        # Set when the current session is over (its server ended, or close() asked).
-        self._over = asyncio.Event()
+        # How the current session ends (its server ended, or close() asked).
+        self._ending = _Ending(self._ended)
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         # Sessions that got up, so far.
@@ -319,17 +379,29 @@ class McpSource:
         from mcp.shared.exceptions import MCPError
         from mcp.types import CONNECTION_CLOSED
 
-        while self._client is None:
+        while not self._up.is_set():
             await self._up.wait()
-        client, over = self._client, self._over
+        client, ending = self._client, self._ending
+        assert client is not None
         try:
             # An open mapping at run time; mypy does not know PEP 728's extra items yet.
             meta = cast("RequestParamsMeta", {KEY_META: key})
             result = await client.call_tool(name, arguments, meta=meta)
         except MCPError as exc:
+            if exc.code == TOO_LONG and ending.overlong:
+                raise TooLong(
+                    f"the answer of the MCP server {self.name} was over "
+                    f"{self.max_message_bytes} bytes, so the server was stopped and is "
+                    "restarted"
+                ) from None
             if exc.code != CONNECTION_CLOSED:
                 raise
-            over.set()
+            ending.end()
+            if ending.overlong:
+                raise ServerDown(
+                    f"the MCP server {self.name} was stopped during the call, for a message "
+                    f"over {self.max_message_bytes} bytes: the call's outcome is unknown"
+                ) from exc
             raise ServerDown(
                 f"the MCP server {self.name} went away during the call: its outcome is unknown"
             ) from exc
@@ -338,7 +410,7 @@ class McpSource:
     async def close(self) -> None:
         """End the session and the server's process, within `CLOSE_TIMEOUT_S` or so."""
         self._closing = True
-        self._over.set()
+        self._ending.end()
         task = self._task
         if task is None:
             return
@@ -350,6 +422,12 @@ class McpSource:
             task.cancel()
             await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S)
 
+    def _ended(self, ending: _Ending) -> None:
+        """A session is over: no call is sent on it from now on (if it is still the current
+        one: a late word from an older session changes nothing)."""
+        if ending is self._ending:
+            self._up.clear()
+
     async def _own(self) -> None:
         """Start, serve, and restart after a backoff when the session fails or ends."""
         backoff = Backoff(RESTART_FIRST_S, RESTART_CAP_S)
@@ -360,7 +438,9 @@ class McpSource:
                 await self._session()
                 why = "its session ended (the server exited or closed the connection)"
             except Exception as exc:  # whatever the SDK or the server raised: retried
-                why = reason(exc)
+                why = reason(exc, self.scrub)
+            if self._ending.overlong:
+                why = f"it wrote a message over {self.max_message_bytes} bytes, so it was stopped"
             self.tried.set()
             if self._closing:
                 break
@@ -383,10 +463,10 @@ class McpSource:
     async def _session(self) -> None:
         """One session: start the server and list its tools within the start timeout, offer
         them, and hold the session until it is over."""
-        self._over = asyncio.Event()
-        over = self._over
+        self._ending = ending = _Ending(self._ended)
+        limit = self.max_message_bytes
         with anyio.CancelScope(deadline=anyio.current_time() + self.start_timeout_s) as start:
-            async with _client(self.config, over) as client:
+            async with _client(self.name, self.config, ending, limit) as client:
                 listed = await _listed(client)
                 start.deadline = math.inf
                 tools = tools_of(self.name, self.config, listed)
@@ -398,14 +478,15 @@ class McpSource:
                     "MCP server %s is up with %d tools: %s",
                     self.name,
                     len(tools),
-                    ", ".join(tool.name for tool, _ in tools),
+                    cut(", ".join(tool.name for tool, _ in tools)),
                 )
                 self._client = client
                 self.starts += 1
-                self._up.set()
+                if not ending.ending:
+                    self._up.set()
                 self.tried.set()
                 try:
-                    await over.wait()
+                    await ending.over.wait()
                 finally:
                     self._up.clear()
                     self._client = None

@@ -13,11 +13,17 @@ tool's own work started and ended (`time.monotonic()`, one clock for every proce
 benchmark can take the tool's own time out of a tool step's. With `LW_LINGER` set, it outlives
 the end of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that does not
 exist yet, it creates the file and exits at once: its first start fails, the next succeeds.
+
+For the bounds on what a server may send: `flood` answers with as many bytes as asked in one
+message, `boom` fails with as long an error as asked, `complain` writes to its stderr (as many
+lines as asked, its environment's variables expanded), and `env_names` names the variables in
+its environment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -36,6 +42,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 KEY_META = "lastword/idempotency-key"
 
 server: MCPServer[Any] = MCPServer("lastword-append", version="1.0")
+# The client's end of stdout, kept before the SDK's server moves it off fd 1 (see `_wire`).
+WIRE = 1
 
 
 def _append(line: str, variable: str = "LW_APPEND_FILE") -> None:
@@ -74,9 +82,9 @@ async def slow(seconds: float) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-def boom() -> str:
-    """Always fails."""
-    raise ToolError("the boom tool always fails")
+def boom(pad: int = 0) -> str:
+    """Always fails, with `pad` more characters of error."""
+    raise ToolError("the boom tool always fails" + "!" * pad)
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
@@ -90,6 +98,50 @@ def read_only_echo(text: str, ctx: Context) -> str:
     """Say `text` back."""
     _timed("read_only_echo", text, ctx, time.monotonic())
     return text
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def flood(n: int, ctx: Context) -> str:
+    """Answer with `n` bytes of text as one message, written straight to the client a MiB at
+    a time as it goes (never held whole in memory), as a server streaming a huge result does.
+    Meant for answers over the client's limit: the SDK's own answer follows, for an id
+    already answered."""
+    request = json.dumps(ctx.request_context.request_id)
+    _wire(
+        b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
+        % (request.encode())
+    )
+    mib = b"x" * 2**20
+    for start in range(0, n, len(mib)):
+        _wire(mib[: n - start])
+    _wire(b'"}],"isError":false}}\n')
+    return "flooded"
+
+
+def _wire(data: bytes) -> None:
+    """Write to the client: the stdout the process started with, which the SDK's server moves
+    off fd 1 (it points fd 1 at stderr, so that a stray print cannot corrupt the stream)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(WIRE, view) :]
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def complain(text: str, times: int = 1) -> str:
+    """Write `text`, its $VARIABLES expanded from the environment, to stderr `times` times,
+    a line each."""
+    line = os.path.expandvars(text) + "\n"
+    for _ in range(times):
+        sys.stderr.write(line)
+    sys.stderr.flush()
+    return f"complained {times} times"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def env_names() -> str:
+    """The names of the variables in this server's environment (not their values), sorted,
+    as a JSON list."""
+    return json.dumps(sorted(os.environ))
 
 
 @server.tool()
@@ -140,6 +192,8 @@ def main() -> None:
     if "--http" in sys.argv[1:]:
         _serve_http()
     else:
+        global WIRE
+        WIRE = os.dup(1)
         server.run("stdio")
         if os.environ.get("LW_LINGER"):
             _linger()
