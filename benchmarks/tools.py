@@ -1,12 +1,18 @@
 """Tools: side-effect executions per call the model asked for under an interrupt storm (with
-and without a replica killed), the time lastword itself adds around each tool step, and whose
-word a call obeys: a veto written while the call is held in the window, /retry storms, and an
-admin-only server that comes up late and takes a tool's name.
+and without a replica killed), the time lastword itself adds around each tool step, whose
+word a call obeys (a veto written while the call is held in the window, /retry storms, and an
+admin-only server that comes up late and takes a tool's name), and everyone else's replies
+while one server streams 100 MB.
 
     python -m benchmarks.tools [--users 30] [--seed 7] [--tool-s 1.0] [--storm 4 6]
         [--gap-ms 300] [--stagger-s 8] [--no-kill] [--steps-users 80] [--steps-every-ms 300]
         [--veto-users 12] [--veto-quiet-ms 3000] [--retry-users 10] [--retries 3]
-        [--admin-users 8] [--admin-asks 3]
+        [--admin-users 8] [--admin-asks 3] [--flood-bytes 100000000] [--flood-users 4]
+        [--flood-asks 3] [--flood-quiet-ms 300]
+        [--rows storm kill steps veto retry admin flood]
+
+`--rows` runs only the rows named (all by default; `--no-kill` leaves out `kill`), and prints
+only their tables.
 
 Everything runs as in production, over loopback: `lastword run` processes (the real Telegram
 adapter in webhook mode, the real OpenAI client, the real MCP client) on an embedded server,
@@ -86,6 +92,28 @@ says "DON'T", when it answers in text and calls nothing.
    its name when it runs would then find admin's tool); side-effect runs on the admin server
    (0: no call of a non-admin ever runs there) and on the public one, per requested call;
    replies per user.
+6. A server streams 100 MB (rows `no flood` and `a server streams 100 MB`, `--rows flood`).
+   One replica, the test server over stdio (as "big"), `LASTWORD_METRICS_LISTEN` on, a fixed
+   window (`--flood-quiet-ms`, no speculation, no learning), the model answering in text but
+   for user A (user 0), for whom it calls `flood` with n = `--flood-bytes` once: the server
+   writes that many bytes as one message, the replica's bounded transport
+   (`bot/tools/stdio.py`) stops it once the message is over
+   `LASTWORD_TOOLS__MAX_MESSAGE_BYTES` (the shipped 4 MiB), the call is an error result, and
+   the server starts again after its backoff. `--flood-users` other users (users 1..) start
+   over the window and the model's longest answer (seeded), and each sends `--flood-asks`
+   messages, each once the previous one is answered (V == W, polled every `WATCH_S`). After
+   a warm-up (each of them once, not counted), this runs twice on the same replica, the same
+   messages both times (the model takes as long over each: its delay is seeded without the
+   message's number): "no flood", then with A asking at the start. Per row: the other users'
+   messages and replies, and each one's time from its post to its reply reaching the fake Bot
+   API (median, max); the replica's event-loop lag over the phase, from its own /metrics: the
+   bound of the highest bucket of `lastword_event_loop_lag_seconds` reached (the histogram
+   read before and after the phase), and the most `lastword_event_loop_lag_recent_seconds`
+   (its decaying worst, a stall read at 90 % of it at least) was read at, every
+   `LAG_SAMPLE_S`. In the flood row: the messages in flight when the replica logged the
+   message over the limit (posted before, answered after); A's reply (it says the answer was
+   too long: the error reached the model) and when, from A's message; the server's stops (the
+   replica's "is not running" lines) and starts (its own file), once it has started again.
 
 All times are `time.monotonic()`, one clock for every process on Linux. The machine is shared:
 the figures are noisy, the "max" column most.
@@ -116,7 +144,7 @@ import aiohttp
 
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
-from benchmarks.flood import ready, settle
+from benchmarks.flood import LAG_RECENT, LagWatch, ready, scrape, settle
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.app import make_store
 from bot.connect import Client, make_client
@@ -167,6 +195,20 @@ FIRST_TURN = 1
 # How long the admin server may take to come up once FLAG exists: its restarts back off 1, 2,
 # 4, 8, 16 s, so the next one may be that far.
 ADMIN_UP_S = 40.0
+# The flood row: its server's name, the user whose tool floods (A), and what the replica logs
+# when a server's message is over the limit, and when a server has stopped; what A's reply
+# says when the error reached the model.
+FLOOD_SERVER = "big"
+FLOODER = 0
+OVERLONG = "wrote a message over"
+NOT_RUNNING = f"MCP server {FLOOD_SERVER} ({sys.executable}) is not running"
+TOO_LONG_SAID = f"TooLong: the answer of the MCP server {FLOOD_SERVER} was over"
+# How long the log may take to show the stop once the phase is over; how long the server may
+# take to start again (its backoff, 1 s, then its start).
+LOG_S = 2.0
+RESTART_S = 20.0
+# How often the replica's recent loop lag is read during the flood row's phases.
+LAG_SAMPLE_S = 0.02
 
 
 # -- the provider: a model that uses one tool -----------------------------------------------
@@ -179,16 +221,24 @@ Reply = Callable[[RecordedRequest], str | ToolCalls]
 class Model:
     """What the fake provider plays, sent to its process: `storm` (one booking per burst,
     `tool_s` long, on whichever `append` the user is offered; none once the user turn says
-    DON'T) or `steps` (`steps` calls of one tool per turn, the tool by the user)."""
+    DON'T), `steps` (`steps` calls of one tool per turn, the tool by the user) or `flood`
+    (user `FLOODER` has `flood` answer `flood_bytes` bytes; everyone else is answered in
+    text)."""
 
     mode: str
     seed: int
     tool_s: float
     steps: int
     model_s: tuple[float, float]
+    flood_bytes: int = 0
 
     def policy(self, request: RecordedRequest) -> Reply:
         user, first = turn(request)
+        if self.mode == "flood":
+            if user != FLOODER:
+                return noted
+            flood = json.dumps({"n": self.flood_bytes})
+            return ToolPolicy("flood", flood, answer="Flood: {result}\n{user}")
         if self.mode == "storm":
             if VETO in request.last_user_text:
                 return refused
@@ -201,7 +251,11 @@ class Model:
 
     def delay(self, request: RecordedRequest) -> float:
         steps = len(request.tool_steps(this_turn=True))
-        key = f"{self.seed}:{request.last_user_text}:{steps}"
+        text = request.last_user_text
+        if self.mode == "flood":
+            # Without the message's number: a question takes as long in either phase.
+            text = MESSAGE.sub(lambda found: f"u{found[1]}:", text)
+        key = f"{self.seed}:{text}:{steps}"
         return random.Random(key).uniform(*self.model_s)
 
 
@@ -221,6 +275,11 @@ def booking_tool(request: RecordedRequest) -> str:
 def refused(request: RecordedRequest) -> str:
     """The model's answer once the user said DON'T: nothing booked, the user turn quoted."""
     return f"Not booked, as you said.\n{request.last_user_text}"
+
+
+def noted(request: RecordedRequest) -> str:
+    """The model's answer in text, no tool called, the user turn quoted."""
+    return f"Noted.\n{request.last_user_text}"
 
 
 @dataclass(frozen=True)
@@ -292,12 +351,12 @@ def telegram_main(conn: Connection) -> None:
 
 
 async def serve_telegram(conn: Connection) -> None:
-    """The Bot API until the run is over; then the replies it took: (chat, text)."""
+    """The Bot API until the run is over; then the replies it took: (chat, text, when)."""
     async with FakeTelegram() as telegram:
         conn.send(telegram.api_url)
         with contextlib.suppress(EOFError):
             await asyncio.to_thread(conn.recv)
-        sent = [(int(c.chat_id or 0), c.text or "") for c in telegram.sent_messages]
+        sent = [(int(c.chat_id or 0), c.text or "", c.at) for c in telegram.sent_messages]
     with contextlib.suppress(OSError):
         conn.send(sent)
 
@@ -414,13 +473,19 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Ran(Generic[T]):
     """One row's run: what its load said, what the replicas were given, the replies Telegram
-    took (chat, text), the provider's requests, and the replicas' ERROR lines."""
+    took (chat, text, when it took them), the provider's requests, and the replicas' ERROR
+    lines."""
 
     load: T
     setup: Setup
-    replies: list[tuple[int, str]]
+    delivered: list[tuple[int, str, float]]
     served: list[Served]
     errors: list[str]
+
+    @property
+    def replies(self) -> list[tuple[int, str]]:
+        """The replies Telegram took: (chat, text)."""
+        return [(chat, text) for chat, text, _ in self.delivered]
 
 
 @contextlib.contextmanager
@@ -456,8 +521,8 @@ async def run_row(
             for replica in replicas:
                 await replica.running.stop()
         problems = errors(replicas)
-    replies = cast(list[tuple[int, str]], reports[0])
-    return Ran(done, setup, replies, cast(list[Served], reports[1]), problems)
+    delivered = cast(list[tuple[int, str, float]], reports[0])
+    return Ran(done, setup, delivered, cast(list[Served], reports[1]), problems)
 
 
 # -- the users ------------------------------------------------------------------------------
@@ -619,6 +684,36 @@ class Storm:
             n += 1
             await self.post(plan, n, "/retry", raw=True)
 
+    async def questions(
+        self,
+        plan: Plan,
+        began: float,
+        store: Store,
+        asks: Sequence[tuple[int, str]],
+        sent_at: dict[tuple[int, int], float],
+    ) -> None:
+        """At the user's start, message n with its text, for each of `asks`, each once the
+        previous one is answered; when each was posted goes in `sent_at`."""
+        await arrive(plan, began)
+        for n, text in asks:
+            sent_at[plan.user, n] = time.monotonic()
+            await self.post(plan, n, text)
+            if not await self.replied(store, plan.user):
+                return
+
+    async def replied(self, store: Store, user: int) -> bool:
+        """Wait until the user's messages so far are answered (V == W), polled every
+        `WATCH_S`; False, noted as a problem, if they are not within `SETTLE_S`."""
+        conversation = f"telegram:{CHAT_BASE + user}"
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            v, w = await store.counters(conversation)
+            if v == w:
+                return True
+            await asyncio.sleep(WATCH_S)
+        self.problems.append(f"u{user}: not answered within {SETTLE_S:g} s")
+        return False
+
     async def asking(
         self, plan: Plan, began: float, server: EmbeddedRedis, asks: int, admin: LateAdmin
     ) -> None:
@@ -632,6 +727,16 @@ class Storm:
             if not await self.answered(server, plan):
                 return
             n += 1
+
+
+async def until(ready: Callable[[], bool], within_s: float) -> float | None:
+    """When `ready()` first held, polled every `WATCH_S`; None if not within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(WATCH_S)
+    return time.monotonic()
 
 
 async def server_ms(redis: Client) -> int:
@@ -1087,12 +1192,9 @@ class LateAdmin:
                 await asyncio.wait_for(self.effects.reached.wait(), self.wait_s)
             self.flag.touch()
             self.flag_at = time.monotonic()
-            while time.monotonic() < self.flag_at + ADMIN_UP_S:
-                if self.replica.running.said(ADMIN_UP):
-                    self.up_at = time.monotonic()
-                    self.up.set()
-                    return
-                await asyncio.sleep(WATCH_S)
+            self.up_at = await until(lambda: self.replica.running.said(ADMIN_UP) > 0, ADMIN_UP_S)
+            if self.up_at is not None:
+                self.up.set()
         finally:
             self.done.set()
 
@@ -1269,9 +1371,15 @@ async def steps_run(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
 
 
 def steps_settings(args: argparse.Namespace) -> dict[str, str]:
+    return fixed_window(args.steps_quiet_ms)
+
+
+def fixed_window(quiet_ms: int) -> dict[str, str]:
+    """A window of `quiet_ms` that neither speculates nor learns: a reply waits for it,
+    then for the model, the same for every message."""
     return {
-        "LASTWORD_DEBOUNCE__QUIET_MS": str(args.steps_quiet_ms),
-        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(args.steps_quiet_ms * 4),
+        "LASTWORD_DEBOUNCE__QUIET_MS": str(quiet_ms),
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(quiet_ms * 4),
         "LASTWORD_DEBOUNCE__SPECULATE_MS": "0",
         "LASTWORD_DEBOUNCE__LEARN": "false",
     }
@@ -1346,10 +1454,227 @@ def steps_table(steps: list[Step]) -> None:
     print_table(headers, rows)
 
 
+# -- a server streaming 100 MB ----------------------------------------------------------------
+
+
+class SampledLag(LagWatch):
+    """The replica's loop lag over a phase (`LagWatch`: its histogram before and after), its
+    decaying worst recent lag read every `LAG_SAMPLE_S`: that gauge holds a stall until the
+    next tick (50 ms) and then loses a tenth a tick, so a stall is read at 90 % of it at
+    least."""
+
+    async def _poll(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            await asyncio.sleep(LAG_SAMPLE_S)
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError):
+                self.recent_s.append((await scrape(session, self.url))[LAG_RECENT])
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the flood row: what the users did, when each message was posted, and
+    the replica's loop lag over it."""
+
+    users: Users
+    sent_at: dict[tuple[int, int], float]
+    lag: LagWatch
+
+
+@dataclass(frozen=True)
+class FloodLoad:
+    quiet: Phase
+    flood: Phase
+    stop_at: float | None  # the replica logged A's answer over the limit, stopping the server
+    restarted_at: float | None  # the server's next start, in its own file
+    stops: int  # "is not running" lines in the replica's log
+    starts: int  # the server's starts, in its own file
+    problems: list[str]
+
+
+def flood_server(folder: Path) -> dict[str, Any]:
+    """The test server, noting its starts in "starts.txt"."""
+    server = append_server(folder / "effects.txt")
+    server["env"]["LW_STARTS_FILE"] = str(folder / "starts.txt")
+    return {FLOOD_SERVER: server}
+
+
+def flood_name(args: argparse.Namespace) -> str:
+    return f"a server streams {args.flood_bytes / 1e6:g} MB"
+
+
+def flood_stagger_s(args: argparse.Namespace) -> float:
+    """The users' starts are spread over A's window and the model's longest answer, so that
+    some are in their window, some generating, some being sent when A's tool answers."""
+    return float(args.flood_quiet_ms / 1000 + args.model_s[1])
+
+
+async def flood_load(
+    args: argparse.Namespace, setup: Setup, replica: Replica, metrics_url: str
+) -> FloodLoad:
+    """Every user once (the warm-up), then the quiet phase, then the same messages while A's
+    tool floods; then the server's restart."""
+    starts = setup.folder / "starts.txt"
+    async with store_of(setup.server) as store:
+
+        def questions(first: int) -> list[tuple[int, str]]:
+            return [(first + k, f"question {k}") for k in range(args.flood_asks)]
+
+        async def phase(asks: list[tuple[int, str]], flooding: bool) -> Phase:
+            row = plans(args.seed, args.flood_users + 1, flood_stagger_s(args))[1:]
+            if flooding:
+                row.append(Plan(FLOODER, at=0.0, storm=0, replica=0))
+            sent_at: dict[tuple[int, int], float] = {}
+
+            def user(storm: Storm, plan: Plan, began: float) -> Awaitable[None]:
+                mine = [(0, "flood me")] if plan.user == FLOODER else asks
+                return storm.questions(plan, began, store, mine, sent_at)
+
+            lag = SampledLag(metrics_url)
+            done = await lag.run(users_load(setup, [replica], row, user))
+            return Phase(done, sent_at, lag)
+
+        warm = await phase([(0, "hello")], flooding=False)
+        quiet = await phase(questions(1), flooding=False)
+        stopping = asyncio.create_task(
+            until(lambda: replica.running.said(OVERLONG) > 0, SETTLE_S * 2)
+        )
+        flood = await phase(questions(1 + args.flood_asks), flooding=True)
+        seen, _ = await asyncio.wait({stopping}, timeout=LOG_S)
+        stopping.cancel()
+        stop_at = stopping.result() if seen else None
+        restarted_at = None
+        if stop_at is not None:
+            restarted_at = await until(lambda: len(lines_of(starts)) > 1, RESTART_S)
+    problems = [*warm.users.storm.problems, *quiet.users.storm.problems]
+    problems += flood.users.storm.problems
+    if stop_at is not None and restarted_at is None:
+        problems.append(f"the server was not started again within {RESTART_S:g} s")
+    stops = replica.running.said(NOT_RUNNING)
+    return FloodLoad(quiet, flood, stop_at, restarted_at, stops, len(lines_of(starts)), problems)
+
+
+@dataclass(frozen=True)
+class FloodRow:
+    row: str
+    users: int
+    messages: int
+    replied: int
+    reply_us: list[int]  # each other user's message to its reply reaching Telegram
+    lag_bound: str  # the highest histogram bucket the phase's lags reached, ms
+    lag_recent_ms: float | None  # the most the decaying recent lag was read at
+    in_flight: int | None  # messages posted before the stop and answered after it
+    flooder: str  # A's reply: what it said, and when
+    servers: str  # the server's stops (logged) / starts (its own file)
+
+    def cells(self) -> list[str]:
+        recent = "-" if self.lag_recent_ms is None else f"{self.lag_recent_ms:.0f}"
+        return [
+            self.row,
+            f"{self.users} / {self.messages}",
+            str(self.replied),
+            ms(self.reply_us, 50),
+            ms(self.reply_us, 100),
+            self.lag_bound,
+            recent,
+            "-" if self.in_flight is None else str(self.in_flight),
+            self.flooder,
+            self.servers,
+        ]
+
+
+FLOOD_HEADERS = [
+    "row",
+    "users / msgs",
+    "replied",
+    "reply p50 ms",
+    "max ms",
+    "loop lag max ms (histogram)",
+    "recent lag max ms (20 ms polls)",
+    "in flight at the stop",
+    "A's reply",
+    "server stops / starts",
+]
+
+
+def replies_at(delivered: list[tuple[int, str, float]]) -> dict[tuple[int, int], tuple[str, float]]:
+    """The first reply Telegram took for each message it quotes: (user, n) -> (text, when)."""
+    found: dict[tuple[int, int], tuple[str, float]] = {}
+    for _, text, when in delivered:
+        quoted = MESSAGE.search(text)
+        if quoted:
+            found.setdefault((int(quoted[1]), int(quoted[2])), (text, when))
+    return found
+
+
+def flood_figures(
+    row: str, phase: Phase, replies: dict[tuple[int, int], tuple[str, float]], load: FloodLoad
+) -> FloodRow:
+    """A phase's row: the other users' reply times, the loop's lag, and in the flood phase
+    A's reply and the server's stop and restart."""
+    asked = {key: at for key, at in phase.sent_at.items() if key[0] != FLOODER}
+    reply_us = [us(replies[key][1] - at) for key, at in asked.items() if key in replies]
+    flooding = phase is load.flood
+    stop = load.stop_at
+    in_flight = None
+    if flooding and stop is not None:
+        in_flight = sum(at < stop < replies[key][1] for key, at in asked.items() if key in replies)
+    flooder = "-"
+    if flooding:
+        flooder = "none"
+        asked_at, reply = phase.sent_at.get((FLOODER, 0)), replies.get((FLOODER, 0))
+        if asked_at is not None and reply is not None:
+            said = "too long" if TOO_LONG_SAID in reply[0] else repr(reply[0][:30])
+            flooder = f"{said}, {reply[1] - asked_at:.1f} s"
+    recent = max(phase.lag.recent_s, default=None)
+    return FloodRow(
+        row=row,
+        users=len({user for user, _ in asked}),
+        messages=len(asked),
+        replied=len(reply_us),
+        reply_us=reply_us,
+        lag_bound=phase.lag.quantile_ms(1.0),
+        lag_recent_ms=None if recent is None else recent * 1000,
+        in_flight=in_flight,
+        flooder=flooder,
+        servers=f"{load.stops} / {load.starts}" if flooding else "-",
+    )
+
+
+async def flood_row(args: argparse.Namespace) -> tuple[list[FloodRow], list[str]]:
+    """The quiet row and the flood row, from one replica's run; and what went wrong."""
+    model = Model("flood", args.seed, 0.0, 1, tuple(args.model_s), args.flood_bytes)
+    metrics = free_port()
+    settings = fixed_window(args.flood_quiet_ms)
+    settings["LASTWORD_METRICS_LISTEN"] = f"127.0.0.1:{metrics}"
+    url = f"http://127.0.0.1:{metrics}/metrics"
+    with scratch() as folder:
+        ran = await run_row(
+            model,
+            folder,
+            settings,
+            ("a",),
+            lambda s, r: flood_load(args, s, r[0], url),
+            flood_server(folder),
+        )
+    load, replies = ran.load, replies_at(ran.delivered)
+    rows = [
+        flood_figures("no flood (same messages)", load.quiet, replies, load),
+        flood_figures(flood_name(args), load.flood, replies, load),
+    ]
+    problems = load.problems + ran.errors
+    if rows[1].replied < rows[1].messages:
+        problems.append(f"{rows[1].messages - rows[1].replied} messages not answered")
+    if args.flood_bytes > ToolsSettings().max_message_bytes and "too long" not in rows[1].flooder:
+        problems.append(f"A's reply did not say the answer was too long: {rows[1].flooder}")
+    return rows, problems
+
+
 # -- the report -----------------------------------------------------------------------------
 
 
-def header(args: argparse.Namespace, argv: Sequence[str], load: tuple[float, ...]) -> None:
+def header(
+    args: argparse.Namespace, argv: Sequence[str], load: tuple[float, ...], rows: set[str]
+) -> None:
     print("command: python -m benchmarks.tools " + " ".join(argv))
     print(
         f"cpus: {os.cpu_count()}, load average (1, 5, 15 min) at the start "
@@ -1359,7 +1684,49 @@ def header(args: argparse.Namespace, argv: Sequence[str], load: tuple[float, ...
         f" processes, the append MCP server over stdio per replica; seed {args.seed}"
     )
     shipped = DebounceSettings()
-    print(
+    lines = {
+        ("storm", "kill"): storm_line(args, shipped),
+        ("steps",): (
+            f"steps: {args.steps_users} users one every {args.steps_every_ms} ms, 1 replica, "
+            f"{args.steps_per_turn} tool steps each (even users read_only_echo, odd users "
+            f"append without delay), model answers {args.steps_model_s[0]:g}-"
+            f"{args.steps_model_s[1]:g} s; quiet_ms={args.steps_quiet_ms}, speculation off"
+        ),
+        ("veto",): (
+            f"veto: {args.veto_users} users over {args.veto_stagger_s:g} s, 2 replicas, quiet_ms"
+            f"={args.veto_quiet_ms} speculate_ms={shipped.speculate_ms} learn=False; each asks"
+            f" once, and writes DON'T once the call is held with over {VETO_MARGIN_MS} ms of"
+            f" window left"
+        ),
+        ("retry",): (
+            f"retry: {args.retry_users} users over {args.retry_stagger_s:g} s, 2 replicas, the"
+            f" storm's window; each asks once (odd users after /reset in the same burst), then"
+            f" /retry x{args.retries}, each once the previous reply is in"
+        ),
+        ("admin",): (
+            f"late admin: {args.admin_users} non-admin users over {args.admin_stagger_s:g} s, 1"
+            f" replica, the storm's window; servers admin (adminOnly, down until FLAG) then"
+            f" public; each asks at least {args.admin_asks} times, one turn after the other,"
+            f" and until a turn began after admin came up; FLAG once"
+            f" {max(1, args.admin_users // 3)} calls have run"
+        ),
+        ("flood",): (
+            f"flood: 1 replica, the test server over stdio (message limit"
+            f" {ToolsSettings().max_message_bytes} bytes, shipped); {args.flood_users} users"
+            f" start over {flood_stagger_s(args):g} s and each asks {args.flood_asks} times, one"
+            f" after the other, answered in text; then the same again, with user A asking at"
+            f" the start for `flood` to answer {args.flood_bytes} bytes in one message; model"
+            f" answers {args.model_s[0]:g}-{args.model_s[1]:g} s; quiet_ms="
+            f"{args.flood_quiet_ms}, speculation off; loop lag from the replica's /metrics"
+        ),
+    }
+    for names, line in lines.items():
+        if rows & set(names):
+            print(line)
+
+
+def storm_line(args: argparse.Namespace, shipped: DebounceSettings) -> str:
+    return (
         f"storm: {args.users} users over {args.stagger_s:g} s, 2 replicas, tool (append) "
         f"{args.tool_s:g} s, then {args.storm[0]}-{args.storm[1]} messages {args.gap_ms} ms "
         f"apart; model answers {args.model_s[0]:g}-{args.model_s[1]:g} s; debounce quiet_ms="
@@ -1367,30 +1734,6 @@ def header(args: argparse.Namespace, argv: Sequence[str], load: tuple[float, ...
         f"{shipped.speculate_ms} learn={shipped.learn} (shipped: {shipped.quiet_ms}, "
         f"{shipped.max_wait_ms}, {shipped.speculate_ms}, {shipped.learn}); lease ttl_ms="
         f"{LEASE_TTL_MS}, sweep_interval_ms={SWEEP_MS}, step_limit={ToolsSettings().step_limit}"
-    )
-    print(
-        f"steps: {args.steps_users} users one every {args.steps_every_ms} ms, 1 replica, "
-        f"{args.steps_per_turn} tool steps each (even users read_only_echo, odd users append "
-        f"without delay), model answers {args.steps_model_s[0]:g}-{args.steps_model_s[1]:g} s;"
-        f" quiet_ms={args.steps_quiet_ms}, speculation off"
-    )
-    print(
-        f"veto: {args.veto_users} users over {args.veto_stagger_s:g} s, 2 replicas, quiet_ms="
-        f"{args.veto_quiet_ms} speculate_ms={shipped.speculate_ms} learn=False; each asks"
-        f" once, and writes DON'T once the call is held with over {VETO_MARGIN_MS} ms of window"
-        f" left"
-    )
-    print(
-        f"retry: {args.retry_users} users over {args.retry_stagger_s:g} s, 2 replicas, the"
-        f" storm's window; each asks once (odd users after /reset in the same burst), then"
-        f" /retry x{args.retries}, each once the previous reply is in"
-    )
-    print(
-        f"late admin: {args.admin_users} non-admin users over {args.admin_stagger_s:g} s, 1"
-        f" replica, the storm's window; servers admin (adminOnly, down until FLAG) then"
-        f" public; each asks at least {args.admin_asks} times, one turn after the other, and"
-        f" until a turn began after admin came up; FLAG once {max(1, args.admin_users // 3)}"
-        f" calls have run"
     )
 
 
@@ -1413,7 +1756,7 @@ def storm_table(rows: list[StormRow]) -> None:
     )
 
 
-def promises_tables(veto: VetoRow, retry: RetryRow, admin: AdminRow) -> None:
+def veto_table(veto: VetoRow) -> None:
     print("\n== the newest word governs a held call: a veto written inside the window")
     print_table(VETO_HEADERS, [veto.cells()])
     problems_of("veto", veto.problems)
@@ -1422,9 +1765,15 @@ def promises_tables(veto: VetoRow, retry: RetryRow, admin: AdminRow) -> None:
         "window open;\n  told not run: users whose model then read that the call was not run;"
         " runs of vetoed: their lines in the side-effect file"
     )
+
+
+def retry_table(retry: RetryRow) -> None:
     print("\n== /retry storms: the turn's record is reused")
     print_table(RETRY_HEADERS, [retry.cells()])
     problems_of("retry", retry.problems)
+
+
+def admin_table(admin: AdminRow) -> None:
     print("\n== the tool that was checked is the tool that runs: a late admin-only server")
     print_table(ADMIN_HEADERS, [admin.cells()])
     problems_of("late admin", admin.problems)
@@ -1435,15 +1784,7 @@ def promises_tables(veto: VetoRow, retry: RetryRow, admin: AdminRow) -> None:
     )
 
 
-async def run(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    load = os.getloadavg()
-    rows = [await storm_row(args, kill=False)]
-    if not args.no_kill:
-        rows.append(await storm_row(args, kill=True))
-    steps, problems = await steps_run(args)
-    veto, retry, admin = await veto_row(args), await retry_row(args), await admin_row(args)
-    header(args, argv, load)
-    storm_table(rows)
+def steps_report(steps: list[Step], problems: list[str]) -> None:
     print("\n== lastword's own time per tool step (quiet run, 1 replica)")
     steps_table(steps)
     problems_of("steps", problems)
@@ -1451,7 +1792,50 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> None:
         "  lastword = next request start - end of the response that asked - the tool's own time;"
         "\n  before: stream end -> tool start; after: tool end -> next request start"
     )
-    promises_tables(veto, retry, admin)
+
+
+def flood_table(flood: tuple[list[FloodRow], list[str]]) -> None:
+    rows, problems = flood
+    print("\n== one server's huge answer, everyone else on time (1 replica, one run)")
+    print_table(FLOOD_HEADERS, [r.cells() for r in rows])
+    problems_of("flood", problems)
+    print(
+        "  reply: the other users' message posted -> its reply at the fake Telegram (A's left"
+        " out); loop lag: the replica's\n  own /metrics over the phase (histogram: the bound of"
+        " the highest bucket reached; recent: its decaying worst,\n  read every 20 ms); in"
+        " flight: posted before the replica logged the over-long message, answered after;"
+        "\n  A's reply: whether it says the answer was too long (the error reached the model),"
+        " and when from A's message;\n  server stops / starts: the replica's \"is not running\""
+        " lines / the server's own starts"
+    )
+
+
+# What `--rows` names: every table's rows, each run on its own.
+ROWS = ("storm", "kill", "steps", "veto", "retry", "admin", "flood")
+
+
+async def run(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    load = os.getloadavg()
+    chosen = set(args.rows) - ({"kill"} if args.no_kill else set())
+    storms = [await storm_row(args, kill) for kill in (False, True) if ROWS[kill] in chosen]
+    steps = await steps_run(args) if "steps" in chosen else None
+    veto = await veto_row(args) if "veto" in chosen else None
+    retry = await retry_row(args) if "retry" in chosen else None
+    admin = await admin_row(args) if "admin" in chosen else None
+    flood = await flood_row(args) if "flood" in chosen else None
+    header(args, argv, load, chosen)
+    if storms:
+        storm_table(storms)
+    if steps is not None:
+        steps_report(*steps)
+    if veto is not None:
+        veto_table(veto)
+    if retry is not None:
+        retry_table(retry)
+    if admin is not None:
+        admin_table(admin)
+    if flood is not None:
+        flood_table(flood)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -1494,6 +1878,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--admin-asks", type=int, default=3, help="turns per user at least, one after the other"
     )
+    parser.add_argument(
+        "--flood-bytes", type=int, default=100_000_000,
+        help="what A's tool answers, in one message",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flood-users", type=int, default=4, help="the users asking while A's tool floods"
+    )
+    parser.add_argument("--flood-asks", type=int, default=3, help="messages per user per phase")
+    parser.add_argument("--flood-quiet-ms", type=int, default=300)
+    parser.add_argument(
+        "--rows", nargs="+", choices=ROWS, default=list(ROWS), metavar="ROW",
+        help=f"the rows to run, of {' '.join(ROWS)} (default: all)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -4,8 +4,10 @@ what lastword guarantees whatever the load is asserted: under the storm, one exe
 requested call, one reply per user covering every message; with a replica killed, never more
 than one execution per requested call; a call held in the window and vetoed never runs, and
 the model is told so; however many /retry, one run per requested call; no call of a non-admin
-ever runs on an admin-only server that came up late and took the tool's name. The times are
-the benchmark's to report."""
+ever runs on an admin-only server that came up late and took the tool's name; while one
+user's tool answers 20 MB, the replica's loop never lags 100 ms, everyone else is answered
+(within generous bounds), and that user hears the answer was too long from a restarted
+server. The times are the benchmark's to report."""
 
 from __future__ import annotations
 
@@ -35,7 +37,14 @@ TINY = [
     "--admin-users", "2",
     "--admin-stagger-s", "1",
     "--admin-asks", "2",
+    "--flood-bytes", "20000000",
+    "--flood-users", "3",
+    "--flood-asks", "2",
 ]  # fmt: skip
+QUIET = "no flood (same messages)"
+FLOOD = "a server streams 20 MB"
+# A reply here takes the 300 ms window and a model of 0.2-0.6 s: this much is generous.
+ON_TIME_MS = 5000.0
 
 
 def table(
@@ -104,3 +113,19 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
     assert int(as_public) >= 2, "each user asks once more after admin came up"
     assert not admin["FLAG / admin up at s"].endswith("-"), out
     assert "! late admin" not in out, out
+
+    # One user's tool floods: the others are answered as before, the loop never stalls, and
+    # the flooding user hears of it from a server that was stopped and started again.
+    flood = table(out, "row", (QUIET, FLOOD), after="one server's huge answer")
+    assert set(flood) == {QUIET, FLOOD}, out
+    for row in flood.values():
+        assert row["users / msgs"] == "3 / 6" and row["replied"] == "6", out
+        assert float(row["max ms"]) < ON_TIME_MS, out
+    flooded = flood[FLOOD]
+    bound = flooded["loop lag max ms (histogram)"]
+    assert bound.startswith("<= ") and float(bound.removeprefix("<= ")) <= 100, out
+    assert float(flooded["recent lag max ms (20 ms polls)"]) < 100, out
+    assert int(flooded["in flight at the stop"]) >= 1, "someone was waiting as it flooded"
+    assert flooded["A's reply"].startswith("too long, "), out
+    assert flooded["server stops / starts"] == "1 / 2", out
+    assert "! flood" not in out, out
