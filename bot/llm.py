@@ -35,7 +35,7 @@ import re
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -73,6 +73,10 @@ JUNK_LIMIT = 32
 # sends something else (a loop, a file), and it would all sit in memory.
 MAX_EVENT_CHARS = 1 << 20
 MAX_BODY_BYTES = 8 << 20
+# After the chunk that finishes an answer, or its `[DONE]`, what the provider still sends is
+# read this long and this much at most (`_until_finished`, `_drain`).
+TAIL_S = 0.25
+TAIL_CHARS = 64 << 10
 # Above this a reported count is a glitch: no context window holds that many tokens, and it
 # would overflow the usage counters in the store.
 MAX_REPORTED_TOKENS = 100_000_000
@@ -356,12 +360,15 @@ class OpenAILLM:
                     "(a proxy's error page?)",
                     kind="transient",
                 )
-            async for chunk in sse_events(response.aiter_lines()):
-                piece = self._chunk_text(chunk, attempt, calls)
-                if piece:
-                    text += piece
-                    if on_text is not None:
-                        on_text(text)
+            lines = response.aiter_lines()
+            async with contextlib.aclosing(sse_events(lines)) as events:
+                async for chunk in _until_finished(events, self._stream_usage):
+                    piece = self._chunk_text(chunk, attempt, calls)
+                    if piece:
+                        text += piece
+                        if on_text is not None:
+                            on_text(text)
+            await _drain(lines)
         return Answer(text, calls.calls())
 
     def _chunk_text(self, chunk: dict[str, Any], attempt: Attempt, calls: ToolCallPieces) -> str:
@@ -453,7 +460,7 @@ class OpenAILLM:
         return text.replace(key, "***") if key else text
 
 
-async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(lines: AsyncIterator[str]) -> AsyncGenerator[dict[str, Any]]:
     """The JSON objects of a server-sent event stream, up to `[DONE]`. Event names, ids and
     comments carry nothing for chat completions; a payload may span several `data:` lines.
 
@@ -466,13 +473,7 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]
     data: list[str] = []
     size = 0
     junk = 0
-    done = False
     async for line in _unbroken(lines):
-        # After [DONE] the body is still read to its end, short as it is: an HTTP/1.1
-        # connection closed with bytes unread cannot go back to the pool, and a new one to a
-        # provider costs a TLS handshake on every generation.
-        if done:
-            continue
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
             size += len(line)
@@ -481,8 +482,7 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]
         elif not line and data:
             payload, data, size = "\n".join(data), [], 0
             if payload == "[DONE]":
-                done = True
-                continue
+                return
             event = _json(payload)
             if isinstance(event, dict):
                 yield event
@@ -495,6 +495,54 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]
                         f"the provider sent over {JUNK_LIMIT} events that are not JSON objects",
                         kind="transient",
                     )
+
+
+async def _until_finished(
+    events: AsyncIterator[dict[str, Any]], usage_asked: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """The events of a stream until its answer is whole: `[DONE]`, or the chunk that
+    finishes the choice (with its usage, when usage was asked for).
+
+    Past the finishing chunk only the usage and `[DONE]` are still to come, and they are
+    waited for `TAIL_S` at most: a proxy or a self-hosted server may hold the stream open
+    after the answer (keep-alive comments, or silence), and a complete answer must not wait
+    for a read timeout, or be thrown away by one."""
+    tail_until: float | None = None
+    got_usage = False
+    while True:
+        try:
+            async with asyncio.timeout_at(tail_until):
+                chunk = await anext(events, None)
+        except TimeoutError:
+            return
+        if chunk is None:
+            return
+        yield chunk
+        got_usage = got_usage or isinstance(chunk.get("usage"), dict)
+        if tail_until is None and _finishes(chunk):
+            tail_until = asyncio.get_running_loop().time() + TAIL_S
+        if tail_until is not None and (got_usage or not usage_asked):
+            return
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") for choice in choices
+    )
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows the answer, `TAIL_S` and `TAIL_CHARS` at most. A body read to its
+    end lets the connection serve the next generation (a new one to a provider costs a TLS
+    handshake); one still open after that is closed, the answer is not held for it."""
+    read = 0
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(TAIL_S):
+            async for line in lines:
+                read += len(line) + 1
+                if read > TAIL_CHARS:
+                    return
 
 
 async def _unbroken(items: AsyncIterator[T]) -> AsyncIterator[T]:

@@ -8,6 +8,7 @@ with a 200, bodies cut short. What is usable is read; the rest is the retryable
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,11 +16,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.llm import JUNK_LIMIT, MAX_TOOL_NAME_CHARS, LLMError, OpenAILLM, Usage, generate
+from bot.llm import (
+    JUNK_LIMIT,
+    MAX_TOOL_NAME_CHARS,
+    TAIL_S,
+    LLMError,
+    OpenAILLM,
+    Usage,
+    generate,
+)
 from bot.prompt import Prompt
 from bot.settings import LLMSettings
 from bot.tools import ToolCall
-from tests.fakes.openai_server import FakeOpenAI, RawReply
+from tests.fakes.openai_server import AfterDone, FakeOpenAI, RawReply
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -296,6 +305,77 @@ async def test_an_event_too_long_to_be_one_is_a_transient_error(fake: FakeOpenAI
     endless = b"data: " + b"x" * (1 << 20) + b"\n"
     stream = RawReply.events(chunk({"content": "one "}), endless, chunk({"content": "two"}))
     assert "too long" in str(await refused(fake, stream))
+
+
+# -- the end of a stream ----------------------------------------------------------------------
+
+
+def finishing(**fields: object) -> dict[str, object]:
+    """The chunk that finishes the one choice."""
+    return chunk({}, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}], **fields)
+
+
+async def complete_held(fake: FakeOpenAI, *raw: RawReply) -> tuple[Asked, float]:
+    """`complete` against a stream held open after its answer (`raw`, else the fake's own
+    stream as `fake.after_done` holds it), with a read timeout far above what the answer may
+    wait: the answer, and how long after its last byte it came. The client must hang up on
+    the held stream rather than leave the connection open or pool it."""
+    fake.answer_next(*raw)
+    llm = OpenAILLM(llm_settings(fake, timeout_s=10.0, deadline_s=20.0))
+    asked = Asked()
+    try:
+        answer = await llm.complete(PROMPT, asked.usage)
+        returned = time.monotonic()
+        asked.text = answer.text
+        [request] = fake.requests
+        await fake.wait_for_request(lambda r: r.hung_up, timeout=5)
+    finally:
+        await llm.client.close()
+    assert request.ended_at is not None
+    return asked, returned - request.ended_at
+
+
+@pytest.mark.parametrize("after", ["keep-alive", "silent"])
+async def test_a_stream_held_open_after_done_is_answered_at_done(
+    fake: FakeOpenAI, after: AfterDone
+) -> None:
+    # Proxies and self-hosted servers do both; reading on to the end of the body waited for a
+    # read timeout (silent) or the whole deadline (keep-alives), and threw the answer away.
+    fake.after_done = after
+    asked, waited = await complete_held(fake)
+    assert asked.text == "the plain answer" and asked.attempt[0]
+    assert waited < 3.0, f"the answer came {waited:.1f}s after its [DONE]"
+
+
+@pytest.mark.parametrize("after", ["keep-alive", "silent"])
+async def test_the_finishing_chunk_and_its_usage_end_a_stream_without_done(
+    fake: FakeOpenAI, after: AfterDone
+) -> None:
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    with_usage = RawReply.events(
+        chunk({"content": "all "}),
+        chunk({"content": "here"}),
+        finishing(),
+        chunk({}, choices=[], usage=usage),
+        done=False,
+        after=after,
+    )
+    asked, waited = await complete_held(fake, with_usage)
+    assert asked.text == "all here" and asked.attempt == (True, 7, 2)
+    assert waited < 3.0, f"the answer came {waited:.1f}s after its usage"
+
+
+async def test_usage_that_never_comes_after_the_finishing_chunk_is_waited_for_briefly(
+    fake: FakeOpenAI,
+) -> None:
+    # Usage was asked for, and the server ignored the ask: the answer is whole at the
+    # finishing chunk, and its tokens are counted by chunk.
+    without_usage = RawReply.events(
+        chunk({"content": "counted"}), finishing(), done=False, after="keep-alive"
+    )
+    asked, waited = await complete_held(fake, without_usage)
+    assert asked.text == "counted" and asked.attempt == (False, 0, 1)
+    assert TAIL_S <= waited < 3.0
 
 
 # -- bodies that are no stream ----------------------------------------------------------------

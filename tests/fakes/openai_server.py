@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import itertools
 import json
@@ -76,6 +77,13 @@ __all__ = [
 ]
 
 FAKE_MODEL_ID = "fake-model"
+
+# A stream held open after `[DONE]` (`FakeOpenAI.after_done`): how often it sends a comment,
+# and how long it is held at most, so that a client that never hangs up cannot keep a test's
+# server from stopping.
+KEEPALIVE_EVERY_S = 1.0
+HOLD_AFTER_DONE_S = 60.0
+AfterDone = Literal["end", "keep-alive", "silent"]
 
 # Leading whitespace, then each word with the whitespace after it: the pieces concatenate back to
 # the exact reply, so a client that joins deltas must reproduce it byte for byte.
@@ -132,8 +140,11 @@ class RecordedRequest:
     connection: int = 0
     finished: bool = False
     cancelled: bool = False
-    # When the answer's last byte went out (`time.monotonic()`), once finished.
+    # When the answer's last byte went out (`time.monotonic()`), once finished: a stream's
+    # `[DONE]`, whether or not the stream ended there (`FakeOpenAI.after_done`).
     ended_at: float | None = None
+    # The client hung up on a body held open after its answer (`FakeOpenAI.after_done`).
+    hung_up: bool = False
     # The fake cut the connection itself (break_next_stream("drop"), RawReply.cut_after).
     dropped: bool = False
     # The prompt tokens the provider bills for this request (the same estimate as its usage
@@ -274,6 +285,8 @@ class RawReply:
     cut_after: int | None = None
     # Before each piece, so that a test can act while the body is being written.
     pause_s: float = 0.0
+    # Once the pieces are out: end the body, or hold it open (`FakeOpenAI.after_done`).
+    after: AfterDone = "end"
 
     @property
     def body(self) -> bytes:
@@ -283,7 +296,12 @@ class RawReply:
 
     @classmethod
     def events(
-        cls, *events: object, done: bool = True, cut_after: int | None = None, pause_s: float = 0.0
+        cls,
+        *events: object,
+        done: bool = True,
+        cut_after: int | None = None,
+        pause_s: float = 0.0,
+        after: AfterDone = "end",
     ) -> RawReply:
         """A server-sent event stream: each event that is bytes goes out as it is (junk lines,
         comments, a half event), any other is JSON in one `data:` event; `[DONE]` ends it
@@ -291,7 +309,7 @@ class RawReply:
         pieces = [e if isinstance(e, bytes) else _data(json.dumps(e)) for e in events]
         if done:
             pieces.append(_data("[DONE]"))
-        return cls(pieces, cut_after=cut_after, pause_s=pause_s)
+        return cls(pieces, cut_after=cut_after, pause_s=pause_s, after=after)
 
     @classmethod
     def json(cls, payload: object, *, cut_after: int | None = None) -> RawReply:
@@ -536,6 +554,11 @@ class FakeOpenAI(LoopbackServer):
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
         # (older Azure OpenAI API versions, vLLM and Ollama).
         self.refuse_stream_options = False
+        # What a stream does after its `[DONE]`: end, as the real API does, or stay open, as
+        # some proxies and self-hosted servers do: with a `: keep-alive` comment every
+        # `KEEPALIVE_EVERY_S`, or silent, until the client hangs up (`hung_up`) or
+        # `HOLD_AFTER_DONE_S` passes. The request is `finished` at its `[DONE]` either way.
+        self.after_done: AfterDone = "end"
         # Bodies of the requests answered 400 before they were recorded as requests.
         self.rejected: list[Any] = []
         # The model's context in tokens, when set: a request whose prompt (by the fake's own
@@ -556,6 +579,7 @@ class FakeOpenAI(LoopbackServer):
         self.rejected_transcriptions: list[dict[str, str]] = []
         self._gate = asyncio.Event()
         self._gate.set()
+        self._stopping = False
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
         self._changed = asyncio.Event()
@@ -570,6 +594,7 @@ class FakeOpenAI(LoopbackServer):
     def _before_stop(self) -> None:
         # Held requests would otherwise keep cleanup waiting until its timeout.
         self._gate.set()
+        self._stopping = True
 
     @property
     def base_url(self) -> str:
@@ -903,10 +928,12 @@ class FakeOpenAI(LoopbackServer):
                 assert request.transport is not None
                 request.transport.close()
                 return response
-        await response.write_eof()
         recorded.finished = True
         recorded.ended_at = time.monotonic()
         self._notify()
+        await self._hold_open(response, recorded, raw.after)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
         return response
 
     async def _stream(
@@ -999,7 +1026,6 @@ class FakeOpenAI(LoopbackServer):
                 self._notify()
         try:
             await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
         except ConnectionResetError:
             # The client hung up as the stream ended (a replica killed on purpose, or a
             # generation cut just as its last piece came): it gave up before the end.
@@ -1009,7 +1035,29 @@ class FakeOpenAI(LoopbackServer):
         recorded.finished = True
         recorded.ended_at = time.monotonic()
         self._notify()
+        await self._hold_open(response, recorded, self.after_done)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
         return response
+
+    async def _hold_open(
+        self, response: web.StreamResponse, recorded: RecordedRequest, after: AfterDone
+    ) -> None:
+        """Keep a body whose answer is out (and `finished`) open as `after` says, until the
+        client hangs up (aiohttp then cancels this handler), the fake stops, or
+        `HOLD_AFTER_DONE_S` passes; then it ends."""
+        if after == "end":
+            return
+        deadline = time.monotonic() + HOLD_AFTER_DONE_S
+        try:
+            while not self._stopping and time.monotonic() < deadline:
+                if after == "keep-alive":
+                    await response.write(b": keep-alive\n\n")
+                await asyncio.sleep(KEEPALIVE_EVERY_S)
+        except (asyncio.CancelledError, ConnectionError):
+            recorded.hung_up = True
+            self._notify()
+            raise
 
     # -- transcriptions ----------------------------------------------------------------------
 
