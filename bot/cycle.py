@@ -49,6 +49,7 @@ from bot.steps import Steps
 from bot.store import (
     RETRY_AFTER_ERROR_MS,
     Ended,
+    Failed,
     Grant,
     HistoryEntry,
     Lease,
@@ -288,12 +289,13 @@ class Cycle:
             # with the next attempt backed off, whichever replica makes it.
             self.stats.failed += 1
             if isinstance(exc, Unavailable):
+                # An outage: not counted as an attempt (`llm.attempts`), nor worth a traceback.
                 log.warning("cycle for %s failed: %s", conversation, exc)
-            else:
-                # A warning with its traceback: after `llm.attempts` in a row the burst is
-                # answered with an apology, logged once at ERROR (`_gave_up`).
-                log.warning("cycle for %s failed; trying again", conversation, exc_info=True)
-            return await self._back_off(lease)
+                return await self._back_off(lease, "outage")
+            # A warning with its traceback: after `llm.attempts` in a row the burst is
+            # answered with an apology, logged once at ERROR (`_gave_up`).
+            log.warning("cycle for %s failed; trying again", conversation, exc_info=True)
+            return await self._back_off(lease, "failure")
         except BaseException:
             # Shutdown: hand the conversation back now rather than after the TTL.
             await self._await_hand_back(lease)
@@ -302,7 +304,7 @@ class Cycle:
     def _renewal_failed(self) -> None:
         self.stats.renewal_failures += 1
 
-    def _hand_back(self, lease: Lease, *, failed: bool = False) -> asyncio.Future[Ended]:
+    def _hand_back(self, lease: Lease, *, failed: Failed | None = None) -> asyncio.Future[Ended]:
         """Release the lease in a task of its own, so that it completes even if the caller is
         cancelled meanwhile. Token-checked: it can never free someone else's lease."""
         release = asyncio.ensure_future(self.store.release(lease, failed=failed))
@@ -314,9 +316,9 @@ class Cycle:
         with contextlib.suppress(Exception):
             await asyncio.shield(self._hand_back(lease))
 
-    async def _back_off(self, lease: Lease) -> Next:
+    async def _back_off(self, lease: Lease, failed: Failed) -> Next:
         try:
-            ended = await asyncio.shield(self._hand_back(lease, failed=True))
+            ended = await asyncio.shield(self._hand_back(lease, failed=failed))
         except Exception as exc:
             # The store is out of reach too: the lease expires on its own, and the due-index
             # still holds the conversation for the sweep.

@@ -61,7 +61,7 @@ async def test_a_conversation_is_served_promptly_after_the_clock_moved_back(
         # An attempt failed just before the failover: its backoff is an hour away now.
         grant = await acquire_when_ready(store, CONV, "failed")
         assert grant.lease is not None
-        await store.release(grant.lease, failed=True)
+        await store.release(grant.lease, failed="failure")
     elif left_behind == "lease":
         # A holder died just before the failover: its lease now expires in an hour.
         grant = await acquire_when_ready(store, CONV, "died")

@@ -22,10 +22,12 @@ from bot.llm import EchoLLM
 from bot.store import Keys
 from bot.store.keys import ACCESS_KEY
 from tests.builders import message
+from tests.chatting import fake
 from tests.conftest import RuntimeFactory, eventually, settled
+from tests.fakes.openai_server import FakeOpenAI
 from tests.test_media_e2e import World, world
 
-__all__ = ["world"]  # the fixture, imported for pytest
+__all__ = ["fake", "world"]  # the fixtures, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,3 +168,45 @@ async def test_budget_misuse_through_a_real_replica_is_answered_and_so_is_what_f
     assert "still there?" in (second.text or "")
     assert [r.last_user_text for r in provider.requests] == ["still there?"]
     assert await world.redis.hlen(ACCESS_KEY) == 0
+
+
+async def test_outages_are_not_attempts(
+    runtime_factory: RuntimeFactory, redis: Redis, fake: FakeOpenAI
+) -> None:
+    # LASTWORD_LLM__ATTEMPTS=3 counts failed attempts: two outages (Redis out of memory, each
+    # once the reply was written) then one error are one failed attempt, and the burst is
+    # answered, not given up on.
+    llm = {"provider": "openai", "base_url": fake.base_url, "api_key": "k", "attempts": 3}
+    # A lease that outlives the outage: it cannot be renewed while writes are refused.
+    runtime, outbound = await runtime_factory(llm=llm, lease={"ttl_ms": 10_000})
+
+    async def handed_back(failed: int) -> None:
+        async def released() -> bool:
+            return runtime.stats.failed >= failed and not await redis.exists(Keys(CONV).lease)
+
+        await eventually(released, within_s=10, what=f"attempt {failed} handed back")
+
+    fake.hold()
+    await runtime.ingest(message(n=1))
+    try:
+        for outage in (1, 2):
+            # The reply to the burst is being written (the request before it has finished).
+            await fake.wait_for_request(lambda r: not r.finished)
+            # Every write that adds data is refused with OOM: the pre-send check's is.
+            await redis.config_set("maxmemory", 1)
+            fake.release()
+            fake.hold()
+            await handed_back(outage)
+            await redis.config_set("maxmemory", 0)
+        fake.release()
+        # Then an error that is no outage: the user's spending cannot be read.
+        await redis.set(day_key(), "not a hash")
+        await handed_back(3)
+        await redis.delete(day_key())
+    finally:
+        await redis.config_set("maxmemory", 0)
+        fake.release()
+    [reply] = await outbound.wait_for(1, timeout=30)
+    await settled(runtime, CONV, version=1)
+    assert reply.text == "You said: text 1"
+    assert (runtime.stats.given_up, runtime.stats.failed) == (0, 3)

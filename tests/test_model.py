@@ -76,6 +76,7 @@ from bot.message import InboundMessage
 from bot.store import (
     CLOCK_SLACK_MS,
     RETRY_AFTER_ERROR_CAP_MS,
+    Failed,
     Grant,
     HistoryEntry,
     Keys,
@@ -188,6 +189,9 @@ class Protocol(RuleBasedStateMachine):
         # fast-forwarded.
         self.lease_until = dict.fromkeys(CONVERSATIONS, 0)
         self.backoff_until = dict.fromkeys(CONVERSATIONS, 0)
+        # Failed attempts since the last commit: what LASTWORD_LLM__ATTEMPTS counts. Outages
+        # are backed off the same way and never counted.
+        self.failures = dict.fromkeys(CONVERSATIONS, 0)
         self.committed: set[tuple[str, int]] = set()
         self.outbox: dict[str, tuple[str, int]] = {}
         # What each conversation's history must hold: (role, version, text), oldest first.
@@ -441,6 +445,7 @@ class Protocol(RuleBasedStateMachine):
         assert fence > self.fence[conv], "a fence was handed out twice"
         self.fence[conv] = fence
         assert (grant.version, grant.watermark) == (self.accepted[conv], self.watermark[conv])
+        assert grant.failures == self.failures[conv], "an outage counted as a failed attempt"
         assert [(e.role, e.version, e.text) for e in grant.history] == self.history[conv]
         self._took(conv)
         if grant.resend is not None:
@@ -660,6 +665,7 @@ class Protocol(RuleBasedStateMachine):
         covered = {(conv, v) for v in range(w + 1, holder.version + 1)}
         assert not covered & self.committed, f"committed twice: {covered & self.committed}"
         self.committed |= covered
+        self.failures[conv] = 0
         self.watermark[conv] = max(w, holder.version)
         text, version = self.outbox.pop(conv)
         reset, turn = self.outbox_turn.pop(conv)
@@ -725,8 +731,8 @@ class Protocol(RuleBasedStateMachine):
         elif holder.stage == "sent":
             self._commit(holder, outcome)
 
-    @rule(n=pick, failed=st.booleans())
-    def release(self, n: int, failed: bool) -> None:
+    @rule(n=pick, failed=st.sampled_from([None, "failure", "outage"]))
+    def release(self, n: int, failed: Failed | None) -> None:
         if (holder := self.holder(n)) is None:
             return
         conv = holder.lease.conversation
@@ -738,6 +744,7 @@ class Protocol(RuleBasedStateMachine):
             self._ended(holder)
             if failed:
                 self.backoff_until[conv] = self.run(self._state(conv))["retry_at"]
+            self.failures[conv] += failed == "failure"
 
     @rule(n=pick, index=st.integers(0, 1), finish=st.booleans())
     def tool_call(self, n: int, index: int, finish: bool) -> None:

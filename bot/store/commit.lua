@@ -99,7 +99,7 @@ if outcome == 'unreachable' and tonumber(redis.call('HGET', state, 'v') or '0') 
   redis.call('HSET', state, 'unreachable', 1)
 end
 redis.call('HSET', state, 'discards', 0)
-redis.call('HDEL', state, 'failures', 'retry_at')
+redis.call('HDEL', state, 'failures', 'outages', 'retry_at')
 redis.call('DEL', outbox, lease)
 keep_alive(retention_ms, state, pending, history, seen, usage)
 return cjson.encode({status = 'committed',

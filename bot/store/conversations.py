@@ -177,6 +177,9 @@ def _resent(outbox: dict[str, Any]) -> dict[str, Any]:
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
 Outcome = Literal["sent", "unreachable", "abandoned"]
+# Why an attempt gave its lease back without a reply: it failed, or an outage (the store, the
+# platform) cut it short.
+Failed = Literal["failure", "outage"]
 
 
 @dataclass(frozen=True)
@@ -292,13 +295,14 @@ class Conversations(Calls):
         args = {**_holder(lease), "ttl_ms": self.settings.ttl_ms}
         return bool(await self._run(scripts.RENEW, keys, args))
 
-    async def release(self, lease: Lease, *, failed: bool = False) -> Ended:
-        """Give the lease back without a reply. `failed`: the attempt failed, so the next
-        one, by any replica, is backed off (`RETRY_AFTER_ERROR_MS`, doubling, capped)."""
+    async def release(self, lease: Lease, *, failed: Failed | None = None) -> Ended:
+        """Give the lease back without a reply. `failed`: the attempt failed, or an outage cut
+        it short, so the next one, by any replica, is backed off (`RETRY_AFTER_ERROR_MS`,
+        doubling, capped); only a failure counts towards `llm.attempts`."""
         args: dict[str, str | int] = {
             "conversation": lease.conversation,
             "token": lease.token,
-            "failed": int(failed),
+            "failed": failed or "",
             "backoff_ms": RETRY_AFTER_ERROR_MS,
             "backoff_cap_ms": RETRY_AFTER_ERROR_CAP_MS,
         }

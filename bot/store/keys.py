@@ -26,7 +26,9 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:state       hash    v (version), w (watermark), fence, discards,
                                              last (the platform id of the last new message),
                                              failures and retry_at (failed attempts in a row,
-                                             when to try next), unreachable (1: the user
+                                             when to try next), outages (attempts in a row cut
+                                             short by an outage: backed off, not counted as
+                                             failures), unreachable (1: the user
                                              blocked us or closed DMs; cleared when they write),
                                              since (when the oldest unanswered message arrived:
                                              the starvation guard's clock), model (picked with
