@@ -471,30 +471,43 @@ class Cycle:
         return "sent"
 
     async def _commit(self, lease: Lease, outcome: Outcome) -> Ended:
-        """Commit, retrying any failure while the lease is ours: left undone, the reply
-        already delivered would be sent again by the next holder. The keeper cancels this
-        once the lease can no longer be confirmed."""
+        """Commit: left undone, the reply already delivered would be sent again by the next
+        holder. A refusal a retry outlives (`StoreUnavailable`) is retried, backed off, while
+        the lease is ours (the keeper cancels this once it can no longer be confirmed). A
+        failure no retry mends (a bug, a key damaged by hand) is logged once and counted, and
+        the conversation moves on without the commit's history (`Store.settle`)."""
+        try:
+            ended = await self._outliving_refusals(lease, lambda: self.store.commit(lease, outcome))
+        except (LeaseLost, StoreUnavailable):
+            raise
+        except Exception:
+            self.stats.commits_failed += 1
+            log.error(
+                "commit of %s failed for good, after its reply was sent: its messages count as "
+                "answered, and the history misses them and the reply",
+                lease.conversation,
+                exc_info=True,
+            )
+            ended = await self._outliving_refusals(lease, lambda: self.store.settle(lease))
+        if not ended.ok:
+            raise LeaseLost(lease.conversation)
+        return ended
+
+    async def _outliving_refusals(
+        self, lease: Lease, step: Callable[[], Awaitable[Ended]]
+    ) -> Ended:
+        """`step()` (a commit, or its settling), made again after each refusal a retry
+        outlives, backed off; whatever else it raises is raised."""
         backoff = Backoff(COMMIT_RETRY_S, COMMIT_RETRY_CAP_S)
         while True:
             try:
-                ended = await self.store.commit(lease, outcome)
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                # A refusal a retry outlives (StoreUnavailable), or one we did not foresee:
-                # either way, giving up here would send the reply twice.
+                return await step()
+            except StoreUnavailable as exc:
                 delay = backoff.next_delay()
                 log.warning(
-                    "commit of %s failed (%s); retrying in %.2fs",
-                    lease.conversation,
-                    exc if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}",
-                    delay,
+                    "commit of %s refused (%s); retrying in %.2fs", lease.conversation, exc, delay
                 )
                 await asyncio.sleep(delay)
-                continue
-            if not ended.ok:
-                raise LeaseLost(lease.conversation)
-            return ended
 
     async def _reply_or_give_up(
         self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None

@@ -73,6 +73,11 @@ COUNTERS = (
         "unreachable",
     ),
     ("cycles_failed", "Cycles that failed and were handed back, backed off", "failed"),
+    (
+        "commits_failed",
+        "Commits that failed for good after their reply was sent; the conversation moved on",
+        "commits_failed",
+    ),
     ("apologies", "Apologies sent because the LLM failed", "apologies"),
     (
         "bursts_given_up",

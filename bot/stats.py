@@ -61,6 +61,9 @@ class Stats:
     # cannot be reached (they blocked the bot, or closed their DMs).
     failed: int = 0
     abandoned: int = 0
+    # Commits that failed for good after their reply was sent (the conversation moved on
+    # without them: `Store.settle`).
+    commits_failed: int = 0
     unreachable: int = 0
     # Generations cancelled because a newer message arrived, and the tokens they had
     # streamed by then; tokens of finished replies thrown away by the pre-send check.

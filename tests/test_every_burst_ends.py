@@ -210,3 +210,27 @@ async def test_outages_are_not_attempts(
     await settled(runtime, CONV, version=1)
     assert reply.text == "You said: text 1"
     assert (runtime.stats.given_up, runtime.stats.failed) == (0, 3)
+
+
+async def test_a_commit_that_fails_for_good_is_logged_once_and_the_conversation_moves_on(
+    runtime_factory: RuntimeFactory, redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The tool record damaged by hand: every commit of a sent reply fails on it (WRONGTYPE),
+    # however often it is retried, while the lease would renew for ever.
+    await redis.set(Keys(CONV).tools, "damaged by hand")
+    runtime, outbound = await runtime_factory()
+    caplog.set_level(logging.WARNING, logger="bot.cycle")
+    await runtime.ingest(message(n=1))
+    await outbound.wait_for(1)
+    await settled(runtime, CONV, version=1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "failed for good" in errors[0].getMessage()
+    assert runtime.stats.commits_failed == 1
+    # Settled: nothing is left to send again, and nothing is owed.
+    assert not await redis.exists(Keys(CONV).outbox, Keys(CONV).lease)
+
+    await runtime.ingest(message(n=2))
+    await outbound.wait_for(2)
+    await settled(runtime, CONV, version=2)
+    assert outbound.texts() == ["You said: text 1", "You said: text 2"]
+    assert runtime.stats.commits_failed == 2

@@ -53,6 +53,7 @@ ACCESS_COPY = _scripts.ACCESS_COPY.source
 ACCESS_SET = _scripts.ACCESS_SET.source
 ACQUIRE = _scripts.ACQUIRE.source
 COMMIT = _scripts.COMMIT.source
+SETTLE = _scripts.SETTLE.source
 DUE = _scripts.DUE.source
 FORGET = _scripts.FORGET.source
 HEARTBEAT = _scripts.HEARTBEAT.source
@@ -99,6 +100,7 @@ __all__ = [
     "ROLE_RELEASE",
     "SEEN_CAP",
     "SEEN_KEEP_MS",
+    "SETTLE",
     "TOOL_BEGIN",
     "TOOL_END",
     "TOOL_STEP",

@@ -86,21 +86,10 @@ if covered ~= nil and covered > w then
       .. cjson.encode(reply[1]) .. used .. turn .. '}')
   end
   redis.call('LTRIM', history, -history_cap, -1)
-  redis.call('HSET', state, 'w', covered)
-  -- The oldest message still owed arrived after the lease was taken, so it opened the window
-  -- that is open now (the lease's acquire consumed the one before).
-  if tonumber(redis.call('HGET', state, 'v') or '0') > covered then
-    redis.call('HSET', state, 'since', redis.call('HGET', window, 'opened') or now_ms())
-  else
-    redis.call('HDEL', state, 'since')
-  end
+  answered_to(state, window, covered)
 end
 if outcome == 'unreachable' and tonumber(redis.call('HGET', state, 'v') or '0') == covered then
   redis.call('HSET', state, 'unreachable', 1)
 end
-redis.call('HSET', state, 'discards', 0)
-redis.call('HDEL', state, 'failures', 'outages', 'retry_at')
-redis.call('DEL', outbox, lease)
 keep_alive(retention_ms, state, pending, history, seen, usage)
-return cjson.encode({status = 'committed',
-  look_in_ms = reschedule(state, window, due, conversation, now_ms())})
+return reply_ended(state, window, due, outbox, lease, conversation)

@@ -376,6 +376,13 @@ class Conversations(Calls):
         keys = _own_keys(scripts.COMMIT, self.layout.keys(lease.conversation))
         return Ended.from_reply(await self._run_durable(scripts.COMMIT, keys, args))
 
+    async def settle(self, lease: Lease) -> Ended:
+        """What a commit that failed for good must not leave undone: W moves to the version
+        the outbox covers and the outbox and the lease go, so the reply already sent is never
+        sent again; the history and the totals are left as they are (settle.lua)."""
+        keys = _own_keys(scripts.SETTLE, self.layout.keys(lease.conversation))
+        return Ended.from_reply(await self._run_durable(scripts.SETTLE, keys, _holder(lease)))
+
     async def pick_model(self, conversation: str, name: str) -> None:
         """Remember the model the user picked with /model, for every replica."""
         async with self._reaching():

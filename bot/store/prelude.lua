@@ -93,3 +93,26 @@ local function drop_turn(tools, turn, from_step)
     end
   end
 end
+
+-- W moves to `covered`, the version a sent (or given up) reply answered. The starvation guard's
+-- clock then runs from the oldest message still owed: it arrived after the lease was taken, so
+-- it opened the window that is open now (the lease's acquire consumed the one before).
+local function answered_to(state, window, covered)
+  redis.call('HSET', state, 'w', covered)
+  if tonumber(redis.call('HGET', state, 'v') or '0') > covered then
+    redis.call('HSET', state, 'since', redis.call('HGET', window, 'opened') or now_ms())
+  else
+    redis.call('HDEL', state, 'since')
+  end
+end
+
+-- What every end of a reply's cycle does: the counts of discards, failures and outages start
+-- again, the outbox (so the reply is never sent again) and the lease go, and the next look is
+-- scheduled.
+local function reply_ended(state, window, due, outbox, lease, conversation)
+  redis.call('HSET', state, 'discards', 0)
+  redis.call('HDEL', state, 'failures', 'outages', 'retry_at')
+  redis.call('DEL', outbox, lease)
+  return cjson.encode({status = 'committed',
+    look_in_ms = reschedule(state, window, due, conversation, now_ms())})
+end

@@ -174,6 +174,11 @@ COMMIT = Script(
         "totals_keep_ms",
     ),
 )
+SETTLE = Script(
+    "settle",
+    keys=("lease", "state", "pending", "outbox", "window", "due"),
+    args=("conversation", "token", "fence"),
+)
 DUE = Script("due", keys=("due", "access"), args=("limit", "horizon_ms"))
 USAGE = Script(
     "usage",
@@ -245,6 +250,7 @@ ALL: dict[str, Script] = {
         INTERRUPT,
         PRESEND,
         COMMIT,
+        SETTLE,
         DUE,
         USAGE,
         ROLE,
