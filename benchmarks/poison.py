@@ -1,9 +1,10 @@
 """What poison media costs a replica (issue 19), before and after: the event loop's worst stall
 while six hostile PDFs are read, the peak memory of decoding a PNG of a few hundred kB that
 claims tens of millions of pixels, and the transcriptions paid for one voice note whose cycle
-is interrupted five times.
+is interrupted five times. And what a provider that holds its stream open after `[DONE]` costs
+a reply (issue 31).
 
-    python -m benchmarks.poison [--before /tmp/before] [--window 40]
+    python -m benchmarks.poison [--before /tmp/before] [--window 40] [--rows media,held]
 
 `--before` is another checkout of lastword (`git worktree add /tmp/before 8aad770`): each
 measurement runs in a fresh process with that tree's `bot` on its path, then with this one's,
@@ -19,6 +20,13 @@ the fake provider for transcriptions; the files come from a stand-in platform at
   what runs in a worker process after, in the replica before), and its CPU time.
 - transcriptions: five `prepare`s cancelled 0.3 s in, then one that finishes; the fake
   service takes 2 s per transcription.
+- held: a `lastword run` of each tree (webhook mode, the real Telegram adapter and OpenAI
+  client) against the fake Bot API and a fake provider that sends `[DONE]` and then keeps the
+  stream open, with a keep-alive comment every second or silent. `HELD_USERS` users write at
+  once; per reply, the time from the answer's last byte (`[DONE]`) to the reply's
+  `sendMessage`, p50 and worst, and how many replies were the apology instead. The read
+  timeout is `HELD_TIMEOUT_S` and the deadline `HELD_DEADLINE_S`, as an operator might set
+  them; the defaults (60 s and 120 s) only make "before" longer.
 """
 
 from __future__ import annotations
@@ -38,13 +46,20 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.fakes.openai_server import AfterDone
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 # What each measuring process is given at most.
 CHILD_TIMEOUT_S = 180
 HOSTILE = 6
+HELD_USERS = 10
+HELD_TIMEOUT_S = 10
+HELD_DEADLINE_S = 20
+HELD_SECRET = "poison-webhook-secret"
 
 
 # -- the measuring processes (run with either tree's `bot` on the path) ------------------------
@@ -267,9 +282,11 @@ def measure(tree: Path, what: str, folder: Path, window_s: float) -> dict[str, A
     return result
 
 
-def report(trees: dict[str, Path], folder: Path, sizes: dict[str, int], window_s: float) -> None:
-    from benchmarks.wakeup import print_table
-
+def media_rows(
+    trees: dict[str, Path], folder: Path, window_s: float
+) -> tuple[list[list[str]], list[str]]:
+    """The poison media rows, and what follows the table: what the PDFs became."""
+    sizes = make_files(folder)
     measured: dict[str, dict[str, dict[str, Any]]] = {}
     for label, tree in trees.items():
         measured[label] = {
@@ -304,16 +321,86 @@ def report(trees: dict[str, Path], folder: Path, sizes: dict[str, int], window_s
             for t in (m["transcriptions"] for m in measured.values())
         ]
     )
-    print(f"hostile PDF: {sizes['hostile-0.pdf']:,} bytes each; the trees: {trees}\n")
-    print_table(["measure", *measured], rows)
-    for label, m in measured.items():
-        print(f"\n{label}: what the six PDFs became: {m['stall']['notes']}")
+    notes = [f"hostile PDF: {sizes['hostile-0.pdf']:,} bytes each"]
+    notes += [
+        f"{label}: what the six PDFs became: {m['stall']['notes']}" for label, m in measured.items()
+    ]
+    return rows, notes
+
+
+async def held_stream(tree: Path, folder: Path, after: AfterDone) -> dict[str, Any]:
+    """Replies of `tree`'s `lastword run` to a provider that holds its streams open after
+    `[DONE]` as `after` says ("keep-alive" or "silent"); this tree's fakes and server."""
+    from benchmarks.wakeup import temporary_server
+    from tests.fakes.loopback import free_port
+    from tests.fakes.openai_server import FakeOpenAI
+    from tests.fakes.telegram_server import FakeTelegram, post_update
+    from tests.running import Running, run_env
+
+    async with temporary_server() as server, FakeTelegram() as telegram, FakeOpenAI() as provider:
+        provider.after_done = after
+        port = free_port()
+        env = run_env("telegram", server.url, folder / f"held-{after}") | {
+            "PYTHONPATH": str(tree),
+            "LASTWORD_TELEGRAM__TOKEN": telegram.token,
+            "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
+            "LASTWORD_TELEGRAM__MODE": "webhook",
+            "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+            "LASTWORD_TELEGRAM__WEBHOOK_SECRET": HELD_SECRET,
+            "LASTWORD_TELEGRAM__WEBHOOK_URL": "https://bot.example/telegram",
+            "LASTWORD_LLM__PROVIDER": "openai",
+            "LASTWORD_LLM__BASE_URL": provider.base_url,
+            "LASTWORD_LLM__API_KEY": "sk-bench",
+            "LASTWORD_LLM__TIMEOUT_S": str(HELD_TIMEOUT_S),
+            "LASTWORD_LLM__DEADLINE_S": str(HELD_DEADLINE_S),
+        }
+        running = await Running.start(env, cwd=tree)
+        try:
+            await telegram.wait_for_calls("setWebhook", 1, timeout=30)
+            url = f"http://127.0.0.1:{port}/telegram"
+            for chat in range(1, HELD_USERS + 1):
+                update = telegram.private_text_update(chat, chat, f"question {chat}")
+                await post_update(url, update, HELD_SECRET)
+            await telegram.wait_for_sent(HELD_USERS, timeout=HELD_DEADLINE_S + 30)
+        finally:
+            await running.terminate()
+    waits: list[float] = []
+    for sent in telegram.sent_messages:
+        asked = [r for r in provider.requests if f"question {sent.chat_id}" in r.last_user_text]
+        if asked and asked[0].ended_at is not None:
+            waits.append(sent.at - asked[0].ended_at)
+    waits.sort()
+    answered = sum((m.text or "").startswith("You said") for m in telegram.sent_messages)
+    return {
+        "p50_ms": waits[len(waits) // 2] * 1000 if waits else None,
+        "worst_ms": waits[-1] * 1000 if waits else None,
+        "apologies": HELD_USERS - answered,
+    }
+
+
+def held_rows(trees: dict[str, Path], folder: Path) -> list[list[str]]:
+    rows = []
+    afters: tuple[AfterDone, ...] = ("keep-alive", "silent")
+    for after in afters:
+        measured = [asyncio.run(held_stream(tree, folder, after)) for tree in trees.values()]
+        rows.append(
+            [f"[DONE] then {after}: last byte -> reply sent, p50 / worst (ms)"]
+            + [f"{m['p50_ms']:.0f} / {m['worst_ms']:.0f}" for m in measured]
+        )
+        rows.append(
+            [f"  apologies instead of the answer, of {HELD_USERS}"]
+            + [str(m["apologies"]) for m in measured]
+        )
+    return rows
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--window", type=float, default=40.0, help="seconds the PDFs get")
+    parser.add_argument(
+        "--rows", default="media,held", help="which rows to run: media, held (comma-separated)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--files", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -325,11 +412,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         child(args.child, args.files, args.window)
         return
     from benchmarks.command_line import timed_run
+    from benchmarks.wakeup import print_table
 
     with timed_run(), tempfile.TemporaryDirectory(prefix="lw-poison-") as folder:
-        sizes = make_files(Path(folder))
         trees = ({"before": args.before} if args.before else {}) | {"after": ROOT}
-        report(trees, Path(folder), sizes, args.window)
+        wanted = args.rows.split(",")
+        rows: list[list[str]] = []
+        notes: list[str] = []
+        if "media" in wanted:
+            rows, notes = media_rows(trees, Path(folder), args.window)
+        if "held" in wanted:
+            rows += held_rows(trees, Path(folder))
+        print(f"the trees: {trees}\n")
+        print_table(["measure", *trees], rows)
+        for note in notes:
+            print(f"\n{note}")
 
 
 if __name__ == "__main__":

@@ -73,10 +73,13 @@ JUNK_LIMIT = 32
 # sends something else (a loop, a file), and it would all sit in memory.
 MAX_EVENT_CHARS = 1 << 20
 MAX_BODY_BYTES = 8 << 20
-# After the chunk that finishes an answer, or its `[DONE]`, what the provider still sends is
-# read this long and this much at most (`_until_finished`, `_drain`).
+# After the chunk that finishes an answer, its usage and `[DONE]` are waited for this long at
+# most (`_until_finished`); after those, the rest of the body is read this long and this much
+# at most (`_drain`). A provider ends the body at once; one that holds it open delays the reply
+# by no more than these.
 TAIL_S = 0.25
-TAIL_CHARS = 64 << 10
+DRAIN_S = 0.05
+DRAIN_CHARS = 64 << 10
 # Above this a reported count is a glitch: no context window holds that many tokens, and it
 # would overflow the usage counters in the store.
 MAX_REPORTED_TOKENS = 100_000_000
@@ -533,15 +536,15 @@ def _finishes(chunk: dict[str, Any]) -> bool:
 
 
 async def _drain(lines: AsyncIterator[str]) -> None:
-    """Read what follows the answer, `TAIL_S` and `TAIL_CHARS` at most. A body read to its
+    """Read what follows the answer, `DRAIN_S` and `DRAIN_CHARS` at most. A body read to its
     end lets the connection serve the next generation (a new one to a provider costs a TLS
     handshake); one still open after that is closed, the answer is not held for it."""
     read = 0
     with contextlib.suppress(Exception):
-        async with asyncio.timeout(TAIL_S):
+        async with asyncio.timeout(DRAIN_S):
             async for line in lines:
                 read += len(line) + 1
-                if read > TAIL_CHARS:
+                if read > DRAIN_CHARS:
                     return
 
 
