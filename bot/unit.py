@@ -3,27 +3,39 @@
 Only systemd reads a unit's `EnvironmentFile=`s, credentials and `StateDirectory=`, so a
 `lastword doctor` typed in an admin's shell checks the admin's shell, not the deployment. This
 module rebuilds what systemd would hand the unit's process: its environment (`Environment=`
-lines, then the env files, later ones winning), its credentials (copied into a private
-`CREDENTIALS_DIRECTORY`, as systemd does), `STATE_DIRECTORY` and its working directory. It
-reads the manager's own view through `systemctl show` where systemd runs, else the unit files
-under a root directory (as `systemctl --root` does), templates and drop-ins included.
+lines, then the env files, globs expanded, later ones winning), its credentials (copied into a
+private `CREDENTIALS_DIRECTORY`, as systemd does), `STATE_DIRECTORY` and its working directory.
+It reads the manager's own view through `systemctl show` where systemd runs, else the unit
+files under a root directory (as `systemctl --root` does), templates and drop-ins included.
+
+The unit files are read as systemd's own parser reads them: a line systemd ignores (an
+unbalanced quote, a credential ID that is no file name, a path with `..`) is ignored here too,
+with a note. Every path is resolved under the root as in a chroot, symlinks included; one that
+leads out of the root is refused with a note, never read. Nothing is written but the private
+credentials folder, which is gone when the command ends, on an error or a SIGTERM too.
 """
 
 from __future__ import annotations
 
-import codecs
+import fnmatch
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
+import stat
+import string
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Literal, NamedTuple
 
 from bot.plural import counted
 
@@ -43,25 +55,74 @@ SHELL_ONLY_PREFIXES = ("LASTWORD_", "OPENAI_API_KEY", "OPENAI_BASE_URL")
 SHELL_ONLY = ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "XDG_STATE_HOME")
 # A credential larger than systemd's own limit (CREDENTIAL_SIZE_MAX, 1 MiB) is not a setting.
 CREDENTIAL_MAX_BYTES = 1024 * 1024
+# A unit or env file this large is no configuration: doctor reads no more of one.
+TEXT_MAX_BYTES = 4 * 1024 * 1024
+# Linux's limits, which systemd checks names and paths against: a file name, a path, and the
+# symlinks a path may pass through before it counts as a loop (MAXSYMLINKS).
+NAME_MAX = 255
+PATH_MAX = 4096
+SYMLINKS_MAX = 40
+# What separates the words of an Environment= or StateDirectory= line (systemd's WHITESPACE).
+WHITESPACE = " \t\n\r"
+# The signals whose default action ends the process without running `finally` blocks.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What makes a path a glob(7) pattern.
+_MAGIC = re.compile(r"[*?[]")
+# systemd's one-letter C escapes (cunescape_one(); "\s", a space, is its own).
+_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
+# Its escapes by number: the letter and how many hex digits follow ("\101", octal, has none).
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+# What a backslash does in a word (extract_first_word()): starts a C escape, keeps the next
+# character as it is (the default), or is a character like any other (EXTRACT_RETAIN_ESCAPE).
+Backslash = Literal["escape", "next", "keep"]
 
 
 class UnitError(Exception):
     """The unit cannot be read or would not start; the message is one line for the operator."""
 
 
+class _Syntax(ValueError):
+    """A value systemd's parser refuses (an unbalanced quote, an unknown escape): it ignores the
+    line, or the rest of it."""
+
+
+class _Refused(OSError):
+    """A path not read: it leads out of the root, its links loop, or it is no regular file of a
+    sane size. The message names the path."""
+
+
 @dataclass
 class UnitConfig:
-    """What a unit says, specifiers expanded, paths as the unit names them."""
+    """What a unit says, specifiers expanded, paths as the unit names them; `notes` are the
+    lines systemd would ignore, each with its file and line."""
 
     name: str
     environment: dict[str, str] = field(default_factory=dict)
-    env_files: list[tuple[str, bool]] = field(default_factory=list)  # (path, optional)
-    load_credentials: list[tuple[str, str]] = field(default_factory=list)  # (ID, path or "")
+    env_files: list[tuple[str, bool]] = field(default_factory=list)  # (path or glob, optional)
+    load_credentials: list[tuple[str, str]] = field(default_factory=list)  # (ID, path or name)
     set_credentials: list[tuple[str, bytes]] = field(default_factory=list)
     state_directories: list[str] = field(default_factory=list)
     working_directory: str | None = None
     working_directory_optional: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def ignore(self, where: str, key: str, why: str, part: str = "this line") -> None:
+        """Note that systemd ignores `part` of the `key=` line at `where` (file:line)."""
+        self.notes.append(f"{where}: {key}= {why}: systemd ignores {part}")
 
 
 @dataclass
@@ -72,6 +133,13 @@ class View:
     credentials: dict[str, bytes]
     working_directory: Path | None
     summary: str
+
+    def __post_init__(self) -> None:
+        # Each name becomes a file in the credentials folder: a name that is no plain file
+        # name would put the file somewhere else.
+        for name in self.credentials:
+            if not credential_name_valid(name):
+                raise ValueError(f"not a credential ID: {name!r}")
 
 
 def service_name(name: str) -> str:
@@ -180,16 +248,19 @@ def _env_assignments(text: str) -> Iterator[tuple[str, str]]:
         yield key, value
 
 
-def unit_lines(text: str, section: str = "Service") -> list[tuple[str, str]]:
-    """The `Key=value` lines of one section of a unit file, continuation lines joined."""
-    pairs: list[tuple[str, str]] = []
-    current, pending = "", ""
-    for raw in text.splitlines():
+def unit_lines(text: str, section: str = "Service") -> list[tuple[int, str, str]]:
+    """The `Key=value` lines of one section of a unit file, continuation lines joined, each
+    with the number of the line it starts on."""
+    lines: list[tuple[int, str, str]] = []
+    current, pending, start = "", "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not pending and (not line or line[0] in "#;"):
             continue
         if pending and line[:1] in ("#", ";"):
             continue
+        if not pending:
+            start = number
         line = pending + line
         if line.endswith("\\"):
             pending = line[:-1] + " "
@@ -199,75 +270,406 @@ def unit_lines(text: str, section: str = "Service") -> list[tuple[str, str]]:
             current = line[1:-1]
         elif current == section and "=" in line:
             key, _, value = line.partition("=")
-            pairs.append((key.strip(), value.strip()))
-    return pairs
+            lines.append((start, key.strip(), value.strip()))
+    return lines
 
 
-def apply_line(config: UnitConfig, key: str, value: str) -> None:
-    """One `[Service]` line into `config`, as systemd merges them: an empty value resets a
-    list, a later `WorkingDirectory=` wins."""
-    unit = config.name
-    if key == "Environment":
-        if not value:
-            config.environment.clear()
-        for word in shlex.split(value):
-            name, sep, text = expand(word, unit).partition("=")
+def credential_name_valid(name: str) -> bool:
+    """systemd's credential_name_valid(): a file name (not empty, `.` or `..`, no `/`, at most
+    NAME_MAX bytes) that is also a valid fd name (printable ASCII, no `:`)."""
+    return (
+        name not in ("", ".", "..")
+        and len(name) <= NAME_MAX
+        and all(" " <= char <= "~" and char not in "/:" for char in name)
+    )
+
+
+def _unescape_one(text: str, at: int, *, nul: bool) -> tuple[bytes, int]:
+    """The C escape whose letter is at `at` (just after a backslash), as systemd's
+    cunescape_one() reads it: its bytes and how many characters it took. `nul`: whether it
+    may be a NUL byte. _Syntax on one systemd does not know."""
+    letter = text[at]
+    if letter in _ESCAPES:
+        return _ESCAPES[letter].encode(), 1
+    if letter in _HEX_ESCAPES:
+        start, width, base, digits_allowed = at + 1, _HEX_ESCAPES[letter], 16, string.hexdigits
+    elif letter in string.octdigits:
+        start, width, base, digits_allowed = at, 3, 8, string.octdigits
+    else:
+        raise _Syntax("an unknown escape")
+    digits = text[start : start + width]
+    if len(digits) < width or not all(char in digits_allowed for char in digits):
+        raise _Syntax("a malformed escape")
+    value = int(digits, base)
+    if value == 0 and not nul:
+        raise _Syntax("a NUL escape")
+    used = start + width - at
+    if letter == "U" and (value > 0x10FFFF or 0xD800 <= value <= 0xDFFF):
+        raise _Syntax("an escape of no character")
+    if letter in "uU":
+        # A lone surrogate from "\u" stays as systemd writes it, invalid UTF-8.
+        return chr(value).encode(errors="surrogatepass"), used
+    if value > 0xFF:
+        raise _Syntax("an octal escape over 255")
+    return bytes([value]), used
+
+
+def _first_word(
+    text: str,
+    separators: str,
+    *,
+    unquote: bool = False,
+    backslash: Backslash = "next",
+    coalesce: bool = True,
+    nul: bool = False,
+) -> tuple[bytes, str | None] | None:
+    """The first word of `text` and what follows it (None at the end), as systemd's
+    extract_first_word() splits it; None when there is none. `unquote`: quotes group and are
+    removed; `coalesce`: a run of separators is one (else an empty word is one too); `nul`: an
+    escape may be a NUL byte. _Syntax on an unbalanced quote, a bad escape or a backslash at
+    the end."""
+    at, end = 0, len(text)
+    if coalesce:
+        while at < end and text[at] in separators:
+            at += 1
+        if at == end:
+            return None
+    word, quote = bytearray(), ""
+    while at < end:
+        char = text[at]
+        if char == "\\" and backslash != "keep":
+            if at + 1 == end:
+                raise _Syntax("a backslash at the end")
+            if backslash == "escape":
+                decoded, used = _unescape_one(text, at + 1, nul=nul)
+            else:
+                decoded, used = text[at + 1].encode(), 1
+            word += decoded
+            at += 1 + used
+            continue
+        at += 1
+        if quote and char == quote:
+            quote = ""
+        elif not quote and unquote and char in "'\"":
+            quote = char
+        elif not quote and char in separators:
+            if coalesce:
+                while at < end and text[at] in separators:
+                    at += 1
+            return bytes(word), (text[at:] if at < end or not coalesce else None)
+        else:
+            word += char.encode()
+    if quote:
+        raise _Syntax("an unbalanced quote")
+    return bytes(word), None
+
+
+def _words(text: str, *, unquote: bool, backslash: Backslash) -> Iterator[bytes]:
+    """Each word of a whitespace-separated line, as systemd splits it. The words before one
+    that raises _Syntax are yielded first: systemd has applied them too."""
+    rest: str | None = text
+    while rest is not None:
+        found = _first_word(rest, WHITESPACE, unquote=unquote, backslash=backslash)
+        if found is None:
+            return
+        word, rest = found
+        yield word
+
+
+def _split_id(value: str) -> tuple[str, str | None]:
+    """A credential line's ID and what follows its first `:` (None: there is no `:`), as
+    systemd splits them. _Syntax on a backslash at the end of the ID."""
+    found = _first_word(value, ":", coalesce=False)
+    word, rest = found if found else (b"", None)
+    return word.decode(), rest
+
+
+def _cunescape(text: str) -> bytes:
+    """systemd's cunescape() with NUL allowed, as it reads `SetCredential=` data: C escapes
+    decoded, _Syntax on one it does not know or a backslash at the end."""
+    found = _first_word(text, "", backslash="escape", coalesce=False, nul=True)
+    return found[0] if found else b""
+
+
+def _simplified(path: str, *, absolute: bool = True) -> str | None:
+    """`path` as systemd's path_simplify_and_warn() keeps it: absolute (or relative), without
+    `//`, `.` parts or a trailing `/`; None for one it refuses: the other kind, a `..` part, a
+    name over NAME_MAX bytes, PATH_MAX bytes in all, or nothing at all."""
+    if path.startswith("/") != absolute:
+        return None
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts or any(len(part.encode()) > NAME_MAX for part in parts):
+        return None
+    simple = "/" * absolute + "/".join(parts)
+    return simple if simple and len(simple.encode()) < PATH_MAX else None
+
+
+def _normalized(path: str) -> bool:
+    """systemd's path_is_normalized(): no `.` or `..` part, no `//`, under PATH_MAX bytes."""
+    return (
+        "//" not in path
+        and not {".", ".."} & set(path.split("/"))
+        and len(path.encode()) < PATH_MAX
+    )
+
+
+def _environment_line(config: UnitConfig, value: str, where: str) -> None:
+    try:
+        for word in _words(value, unquote=True, backslash="escape"):
+            try:
+                name, sep, text = expand(word.decode(), config.name).partition("=")
+            except UnicodeDecodeError:
+                sep = ""
             if sep and _NAME.fullmatch(name):
                 config.environment[name] = text
-    elif key == "EnvironmentFile":
-        if not value:
-            config.env_files.clear()
-        else:
-            path = expand(value, unit)
-            config.env_files.append((path.removeprefix("-"), path.startswith("-")))
-    elif key == "LoadCredential":
-        if not value:
-            config.load_credentials.clear()
-        else:
-            ident, _, path = expand(value, unit).partition(":")
-            config.load_credentials.append((ident, path))
-    elif key == "SetCredential":
-        if not value:
-            config.set_credentials.clear()
-        else:
-            ident, _, text = expand(value, unit).partition(":")
-            # C escapes, as systemd's cunescape() reads them.
-            config.set_credentials.append((ident, codecs.escape_decode(text.encode())[0]))
-    elif key == "StateDirectory":
-        if not value:
-            config.state_directories.clear()
-        config.state_directories += [expand(word, unit) for word in value.split()]
-    elif key == "WorkingDirectory":
-        path = expand(value, unit)
-        config.working_directory = path.removeprefix("-") or None
-        config.working_directory_optional = path.startswith("-")
+            else:
+                config.ignore(where, "Environment", "has a word that is no NAME=VALUE", "it")
+    except _Syntax as exc:
+        config.ignore(where, "Environment", f"has {exc}", "the rest of the line")
+
+
+def _env_file_line(config: UnitConfig, value: str, where: str) -> None:
+    path = expand(value, config.name)
+    simple = _simplified(path.removeprefix("-"))
+    if simple is None:
+        config.ignore(where, "EnvironmentFile", "names no absolute, normalized path")
+    else:
+        config.env_files.append((simple, path.startswith("-")))
+
+
+def _load_credential_line(config: UnitConfig, value: str, where: str) -> None:
+    try:
+        raw, rest = _split_id(value)
+    except _Syntax as exc:
+        config.ignore(where, "LoadCredential", f"has {exc}")
+        return
+    ident = expand(raw, config.name)
+    # The ID alone: a credential of that name, looked for in the credstores.
+    source = expand(rest, config.name) if rest else ident
+    if not credential_name_valid(ident):
+        config.ignore(where, "LoadCredential", f"names the ID {ident!r}, no valid file name")
+    elif not (_normalized(source) if source.startswith("/") else credential_name_valid(source)):
+        why = f"names the source {source!r}, no normalized path or credential name"
+        config.ignore(where, "LoadCredential", why)
+    else:
+        others = [(i, path) for i, path in config.load_credentials if i != ident]
+        config.load_credentials = [*others, (ident, source)]
+
+
+def _set_credential_line(config: UnitConfig, value: str, where: str) -> None:
+    try:
+        raw, rest = _split_id(value)
+        data = _cunescape(rest) if rest else None
+    except _Syntax as exc:
+        config.ignore(where, "SetCredential", f"has {exc}")
+        return
+    ident = expand(raw, config.name)
+    if data is None:
+        config.ignore(where, "SetCredential", "has no ID:DATA")
+    elif not credential_name_valid(ident):
+        config.ignore(where, "SetCredential", f"names the ID {ident!r}, no valid file name")
+    else:
+        others = [(i, text) for i, text in config.set_credentials if i != ident]
+        config.set_credentials = [*others, (ident, data)]
+
+
+def _state_line(config: UnitConfig, value: str, where: str) -> None:
+    try:
+        for word in _words(value, unquote=True, backslash="keep"):
+            # "NAME:LINK" also links LINK to it; the process is told of NAME only.
+            name = expand(word.decode().partition(":")[0], config.name)
+            simple = _simplified(name, absolute=False)
+            if simple is None or simple.split("/")[0] == "private":
+                why = f"names {name!r}, no relative, normalized path outside private/"
+                config.ignore(where, "StateDirectory", why, "that name")
+            else:
+                config.state_directories.append(simple)
+    except _Syntax as exc:
+        config.ignore(where, "StateDirectory", f"has {exc}", "the rest of the line")
+
+
+def _working_directory_line(config: UnitConfig, value: str, where: str) -> None:
+    if not value:
+        config.working_directory = None
+        return
+    path = value.removeprefix("-")
+    optional = value.startswith("-")
+    simple = "~" if path == "~" else _simplified(expand(path, config.name))
+    if simple is not None:
+        config.working_directory, config.working_directory_optional = simple, optional
+    elif optional:
+        config.ignore(where, "WorkingDirectory", "names no absolute, normalized path")
+    else:
+        raise UnitError(
+            f"{where}: WorkingDirectory={path} is no absolute, normalized path "
+            f"(systemd would not load {config.name})"
+        )
+
+
+# How each line systemd hands the process something is read.
+_LINES: dict[str, Callable[[UnitConfig, str, str], None]] = {
+    "Environment": _environment_line,
+    "EnvironmentFile": _env_file_line,
+    "LoadCredential": _load_credential_line,
+    "SetCredential": _set_credential_line,
+    "StateDirectory": _state_line,
+    "WorkingDirectory": _working_directory_line,
+}
+# The lists these lines add to, by key: an empty value resets one.
+_LISTS = {
+    "Environment": "environment",
+    "EnvironmentFile": "env_files",
+    "LoadCredential": "load_credentials",
+    "SetCredential": "set_credentials",
+    "StateDirectory": "state_directories",
+}
+
+
+def apply_line(config: UnitConfig, key: str, value: str, where: str) -> None:
+    """One `[Service]` line (at `where`, file:line) into `config`, as systemd merges them: an
+    empty value resets a list, a later `WorkingDirectory=` wins, a later credential of the
+    same ID replaces the earlier, and a line (or the part of one) that systemd ignores is
+    ignored with a note. UnitError for one that stops systemd loading the unit."""
+    parse = _LINES.get(key)
+    if parse is None:
+        return
+    if not value and key in _LISTS:
+        getattr(config, _LISTS[key]).clear()
+    else:
+        parse(config, value, where)
+
+
+def _under(root: Path, path: str) -> Path:
+    """`path` (absolute) as it reads under `root`, nothing resolved: how a path is shown."""
+    return root / path.lstrip("/")
+
+
+def _inside(root: Path, path: str) -> Path:
+    """`path` (absolute, as the unit names it) resolved under `root` as in a chroot: each
+    symlink followed there (an absolute target starts again at the root), `..` taken part by
+    part. _Refused when a `..` would climb above the root (at `/` itself it stays, as the
+    kernel has it) or the links loop. The last parts may be missing."""
+    at_top = root.resolve() == Path("/")
+    done: list[str] = []
+    todo = path.split("/")[::-1]
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not done and not at_top:
+                raise _Refused(f"{_under(root, path)} leads out of {root}")
+            done = done[:-1]
+            continue
+        here = root.joinpath(*done, part)
+        try:
+            link = stat.S_ISLNK(os.lstat(here).st_mode)
+        except OSError:
+            # Missing or unreachable: what opens it says so.
+            link = False
+        if not link:
+            done.append(part)
+            continue
+        links += 1
+        if links > SYMLINKS_MAX:
+            raise _Refused(f"{_under(root, path)}: too many levels of symbolic links")
+        target = os.readlink(here)
+        if target.startswith("/"):
+            done = []
+        todo += target.split("/")[::-1]
+    return root.joinpath(*done)
+
+
+def _glob(root: Path, pattern: str) -> list[str]:
+    """The paths (as the unit would name them) that the absolute `pattern` matches under
+    `root`, sorted as glob(3) returns them: a part with `*`, `?` or `[` matches names in its
+    folder (a leading dot only when the part has one), and only paths that exist match; a
+    pattern without one is returned as it is, found or not. _Refused when a folder to list
+    leads out of the root."""
+    paths = [""]
+    for part in pattern.split("/"):
+        if not part:
+            continue
+        if not _MAGIC.search(part):
+            paths = [f"{path}/{part}" for path in paths]
+            continue
+        matched: list[str] = []
+        for path in paths:
+            folder = _inside(root, path or "/")
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            matched += [
+                f"{path}/{name}"
+                for name in names
+                if fnmatch.fnmatchcase(name, part) and (part[0] == "." or name[0] != ".")
+            ]
+        paths = matched
+    if not _MAGIC.search(pattern):
+        return paths
+    return sorted(path for path in paths if _found(root, path))
+
+
+def _found(root: Path, path: str) -> bool:
+    """Whether `path` exists under `root`; so does one that cannot be resolved, so that
+    reading it says why."""
+    try:
+        return _inside(root, path).exists()
+    except OSError:
+        return True
+
+
+def _read(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, _Refused over `limit` bytes. A last symlink is not followed (one
+    swapped in after the path was resolved), nor does a FIFO block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused(f"{path} is not a regular file")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise _Refused(f"{path} is over {limit:,} bytes")
+    return data
+
+
+def _reason(exc: OSError) -> str:
+    """Why a path was not read, as one line that names it."""
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+
+
+def _unit_file(root: Path, path: str) -> Path | None:
+    found = _inside(root, path)
+    return found if found.is_file() else None
 
 
 def unit_files(root: Path, unit: str) -> list[Path]:
     """The unit's file and its drop-ins (`<unit>.d/*.conf`, the template's too), in the order
-    systemd applies them; UnitError when there is none."""
+    systemd applies them, resolved under `root`; UnitError when there is none, or when one
+    leads out of the root."""
     names = [unit]
     if "@" in unit:
         prefix, _, rest = unit.partition("@")
         names.append(f"{prefix}@.{rest.rsplit('.', 1)[1]}")
-    fragment = next(
-        (
-            root / folder / name
-            for name in names
-            for folder in UNIT_DIRS
-            if (root / folder / name).is_file()
-        ),
-        None,
-    )
-    if fragment is None:
-        where = ", ".join(f"{root / folder}" for folder in UNIT_DIRS)
-        raise UnitError(f"no unit {' or '.join(names)} in {where}")
-    dropins: dict[str, Path] = {}
-    # A drop-in of the same file name in a folder of higher priority hides the others.
-    for name in reversed(names):
-        for folder in reversed(UNIT_DIRS):
-            for path in sorted((root / folder / f"{name}.d").glob("*.conf")):
-                dropins[path.name] = path
+    try:
+        candidates = (
+            _unit_file(root, f"/{folder}/{name}") for name in names for folder in UNIT_DIRS
+        )
+        fragment = next((path for path in candidates if path is not None), None)
+        if fragment is None:
+            where = ", ".join(f"{root / folder}" for folder in UNIT_DIRS)
+            raise UnitError(f"no unit {' or '.join(names)} in {where}")
+        dropins: dict[str, Path] = {}
+        # A drop-in of the same file name in a folder of higher priority hides the others.
+        for name in reversed(names):
+            for folder in reversed(UNIT_DIRS):
+                for found in _glob(root, f"/{folder}/{name}.d/*.conf"):
+                    path = _unit_file(root, found)
+                    if path is not None:
+                        dropins[found.rsplit("/", 1)[1]] = path
+    except OSError as exc:
+        raise UnitError(_reason(exc)) from None
     return [fragment, *(dropins[name] for name in sorted(dropins))]
 
 
@@ -278,8 +680,12 @@ def from_files(root: Path, name: str) -> UnitConfig:
         raise UnitError(f"{unit} is a template: name an instance, e.g. {unit.replace('@', '@1')}")
     config = UnitConfig(unit)
     for path in unit_files(root, unit):
-        for key, value in unit_lines(path.read_text(errors="replace")):
-            apply_line(config, key, value)
+        try:
+            text = _read(path, TEXT_MAX_BYTES).decode(errors="replace")
+        except OSError as exc:
+            raise UnitError(_reason(exc)) from None
+        for number, key, value in unit_lines(text):
+            apply_line(config, key, value, f"{path}:{number}")
     return config
 
 
@@ -373,96 +779,187 @@ def _bus_pairs(unit: str, prop: str) -> list[tuple[str, object]]:
     ]
 
 
-def _under(root: Path, path: str) -> Path:
-    return root / path.lstrip("/")
+def _credential_source(root: Path, source: str) -> Path | None:
+    """Where a `LoadCredential=` source is under `root`: an absolute path, else the first
+    credstore holding that name; None when there is none (systemd skips the credential)."""
+    if source.startswith("/"):
+        candidates = [source]
+    else:
+        candidates = [f"/{store}/{source}" for store in CREDSTORES]
+    for candidate in candidates:
+        path = _inside(root, candidate)
+        if path.exists():
+            return path
+    return None
 
 
-def _credential_source(root: Path, ident: str, path: str) -> Path | None:
-    if path.startswith("/"):
-        found = _under(root, path)
-        return found if found.exists() else None
-    return next(
-        (
-            _under(root, store) / (path or ident)
-            for store in CREDSTORES
-            if (_under(root, store) / (path or ident)).exists()
-        ),
-        None,
-    )
+def _credential_folder(ident: str, folder: Path) -> dict[str, bytes]:
+    """A directory source's credentials, as systemd loads one: each regular file below it (no
+    symlink, no dot file) as "ID_FILE" ("ID_SUB_FILE" further down), by name. UnitError for a
+    name that is no credential ID: systemd would not start the unit."""
+    found: dict[str, bytes] = {}
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        name = f"{ident}_{entry.name}"
+        if entry.name.startswith("."):
+            continue
+        # Below a name too long to be an ID, no file could have one.
+        if entry.is_dir(follow_symlinks=False) and credential_name_valid(name):
+            found |= _credential_folder(name, Path(entry.path))
+        elif entry.is_file(follow_symlinks=False):
+            if not credential_name_valid(name):
+                raise UnitError(
+                    f"LoadCredential={ident}: {entry.path} would be the credential {name!r}, "
+                    "no valid ID (systemd would not start the unit)"
+                )
+            found[name] = _read(Path(entry.path), CREDENTIAL_MAX_BYTES)
+    return found
 
 
-def _credentials(config: UnitConfig, root: Path) -> dict[str, bytes]:
+def _credentials(config: UnitConfig, root: Path, notes: list[str]) -> dict[str, bytes]:
     """Each credential's bytes by the name the process sees. A loaded credential wins over a
     `SetCredential=` of the same ID (its fallback); a missing one is absent, as under
-    systemd, so a unit may name every secret it could use."""
+    systemd, so a unit may name every secret it could use. One that cannot be read (it leads
+    out of the root, say) is absent too, with a note."""
     found: dict[str, bytes] = dict(config.set_credentials)
-    for ident, path in config.load_credentials:
-        source = _credential_source(root, ident, path)
-        if source is None:
-            continue
-        if source.is_dir():
-            # A directory source: each file in it becomes "ID_FILENAME".
-            for item in sorted(source.iterdir()):
-                if item.is_file():
-                    found[f"{ident}_{item.name}"] = item.read_bytes()[:CREDENTIAL_MAX_BYTES]
-        else:
-            found[ident] = source.read_bytes()[:CREDENTIAL_MAX_BYTES]
+    for ident, source in config.load_credentials:
+        try:
+            path = _credential_source(root, source)
+            if path is not None and path.is_dir():
+                found |= _credential_folder(ident, path)
+            elif path is not None:
+                found[ident] = _read(path, CREDENTIAL_MAX_BYTES)
+        except OSError as exc:
+            notes.append(f"LoadCredential={ident}: {_reason(exc)}; not read")
     return found
+
+
+class _EnvFile(NamedTuple):
+    """A file to read for the environment, as the summary names it; with no `path`, `state`
+    says why there is nothing to read ("no match", "not read") and `why` gives the reason."""
+
+    shown: str
+    path: Path | None
+    optional: bool
+    state: str = ""
+    why: str = ""
+
+
+def _unit_env_files(config: UnitConfig, root: Path) -> Iterator[_EnvFile]:
+    """The files the unit's `EnvironmentFile=` lines name, in the order systemd reads them:
+    line by line, each glob's matches sorted. One that leads out of the root is not read."""
+    for pattern, optional in config.env_files:
+        shown = str(_under(root, pattern))
+        try:
+            matches = _glob(root, pattern)
+        except OSError as exc:
+            yield _EnvFile(shown, None, optional, "not read", _reason(exc))
+            continue
+        if not matches:
+            yield _EnvFile(shown, None, optional, "no match")
+        for match in matches:
+            try:
+                path = _inside(root, match)
+            except OSError as exc:
+                yield _EnvFile(str(_under(root, match)), None, optional, "not read", _reason(exc))
+            else:
+                yield _EnvFile(str(path), path, optional)
+
+
+def _env_file_text(file: _EnvFile) -> tuple[str | None, str, str]:
+    """The file's text, or None; what the summary says of it ("read", "missing", "no match",
+    "not read"); and for one not read, why."""
+    if file.path is None:
+        return None, file.state, file.why
+    try:
+        return _read(file.path, TEXT_MAX_BYTES).decode(errors="replace"), "read", ""
+    except FileNotFoundError:
+        return None, "missing", ""
+    except OSError as exc:
+        return None, "not read", _reason(exc)
+
+
+# What stops the unit, by what the summary says of an env file that is not optional.
+_NOT_READ = {"missing": "no such file", "no match": "matches no file"}
 
 
 def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> View:
     """The environment, credentials and working directory of the unit's process (`config`,
-    read under `root`), with `env_files` read after the unit's own; their summary line."""
+    read under `root`), with `env_files` read after the unit's own; their summary, the notes
+    (what was ignored or not read, and why) on lines of their own."""
     environment = dict(config.environment) if config else {}
+    notes = list(config.notes) if config else []
     parts: list[str] = []
     read: list[str] = []
     ignored: list[str] = []
-    named = [
-        (_under(root, path), optional) for path, optional in (config.env_files if config else [])
-    ]
-    for path, optional in [*named, *((extra, False) for extra in env_files)]:
-        if not path.is_file():
-            if not optional:
-                raise UnitError(
-                    f"env file {path}: no such file"
-                    + (" (systemd would not start the unit)" if config else "")
-                )
-            read.append(f"{path} (missing)")
-            continue
-        values, skipped = read_env_file(path.read_text(errors="replace"))
-        environment.update(values)
-        ignored += [f"{path}: {key!r}" for key in skipped]
-        read.append(f"{path} (read)")
+    files = list(_unit_env_files(config, root)) if config else []
+    files += [_EnvFile(str(extra), extra, False) for extra in env_files]
+    for file in files:
+        text, state, why = _env_file_text(file)
+        if text is None and not file.optional:
+            raise UnitError(
+                f"env file {file.shown}: {_NOT_READ.get(state) or why}"
+                + (" (systemd would not start the unit)" if config else "")
+            )
+        read.append(f"{file.shown} ({state})")
+        if why:
+            notes.append(f"{why}; not read")
+        if text is not None:
+            values, skipped = read_env_file(text)
+            environment.update(values)
+            ignored += [f"{file.shown}: {key!r}" for key in skipped]
     parts.append(f"env files {', '.join(read)}" if read else "no env files")
-    credentials = _credentials(config, root) if config else {}
+    credentials = _credentials(config, root, notes) if config else {}
     if config:
         names = f" ({', '.join(sorted(credentials))})" if credentials else ""
         parts.append(counted(len(credentials), "credential") + names)
-    if config and config.state_directories:
-        states = [str(_under(root, f"/var/lib/{name}")) for name in config.state_directories]
+    states = _state_directories(config, root, notes) if config else []
+    if states:
         environment["STATE_DIRECTORY"] = ":".join(states)
         parts.append(f"state {states[0]}")
-    working = _working_directory(config, root) if config else None
+    working = _working_directory(config, root, notes) if config else None
     if working is not None:
         parts.append(f"working directory {working}")
     if ignored:
         parts.append("ignored as systemd does (no `export`, not a name): " + ", ".join(ignored))
     what = f"reading {config.name} as systemd would" if config else "reading as these env files say"
-    return View(environment, credentials, working, f"{what}: {'; '.join(parts)}")
+    summary = f"{what}: {'; '.join(parts)}" + "".join(f"\nnote: {note}" for note in notes)
+    return View(environment, credentials, working, summary)
 
 
-def _working_directory(config: UnitConfig, root: Path) -> Path:
+def _state_directories(config: UnitConfig, root: Path, notes: list[str]) -> list[str]:
+    """Each `StateDirectory=` as the process is told of it, resolved under the root (with
+    DynamicUser=, /var/lib/NAME links into /var/lib/private)."""
+    states: list[str] = []
+    for name in config.state_directories:
+        try:
+            states.append(str(_inside(root, f"/var/lib/{name}")))
+        except OSError as exc:
+            notes.append(f"StateDirectory={name}: {_reason(exc)}; not used")
+    return states
+
+
+def _working_directory(config: UnitConfig, root: Path, notes: list[str]) -> Path:
     """Where the process starts: the unit's WorkingDirectory=, else (or if missing and
     optional) the root directory, as for every system service."""
     if config.working_directory is None or config.working_directory == "~":
         return root
-    path = _under(root, config.working_directory)
-    if path.is_dir():
-        return path
+    try:
+        path = _inside(root, config.working_directory)
+    except OSError as exc:
+        why = _reason(exc)
+    else:
+        if path.is_dir():
+            return path
+        why = ""
     if config.working_directory_optional:
+        if why:
+            notes.append(f"WorkingDirectory=-{config.working_directory}: {why}; not used")
         return root
     raise UnitError(
-        f"{config.name} would not start: WorkingDirectory={config.working_directory} does not exist"
+        f"{config.name} would not start: WorkingDirectory={config.working_directory} "
+        + (f"is not used: {why}" if why else "does not exist")
     )
 
 
@@ -479,29 +976,57 @@ def read_view(unit: str | None, root: Path | None, env_files: list[Path]) -> Vie
 
 
 @contextmanager
+def _private_folder() -> Iterator[Path]:
+    """A new folder only this user may enter (mkdtemp), removed on leaving, and also when
+    SIGTERM or SIGHUP ends the process meanwhile: their default action runs no `finally`.
+    The signal then ends the process as it would have."""
+    made: list[Path] = []
+
+    def remove_then_end(signum: int, frame: FrameType | None) -> None:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    # Only the main thread may set handlers; a signal ignored (nohup) stays ignored.
+    main = threading.current_thread() is threading.main_thread()
+    caught = [sig for sig in ENDING_SIGNALS if main and signal.getsignal(sig) == signal.SIG_DFL]
+    for sig in caught:
+        signal.signal(sig, remove_then_end)
+    try:
+        made.append(Path(tempfile.mkdtemp(prefix="lastword-credentials-")))
+        yield made[0]
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+        for sig in caught:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+@contextmanager
 def applied(view: View) -> Iterator[None]:
     """This process as the unit's would be, for the duration: the caller's LASTWORD_* (and
     the like) replaced by the unit's environment, its credentials in a private
-    CREDENTIALS_DIRECTORY (0700, removed afterwards), its working directory."""
+    CREDENTIALS_DIRECTORY (0700, removed afterwards, however the process ends but SIGKILL),
+    its working directory."""
     saved_environ = dict(os.environ)
     saved_cwd = os.getcwd()
-    folder = Path(tempfile.mkdtemp(prefix="lastword-credentials-"))
-    try:
-        for name in list(os.environ):
-            if name.startswith(SHELL_ONLY_PREFIXES) or name in SHELL_ONLY:
-                del os.environ[name]
-        os.environ.update(view.environment)
-        for name, data in view.credentials.items():
-            target = folder / name
-            target.write_bytes(data)
-            target.chmod(0o400)
-        if view.credentials:
-            os.environ["CREDENTIALS_DIRECTORY"] = str(folder)
-        if view.working_directory is not None:
-            os.chdir(view.working_directory)
-        yield
-    finally:
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_environ)
-        shutil.rmtree(folder, ignore_errors=True)
+    with _private_folder() as folder:
+        try:
+            for name in list(os.environ):
+                if name.startswith(SHELL_ONLY_PREFIXES) or name in SHELL_ONLY:
+                    del os.environ[name]
+            os.environ.update(view.environment)
+            for name, data in view.credentials.items():
+                target = folder / name
+                target.write_bytes(data)
+                target.chmod(0o400)
+            if view.credentials:
+                os.environ["CREDENTIALS_DIRECTORY"] = str(folder)
+            if view.working_directory is not None:
+                os.chdir(view.working_directory)
+            yield
+        finally:
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_environ)

@@ -236,6 +236,115 @@ def test_env_file_syntax_as_systemd_reads_it() -> None:
     assert ignored == ["export F"]
 
 
+def test_unit_lines_as_systemd_reads_them(root: Path) -> None:
+    # Each line as systemd's parser takes it (extract_first_word(), cunescape(),
+    # credential_name_valid(), path_simplify_and_warn()): what it ignores is ignored here
+    # too, with a note that names the file and line and never the value.
+    unit_file = root / "etc/systemd/system/demo.service"
+    unit_file.write_text(
+        "[Service]\n"
+        'Environment="A=two words" B=\\x41\\s\\101 C=\'single "q"\' D=\\u00e9\n'
+        'Environment=E=1 F=%N "G=unclosed\n'
+        "Environment=H=\\000 I=not-reached\n"
+        "Environment=nonsense 1X=2 J=ok\n"
+        "EnvironmentFile=relative.env\n"
+        "EnvironmentFile=-/etc/demo/../x.env\n"
+        "EnvironmentFile=-/etc//demo/./*.env\n"
+        "LoadCredential=TOKEN\n"
+        "LoadCredential=KEY:key-file\n"
+        "LoadCredential=SUB:sub/file\n"
+        "LoadCredential=ABS:/etc//x\n"
+        "LoadCredential=a\\:b:/etc/x\n"
+        "LoadCredential=TOKEN:/etc/demo/token\n"
+        "SetCredential=PLAIN:line\\n\n"
+        "SetCredential=NUL:a\\000b\n"
+        "SetCredential=ESCAPE:secret\\q\n"
+        "SetCredential=NODATA\n"
+        "SetCredential=PLAIN:%%kept\n"
+        "StateDirectory=demo-%N ../up private/x\n"
+        "WorkingDirectory=/etc/demo/\n"
+        "WorkingDirectory=-relative\n"
+    )
+    config = unit.from_files(root, "demo")
+    assert config.environment == {
+        "A": "two words",
+        "B": "A A",
+        "C": 'single "q"',
+        "D": "é",
+        "E": "1",
+        "F": "demo",
+        "J": "ok",
+    }
+    assert config.env_files == [("/etc/demo/*.env", True)]
+    assert config.load_credentials == [
+        ("KEY", "key-file"),
+        ("TOKEN", "/etc/demo/token"),
+    ]
+    assert config.set_credentials == [("NUL", b"a\x00b"), ("PLAIN", b"%%kept")]
+    assert config.state_directories == ["demo-demo"]
+    assert (config.working_directory, config.working_directory_optional) == ("/etc/demo", False)
+    ignores = "systemd ignores"
+    assert [note.removeprefix(f"{unit_file}:") for note in config.notes] == [
+        f"3: Environment= has an unbalanced quote: {ignores} the rest of the line",
+        f"4: Environment= has a NUL escape: {ignores} the rest of the line",
+        f"5: Environment= has a word that is no NAME=VALUE: {ignores} it",
+        f"5: Environment= has a word that is no NAME=VALUE: {ignores} it",
+        f"6: EnvironmentFile= names no absolute, normalized path: {ignores} this line",
+        f"7: EnvironmentFile= names no absolute, normalized path: {ignores} this line",
+        f"11: LoadCredential= names the source 'sub/file', no normalized path or credential "
+        f"name: {ignores} this line",
+        f"12: LoadCredential= names the source '/etc//x', no normalized path or credential "
+        f"name: {ignores} this line",
+        f"13: LoadCredential= names the ID 'a:b', no valid file name: {ignores} this line",
+        f"17: SetCredential= has an unknown escape: {ignores} this line",
+        f"18: SetCredential= has no ID:DATA: {ignores} this line",
+        f"20: StateDirectory= names '../up', no relative, normalized path outside private/: "
+        f"{ignores} that name",
+        f"20: StateDirectory= names 'private/x', no relative, normalized path outside "
+        f"private/: {ignores} that name",
+        f"22: WorkingDirectory= names no absolute, normalized path: {ignores} this line",
+    ]
+    assert "secret" not in "\n".join(config.notes)
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("LASTWORD_REDIS_URL", True),
+        ("a b~", True),
+        ("x" * 255, True),
+        ("x" * 256, False),
+        ("", False),
+        (".", False),
+        ("..", False),
+        ("../x", False),
+        ("a/b", False),
+        ("a:b", False),
+        ("tab\there", False),
+        ("é", False),
+    ],
+)
+def test_credential_ids_are_file_names(name: str, valid: bool) -> None:
+    assert unit.credential_name_valid(name) is valid
+    if not valid:
+        # Nothing can carry one to the credentials folder.
+        with pytest.raises(ValueError, match="not a credential ID"):
+            unit.View({}, {name: b"data"}, None, "")
+
+
+def test_an_env_file_glob_matches_only_what_exists(root: Path) -> None:
+    # glob(3) returns existing paths only: a folder without the file is no match.
+    (root / "etc/systemd/system/demo.service").write_text(
+        "[Service]\nEnvironmentFile=/etc/demo/*/app.env\n"
+    )
+    (root / "etc/demo/a").mkdir(parents=True)
+    (root / "etc/demo/b").mkdir()
+    (root / "etc/demo/b/app.env").write_text("FROM=b\n")
+    view = unit.build_view(unit.from_files(root, "demo"), root, [])
+    assert view.environment == {"FROM": "b"}
+    assert f"env files {root}/etc/demo/b/app.env (read);" in view.summary
+
+
 def test_specifiers_templates_and_drop_ins(root: Path) -> None:
     template = root / "usr/lib/systemd/system"
     template.mkdir(parents=True)
