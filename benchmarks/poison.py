@@ -4,7 +4,7 @@ claims tens of millions of pixels, and the transcriptions paid for one voice not
 is interrupted five times. And what a provider that holds its stream open after `[DONE]` costs
 a reply (issue 31).
 
-    python -m benchmarks.poison [--before /tmp/before] [--window 40] [--rows media,held]
+    python -m benchmarks.poison [--before /tmp/before] [--window 70] [--rows media,held]
 
 `--before` is another checkout of lastword (`git worktree add /tmp/before 8aad770`): each
 measurement runs in a fresh process with that tree's `bot` on its path, then with this one's,
@@ -397,7 +397,7 @@ def held_rows(trees: dict[str, Path], folder: Path) -> list[list[str]]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code to compare with")
-    parser.add_argument("--window", type=float, default=40.0, help="seconds the PDFs get")
+    parser.add_argument("--window", type=float, default=70.0, help="seconds the PDFs get")
     parser.add_argument(
         "--rows", default="media,held", help="which rows to run: media, held (comma-separated)"
     )

@@ -3,14 +3,19 @@ processes of their own, a few per replica, each job under a hard time limit.
 
 Why processes, not threads: a thread cannot be stopped, so a cancelled parse ran on for
 minutes, and threads shared the default executor that DNS lookups need. A worker that overruns
-its limit is killed (SIGKILL) and a fresh one takes its place; the file becomes a note. The
+its limit is killed (SIGKILL) and a fresh one takes its place. A worker may also die or overrun
+for reasons that are not the file's (the OOM killer picked it, the host starved it of CPU), so
+a job whose worker died or overran is tried once more in a fresh worker; if that fails too,
+the file becomes a note that is not the reader's verdict (`ReaderUnavailable`), which the
+caller does not remember. A worker that died while idle never costs a job a try. The
 workers are started with `python -m bot.heavy` (a clean interpreter, no inherited locks or
 sockets), hold a memory limit (RLIMIT_AS), and each job also arms SIGALRM inside the worker,
 so a job outlives a replica that died without killing it by a few seconds at most. A worker
 reads jobs from its stdin; at end of file (the replica is gone) it exits.
 
-The wire is length-prefixed frames: a JSON header, then the file's bytes; the answer is one
-JSON frame. JSON rather than pickle: what comes back was made from a stranger's file.
+The wire is length-prefixed frames: a JSON header, then the file's bytes; the worker says it
+took the job (one JSON frame) before it starts on it, then answers (one more). JSON rather than
+pickle: what comes back was made from a stranger's file.
 
 The jobs themselves (`pdf_text`, `encode_image`) are plain functions, also called directly by
 tests and benchmarks. They refuse what they cannot read by raising `Unreadable` with a reason
@@ -60,6 +65,12 @@ START_TIMEOUT_S = 30.0
 # Extra seconds the worker's own alarm allows past the parent's limit: the parent kills
 # first; the alarm only matters when the parent is gone.
 ALARM_SLACK_S = 5
+# What a worker says once it has read a job whole, before it starts on it: a worker whose
+# output ends before this died without seeing the file.
+TOOK = {"took": True}
+# The note for a file whose workers died on it.
+DIED = "the reader failed on it (it may be too large)"
+NONSENSE = "the file reader answered nonsense"
 _FRAME = struct.Struct(">I")
 # Put first on the workers' import path, so they run this very code whatever the replica's
 # working directory.
@@ -71,7 +82,19 @@ class Unreadable(Exception):
 
 
 class ReaderUnavailable(Unreadable):
-    """No worker could be started: the file itself may be fine, so this is not remembered."""
+    """The reader came to no verdict on the file: no worker could be started, or both tries'
+    workers died or overran on it, or answered nonsense. The file itself may be fine, so this
+    is not remembered."""
+
+
+class _Lost(Exception):
+    """A try that came to no verdict: its worker died, overran or answered nonsense. The
+    reason is the note the file gets if no try comes to one."""
+
+
+class _Gone(_Lost):
+    """The worker was dead before it took the job (killed while idle, reaped or not yet): it
+    never saw the file, so an idle worker found so does not cost the job its try."""
 
 
 # -- the jobs ---------------------------------------------------------------------------------
@@ -214,7 +237,7 @@ class _Worker:
         worker = cls(process)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                ready = await worker._receive()
+                ready = await worker.receive()
         except BaseException:
             worker.kill()
             raise
@@ -223,27 +246,42 @@ class _Worker:
             raise ReaderUnavailable("the file reader did not start")
         return worker
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     def alive(self) -> bool:
         return self.process.returncode is None
 
-    async def ask(self, header: dict[str, Any], data: bytes) -> dict[str, Any]:
+    async def hand(self, header: dict[str, Any], data: bytes) -> None:
+        """Give the worker a job, and wait until it says it took it. Raises `_Gone` if it was
+        dead before it did: its pipe broke, or its output ended first."""
         stdin = self.process.stdin
         assert stdin is not None
         body = json.dumps(header).encode()
-        stdin.write(_FRAME.pack(len(body)) + body + _FRAME.pack(len(data)))
-        stdin.write(data)
-        await stdin.drain()
-        return await self._receive()
+        try:
+            stdin.write(_FRAME.pack(len(body)) + body + _FRAME.pack(len(data)))
+            stdin.write(data)
+            await stdin.drain()
+            took = await self.receive()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            raise _Gone(DIED) from None
+        if took != TOOK:
+            raise _Lost(NONSENSE)
 
-    async def _receive(self) -> dict[str, Any]:
+    async def receive(self) -> dict[str, Any]:
+        """The worker's next frame; `asyncio.IncompleteReadError` if it died first."""
         stdout = self.process.stdout
         assert stdout is not None
         (size,) = _FRAME.unpack(await stdout.readexactly(_FRAME.size))
         if size > MAX_ANSWER_BYTES:
-            raise Unreadable("the file reader answered nonsense")
-        answer = json.loads(await stdout.readexactly(size))
+            raise _Lost(NONSENSE)
+        try:
+            answer = json.loads(await stdout.readexactly(size))
+        except ValueError:
+            raise _Lost(NONSENSE) from None
         if not isinstance(answer, dict):
-            raise Unreadable("the file reader answered nonsense")
+            raise _Lost(NONSENSE)
         return answer
 
     def kill(self) -> None:
@@ -253,7 +291,7 @@ class _Worker:
 
 class Workers:
     """A few worker processes for the heavy reading of files, shared by every conversation of
-    the replica: at most `size` jobs at once (the rest wait their turn), each killed at
+    the replica: at most `size` jobs at once (the rest wait their turn), each try killed at
     `timeout_s`. Workers start on first use and are kept for the next job."""
 
     def __init__(self, size: int, timeout_s: float, memory_mb: int) -> None:
@@ -263,8 +301,10 @@ class Workers:
         # Killed workers being reaped, held so their wait is not collected mid-flight.
         self._reaping: set[asyncio.Task[int]] = set()
         self.configure(timeout_s, memory_mb)
-        # Jobs that ran into the time limit, and workers started: for logs and tests.
+        # Tries that ran into the time limit, workers that died (mid-job or idle), and workers
+        # started: for logs and tests.
         self.overran = 0
+        self.died = 0
         self.started = 0
 
     def configure(self, timeout_s: float, memory_mb: int) -> None:
@@ -274,37 +314,22 @@ class Workers:
         self.memory_mb = memory_mb
 
     async def run(self, job: str, data: bytes, **params: Any) -> dict[str, Any]:
-        """What `JOBS[job](data, **params)` returns, computed in a worker. Raises
-        `Unreadable` with the job's reason, or "it took too long to read"."""
+        """What `JOBS[job](data, **params)` returns, computed in a worker. Raises `Unreadable`
+        with the job's reason (the reader's verdict), or `ReaderUnavailable` when the reader
+        came to none: "it took too long to read", "the reader failed on it"."""
+        header = {"job": job, "params": params, "alarm_s": self._alarm_s()}
         async with self._slots:
-            worker = await self._worker()
-            header = {"job": job, "params": params, "alarm_s": self._alarm_s()}
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    answer = await worker.ask(header, data)
-            except TimeoutError:
-                self.overran += 1
-                self._discard(worker)
-                raise Unreadable(f"it took too long to read (over {self.timeout_s:g} s)") from None
-            except (asyncio.IncompleteReadError, ConnectionError):
-                # The worker died mid-job: its memory limit, its alarm, or a crash in a decoder.
-                self._discard(worker)
-                raise Unreadable("the reader failed on it (it may be too large)") from None
-            except BaseException:
-                # Cancelled mid-job (shutdown), or the answer made no sense: the worker's
-                # state is unknown, so it goes.
-                self._discard(worker)
-                raise
-            if answer.get("exit"):
-                # It ran out of memory and is exiting: no next job must find it half gone.
-                self._discard(worker)
-            else:
-                self._idle.append(worker)
+                answer = await self._first_try(header, data)
+            except _Lost:
+                # Logged where it happened. What stopped the worker (the OOM killer, a host
+                # starved of CPU) may have nothing to do with the file.
+                answer = await self._last_try(header, data)
         if "unreadable" in answer:
             raise Unreadable(str(answer["unreadable"]))
         result = answer.get("result")
         if not isinstance(result, (dict, str)):
-            raise Unreadable("the file reader answered nonsense")
+            raise ReaderUnavailable(NONSENSE)
         return result if isinstance(result, dict) else {"text": result}
 
     async def close(self) -> None:
@@ -313,11 +338,68 @@ class Workers:
             self._discard(self._idle.pop())
         await asyncio.gather(*self._reaping, return_exceptions=True)
 
-    async def _worker(self) -> _Worker:
+    async def _first_try(self, header: dict[str, Any], data: bytes) -> dict[str, Any]:
+        """The answer of an idle worker, else of a fresh one. An idle worker found dead (even
+        one the loop has not reaped yet) never saw the file: it is replaced, and the job is
+        handed on without spending its try."""
         while self._idle:
             worker = self._idle.pop()
-            if worker.alive():
-                return worker
+            if not worker.alive():
+                self._died(worker, "while idle")
+                continue
+            with contextlib.suppress(_Gone):
+                return await self._ask(worker, header, data)
+        return await self._ask(await self._start(), header, data)
+
+    async def _last_try(self, header: dict[str, Any], data: bytes) -> dict[str, Any]:
+        """The answer of a fresh worker, in place of the one lost on the job."""
+        try:
+            return await self._ask(await self._start(), header, data)
+        except _Lost as lost:
+            # No verdict on the file: its note stands for this burst only, and the next
+            # burst that carries it reads it again.
+            raise ReaderUnavailable(str(lost)) from None
+
+    async def _ask(self, worker: _Worker, header: dict[str, Any], data: bytes) -> dict[str, Any]:
+        """The worker's answer to the job; it goes back to the idle ones, unless it is
+        exiting. Raises `_Lost` (`_Gone` when it was dead before it took the job), the
+        worker discarded."""
+        job = header["job"]
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await worker.hand(header, data)
+                log.debug("file reader %d took a %s job", worker.pid, job)
+                answer = await worker.receive()
+        except TimeoutError:
+            self.overran += 1
+            log.warning(
+                "file reader %d took over %g s on a %s job: killed", worker.pid, self.timeout_s, job
+            )
+            self._discard(worker)
+            raise _Lost(f"it took too long to read (over {self.timeout_s:g} s)") from None
+        except _Gone:
+            self._died(worker, f"before it took a {job} job")
+            raise
+        except _Lost:
+            log.warning("file reader %d answered nonsense to a %s job", worker.pid, job)
+            self._discard(worker)
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # Its memory limit, its alarm, a crash in a decoder, or a kill from outside.
+            self._died(worker, f"during a {job} job")
+            raise _Lost(DIED) from None
+        except BaseException:
+            # Cancelled mid-job (shutdown): the worker's state is unknown, so it goes.
+            self._discard(worker)
+            raise
+        if answer.get("exit"):
+            # It ran out of memory and is exiting: no next job must find it half gone.
+            self._discard(worker)
+        else:
+            self._idle.append(worker)
+        return answer
+
+    async def _start(self) -> _Worker:
         self.started += 1
         try:
             return await _Worker.start(self.memory_mb)
@@ -330,6 +412,11 @@ class Workers:
 
     def _alarm_s(self) -> int:
         return math.ceil(self.timeout_s) + ALARM_SLACK_S
+
+    def _died(self, worker: _Worker, when: str) -> None:
+        self.died += 1
+        log.warning("file reader %d died %s", worker.pid, when)
+        self._discard(worker)
 
     def _discard(self, worker: _Worker) -> None:
         worker.kill()
@@ -381,6 +468,7 @@ def serve(memory_mb: int) -> None:
     source = sys.stdin.buffer
     while (header := _read_frame(source)) is not None and (data := _read_frame(source)) is not None:
         request = json.loads(header)
+        _send(answers, TOOK)
         signal.alarm(int(request["alarm_s"]))
         answer = _answer(str(request["job"]), data, dict(request["params"]))
         signal.alarm(0)

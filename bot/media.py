@@ -15,8 +15,12 @@ Each file is read once: a newer message interrupts the cycle but not the reading
 which the next cycle awaits (by file key) instead of starting again; what a voice note or a
 document came to is cached by file key for the conversation's retention (the store's
 transcript cache; a document's key is prefixed), an image in the replica for a while. PDF
-text and image encoding run in worker processes (bot/heavy.py), a few per replica, each job
-killed at `work_timeout_s`: a hostile file costs that much CPU once, and never the event loop.
+text and image encoding run in worker processes (bot/heavy.py), a few per replica, each try
+killed at `work_timeout_s` and a job whose worker died or overran tried once more in a fresh
+one: a hostile file costs at most twice that CPU per burst, and never the event loop. Only
+the reader's own verdict is cached (its text, or the reason it gave for refusing the file):
+a worker killed by the OOM killer or starved of CPU says nothing about the file, so that note
+stands for its burst only and the next burst that carries the file reads it again.
 
 A file that cannot be read (too large, corrupt, encrypted, too slow to read, gone, a failing
 service, or an error nobody foresaw) never costs the text around it nor the reply: the model
@@ -37,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from bot.heavy import ReaderUnavailable, Unreadable, Workers
+from bot.heavy import NONSENSE, ReaderUnavailable, Unreadable, Workers
 from bot.loop_lag import watch
 from bot.message import Attachment, FetchFailed, InboundMessage, Outbound
 from bot.prompt import Image, Turn, used_of
@@ -344,8 +348,9 @@ class Media:
         try:
             outcome = await self._use(conversation, attachment, kind, data, timings)
         except (TranscriptionFailed, Unreadable) as exc:
-            # Not transcribed, or no worker: the next attempt may succeed. Unreadable content
-            # stays so, and is remembered.
+            # Not transcribed, or the reader came to no verdict (no worker, or its workers died
+            # or overran twice): the next burst may succeed. The reader's own verdict, that the
+            # content is unreadable, stays so, and is remembered.
             outcome = self._note(conversation, attachment, str(exc))
             if kind != "audio" and not isinstance(exc, ReaderUnavailable):
                 await self._keep(conversation, attachment, kind, outcome)
@@ -431,7 +436,7 @@ class Media:
             timings.encoding_s += time.monotonic() - began
         url, width, height = encoded.get("url"), encoded.get("width"), encoded.get("height")
         if not (isinstance(url, str) and isinstance(width, int) and isinstance(height, int)):
-            raise Unreadable("the file reader answered nonsense")
+            raise ReaderUnavailable(NONSENSE)
         return Image(url, image_tokens(width, height))
 
     async def _transcript(
@@ -465,7 +470,7 @@ class Media:
                 read = await self.workers.run("pdf", data, enough=self.settings.max_document_chars)
                 text = read.get("text")
                 if not isinstance(text, str):
-                    raise Unreadable("the file reader answered nonsense")
+                    raise ReaderUnavailable(NONSENSE)
             else:
                 text = decode_text(data)
         finally:

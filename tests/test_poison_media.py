@@ -1,7 +1,9 @@
 """Poison files against Media and its worker processes, in process with a real server (issue
 19): each one becomes a note for the model and never an exception; heavy reading runs in
-workers that are killed at the time limit and replaced; a file is read once however often
-its cycle is interrupted. End to end (lastword run) in tests/test_poison_media_e2e.py."""
+workers that are killed at the time limit and replaced, the job tried once more in a fresh
+one; a file is read once however often its cycle is interrupted. End to end (lastword run) in
+tests/test_poison_media_e2e.py; workers that die for reasons of their own in
+tests/test_reader_deaths.py."""
 
 from __future__ import annotations
 
@@ -118,7 +120,9 @@ async def test_an_error_nobody_foresaw_is_a_note_not_a_failed_cycle(store: Store
     assert "could not be read: the download failed (RuntimeError)" in said.texts[0]
 
 
-async def test_a_pdf_that_takes_too_long_is_killed_and_its_worker_replaced(store: Store) -> None:
+async def test_a_pdf_that_takes_too_long_is_killed_twice_and_its_worker_replaced(
+    store: Store,
+) -> None:
     shelf = files.Shelf(shelved={"slow": files.hostile_pdf(), "fine": files.pdf("Fine")})
     m = media(store, shelf, work_timeout_s=1.0, workers=1)
     watch = LoopWatch(interval_s=0.02)
@@ -126,14 +130,15 @@ async def test_a_pdf_that_takes_too_long_is_killed_and_its_worker_replaced(store
     try:
         said = await m.prepare(CONV, burst(document("slow", "slow.pdf")))
         assert "could not be read: it took too long to read (over 1 s)" in said.texts[0]
-        assert m.workers.overran == 1
+        # Tried once more in a fresh worker, in case the first was starved of CPU.
+        assert m.workers.overran == 2
         # A fresh worker reads the next file.
         said = await m.prepare(CONV, burst(document("fine", "fine.pdf")))
         assert "Fine" in said.texts[0]
-        assert m.workers.started == 2
+        assert m.workers.started == 3
     finally:
         await m.close()
-    # The loop kept its timers while a worker burned a second of CPU.
+    # The loop kept its timers while workers burned two seconds of CPU.
     assert watch.worst_s < 0.25
 
 
@@ -151,11 +156,8 @@ async def test_an_interrupted_read_is_awaited_by_the_next_cycle_not_started_agai
                 await interrupted
         said = await m.prepare(CONV, burst(document("slow", "a.pdf")))
         assert "it took too long to read" in said.texts[0]
-        assert shelf.fetches == ["slow"] and m.workers.started == 1
-        # The outcome is cached for the conversation: a later burst neither fetches nor reads.
-        again = await m.prepare(CONV, burst(document("slow", "a.pdf")))
-        assert again.texts == said.texts and again.timings.cached == 1
-        assert shelf.fetches == ["slow"]
+        # One fetch, and the job's two tries.
+        assert shelf.fetches == ["slow"] and m.workers.started == 2
     finally:
         await m.close()
 
