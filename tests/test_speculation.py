@@ -164,7 +164,7 @@ async def test_a_released_lease_gives_the_window_back(stores: StoreFactory, redi
     await store.ingest(message("one", n=1))
     grant = await speculative_grant(store)
     assert grant.lease is not None
-    assert (await store.release(grant.lease, failed=False)).ok
+    assert (await store.release(grant.lease)).ok
     assert "leased" not in await window(redis)
     again = await speculative_grant(store, "t2")
     assert again.lease is not None and again.lease.fence > grant.lease.fence
