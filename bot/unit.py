@@ -8,25 +8,21 @@ private `CREDENTIALS_DIRECTORY`, as systemd does), `STATE_DIRECTORY` and its wor
 It reads the manager's own view through `systemctl show` where systemd runs, else the unit
 files under a root directory (as `systemctl --root` does), templates and drop-ins included.
 
-The unit files are read as systemd's own parser reads them: a line systemd ignores (an
-unbalanced quote, a credential ID that is no file name, a path with `..`) is ignored here too,
-with a note. Every path is resolved under the root as in a chroot, symlinks included; one that
-leads out of the root is refused with a note, never read. Nothing is written but the private
-credentials folder, which is gone when the command ends, on an error or a SIGTERM too.
+The unit files are read as systemd's own parser reads them (bot.unit_syntax): a line systemd
+ignores (an unbalanced quote, a credential ID that is no file name, a path with `..`) is
+ignored here too, with a note. Every path is resolved under the root as in a chroot
+(bot.unit_root); one that leads out of the root is refused with a note, never read. Nothing is
+written but the private credentials folder, which is gone when the command ends, on an error
+or a SIGTERM too.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
-import socket
-import stat
-import string
 import subprocess
 import tempfile
 import threading
@@ -35,9 +31,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from bot.plural import counted
+from bot.unit_root import glob, inside, read_regular, under, why_not_read
+from bot.unit_syntax import (
+    ENV_NAME,
+    BadSyntax,
+    credential_name_valid,
+    cunescape,
+    expand,
+    normalized,
+    read_env_file,
+    simplified,
+    split_id,
+    unit_lines,
+    words,
+)
 
 # Where systemd looks for a credential named by its ID alone (systemd.exec(5), LoadCredential=).
 CREDSTORES = ("etc/credstore", "run/credstore", "usr/lib/credstore")
@@ -57,52 +67,12 @@ SHELL_ONLY = ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "XDG_STATE_HOME")
 CREDENTIAL_MAX_BYTES = 1024 * 1024
 # A unit or env file this large is no configuration: doctor reads no more of one.
 TEXT_MAX_BYTES = 4 * 1024 * 1024
-# Linux's limits, which systemd checks names and paths against: a file name, a path, and the
-# symlinks a path may pass through before it counts as a loop (MAXSYMLINKS).
-NAME_MAX = 255
-PATH_MAX = 4096
-SYMLINKS_MAX = 40
-# What separates the words of an Environment= or StateDirectory= line (systemd's WHITESPACE).
-WHITESPACE = " \t\n\r"
 # The signals whose default action ends the process without running `finally` blocks.
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# What makes a path a glob(7) pattern.
-_MAGIC = re.compile(r"[*?[]")
-# systemd's one-letter C escapes (cunescape_one(); "\s", a space, is its own).
-_ESCAPES = {
-    "a": "\a",
-    "b": "\b",
-    "f": "\f",
-    "n": "\n",
-    "r": "\r",
-    "t": "\t",
-    "v": "\v",
-    "\\": "\\",
-    '"': '"',
-    "'": "'",
-    "s": " ",
-}
-# Its escapes by number: the letter and how many hex digits follow ("\101", octal, has none).
-_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-
-# What a backslash does in a word (extract_first_word()): starts a C escape, keeps the next
-# character as it is (the default), or is a character like any other (EXTRACT_RETAIN_ESCAPE).
-Backslash = Literal["escape", "next", "keep"]
 
 
 class UnitError(Exception):
     """The unit cannot be read or would not start; the message is one line for the operator."""
-
-
-class _Syntax(ValueError):
-    """A value systemd's parser refuses (an unbalanced quote, an unknown escape): it ignores the
-    line, or the rest of it."""
-
-
-class _Refused(OSError):
-    """A path not read: it leads out of the root, its links loop, or it is no regular file of a
-    sane size. The message names the path."""
 
 
 @dataclass
@@ -147,290 +117,24 @@ def service_name(name: str) -> str:
     return name if "." in name else f"{name}.service"
 
 
-def _unescape_instance(text: str) -> str:
-    # systemd-escape's inverse: "-" is "/", "\xNN" a byte.
-    raw = text.replace("-", "/")
-    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda match: chr(int(match.group(1), 16)), raw)
-
-
-def expand(text: str, unit: str) -> str:
-    """The specifiers lastword's units use (%i %I %n %N %p %H %%); others are kept as written."""
-    stem = unit.rsplit(".", 1)[0]
-    prefix, _, instance = stem.partition("@")
-    values = {
-        "i": instance,
-        "I": _unescape_instance(instance),
-        "n": unit,
-        "N": stem,
-        "p": prefix,
-        "H": socket.gethostname(),
-        "%": "%",
-    }
-    return re.sub(r"%(.)", lambda match: values.get(match.group(1), match.group(0)), text)
-
-
-def read_env_file(text: str) -> tuple[dict[str, str], list[str]]:
-    """An `EnvironmentFile=` as systemd parses it (env-file.c): `KEY=VALUE` lines, `#`/`;`
-    comments, single quotes literal, double quotes with backslash escapes, a backslash at the
-    end of a line continuing it. Also the keys systemd ignores (`export X`, not a name)."""
-    values: dict[str, str] = {}
-    ignored: list[str] = []
-    for key, value in _env_assignments(text):
-        if _NAME.fullmatch(key):
-            values[key] = value
-        else:
-            ignored.append(key)
-    return values, ignored
-
-
-def _env_assignments(text: str) -> Iterator[tuple[str, str]]:
-    state, key, value = "pre_key", "", ""
-    # Where the trailing blanks of an unquoted value begin; they are not part of it.
-    blank_from: int | None = None
-    for char in text + "\n":
-        newline = char in "\n\r"
-        if state == "pre_key":
-            if char in "#;":
-                state = "comment"
-            elif not char.isspace():
-                state, key = "key", char
-        elif state == "key":
-            if newline:
-                state = "pre_key"
-            elif char == "=":
-                state, key, value, blank_from = "pre_value", key.strip(), "", None
-            else:
-                key += char
-        elif state == "comment":
-            state = "pre_key" if newline else ("comment_escape" if char == "\\" else "comment")
-        elif state == "comment_escape":
-            state = "comment"
-        elif state in ("pre_value", "value") and newline:
-            yield key, value[:blank_from] if state == "value" else value
-            state = "pre_key"
-        elif state == "pre_value":
-            if char in "'\"":
-                state = "single" if char == "'" else "double"
-            elif char == "\\":
-                state = "value_escape"
-            elif not char.isspace():
-                state, value = "value", value + char
-        elif state == "value":
-            if char == "\\":
-                state, blank_from = "value_escape", None
-            else:
-                if not char.isspace():
-                    blank_from = None
-                elif blank_from is None:
-                    blank_from = len(value)
-                value += char
-        elif state == "value_escape":
-            state, blank_from = "value", None
-            if not newline:
-                value += char
-        elif state == "single":
-            state, value = ("pre_value", value) if char == "'" else ("single", value + char)
-        elif state == "double":
-            if char == '"':
-                state = "pre_value"
-            elif char == "\\":
-                state = "double_escape"
-            else:
-                value += char
-        elif state == "double_escape":
-            state = "double"
-            if char in '"\\`$':
-                value += char
-            elif not newline:
-                value += "\\" + char
-    if state in ("single", "double", "double_escape"):
-        # An unclosed quote at the end of the file: systemd keeps what it read.
-        yield key, value
-
-
-def unit_lines(text: str, section: str = "Service") -> list[tuple[int, str, str]]:
-    """The `Key=value` lines of one section of a unit file, continuation lines joined, each
-    with the number of the line it starts on."""
-    lines: list[tuple[int, str, str]] = []
-    current, pending, start = "", "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not pending and (not line or line[0] in "#;"):
-            continue
-        if pending and line[:1] in ("#", ";"):
-            continue
-        if not pending:
-            start = number
-        line = pending + line
-        if line.endswith("\\"):
-            pending = line[:-1] + " "
-            continue
-        pending = ""
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-        elif current == section and "=" in line:
-            key, _, value = line.partition("=")
-            lines.append((start, key.strip(), value.strip()))
-    return lines
-
-
-def credential_name_valid(name: str) -> bool:
-    """systemd's credential_name_valid(): a file name (not empty, `.` or `..`, no `/`, at most
-    NAME_MAX bytes) that is also a valid fd name (printable ASCII, no `:`)."""
-    return (
-        name not in ("", ".", "..")
-        and len(name) <= NAME_MAX
-        and all(" " <= char <= "~" and char not in "/:" for char in name)
-    )
-
-
-def _unescape_one(text: str, at: int, *, nul: bool) -> tuple[bytes, int]:
-    """The C escape whose letter is at `at` (just after a backslash), as systemd's
-    cunescape_one() reads it: its bytes and how many characters it took. `nul`: whether it
-    may be a NUL byte. _Syntax on one systemd does not know."""
-    letter = text[at]
-    if letter in _ESCAPES:
-        return _ESCAPES[letter].encode(), 1
-    if letter in _HEX_ESCAPES:
-        start, width, base, digits_allowed = at + 1, _HEX_ESCAPES[letter], 16, string.hexdigits
-    elif letter in string.octdigits:
-        start, width, base, digits_allowed = at, 3, 8, string.octdigits
-    else:
-        raise _Syntax("an unknown escape")
-    digits = text[start : start + width]
-    if len(digits) < width or not all(char in digits_allowed for char in digits):
-        raise _Syntax("a malformed escape")
-    value = int(digits, base)
-    if value == 0 and not nul:
-        raise _Syntax("a NUL escape")
-    used = start + width - at
-    if letter == "U" and (value > 0x10FFFF or 0xD800 <= value <= 0xDFFF):
-        raise _Syntax("an escape of no character")
-    if letter in "uU":
-        # A lone surrogate from "\u" stays as systemd writes it, invalid UTF-8.
-        return chr(value).encode(errors="surrogatepass"), used
-    if value > 0xFF:
-        raise _Syntax("an octal escape over 255")
-    return bytes([value]), used
-
-
-def _first_word(
-    text: str,
-    separators: str,
-    *,
-    unquote: bool = False,
-    backslash: Backslash = "next",
-    coalesce: bool = True,
-    nul: bool = False,
-) -> tuple[bytes, str | None] | None:
-    """The first word of `text` and what follows it (None at the end), as systemd's
-    extract_first_word() splits it; None when there is none. `unquote`: quotes group and are
-    removed; `coalesce`: a run of separators is one (else an empty word is one too); `nul`: an
-    escape may be a NUL byte. _Syntax on an unbalanced quote, a bad escape or a backslash at
-    the end."""
-    at, end = 0, len(text)
-    if coalesce:
-        while at < end and text[at] in separators:
-            at += 1
-        if at == end:
-            return None
-    word, quote = bytearray(), ""
-    while at < end:
-        char = text[at]
-        if char == "\\" and backslash != "keep":
-            if at + 1 == end:
-                raise _Syntax("a backslash at the end")
-            if backslash == "escape":
-                decoded, used = _unescape_one(text, at + 1, nul=nul)
-            else:
-                decoded, used = text[at + 1].encode(), 1
-            word += decoded
-            at += 1 + used
-            continue
-        at += 1
-        if quote and char == quote:
-            quote = ""
-        elif not quote and unquote and char in "'\"":
-            quote = char
-        elif not quote and char in separators:
-            if coalesce:
-                while at < end and text[at] in separators:
-                    at += 1
-            return bytes(word), (text[at:] if at < end or not coalesce else None)
-        else:
-            word += char.encode()
-    if quote:
-        raise _Syntax("an unbalanced quote")
-    return bytes(word), None
-
-
-def _words(text: str, *, unquote: bool, backslash: Backslash) -> Iterator[bytes]:
-    """Each word of a whitespace-separated line, as systemd splits it. The words before one
-    that raises _Syntax are yielded first: systemd has applied them too."""
-    rest: str | None = text
-    while rest is not None:
-        found = _first_word(rest, WHITESPACE, unquote=unquote, backslash=backslash)
-        if found is None:
-            return
-        word, rest = found
-        yield word
-
-
-def _split_id(value: str) -> tuple[str, str | None]:
-    """A credential line's ID and what follows its first `:` (None: there is no `:`), as
-    systemd splits them. _Syntax on a backslash at the end of the ID."""
-    found = _first_word(value, ":", coalesce=False)
-    word, rest = found if found else (b"", None)
-    return word.decode(), rest
-
-
-def _cunescape(text: str) -> bytes:
-    """systemd's cunescape() with NUL allowed, as it reads `SetCredential=` data: C escapes
-    decoded, _Syntax on one it does not know or a backslash at the end."""
-    found = _first_word(text, "", backslash="escape", coalesce=False, nul=True)
-    return found[0] if found else b""
-
-
-def _simplified(path: str, *, absolute: bool = True) -> str | None:
-    """`path` as systemd's path_simplify_and_warn() keeps it: absolute (or relative), without
-    `//`, `.` parts or a trailing `/`; None for one it refuses: the other kind, a `..` part, a
-    name over NAME_MAX bytes, PATH_MAX bytes in all, or nothing at all."""
-    if path.startswith("/") != absolute:
-        return None
-    parts = [part for part in path.split("/") if part not in ("", ".")]
-    if ".." in parts or any(len(part.encode()) > NAME_MAX for part in parts):
-        return None
-    simple = "/" * absolute + "/".join(parts)
-    return simple if simple and len(simple.encode()) < PATH_MAX else None
-
-
-def _normalized(path: str) -> bool:
-    """systemd's path_is_normalized(): no `.` or `..` part, no `//`, under PATH_MAX bytes."""
-    return (
-        "//" not in path
-        and not {".", ".."} & set(path.split("/"))
-        and len(path.encode()) < PATH_MAX
-    )
-
-
 def _environment_line(config: UnitConfig, value: str, where: str) -> None:
     try:
-        for word in _words(value, unquote=True, backslash="escape"):
+        for word in words(value, unquote=True, backslash="escape"):
             try:
                 name, sep, text = expand(word.decode(), config.name).partition("=")
             except UnicodeDecodeError:
                 sep = ""
-            if sep and _NAME.fullmatch(name):
+            if sep and ENV_NAME.fullmatch(name):
                 config.environment[name] = text
             else:
                 config.ignore(where, "Environment", "has a word that is no NAME=VALUE", "it")
-    except _Syntax as exc:
+    except BadSyntax as exc:
         config.ignore(where, "Environment", f"has {exc}", "the rest of the line")
 
 
 def _env_file_line(config: UnitConfig, value: str, where: str) -> None:
     path = expand(value, config.name)
-    simple = _simplified(path.removeprefix("-"))
+    simple = simplified(path.removeprefix("-"))
     if simple is None:
         config.ignore(where, "EnvironmentFile", "names no absolute, normalized path")
     else:
@@ -439,8 +143,8 @@ def _env_file_line(config: UnitConfig, value: str, where: str) -> None:
 
 def _load_credential_line(config: UnitConfig, value: str, where: str) -> None:
     try:
-        raw, rest = _split_id(value)
-    except _Syntax as exc:
+        raw, rest = split_id(value)
+    except BadSyntax as exc:
         config.ignore(where, "LoadCredential", f"has {exc}")
         return
     ident = expand(raw, config.name)
@@ -448,7 +152,7 @@ def _load_credential_line(config: UnitConfig, value: str, where: str) -> None:
     source = expand(rest, config.name) if rest else ident
     if not credential_name_valid(ident):
         config.ignore(where, "LoadCredential", f"names the ID {ident!r}, no valid file name")
-    elif not (_normalized(source) if source.startswith("/") else credential_name_valid(source)):
+    elif not (normalized(source) if source.startswith("/") else credential_name_valid(source)):
         why = f"names the source {source!r}, no normalized path or credential name"
         config.ignore(where, "LoadCredential", why)
     else:
@@ -458,9 +162,9 @@ def _load_credential_line(config: UnitConfig, value: str, where: str) -> None:
 
 def _set_credential_line(config: UnitConfig, value: str, where: str) -> None:
     try:
-        raw, rest = _split_id(value)
-        data = _cunescape(rest) if rest else None
-    except _Syntax as exc:
+        raw, rest = split_id(value)
+        data = cunescape(rest) if rest else None
+    except BadSyntax as exc:
         config.ignore(where, "SetCredential", f"has {exc}")
         return
     ident = expand(raw, config.name)
@@ -475,16 +179,16 @@ def _set_credential_line(config: UnitConfig, value: str, where: str) -> None:
 
 def _state_line(config: UnitConfig, value: str, where: str) -> None:
     try:
-        for word in _words(value, unquote=True, backslash="keep"):
+        for word in words(value, unquote=True, backslash="keep"):
             # "NAME:LINK" also links LINK to it; the process is told of NAME only.
             name = expand(word.decode().partition(":")[0], config.name)
-            simple = _simplified(name, absolute=False)
+            simple = simplified(name, absolute=False)
             if simple is None or simple.split("/")[0] == "private":
                 why = f"names {name!r}, no relative, normalized path outside private/"
                 config.ignore(where, "StateDirectory", why, "that name")
             else:
                 config.state_directories.append(simple)
-    except _Syntax as exc:
+    except BadSyntax as exc:
         config.ignore(where, "StateDirectory", f"has {exc}", "the rest of the line")
 
 
@@ -494,7 +198,7 @@ def _working_directory_line(config: UnitConfig, value: str, where: str) -> None:
         return
     path = value.removeprefix("-")
     optional = value.startswith("-")
-    simple = "~" if path == "~" else _simplified(expand(path, config.name))
+    simple = "~" if path == "~" else simplified(expand(path, config.name))
     if simple is not None:
         config.working_directory, config.working_directory_optional = simple, optional
     elif optional:
@@ -539,108 +243,8 @@ def apply_line(config: UnitConfig, key: str, value: str, where: str) -> None:
         parse(config, value, where)
 
 
-def _under(root: Path, path: str) -> Path:
-    """`path` (absolute) as it reads under `root`, nothing resolved: how a path is shown."""
-    return root / path.lstrip("/")
-
-
-def _inside(root: Path, path: str) -> Path:
-    """`path` (absolute, as the unit names it) resolved under `root` as in a chroot: each
-    symlink followed there (an absolute target starts again at the root), `..` taken part by
-    part. _Refused when a `..` would climb above the root (at `/` itself it stays, as the
-    kernel has it) or the links loop. The last parts may be missing."""
-    at_top = root.resolve() == Path("/")
-    done: list[str] = []
-    todo = path.split("/")[::-1]
-    links = 0
-    while todo:
-        part = todo.pop()
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not done and not at_top:
-                raise _Refused(f"{_under(root, path)} leads out of {root}")
-            done = done[:-1]
-            continue
-        here = root.joinpath(*done, part)
-        try:
-            link = stat.S_ISLNK(os.lstat(here).st_mode)
-        except OSError:
-            # Missing or unreachable: what opens it says so.
-            link = False
-        if not link:
-            done.append(part)
-            continue
-        links += 1
-        if links > SYMLINKS_MAX:
-            raise _Refused(f"{_under(root, path)}: too many levels of symbolic links")
-        target = os.readlink(here)
-        if target.startswith("/"):
-            done = []
-        todo += target.split("/")[::-1]
-    return root.joinpath(*done)
-
-
-def _glob(root: Path, pattern: str) -> list[str]:
-    """The paths (as the unit would name them) that the absolute `pattern` matches under
-    `root`, sorted as glob(3) returns them: a part with `*`, `?` or `[` matches names in its
-    folder (a leading dot only when the part has one), and only paths that exist match; a
-    pattern without one is returned as it is, found or not. _Refused when a folder to list
-    leads out of the root."""
-    paths = [""]
-    for part in pattern.split("/"):
-        if not part:
-            continue
-        if not _MAGIC.search(part):
-            paths = [f"{path}/{part}" for path in paths]
-            continue
-        matched: list[str] = []
-        for path in paths:
-            folder = _inside(root, path or "/")
-            try:
-                names = os.listdir(folder)
-            except OSError:
-                continue
-            matched += [
-                f"{path}/{name}"
-                for name in names
-                if fnmatch.fnmatchcase(name, part) and (part[0] == "." or name[0] != ".")
-            ]
-        paths = matched
-    if not _MAGIC.search(pattern):
-        return paths
-    return sorted(path for path in paths if _found(root, path))
-
-
-def _found(root: Path, path: str) -> bool:
-    """Whether `path` exists under `root`; so does one that cannot be resolved, so that
-    reading it says why."""
-    try:
-        return _inside(root, path).exists()
-    except OSError:
-        return True
-
-
-def _read(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, _Refused over `limit` bytes. A last symlink is not followed (one
-    swapped in after the path was resolved), nor does a FIFO block."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _Refused(f"{path} is not a regular file")
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise _Refused(f"{path} is over {limit:,} bytes")
-    return data
-
-
-def _reason(exc: OSError) -> str:
-    """Why a path was not read, as one line that names it."""
-    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
-
-
 def _unit_file(root: Path, path: str) -> Path | None:
-    found = _inside(root, path)
+    found = inside(root, path)
     return found if found.is_file() else None
 
 
@@ -664,12 +268,12 @@ def unit_files(root: Path, unit: str) -> list[Path]:
         # A drop-in of the same file name in a folder of higher priority hides the others.
         for name in reversed(names):
             for folder in reversed(UNIT_DIRS):
-                for found in _glob(root, f"/{folder}/{name}.d/*.conf"):
+                for found in glob(root, f"/{folder}/{name}.d/*.conf"):
                     path = _unit_file(root, found)
                     if path is not None:
                         dropins[found.rsplit("/", 1)[1]] = path
     except OSError as exc:
-        raise UnitError(_reason(exc)) from None
+        raise UnitError(why_not_read(exc)) from None
     return [fragment, *(dropins[name] for name in sorted(dropins))]
 
 
@@ -681,9 +285,9 @@ def from_files(root: Path, name: str) -> UnitConfig:
     config = UnitConfig(unit)
     for path in unit_files(root, unit):
         try:
-            text = _read(path, TEXT_MAX_BYTES).decode(errors="replace")
+            text = read_regular(path, TEXT_MAX_BYTES).decode(errors="replace")
         except OSError as exc:
-            raise UnitError(_reason(exc)) from None
+            raise UnitError(why_not_read(exc)) from None
         for number, key, value in unit_lines(text):
             apply_line(config, key, value, f"{path}:{number}")
     return config
@@ -787,7 +391,7 @@ def _credential_source(root: Path, source: str) -> Path | None:
     else:
         candidates = [f"/{store}/{source}" for store in CREDSTORES]
     for candidate in candidates:
-        path = _inside(root, candidate)
+        path = inside(root, candidate)
         if path.exists():
             return path
     return None
@@ -813,7 +417,7 @@ def _credential_folder(ident: str, folder: Path) -> dict[str, bytes]:
                     f"LoadCredential={ident}: {entry.path} would be the credential {name!r}, "
                     "no valid ID (systemd would not start the unit)"
                 )
-            found[name] = _read(Path(entry.path), CREDENTIAL_MAX_BYTES)
+            found[name] = read_regular(Path(entry.path), CREDENTIAL_MAX_BYTES)
     return found
 
 
@@ -829,9 +433,9 @@ def _credentials(config: UnitConfig, root: Path, notes: list[str]) -> dict[str, 
             if path is not None and path.is_dir():
                 found |= _credential_folder(ident, path)
             elif path is not None:
-                found[ident] = _read(path, CREDENTIAL_MAX_BYTES)
+                found[ident] = read_regular(path, CREDENTIAL_MAX_BYTES)
         except OSError as exc:
-            notes.append(f"LoadCredential={ident}: {_reason(exc)}; not read")
+            notes.append(f"LoadCredential={ident}: {why_not_read(exc)}; not read")
     return found
 
 
@@ -850,19 +454,21 @@ def _unit_env_files(config: UnitConfig, root: Path) -> Iterator[_EnvFile]:
     """The files the unit's `EnvironmentFile=` lines name, in the order systemd reads them:
     line by line, each glob's matches sorted. One that leads out of the root is not read."""
     for pattern, optional in config.env_files:
-        shown = str(_under(root, pattern))
+        shown = str(under(root, pattern))
         try:
-            matches = _glob(root, pattern)
+            matches = glob(root, pattern)
         except OSError as exc:
-            yield _EnvFile(shown, None, optional, "not read", _reason(exc))
+            yield _EnvFile(shown, None, optional, "not read", why_not_read(exc))
             continue
         if not matches:
             yield _EnvFile(shown, None, optional, "no match")
         for match in matches:
             try:
-                path = _inside(root, match)
+                path = inside(root, match)
             except OSError as exc:
-                yield _EnvFile(str(_under(root, match)), None, optional, "not read", _reason(exc))
+                yield _EnvFile(
+                    str(under(root, match)), None, optional, "not read", why_not_read(exc)
+                )
             else:
                 yield _EnvFile(str(path), path, optional)
 
@@ -873,11 +479,11 @@ def _env_file_text(file: _EnvFile) -> tuple[str | None, str, str]:
     if file.path is None:
         return None, file.state, file.why
     try:
-        return _read(file.path, TEXT_MAX_BYTES).decode(errors="replace"), "read", ""
+        return read_regular(file.path, TEXT_MAX_BYTES).decode(errors="replace"), "read", ""
     except FileNotFoundError:
         return None, "missing", ""
     except OSError as exc:
-        return None, "not read", _reason(exc)
+        return None, "not read", why_not_read(exc)
 
 
 # What stops the unit, by what the summary says of an env file that is not optional.
@@ -934,9 +540,9 @@ def _state_directories(config: UnitConfig, root: Path, notes: list[str]) -> list
     states: list[str] = []
     for name in config.state_directories:
         try:
-            states.append(str(_inside(root, f"/var/lib/{name}")))
+            states.append(str(inside(root, f"/var/lib/{name}")))
         except OSError as exc:
-            notes.append(f"StateDirectory={name}: {_reason(exc)}; not used")
+            notes.append(f"StateDirectory={name}: {why_not_read(exc)}; not used")
     return states
 
 
@@ -946,9 +552,9 @@ def _working_directory(config: UnitConfig, root: Path, notes: list[str]) -> Path
     if config.working_directory is None or config.working_directory == "~":
         return root
     try:
-        path = _inside(root, config.working_directory)
+        path = inside(root, config.working_directory)
     except OSError as exc:
-        why = _reason(exc)
+        why = why_not_read(exc)
     else:
         if path.is_dir():
             return path

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli, unit
+from bot import cli, unit, unit_syntax
 from bot.embedded import EmbeddedRedis
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_console import clean_env
@@ -223,7 +223,7 @@ def test_env_file_syntax_as_systemd_reads_it() -> None:
         "G=\n"
         "H=a#not-a-comment\n"
     )
-    values, ignored = unit.read_env_file(text)
+    values, ignored = unit_syntax.read_env_file(text)
     assert values == {
         "A": "plain value",
         "B": "single $HOME \\n",
@@ -325,7 +325,7 @@ def test_unit_lines_as_systemd_reads_them(root: Path) -> None:
     ],
 )
 def test_credential_ids_are_file_names(name: str, valid: bool) -> None:
-    assert unit.credential_name_valid(name) is valid
+    assert unit_syntax.credential_name_valid(name) is valid
     if not valid:
         # Nothing can carry one to the credentials folder.
         with pytest.raises(ValueError, match="not a credential ID"):
