@@ -41,9 +41,10 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import aiohttp
 import discord
@@ -71,6 +72,8 @@ from bot.message import (
 from bot.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
 
 log = logging.getLogger(__name__)
+
+AnyClient = TypeVar("AnyClient", bound=discord.Client)
 
 # discord.py logs every request and gateway event at INFO, and warns at every start about
 # voice and the guilds intent, which a DM bot never uses.
@@ -287,28 +290,34 @@ class DiscordAdapter:
         self.token.accepted()
         self._logged_in.set()
 
-    async def _log_in(self, client: discord.Client) -> None:
-        """`client.login`, waiting out a token refused since start-up (backed off, one
-        ERROR line a minute): it may be given back."""
+    async def _log_in(self, make: Callable[[], AnyClient]) -> AnyClient:
+        """A client from `make`, logged in, waiting out a token refused since start-up
+        (backed off, one ERROR line a minute): it may be given back.
+
+        Each attempt has a client of its own, closed if the login fails: discord.py opens a
+        session at every login and leaves a refused one's open, and a closed client can never
+        log in again (its connector is closed with it)."""
         backoff = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
         while True:
+            client = make()
             try:
                 await client.login(self._token)
             except discord.LoginFailure:
+                await client.close()
                 self.token.refused(f"GET /users/@me at {self._api_url()}", TOKEN_FIX)
+            except BaseException:
+                await client.close()
+                raise
             else:
                 self.token.accepted()
-                return
+                return client
             await asyncio.sleep(backoff.next_delay())
 
     async def run(self, sink: Sink) -> None:
-        if self.rest.is_closed():
-            # Closed by a failed login or run: its connector is gone with it, so it could
-            # never log in again, and the restarted intake would fail for ever.
-            self.rest = _rest_client()
         try:
             if not self._logged_in.is_set():
-                await self._log_in(self.rest)
+                # Not logged in, so closed (by a failed login or run) or never used: a new one.
+                self.rest = await self._log_in(_rest_client)
                 self._logged_in.set()
             assert self.rest.user is not None
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
@@ -324,10 +333,9 @@ class DiscordAdapter:
     async def _listen(self, sink: Sink) -> None:
         """Hold the gateway: runs on one replica at a time, restarted on another if it dies."""
         while True:
-            gateway = _Gateway(sink, self.settings.catch_up_minutes)
+            gateway = await self._log_in(partial(_Gateway, sink, self.settings.catch_up_minutes))
             self._gateway = gateway
             try:
-                await self._log_in(gateway)
                 gateway.take_over(await _recall(sink))
                 log.info("this replica holds the Discord gateway")
                 await gateway.hold()

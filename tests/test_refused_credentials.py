@@ -25,7 +25,7 @@ from bot.embedded import EmbeddedRedis
 from bot.llm import OpenAILLM
 from bot.settings import LLMSettings, MediaSettings
 from bot.transcribe import OpenAITranscriber
-from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.discord_server import CLOSE_AUTHENTICATION_FAILED, FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.platforms import DiscordPlatform, TelegramPlatform
@@ -173,6 +173,11 @@ async def test_a_refused_discord_token_ends_run_before_ready(
     assert len(named) == 1 and named[0].startswith("lastword: configuration error: "), bot.log
     assert "Developer Portal" in named[0]
     assert_clean(bot, "not-the-token")
+    # One login (GET /users/@me), refused: not tried again, and no gateway opened.
+    assert [(r.method, r.path, r.status) for r in discord_api.requests] == [
+        ("GET", "/users/@me", 401)
+    ]
+    assert not discord_api.gateway_connections
 
 
 async def test_an_unreachable_platform_at_start_is_no_configuration_error(
@@ -258,7 +263,7 @@ async def test_a_telegram_token_revoked_while_running_is_reported_not_hammered(
         assert_clean(bot, telegram.token)
 
 
-async def test_a_discord_token_revoked_while_running_is_reported(
+async def test_a_discord_token_revoked_while_running_is_reported_not_hammered(
     server: EmbeddedRedis, discord_api: FakeDiscord, short_dir: Path
 ) -> None:
     port = free_port()
@@ -268,6 +273,8 @@ async def test_a_discord_token_revoked_while_running_is_reported(
     user = 7007
     async with running(env) as bot:
         await eventually(health_is(port, 200, "adapter", "ok"), "a healthy bot", within_s=30)
+        # The DM below comes over the gateway: it must be held before the token goes.
+        await discord_api.wait_for_sessions(1, timeout=30)
         token = discord_api.token
         # Revoked: every REST call is answered 401 from now on.
         discord_api.token = "revoked"
@@ -277,6 +284,21 @@ async def test_a_discord_token_revoked_while_running_is_reported(
             "/healthz to name the token",
             within_s=20,
         )
+        # Discord closes the gateway of a reset token too: the holder has to log in again.
+        await discord_api.drop_connections(CLOSE_AUTHENTICATION_FAILED)
+
+        def refused_logins() -> int:
+            return sum(r.status == 401 for r in discord_api.requests_to("GET", "/users/@me"))
+
+        await discord_api.wait_for(lambda: refused_logins() >= 1, timeout=10)
+        logins = refused_logins()
+        # A negative can only be watched for a while: backed off from 2 s, doubling, one more
+        # login in these 5 s (two from 1 s); with no back-off, hundreds.
+        await asyncio.sleep(5)
+        more = refused_logins() - logins
+        assert more <= 2, f"{more} logins in 5 s with a refused token"
+        status, checks = await health(port)
+        assert status == 503 and checks["adapter"] == f"Discord refused {DISCORD_SETTING}", checks
         assert len(errors_about(bot, DISCORD_SETTING)) == 1, errors_about(bot, DISCORD_SETTING)
 
         discord_api.token = token
@@ -289,6 +311,8 @@ async def test_a_discord_token_revoked_while_running_is_reported(
         assert not any("Traceback" in line for line in bot.log), "".join(bot.log)
         assert not any("gave up" in line for line in bot.log), "".join(bot.log)
         assert not any(token in line for line in bot.log), "the token was logged"
+        # Each refused login's session was closed, not left to the garbage collector.
+        assert not bot.said("Unclosed client session"), "".join(bot.log)
 
 
 # -- the LLM's key ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ bodies ``{"message": ..., "code": ...}``, 429 answers with their headers, gatewa
 sequence numbers, the ``zlib-stream`` transport) and the library's own behaviour (rate-limit
 waits, ``Forbidden``, RESUME after a reconnect) are exercised for real, while the test keeps
 full control: users post and edit messages, errors are scripted per channel, POST answers can
-be withheld, and every POST, typing call, IDENTIFY and RESUME is recorded.
+be withheld, and every REST request (its status too), POST, typing call, IDENTIFY and RESUME
+is recorded.
 
 discord.py is pointed at the fake through two class attributes, as the adapter does::
 
@@ -81,10 +82,13 @@ __all__ = [
     "FakeDiscord",
     "RecordedDownload",
     "RecordedPost",
+    "RecordedRequest",
     "ScriptedError",
     "snowflake_time_ms",
 ]
 
+# Where the REST API sits below the origin (v10, as the adapter is configured).
+API_PREFIX = "/api/v10"
 DEFAULT_TOKEN = "MTAxNTEyMzQ1Njc4OTAxMjM0.FakeDi.scord-token-for-tests-0123456789"
 DISCORD_EPOCH_MS = 1420070400000
 
@@ -173,6 +177,18 @@ class RecordedPost:
     # The client hung up (or was killed) before the answer was sent.
     cancelled: bool = False
     body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecordedRequest:
+    """One request to a REST route that takes the token, and the status it was answered with:
+    what shows how often a client logs in (``GET /users/@me``) while its token is refused."""
+
+    method: str
+    # Below the API base, e.g. "/users/@me".
+    path: str
+    status: int
+    at: float
 
 
 @dataclass
@@ -332,6 +348,8 @@ class FakeDiscord(LoopbackServer):
             "locale": "en-US",
         }
         self.posts: list[RecordedPost] = []
+        # Every answered request to a route that takes the token, in order, refused ones too.
+        self.requests: list[RecordedRequest] = []
         self.typing_calls: list[tuple[int, float]] = []
         self.identifies: list[dict[str, Any]] = []
         self.identify_count = 0
@@ -377,8 +395,7 @@ class FakeDiscord(LoopbackServer):
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_get("/gateway", self._handle_gateway_ws)
         app.router.add_get("/resume", self._handle_gateway_ws)
-        api = "/api/v10"
-        app.router.add_get(f"{api}/gateway", self._handle_get_gateway)
+        app.router.add_get(f"{API_PREFIX}/gateway", self._handle_get_gateway)
         routes: list[tuple[str, str, Callable[[web.Request], Any]]] = [
             ("GET", "/gateway/bot", self._get_gateway_bot),
             ("GET", "/users/@me", self._get_me),
@@ -393,7 +410,7 @@ class FakeDiscord(LoopbackServer):
             ("POST", "/channels/{channel_id}/typing", self._post_typing),
         ]
         for method, path, handler in routes:
-            app.router.add_route(method, api + path, self._authenticated(handler))
+            app.router.add_route(method, API_PREFIX + path, self._authenticated(handler))
         # The CDN (cdn.discordapp.com) and its media proxy (media.discordapp.net): no token.
         for prefix in ("", "/media"):
             app.router.add_get(
@@ -417,7 +434,7 @@ class FakeDiscord(LoopbackServer):
     @property
     def api_url(self) -> str:
         """REST base, ``http://127.0.0.1:PORT/api/v10``: what ``Route.BASE`` is set to."""
-        return f"{self.origin}/api/v10"
+        return self.origin + API_PREFIX
 
     @property
     def gateway_url(self) -> str:
@@ -823,6 +840,10 @@ class FakeDiscord(LoopbackServer):
                     return session.id, int(frame["s"])
         return None
 
+    def requests_to(self, method: str, path: str) -> list[RecordedRequest]:
+        """The requests to one route, e.g. ``("GET", "/users/@me")``: each login's, in order."""
+        return [r for r in self.requests if r.method == method and r.path == path]
+
     def connected_sessions(self) -> int:
         """Sessions that are identified, not invalidated, and have an open socket."""
         return len(self._live_sessions())
@@ -1224,6 +1245,15 @@ class FakeDiscord(LoopbackServer):
 
     def _authenticated(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            response = await answer(request)
+            path = request.path.removeprefix(API_PREFIX)
+            self.requests.append(
+                RecordedRequest(request.method, path, response.status, time.monotonic())
+            )
+            self._notify()
+            return response
+
+        async def answer(request: web.Request) -> web.StreamResponse:
             if request.headers.get("Authorization") != f"Bot {self.token}":
                 return _json(_error(401, "401: Unauthorized", 0))
             try:
