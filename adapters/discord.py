@@ -332,9 +332,12 @@ class DiscordAdapter:
 
     async def _listen(self, sink: Sink) -> None:
         """Hold the gateway: runs on one replica at a time, restarted on another if it dies."""
+        # Between rounds whose gateway refused the token: the REST login may still pass.
+        refusals = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
         while True:
             gateway = await self._log_in(partial(_Gateway, sink, self.settings.catch_up_minutes))
             self._gateway = gateway
+            refused = False
             try:
                 gateway.take_over(await _recall(sink))
                 log.info("this replica holds the Discord gateway")
@@ -347,6 +350,7 @@ class DiscordAdapter:
                     raise
                 # Revoked while connected: the next login waits until it is given back.
                 self.token.refused(f"the gateway (close {exc.code})", TOKEN_FIX)
+                refused = True
             except discord.PrivilegedIntentsRequired:
                 raise ConfigError(
                     "LASTWORD_DISCORD__TOKEN: this bot may not read message content; turn on "
@@ -356,6 +360,8 @@ class DiscordAdapter:
             finally:
                 self._gateway = None
                 await gateway.close()
+            if refused:
+                await asyncio.sleep(refusals.next_delay())
 
     # Sending
 

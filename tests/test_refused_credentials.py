@@ -315,6 +315,28 @@ async def test_a_discord_token_revoked_while_running_is_reported_not_hammered(
         assert not bot.said("Unclosed client session"), "".join(bot.log)
 
 
+async def test_a_gateway_that_refuses_a_token_rest_takes_is_not_hammered(
+    server: EmbeddedRedis, discord_api: FakeDiscord, short_dir: Path
+) -> None:
+    # Each round logs in over REST (which passes) and is refused by the gateway (4004): the
+    # rounds are backed off as the logins are.
+    env = discord_env(server, discord_api, short_dir / "data")
+    async with running(env) as bot:
+        await discord_api.wait_for_sessions(1, timeout=30)
+        discord_api.gateway_token = "reset"
+        await discord_api.drop_connections(CLOSE_AUTHENTICATION_FAILED)
+        await discord_api.wait_for(lambda: discord_api.refused_identifies >= 1, timeout=10)
+        refused = discord_api.refused_identifies
+        # Backed off from 2 s, doubling: one more round in these 5 s (two from 1 s); with no
+        # back-off, hundreds.
+        await asyncio.sleep(5)
+        more = discord_api.refused_identifies - refused
+        assert more <= 2, f"{more} refused IDENTIFYs in 5 s"
+        discord_api.gateway_token = None
+        await discord_api.wait_for_sessions(1, timeout=40)
+        assert not any("Traceback" in line for line in bot.log), "".join(bot.log)
+
+
 # -- the LLM's key ------------------------------------------------------------------------------
 
 

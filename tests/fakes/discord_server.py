@@ -353,6 +353,10 @@ class FakeDiscord(LoopbackServer):
         self.typing_calls: list[tuple[int, float]] = []
         self.identifies: list[dict[str, Any]] = []
         self.identify_count = 0
+        # The token the gateway takes, when it is not the one REST takes (None: the same), and
+        # how many IDENTIFYs or RESUMEs it closed with 4004 for a token it did not take.
+        self.gateway_token: str | None = None
+        self.refused_identifies = 0
         self.resume_count = 0
         self.heartbeat_acks = 0
         # Query parameters of every gateway connection, in order (v, encoding, compress).
@@ -1144,7 +1148,9 @@ class FakeDiscord(LoopbackServer):
         if conn.session is not None:
             await ws.close(code=CLOSE_ALREADY_AUTHENTICATED, message=b"Already authenticated.")
             return False
-        if not isinstance(d, dict) or d.get("token") != self.token:
+        if not isinstance(d, dict) or d.get("token") != (self.gateway_token or self.token):
+            self.refused_identifies += 1
+            self._notify()
             await ws.close(code=CLOSE_AUTHENTICATION_FAILED, message=b"Authentication failed.")
             return False
         return True
