@@ -654,6 +654,28 @@ class Protocol(RuleBasedStateMachine):
         if (holder := self.holder(n, "sent")) is not None:
             self._commit(holder, outcome)
 
+    @rule(n=pick)
+    def settle(self, n: int) -> None:
+        """A sent reply whose commit failed for good: settled instead. W moves and the outbox
+        goes as at a commit; the history is left as it was."""
+        if (holder := self.holder(n, "sent")) is None:
+            return
+        conv = holder.lease.conversation
+        held = self.run(self._held(holder))
+        ended = self.run(self.replicas[holder.replica].settle(holder.lease))
+        assert ended.ok == held, f"settle said {ended.ok}; held: {held}"
+        if not ended.ok:
+            return
+        w = self.watermark[conv]
+        covered = {(conv, v) for v in range(w + 1, holder.version + 1)}
+        assert not covered & self.committed, f"settled twice: {covered & self.committed}"
+        self.committed |= covered
+        self.failures[conv] = 0
+        self.watermark[conv] = max(w, holder.version)
+        self.outbox.pop(conv)
+        self.outbox_turn.pop(conv)
+        self._ended(holder)
+
     def _commit(self, holder: Holder, outcome: Outcome) -> None:
         conv = holder.lease.conversation
         held = self.run(self._held(holder))
