@@ -17,7 +17,7 @@ from bot.connect import Client, NotRedis, open_client
 from bot.credentials import REPORT_EVERY_S
 from bot.embedded import EmbeddedRedis
 from bot.llm import LLM, OpenAILLM, make_llm
-from bot.logs import Scrub, redact, secrets_of
+from bot.logs import Scrub, secrets_of, store_url
 from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
@@ -85,12 +85,12 @@ async def serve(settings: Settings) -> int:
         # A server there that is no Redis lastword can use says why, never quoting the URL.
         why = str(exc) if isinstance(exc, NotRedis) else "not a valid Redis URL"
         # Not the library's words otherwise: they may quote the URL, password and all.
-        raise ConfigError(f"LASTWORD_REDIS_URL={redact(url)}: {why}") from None
+        raise ConfigError(f"LASTWORD_REDIS_URL={store_url(url)}: {why}") from None
     except Unavailable as exc:
         if embedded:
             embedded.stop()
         raise StartupError(
-            f"cannot reach Redis at LASTWORD_REDIS_URL={redact(url)}: {exc}"
+            f"cannot reach Redis at LASTWORD_REDIS_URL={store_url(url)}: {exc}"
         ) from None
     try:
         await _check_durability(store, settings, embedded=embedded is not None)
@@ -161,7 +161,7 @@ async def _reach(settings: Settings, url: str, *, patient: bool) -> Store:
     rather than exit at once: a short Redis outage then costs a slow start, not a unit that
     hit its restart limit. A person at a terminal gets the error at once. Raises ValueError
     for a URL that names no Redis, `Unavailable` when it cannot be reached."""
-    where = redact(url)
+    where = store_url(url)
     deadline = time.monotonic() + (STARTUP_WAIT_S if patient else 0)
     backoff = Backoff(0.5, 5.0)
     while True:

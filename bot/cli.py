@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -180,15 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     unit_name = getattr(args, "unit", None)
     env_files: list[Path] = getattr(args, "env_file", [])
     if getattr(args, "root", None) is not None and unit_name is None:
-        print("lastword: --root needs --unit (the unit to read under it)", file=sys.stderr)
-        return 2
+        return ended(2, "--root needs --unit (the unit to read under it)")
     if unit_name is None and not env_files:
         return command(args)
     try:
         view = unit.read_view(unit_name, args.root, env_files)
     except unit.UnitError as exc:
-        print(f"lastword: {exc}", file=sys.stderr)
-        return 2
+        return ended(2, str(exc))
     # Before the report: an operator must see what was checked.
     print(view.summary, file=sys.stderr, flush=True)
     with unit.applied(view):
@@ -204,6 +203,7 @@ def command(args: argparse.Namespace) -> int:
         # Doctor reports a configuration error as one of its checks, so the platform's check
         # is picked once the settings are loaded.
         return doctor.main(adapters.check)
+    settings: Settings | None = None
     try:
         settings = load_settings()
         if args.command == "status":
@@ -212,8 +212,7 @@ def command(args: argparse.Namespace) -> int:
             return asyncio.run(migrate_shards(settings))
     except ConfigError as exc:
         # Also what the store's first answer shows to be wrong (not Redis, no such DB index).
-        print(f"lastword: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return ended(2, f"configuration error: {exc}", settings)
     # On the console the chat and the logs share a terminal, so only warnings show by default.
     default_level = "WARNING" if settings.platform == "console" else "INFO"
     logs.setup(settings, default_level)
@@ -222,13 +221,26 @@ def command(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(serve(settings))
     except ConfigError as exc:
-        print(f"lastword: configuration error: {exc}", file=sys.stderr)
-        return 2
+        # A platform's refused token too.
+        return ended(2, f"configuration error: {exc}", settings)
     except (StartupError, EmbeddedError) as exc:
-        print(f"lastword: {exc}", file=sys.stderr)
-        return 1
+        return ended(1, str(exc), settings)
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:
+        # A bug, or a library's surprise: its traceback goes through the log (masked, each
+        # line with its priority under journald), not raw to stderr, then the one line.
+        logging.getLogger("lastword").critical("stopped by an unexpected error", exc_info=True)
+        first = (str(exc).splitlines() or [""])[0]
+        return ended(1, f"stopped by an unexpected error: {type(exc).__name__}: {first}", settings)
+
+
+def ended(code: int, message: str, settings: Settings | None = None) -> int:
+    """`code`, once the line that says why the command ends with it is written
+    (`logs.fatal`: one line, at error priority under journald), masked by every secret of
+    the settings when they loaded."""
+    logs.fatal(message, logs.Scrub(logs.secrets_of(settings)) if settings else str)
+    return code
 
 
 async def _open(url: str, where: str) -> Client:
@@ -254,26 +266,21 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
 
     embedded = EmbeddedRedis(settings.data_dir)
     if not settings.redis_url and not embedded.socket.exists():
-        print(
-            f"lastword: no bot is running with its embedded store in {settings.data_dir}; "
-            "status reads the store of a running bot (set LASTWORD_REDIS_URL for a shared one)",
-            file=sys.stderr,
+        return ended(
+            1,
+            f"no bot is running with its embedded store in {settings.data_dir}; status reads "
+            "the store of a running bot (set LASTWORD_REDIS_URL for a shared one)",
         )
-        return 1
     url = settings.redis_url or embedded.url
-    where = "LASTWORD_REDIS_URL=" + logs.redact(url) if settings.redis_url else url
+    where = "LASTWORD_REDIS_URL=" + logs.store_url(url) if settings.redis_url else url
     try:
         client = await _open(url, where)
+        try:
+            status = await collect(client)
+        finally:
+            await client.aclose()
     except StoreUnavailable as exc:
-        print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        status = await collect(client)
-    except StoreUnavailable as exc:
-        print(f"lastword: cannot read the status from Redis at {where}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        await client.aclose()
+        return ended(1, f"cannot read the status from Redis at {where}: {exc}", settings)
     if as_json:
         print(json.dumps(status.to_json(), indent=2))
     else:
@@ -293,14 +300,13 @@ async def migrate_shards(settings: Settings) -> int:
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
         url = settings.redis_url
-        where = "LASTWORD_REDIS_URL=" + logs.redact(url)
+        where = "LASTWORD_REDIS_URL=" + logs.store_url(url)
     else:
         embedded = EmbeddedRedis(settings.data_dir)
         try:
             url = where = embedded.start()
         except EmbeddedError as exc:
-            print(f"lastword: {exc}", file=sys.stderr)
-            return 1
+            return ended(1, str(exc), settings)
     try:
         client = await _open(url, where)
         try:
@@ -309,11 +315,9 @@ async def migrate_shards(settings: Settings) -> int:
         finally:
             await client.aclose()
     except LayoutError as exc:
-        print(f"lastword: {exc}", file=sys.stderr)
-        return 1
+        return ended(1, str(exc), settings)
     except StoreUnavailable as exc:
-        print(f"lastword: cannot migrate the store at {where}: {exc}", file=sys.stderr)
-        return 1
+        return ended(1, f"cannot migrate the store at {where}: {exc}", settings)
     finally:
         if embedded is not None:
             embedded.stop()

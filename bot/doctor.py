@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel
 
 from bot.check import Check, PlatformCheck, guarded
 from bot.connect import make_client, not_redis
-from bot.logs import MASK, Scrub, redact, secrets_of, server_secrets
+from bot.logs import MASK, Scrub, redact, secrets_of, server_secrets, store_url
 from bot.plural import counted
-from bot.settings import ConfigError, McpServer, Settings, load_settings
+from bot.settings import ConfigError, McpServer, Settings, displayed, load_settings
 
 if TYPE_CHECKING:
     import openai
@@ -180,28 +180,22 @@ def _settings_check(source: Settings | Callable[[], Settings]) -> tuple[Check, S
 
 
 def _platform_shown(settings: Settings) -> str:
-    """The platform, with the settings of its own that were given (a secret as ***)."""
+    """The platform, with the settings of its own that were given, as an error line would
+    quote them (`bot.settings.displayed`: a secret as ***, a URL without its credentials)."""
     section = getattr(settings, settings.platform, None)
     if not isinstance(section, BaseModel) or not section.model_fields_set:
         return f"platform {settings.platform}"
     given = [
-        f"{name} {_value_shown(getattr(section, name))}"
+        f"{name} {displayed((settings.platform, name), getattr(section, name), 80) or MASK}"
         for name in type(section).model_fields
         if name in section.model_fields_set
     ]
     return f"platform {settings.platform} ({', '.join(given)})"
 
 
-def _value_shown(value: object) -> str:
-    if isinstance(value, SecretStr):
-        return MASK
-    text = str(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _store_name(settings: Settings) -> str:
     if settings.redis_url:
-        return redact(settings.redis_url)
+        return store_url(settings.redis_url)
     return f"embedded in {settings.data_dir}"
 
 
@@ -269,7 +263,7 @@ async def _store_check(settings: Settings, timeout_s: float) -> Check:
 async def _redis_check(url: str, timeout_s: float) -> Check:
     from redis.exceptions import AuthenticationError, RedisError
 
-    shown = redact(url)
+    shown = store_url(url)
     fix = "start Redis or fix LASTWORD_REDIS_URL"
     try:
         client = _client(url, timeout_s)

@@ -5,11 +5,14 @@ handled carries that conversation, set once per task through a context variable,
 admin can follow one conversation across replicas with a plain `grep`.
 
 Secrets never reach a log line: every configured secret (every secret setting, a platform's
-own tokens too, the Redis password, LLM header values) is replaced by `***` in the final
-text, whoever logged it. That matters because libraries log what they see; httpx, for one,
-logs each request URL, and a platform's API may put the bot's token in the URL (Telegram's
-does). This module is the one place that knows what a secret is: error messages and
-`lastword doctor` mask them with the same `Scrub` and `redact`.
+own tokens too, the credentials of every URL, LLM header values, values named as credentials)
+is replaced by `***` in the final text, whoever logged it. That matters because libraries log
+what they see; httpx, for one, logs each request URL, and a platform's API may put the bot's
+token in the URL (Telegram's does). This module is the one place that knows what a secret is:
+the lines that end the process (`fatal`), `lastword doctor` and the settings' errors mask
+them with the same `Scrub`, and show URLs through `store_url`, `redact` and `masked_url`.
+
+A line that ends the process goes to the journal at error priority, as an ERROR logged does.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Literal
-from urllib.parse import parse_qs, urlparse, urlsplit, urlunparse
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import McpServer, Settings
+if TYPE_CHECKING:
+    # Only named here: the settings quote values through this module's masks.
+    from bot.settings import McpServer, Settings
 
 # What a secret is replaced with.
 MASK = "***"
@@ -77,14 +82,10 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re
 def secrets_of(settings: Settings) -> list[str]:
     """The values that must never appear in a log line, an error message or a doctor report:
     every secret setting of the whole tree (a platform's own too, whatever it names them),
-    the Redis password, the LLM's header values and each MCP server's (`server_secrets`)."""
+    the credentials of every URL in it (the Redis password, in its user info or its query),
+    every value under a name that says it is a credential (`extra_body`'s `api_key`), the
+    LLM's header values and each MCP server's (`server_secrets`)."""
     values = list(_secret_values(settings))
-    if settings.redis_url:
-        parts = urlparse(settings.redis_url)
-        if parts.password:
-            values.append(parts.password)
-        # redis-py also takes the password as a query parameter.
-        values += parse_qs(parts.query).get("password", [])
     # Headers sent to the LLM may carry credentials of their own (an Authorization header).
     values += settings.llm.extra_headers.values()
     for server in settings.tools.mcp_servers.values():
@@ -106,34 +107,67 @@ def secret_env(env: Mapping[str, str]) -> list[str]:
 
 def server_secrets(server: McpServer) -> list[str]:
     """An MCP server's values that no log line may show: its headers, its environment's
-    credentials, and of its URL the whole text (an MCP URL often carries its credential in
-    its path or query: the HTTP library logs every request's URL), the password and the query
-    values whose names say they are credentials (`?api_key=`)."""
-    values = [*server.headers.values(), *secret_env(server.env)]
+    credentials, the credentials among its arguments (`secret_args`), and of its URL the whole
+    text (an MCP URL often carries its credential in its path or query: the HTTP library logs
+    every request's URL) and its credentials (`url_secrets`)."""
+    values = [*server.headers.values(), *secret_env(server.env), *secret_args(server.args)]
     if server.url is not None:
-        url = str(server.url)
-        parts = urlsplit(url)
-        values.append(url)
-        pairs = (pair.partition("=") for pair in parts.query.split("&"))
-        values += (value for name, _, value in pairs if SECRET_NAME.search(name))
-        if parts.password:
-            values.append(parts.password)
+        values += [str(server.url), *url_secrets(str(server.url))]
     return values
 
 
-def _secret_values(node: object) -> Iterator[str]:
-    """Every `SecretStr` in a settings tree: in its models, lists and mappings."""
+def secret_args(args: Iterable[str]) -> list[str]:
+    """The credentials on a command line, as far as their names tell: the value of an
+    option that says it is one (`--token X`, `--api-key=X`, `GITHUB_TOKEN=X`), and those of a
+    URL given as an argument. (A bare token with no name before it cannot be told apart.)"""
+    found: list[str] = []
+    named = False
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if named:
+            found.append(arg)
+        elif equals and SECRET_NAME.search(name):
+            found.append(value)
+        found += url_secrets(arg) if "://" in arg else []
+        named = arg.startswith("-") and not equals and bool(SECRET_NAME.search(arg))
+    return found
+
+
+def url_secrets(url: str) -> list[str]:
+    """A URL's credentials: the password of its user info and the values of its query
+    parameters whose names say they are credentials (`?password=`, which redis-py takes,
+    `?api_key=`), each as written and percent-decoded (a library may show either)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    values = [userinfo.partition(":")[2]] if at else []
+    pairs = (pair.partition("=") for pair in parts.query.split("&"))
+    values += (value for name, _, value in pairs if SECRET_NAME.search(name))
+    return [form for value in values if value for form in (value, unquote(value))]
+
+
+def _secret_values(node: object, name: str = "") -> Iterator[str]:
+    """Every secret in a settings tree, in its models, lists and mappings: each `SecretStr`,
+    the credentials of each URL, and each text under a name (a field's or a key's) that says
+    it is a credential."""
     if isinstance(node, SecretStr):
         yield node.get_secret_value()
+    elif isinstance(node, str):
+        if SECRET_NAME.search(name):
+            yield node
+        if "://" in node:
+            yield from url_secrets(node)
     elif isinstance(node, BaseModel):
-        for name in type(node).model_fields:
-            yield from _secret_values(getattr(node, name))
+        for field in type(node).model_fields:
+            yield from _secret_values(getattr(node, field), field)
     elif isinstance(node, dict):
-        for value in node.values():
-            yield from _secret_values(value)
+        for key, value in node.items():
+            yield from _secret_values(value, str(key))
     elif isinstance(node, list | tuple):
         for value in node:
-            yield from _secret_values(value)
+            yield from _secret_values(value, name)
 
 
 def quiet(*names: str) -> None:
@@ -170,37 +204,95 @@ class Scrub:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, fit for logs and error messages, before any settings
-    (and so any `Scrub`) exist, or for a URL that is not in them.
-
-    Works on the raw text (no port parsing), so it cannot fail on a malformed URL, and it
-    also hides a `password=` query parameter, which redis-py accepts too.
-    """
-    parts = urlparse(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":" + MASK
-    netloc = f"{userinfo}{at}{host}"
+    """A web URL (an API's, the LLM's) fit for logs and error messages: its password and the
+    query values named as credentials (`?password=`, `?api_key=`) shown as `***`, and its
+    path too when the URL cannot be read as written (`_split`). Works on the raw text, so it
+    cannot fail on a malformed URL."""
+    split = _split(url)
+    if split is None:
+        return _scheme(url) + MASK
+    parts, clear = split
     query = "&".join(
-        "password=" + MASK if pair.lower().startswith("password=") else pair
-        for pair in parts.query.split("&")
+        f"{name}={MASK}" if equals and SECRET_NAME.search(name) else f"{name}{equals}{value}"
+        for name, equals, value in (pair.partition("=") for pair in parts.query.split("&"))
     )
-    if (netloc, query) == (parts.netloc, parts.query):
-        # Unchanged: keep the text as given (urlunparse would turn unix:///x into unix:/x).
-        return url
-    return urlunparse(parts._replace(netloc=netloc, query=query))
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0] + ":" + MASK if ":" in userinfo else userinfo
+    shown = f"{parts.scheme}://{user}{at}{_hosts(parts.netloc)}"
+    if not clear:
+        return f"{shown}/{MASK}"
+    return shown + parts.path + (f"?{query}" if parts.query else "")
+
+
+def store_url(url: str) -> str:
+    """A store's URL (`LASTWORD_REDIS_URL`) as logs, errors, doctor and status show it: its
+    scheme, host(s) and port(s), and which database (its number, the primary a Sentinel URL
+    names, a socket's path). User info is `***`; the rest (a `?password=`, TLS options) is
+    left out. Works on the raw text, so it cannot fail."""
+    split = _split(url)
+    if split is None or not split[1]:
+        # An '@' after the host: the password's tail, once misread, could be anywhere.
+        return _scheme(url) + MASK
+    parts = split[0]
+    _, at, _ = parts.netloc.rpartition("@")
+    path = parts.path if re.fullmatch(r"[\w./~+-]*", parts.path) else "/" + MASK
+    db = [
+        value
+        for name, _, value in (pair.partition("=") for pair in parts.query.split("&"))
+        if name == "db" and value.isdigit()
+    ]
+    return f"{parts.scheme}://{MASK + at if at else ''}{_hosts(parts.netloc)}{path}" + (
+        f"?db={db[0]}" if db else ""
+    )
 
 
 def masked_url(url: str) -> str:
     """The URL as scheme, host and port only, for a URL whose every other part may be a
     credential (an MCP server's `?api_key=…` or `/s/<secret>/`): user info, path, query and
     fragment are each shown as `***` when present. Works on the raw text, so it cannot fail."""
-    parts = urlsplit(url)
-    _, at, host = parts.netloc.rpartition("@")
-    shown = f"{parts.scheme}://{MASK + at if at else ''}{host}"
+    split = _split(url)
+    if split is None:
+        return _scheme(url) + MASK
+    parts = split[0]
+    _, at, _ = parts.netloc.rpartition("@")
+    shown = f"{parts.scheme}://{MASK + at if at else ''}{_hosts(parts.netloc)}"
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         return f"{shown}/{MASK}"
     return shown + parts.path
+
+
+def _split(url: str) -> tuple[SplitResult, bool] | None:
+    """The URL's parts, and whether they are clear: no '@' after the host. A password holding
+    an unencoded /, ?, # or @ leaves its tail past the host, where any part may be the
+    password's, and the user info before it is then read as the host (`_hosts` masks a port
+    that is no number). None for text that is no URL (`scheme://` first), or one whose
+    brackets are left open."""
+    if not _scheme(url):
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts, "@" not in parts.path + parts.query + parts.fragment
+
+
+def _scheme(url: str) -> str:
+    """The URL's `scheme://`, empty for text that does not start with one."""
+    scheme, sep, _ = url.partition("://")
+    return scheme + sep if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme) and sep else ""
+
+
+def _hosts(netloc: str) -> str:
+    """The host(s) and port(s) of a URL's authority, user info left out: a host or port that
+    cannot be one (the tail of a password misread as `host:port`) shown as `***`."""
+    shown = []
+    for hostport in netloc.rpartition("@")[2].split(","):
+        host, colon, port = hostport.rpartition(":")
+        if not colon or (host.startswith("[") and not host.endswith("]")):
+            host, colon, port = hostport, "", ""
+        host = host if re.fullmatch(r"\[[0-9A-Fa-f:.]*\]|[\w.-]*", host) else MASK
+        shown.append(host + colon + (port if port.isdigit() or not colon else MASK))
+    return ",".join(shown)
 
 
 class LineFormatter(logging.Formatter):
@@ -273,6 +365,16 @@ def to_journal() -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return expected == f"{found.st_dev}:{found.st_ino}"
+
+
+def fatal(message: str, scrub: Callable[[str], str] = str) -> None:
+    """Write the line that ends the process, `lastword: <message>`, to stderr: masked by
+    `scrub`, on one line (a message that spans lines is joined), and under journald with the
+    error priority an ERROR log line has, so that `journalctl -p err` shows why the unit
+    stopped."""
+    line = "lastword: " + " ".join(scrub(message).splitlines())
+    priority = f"<{PRIORITIES['ERROR']}>" if to_journal() else ""
+    print(priority + line, file=sys.stderr, flush=True)
 
 
 def _relevant(record: logging.LogRecord) -> bool:

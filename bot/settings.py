@@ -9,7 +9,9 @@ field names here must not change.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -17,7 +19,7 @@ from functools import cache, partial
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -43,6 +45,7 @@ from pydantic_settings import (
 )
 
 from bot import spelling
+from bot.logs import MASK, masked_url, redact, store_url
 from bot.tokens import estimate
 
 ENV_PREFIX = "LASTWORD_"
@@ -83,13 +86,21 @@ def _no_blanks(values: list[str]) -> list[str]:
 Names = Annotated[CommaList, AfterValidator(_no_blanks)]
 
 
-def _web_url(value: str | None, schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+def _web_url(
+    value: str | None, schemes: tuple[str, ...] = ("http", "https"), *, credentials: bool = False
+) -> str | None:
     if value is None or value == "":
         return None
     parts = urlparse(value)
     if parts.scheme not in schemes or not parts.hostname:
         wanted = " or ".join(f"{scheme}://" for scheme in schemes)
         raise ValueError(f"expected a URL starting with {wanted} and naming a host")
+    if "@" in parts.netloc and not credentials:
+        # The clients send their own Authorization header (the key, the token), and aiohttp
+        # refuses to combine it with a URL's: every request would fail, not the start.
+        raise ValueError(
+            "expected a URL without a user or password in it: the credential has its own setting"
+        )
     return value
 
 
@@ -113,6 +124,8 @@ def _secret_text(value: SecretStr | None) -> SecretStr | None:
 
 WebUrl = Annotated[str, AfterValidator(_web_url)]
 OptionalWebUrl = Annotated[str | None, AfterValidator(_web_url)]
+# An MCP server's URL may carry basic auth: its client sends no credential of its own.
+CredentialedWebUrl = Annotated[str | None, AfterValidator(partial(_web_url, credentials=True))]
 ListenAddress = Annotated[str, AfterValidator(_listen_address)]
 OptionalListenAddress = Annotated[str | None, AfterValidator(_listen_address)]
 WebSocketUrl = Annotated[str, AfterValidator(partial(_web_url, schemes=("ws", "wss")))]
@@ -136,7 +149,25 @@ def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class ModelChoice(BaseModel):
+class Group(BaseModel):
+    """A group of settings. No number in it may be infinite or NaN: `inf` passes every lower
+    bound, then overflows where it is used (a timeout of `inf` seconds at every request)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+def _finite(value: object) -> object:
+    """`value`, refused if a number anywhere in it is infinite or NaN: Python's JSON reader
+    and TOML both read them, and no request can carry one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("expected finite numbers only (NaN and Infinity are no JSON numbers)")
+    inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in inner:
+        _finite(item)
+    return value
+
+
+class ModelChoice(Group):
     """A model users may pick with /model."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,32}$")  # what users type and see
@@ -145,7 +176,7 @@ class ModelChoice(BaseModel):
     cost: float = Field(default=1.0, gt=0, le=1000)
 
 
-class LLMSettings(BaseModel):
+class LLMSettings(Group):
     # None means "not configured": openai when a base URL or key is given, else echo.
     provider: Literal["openai", "echo"] | None = None
     # Unset here, OPENAI_BASE_URL and OPENAI_API_KEY are used, as every OpenAI client does.
@@ -187,7 +218,7 @@ class LLMSettings(BaseModel):
     # Provider quirks: sent with every request (for example {"HTTP-Referer": "..."}, or
     # {"top_k": 40} for a server that takes it). JSON in the environment.
     extra_headers: dict[str, str] = Field(default_factory=dict)
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    extra_body: Annotated[dict[str, Any], AfterValidator(_finite)] = Field(default_factory=dict)
     # Tokens (prompt + completion) one user may spend per UTC day, across replicas; 0: no limit.
     daily_tokens_per_user: int = Field(default=0, ge=0)
     # The longest /persona a user may set, in characters (their instructions, added to the
@@ -214,7 +245,7 @@ class LLMSettings(BaseModel):
         return self
 
 
-class MediaSettings(BaseModel):
+class MediaSettings(Group):
     """Photos, files and voice notes folded into the turn (bot/media.py)."""
 
     # Whether the model is shown images: auto (when llm.model matches one of vision_models),
@@ -245,8 +276,9 @@ class MediaSettings(BaseModel):
     # and a PNG of a few hundred kB can claim far more (each pixel costs 4 bytes decoded).
     max_image_pixels: int = Field(default=24_000_000, ge=1_000_000, le=100_000_000)
     # PDF text and image encoding run in worker processes of the replica's own: this many at
-    # once (the rest wait), each killed past work_timeout_s (the file becomes a note), each
-    # worker within worker_memory_mb of address space. workers needs a restart.
+    # once (the rest wait), each try killed past work_timeout_s (tried once more in a fresh
+    # worker, then the file becomes a note), each worker within worker_memory_mb of address
+    # space. workers needs a restart.
     workers: int = Field(default=2, ge=1, le=16)
     work_timeout_s: float = Field(default=10.0, gt=0, le=300)
     worker_memory_mb: int = Field(default=1024, ge=256, le=16384)
@@ -268,7 +300,7 @@ class MediaSettings(BaseModel):
     transcription_api_key: Secret = None
 
 
-class DebounceSettings(BaseModel):
+class DebounceSettings(Group):
     quiet_ms: int = Field(default=2000, ge=0)
     max_wait_ms: int = Field(default=8000, ge=0)
     # Speculation: once the user has been quiet this long, start generating although the
@@ -292,11 +324,11 @@ class DebounceSettings(BaseModel):
         return self
 
 
-class LeaseSettings(BaseModel):
+class LeaseSettings(Group):
     ttl_ms: int = Field(default=30000, ge=300)
 
 
-class ToolRule(BaseModel):
+class ToolRule(Group):
     """What the configuration says of one tool, over what the tool says of itself."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -305,7 +337,7 @@ class ToolRule(BaseModel):
     admin_only: bool | None = Field(default=None, alias="adminOnly")
 
 
-class McpServer(BaseModel):
+class McpServer(Group):
     """One entry of `LASTWORD_TOOLS__MCP_SERVERS`, in the `mcpServers` shape MCP clients share
     (Claude Desktop, Cursor, VS Code): a command to start over stdio, or the URL of a server
     that speaks streamable HTTP. The camelCase keys are lastword's own additions."""
@@ -316,7 +348,7 @@ class McpServer(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    url: OptionalWebUrl = None
+    url: CredentialedWebUrl = None
     headers: dict[str, str] = Field(default_factory=dict)
     # Some clients name the transport; it follows from `command` or `url` all the same.
     type: Literal["stdio", "http", "streamable-http", "streamableHttp"] | None = None
@@ -342,7 +374,7 @@ def _servers(value: object) -> object:
     return value
 
 
-class ToolsSettings(BaseModel):
+class ToolsSettings(Group):
     # MCP servers, started once per replica: name -> McpServer.
     mcp_servers: Annotated[dict[str, McpServer], BeforeValidator(_servers)] = Field(
         default_factory=dict
@@ -367,7 +399,7 @@ class ToolsSettings(BaseModel):
 Verdict = Literal["admin", "allowed", "refused"]
 
 
-class AccessSettings(BaseModel):
+class AccessSettings(Group):
     # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone. The
     # starting point: admins change it in chat with /allow and /deny.
     allowed_users: Names = []
@@ -390,6 +422,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         env_file=".env",
         extra="ignore",
+        allow_inf_nan=False,
     )
 
     # A platform installed in the `lastword.adapters` entry point group: console, telegram,
@@ -468,6 +501,13 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         parts = urlparse(value)
+        split = urlsplit(value)
+        if "@" in split.path + split.query + split.fragment:
+            # redis-py would read the password's tail as the host, path or query.
+            raise ValueError(
+                "an '@' after the host: percent-encode a password's /, ?, # and @ "
+                "(as %2F, %3F, %23 and %40)"
+            )
         if parts.scheme in ("redis+sentinel", "rediss+sentinel"):
             from bot.connect import parse_sentinel
 
@@ -778,7 +818,9 @@ def _unknown(tree: type[BaseModel], table: Mapping[str, Any], where: str) -> str
 
 def _check_json(tree: type[BaseModel]) -> None:
     """A setting given as JSON in the environment (a mapping, a list of models) must parse;
-    pydantic-settings would fail with a traceback that names only its group."""
+    pydantic-settings would fail with a traceback that names only its group. The error says
+    where the text breaks and under which keys, never the text: a broken mapping of headers
+    or of MCP servers holds credentials the reader cannot tell apart from the rest."""
     from dotenv import dotenv_values
 
     given = {k.upper(): v for k, v in dotenv_values(".env").items() if v is not None}
@@ -787,17 +829,53 @@ def _check_json(tree: type[BaseModel]) -> None:
         name = spelling.env_name(ENV_PREFIX, path)
         if name not in given or not _decoded_as_json(_field(path, tree)):
             continue
+        example = '[{"name": "smart", "model": "gpt-4o"}]' if path[-1] == "models" else '{"key": 1}'
         try:
             json.loads(given[name])
-        except ValueError as exc:
-            example = (
-                '[{"name": "smart", "model": "gpt-4o"}]' if path[-1] == "models" else '{"key": 1}'
-            )
-            reason = getattr(exc, "msg", str(exc))
+        except json.JSONDecodeError as exc:
+            keys = _keys_at(exc.doc, exc.pos)
+            under = f", under the key {'.'.join(keys)}" if keys else ""
             raise ConfigError(
-                f"{name}: expected JSON such as {example}, given {_shown(path, given[name])} "
-                f"({reason})"
+                f"{name}: expected JSON such as {example}; {exc.msg} at line {exc.lineno}, "
+                f"column {exc.colno}{under} (the text is not quoted: it may hold a credential)"
             ) from None
+        except RecursionError:
+            raise ConfigError(
+                f"{name}: expected JSON such as {example}; nested too deeply"
+            ) from None
+
+
+# A key of a JSON setting as an error may name it: a header's, a variable's or a server's name.
+KEY_SHAPE = re.compile(r"[\w.@:/+-]{1,64}")
+
+
+def _keys_at(text: str, end: int) -> list[str]:
+    """The keys, outermost first, of the JSON members that `text[:end]` stops inside (the
+    text before a JSON error's position, which reads as JSON up to there). A key of another
+    shape than a name is shown as `*`."""
+    keys: list[str | None] = []
+    last: str | None = None  # the string just read, a key if a colon follows
+    i = 0
+    while i < end:
+        char = text[i]
+        if char == '"':
+            close = i + 1
+            while close < len(text) and text[close] != '"':
+                close += 2 if text[close] == "\\" else 1
+            last, i = text[i + 1 : close], close + 1
+            continue
+        if char in "{[":
+            keys.append(None)
+        elif char in "}]" and keys:
+            keys.pop()
+        elif char == ":" and keys and last is not None:
+            keys[-1] = last if KEY_SHAPE.fullmatch(last) else "*"
+        elif char == "," and keys:
+            keys[-1] = None
+        if not char.isspace():
+            last = None
+        i += 1
+    return [key for key in keys if key is not None]
 
 
 def _field(path: tuple[str, ...], tree: type[BaseModel]) -> FieldInfo:
@@ -816,30 +894,54 @@ def _decoded_as_json(field: FieldInfo) -> bool:
     return get_origin(field.annotation) in (dict, list) or field.annotation in (dict, list)
 
 
-def _shown(path: tuple[str, ...], value: object) -> str:
-    """A given value as an error may quote it: a secret masked, a long one cut."""
-    if path == ("redis_url",) and isinstance(value, str):
-        parts = urlparse(value)
-        # The URL's password only: the rest says which server was meant.
-        value = value.replace(parts.password, "***") if parts.password else value
-    elif _secret(path):
-        return "***"
-    text = repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _secret(path: tuple[str, ...]) -> bool:
-    """Whether the setting at `path` (a platform's too) holds a secret."""
+def _setting(path: tuple[str, ...]) -> tuple[tuple[str, ...], FieldInfo | None]:
+    """Of a path in the settings (an error's), the setting's own path and field: the path
+    stops at a value, below which come a mapping's keys and a model's fields in it. No field
+    for a path that names no setting (a whole group or section)."""
     tree = settings_tree(path[:1] if path[:1] and path[0] in PLATFORM_SECTIONS else ())
-    try:
-        return "SecretStr" in str(_field(path, tree).annotation)
-    except (KeyError, AttributeError):
-        # Not a setting's path (an error about a whole section): nothing of it is quoted.
-        return False
+    model: type[BaseModel] | None = tree
+    for depth, name in enumerate(path):
+        field = model.model_fields.get(name) if model is not None else None
+        if field is None:
+            return path, None
+        model = spelling._model_of(field.annotation)
+        if model is None:
+            return path[: depth + 1], field
+    return path, None
+
+
+def displayed(path: tuple[str, ...], value: object, limit: int = 200) -> str | None:
+    """How an error line or `lastword doctor` may show `value`, given for the setting at
+    `path`: the one rule for every setting that can hold a credential. A secret is `***`;
+    the store's URL shows its scheme, host, port and database (`store_url`), an MCP
+    server's its scheme, host and port (`masked_url`), any other URL all but its
+    credentials (`redact`); within a mapping (headers, a request body, MCP servers: any
+    value there may be a credential) nothing but the keys of an object. A long value is cut.
+    None: nothing of it may be shown."""
+    setting, field = _setting(path)
+    if field is not None and "SecretStr" in str(field.annotation):
+        return MASK
+    if field is not None and spelling._opens_keys(field.annotation):
+        if path[-1] == "url" and setting == ("tools", "mcp_servers") and isinstance(value, str):
+            text = masked_url(value)
+        elif isinstance(value, dict):
+            text = json.dumps(dict.fromkeys(map(str, value), MASK))
+        else:
+            return None
+    elif setting == ("redis_url",) and isinstance(value, str):
+        text = store_url(value)
+    elif isinstance(value, str):
+        text = redact(value) if "://" in value else value
+    elif isinstance(value, int | float | bool) or value is None:
+        text = str(value)
+    else:
+        return None
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _one_line(error: Any) -> str:
-    """A pydantic error as `LASTWORD_X: expected ..., given ...`."""
+    """A pydantic error as `LASTWORD_X: expected ..., given ...` (what was given as `displayed`
+    lets it be quoted)."""
     loc = list(error["loc"])
     # A list item's own fields (a model of /model) come after its position.
     item = next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))
@@ -854,23 +956,14 @@ def _one_line(error: Any) -> str:
     name = spelling.env_name(ENV_PREFIX, path) if path else "settings"
     if item < len(loc):
         name += f", item {int(loc[item]) + 1}" + "".join(f" {part}" for part in loc[item + 1 :])
-    given = error.get("input")
     if path[:2] == ("tools", "mcp_servers") and len(path) > 2:
-        # An MCP server's own entry: named by its key, shown with its secrets masked.
+        # An MCP server's own entry: named by its key.
         name = f"{spelling.env_name(ENV_PREFIX, path[:2])}, server {path[2]!r}" + "".join(
             f" {part}" for part in path[3:]
         )
-        if isinstance(given, dict):
-            return f"{name}: {message}; given {json.dumps(_masked_server(given))}"
-    if isinstance(given, str | int | float | bool) or given is None:
-        return f"{name}: {message}; given {_shown(path, given)}"
-    return f"{name}: {message}"
-
-
-def _masked_server(config: dict[str, Any]) -> dict[str, Any]:
-    """An MCP server's configuration fit for an error message: header and env values hidden."""
-    hidden = {"headers", "env"}
-    return {
-        k: {name: "***" for name in v} if k in hidden and isinstance(v, dict) else v
-        for k, v in config.items()
-    }
+    given = error.get("input")
+    text = displayed(path, given)
+    if text is None:
+        return f"{name}: {message}"
+    # Text given is quoted, so that a space or an empty value shows.
+    return f"{name}: {message}; given {repr(text) if isinstance(given, str) else text}"

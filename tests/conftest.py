@@ -47,6 +47,7 @@ SLOW_MODULES = frozenset(
         "tests.test_discord_handover",
         "tests.test_install_walkthrough",
         "tests.test_speculation_e2e",
+        "tests.test_secrets_walk",
     }
 )
 

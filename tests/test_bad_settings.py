@@ -20,8 +20,11 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, get_args, get_origin
 
 import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from bot import cli, spelling
 from bot.embedded import EmbeddedRedis
@@ -130,12 +133,17 @@ SECRETS = {
 # A platform's settings are read when it is the chosen one, and its required ones must be
 # right for the wrong one to be the error shown.
 REQUIRED = {"TELEGRAM": {"TELEGRAM__TOKEN": "123:abc"}, "DISCORD": {"DISCORD__TOKEN": "a.b.c"}}
-# How a value too long to quote is shown instead.
+# How a value that is not quoted (too long, or JSON that may hold a credential) is shown.
 SHOWN_AS = {
     "LLM__SYSTEM_PROMPT": "about 50000 tokens",
-    # The server's own entry, named by its key (its headers and env would be masked).
+    # JSON that does not parse: where it breaks, never the text.
+    "LLM__EXTRA_HEADERS": "Expecting property name enclosed in double quotes at line 1, "
+    "column 2 (the text is not quoted: it may hold a credential)",
+    "LLM__EXTRA_BODY": "Expecting property name enclosed in double quotes at line 1, column 2",
+    "LLM__MODELS": "Expecting value at line 1, column 1",
+    # The server's own entry, named by its key, with the keys it was given only.
     "TOOLS__MCP_SERVERS": 'server \'time\': expected either "command" (stdio) or "url" '
-    '(streamable HTTP); given {"args": ["-m", "mcp_server_time"]}',
+    '(streamable HTTP); given {"args": "***"}',
 }
 COMMANDS = (["run"], ["doctor"], ["status"])
 
@@ -182,10 +190,82 @@ def test_every_wrong_value_is_one_line_in_run_doctor_and_status(
             assert "***" in output, output
         elif name in SHOWN_AS:
             assert SHOWN_AS[name] in output, output
+            assert repr(value) not in output, output
         else:
             # What was given, so the operator sees the typo.
             assert repr(value) in output, output
         assert "expected" in output or "no platform" in output, output
+
+
+# Non-finite numbers, as the environment spells them and as JSON does (Python reads both).
+NON_FINITE = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
+# A valid item of each setting that is a JSON list of models, for a float field to be set in.
+ITEMS: dict[str, dict[str, Any]] = {"LLM__MODELS": {"name": "smart", "model": "gpt-4o"}}
+
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds (alone, optional, or as the items of a list), if any."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def setting_fields(
+    model: type[BaseModel], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], FieldInfo]]:
+    """Every setting under `model` (groups walked into) as its path and field."""
+    for name, info in model.model_fields.items():
+        group = model_in(info.annotation)
+        if group is not None and get_origin(info.annotation) not in (dict, list):
+            yield from setting_fields(group, (*path, name))
+        else:
+            yield (*path, name), info
+
+
+def float_settings(
+    model: type[BaseModel], path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, str | None]]:
+    """Every float setting under `model`, as (its name without the prefix, None), or, for a
+    float field of the models of a JSON list, (the list's name, the field)."""
+    for name, field in model.model_fields.items():
+        annotation, here = field.annotation, (*path, name)
+        inner = model_in(annotation)
+        if get_origin(annotation) is dict:
+            continue  # a mapping (headers, MCP servers) has no setting of its own below it
+        if get_origin(annotation) is list and inner is not None:
+            listed = spelling.env_name("", here)
+            for item, item_field in inner.model_fields.items():
+                if float in (item_field.annotation, *get_args(item_field.annotation)):
+                    yield listed, item
+        elif inner is not None:
+            yield from float_settings(inner, here)
+        elif float in (annotation, *get_args(annotation)):
+            yield spelling.env_name("", here), None
+
+
+@pytest.mark.parametrize("value", sorted(NON_FINITE))
+def test_no_float_setting_takes_infinity_or_nan(
+    value: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inf` passes every lower bound (a timeout of `inf` then overflows at each request):
+    every float of the tree, the platforms' own and those inside JSON lists included, is
+    refused as not finite, one line in `run`, `doctor` and `status` alike."""
+    found = list(float_settings(settings_tree(PLATFORM_SECTIONS)))
+    assert ("LLM__TIMEOUT_S", None) in found and ("LLM__MODELS", "cost") in found, found
+    for name, item in found:
+        given = value
+        if item is not None:
+            given = json.dumps([ITEMS[name] | {item: "NON_FINITE"}])
+            given = given.replace('"NON_FINITE"', NON_FINITE[value])
+        with monkeypatch.context() as scoped:
+            chosen_for(name, scoped)
+            scoped.setenv(ENV_PREFIX + name, given)
+            for argv in COMMANDS:
+                code, output = one_line(capsys, argv)
+                assert code == 2 and "\n" not in output, (name, argv, output)
+                assert ENV_PREFIX + name in output, (name, argv, output)
+                assert "expected a finite number" in output, (name, argv, output)
 
 
 def test_the_system_prompt_too_long_for_the_context_names_both(cwd: Path) -> None:
@@ -426,4 +506,4 @@ def test_a_wrong_mcp_server_is_shown_without_its_headers_or_env(
     monkeypatch.setenv(ENV_PREFIX + "TOOLS__MCP_SERVERS", json.dumps({"crm": server}))
     code, output = one_line(capsys, ["doctor"])
     assert code == 2 and "server 'crm'" in output, output
-    assert "s3cr3t" not in output and '"Authorization": "***"' in output, output
+    assert "s3cr3t" not in output and '{"headers": "***", "env": "***"}' in output, output

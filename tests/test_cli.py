@@ -189,6 +189,13 @@ SECRET_LEAKS = {
     "password-in-query": (f"redis://127.0.0.1:{{port}}/0?password={SECRET}", 1),
     "bad-port": (f"redis://:{SECRET}@127.0.0.1:port/0", 2),
     "bad-scheme": (f"http://:{SECRET}@127.0.0.1:{{port}}/0", 2),
+    # Unencoded, the password's tail is read as the path or fragment, its head as the host.
+    "slash-in-password": (f"redis://:ab/{SECRET}@127.0.0.1:{{port}}/0", 2),
+    "hash-in-password": (f"redis://:ab#{SECRET}@127.0.0.1:{{port}}/0", 2),
+    "sentinel-password-in-query": (
+        f"redis+sentinel://127.0.0.1:{{port}}/mymaster?sentinel_password={SECRET}",
+        1,
+    ),
 }
 
 

@@ -193,7 +193,9 @@ async def test_no_secret_in_any_output(
 
     # Every service took the secrets, so each was really used, and none is shown.
     assert all(check.ok for check in checks), report
-    assert "password=***" in by_name(checks)["settings"].detail
+    # The store as scheme, host, port and database: not even the name of its password.
+    assert f"store unix://{server.socket}," in by_name(checks)["settings"].detail
+    assert "password" not in by_name(checks)["settings"].detail
     assert_no_secret(report, REDIS_PASSWORD)
 
 
@@ -280,7 +282,7 @@ async def test_down_redis_fails_clearly_and_quickly(
 ) -> None:
     if where == "tcp":
         url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{closed_port()}/0"
-        shown = "redis://:***@127.0.0.1:"
+        shown = "redis://***@127.0.0.1:"
     else:
         url = f"unix://{short_dir}/no-such.sock"
         shown = url
@@ -625,8 +627,9 @@ async def test_mcp_servers_that_fail_say_why_in_one_line(
 ) -> None:
     missing = str(short_dir / "no-such-server")
     url = f"http://127.0.0.1:{closed_port()}/mcp"
+    # Only servers that fail: one that works needs its start-up time, which a loaded
+    # machine stretches past a 2 s bound (it has a test of its own, above).
     servers = {
-        "time": mcp_time_server(),
         "gone": {"command": missing, "args": ["--token", MCP_SECRET]},
         "web": {"url": url, "headers": {"Authorization": f"Bearer {MCP_SECRET}"}},
         # Started, but never answers.
@@ -638,7 +641,6 @@ async def test_mcp_servers_that_fail_say_why_in_one_line(
     # Side by side: the mute one's 2 s and its stop, not the sum of all.
     assert time.monotonic() - began < 12
 
-    assert checks["mcp time"].ok
     gone = checks["mcp gone"]
     assert not gone.ok
     assert gone.detail == (

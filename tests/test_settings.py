@@ -13,6 +13,7 @@ import shutil
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from pydantic import BaseModel
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 import adapters
 from adapters.telegram import TelegramSettings
 from bot.check import Check
+from bot.logs import secrets_of
 from bot.settings import (
     ENV_PREFIX,
     PLATFORM_SECTIONS,
@@ -196,6 +198,49 @@ def test_validation_errors_name_the_setting(
 def test_empty_redis_url_means_embedded(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LASTWORD_REDIS_URL", "")
     assert load_settings().redis_url is None
+
+
+def test_broken_json_is_named_by_where_it_breaks_never_quoted(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys down to the break are names (a server's, a variable's); the values are not."""
+    servers = '{"gh": {"command": "npx", "env": {"GITHUB_TOKEN": "ghp_s3cret" "X": 1}}}'
+    monkeypatch.setenv("LASTWORD_TOOLS__MCP_SERVERS", servers)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "LASTWORD_TOOLS__MCP_SERVERS: expected JSON such as {\"key\": 1}; Expecting ',' "
+        "delimiter at line 1, column 64, under the key gh.env.GITHUB_TOKEN (the text is not "
+        "quoted: it may hold a credential)"
+    )
+
+
+def test_json_numbers_are_finite(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's JSON reader takes NaN, which no request body can carry."""
+    monkeypatch.setenv("LASTWORD_LLM__EXTRA_BODY", '{"top_k": 40, "penalty": [1, NaN]}')
+    with pytest.raises(ConfigError, match="LASTWORD_LLM__EXTRA_BODY: expected finite numbers"):
+        load_settings()
+
+
+@pytest.mark.parametrize("tail", ["/", "#", "?"])
+def test_a_redis_password_must_be_percent_encoded(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, tail: str
+) -> None:
+    """Unencoded, the rest of the password would be read as the path, fragment or query, and
+    the part before it as the host."""
+    monkeypatch.setenv("LASTWORD_REDIS_URL", f"redis://:ab{tail}cd-s3cret@127.0.0.1:6379/0")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "LASTWORD_REDIS_URL: an '@' after the host: percent-encode a password's /, ?, # and @ "
+        "(as %2F, %3F, %23 and %40); given 'redis://***'"
+    )
+    encoded = f"redis://:ab{quote(tail, safe='')}cd-s3cret@127.0.0.1:6379/0"
+    monkeypatch.setenv("LASTWORD_REDIS_URL", encoded)
+    settings = load_settings()
+    assert settings.redis_url == encoded
+    # Masked in logs as written and as redis-py decodes it.
+    assert f"ab{tail}cd-s3cret" in secrets_of(settings)
 
 
 @pytest.mark.parametrize(

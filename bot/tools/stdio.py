@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from bot.logs import Scrub, secret_env
+from bot.logs import Scrub, secret_args, secret_env
 from bot.tools import LOG_CHARS
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ class Child:
         self.on_overlong = on_overlong
         self.encoding = server.encoding
         self.errors = server.encoding_error_handler
-        self.chatter = Chatter(name, Scrub(secret_env(server.env or {})), server.encoding)
+        secrets = [*secret_env(server.env or {}), *secret_args(server.args)]
+        self.chatter = Chatter(name, Scrub(secrets), server.encoding)
         self.group: TaskGroup | None = None
         self.overlong = False
         self._written = anyio.Event()
