@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -237,9 +238,15 @@ def command(args: argparse.Namespace) -> int:
 
 def ended(code: int, message: str, settings: Settings | None = None) -> int:
     """`code`, once the line that says why the command ends with it is written
-    (`logs.fatal`: one line, at error priority under journald), masked by every secret of
-    the settings when they loaded."""
-    logs.fatal(message, logs.Scrub(logs.secrets_of(settings)) if settings else str)
+    (`logs.fatal`: one line, at error priority under journald, in the log's format), masked
+    by every secret of the settings when they loaded. Settings that did not load still say
+    the format the unit asks for (`LASTWORD_LOG_FORMAT=logfmt` in the shipped units), if
+    they say it right."""
+    if settings is not None:
+        scrub = logs.Scrub(logs.secrets_of(settings))
+        logs.fatal(message, scrub, settings.log_format, settings.replica_id)
+        return code
+    logs.fatal(message, style=logs.style_named(os.environ.get("LASTWORD_LOG_FORMAT", "")))
     return code
 
 

@@ -25,7 +25,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -367,14 +367,31 @@ def to_journal() -> bool:
     return expected == f"{found.st_dev}:{found.st_ino}"
 
 
-def fatal(message: str, scrub: Callable[[str], str] = str) -> None:
-    """Write the line that ends the process, `lastword: <message>`, to stderr: masked by
-    `scrub`, on one line (a message that spans lines is joined), and under journald with the
-    error priority an ERROR log line has, so that `journalctl -p err` shows why the unit
-    stopped."""
-    line = "lastword: " + " ".join(scrub(message).splitlines())
+def style_named(name: str) -> Literal["text", "logfmt", "json"]:
+    """The log format `name` names, as `LASTWORD_LOG_FORMAT` spells it; text for any other."""
+    return "logfmt" if name == "logfmt" else "json" if name == "json" else "text"
+
+
+def fatal(
+    message: str,
+    scrub: Scrub | None = None,
+    style: Literal["text", "logfmt", "json"] = "text",
+    replica: str = "",
+) -> None:
+    """Write the line that ends the process to stderr: masked by `scrub`, on one line (a
+    message that spans lines is joined), under journald with the error priority an ERROR log
+    line has, so that `journalctl -p err` shows why the unit stopped. In the log's `style`:
+    as logfmt or JSON an ERROR record like the lines before it; as text the line a person at
+    a terminal reads, `lastword: <message>`."""
+    scrub = scrub or Scrub([])
+    text = " ".join(scrub(message).splitlines())
+    if style != "text":
+        record = logging.LogRecord("lastword", logging.ERROR, __file__, 0, text, None, None)
+        line = LineFormatter(style, replica, scrub, journal=to_journal()).format(record)
+        print(line, file=sys.stderr, flush=True)
+        return
     priority = f"<{PRIORITIES['ERROR']}>" if to_journal() else ""
-    print(priority + line, file=sys.stderr, flush=True)
+    print(priority + "lastword: " + text, file=sys.stderr, flush=True)
 
 
 def _relevant(record: logging.LogRecord) -> bool:

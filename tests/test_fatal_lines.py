@@ -99,6 +99,26 @@ async def test_a_configuration_error_is_one_line_at_error_priority(
     assert (code, lines) == (2, [line])
 
 
+async def test_under_the_shipped_units_the_line_is_logfmt_as_the_rest(short_dir: Path) -> None:
+    # The units set LASTWORD_LOG_FORMAT=logfmt: the line that ends the process has the shape
+    # of every other line, whether the settings loaded or not.
+    logfmt = {"LASTWORD_LOG_FORMAT": "logfmt", "LASTWORD_REPLICA_ID": "r7"}
+    env = environment(short_dir, LASTWORD_LLM__MODLE="gpt-4o", **logfmt)
+    code, lines = await lastword(short_dir, "run", env=env)
+    assert code == 2, lines
+    [line] = lines
+    assert line.startswith(ERROR + "ts=") and " level=error logger=lastword " in line, line
+    assert 'msg="configuration error: LASTWORD_LLM__MODLE: no such setting' in line, line
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    env = environment(short_dir, LASTWORD_REDIS_URL=url, **logfmt)
+    code, lines = await lastword(short_dir, "run", env=env)
+    assert code == 1, lines
+    assert all(line.startswith(PRIORITY_FIRST) and " level=" in line for line in lines), lines
+    assert lines[-1].startswith(ERROR) and " replica=r7 " in lines[-1], lines
+    assert f'msg="cannot reach Redis at LASTWORD_REDIS_URL={url}: ' in lines[-1], lines
+
+
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as fake:
