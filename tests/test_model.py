@@ -55,7 +55,7 @@ import asyncio
 import os
 import random
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -76,6 +76,7 @@ from bot.message import InboundMessage
 from bot.store import (
     CLOCK_SLACK_MS,
     RETRY_AFTER_ERROR_CAP_MS,
+    Ended,
     Failed,
     Grant,
     HistoryEntry,
@@ -660,35 +661,40 @@ class Protocol(RuleBasedStateMachine):
         goes as at a commit; the history is left as it was."""
         if (holder := self.holder(n, "sent")) is None:
             return
-        conv = holder.lease.conversation
-        held = self.run(self._held(holder))
-        ended = self.run(self.replicas[holder.replica].settle(holder.lease))
-        assert ended.ok == held, f"settle said {ended.ok}; held: {held}"
-        if not ended.ok:
+        settling = self.replicas[holder.replica].settle(holder.lease)
+        if self._reply_ended(holder, settling, "settle") is None:
             return
-        w = self.watermark[conv]
-        covered = {(conv, v) for v in range(w + 1, holder.version + 1)}
-        assert not covered & self.committed, f"settled twice: {covered & self.committed}"
-        self.committed |= covered
-        self.failures[conv] = 0
-        self.watermark[conv] = max(w, holder.version)
+        conv = holder.lease.conversation
         self.outbox.pop(conv)
         self.outbox_turn.pop(conv)
         self._ended(holder)
 
-    def _commit(self, holder: Holder, outcome: Outcome) -> None:
+    def _reply_ended(
+        self, holder: Holder, ending: Coroutine[Any, Any, Ended], what: str
+    ) -> int | None:
+        """`ending` (a commit or a settle of the holder's reply) run: None if it found the
+        lease gone, as it must when it was; else W before it, once the model's W moved over
+        the versions it covered, none of them committed before."""
         conv = holder.lease.conversation
         held = self.run(self._held(holder))
-        ended = self.run(self.replicas[holder.replica].commit(holder.lease, outcome))
-        assert ended.ok == held, f"commit said {ended.ok}; held: {held}"
+        ended = self.run(ending)
+        assert ended.ok == held, f"{what} said {ended.ok}; held: {held}"
         if not ended.ok:
-            return
+            return None
         w = self.watermark[conv]
         covered = {(conv, v) for v in range(w + 1, holder.version + 1)}
-        assert not covered & self.committed, f"committed twice: {covered & self.committed}"
+        assert not covered & self.committed, f"{what} covered twice: {covered & self.committed}"
         self.committed |= covered
         self.failures[conv] = 0
         self.watermark[conv] = max(w, holder.version)
+        return w
+
+    def _commit(self, holder: Holder, outcome: Outcome) -> None:
+        committing = self.replicas[holder.replica].commit(holder.lease, outcome)
+        w = self._reply_ended(holder, committing, "commit")
+        if w is None:
+            return
+        conv = holder.lease.conversation
         text, version = self.outbox.pop(conv)
         reset, turn = self.outbox_turn.pop(conv)
         if version > w:
