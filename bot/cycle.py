@@ -505,7 +505,7 @@ class Cycle:
             except StoreUnavailable as exc:
                 delay = backoff.next_delay()
                 log.warning(
-                    "commit of %s refused (%s); retrying in %.2fs", lease.conversation, exc, delay
+                    "commit of %s failed (%s); retrying in %.2fs", lease.conversation, exc, delay
                 )
                 await asyncio.sleep(delay)
 
