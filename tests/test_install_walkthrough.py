@@ -137,8 +137,11 @@ async def test_the_install_steps_with_a_refused_token_end_in_one_line_naming_the
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith(
-        "lastword: configuration error: LASTWORD_TELEGRAM__TOKEN: Telegram refused the bot token"
-    )
+    # In the journal's shape, as every line the unit writes (LASTWORD_LOG_FORMAT=logfmt).
+    assert " level=error logger=lastword " in lines[0], lines[0]
+    assert (
+        'msg="configuration error: LASTWORD_TELEGRAM__TOKEN: Telegram refused the bot token'
+        in lines[0]
+    ), lines[0]
     assert "@BotFather" in lines[0]
     assert not any("READY=1" in message for message in said), said
