@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 # What a secret is replaced with.
 MASK = "***"
+# How log lines are written (LASTWORD_LOG_FORMAT): for a terminal, or for the journal and log
+# collectors.
+LogStyle = Literal["text", "logfmt", "json"]
 # A value shorter than this is never masked: it is too short to be a secret, and masking it
 # would mangle ordinary text (an empty value would put a mask between every two characters).
 MIN_SECRET_CHARS = 4
@@ -301,7 +304,7 @@ class LineFormatter(logging.Formatter):
 
     def __init__(
         self,
-        style: Literal["text", "logfmt", "json"],
+        style: LogStyle,
         replica: str,
         scrub: Scrub,
         *,
@@ -367,7 +370,7 @@ def to_journal() -> bool:
     return expected == f"{found.st_dev}:{found.st_ino}"
 
 
-def style_named(name: str) -> Literal["text", "logfmt", "json"]:
+def style_named(name: str) -> LogStyle:
     """The log format `name` names, as `LASTWORD_LOG_FORMAT` spells it; text for any other."""
     return "logfmt" if name == "logfmt" else "json" if name == "json" else "text"
 
@@ -375,7 +378,7 @@ def style_named(name: str) -> Literal["text", "logfmt", "json"]:
 def fatal(
     message: str,
     scrub: Scrub | None = None,
-    style: Literal["text", "logfmt", "json"] = "text",
+    style: LogStyle = "text",
     replica: str = "",
 ) -> None:
     """Write the line that ends the process to stderr: masked by `scrub`, on one line (a

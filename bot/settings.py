@@ -45,7 +45,7 @@ from pydantic_settings import (
 )
 
 from bot import spelling
-from bot.logs import MASK, masked_url, redact, store_url
+from bot.logs import MASK, LogStyle, masked_url, redact, store_url
 from bot.tokens import estimate
 
 ENV_PREFIX = "LASTWORD_"
@@ -461,7 +461,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
     # text for a terminal; logfmt or json for the journal and log collectors: one line per
     # event, with the replica and the conversation on every line of a cycle.
-    log_format: Literal["text", "logfmt", "json"] = "text"
+    log_format: LogStyle = "text"
     # Names this process in logs, leases and `lastword status`; unique per replica.
     replica_id: str = Field(default_factory=_default_replica_id, pattern=r"^[A-Za-z0-9._@:-]+$")
     # On SIGTERM, a cycle that is generating may finish within this; then its conversation is
