@@ -45,7 +45,7 @@ import httpx2
 from bot.backoff import Backoff
 from bot.credentials import Credential
 from bot.prompt import Prompt
-from bot.settings import LLMSettings
+from bot.settings import LLMSettings, given_as
 from bot.tokens import estimate
 from bot.tools import ToolCall
 
@@ -246,9 +246,10 @@ class OpenAILLM:
             http_client=_http_client(settings.timeout_s),
         )
         where = settings.base_url or OPENAI_BASE_URL
-        self.key = Credential(
-            KEY_SETTING, f"the LLM provider at {where}", configured=settings.api_key is not None
-        )
+        # Named as the operator gave it: a refused OPENAI_API_KEY from ./.env is reported so.
+        configured = settings.api_key is not None
+        named = given_as(("llm", "api_key")) if configured else KEY_SETTING
+        self.key = Credential(named, f"the LLM provider at {where}", configured=configured)
 
     def configure(self, settings: LLMSettings) -> None:
         self.settings = settings
@@ -437,7 +438,7 @@ class OpenAILLM:
         if status == 404 or code == "model_not_found":
             return LLMError(
                 f"model or endpoint not found (check LASTWORD_LLM__MODEL={self.settings.model!r}"
-                " and LASTWORD_LLM__BASE_URL)",
+                f" and {given_as(('llm', 'base_url'))})",
                 kind="permanent",
             )
         if status == 400 and (

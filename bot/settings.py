@@ -1,9 +1,13 @@
-"""Settings: one typed tree, read from the environment, `.env`, a TOML file and defaults.
+"""Settings: one typed tree, read from the environment, credentials, `.env`, a TOML file and
+defaults.
 
-Priority, highest first: environment (`LASTWORD_` prefix, `__` for nesting), then `.env`,
-then the TOML file (`$LASTWORD_CONFIG`, else `./lastword.toml` when present), then the
-defaults below. The environment names are a contract with operators (see SPEC), so the
-field names here must not change.
+Priority, highest first: environment (`LASTWORD_` prefix, `__` for nesting), then systemd
+credentials, then `.env`, then the TOML file (`$LASTWORD_CONFIG`, else `./lastword.toml` when
+present), then OPENAI_API_KEY and OPENAI_BASE_URL (read from the environment, credentials and
+`.env` alike), then the defaults below. A mapping (MCP servers, headers) is taken whole from
+the highest source that gives it, never merged. Every error names the variable or key and where
+it was given. The environment names are a contract with operators (see SPEC), so the field
+names here must not change.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import cache, partial
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlparse, urlsplit
 
 from pydantic import (
@@ -451,7 +456,7 @@ class Settings(BaseSettings):
     # The starvation guard: once the oldest unanswered message has waited this long, the next
     # reply goes out even if newer messages arrived while it was generated (0: off). Well
     # above max_wait plus a generation, so a user typing at a human pace is never answered
-    # mid-thought; see README, Guarantees.
+    # mid-thought; see docs/guarantees.md.
     starvation_age_ms: int = Field(default=30_000, ge=0)
     # Its backstop: replies discarded in a row as stale before the next one goes out anyway.
     starvation_limit: int = Field(default=10, ge=0)
@@ -551,10 +556,13 @@ class Settings(BaseSettings):
         """Where the LLM's API key was read from, for `lastword doctor`; None when unset."""
         if self.llm.api_key is None:
             return None
-        borrowed = os.environ.get("OPENAI_API_KEY", "").strip()
-        if borrowed and self.llm.api_key.get_secret_value() == borrowed:
-            return "OPENAI_API_KEY"
-        return f"{ENV_PREFIX}LLM__API_KEY"
+        return given_as(("llm", "api_key"))
+
+    @property
+    def base_url_source(self) -> str:
+        """Where the LLM's base URL was read from (as `given_as` names it), for the errors
+        about it: `OPENAI_BASE_URL` when that is what gave it."""
+        return given_as(("llm", "base_url"))
 
     @property
     def llm_provider(self) -> Literal["openai", "echo"]:
@@ -572,11 +580,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG") or "lastword.toml"
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_path)
-        credentials = CredentialsSource(settings_cls)
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_file()[0])
+        lower = (CredentialsSource(settings_cls), dotenv_settings, toml)
         conventions = OpenAIConventions(settings_cls)
-        return (init_settings, env_settings, credentials, dotenv_settings, toml, conventions)
+        replacing = tuple(Replacing(settings_cls, source) for source in lower)
+        return (init_settings, env_settings, *replacing, conventions)
 
 
 class _NoSettings(BaseModel):
@@ -696,63 +704,230 @@ def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list
     return names
 
 
+# The conventions every OpenAI client honours, each with the setting it stands in for when no
+# source gives that setting: the lowest priority of all.
+CONVENTIONS = {"OPENAI_API_KEY": ("llm", "api_key"), "OPENAI_BASE_URL": ("llm", "base_url")}
+# Where a variable of this process's environment was written when a file wrote it rather than
+# the shell: a unit's env file or `Environment=` line, as `doctor --unit` applies them. Errors
+# name it; `written_in` sets it.
+_WRITTEN_IN: dict[str, str] = {}
+
+
+@contextmanager
+def written_in(origins: Mapping[str, str]) -> Iterator[None]:
+    """For the duration, each variable `origins` names counts as written where it says (`in
+    /etc/lastword/lastword.env`), so that an error about it names that file."""
+    saved = dict(_WRITTEN_IN)
+    _WRITTEN_IN.clear()
+    _WRITTEN_IN.update({name.upper(): where for name, where in origins.items()})
+    try:
+        yield
+    finally:
+        _WRITTEN_IN.clear()
+        _WRITTEN_IN.update(saved)
+
+
+class Variable(NamedTuple):
+    """A variable given for the settings, with where it was given as an error puts it after
+    the name: "" (the environment), " (in ./.env)", " (a credential)"."""
+
+    name: str
+    value: str
+    where: str
+
+
+def _credential_files() -> dict[str, str]:
+    """systemd's credentials (`LoadCredential=` → `$CREDENTIALS_DIRECTORY`) named like a
+    setting's variable or an OpenAI convention, by name. A trailing newline from `echo token >
+    file` is not part of the secret."""
+    folder = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not folder or not Path(folder).is_dir():
+        return {}
+    return {
+        path.name: path.read_text().strip()
+        for path in sorted(Path(folder).iterdir())
+        if path.name.startswith((ENV_PREFIX, *CONVENTIONS)) and path.is_file()
+    }
+
+
+def _variables() -> list[Variable]:
+    """Every `LASTWORD_*` variable and OpenAI convention given, highest priority first: the
+    environment (each named by the file that wrote it, if one did), the credentials, `./.env`."""
+    from dotenv import dotenv_values
+
+    def wanted(name: str) -> bool:
+        return name.upper().startswith((ENV_PREFIX, *CONVENTIONS))
+
+    found = [
+        Variable(name, value, _WRITTEN_IN.get(name.upper(), ""))
+        for name, value in os.environ.items()
+        if wanted(name)
+    ]
+    found += [Variable(n, v, " (a credential)") for n, v in _credential_files().items()]
+    dotenv = dotenv_values(".env") if Path(".env").is_file() else {}
+    found += [
+        Variable(name, value, " (in ./.env)")
+        for name, value in dotenv.items()
+        if value is not None and wanted(name)
+    ]
+    return found
+
+
+def _toml_file() -> tuple[Path, str]:
+    """The TOML file read (it may not exist), and how errors name it."""
+    chosen = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if chosen:
+        return Path(chosen), f"{ENV_PREFIX}CONFIG={chosen}"
+    return Path("lastword.toml"), "./lastword.toml"
+
+
+def _toml_table() -> dict[str, Any]:
+    path, _where = _toml_file()
+    return tomllib.loads(path.read_text()) if path.is_file() else {}
+
+
+def _lookup(tree: Mapping[str, Any], path: tuple[str, ...]) -> bool:
+    """Whether the nested mapping `tree` has a value at `path`."""
+    node: Any = tree
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def given_as(path: tuple[str, ...], setting: tuple[str, ...] | None = None) -> str:
+    """How an error names the value at `path` (within the setting at `setting`, by default
+    `path` itself): by the source that gives that setting, the highest one. Its variable and,
+    when it is not the environment's own, the file or credential
+    (`LASTWORD_LLM__MODEL (in ./.env)`); its key in the TOML file (`./lastword.toml:
+    llm.model`); the OpenAI convention standing in for it (`OPENAI_BASE_URL (in ./.env)`).
+    The variable alone when no source gives it (a default)."""
+    setting = setting or path
+    name = spelling.env_name(ENV_PREFIX, setting)
+    variables = _variables()
+    for variable in variables:
+        upper = variable.name.upper()
+        if upper == name or upper.startswith(name + "__"):
+            return spelling.env_name(ENV_PREFIX, path) + variable.where
+    try:
+        in_toml = _lookup(_toml_table(), setting)
+    except (OSError, tomllib.TOMLDecodeError):
+        in_toml = False
+    if in_toml:
+        return f"{_toml_file()[1]}: {'.'.join(path)}"
+    for variable in variables:
+        if CONVENTIONS.get(variable.name.upper()) == setting and variable.value.strip():
+            return variable.name.upper() + variable.where
+    return spelling.env_name(ENV_PREFIX, path)
+
+
+def _takes_json(path: tuple[str, ...]) -> bool:
+    """Whether the core setting at `path` is a mapping or list given as JSON text."""
+    model: type[BaseModel] | None = Settings
+    for name in path[:-1]:
+        field = model.model_fields.get(name) if model is not None else None
+        model = spelling._model_of(field.annotation) if field is not None else None
+    found = model.model_fields.get(path[-1]) if model is not None and path else None
+    return found is not None and _decoded_as_json(found)
+
+
 class CredentialsSource(PydanticBaseSettingsSource):
     """systemd credentials (`LoadCredential=` → `$CREDENTIALS_DIRECTORY`): a file named like
     a setting's environment variable holds its value, e.g. `LASTWORD_TELEGRAM__TOKEN`. Secrets
-    then never sit in the environment or in a unit file."""
+    then never sit in the environment or in a unit file. A mapping or a list is JSON, as in
+    the environment."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         # Unused: __call__ reads every credential at once.
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        folder = os.environ.get("CREDENTIALS_DIRECTORY")
-        if not folder or not Path(folder).is_dir():
-            return {}
         values: dict[str, Any] = {}
-        for path in sorted(Path(folder).iterdir()):
-            if not path.name.startswith(ENV_PREFIX) or not path.is_file():
+        for name, text in _credential_files().items():
+            if not name.startswith(ENV_PREFIX):
                 continue
-            *parents, leaf = path.name.removeprefix(ENV_PREFIX).lower().split("__")
+            path = tuple(name.removeprefix(ENV_PREFIX).lower().split("__"))
             node = values
-            for parent in parents:
+            for parent in path[:-1]:
                 node = node.setdefault(parent, {})
-            # A trailing newline from `echo token > file` is not part of the secret.
-            node[leaf] = path.read_text().strip()
+            node[path[-1]] = _json_or_text(text) if _takes_json(path) else text
         return values
+
+
+def _json_or_text(text: str) -> Any:
+    # Broken JSON is named by `load_settings`'s check; unchecked, validation refuses the text.
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
 
 
 class OpenAIConventions(PydanticBaseSettingsSource):
     """OPENAI_API_KEY and OPENAI_BASE_URL, which every OpenAI client and most bots honour:
-    the LLM's key and URL when no lastword setting gives them (the lowest priority)."""
+    the LLM's key and URL when no lastword setting gives them (the lowest priority). Read
+    from every source a lastword setting is read from: the environment, the credentials and
+    `./.env`, in that order."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         # Unused: __call__ reads both at once.
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        names = (("api_key", "OPENAI_API_KEY"), ("base_url", "OPENAI_BASE_URL"))
-        llm = {
-            setting: os.environ[variable].strip()
-            for setting, variable in names
-            if os.environ.get(variable, "").strip()
-        }
+        llm: dict[str, str] = {}
+        for variable in _variables():
+            setting = CONVENTIONS.get(variable.name.upper())
+            if setting and variable.value.strip():
+                llm.setdefault(setting[1], variable.value.strip())
         return {"llm": llm} if llm else {}
+
+
+class Replacing(PydanticBaseSettingsSource):
+    """`source`, whose mappings (MCP servers, headers, a request body) yield whole to a
+    higher source's: pydantic-settings merges mappings key by key across sources, which
+    would add the TOML file's servers to the environment's, and read a pasted
+    `{"mcpServers": ...}` beside them as one more server."""
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.source = source
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ asks the source for all of its values.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = self.source()
+        for path in spelling._open_paths(Settings):
+            if _lookup(self.current_state, path):
+                values = _without(values, path)
+        return values
+
+
+def _without(tree: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """A copy of `tree` without the value at `path` (the source's own dicts are kept as
+    they are: a TOML source returns the same ones at every call)."""
+    if not path or path[0] not in tree:
+        return tree
+    if len(path) == 1:
+        return {key: value for key, value in tree.items() if key != path[0]}
+    inner = tree[path[0]]
+    if not isinstance(inner, dict):
+        return tree
+    return {**tree, path[0]: _without(inner, path[1:])}
 
 
 def load_settings() -> Settings:
     """Read settings, turning any problem into a `ConfigError` of one line that names the
-    setting, what was given (a secret masked) and what is expected. A name that is no
-    setting is one too: it would otherwise be ignored without a word."""
+    setting and where it was given, what was given (a secret masked) and what is expected. A
+    name that is no setting is one too: it would otherwise be ignored without a word."""
     from pydantic_settings import SettingsError
 
-    toml_path = os.environ.get(f"{ENV_PREFIX}CONFIG")
-    if toml_path and not Path(toml_path).is_file():
-        raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml_path}")
-    where = f"{ENV_PREFIX}CONFIG={toml_path}" if toml_path else "./lastword.toml"
-    toml = Path(toml_path or "lastword.toml")
+    toml, where = _toml_file()
+    if os.environ.get(f"{ENV_PREFIX}CONFIG") and not toml.is_file():
+        raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {toml}")
     try:
-        table = tomllib.loads(toml.read_text()) if toml.is_file() else {}
+        table = _toml_table()
         tree = settings_tree(_mentioned(_given_names(), table))
         _check_names(tree, table, where)
         _check_json(tree)
@@ -767,12 +942,12 @@ def load_settings() -> Settings:
 
 
 def _given_names() -> dict[str, list[str]]:
-    """The `LASTWORD_*` names given, by where they were given."""
-    return {
-        "": spelling.environment_names(ENV_PREFIX),
-        " (in ./.env)": spelling.dotenv_names(Path(".env"), ENV_PREFIX),
-        " (a credential)": spelling.credential_names(ENV_PREFIX),
-    }
+    """The `LASTWORD_*` names given, by where they were given (as an error says it)."""
+    names: dict[str, list[str]] = {}
+    for variable in _variables():
+        if variable.name.upper().startswith(ENV_PREFIX):
+            names.setdefault(variable.where, []).append(variable.name)
+    return names
 
 
 def _mentioned(given: dict[str, list[str]], table: Mapping[str, Any]) -> tuple[str, ...]:
@@ -817,31 +992,34 @@ def _unknown(tree: type[BaseModel], table: Mapping[str, Any], where: str) -> str
 
 
 def _check_json(tree: type[BaseModel]) -> None:
-    """A setting given as JSON in the environment (a mapping, a list of models) must parse;
-    pydantic-settings would fail with a traceback that names only its group. The error says
-    where the text breaks and under which keys, never the text: a broken mapping of headers
-    or of MCP servers holds credentials the reader cannot tell apart from the rest."""
-    from dotenv import dotenv_values
-
-    given = {k.upper(): v for k, v in dotenv_values(".env").items() if v is not None}
-    given |= {k.upper(): v for k, v in os.environ.items()}
-    for path in spelling.leaves(tree):
-        name = spelling.env_name(ENV_PREFIX, path)
-        if name not in given or not _decoded_as_json(_field(path, tree)):
+    """A setting given as JSON in a variable (a mapping, a list of models) must parse;
+    pydantic-settings would fail with a traceback that names only its group. The error names
+    the variable and where it was given, and says where the text breaks and under which keys,
+    never the text: a broken mapping of headers or of MCP servers holds credentials the
+    reader cannot tell apart from the rest."""
+    paths = {spelling.env_name(ENV_PREFIX, path): path for path in spelling.leaves(tree)}
+    seen: set[str] = set()
+    for variable in _variables():
+        name = variable.name.upper()
+        path = paths.get(name)
+        if name in seen or path is None or not _decoded_as_json(_field(path, tree)):
             continue
+        # Only the highest source's text is read.
+        seen.add(name)
         example = '[{"name": "smart", "model": "gpt-4o"}]' if path[-1] == "models" else '{"key": 1}'
         try:
-            json.loads(given[name])
+            json.loads(variable.value)
         except json.JSONDecodeError as exc:
             keys = _keys_at(exc.doc, exc.pos)
             under = f", under the key {'.'.join(keys)}" if keys else ""
             raise ConfigError(
-                f"{name}: expected JSON such as {example}; {exc.msg} at line {exc.lineno}, "
-                f"column {exc.colno}{under} (the text is not quoted: it may hold a credential)"
+                f"{name}{variable.where}: expected JSON such as {example}; {exc.msg} at line "
+                f"{exc.lineno}, column {exc.colno}{under} (the text is not quoted: it may hold "
+                "a credential)"
             ) from None
         except RecursionError:
             raise ConfigError(
-                f"{name}: expected JSON such as {example}; nested too deeply"
+                f"{name}{variable.where}: expected JSON such as {example}; nested too deeply"
             ) from None
 
 
@@ -953,12 +1131,13 @@ def _one_line(error: Any) -> str:
     message = message.replace("Input should be ", "expected ").replace(
         "String should match pattern", "expected text matching"
     )
-    name = spelling.env_name(ENV_PREFIX, path) if path else "settings"
+    setting = _setting(path)[0]
+    name = given_as(path, setting) if path else "settings"
     if item < len(loc):
         name += f", item {int(loc[item]) + 1}" + "".join(f" {part}" for part in loc[item + 1 :])
     if path[:2] == ("tools", "mcp_servers") and len(path) > 2:
         # An MCP server's own entry: named by its key.
-        name = f"{spelling.env_name(ENV_PREFIX, path[:2])}, server {path[2]!r}" + "".join(
+        name = f"{given_as(path[:2])}, server {path[2]!r}" + "".join(
             f" {part}" for part in path[3:]
         )
     given = error.get("input")

@@ -10,10 +10,8 @@ closest real name.
 from __future__ import annotations
 
 import difflib
-import os
 import types
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
@@ -83,27 +81,6 @@ def unknown_variable(
             continue
         return f"{name}{where}: no such setting{_suggest(upper, known)}"
     return None
-
-
-def environment_names(prefix: str) -> list[str]:
-    return [name for name in os.environ if name.upper().startswith(prefix)]
-
-
-def dotenv_names(path: Path, prefix: str) -> list[str]:
-    """The variables with the prefix that a `.env` file sets."""
-    if not path.is_file():
-        return []
-    from dotenv import dotenv_values
-
-    return [name for name in dotenv_values(path) if name.upper().startswith(prefix)]
-
-
-def credential_names(prefix: str) -> list[str]:
-    """The credential files (systemd's `$CREDENTIALS_DIRECTORY`) that name a setting."""
-    folder = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not folder or not Path(folder).is_dir():
-        return []
-    return [p.name for p in Path(folder).iterdir() if p.name.startswith(prefix) and p.is_file()]
 
 
 def unknown_key(table: Mapping[str, Any], model: type[BaseModel], where: str) -> str | None:

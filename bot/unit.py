@@ -34,6 +34,7 @@ from types import FrameType
 from typing import NamedTuple
 
 from bot.plural import counted
+from bot.settings import PLATFORM_SECTIONS, ConfigError, load_settings, written_in
 from bot.unit_root import glob, inside, read_regular, under, why_not_read
 from bot.unit_syntax import (
     ENV_NAME,
@@ -103,6 +104,9 @@ class View:
     credentials: dict[str, bytes]
     working_directory: Path | None
     summary: str
+    # Where each variable of `environment` was written, as a settings error names it after
+    # the variable: " (in /etc/lastword/lastword.env)".
+    origins: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Each name becomes a file in the credentials folder: a name that is no plain file
@@ -495,6 +499,7 @@ def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> 
     read under `root`), with `env_files` read after the unit's own; their summary, the notes
     (what was ignored or not read, and why) on lines of their own."""
     environment = dict(config.environment) if config else {}
+    origins = dict.fromkeys(environment, f" (Environment= of {config.name})" if config else "")
     notes = list(config.notes) if config else []
     parts: list[str] = []
     read: list[str] = []
@@ -514,6 +519,7 @@ def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> 
         if text is not None:
             values, skipped = read_env_file(text)
             environment.update(values)
+            origins.update(dict.fromkeys(values, f" (in {file.shown})"))
             ignored += [f"{file.shown}: {key!r}" for key in skipped]
     parts.append(f"env files {', '.join(read)}" if read else "no env files")
     credentials = _credentials(config, root, notes) if config else {}
@@ -531,7 +537,28 @@ def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> 
         parts.append("ignored as systemd does (no `export`, not a name): " + ", ".join(ignored))
     what = f"reading {config.name} as systemd would" if config else "reading as these env files say"
     summary = f"{what}: {'; '.join(parts)}" + "".join(f"\nnote: {note}" for note in notes)
-    return View(environment, credentials, working, summary)
+    view = View(environment, credentials, working, summary, origins)
+    if config is not None:
+        view.summary += _console_warning(view, config.name)
+    return view
+
+
+def _console_warning(view: View, name: str) -> str:
+    """A warning line when the unit would run the console platform: nothing it is given sets
+    the platform, so it would read a terminal a service does not have. Empty otherwise, and
+    when the settings do not load (doctor reports why)."""
+    try:
+        with applied(view):
+            platform = load_settings().platform
+    except (ConfigError, OSError):
+        return ""
+    if platform != "console":
+        return ""
+    others = ", ".join(section for section in PLATFORM_SECTIONS if section != platform)
+    return (
+        f"\nwarning: {name} would run the console platform, which needs a terminal: nothing "
+        f"it reads sets LASTWORD_PLATFORM (set it in its env file to one of: {others})"
+    )
 
 
 def _state_directories(config: UnitConfig, root: Path, notes: list[str]) -> list[str]:
@@ -614,10 +641,10 @@ def applied(view: View) -> Iterator[None]:
     """This process as the unit's would be, for the duration: the caller's LASTWORD_* (and
     the like) replaced by the unit's environment, its credentials in a private
     CREDENTIALS_DIRECTORY (0700, removed afterwards, however the process ends but SIGKILL),
-    its working directory."""
+    its working directory; a settings error names the file that wrote the variable."""
     saved_environ = dict(os.environ)
     saved_cwd = os.getcwd()
-    with _private_folder() as folder:
+    with _private_folder() as folder, written_in(view.origins):
         try:
             for name in list(os.environ):
                 if name.startswith(SHELL_ONLY_PREFIXES) or name in SHELL_ONLY:

@@ -3,8 +3,9 @@ refuses: the check it tells them to run and the unit's own start both end in a l
 names the fix, and the unit never reports itself ready.
 
 The machine is a temporary root (`--root`, as `systemctl --root` reads one); the steps are
-the README's own, read from it, so a README that drifts from what works fails here. Telegram is
-the loopback fake, answering 401 to every call.
+those of docs/operating.md, read from it, so a page that drifts from what works fails here. The
+env file is config/example.env edited as the admin would (the lines it names uncommented and
+filled in); Telegram is the loopback fake, answering 401 to every call.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ WRONG_TOKEN = "123456789:AAFakeTelegramTokenForTests0123456788"
 
 
 def install_steps() -> list[str]:
-    """The commands of the README's "Install the units" block, one per line."""
-    readme = (PROJECT / "README.md").read_text()
-    section = readme.split("### Install the units", 1)[1]
+    """The commands of the "Install the units" block of docs/operating.md, one per line."""
+    page = (PROJECT / "docs/operating.md").read_text()
+    section = page.split("## Install the units\n", 1)[1]
     block = section.split("```sh", 1)[1].split("```", 1)[0]
     return [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
 
@@ -47,9 +48,10 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
         yield fake
 
 
-def follow(steps: list[str], root: Path, edits: dict[str, str]) -> None:
+def follow(steps: list[str], root: Path, edits: dict[str, str], added: dict[str, str]) -> None:
     """Carry out the file steps under `root`: the env file copied from config/ and edited
-    (each `edits` setting uncommented or replaced), the units copied."""
+    (each `edits` setting, which the file names, uncommented and filled in; each `added`
+    one, which it leaves to docs/settings.md, appended), the units copied."""
     for step in steps:
         if "config/example.env" in step:
             target = root / step.split()[-1].lstrip("/")
@@ -61,7 +63,7 @@ def follow(steps: list[str], root: Path, edits: dict[str, str]) -> None:
                 line = re.compile(rf"^(# )?{name}=.*$", re.MULTILINE)
                 assert line.search(text), f"example.env has no line for {name} to edit"
                 text = line.sub(f"{name}={value}", text, count=1)
-            target.write_text(text)
+            target.write_text(text + "".join(f"{name}={value}\n" for name, value in added.items()))
         elif step.startswith("sudo cp systemd/"):
             *units, folder = step.split()[2:]
             for name in units:
@@ -100,9 +102,10 @@ async def test_the_install_steps_with_a_refused_token_end_in_one_line_naming_the
         {
             "LASTWORD_PLATFORM": "telegram",
             "LASTWORD_TELEGRAM__TOKEN": WRONG_TOKEN,
-            "LASTWORD_TELEGRAM__API_URL": telegram.api_url,
             "LASTWORD_REDIS_URL": server.url,
         },
+        # Not an admin's choice: the test's own, to reach the fake instead of Telegram.
+        {"LASTWORD_TELEGRAM__API_URL": telegram.api_url},
     )
     shell = clean_env(short_dir / "shell-data")
 
