@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from bot.check import Check, PlatformCheck, guarded
 from bot.connect import make_client, not_redis
+from bot.embedded import store_dir
 from bot.logs import MASK, Scrub, redact, secrets_of, server_secrets, store_url
 from bot.plural import counted
 from bot.settings import ConfigError, McpServer, Settings, displayed, load_settings
@@ -119,7 +120,7 @@ async def run_checks(
         "llm",
         False,
         f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
-        "check LASTWORD_LLM__BASE_URL and that the server is up",
+        f"check {settings.base_url_source} and that the server is up",
     )
     checks.append(await guarded(_llm_check(settings, timeout_s), timeout_s, silent))
     tools: list[Tool] = []
@@ -196,7 +197,7 @@ def _platform_shown(settings: Settings) -> str:
 def _store_name(settings: Settings) -> str:
     if settings.redis_url:
         return store_url(settings.redis_url)
-    return f"embedded in {settings.data_dir}"
+    return f"embedded in {store_dir(settings)}"
 
 
 # 2. Store
@@ -257,7 +258,7 @@ def _server_version(server: dict[str, Any]) -> tuple[str, str, str]:
 async def _store_check(settings: Settings, timeout_s: float) -> Check:
     if settings.redis_url:
         return await _redis_check(settings.redis_url, timeout_s)
-    return await _embedded_check(settings.data_dir)
+    return await _embedded_check(store_dir(settings))
 
 
 async def _redis_check(url: str, timeout_s: float) -> Check:
@@ -808,7 +809,7 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
     if isinstance(exc, openai.PermissionDeniedError):
         found = (
             f"{shown} refused the API key access (403)",
-            "fix LASTWORD_LLM__API_KEY, or its permissions at the provider",
+            f"fix {settings.key_source}, or its permissions at the provider",
         )
     elif isinstance(exc, openai.NotFoundError):
         found = (
@@ -818,20 +819,20 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
     elif isinstance(exc, openai.APITimeoutError):
         found = (
             f"no answer within {timeout_s:g} s from {shown}",
-            "check LASTWORD_LLM__BASE_URL and that the server is up",
+            f"check {settings.base_url_source} and that the server is up",
         )
     elif isinstance(exc, openai.APIConnectionError):
         found = (
             f"cannot connect to {shown}",
-            "fix LASTWORD_LLM__BASE_URL, or start the server it names",
+            f"fix {settings.base_url_source}, or start the server it names",
         )
     elif isinstance(exc, openai.APIStatusError):
         found = (
             f"{shown} answered {exc.status_code}: {exc.message[:200]}",
-            "check LASTWORD_LLM__BASE_URL and LASTWORD_LLM__MODEL",
+            f"check {settings.base_url_source} and LASTWORD_LLM__MODEL",
         )
     else:
-        found = (f"{shown}: {type(exc).__name__}", "check LASTWORD_LLM__BASE_URL")
+        found = (f"{shown}: {type(exc).__name__}", f"check {settings.base_url_source}")
     return Check("llm", False, *found)
 
 
@@ -861,7 +862,8 @@ async def _mcp_checks(settings: Settings, tools: list[Tool]) -> list[Check]:
 
 
 async def _mcp_check(name: str, config: McpServer, settings: Settings, found: list[Tool]) -> Check:
-    from bot.tools.mcp import describe, probe, reason
+    from bot.tools.mcp import command_of, describe, probe, reason, with_stderr
+    from bot.tools.stdio import LastWords
 
     timeout_s = settings.tools.start_timeout_s
     shown = describe(config)
@@ -870,24 +872,39 @@ async def _mcp_check(name: str, config: McpServer, settings: Settings, found: li
     scrub = Scrub([*server_secrets(config), *config.env.values()])
     if config.url is not None:
         fix = "check the URL and the headers in LASTWORD_TOOLS__MCP_SERVERS, and that it is up"
+    elif command_of(config) != config.command:
+        fix = (
+            f"install the server beside lastword ({command_of(config)} -m pip install <its "
+            "package>), or check the arguments and env in LASTWORD_TOOLS__MCP_SERVERS"
+        )
     else:
         fix = (
             "check the command, arguments and env in LASTWORD_TOOLS__MCP_SERVERS (run by hand, "
             "the command should wait for MCP messages on its standard input)"
         )
+    # Why a server would not start is most often in its own last words on stderr (a missing
+    # module, a bad option): the ✗ line carries them.
+    last_words = LastWords()
     try:
         tools = await probe(
-            name, config, timeout_s, max_message_bytes=settings.tools.max_message_bytes
+            name,
+            config,
+            timeout_s,
+            max_message_bytes=settings.tools.max_message_bytes,
+            last_words=last_words,
         )
     except TimeoutError:
-        return Check(f"mcp {name}", False, f"{shown}: no tools listed within {timeout_s:g} s", fix)
+        why = f"no tools listed within {timeout_s:g} s"
     except Exception as exc:  # doctor reports every failure as a ✗ line
-        return Check(f"mcp {name}", False, f"{shown}: {reason(exc, scrub)}", fix)
-    found += tools
-    names = ", ".join(tool.name for tool in tools)
-    if len(names) > 200:
-        names = names[:197] + "..."
-    return Check(f"mcp {name}", True, f"{shown}: {counted(len(tools), 'tool')} ({names or 'none'})")
+        why = reason(exc, scrub)
+    else:
+        found += tools
+        names = ", ".join(tool.name for tool in tools)
+        if len(names) > 200:
+            names = names[:197] + "..."
+        detail = f"{shown}: {counted(len(tools), 'tool')} ({names or 'none'})"
+        return Check(f"mcp {name}", True, detail)
+    return Check(f"mcp {name}", False, f"{shown}: {with_stderr(why, last_words, scrub)}", fix)
 
 
 # What the tools' schemas may take of the model's context before doctor warns: the rest is the

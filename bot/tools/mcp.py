@@ -1,6 +1,12 @@
 """Tools from MCP servers, through the official `mcp` SDK: one `McpSource` per configured
 server (`LASTWORD_TOOLS__MCP_SERVERS`), started once per replica.
 
+A stdio server whose command is a bare `python` or `python3` is run as lastword's own
+interpreter (`sys.executable`), and every line that names the server says so (`describe`): an
+MCP server `pip install`ed beside lastword is then found whatever PATH holds, or lacks (a
+unit's PATH has no venv; a shell's `python` may be pyenv's, the system's, or none). Any other
+command, a path included, is run as written.
+
 A source owns its server's session in one long-lived task, because the SDK's transports and
 session are async context managers built on anyio cancel scopes, which must be entered and
 exited by the same task. Calls from other tasks only send requests over the session. The task
@@ -27,6 +33,7 @@ import asyncio
 import json
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -40,7 +47,7 @@ from bot.backoff import Backoff
 from bot.logs import Scrub, masked_url, server_secrets
 from bot.settings import McpServer
 from bot.tools import OutcomeUnknown, Runner, Tool, cut, well_named
-from bot.tools.stdio import MAX_MESSAGE_BYTES, TOO_LONG, stdio_client
+from bot.tools.stdio import MAX_MESSAGE_BYTES, TOO_LONG, LastWords, stdio_client
 
 if TYPE_CHECKING:
     from mcp.client import Client, Transport
@@ -64,6 +71,8 @@ MAX_PAGES = 20
 # Streamable HTTP: as the SDK's own default client (a response stream may stay open for long).
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0
+# The commands that name "a Python" rather than a program: run as lastword's own interpreter.
+OWN_PYTHON = frozenset({"python", "python3"})
 
 
 T = TypeVar("T")
@@ -82,13 +91,31 @@ class TooLong(Exception):
     the tool ran and answered, too much, so the outcome is known (an error)."""
 
 
+def command_of(config: McpServer) -> str:
+    """The program a stdio server is started as: its command, or lastword's own interpreter
+    for a bare `python` or `python3` (when it knows its own path)."""
+    assert config.command is not None
+    if config.command in OWN_PYTHON and sys.executable:
+        return sys.executable
+    return config.command
+
+
 def describe(config: McpServer) -> str:
-    """The server as logs and `doctor` show it: its command, or its URL's scheme, host and
-    port; never its arguments, headers, environment, or the rest of its URL, any of which may
-    hold a credential."""
+    """The server as logs and `doctor` show it: its command (and what a bare `python` runs),
+    or its URL's scheme, host and port; never its arguments, headers, environment, or the
+    rest of its URL, any of which may hold a credential."""
     if config.url is not None:
         return masked_url(str(config.url))
-    return config.command or ""
+    command, run = config.command, command_of(config)
+    return command if run == command else f"{command} = lastword's interpreter {run}"
+
+
+def with_stderr(why: str, last_words: LastWords, scrub: Callable[[str], str]) -> str:
+    """`why`, and what the server last wrote on its stderr when it wrote anything, masked by
+    `scrub`: a server that will not start says why itself (`No module named …`), where the
+    session only sees its end (`Connection closed`)."""
+    told = last_words.told(scrub)
+    return f"{why}; its stderr ended: {told}" if told else why
 
 
 def reason(exc: BaseException, scrub: Scrub | None = None) -> str:
@@ -180,6 +207,8 @@ class _Ending:
     ended: Callable[[_Ending], None] = _unheard
     over: asyncio.Event = field(default_factory=asyncio.Event)
     overlong: bool = False
+    # What a stdio server last wrote on its stderr, complete once its transport has exited.
+    last_words: LastWords = field(default_factory=LastWords)
 
     @property
     def ending(self) -> bool:
@@ -251,7 +280,7 @@ def _stdio(config: McpServer) -> StdioServerParameters:
     # The transport merges `env` over a minimal environment (`bot.tools.stdio.INHERITED`):
     # the server does not see lastword's own settings and secrets.
     return StdioServerParameters(
-        command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+        command=command_of(config), args=config.args, env=config.env or None, cwd=config.cwd
     )
 
 
@@ -266,6 +295,7 @@ async def _transport(
             name=server,
             max_message_bytes=max_message_bytes,
             on_overlong=ending.overran,
+            last_words=ending.last_words,
         ) as (read, write):
             yield _Watched[Any](read, ending.end), write
         return
@@ -311,13 +341,19 @@ async def _listed(client: Client) -> list[McpTool]:
 
 
 async def probe(
-    server: str, config: McpServer, timeout_s: float, *, max_message_bytes: int = MAX_MESSAGE_BYTES
+    server: str,
+    config: McpServer,
+    timeout_s: float,
+    *,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    last_words: LastWords | None = None,
 ) -> list[Tool]:
     """Start the server, list its tools and stop it, all within `timeout_s`, as a replica
     does: `doctor`'s check. Raises what went wrong (TimeoutError when it did not answer in
-    time)."""
+    time), by when `last_words` holds what a stdio server last wrote on its stderr."""
+    ending = _Ending(last_words=last_words or LastWords())
     with anyio.fail_after(timeout_s):
-        async with _client(server, config, _Ending(), max_message_bytes) as client:
+        async with _client(server, config, ending, max_message_bytes) as client:
             listed = await _listed(client)
     return [tool for tool, _ in tools_of(server, config, listed)]
 
@@ -439,15 +475,22 @@ class McpSource:
                 why = "its session ended (the server exited or closed the connection)"
             except Exception as exc:  # whatever the SDK or the server raised: retried
                 why = reason(exc, self.scrub)
+            told = why
             if self._ending.overlong:
-                why = f"it wrote a message over {self.max_message_bytes} bytes, so it was stopped"
+                why = told = (
+                    f"it wrote a message over {self.max_message_bytes} bytes, so it was stopped"
+                )
+            elif starts == self.starts:
+                # It never got up: its own last words are the likeliest cause.
+                told = with_stderr(why, self._ending.last_words, self.scrub)
             self.tried.set()
             if self._closing:
                 break
             if asyncio.get_running_loop().time() - began > RESTART_CAP_S:
                 backoff.reset()
             delay = backoff.next_delay()
-            # A WARNING when it goes down, or fails anew; failing again as before is INFO.
+            # A WARNING when it goes down, or fails anew; failing again as before is INFO
+            # (whatever it wrote on stderr: a time stamp there makes no failure new).
             level = logging.INFO if why == said and starts == self.starts else logging.WARNING
             said = why
             log.log(
@@ -455,7 +498,7 @@ class McpSource:
                 "MCP server %s (%s) is not running: %s; starting it again in %g s",
                 self.name,
                 describe(self.config),
-                why,
+                told,
                 delay,
             )
             await asyncio.sleep(delay)
@@ -475,8 +518,9 @@ class McpSource:
                 ]
                 self.offer(self.source, offered)
                 log.info(
-                    "MCP server %s is up with %d tools: %s",
+                    "MCP server %s (%s) is up with %d tools: %s",
                     self.name,
+                    describe(self.config),
                     len(tools),
                     cut(", ".join(tool.name for tool, _ in tools)),
                 )

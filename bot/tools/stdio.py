@@ -13,7 +13,10 @@ async context manager yielding the read and write memory streams of `SessionMess
 - **Its stderr is read, not inherited.** Each line goes to lastword's log, tagged with the
   server's name, its credentials masked, cut to `LOG_CHARS` characters, at most
   `CHATTER_PER_S` lines a second (then one line of how many were dropped). It is read to its
-  end whatever is dropped, so a chatty server never blocks on a full pipe.
+  end whatever is dropped, so a chatty server never blocks on a full pipe. Its last lines are
+  kept too (`LastWords`), unmasked and never logged as such, for the owner to say why a server
+  that would not start failed: its own words (`No module named …`), not only `Connection
+  closed`.
 - **A minimal environment**: the child gets `INHERITED` from lastword's environment and its
   entry's `env` over it, never lastword's own settings (`LASTWORD_*`) nor any other credential
   the replica holds (`OPENAI_API_KEY`).
@@ -34,6 +37,7 @@ import math
 import os
 import re
 import signal
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING
@@ -75,6 +79,10 @@ CHATTER_PER_S = 20
 # Of a stderr line, what is kept to be logged: more than `LOG_CHARS` characters can take in
 # UTF-8, so that a secret that starts in the part shown is masked whole.
 KEPT_BYTES = 4096
+# Of a server's stderr, what a failure to start is told with (`LastWords`): its last lines, at
+# most this many characters in all. A crash's cause is its last line, after a traceback.
+LAST_LINES = 5
+LAST_CHARS = 500
 # Of a message over the limit, what is looked at to find which request it answers.
 HEAD_BYTES = 1024
 # The JSON-RPC error a request gets when its answer was over the limit: one of the codes
@@ -137,6 +145,33 @@ class Lines:
         self.size += end - start
 
 
+class LastWords:
+    """The last `LAST_LINES` lines a server wrote on its stderr, unmasked (each the first
+    `KEPT_BYTES` bytes `Lines` keeps, and its size): what the owner of a session that failed
+    tells of why, masked then (`told`)."""
+
+    def __init__(self) -> None:
+        self.lines: deque[tuple[str, int | None]] = deque(maxlen=LAST_LINES)
+
+    def hear(self, line: str, cut_at: int | None = None) -> None:
+        """One line; `cut_at` its size in bytes when only its start was kept."""
+        if line.strip():
+            self.lines.append((line.strip(), cut_at))
+
+    def told(self, scrub: Callable[[str], str]) -> str:
+        """The lines on one line, " | " between them, each masked by `scrub` before any cut
+        (a cut first could leave part of a secret that no longer matches): a line whose
+        start only was kept shows its first `LOG_CHARS` characters, as the log does, and of
+        all of them the last `LAST_CHARS` characters are told. '' when the server said
+        nothing."""
+        texts = []
+        for line, cut_at in self.lines:
+            text = scrub(line)
+            texts.append(text if cut_at is None else f"{text[:LOG_CHARS]}… [{cut_at} bytes]")
+        text = " | ".join(texts)
+        return text if len(text) <= LAST_CHARS else "…" + text[-LAST_CHARS:]
+
+
 class Chatter:
     """What a server says besides its messages (its stderr, a stray line on its stdout), as
     log lines: tagged with its name, its credentials masked, cut, at most `CHATTER_PER_S` a
@@ -194,6 +229,7 @@ class Child:
         name: str,
         limit: int,
         on_overlong: Callable[[], None] | None,
+        last_words: LastWords | None,
     ) -> None:
         self.process = process
         self.name = name
@@ -203,6 +239,7 @@ class Child:
         self.errors = server.encoding_error_handler
         secrets = [*secret_env(server.env or {}), *secret_args(server.args)]
         self.chatter = Chatter(name, Scrub(secrets), server.encoding)
+        self.last_words = last_words
         self.group: TaskGroup | None = None
         self.overlong = False
         self._written = anyio.Event()
@@ -304,12 +341,19 @@ class Child:
             with suppress(OSError):
                 while chunk := await stderr.read(CHUNK_BYTES):
                     for line, size in lines.feed(chunk):
-                        self.chatter.say(logging.INFO, "stderr", line, size)
+                        self._heard_line(line, size)
             if lines.size:
-                self.chatter.say(logging.INFO, "stderr", bytes(lines.head), lines.size)
+                self._heard_line(bytes(lines.head), lines.size)
             self.chatter.flush()
         finally:
             self._heard.set()
+
+    def _heard_line(self, line: bytes, size: int) -> None:
+        """One line of stderr, its first bytes of `size`: to the log and the last words."""
+        if self.last_words is not None:
+            text = line.decode(self.encoding, errors="replace")
+            self.last_words.hear(text, size if size > len(line) else None)
+        self.chatter.say(logging.INFO, "stderr", line, size)
 
     async def shutdown(
         self,
@@ -394,10 +438,12 @@ async def stdio_client(
     name: str = "",
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     on_overlong: Callable[[], None] | None = None,
+    last_words: LastWords | None = None,
 ) -> AsyncIterator[Streams]:
     """Start the server and talk to it over its stdin and stdout, for as long as the context
     lasts; stop it at the end. `name` tags its log lines; `on_overlong` is called when it
-    writes a message over `max_message_bytes`, before the session sees the error and its end.
+    writes a message over `max_message_bytes`, before the session sees the error and its end;
+    `last_words` keeps the last lines of its stderr, complete once the context has exited.
     Raises OSError when it cannot be started (no such command, no such `cwd`)."""
     from mcp.shared.message import SessionMessage
 
@@ -414,7 +460,9 @@ async def stdio_client(
     )
     # Started: no await until the task group is entered, or a cancellation delivered in
     # between would leave the process running.
-    child = Child(process, server, name or server.command, max_message_bytes, on_overlong)
+    child = Child(
+        process, server, name or server.command, max_message_bytes, on_overlong, last_words
+    )
     read_sink, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_source = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as group:
