@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import adapters
 from adapters.base import Adapter, login, refused
@@ -15,9 +16,9 @@ from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.connect import Client, NotRedis, open_client
 from bot.credentials import REPORT_EVERY_S
-from bot.embedded import EmbeddedRedis
+from bot.embedded import EmbeddedRedis, store_dir
 from bot.llm import LLM, OpenAILLM, make_llm
-from bot.logs import Scrub, secrets_of, store_url
+from bot.logs import Scrub, secrets_of, store_url, write_counts
 from bot.message import Unavailable
 from bot.metrics import HealthServer
 from bot.runtime import Runtime
@@ -72,7 +73,9 @@ async def serve(settings: Settings) -> int:
         url = settings.redis_url
     else:
         fsync = embedded_appendfsync(settings.durability)
-        embedded = EmbeddedRedis(settings.data_dir, appendfsync=fsync)
+        folder = store_dir(settings)
+        _point_to_old_history(settings, folder)
+        embedded = EmbeddedRedis(folder, appendfsync=fsync)
         # Started from the main thread on purpose: PR_SET_PDEATHSIG fires when the thread that
         # forked the server ends, so a worker thread's exit would kill the server with it.
         url = embedded.start()
@@ -101,6 +104,23 @@ async def serve(settings: Settings) -> int:
         await store.close()
         if embedded:
             await asyncio.to_thread(embedded.stop)
+        # Before any line that ends the process: the counts of what the storm held back.
+        write_counts(everything=True)
+
+
+def _point_to_old_history(settings: Settings, folder: Path) -> None:
+    """Once, when the console first keeps its store in a folder of its own: where the history
+    of earlier console sessions still is. It is not moved, as it may be an installed bot's."""
+    if folder == settings.data_dir or folder.exists():
+        return
+    if (settings.data_dir / "appendonlydir").is_dir():
+        log.warning(
+            "the console now keeps its conversations in %s; those of earlier versions stay in "
+            "%s (LASTWORD_DATA_DIR=%s reads them, if no other lastword uses it)",
+            folder,
+            settings.data_dir,
+            settings.data_dir,
+        )
 
 
 async def _log_in(adapter: Adapter, platform: str) -> None:
@@ -353,7 +373,8 @@ async def _stop(runtime: Runtime, receiving: asyncio.Task[None], grace_s: float)
 
 
 async def _pulse(runtime: Runtime) -> None:
-    """Tell systemd what this replica is doing, and that it is alive (the watchdog)."""
+    """Tell systemd what this replica is doing, and that it is alive (the watchdog); and
+    write the counts of repeated warnings whose minute is over (`logs.Collapse`)."""
     watchdog_s = watchdog_interval_s()
     interval = min(watchdog_s or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
     while True:
@@ -365,6 +386,7 @@ async def _pulse(runtime: Runtime) -> None:
         if watchdog_s is not None:
             # The event loop runs, or this would not: that is what the watchdog guards.
             notify("WATCHDOG=1")
+        write_counts()
         await asyncio.sleep(interval)
 
 

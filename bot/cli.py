@@ -267,15 +267,15 @@ async def _open(url: str, where: str) -> Client:
 
 async def show_status(settings: Settings, *, as_json: bool) -> int:
     """Print `lastword status`: what Redis says about every replica of the deployment."""
-    from bot.embedded import EmbeddedRedis
+    from bot.embedded import EmbeddedRedis, store_dir
     from bot.status import collect, render
     from bot.store import StoreUnavailable
 
-    embedded = EmbeddedRedis(settings.data_dir)
+    embedded = EmbeddedRedis(store_dir(settings))
     if not settings.redis_url and not embedded.socket.exists():
         return ended(
             1,
-            f"no bot is running with its embedded store in {settings.data_dir}; status reads "
+            f"no bot is running with its embedded store in {store_dir(settings)}; status reads "
             "the store of a running bot (set LASTWORD_REDIS_URL for a shared one)",
         )
     url = settings.redis_url or embedded.url
@@ -299,7 +299,7 @@ async def migrate_shards(settings: Settings) -> int:
     """`lastword migrate-shards`: move the conversations of the legacy 16-shard layout to
     this version's (`bot.store.migrate`), with every replica stopped. The embedded store is
     started for it, as `run` would (and refused if a bot runs on it)."""
-    from bot.embedded import EmbeddedRedis
+    from bot.embedded import EmbeddedRedis, store_dir
     from bot.store import StoreUnavailable, reaching_redis
     from bot.store.keys import LAYOUT
     from bot.store.migrate import LayoutError, migrate
@@ -309,7 +309,7 @@ async def migrate_shards(settings: Settings) -> int:
         url = settings.redis_url
         where = "LASTWORD_REDIS_URL=" + logs.store_url(url)
     else:
-        embedded = EmbeddedRedis(settings.data_dir)
+        embedded = EmbeddedRedis(store_dir(settings))
         try:
             url = where = embedded.start()
         except EmbeddedError as exc:

