@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bot.backoff import Backoff
+from bot.commands import COMMANDS
 from bot.message import InboundMessage, Outbound, Unavailable
 
 log = logging.getLogger(__name__)
@@ -127,3 +129,81 @@ async def until_stored(
             delay = broken.next_delay()
             log.exception("%s could not be stored; retrying in %.1fs", what, delay)
         await asyncio.sleep(delay)
+
+
+@dataclass(frozen=True)
+class MenuEntry:
+    """One command as a platform's command menu offers it, from the registry that `/help`
+    is made from, so the menu and `/help` never differ."""
+
+    name: str
+    help: str
+    arguments: str  # as /help shows them, e.g. "<user id>" ("": none)
+    admin: bool  # for LASTWORD_ACCESS__ADMINS only
+
+    def description(self, limit: int) -> str:
+        """What the menu says of it, as /help does after "/name ", cut to the platform's
+        `limit` with an ellipsis."""
+        text = f"{self.arguments}: {self.help}" if self.arguments else self.help
+        return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def menu(*, admins: bool = False) -> tuple[MenuEntry, ...]:
+    """The commands of a platform's menu, in /help's order: everyone's, and with `admins`
+    the admin ones after them (what an admin's /help lists)."""
+    return tuple(
+        MenuEntry(c.name, c.help, c.shape, c.admin)
+        for c in COMMANDS.values()
+        if admins or not c.admin
+    )
+
+
+# A menu is registered at most this many times in a row, each call bounded in time, backed
+# off from the first delay up to the cap: a platform that keeps refusing it costs a few log
+# lines, never the bot (its commands still work typed in full).
+MENU_ATTEMPTS = 5
+MENU_CALL_TIMEOUT_S = 20.0
+MENU_RETRY_FIRST_S = 2.0
+MENU_RETRY_CAP_S = 60.0
+
+
+async def register_menu(
+    platform: str,
+    register: Callable[[], Awaitable[object]],
+    wait_hint: Callable[[Exception], float | None] = lambda exc: None,
+) -> bool:
+    """Register the command menu with `register()`, which every replica may call at start
+    (it sets the whole menu, so doing it twice is harmless). A failure (a refusal, a 5xx, a
+    hang past `MENU_CALL_TIMEOUT_S`) is retried `MENU_ATTEMPTS` times in all, backed off, or
+    after the wait `wait_hint` finds in the error (a 429's retry-after) if that is longer;
+    then given up with a warning. True once registered."""
+    backoff = Backoff(MENU_RETRY_FIRST_S, MENU_RETRY_CAP_S, jitter=0.5)
+    for attempt in range(1, MENU_ATTEMPTS + 1):
+        try:
+            async with asyncio.timeout(MENU_CALL_TIMEOUT_S):
+                await register()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if attempt == MENU_ATTEMPTS:
+                log.warning(
+                    "%s command menu not registered after %d attempts (%s); the commands "
+                    "still work typed in full",
+                    platform,
+                    attempt,
+                    reason,
+                )
+                return False
+            delay = max(backoff.next_delay(), min(wait_hint(exc) or 0.0, MENU_RETRY_CAP_S))
+            # The first failure is worth a warning; the retries that follow, only a note.
+            log.log(
+                logging.WARNING if attempt == 1 else logging.INFO,
+                "%s command menu not registered (%s); retrying in %.1fs",
+                platform,
+                reason,
+                delay,
+            )
+            await asyncio.sleep(delay)
+        else:
+            log.info("%s command menu registered", platform)
+            return True
+    return False

@@ -28,6 +28,18 @@ or answered twice:
 - a reply part re-sent after a crash carries the same `nonce` with `enforce_nonce`, so Discord
   returns the first copy instead of posting a second.
 
+The commands are in Discord's `/` menu: at start, every replica registers the registry's
+commands for everyone (`/help` without the admin part: Discord cannot show a command to some
+users of a DM and not others, and admins type theirs) as global application commands usable in
+the bot's DMs (a PUT that replaces the whole list, so doing it twice is harmless; retried a few
+times, backed off, never stopping the bot). A use of one arrives at the gateway holder as an
+interaction, and becomes the "/name arguments" message typing it would have made, taken in
+like any DM (its id is the interaction's, so a replay is dropped). Once it is stored, the
+interaction is answered at once with a short ephemeral note, which only its user sees and
+Discord forgets; the command's answer comes as an ordinary DM like every reply, from whichever
+replica runs the cycle (an interaction's follow-up could only come through its token, which
+only the holder has, and only for 15 minutes). Typed commands work as before.
+
 Send errors are classified for the core: a user who does not take DMs from the bot is
 `Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a
 429) is a permanent `SendFailed`; a 5xx, a network error, or a rate limit longer than
@@ -55,7 +67,7 @@ from discord.http import Route
 from pydantic import BaseModel, Field
 
 from adapters import Platform
-from adapters.base import Sink, describe, until_stored
+from adapters.base import MenuEntry, Sink, describe, menu, register_menu, until_stored
 from bot import logs
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
@@ -140,6 +152,14 @@ CLOSE_AUTHENTICATION_FAILED = 4004
 # cap: it may be given back, but asking more often changes nothing.
 REFUSED_RETRY_FIRST_S = 2.0
 REFUSED_RETRY_CAP_S = 60.0
+# Discord's limit on a command's and an option's description.
+COMMAND_DESCRIPTION_CHARS = 100
+# The one option of a command that takes arguments: what follows "/name" when typed.
+ARGUMENTS_OPTION = "arguments"
+# What a slash command's user sees at once (ephemeral) while its answer is worked out.
+ACKNOWLEDGED = "On it: my answer follows as a message."
+# Discord waits 3 s for an interaction's answer; one later than that is refused anyway.
+ACKNOWLEDGE_TIMEOUT_S = 3.0
 TOKEN_SETTING = "LASTWORD_DISCORD__TOKEN"
 TOKEN_FIX = f"copy the bot token from the Developer Portal (Bot > Reset Token) into {TOKEN_SETTING}"
 
@@ -181,6 +201,67 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
         attachments=_attachments(message),
         is_dm=True,
     )
+
+
+def interaction_message(interaction: discord.Interaction) -> InboundMessage | None:
+    """The "/name arguments" message a slash command used in the bot's DM stands for, as
+    typing it would have made it; None for any other interaction (a guild's, a button's)."""
+    data: Any = interaction.data
+    if (
+        interaction.type is not discord.InteractionType.application_command
+        or interaction.guild_id is not None
+        or not interaction.context.dm_channel
+        or interaction.channel_id is None
+        or not isinstance(data, dict)
+        or not isinstance(data.get("name"), str)
+    ):
+        return None
+    words = [
+        str(option.get("value", ""))
+        for option in data.get("options") or []
+        if option.get("name") == ARGUMENTS_OPTION
+    ]
+    user = interaction.user
+    return InboundMessage(
+        platform=PLATFORM,
+        chat_id=str(interaction.channel_id),
+        user_id=str(user.id),
+        display_name=user.display_name,
+        # A snowflake like a message's: the catch-up reads the history after it.
+        message_id=str(interaction.id),
+        text=" ".join([f"/{data['name']}", *words]).strip(),
+        timestamp=interaction.created_at.timestamp(),
+        is_dm=True,
+    )
+
+
+def application_commands(entries: tuple[MenuEntry, ...]) -> list[dict[str, Any]]:
+    """The menu as Discord's global application commands: slash commands usable in the bot's
+    DMs, one optional text option for a command that takes arguments."""
+    return [
+        {
+            "name": entry.name,
+            "description": entry.description(COMMAND_DESCRIPTION_CHARS),
+            "type": discord.AppCommandType.chat_input.value,
+            "contexts": discord.app_commands.AppCommandContext(dm_channel=True).to_array(),
+            "integration_types": discord.app_commands.AppInstallationType(guild=True).to_array(),
+            "options": [
+                {
+                    "type": discord.AppCommandOptionType.string.value,
+                    "name": ARGUMENTS_OPTION,
+                    "description": entry.arguments[:COMMAND_DESCRIPTION_CHARS],
+                    "required": False,
+                }
+            ]
+            if entry.arguments
+            else [],
+        }
+        for entry in entries
+    ]
+
+
+def _rate_limit_wait(exc: Exception) -> float | None:
+    return exc.retry_after if isinstance(exc, discord.RateLimited) else None
 
 
 def _attachments(message: discord.Message) -> tuple[Attachment, ...]:
@@ -314,6 +395,7 @@ class DiscordAdapter:
             await asyncio.sleep(backoff.next_delay())
 
     async def run(self, sink: Sink) -> None:
+        registering: asyncio.Task[bool] | None = None
         try:
             if not self._logged_in.is_set():
                 # Not logged in, so closed (by a failed login or run) or never used: a new one.
@@ -321,12 +403,24 @@ class DiscordAdapter:
                 self._logged_in.set()
             assert self.rest.user is not None
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
+            # Beside receiving: a menu Discord is slow to take must not hold up messages.
+            registering = asyncio.create_task(
+                register_menu(PLATFORM, self._set_menu, _rate_limit_wait), name="discord menu"
+            )
             await sink.run_exclusively(GATEWAY_ROLE, lambda: self._listen(sink))
         finally:
+            if registering is not None:
+                await cancel_and_wait(registering)
             self._logged_in.clear()
             await self.rest.close()
             if self._downloads is not None:
                 await self._downloads.close()
+
+    async def _set_menu(self) -> None:
+        # The login read the application's id (GET /oauth2/applications/@me).
+        application = self.rest.application_id
+        assert application is not None
+        await self.rest.http.bulk_upsert_global_commands(application, application_commands(menu()))
 
     # Receiving
 
@@ -468,6 +562,8 @@ class _Received:
     # The (session id, sequence number) of the event that carried it; None for a message
     # read from the history.
     event: tuple[str, int] | None
+    # The slash command it came from, answered once the message is stored.
+    interaction: discord.Interaction | None = None
 
 
 class _Overflowed(Exception):
@@ -532,6 +628,8 @@ class _Gateway(discord.Client):
         # Counts gaps: a catch-up that began before the latest one does not end the hold.
         self._gap = 0
         self._catching_up: asyncio.Task[None] | None = None
+        # Interactions being answered (each within ACKNOWLEDGE_TIMEOUT_S).
+        self._answering: set[asyncio.Task[None]] = set()
 
     def live(self) -> bool:
         return self._live.is_set()
@@ -564,7 +662,7 @@ class _Gateway(discord.Client):
                 await self._hand_over(connect, deliver)
             finally:
                 # Cut short by a second cancellation: nothing may outlive the hand-over.
-                for left in (self._catching_up, connect, deliver):
+                for left in (self._catching_up, connect, deliver, *self._answering):
                     if left is not None:
                         left.cancel()
 
@@ -605,6 +703,8 @@ class _Gateway(discord.Client):
                 self._received(args[0])
             elif event == "raw_message_edit":
                 self._received(args[0].message, edited=True)
+            elif event == "interaction":
+                self._interacted(args[0])
             elif event in ("connect", "resumed"):
                 self._live.set()
             elif event == "disconnect":
@@ -624,14 +724,22 @@ class _Gateway(discord.Client):
     def _received(self, message: discord.Message, *, edited: bool = False) -> None:
         assert self.user is not None
         found = normalize(message, self.user.id, edited=edited)
-        if found is None:
-            return
+        if found is not None:
+            self._take(found)
+
+    def _interacted(self, interaction: discord.Interaction) -> None:
+        found = interaction_message(interaction)
+        if found is not None:
+            self._take(found, interaction)
+
+    def _take(self, found: InboundMessage, interaction: discord.Interaction | None = None) -> None:
+        """Queue a DM taken in from the event being parsed, in arrival order."""
         ws = self.ws
         event = None
         if ws.session_id is not None and ws.sequence is not None:
             event = (ws.session_id, ws.sequence)
             self._unstored.add(event)
-        received = _Received(found, event)
+        received = _Received(found, event, interaction)
         if self._held is not None and self._waits(found):
             if len(self._held) < INBOX_CAP and not self._dropped:
                 self._held.append(received)
@@ -689,7 +797,24 @@ class _Gateway(discord.Client):
             self._storing = 0
             if received.event is not None:
                 self._unstored.discard(received.event)
+            if received.interaction is not None:
+                answering = asyncio.create_task(self._acknowledge(received.interaction))
+                self._answering.add(answering)
+                answering.add_done_callback(self._answering.discard)
             self.inbox.task_done()
+
+    async def _acknowledge(self, interaction: discord.Interaction) -> None:
+        """Answer a stored slash command with a note only its user sees; its answer comes as
+        a DM. One Discord no longer takes (too late, a replay) is only noted: the DM comes."""
+        try:
+            async with asyncio.timeout(ACKNOWLEDGE_TIMEOUT_S):
+                await interaction.response.send_message(ACKNOWLEDGED, ephemeral=True)
+        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.info(
+                "interaction %s not acknowledged (%s); its answer comes as a DM all the same",
+                interaction.id,
+                type(exc).__name__,
+            )
 
     def _session(self) -> _Session | None:
         """This session as the next holder should resume it: from the last event before the

@@ -25,6 +25,12 @@ Every draft carries Telegram's stop button (`can_stop`, Bot API 10.3). A press a
 know: it keeps the raw object in `update.api_kwargs`, and the flag goes out the same way. The
 press becomes a "/stop" from the chat's user, taken in like any message it could have typed
 (allow-list, dedupe, rate limit), so it cancels the generation just as typing /stop does.
+
+At start, every replica sets the command menu (`setMyCommands`) from the command registry, as
+`/help` lists it: everyone's commands for every chat, and everyone's plus the admin ones for
+each admin's private chat (`BotCommandScopeChat`; in a private chat the chat's id is the
+user's). Setting it again is harmless; a refusal or a hang is retried a few times, backed off,
+and never stops the bot.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import logging
 import random
 import re
 import urllib.parse
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
@@ -43,8 +50,8 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from telegram import Bot, Message, Update
-from telegram.constants import ChatAction
+from telegram import Bot, BotCommand, BotCommandScopeChat, Message, Update
+from telegram.constants import BotCommandLimit, ChatAction
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -58,10 +65,11 @@ from telegram.error import (
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 from adapters import Platform
-from adapters.base import Sink, describe, until_stored
+from adapters.base import MenuEntry, Sink, describe, menu, register_menu, until_stored
 from adapters.telegram_html import plain_text, render_draft, render_part
 from bot import logs
 from bot.backoff import Backoff
+from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
 from bot.credentials import Credential
 from bot.drafts import DraftThrottled
@@ -286,6 +294,15 @@ def _chat_id(conversation: str) -> int:
     return int(conversation.split(":", 1)[1])
 
 
+def _bot_commands(entries: Sequence[MenuEntry]) -> list[BotCommand]:
+    return [BotCommand(e.name, e.description(BotCommandLimit.MAX_DESCRIPTION)) for e in entries]
+
+
+def _flood_wait(exc: Exception) -> float | None:
+    """How long flood control asks to wait before the next call, if `exc` is one."""
+    return _seconds(exc.retry_after) if isinstance(exc, RetryAfter) else None
+
+
 class TelegramAdapter:
     platform = PLATFORM
     # Leaves room for the HTML that rendering adds; a part that still does not fit is sent
@@ -293,8 +310,11 @@ class TelegramAdapter:
     max_message_chars = 3500
     typing_interval_s = 4.0
 
-    def __init__(self, settings: TelegramSettings) -> None:
+    def __init__(self, settings: TelegramSettings, admins: Sequence[str] = ()) -> None:
         self.settings = settings
+        # The admins' private chats, whose command menu lists the admin commands too. An id
+        # that is not a number is no Telegram user's: no chat to give a menu.
+        self.admin_chats = sorted({int(a) for a in admins if a.isdigit()})
         base_url = settings.api_url.rstrip("/") + "/bot"
         self.bot = Bot(
             settings.token.get_secret_value(),
@@ -348,17 +368,32 @@ class TelegramAdapter:
         self.token.refused(f"{method} at {self._api_url()}", TOKEN_FIX)
 
     async def run(self, sink: Sink) -> None:
+        registering: asyncio.Task[bool] | None = None
         try:
             await self._initialize()
             await self.downloads.initialize()
             self._connected = True
+            # Beside receiving: a menu Telegram is slow to take must not hold up messages.
+            registering = asyncio.create_task(
+                register_menu(PLATFORM, self._set_menu, _flood_wait), name="telegram menu"
+            )
             if self.settings.mode == "webhook":
                 await self._serve_webhook(sink)
             else:
                 await sink.run_exclusively("telegram:poller", lambda: self._poll(sink))
         finally:
+            if registering is not None:
+                await cancel_and_wait(registering)
             await self.downloads.shutdown()
             await self.bot.shutdown()
+
+    async def _set_menu(self) -> None:
+        """The command menu: everyone's commands by default, and the admin ones too in each
+        admin's private chat."""
+        await self.bot.set_my_commands(_bot_commands(menu()))
+        everything = _bot_commands(menu(admins=True))
+        for chat_id in self.admin_chats:
+            await self.bot.set_my_commands(everything, scope=BotCommandScopeChat(chat_id))
 
     async def _initialize(self) -> None:
         """Open the bot (getMe); a token refused since `login` is waited out, backed off, as
@@ -689,7 +724,9 @@ async def _check(settings: Settings, timeout_s: float) -> Check:
 
 
 PLUGIN = Platform(
-    create=lambda settings: TelegramAdapter(settings.section(TelegramSettings)),
+    create=lambda settings: TelegramAdapter(
+        settings.section(TelegramSettings), settings.access.admins
+    ),
     check=check,
     settings=TelegramSettings,
 )

@@ -662,3 +662,71 @@ async def test_gateway_rejects_a_wrong_token(fake: FakeDiscord) -> None:
         assert closing.type is aiohttp.WSMsgType.CLOSE
         assert ws.close_code == 4004 or closing.data == 4004
     assert fake.identify_count == 0
+
+
+# -- application commands and interactions ---------------------------------------------------
+
+
+class Interactions(Recorder):
+    """A client that hands the interactions it receives to a queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interactions: asyncio.Queue[discord.Interaction] = asyncio.Queue()
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        self.interactions.put_nowait(interaction)
+
+
+async def test_slash_commands_are_registered_used_in_a_dm_and_answered_once(
+    fake: FakeDiscord,
+) -> None:
+    client = Interactions()
+    task: asyncio.Task[None] | None = None
+    try:
+        await client.login(fake.token)
+        task = asyncio.create_task(client.connect())
+        async with asyncio.timeout(WAIT_S):
+            await client.wait_until_ready()
+        assert client.application_id is not None
+        commands: list[Any] = [
+            {"name": "help", "description": "this list", "contexts": [1]},
+            {
+                "name": "persona",
+                "description": "your instructions",
+                "contexts": [1],
+                "options": [{"type": 3, "name": "arguments", "description": "<text>"}],
+            },
+        ]
+        await client.http.bulk_upsert_global_commands(client.application_id, commands)
+        listed = await client.http.get_global_commands(client.application_id)
+        assert [c["name"] for c in listed] == ["help", "persona"]
+        # Discord's limits: a description of at most 100 characters.
+        with pytest.raises(discord.HTTPException) as refused:
+            too_long = [{"name": "help", "description": "x" * 101}]
+            await client.http.bulk_upsert_global_commands(client.application_id, too_long)
+        assert refused.value.code == 50035
+        with pytest.raises(AssertionError):
+            await fake.user_uses_command(USER, "weather")
+
+        used = await fake.user_uses_command(USER, "persona", "be brief")
+        async with asyncio.timeout(WAIT_S):
+            interaction = await client.interactions.get()
+        assert interaction.id == used and interaction.guild_id is None
+        assert interaction.context.dm_channel and interaction.channel_id == fake.dm_channel(USER)
+        assert interaction.data is not None and interaction.data.get("options") == [
+            {"name": "arguments", "type": 3, "value": "be brief"}
+        ]
+        await interaction.response.send_message("noted", ephemeral=True)
+        # A second answer is refused; an ephemeral one is no message in the channel.
+        url = f"{fake.api_url}/interactions/{used}/{interaction.token}/callback"
+        again = {"type": 4, "data": {"content": "again"}}
+        async with aiohttp.ClientSession() as session, session.post(url, json=again) as r:
+            assert r.status == 400 and (await r.json())["code"] == 40060
+        assert [status for status, _ in fake.interactions[used].answers] == [200, 400]
+        assert fake.messages(fake.dm_channel(USER)) == []
+    finally:
+        await client.close()
+        if task is not None:
+            async with asyncio.timeout(WAIT_S):
+                await task

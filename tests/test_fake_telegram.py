@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from telegram import Bot, Message, Update
+from telegram import Bot, BotCommand, BotCommandScopeChat, Message, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
 
@@ -598,3 +598,33 @@ async def test_media_messages_parse_and_their_files_download(
     ]
     assert [c.file_id for c in fake.get_file_calls] == [m.file_id for m in media]
     assert [d.file_id for d in fake.downloads] == [m.file_id for m in media]
+
+
+async def test_command_menus_are_kept_per_scope_and_checked(fake: FakeTelegram, bot: Bot) -> None:
+    await bot.set_my_commands([BotCommand("help", "this list")])
+    await bot.set_my_commands(
+        [BotCommand("help", "this list"), BotCommand("allow", "<user id>: let a user in")],
+        scope=BotCommandScopeChat(77),
+    )
+    assert fake.menu() == [{"command": "help", "description": "this list"}]
+    assert [c["command"] for c in fake.menu(77) or []] == ["help", "allow"]
+    assert fake.menu(78) is None
+    assert [c.command for c in await bot.get_my_commands(scope=BotCommandScopeChat(77))] == [
+        "help",
+        "allow",
+    ]
+    # Telegram's rules: lowercase names of at most 32 characters, 1-256 of description.
+    for refused in (BotCommand("Help", "x"), BotCommand("help", "x" * 257)):
+        with pytest.raises(BadRequest):
+            await bot.set_my_commands([refused])
+    assert fake.menu() == [{"command": "help", "description": "this list"}]
+
+
+async def test_a_hung_method_answers_once_let_go(fake: FakeTelegram, bot: Bot) -> None:
+    fake.hang("setMyCommands")
+    call = asyncio.create_task(bot.set_my_commands([BotCommand("help", "this list")]))
+    await fake.wait_for_calls("setMyCommands", 1)
+    assert not call.done() and fake.menu() is None
+    fake.hang("setMyCommands", False)
+    assert await asyncio.wait_for(call, 5) is True
+    assert fake.menu() is not None

@@ -46,6 +46,14 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
   (:meth:`FakeDiscord.add_attachment`) and records every download.
 - A voice message is a message with flag ``IS_VOICE_MESSAGE`` (1 << 13), empty content and one
   ``audio/ogg`` attachment carrying ``duration_secs`` and a base64 ``waveform``.
+- Application commands: ``PUT /applications/{id}/commands`` replaces the bot's global commands
+  (names, descriptions and option limits checked as Discord does) and ``GET`` lists them. A user
+  can only use one that is registered and usable where they are
+  (:meth:`FakeDiscord.user_uses_command`, in their DM: context 1): it arrives as an
+  ``INTERACTION_CREATE`` dispatch carrying a token. The bot must answer it once, within 3 s,
+  at ``POST /interactions/{id}/{token}/callback`` (no bot token needed there); later it is
+  ``Unknown interaction`` (10062), a second answer ``already been acknowledged`` (40060). A
+  non-ephemeral channel message answer is a message of the bot's in the channel.
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ __all__ = [
     "MESSAGE_FLAG_IS_VOICE_MESSAGE",
     "FakeDiscord",
     "RecordedDownload",
+    "RecordedInteraction",
     "RecordedPost",
     "RecordedRequest",
     "ScriptedError",
@@ -94,6 +103,18 @@ DISCORD_EPOCH_MS = 1420070400000
 
 MAX_CONTENT = 2000
 MAX_NONCE = 25
+
+# Application commands, as Discord checks them.
+_COMMAND_NAME_RE = re.compile(r"[-_\w]{1,32}")
+MAX_COMMAND_DESCRIPTION = 100
+MAX_GLOBAL_COMMANDS = 100
+# Interaction context types: a guild, the bot's DM, another private channel.
+CONTEXT_BOT_DM = 1
+# How long Discord waits for an interaction's first answer.
+INTERACTION_ANSWER_S = 3.0
+# The interaction callback type that answers with a channel message, and the ephemeral flag.
+CALLBACK_CHANNEL_MESSAGE = 4
+MESSAGE_FLAG_EPHEMERAL = 1 << 6
 
 MESSAGE_FLAG_IS_VOICE_MESSAGE = 1 << 13
 # What Discord's CDN answers (404, text/plain) for an expired, unsigned or tampered URL.
@@ -222,6 +243,24 @@ class _StoredAttachment:
     expired: bool
     # The dict handed to the test, rebound in place when it is first sent.
     obj: dict[str, Any]
+
+
+@dataclass
+class RecordedInteraction:
+    """A slash command a user used, and the bot's answers to it (the callbacks' bodies, the
+    refused ones too, with the status each got)."""
+
+    id: int
+    token: str
+    channel_id: int
+    user_id: int
+    name: str
+    at: float
+    answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> bool:
+        return any(status == 200 for status, _ in self.answers)
 
 
 @dataclass
@@ -388,6 +427,9 @@ class FakeDiscord(LoopbackServer):
         self._history_gate.set()
         # History reads received (held or not), for tests that act while one is in flight.
         self.history_reads = 0
+        # The bot's global application commands, as the last PUT left them (ids added).
+        self.application_commands: list[dict[str, Any]] = []
+        self.interactions: dict[int, RecordedInteraction] = {}
         self._sessions: dict[str, _Session] = {}
         self._connections: set[_Connection] = set()
         # Replaced on every state change so waiters can sleep on "something changed" without
@@ -412,9 +454,15 @@ class FakeDiscord(LoopbackServer):
             ("GET", "/channels/{channel_id}/messages", self._get_messages),
             ("GET", "/channels/{channel_id}/messages/{message_id}", self._get_message),
             ("POST", "/channels/{channel_id}/typing", self._post_typing),
+            ("PUT", "/applications/{application_id}/commands", self._put_commands),
+            ("GET", "/applications/{application_id}/commands", self._get_commands),
         ]
         for method, path, handler in routes:
             app.router.add_route(method, API_PREFIX + path, self._authenticated(handler))
+        # An interaction's token is its credential: the callback takes no bot token.
+        app.router.add_post(
+            API_PREFIX + "/interactions/{interaction_id}/{token}/callback", self._callback
+        )
         # The CDN (cdn.discordapp.com) and its media proxy (media.discordapp.net): no token.
         for prefix in ("", "/media"):
             app.router.add_get(
@@ -613,6 +661,50 @@ class FakeDiscord(LoopbackServer):
         if dispatch:
             await self._dispatch_message("MESSAGE_CREATE", payload)
         return payload
+
+    async def user_uses_command(self, user_id: int, name: str, arguments: str = "") -> int:
+        """``user_id`` picks the slash command ``name`` from the ``/`` menu in their DM with the
+        bot, with ``arguments`` in its first option (which the command must have). Discord
+        offers only a registered command usable in the bot's DM, so any other is an
+        AssertionError. Dispatched as ``INTERACTION_CREATE``; returns the interaction's id."""
+        command = next((c for c in self.application_commands if c["name"] == name), None)
+        assert command is not None, f"/{name} is not a registered application command"
+        assert CONTEXT_BOT_DM in (command.get("contexts") or [CONTEXT_BOT_DM]), (
+            f"/{name} is not usable in DMs"
+        )
+        channel_id = self.dm_channel(user_id)
+        data: dict[str, Any] = {"id": command["id"], "name": name, "type": 1}
+        if arguments:
+            options = command.get("options") or []
+            assert options, f"/{name} takes no options"
+            data["options"] = [{"name": options[0]["name"], "type": 3, "value": arguments}]
+        interaction_id = self._next_id()
+        token = secrets.token_urlsafe(32)
+        self.interactions[interaction_id] = RecordedInteraction(
+            interaction_id, token, channel_id, user_id, name, time.monotonic()
+        )
+        payload = {
+            "id": str(interaction_id),
+            "application_id": str(self.application_id),
+            "type": 2,
+            "data": data,
+            "channel": self._channel_object(self._channels[channel_id]),
+            "channel_id": str(channel_id),
+            "user": self._public_user(self._user(user_id)),
+            "token": token,
+            "version": 1,
+            "app_permissions": "0",
+            "locale": "en-US",
+            "entitlements": [],
+            "authorizing_integration_owners": {"0": str(user_id)},
+            "context": CONTEXT_BOT_DM,
+            "attachment_size_limit": 10 * 1024 * 1024,
+        }
+        for session in list(self._sessions.values()):
+            if not session.invalidated:
+                await self._dispatch(session, "INTERACTION_CREATE", payload)
+        self._notify()
+        return interaction_id
 
     async def user_sends_voice(
         self, user_id: int, data: bytes, *, duration_secs: float = 2.5, expired: bool = False
@@ -1328,6 +1420,77 @@ class FakeDiscord(LoopbackServer):
             }
         )
 
+    async def _put_commands(self, request: web.Request) -> web.Response:
+        if _snowflake(request.match_info["application_id"]) != self.application_id:
+            raise _Failed(_error(403, "Missing Access", 50001))
+        try:
+            body = json.loads(await request.read() or b"null")
+        except ValueError:
+            raise _Failed(_error(400, "400: Bad Request", 0)) from None
+        if not isinstance(body, list) or len(body) > MAX_GLOBAL_COMMANDS:
+            raise _Failed(_error(400, "Invalid Form Body", 50035))
+        kept = {c["name"]: c["id"] for c in self.application_commands}
+        commands = []
+        for index, command in enumerate(body):
+            problem = _command_problem(command)
+            if problem is not None:
+                raise _form_error(f"{index}.{problem[0]}", "BASE_TYPE_BAD_LENGTH", problem[1])
+            # As on Discord, a command that stays keeps its id.
+            ident = kept.get(command["name"]) or str(self._next_id())
+            commands.append(
+                {
+                    **command,
+                    "id": ident,
+                    "application_id": str(self.application_id),
+                    "version": str(self._next_id()),
+                }
+            )
+        self.application_commands = commands
+        return _respond(commands)
+
+    async def _get_commands(self, request: web.Request) -> web.Response:
+        return _respond(self.application_commands)
+
+    async def _callback(self, request: web.Request) -> web.Response:
+        found = self.interactions.get(_digits(request.match_info["interaction_id"]) or 0)
+        try:
+            body = await _json_body(request)
+        except _Failed as failure:
+            return _json(failure.error)
+        if found is None or not hmac.compare_digest(found.token, request.match_info["token"]):
+            return _json(_error(404, "Unknown interaction", 10062))
+        if found.acknowledged:
+            status, response = (
+                400,
+                _json(_error(400, "Interaction has already been acknowledged.", 40060)),
+            )
+        elif time.monotonic() - found.at > INTERACTION_ANSWER_S:
+            status, response = 404, _json(_error(404, "Unknown interaction", 10062))
+        else:
+            status, response = 200, self._answer(found, body)
+        found.answers.append((status, body))
+        self._notify()
+        return response
+
+    def _answer(self, interaction: RecordedInteraction, body: dict[str, Any]) -> web.Response:
+        data = body.get("data") or {}
+        ephemeral = bool(int(data.get("flags") or 0) & MESSAGE_FLAG_EPHEMERAL)
+        message_id = None
+        if body.get("type") == CALLBACK_CHANNEL_MESSAGE and not ephemeral:
+            message = self._new_message(
+                interaction.channel_id, self.bot_user, str(data.get("content") or ""), []
+            )
+            message_id = message["id"]
+        answered: dict[str, Any] = {
+            "id": str(interaction.id),
+            "type": 2,
+            "response_message_loading": False,
+            "response_message_ephemeral": ephemeral,
+        }
+        if message_id is not None:
+            answered["response_message_id"] = message_id
+        return _respond({"interaction": answered})
+
     def _channel_object(self, channel: _Channel) -> dict[str, Any]:
         last = channel.messages[-1]["id"] if channel.messages else None
         if channel.type == 1:
@@ -1564,6 +1727,30 @@ def _waveform(data: bytes) -> bytes:
         return bytes(1)
     step = max(1, len(data) // 256)
     return data[::step][:256]
+
+
+def _command_problem(command: Any) -> tuple[str, str] | None:
+    """What Discord would refuse in one application command of a PUT: (field, why)."""
+    if not isinstance(command, dict):
+        return "", "must be an object"
+    name, description = command.get("name"), command.get("description")
+    if not isinstance(name, str) or not _COMMAND_NAME_RE.fullmatch(name) or name != name.lower():
+        return "name", "Command name is invalid"
+    if not isinstance(description, str) or not 1 <= len(description) <= MAX_COMMAND_DESCRIPTION:
+        return "description", f"Must be between 1 and {MAX_COMMAND_DESCRIPTION} in length."
+    for index, option in enumerate(command.get("options") or []):
+        option_name = option.get("name") if isinstance(option, dict) else None
+        option_description = option.get("description") if isinstance(option, dict) else None
+        if not isinstance(option_name, str) or not _COMMAND_NAME_RE.fullmatch(option_name):
+            return f"options.{index}.name", "Command name is invalid"
+        if not isinstance(option_description, str) or not (
+            1 <= len(option_description) <= MAX_COMMAND_DESCRIPTION
+        ):
+            return (
+                f"options.{index}.description",
+                f"Must be between 1 and {MAX_COMMAND_DESCRIPTION} in length.",
+            )
+    return None
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -89,6 +89,9 @@ _METHODS = (
     "editMessageText",
     "deleteMessage",
     "getFile",
+    "setMyCommands",
+    "getMyCommands",
+    "deleteMyCommands",
 )
 _CANONICAL = {name.lower(): name for name in _METHODS}
 
@@ -119,10 +122,22 @@ _BOOL_FIELDS = frozenset(
     }
 )
 _JSON_FIELDS = frozenset(
-    {"allowed_updates", "reply_parameters", "reply_markup", "entities", "link_preview_options"}
+    {
+        "allowed_updates",
+        "reply_parameters",
+        "reply_markup",
+        "entities",
+        "link_preview_options",
+        "commands",
+        "scope",
+    }
 )
 
 _TAG_RE = re.compile(r"<[^>]*>")
+# What Telegram takes as a command of the menu (setMyCommands), and how many.
+_MENU_COMMAND_RE = re.compile(r"[a-z0-9_]{1,32}")
+_MENU_DESCRIPTION_CHARS = 256
+_MENU_MAX_COMMANDS = 100
 
 # What a press of a draft's stop button arrives as (Bot API 10.3, MessageGenerationStopped).
 STOP_PRESSED = "stopped_message_generation"
@@ -288,6 +303,11 @@ class FakeTelegram(LoopbackServer):
         self._files_by_path: dict[str, _StoredFile] = {}
         self._media_group_ids = itertools.count(1)
         self.downloads: list[RecordedDownload] = []
+        # The command menus set by setMyCommands, by scope as sent (None: the default scope),
+        # each a list of {"command", "description"}.
+        self.menus: dict[str | None, list[dict[str, str]]] = {}
+        # Methods whose calls are held unanswered (see hang).
+        self._hung: dict[str, asyncio.Event] = {}
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
         self._changed = asyncio.Event()
@@ -325,6 +345,22 @@ class FakeTelegram(LoopbackServer):
         """
         method = _CANONICAL.get(method.lower(), method)
         self._phases.setdefault(method, []).append(_Phase(error, seconds))
+
+    def hang(self, method: str, on: bool = True) -> None:
+        """Hold every call of ``method`` unanswered from now on, as a Bot API that hangs does,
+        until ``hang(method, False)`` lets them through (or the client gives up)."""
+        method = _CANONICAL.get(method.lower(), method)
+        if on:
+            self._hung.setdefault(method, asyncio.Event())
+        elif (gate := self._hung.pop(method, None)) is not None:
+            gate.set()
+
+    def menu(self, chat_id: int | None = None) -> list[dict[str, str]] | None:
+        """The command menu set for the default scope, or for one private chat (a
+        ``BotCommandScopeChat``); None if none was set."""
+        if chat_id is None:
+            return self.menus.get(None)
+        return self.menus.get(json.dumps({"type": "chat", "chat_id": chat_id}, sort_keys=True))
 
     def fail_chat(self, chat_id: int | str, error: ScriptedError | None) -> None:
         """Answer every call about ``chat_id`` (sending, typing, editing) with ``error`` from
@@ -894,6 +930,8 @@ class FakeTelegram(LoopbackServer):
             scripted = self._scripted(call)
             if scripted is not None:
                 raise _CallError(scripted)
+            if (gate := self._hung.get(method)) is not None:
+                await gate.wait()
             result = await self._perform(call)
         except _CallError as failure:
             call.status = failure.error.status
@@ -990,6 +1028,14 @@ class FakeTelegram(LoopbackServer):
                 return True
             case "getFile":
                 return self._get_file(p)
+            case "setMyCommands":
+                self.menus[_menu_scope(p)] = _menu_commands(p)
+                return True
+            case "getMyCommands":
+                return self.menus.get(_menu_scope(p), [])
+            case "deleteMyCommands":
+                self.menus.pop(_menu_scope(p), None)
+                return True
         raise AssertionError(f"unhandled method {call.method}")  # pragma: no cover
 
     async def _get_updates(self, call: RecordedCall) -> list[dict[str, Any]]:
@@ -1194,6 +1240,37 @@ def _coerce(key: str, value: Any) -> Any:
         with contextlib.suppress(ValueError):
             return json.loads(value)
     return value
+
+
+def _menu_scope(p: dict[str, Any]) -> str | None:
+    """The key a menu is kept under: its scope, as sent (None: the default scope)."""
+    scope = p.get("scope")
+    if scope is None or scope == {"type": "default"}:
+        return None
+    if not isinstance(scope, dict) or not isinstance(scope.get("type"), str):
+        raise _bad_request("can't parse BotCommandScope JSON object")
+    return json.dumps(scope, sort_keys=True)
+
+
+def _menu_commands(p: dict[str, Any]) -> list[dict[str, str]]:
+    """The commands of a setMyCommands, checked as Telegram checks them."""
+    commands = p.get("commands")
+    if not isinstance(commands, list):
+        raise _bad_request("can't parse commands JSON object")
+    if len(commands) > _MENU_MAX_COMMANDS:
+        raise _bad_request("too many commands specified")
+    found: list[dict[str, str]] = []
+    for item in commands:
+        name = item.get("command") if isinstance(item, dict) else None
+        description = item.get("description") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not _MENU_COMMAND_RE.fullmatch(name):
+            raise _bad_request("BOT_COMMAND_INVALID")
+        if not isinstance(description, str) or not description.strip():
+            raise _bad_request("command description is empty")
+        if len(description) > _MENU_DESCRIPTION_CHARS:
+            raise _bad_request("command description is too long")
+        found.append({"command": name, "description": description})
+    return found
 
 
 def _visible_length(text: str, parse_mode: Any) -> int:
