@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.command import Change, Turn
+from bot.command import Change, Turn, command_of
 from bot.commands import (
     NOTHING_TO_RETRY,
     OVER_BUDGET,
@@ -124,19 +124,79 @@ class Retry:
     turn: int
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """The user's messages a reply answered (commands left out), and that reply (None: none
+    was delivered)."""
+
+    asked: tuple[HistoryEntry, ...]
+    reply: HistoryEntry | None
+
+    @property
+    def answered(self) -> bool:
+        """Whether the model answered: a reply of its words (or one kept before they were
+        told apart), not command answers, a notice or an apology alone."""
+        reply = self.reply
+        return reply is not None and (reply.words is None or bool(reply.words or reply.tools))
+
+    def said(self) -> tuple[HistoryEntry, ...]:
+        """The exchange as the model is shown it: the messages, then its own words."""
+        assert self.reply is not None
+        words = self.reply.words
+        return (*self.asked, self.reply if words is None else replace(self.reply, text=words))
+
+
+def exchanges(history: Sequence[HistoryEntry]) -> list[Exchange]:
+    """The history as exchanges, in the order of their replies. A reply answers the messages
+    from its turn (the first version of its burst) to its own version: a /retry's reply
+    comes last in the history, after any exchange since, yet answers what it answered before
+    (a reply kept before turns had ids answers what came before it). Messages no reply
+    answered are an exchange without one at the end if they came after every reply (a
+    /retry asks them again), and are left out otherwise (a reply never delivered)."""
+    found: list[Exchange] = []
+    waiting: list[HistoryEntry] = []
+    newest = 0
+    for entry in history:
+        if entry.role == "user":
+            if entry.words is None or command_of(entry.words) is None:
+                waiting.append(entry)
+            continue
+        asked = [u for u in waiting if entry.turn <= u.version <= entry.version]
+        waiting = [u for u in waiting if not entry.turn <= u.version <= entry.version]
+        found.append(Exchange(tuple(asked), entry))
+        newest = max(newest, entry.version)
+    trailing = tuple(u for u in waiting if u.version > newest)
+    if trailing:
+        found.append(Exchange(trailing, None))
+    return found
+
+
+def conversation_of(history: Sequence[HistoryEntry]) -> tuple[HistoryEntry, ...]:
+    """The history as the model is shown it: the user's messages it answered, and its own
+    words. Commands, what the bot said that the model did not (command answers, notices,
+    apologies), and the messages they alone answered (stopped, set aside) are the user's
+    dealings with the bot, not the conversation: left out, they neither cost every later
+    request its tokens nor put words in the model's mouth."""
+    return shown(exchanges(history))
+
+
+def shown(found: Sequence[Exchange]) -> tuple[HistoryEntry, ...]:
+    """The exchanges the model answered, as it is shown them (`conversation_of`)."""
+    return tuple(e for x in found if x.answered for e in x.said())
+
+
 def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:
-    """The last reply in the history and what it answered; None if there is none."""
-    replies = [i for i, entry in enumerate(history) if entry.role == "assistant"]
-    if not replies:
-        return None
-    last = replies[-1]
-    first = replies[-2] + 1 if len(replies) > 1 else 0
-    asked = tuple(e for e in history[first:last] if e.role == "user")
-    if not asked:
-        return None
-    # An entry from before replies kept their turn: the first message it answered.
-    turn = history[last].turn or asked[0].version
-    return Retry(tuple(history[:first]), asked, history[last].version, turn)
+    """What a /retry writes again: the last messages of the user's that a reply answered, or
+    none did (a /stop, an apology), with the conversation before them; None if there are
+    none. Commands are never asked again."""
+    found = exchanges(history)
+    for n in range(len(found) - 1, -1, -1):
+        asked, reply = found[n].asked, found[n].reply
+        if asked:
+            # An entry from before replies kept their turn: the first message it answered.
+            turn = reply.turn if reply is not None and reply.turn else asked[0].version
+            return Retry(shown(found[:n]), asked, reply.version if reply is not None else 0, turn)
+    return None
 
 
 def cause_of(exc: BaseException) -> str:
@@ -163,6 +223,9 @@ class Reply:
     reset: int = 0
     # The tool calls the model's answer made, for the history.
     tools: str = ""
+    # The model's own words, the end of `text` ("" for none: commands alone, a notice, an
+    # apology), which alone the history shows the model again.
+    words: str = ""
 
 
 def turn_of(grant: Grant, target: Retry | None) -> int:
@@ -198,6 +261,8 @@ class Generation:
     model: ModelChoice | None
     # The tool calls it made and what they gave, for the history (empty: none).
     tools: str = ""
+    # The text is the apology for a model that failed, not the model's words.
+    apology: bool = False
 
     @property
     def spent(self) -> int:
@@ -383,6 +448,7 @@ class Cycle:
                 worked_ms=int((time.monotonic() - began) * 1000),
                 tools=reply.tools,
                 turn=turn_of(grant, target),
+                said=reply.words,
             )
 
         verdict = await self._when_closed(grant, keeper, presend)
@@ -568,7 +634,7 @@ class Cycle:
         request = Request(
             conversation,
             burst.for_model,
-            grant.history if keeps else (),
+            conversation_of(grant.history) if keeps else (),
             target,
             model_named(self.settings.llm, turn.model),
             turn.persona,
@@ -578,7 +644,8 @@ class Cycle:
         if generation.interrupted is not None:
             return generation.interrupted
         text = _joined(said.text, generation.text)
-        return replace(said, text=text, spent=generation.spent, tools=generation.tools)
+        words = "" if generation.apology else generation.text
+        return replace(said, text=text, spent=generation.spent, tools=generation.tools, words=words)
 
     async def _commands(self, grant: Grant, burst: Plan) -> tuple[Turn, Reply]:
         """The answers to the burst's commands, and the context they leave for the model's
@@ -649,7 +716,7 @@ class Cycle:
                 done = await steps.answer(prompt, usage)
             except LLMError as exc:
                 self._apologise(request, exc)
-                return Generation(APOLOGY, prompt, usage, None, model)
+                return Generation(APOLOGY, prompt, usage, None, model, apology=True)
             finally:
                 self.stats.tool_calls += steps.calls_run
                 self.stats.tool_calls_reused += steps.calls_reused

@@ -94,20 +94,27 @@ class Prompt:
     tool_choice: Literal["auto", "none"] | None = None
 
     def messages(self) -> list[dict[str, Any]]:
-        """Chat Completions messages: history with adjacent turns of one role merged, then ONE
-        user turn that folds every unanswered message, so the model answers them together."""
+        """Chat Completions messages as strict chat templates take them: the system prompt,
+        then turns that start with the user's and alternate (adjacent turns of one role
+        merged), ending in ONE user turn that folds every unanswered message, so the model
+        answers them together. A history trimmed to start on a reply loses that reply, as a
+        request may not open with the assistant."""
         out: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
-        for n, turn in enumerate(self.history):
+        history = list(self.history)
+        while history and history[0].role == "assistant":
+            history.pop(0)
+        for n, turn in enumerate(history):
             if turn.used:
-                out += _calls_made(n, turn.used)
-            if len(out) > 1 and out[-1]["role"] == turn.role and not turn.used:
-                out[-1]["content"] += "\n" + turn.text
+                calls = _calls_made(n, turn.used)
+                if out[-1]["role"] == "assistant":
+                    # A reply that made calls after another reply: one assistant turn that
+                    # says the first and then calls, as alternation requires.
+                    calls[0]["content"] = out.pop()["content"]
+                out += calls
+                out.append({"role": "assistant", "content": turn.text})
             else:
-                out.append({"role": turn.role, "content": turn.text})
-        if out[-1]["role"] == "user":
-            # The last answered turn cannot be a user turn, but a trimmed history might be.
-            out.append({"role": "assistant", "content": "(no reply)"})
-        out.append({"role": "user", "content": self.folded()})
+                _said(out, turn.role, turn.text)
+        _said(out, "user", self.folded())
         out += self.steps
         return out
 
@@ -154,6 +161,18 @@ class Prompt:
         if not self.history:
             return None
         return replace(self, history=self.history[len(self.history) // 2 + 1 :])
+
+
+def _said(out: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
+    """Append a turn to `out`, merged into the last one if that is the same role's: texts
+    joined by a blank line, or content parts after the text before them."""
+    last = out[-1]
+    if last["role"] != role:
+        out.append({"role": role, "content": content})
+    elif isinstance(content, str):
+        last["content"] += "\n\n" + content
+    else:
+        last["content"] = [{"type": "text", "text": last["content"] + "\n\n"}, *content]
 
 
 def _calls_made(n: int, used: tuple[Used, ...]) -> list[dict[str, Any]]:

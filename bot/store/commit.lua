@@ -34,7 +34,16 @@ local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces'
 local covered = tonumber(reply[2])
 local reset = tonumber(reply[3] or '0') or 0
 local replaces = tonumber(reply[4] or '0') or 0
-local unsaid = tonumber(reply[5] or '0') or 0
+-- The message the history leaves out (a /retry's), alone as written before replies told the
+-- model's words apart; or with `said`, how many bytes at the end of the text the model said
+-- (the command answers and notices before them are what the user saw, never the model's).
+local unsaid = tonumber(reply[5] or '0')
+local said = ''
+if unsaid == nil then
+  local told = cjson.decode(reply[5])
+  unsaid = tonumber(told.message) or 0
+  said = ',"said":' .. (tonumber(told.said) or 0)
+end
 local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
   if reset > w then
@@ -83,7 +92,7 @@ if covered ~= nil and covered > w then
       end
     end
     redis.call('RPUSH', history, '{"role":"assistant","v":' .. covered .. ',"text":'
-      .. cjson.encode(reply[1]) .. used .. turn .. '}')
+      .. cjson.encode(reply[1]) .. used .. turn .. said .. '}')
   end
   redis.call('LTRIM', history, -history_cap, -1)
   answered_to(state, window, covered)

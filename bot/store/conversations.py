@@ -88,20 +88,40 @@ class HistoryEntry:
     tools: str = ""
     # A reply's turn: the id of its tool record (0: an entry from before turns had ids).
     turn: int = 0
+    # What its author wrote and nothing added: a message's own text, without its files'
+    # labels (a command is told by it); a reply's words from the model, without the command
+    # answers and notices the user saw with them ("" for none). None: not known, as for a
+    # reply kept before the two were told apart (all of its text is then taken as said).
+    words: str | None = None
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> HistoryEntry:
         data: dict[str, Any] = json.loads(raw)
         if data["role"] == "user":
             message = InboundMessage.from_json(json.dumps(data["message"]))
-            return cls("user", int(data["v"]), message.prompt_text(), message.attachments)
+            return cls(
+                "user",
+                int(data["v"]),
+                message.prompt_text(),
+                message.attachments,
+                words=message.text,
+            )
+        text = str(data["text"])
+        said = data.get("said")
         return cls(
             "assistant",
             int(data["v"]),
-            str(data["text"]),
+            text,
             tools=str(data.get("tools", "")),
             turn=int(data.get("turn", 0)),
+            words=None if said is None else _last_bytes(text, int(said)),
         )
+
+
+def _last_bytes(text: str, count: int) -> str:
+    """The end of `text` that is `count` bytes long in UTF-8, as commit.lua counts them."""
+    encoded = text.encode()
+    return encoded[len(encoded) - count :].decode(errors="replace") if count > 0 else ""
 
 
 @dataclass(frozen=True)
@@ -329,11 +349,15 @@ class Conversations(Calls):
         worked_ms: int = 0,
         tools: str = "",
         turn: int = 0,
+        said: str | None = None,
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
         /retry, `replaces` is the version of the reply this one takes the place of in the
         history, and `unsaid` the /retry message's, which the history does not keep.
+        `said`: the model's own words, the end of `text` (command answers and notices come
+        before them; "" when there are none), which the history tells apart so the model is
+        never shown the rest as its own; None takes all of the text as said.
         `changes`: the admin changes the reply announces, kept with it in the outbox until
         the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
         long the cycle has worked since its acquire (reading files, generating), by the
@@ -351,7 +375,7 @@ class Conversations(Calls):
             "retention_ms": self.settings.retention_ms,
             "starvation_age_ms": self.settings.starvation_age_ms,
             "replaces": replaces,
-            "unsaid": unsaid,
+            "unsaid": unsaid if said is None else _unsaid(unsaid, text, said),
             "totals_keep_ms": DAY_KEEP_MS,
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
@@ -426,6 +450,15 @@ class Conversations(Calls):
         async with self._reaching():
             raw = await self.redis.lrange(self.layout.keys(conversation).history, 0, -1)
         return [HistoryEntry.from_json(as_text(h)) for h in raw]
+
+
+def _unsaid(message: int, text: str, said: str) -> str:
+    """What the outbox's `unsaid` holds when the reply's own words are known: the message the
+    history leaves out (a /retry's, or 0), and how many bytes at the end of the text the
+    model said (commit.lua). An outbox written before this held the message's version alone."""
+    if not text.endswith(said):
+        raise ValueError("the model's words must end the reply")
+    return json.dumps({"message": message, "said": len(said.encode())})
 
 
 def _own_keys(script: Script, k: Keys) -> dict[str, str]:

@@ -24,8 +24,9 @@ local starvation_limit = tonumber(ARGV[6]) -- discards in a row
 local reset = ARGV[7] -- the version of the last /reset among the covered messages (0: none)
 local retention_ms = tonumber(ARGV[8])
 local starvation_age_ms = tonumber(ARGV[9]) -- 0: off
--- The version of the reply a /retry replaces in the history (0: none), and of the /retry
--- message itself (kept out of the history).
+-- The version of the reply a /retry replaces in the history (0: none); and what the history
+-- leaves out: the /retry message's version alone, or {"message": that version, "said": how
+-- many bytes at the end of the text the model said} (commit.lua).
 local replaces = ARGV[10]
 local unsaid = ARGV[11]
 local totals_keep_ms = tonumber(ARGV[12])

@@ -33,6 +33,9 @@ finish_reason "tool_calls")::
 
     fake.answer_next(ToolCalls([("get_current_time", '{"timezone": "UTC"}')]))
 
+Servers that apply a strict chat template (vLLM, llama.cpp) are played with `strict_roles`: a
+request whose turns do not start with the user's and alternate is refused with their 400.
+
 `ToolPolicy` is a reply function that plays a model using a tool on its own, call -> result ->
 text, for tests whose bot runs unattended. The fake always lives in the test's process; bots in
 other processes (`lastword run` replicas) only talk to it over HTTP, so a policy set on it, as
@@ -554,6 +557,9 @@ class FakeOpenAI(LoopbackServer):
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
         # (older Azure OpenAI API versions, vLLM and Ollama).
         self.refuse_stream_options = False
+        # Refuse (400) a request whose turns a strict chat template would refuse, as vLLM and
+        # llama.cpp do with such templates (`strict_turns`): off, as OpenAI takes any order.
+        self.strict_roles = False
         # What a stream does after its `[DONE]`: end, as the real API does, or stay open, as
         # some proxies and self-hosted servers do: with a `: keep-alive` comment every
         # `KEEPALIVE_EVERY_S`, or silent, until the client hangs up (`hung_up`) or
@@ -788,6 +794,8 @@ class FakeOpenAI(LoopbackServer):
         problem = _validate(body)
         if problem is None and self.refuse_stream_options and "stream_options" in body:
             problem = _Invalid("Unrecognized request argument supplied: stream_options")
+        if problem is None and self.strict_roles:
+            problem = strict_turns(body["messages"])
         if problem is not None:
             self.rejected.append(body)
             return problem.response()
@@ -1196,6 +1204,32 @@ def _validate(body: Any) -> _Invalid | None:
         if problem is not None:
             return problem
     return _validate_tools(body) or _validate_tool_messages(messages)
+
+
+# What the strict chat templates (Llama 2, Mistral, Gemma...) raise, and vLLM and llama.cpp
+# answer with a 400.
+NOT_ALTERNATING = (
+    "Conversation roles must alternate user/assistant/user/assistant/... "
+    "(after the system prompt, the first turn must be the user's)"
+)
+
+
+def strict_turns(messages: list[dict[str, Any]]) -> _Invalid | None:
+    """A strict template's refusal of `messages`, None if it takes them: system messages
+    first only, then turns that start with the user's and alternate. An assistant message
+    with `tool_calls` and the `tool` messages answering it (already checked to follow the
+    OpenAI shape) belong to the assistant's turn, which a text message may end; after a
+    `tool` message the model may also be asked to go on, so it may end the request."""
+    expected = "user"
+    for message in itertools.dropwhile(lambda m: m.get("role") == "system", messages):
+        role = message.get("role")
+        if role == "tool":
+            continue  # answers to the calls just made: still the assistant's turn
+        if role != expected:
+            return _Invalid(NOT_ALTERNATING, param="messages")
+        # After calls, the assistant's turn goes on (its results, then more calls or words).
+        expected = "assistant" if role == "user" or message.get("tool_calls") else "user"
+    return None
 
 
 def _validate_tools(body: dict[str, Any]) -> _Invalid | None:
