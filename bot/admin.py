@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 from bot.command import Ask, Command, Decision, Turn, no_words
 from bot.plural import counted
 from bot.store import DayTotals, Store
+from bot.tokens import spent
 
 USAGE = {
     "allow": "Usage: /allow <user id>",
@@ -146,13 +147,13 @@ STATS = Command(
 
 
 def stats_answer(today: DayTotals) -> str:
-    """The answer to /stats: what every replica did today."""
-    tokens = today.prompt + today.completion
+    """The answer to /stats: what every replica did today. Its tokens are counted as /usage
+    and `lastword status` count them (`bot.tokens.spent`)."""
     return "\n".join(
         [
             "Today (UTC), all replicas together:",
             f"Replies: {today.replies:,}",
-            f"Tokens: {tokens:,} ({today.prompt:,} prompt, {today.completion:,} completion) "
+            f"Spent: {spent(today.prompt, today.completion)} "
             f"in {counted(today.generations, 'generation')}",
             f"Users: {today.users:,}",
             f"Interrupted by a newer message: {today.interrupted:,}",

@@ -33,6 +33,7 @@ from bot.store.keys import (
     role_key,
 )
 from bot.store.replies import as_text
+from bot.tokens import spent
 
 # Keys looked at per SCAN call while searching for heartbeats.
 SCAN_COUNT = 1000
@@ -585,9 +586,10 @@ def _tokens(status: Status) -> list[str]:
     tokens = status.tokens_today
     if tokens is None:
         return []
+    # Counted as /usage and /stats count them (`bot.tokens.spent`).
     title = (
-        f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-        f"{tokens.completion:,} completion in {counted(tokens.generations, 'generation')}; "
+        f"tokens today ({tokens.day}, UTC): {spent(tokens.prompt, tokens.completion)} "
+        f"in {counted(tokens.generations, 'generation')}; "
         f"{counted(tokens.replies, 'reply', 'replies')} to {counted(tokens.users, 'user')}, "
         f"{tokens.interrupted:,} interrupted, {tokens.forced:,} forced"
     )

@@ -7,11 +7,16 @@ character (CJK and most non-Latin scripts take one or more), plus a few tokens p
 for the chat framing. It is then checked against what the provider says it counted: the
 `usage` of each answer moves a correction factor, so a model whose tokenizer differs is
 budgeted by its own count after a few replies.
+
+It also words the counts people read, so that /usage, /stats and `lastword status` say the
+same thing of the same number (`spent`).
 """
 
 from __future__ import annotations
 
 import math
+
+from bot.plural import counted
 
 # The chat format's framing per message (role, separators), as OpenAI documents it.
 PER_MESSAGE = 4
@@ -44,3 +49,17 @@ class Counter:
         ratio = reported / estimated * self.factor
         factor = self.factor + LEARNING_RATE * (ratio - self.factor)
         self.factor = min(max(factor, MIN_FACTOR), MAX_FACTOR)
+
+
+# What a daily budget is counted in once some model's tokens weigh more than others' (a
+# `models` entry's `cost`): each token times its model's cost, rounded per reply.
+WEIGHTED = "weighted tokens"
+
+
+def spent(prompt: int, completion: int) -> str:
+    """Tokens as every surface shows them: the prompt tokens the model read plus the
+    completion tokens it wrote (what providers bill), unweighted, with the split. Every
+    generation counts, whether its reply was sent, interrupted or thrown away as stale: the
+    provider billed it all the same."""
+    split = f"{prompt:,} prompt + {completion:,} completion"
+    return f"{counted(prompt + completion, 'token')} ({split})"

@@ -70,7 +70,11 @@ async def test_a_picked_model_is_used_by_every_replica_and_survives_a_restart(
         await settled(world.redis, CONVERSATION, version=6, within_s=10)
     assert [r.model for r in provider.requests] == ["smart-model-2", "smart-model-2"]
     usage = telegram.sent_messages[-1].text or ""
-    assert usage.startswith(f"Today: {day:,} tokens.")
+    assert usage.startswith(f"Today: {spent:,} tokens (")
+    assert (
+        f"counts weighted tokens (each token times its model's cost, see /model): {day:,} today"
+        in usage
+    )
 
 
 async def test_retry_on_another_replica_replaces_the_answer_and_unknown_commands_skip_the_model(

@@ -348,7 +348,7 @@ async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
     }
     assert render(status).count("  none") == 6
     assert (
-        f"tokens today ({today}, UTC): 0 prompt + 0 completion in 0 generations; "
+        f"tokens today ({today}, UTC): 0 tokens (0 prompt + 0 completion) in 0 generations; "
         "0 replies to 0 users, 0 interrupted, 0 forced"
     ) in render(status)
 
@@ -376,8 +376,9 @@ async def test_tokens_today_add_up_over_shards_and_rank_the_conversations(
     text = render(await collect(redis)).splitlines()
     assert tokens.users == len(spent)
     header = text.index(
-        f"tokens today ({tokens.day}, UTC): {tokens.prompt:,} prompt + "
-        f"{tokens.completion:,} completion in {tokens.generations} generations; "
+        f"tokens today ({tokens.day}, UTC): {tokens.prompt + tokens.completion:,} tokens "
+        f"({tokens.prompt:,} prompt + {tokens.completion:,} completion) "
+        f"in {tokens.generations} generations; "
         f"0 replies to {len(spent)} users, 0 interrupted, 0 forced"
     )
     assert text[header + 1].split() == ["CONVERSATION", "TOKENS"]
@@ -438,6 +439,6 @@ async def test_one_of_a_kind_reads_in_the_singular(redis: Redis, store: Store) -
     tokens = (await collect(redis)).tokens_today
     assert tokens is not None
     assert (
-        f"tokens today ({tokens.day}, UTC): 10 prompt + 5 completion in 1 generation; "
+        f"tokens today ({tokens.day}, UTC): 15 tokens (10 prompt + 5 completion) in 1 generation; "
         "0 replies to 1 user, 0 interrupted, 0 forced"
     ) in render(await collect(redis)).splitlines()

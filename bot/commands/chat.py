@@ -10,6 +10,7 @@ from typing import ClassVar
 from bot.command import Ask, Command, Decision, Turn
 from bot.settings import LLMSettings, ModelChoice, Settings
 from bot.store import Spending, Store
+from bot.tokens import WEIGHTED, spent
 
 START = (
     "Hi! I'm an AI assistant. Write to me as you like, several messages in a row if you "
@@ -50,12 +51,31 @@ def models_answer(llm: LLMSettings, current: str) -> str:
     return "\n".join(lines)
 
 
-def usage_answer(today: int, month: int, daily_budget: int) -> str:
-    """The answer to /usage: tokens spent today and this month (UTC), and what is left."""
-    lines = [f"Today: {today:,} tokens.", f"This month: {month:,} tokens."]
+def weighs(llm: LLMSettings, spending: Spending) -> bool:
+    """Whether the budget counts other than the tokens as spent: some model's tokens cost
+    more or less than 1, or did when they were spent (a model since taken out)."""
+    as_spent = (spending.tokens_today.total, spending.tokens_month.total)
+    return any(m.cost != 1 for m in llm.models) or (spending.today, spending.month) != as_spent
+
+
+def usage_answer(spending: Spending, daily_budget: int, weighted: bool) -> str:
+    """The answer to /usage: tokens spent today and this month (UTC), counted as /stats and
+    `lastword status` count them, and what is left of the daily budget. `weighted`: the
+    budget counts each token times its model's cost, so it says so, with the weighed sums."""
+    today, month = spending.tokens_today, spending.tokens_month
+    lines = [
+        f"Today: {spent(today.prompt, today.completion)}.",
+        f"This month: {spent(month.prompt, month.completion)}.",
+    ]
+    if weighted:
+        lines.append(
+            f"Your daily budget counts {WEIGHTED} (each token times its model's cost, see "
+            f"/model): {spending.today:,} today, {spending.month:,} this month."
+        )
     if daily_budget:
-        left = max(daily_budget - today, 0)
-        lines.insert(1, f"Left today: {left:,} of {daily_budget:,} (renews at midnight UTC).")
+        left = max(daily_budget - spending.today, 0)
+        unit = WEIGHTED if weighted else "tokens"
+        lines.append(f"Left today: {left:,} of {daily_budget:,} {unit} (renews at midnight UTC).")
     return "\n".join(lines)
 
 
@@ -73,7 +93,8 @@ class ModelPick:
 async def _usage(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
     spending = await turn.store.spending(turn.conversation, ask.by)
     budget = budget_of(turn.settings, spending)
-    return Decision(usage_answer(spending.today, spending.month, budget))
+    weighted = weighs(turn.settings.llm, spending)
+    return Decision(usage_answer(spending, budget, weighted))
 
 
 async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
@@ -103,7 +124,8 @@ STOP = Command[object](
 USAGE = Command(name="usage", help="what you have used today and this month", run=_usage)
 MODEL = Command(
     name="model",
-    help="the models you can pick from, and /model <name> to pick one",
+    help="the models you can pick from, or pick one",
+    shape="[name]",
     run=_model,
 )
 RETRY = Command[object](name="retry", help="write my last answer again", effect="retry")

@@ -47,8 +47,10 @@ Key layout, for a conversation in the shard tagged {T}:
     {T}:c:<conversation>:rate        string  messages in the current rate-limit window
     {T}:c:<conversation>:notice      string  set while a one-off notice must not repeat
     {T}:c:<conversation>:usage       hash    prompt, completion (tokens), replies, user
-    {T}:c:<conversation>:day:<D>     hash    tokens spent on UTC day D; expires after two days
-    {T}:c:<conversation>:month:<M>   hash    tokens spent in UTC month M (YYYY-MM); expires
+    {T}:c:<conversation>:day:<D>     hash    tokens (weighed by model cost: the budget's),
+                                             prompt, completion (as spent) on UTC day D;
+                                             expires after two days
+    {T}:c:<conversation>:month:<M>   hash    the same in UTC month M (YYYY-MM); expires
                                              after 62 days
     {T}:c:<conversation>:heard:<F>   string  the transcript of the voice note or audio file
                                              whose stable file key is F (a document's text

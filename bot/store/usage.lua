@@ -1,6 +1,8 @@
 -- Add the tokens one reply cost to the conversation's totals, to its user's day, and to the
 -- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
--- Returns the tokens spent on the day so far.
+-- The user's day and month keep the tokens as spent (prompt, completion: what /usage shows)
+-- and weighed by the model's cost (tokens: what the daily budget is checked against).
+-- Returns the weighed tokens spent on the day so far.
 local usage = KEYS[1]
 local day = KEYS[2]
 local totals = KEYS[3] -- the shard's day totals
@@ -27,7 +29,11 @@ redis.call('PEXPIRE', totals, day_keep_ms)
 redis.call('PEXPIRE', ranking, day_keep_ms)
 local weighed = math.floor((prompt + completion) * cost + 0.5)
 local spent = redis.call('HINCRBY', day, 'tokens', weighed)
+redis.call('HINCRBY', day, 'prompt', prompt)
+redis.call('HINCRBY', day, 'completion', completion)
 redis.call('PEXPIRE', day, day_keep_ms)
 redis.call('HINCRBY', month, 'tokens', weighed)
+redis.call('HINCRBY', month, 'prompt', prompt)
+redis.call('HINCRBY', month, 'completion', completion)
 redis.call('PEXPIRE', month, month_keep_ms)
 return spent

@@ -1,5 +1,8 @@
 """Usage: the tokens replies cost, per conversation, per user's day and month, and per shard's
-day, for budgets, `/usage`, `/stats` and `lastword status`."""
+day, for budgets, `/usage`, `/stats` and `lastword status`.
+
+One count everywhere: the prompt plus completion tokens of every generation (sent, interrupted
+or thrown away), on the replica's UTC day. Only the budget weighs them by model cost."""
 
 from __future__ import annotations
 
@@ -15,16 +18,39 @@ from bot.store.replies import as_text
 
 # A month's tokens outlive the month, so /usage on its last day still reads it whole.
 MONTH_KEEP_MS = 62 * 86_400_000
+# A user's day and month (usage.lua): the weighed tokens, then the tokens as spent.
+SPENT_FIELDS = ["tokens", "prompt", "completion"]
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens as spent: the prompt the model read and the completion it wrote."""
+
+    prompt: int
+    completion: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+    @classmethod
+    def read(cls, prompt: Any, completion: Any) -> Tokens:
+        """From a hash's fields (None: never counted)."""
+        return cls(int(prompt or 0), int(completion or 0))
 
 
 @dataclass(frozen=True)
 class Spending:
-    """A user's tokens today and this month (UTC, weighed by model cost), and the daily
-    budget an admin set for them (None: the settings' budget)."""
+    """A user's spending today and this month (UTC), and the daily budget an admin set for
+    them (None: the settings' budget). `today` and `month` weigh each token by its model's
+    cost, as the budget is counted; `tokens_today` and `tokens_month` are the tokens as
+    spent, the count /stats and `lastword status` show too."""
 
     today: int
     month: int
     budget: int | None
+    tokens_today: Tokens
+    tokens_month: Tokens
 
 
 @dataclass(frozen=True)
@@ -59,9 +85,10 @@ class Usage(Calls):
     async def add_usage(
         self, conversation: str, user: str, prompt: int, completion: int, cost: float = 1.0
     ) -> int:
-        """Count the tokens a reply cost; returns what the conversation's user spent today.
-        A DM conversation is one user, so its day is the user's day. `cost` weighs them in
-        the user's day and month (a dearer model's tokens count for more)."""
+        """Count the tokens a reply cost; returns what the conversation's user spent today,
+        weighed. A DM conversation is one user, so its day is the user's day. `cost` weighs
+        them for the user's budget (a dearer model's tokens count for more); the tokens as
+        spent are kept beside the weighed ones."""
         k = self.layout.keys(conversation)
         today = utc_today()
         totals, ranking = self.layout.usage_day_keys(k.shard, today)
@@ -85,18 +112,24 @@ class Usage(Calls):
         return int(await self._run(scripts.USAGE, keys, args))
 
     async def spending(self, conversation: str, user: str) -> Spending:
-        """Tokens the conversation's user has spent today and this month (UTC), and the
-        daily budget an admin set for them, in one round trip (all in the conversation's
-        slot)."""
+        """Tokens the conversation's user has spent today and this month (UTC), weighed and
+        as spent, and the daily budget an admin set for them, in one round trip (all in the
+        conversation's slot)."""
         k = self.layout.keys(conversation)
         today = utc_today()
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(k.day(today), "tokens")
-            pipe.hget(k.month(today), "tokens")
+            pipe.hmget(k.day(today), SPENT_FIELDS)
+            pipe.hmget(k.month(today), SPENT_FIELDS)
             pipe.hget(k.access, user)
-            day, month, record = await pipe.execute()
+            (day, *day_tokens), (month, *month_tokens), record = await pipe.execute()
         budget = None if record is None else AccessRecord.from_json(user, record).budget
-        return Spending(int(day or 0), int(month or 0), budget)
+        return Spending(
+            int(day or 0),
+            int(month or 0),
+            budget,
+            Tokens.read(*day_tokens),
+            Tokens.read(*month_tokens),
+        )
 
     async def today(self) -> DayTotals:
         """What every replica did today (UTC), summed over the shards: one round trip (on a
