@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -51,9 +52,11 @@ def server_binary() -> str:
 
 def store_dir(settings: Settings) -> Path:
     """Where the embedded store of a bot with `settings` keeps its files: the data directory,
-    except on the console with no LASTWORD_DATA_DIR set, which has a folder of its own in
-    it, apart from the store of a bot installed here with the same default."""
-    if settings.platform == "console" and "data_dir" not in settings.model_fields_set:
+    except on the console in the user's default one (no LASTWORD_DATA_DIR, no systemd
+    StateDirectory=), which has a folder of its own in it, apart from the store of a bot
+    installed here with the same default. A unit's state directory is its own already."""
+    chosen = "data_dir" in settings.model_fields_set or os.environ.get("STATE_DIRECTORY")
+    if settings.platform == "console" and not chosen:
         return settings.data_dir / CONSOLE_DIR
     return settings.data_dir
 
