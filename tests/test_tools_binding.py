@@ -40,6 +40,12 @@ async def test_a_late_admin_server_never_runs_a_non_admins_call(
     servers = {"mcp_servers": {"admin": admin, "public": public}, "start_timeout_s": 5}
     box = await load_toolbox(ToolsSettings.model_validate(servers))
     try:
+        # The public server is up within the start timeout on a quiet machine, but a loaded
+        # one may take longer to import the MCP SDK: it then joins once up, as in production.
+        async def public_up() -> bool:
+            return "append" in box.tools
+
+        await eventually(public_up, 30, what="the public server listing its tools")
         assert box.tools["append"][0].source == "mcp:public"
         fake.reply = ToolPolicy("append", '{"text": "by user-1"}', answer="Done: {result}")
         fake.hold()
