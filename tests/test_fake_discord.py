@@ -12,7 +12,7 @@ import json
 import time
 import zlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import discord
@@ -93,10 +93,16 @@ async def rest_client(fake: FakeDiscord) -> AsyncIterator[Recorder]:
         await client.close()
 
 
+AnyRecorder = TypeVar("AnyRecorder", bound=Recorder)
+
+
+def gateway_client(fake: FakeDiscord) -> contextlib.AbstractAsyncContextManager[Recorder]:
+    return connected(fake, Recorder())
+
+
 @contextlib.asynccontextmanager
-async def gateway_client(fake: FakeDiscord) -> AsyncIterator[Recorder]:
-    """Logged in and connected, READY received and on_ready dispatched."""
-    client = Recorder()
+async def connected(fake: FakeDiscord, client: AnyRecorder) -> AsyncIterator[AnyRecorder]:
+    """`client` logged in and connected, READY received and on_ready dispatched."""
     task: asyncio.Task[None] | None = None
     try:
         await client.login(fake.token)
@@ -681,13 +687,7 @@ class Interactions(Recorder):
 async def test_slash_commands_are_registered_used_in_a_dm_and_answered_once(
     fake: FakeDiscord,
 ) -> None:
-    client = Interactions()
-    task: asyncio.Task[None] | None = None
-    try:
-        await client.login(fake.token)
-        task = asyncio.create_task(client.connect())
-        async with asyncio.timeout(WAIT_S):
-            await client.wait_until_ready()
+    async with connected(fake, Interactions()) as client:
         assert client.application_id is not None
         commands: list[Any] = [
             {"name": "help", "description": "this list", "contexts": [1]},
@@ -725,8 +725,3 @@ async def test_slash_commands_are_registered_used_in_a_dm_and_answered_once(
             assert r.status == 400 and (await r.json())["code"] == 40060
         assert [status for status, _ in fake.interactions[used].answers] == [200, 400]
         assert fake.messages(fake.dm_channel(USER)) == []
-    finally:
-        await client.close()
-        if task is not None:
-            async with asyncio.timeout(WAIT_S):
-                await task

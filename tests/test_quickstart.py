@@ -110,6 +110,16 @@ class Reader:
             if bot.process.returncode is None:
                 await bot.terminate()
 
+    async def ask_on_discord(self, discord: FakeDiscord, text: str) -> str:
+        """The bot started as the Quickstart starts it, asked `text` in a DM: its reply."""
+        async with self.running():
+            await discord.wait_for_sessions(1, timeout=30)
+            await discord.user_sends(USER, text)
+            channel = discord.dm_channel(USER)
+            await discord.wait_for_bot_messages(channel, 1, timeout=30)
+        [reply] = discord.bot_messages(channel)
+        return str(reply["content"])
+
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[tuple[FakeOpenAI, FakeTelegram, FakeDiscord]]:
@@ -166,13 +176,7 @@ async def test_the_discord_quickstart_reaches_the_model(
     await you.follow(steps["Quickstart"][0])
     [block] = steps["The same on Discord"]
     assert await you.follow(block) == [".venv/bin/lastword run"]
-    async with you.running():
-        await discord.wait_for_sessions(1, timeout=30)
-        await discord.user_sends(USER, "hello there")
-        channel = discord.dm_channel(USER)
-        await discord.wait_for_bot_messages(channel, 1, timeout=30)
-    [reply] = discord.bot_messages(channel)
-    assert reply["content"] == "You said: hello there"
+    assert await you.ask_on_discord(discord, "hello there") == "You said: hello there"
     assert [r.api_key for r in provider.requests] == [OPENAI_KEY]
 
 
@@ -191,11 +195,6 @@ async def test_the_mcp_step_gives_the_model_the_tools_answer(
     await you.follow(steps["The same on Discord"][0])
     [block] = steps["Give it a tool"]
     assert await you.follow(block) == [".venv/bin/lastword run"]
-    async with you.running():
-        await discord.wait_for_sessions(1, timeout=30)
-        await discord.user_sends(USER, "what time is it in Tokyo?")
-        channel = discord.dm_channel(USER)
-        await discord.wait_for_bot_messages(channel, 1, timeout=30)
-    [reply] = discord.bot_messages(channel)
-    assert reply["content"].startswith("The tool said:")
-    assert "Asia/Tokyo" in reply["content"]
+    reply = await you.ask_on_discord(discord, "what time is it in Tokyo?")
+    assert reply.startswith("The tool said:")
+    assert "Asia/Tokyo" in reply
