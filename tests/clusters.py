@@ -120,8 +120,8 @@ class Budget:
 def hold_port(port: int) -> socket.socket | None:
     """Bind `port` (not listening) so that no other process's `free_port` is handed it while
     its server is down; None if something else has it already. SO_REUSEADDR lets the bind
-    succeed past the dead server's TIME_WAIT connections; `free_port`'s socket sets no such
-    option, so the kernel will not give it this port."""
+    succeed past the dead server's TIME_WAIT connections; the kernel hands a port bound this
+    way to no socket that asks for any free port."""
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

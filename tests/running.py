@@ -9,7 +9,19 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
+
+from bot.settings import ToolsSettings
+
+T = TypeVar("T")
+
+# Lines of the process's log an `until` failure shows: enough to see how far start-up got.
+LOG_TAIL = 30
+# A `lastword run` from exec to its platform's first call: ~1.7 s of CPU, measured at 5-16 s
+# on 2 cores at a load of 7 to 13 (busy loops and other test runs beside it).
+START_S = 15.0
 
 
 def clean_environ() -> dict[str, str]:
@@ -31,6 +43,17 @@ def run_env(platform: str, redis_url: str, data_dir: Path) -> dict[str, str]:
         "LASTWORD_SWEEP_INTERVAL_MS": "200",
         "LASTWORD_LLM__PROVIDER": "echo",
     }
+
+
+def start_within_s(env: dict[str, str]) -> float:
+    """How long a `lastword run` with `env` may take to reach its platform: a plain start, and,
+    with MCP servers, the time the bot itself gives them before its adapter starts
+    (LASTWORD_TOOLS__START_TIMEOUT_S). Starting one doubles the CPU of a start (~3.3 s, for
+    the `mcp` SDK imported by both processes), measured at 8-16 s at a load of 7 to 9."""
+    if "LASTWORD_TOOLS__MCP_SERVERS" not in env:
+        return START_S
+    default = ToolsSettings.model_fields["start_timeout_s"].default
+    return START_S + float(env.get("LASTWORD_TOOLS__START_TIMEOUT_S", default))
 
 
 class Running:
@@ -61,6 +84,29 @@ class Running:
     def said(self, text: str) -> int:
         """How many log lines contain `text`."""
         return sum(text in line for line in self.log)
+
+    async def until(self, waited: Awaitable[T], what: str) -> T:
+        """What `waited` returns (it bounds its own wait), unless the process ends first. Either
+        failure is an AssertionError naming `what`, with the tail of the log: a bot that died
+        says why at once, one still starting shows how far it got."""
+        waiting = asyncio.ensure_future(waited)
+        ending = asyncio.ensure_future(self.process.wait())
+        try:
+            await asyncio.wait({waiting, ending}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+        if waiting.done():
+            try:
+                return waiting.result()
+            except TimeoutError:
+                why = "it did not come in time"
+        else:
+            waiting.cancel()
+            # Its last words are what the failure is for: read to the end, within a bound.
+            await asyncio.wait({waiting, self._reader}, timeout=5)
+            why = f"the bot exited with {self.process.returncode}"
+        tail = "".join(self.log[-LOG_TAIL:])
+        raise AssertionError(f"gave up waiting for {what}: {why}; the bot's log ends:\n{tail}")
 
     async def exited(self, timeout: float) -> int:  # noqa: ASYNC109
         """The exit status once the process ends on its own, and its whole log read."""

@@ -21,7 +21,7 @@ from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.running import Running, run_env
+from tests.running import Running, run_env, start_within_s
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,7 +81,10 @@ class World:
         registered = len(telegram.calls_to("setWebhook"))
         running = await Running.start(env)
         try:
-            await telegram.wait_for_calls("setWebhook", registered + 1, timeout=15)
+            webhook = telegram.wait_for_calls(
+                "setWebhook", registered + 1, timeout=start_within_s(env)
+            )
+            await running.until(webhook, "the bot to set its webhook")
             yield Bot(running, f"http://127.0.0.1:{port}/telegram")
         finally:
             if running.process.returncode is None:

@@ -1,21 +1,43 @@
 """The lifecycle every loopback fake shares: an aiohttp app on 127.0.0.1 with an OS-chosen
 port, started and stopped around a test, whose handlers can be cancelled on the way out; and
-a free loopback port for a server the test does not start itself."""
+a free loopback port for a server the test does not start itself.
+
+A port found free must stay free until its server binds it, which under load can be many
+seconds later (a `lastword run` starting): in that time any other process on the machine
+that asks for any free port (a fake of another pytest worker, a client's connection) could
+be handed it, and the server would fail to start. So a port handed out here is left in
+TIME_WAIT (`reserve`): for a minute the kernel gives it to no socket that asks for any port,
+while a server that sets SO_REUSEADDR (aiohttp's, redis-server: every server here) binds it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any, Self
 
 from aiohttp import web
 
 
+def reserve(port: int = 0) -> int:
+    """Bind `port` on 127.0.0.1 (0: one the kernel picks) and leave it in TIME_WAIT, by a
+    connection to it whose accepted end closes first; the port. OSError if it is taken."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1)
+        address = listener.getsockname()
+        with socket.socket() as client:
+            client.connect(address)
+            accepted, _ = listener.accept()
+            accepted.close()
+    return int(address[1])
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on right now (for a server a test starts later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, kept from other processes for a minute (see the
+    module's docstring): for a server a test starts later."""
+    return reserve()
 
 
 class StartStop:
@@ -77,6 +99,9 @@ class LoopbackServer(StartStop):
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
         await runner.cleanup()
+        # Kept for a start again (a service back after an outage): reserved, as `free_port`.
+        with contextlib.suppress(OSError):
+            reserve(self._port or 0)
 
     @property
     def origin(self) -> str:
