@@ -185,6 +185,21 @@ def test_the_licence_is_the_one_pyproject_names() -> None:
     assert re.search(r"^license = .*MIT", (PROJECT / "pyproject.toml").read_text(), re.M)
 
 
+# The README is the front door, read top to bottom in a few minutes; the reference is docs/.
+README_MOST_LINES = 300
+FRONT_DOOR = ("## Try it", "## Quickstart", "## The commands users type", "## Documentation")
+
+
+def test_the_readme_is_a_front_door_and_maps_every_page_of_docs() -> None:
+    readme = (PROJECT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MOST_LINES
+    headings = [line for line in readme.splitlines() if line.startswith("## ")]
+    order = [next(i for i, h in enumerate(headings) if h.startswith(f)) for f in FRONT_DOOR]
+    assert order == sorted(order), f"the README's sections, in order: {FRONT_DOOR}"
+    mapped = set(re.findall(r"\(docs/([\w-]+\.md)\)", readme.split("## Documentation")[1]))
+    assert mapped == {page.name for page in (PROJECT / "docs").glob("*.md")}
+
+
 def _anchors(path: Path) -> set[str]:
     """The anchors GitHub makes of a page's headings."""
     inside = False
