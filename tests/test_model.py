@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -116,6 +117,10 @@ HORIZON_MS = max(MAX_WAIT_MS, TTL_MS, RETRY_AFTER_ERROR_CAP_MS) + CLOCK_SLACK_MS
 CALLS = (ToolCall("c0", "book", '{"table": 2}'), ToolCall("c1", "look", "{}"))
 EXAMPLES = int(os.environ.get("LASTWORD_MODEL_EXAMPLES", "200"))
 STEPS = 50
+# Rounds of EXAMPLES more a run may take to go through every timed path (see the test), begun
+# only within this many seconds of its start (the test's timeout is 300 s).
+EXTRA_ROUNDS = 2
+EXTRA_ROUNDS_WITHIN_S = 120
 
 T = TypeVar("T")
 Outcome = Literal["sent", "unreachable", "abandoned"]
@@ -936,15 +941,28 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     print(f"model test seed {chosen}: rerun with {replay}")
     Protocol.url = server.url
     Protocol.seen.clear()
-    try:
-        _run(chosen)
-    except Exception as failure:
-        failure.add_note(f"replay this run: {replay}")
-        raise
-    print(f"speculation and tools in this run: {dict(Protocol.seen)}")
     steps = ("speculated", "held", "restarted", "sent after its window")
     tools = ("tool reused", "tool unknown", "tool held", "tool moved", "tool dropped")
-    for step in (*steps, *tools, "tool retried after a reset"):
+    wanted = (*steps, *tools, "tool retried after a reset")
+    began = time.monotonic()
+    # Whether a run takes a timed path (a speculative reply sent once its window closed)
+    # depends on how fast the steps follow each other on the real clock: on a loaded machine
+    # fewer of them fall inside a window of a few milliseconds. So a run that missed one goes
+    # on with more examples (seeds drawn from the first, so the replay is the same) until all
+    # were seen, within a bound of rounds and of time.
+    for round_ in range(EXTRA_ROUNDS + 1):
+        missed = [step for step in wanted if not Protocol.seen[step]]
+        if not missed or (round_ and time.monotonic() - began > EXTRA_ROUNDS_WITHIN_S):
+            break
+        if round_:
+            print(f"another round, for what none went through yet: {missed}")
+        try:
+            _run(chosen + round_)
+        except Exception as failure:
+            failure.add_note(f"replay this run: {replay}")
+            raise
+    print(f"speculation and tools in this run: {dict(Protocol.seen)}")
+    for step in wanted:
         assert Protocol.seen[step], f"no run went through '{step}': {replay}"
 
 
