@@ -30,15 +30,19 @@ async def replica(
     fake: FakeOpenAI,
     outbound: RecordingOutbound | None = None,
     toolbox: Toolbox | None = None,
+    lease_ttl_ms: int | None = None,
     **llm: Any,
 ) -> tuple[Runtime, RecordingOutbound]:
     """A runtime answering through `fake`; `llm` adds or overrides LLM settings. Replicas given
     one `outbound` share it as they share a platform: whichever of them takes a burst's wake-up
     (its own timer, or another's sweep) answers it, and the user sees one chat. Its tools are
-    `toolbox`'s."""
+    `toolbox`'s; its lease lasts the tests' short TTL unless `lease_ttl_ms` says otherwise."""
     base: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
     base |= {"model": FAKE_MODEL_ID, "retries": 0}
-    return await runtime_factory(llm=base | llm, outbound=outbound, toolbox=toolbox)
+    overrides: dict[str, Any] = {"llm": base | llm}
+    if lease_ttl_ms is not None:
+        overrides["lease"] = {"ttl_ms": lease_ttl_ms}
+    return await runtime_factory(outbound=outbound, toolbox=toolbox, **overrides)
 
 
 async def say(runtime: Runtime, n: int, *texts: str) -> None:

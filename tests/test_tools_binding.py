@@ -49,7 +49,11 @@ async def test_a_late_admin_server_never_runs_a_non_admins_call(
         assert box.tools["append"][0].source == "mcp:public"
         fake.reply = ToolPolicy("append", '{"text": "by user-1"}', answer="Done: {result}")
         fake.hold()
-        runtime, outbound = await replica(runtime_factory, fake, toolbox=box)
+        # The generation is held open across the admin server's start, seconds on a loaded
+        # machine, in this test's own loop: a stall past the tests' short lease would hand the
+        # burst to a new cycle, whose model is offered other names, and the call this test
+        # follows would never be made. A lease that outlasts the start keeps the one cycle.
+        runtime, outbound = await replica(runtime_factory, fake, toolbox=box, lease_ttl_ms=30_000)
         assert await runtime.ingest(message("append it", n=1, user="user-1"))
         await fake.wait_for_request(timeout=10)
         # The model is writing its call: the admin server comes up and takes the name.
