@@ -42,6 +42,12 @@ class Sink(Protocol):
         """A value kept by `remember` on any replica, or None. Raises `Unavailable`."""
         ...
 
+    async def throttled(self, scope: str, retry_after_s: float) -> None:
+        """The platform answered 429 on a call the adapter's client waited out and retried by
+        itself (a call that failed with it raises `Throttled` instead): `scope` takes no call
+        from any replica before `retry_after_s` has passed. Best effort; never raises."""
+        ...
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name` (for example
         "telegram:poller"): exactly one replica of the deployment runs it at a time, and if

@@ -261,6 +261,9 @@ class RecordingSink:
     async def recall(self, name: str) -> str | None:
         return await self.runtime.recall(name)
 
+    async def throttled(self, scope: str, retry_after_s: float) -> None:
+        await self.runtime.throttled(scope, retry_after_s)
+
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         await self.runtime.run_exclusively(name, work)
 

@@ -53,7 +53,8 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Self, TypeVar
@@ -74,9 +75,12 @@ from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
 from bot.credentials import Credential
 from bot.message import (
+    BOT_SCOPE,
     Attachment,
+    Call,
     FetchFailed,
     InboundMessage,
+    Scope,
     SendFailed,
     Unavailable,
     Unreachable,
@@ -102,6 +106,10 @@ class DiscordSettings(BaseModel):
     gateway_url: WebSocketUrl = "wss://gateway.discord.gg"
     # After a gateway gap, read the DM history of conversations active this recently (0: off).
     catch_up_minutes: int = Field(default=60, ge=0, le=60)
+    # Discord's limits for one bot, shared by every replica: requests a second bot-wide (all
+    # routes), and messages per 5 s in one channel.
+    requests_per_second: int = Field(default=50, ge=1, le=10_000)
+    channel_messages_per_5s: int = Field(default=5, ge=1, le=1000)
 
 
 PLATFORM = "discord"
@@ -329,7 +337,10 @@ class DiscordAdapter:
         self.settings = settings
         self._token = settings.token.get_secret_value()
         _point_at(settings)
-        self.rest = _rest_client()
+        self.rest = self._rest_client()
+        # Set by `run`: where a 429 discord.py waited out is told.
+        self._sink: Sink | None = None
+        self._news: set[asyncio.Task[None]] = set()
         self._logged_in = asyncio.Event()
         # The gateway connection, while this replica holds it.
         self._gateway: _Gateway | None = None
@@ -396,10 +407,11 @@ class DiscordAdapter:
 
     async def run(self, sink: Sink) -> None:
         registering: asyncio.Task[bool] | None = None
+        self._sink = sink
         try:
             if not self._logged_in.is_set():
                 # Not logged in, so closed (by a failed login or run) or never used: a new one.
-                self.rest = await self._log_in(_rest_client)
+                self.rest = await self._log_in(self._rest_client)
                 self._logged_in.set()
             assert self.rest.user is not None
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
@@ -486,6 +498,35 @@ class DiscordAdapter:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SendFailed(f"cannot reach Discord to reply to {conversation}: {exc!r}") from exc
 
+    def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
+        """Discord's limits: every request counts bot-wide; a message also in its channel."""
+        every = Scope(BOT_SCOPE, "bot", self.settings.requests_per_second, 1.0)
+        if call != "message":
+            return (every,)
+        channel = f"channel:{_channel_id(conversation)}"
+        return (every, Scope(channel, "channel", self.settings.channel_messages_per_5s, 5.0))
+
+    def _rest_client(self) -> discord.Client:
+        """The client for Discord's REST API (sends, typing, the login's token check), which
+        tells the core of every 429 it hears."""
+        trace = aiohttp.TraceConfig()
+        trace.on_request_end.append(self._heard)
+        return discord.Client(
+            intents=INTENTS, max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT_S, http_trace=trace
+        )
+
+    async def _heard(
+        self, session: object, context: object, params: aiohttp.TraceRequestEndParams
+    ) -> None:
+        """discord.py waits out a 429 and tries again by itself: meanwhile every replica is
+        told to hold the scope it hit (in the background: this runs inside the request)."""
+        if params.response.status != 429 or self._sink is None:
+            return
+        scope, wait = _scope_of_429(params.url.path, params.response.headers)
+        task = asyncio.create_task(self._sink.throttled(scope, wait))
+        self._news.add(task)
+        task.add_done_callback(self._news.discard)
+
     async def typing(self, conversation: str) -> None:
         await self._logged_in.wait()
         await self.rest.http.send_typing(_channel_id(conversation))
@@ -513,9 +554,14 @@ class DiscordAdapter:
         return bytes(data)
 
 
-def _rest_client() -> discord.Client:
-    """The client for Discord's REST API (sends, typing, the login's token check)."""
-    return discord.Client(intents=INTENTS, max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT_S)
+def _scope_of_429(path: str, headers: Mapping[str, str]) -> tuple[str, float]:
+    """The scope a 429 holds, and for how long: the whole bot for Discord's global limit (or a
+    route that is no channel's), else the channel's messages."""
+    wait = float(headers.get("X-RateLimit-Reset-After") or headers.get("Retry-After") or 1)
+    channel = re.match(r".*/channels/(\d+)/messages", path)
+    if headers.get("X-RateLimit-Global", "").lower() == "true" or channel is None:
+        return BOT_SCOPE, wait
+    return f"channel:{channel.group(1)}", wait
 
 
 async def _recall(sink: Sink) -> _Session | None:

@@ -72,12 +72,15 @@ from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.check import Check, guarded
 from bot.credentials import Credential
-from bot.drafts import DraftThrottled
 from bot.message import (
+    BOT_SCOPE,
     Attachment,
+    Call,
     FetchFailed,
     InboundMessage,
+    Scope,
     SendFailed,
+    Throttled,
     Unavailable,
     Unreachable,
 )
@@ -114,6 +117,12 @@ class TelegramSettings(BaseModel):
     # updated at most this often; a 429 slows it down further.
     drafts: bool = True
     draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
+    # Telegram's limits for one bot (its Bot API FAQ), shared by every replica: calls a second
+    # bot-wide (raise it with paid broadcasts, up to 1000), messages a second in one chat,
+    # messages a minute in one group.
+    messages_per_second: int = Field(default=30, ge=1, le=1000)
+    chat_messages_per_second: int = Field(default=1, ge=1, le=100)
+    group_messages_per_minute: int = Field(default=20, ge=1, le=6000)
 
     @field_validator("token")
     @classmethod
@@ -153,9 +162,6 @@ POLL_TIMEOUT_S = 25
 SEND_ATTEMPTS = 5
 SEND_RETRY_FIRST_S = 1.0
 SEND_RETRY_CAP_S = 10.0
-# Flood control longer than this is not waited out holding the conversation's lease: the core
-# tries the reply again later, backed off in the store.
-MAX_FLOOD_WAIT_S = 60.0
 # Bot API calls (replies, drafts, typing) go out over at most this many connections at once.
 API_CONNECTIONS = 64
 # The Bot API calls' time limits, python-telegram-bot's own defaults: (connect, pool, write,
@@ -292,6 +298,13 @@ def _seconds(value: int | timedelta) -> float:
 
 def _chat_id(conversation: str) -> int:
     return int(conversation.split(":", 1)[1])
+
+
+def _throttled_scope(chat_id: int) -> str:
+    """What a 429 holds, since Telegram does not say which limit it was: a group's own limit
+    for a message to a group (the likeliest), else the whole bot (a 429 in a private chat the
+    bot paces at its limit means the bot as a whole is flooding)."""
+    return f"group:{chat_id}" if chat_id < 0 else BOT_SCOPE
 
 
 def _bot_commands(entries: Sequence[MenuEntry]) -> list[BotCommand]:
@@ -542,12 +555,7 @@ class TelegramAdapter:
                 self._refused("sendMessage")
                 raise Unavailable(f"Telegram refuses {TOKEN_SETTING} for now") from None
             except RetryAfter as exc:
-                wait = _seconds(exc.retry_after)
-                if wait > MAX_FLOOD_WAIT_S:
-                    raise SendFailed(f"flood control for {wait:.0f}s") from exc
-                # The core renews the lease meanwhile.
-                log.info("telegram flood control: waiting %.1fs", wait)
-                await asyncio.sleep(wait)
+                raise Throttled(_seconds(exc.retry_after), _throttled_scope(chat_id)) from None
             except Forbidden as exc:
                 raise Unreachable(str(exc)) from exc
             except BadRequest as exc:
@@ -565,8 +573,25 @@ class TelegramAdapter:
                 await asyncio.sleep(delay)
         raise SendFailed("sendMessage kept failing")
 
+    def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
+        """Telegram's limits: every call counts bot-wide; a message also in its chat, and in
+        a group (a negative chat id) in the group's minute too. Drafts and typing are not
+        messages: they count bot-wide only."""
+        s = self.settings
+        every = Scope(BOT_SCOPE, "bot", s.messages_per_second, 1.0)
+        if call != "message":
+            return (every,)
+        chat_id = _chat_id(conversation)
+        chat = Scope(f"chat:{chat_id}", "chat", s.chat_messages_per_second, 1.0)
+        if chat_id >= 0:
+            return (every, chat)
+        return (every, chat, Scope(f"group:{chat_id}", "group", s.group_messages_per_minute, 60.0))
+
     async def typing(self, conversation: str) -> None:
-        await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+        try:
+            await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+        except RetryAfter as exc:
+            raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
 
     async def draft(self, conversation: str, draft_id: int, text: str) -> None:
         """The reply so far as an ephemeral draft; "" shows "Thinking…"."""
@@ -580,7 +605,7 @@ class TelegramAdapter:
                 api_kwargs=dict(DRAFT_OPTIONS),
             )
         except RetryAfter as exc:
-            raise DraftThrottled(_seconds(exc.retry_after)) from None
+            raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         """A file by its id: getFile, then the download. Reasons name no URL: Telegram's file

@@ -39,7 +39,8 @@ from bot.drafts import drafting, drafts_of
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
-from bot.message import InboundMessage, Outbound, SendFailed, Unavailable, Unreachable
+from bot.message import InboundMessage, SendFailed, Unavailable, Unreachable
+from bot.pacing import Paced, Slot
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
 from bot.settings import ModelChoice, Settings
@@ -281,7 +282,7 @@ class Cycle:
         settings: Settings,
         store: Store,
         llm: LLM,
-        outbound: Outbound,
+        outbound: Paced,
         transcriber: Transcriber | None = None,
         toolbox: Toolbox | None = None,
     ) -> None:
@@ -394,6 +395,7 @@ class Cycle:
     async def _work(self, grant: Grant, keeper: LeaseKeeper, began: float) -> Next:
         assert grant.lease is not None
         lease = grant.lease
+        slot: Slot | None = None
         if grant.resend is not None:
             text, version = await self._resend(grant, keeper)
             # Whose pre-send check the reply passed: the crashed holder's.
@@ -402,8 +404,8 @@ class Cycle:
             written = await self._write(grant, keeper, began)
             if isinstance(written, Next):
                 return written
-            text, version, sent_by = written, grant.version, (lease.fence, lease.token)
-        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures)
+            (text, slot), version, sent_by = written, grant.version, (lease.fence, lease.token)
+        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures, slot)
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
@@ -421,9 +423,12 @@ class Cycle:
         await apply(self.store, grant.lease.conversation, decoded(grant.resend_changes))
         return grant.resend
 
-    async def _write(self, grant: Grant, keeper: LeaseKeeper, began: float) -> str | Next:
+    async def _write(
+        self, grant: Grant, keeper: LeaseKeeper, began: float
+    ) -> tuple[str, Slot | None] | Next:
         """The reply to the burst, once it has passed the pre-send check and its commands'
-        changes are carried out; `Next` if it was interrupted or found stale."""
+        changes are carried out, with its turn in the outbound budget; `Next` if it was
+        interrupted or found stale."""
         assert grant.lease is not None
         lease = grant.lease
         self.stats.lateness_ms.append(grant.lateness_ms)
@@ -451,9 +456,12 @@ class Cycle:
                 said=reply.words,
             )
 
-        verdict = await self._when_closed(grant, keeper, presend)
-        if isinstance(verdict, Next):
-            return verdict
+        checked = await self._when_closed(grant, keeper, presend)
+        if isinstance(checked, Next):
+            return checked
+        verdict, slot = checked
+        if verdict.status in ("lost", "stale"):
+            await self.outbound.give_back(slot)
         if verdict.status == "lost":
             raise LeaseLost(lease.conversation)
         if verdict.status == "stale":
@@ -471,19 +479,30 @@ class Cycle:
             log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
         # Only now, past the final check: a stale reply's commands change nothing.
         await apply(self.store, lease.conversation, reply.changes)
-        return reply.text
+        return reply.text, slot
 
     async def _when_closed(
         self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
-    ) -> PreSend | Next:
-        """The pre-send check, once the burst's window has closed: a speculative reply (its
+    ) -> tuple[PreSend, Slot | None] | Next:
+        """The pre-send check, once the burst's window has closed and the reply's turn in the
+        outbound budget has come (its slot, for the first part): a speculative reply (its
         lease taken with the window open) is held by the check until then, and waits here;
-        a newer message meanwhile cuts the wait short as it would the generation (`Next`)."""
+        a newer message meanwhile cuts either wait short as it would the generation (`Next`).
+        The turn comes first, so a reply that waited for it is still checked afterwards."""
         assert grant.lease is not None
+        conversation = grant.lease.conversation
         for hold in range(HOLDS):
+            slot = None
+            if hold or time.monotonic() >= grant.closes_at:
+                async with self._interruptible(grant, keeper) as race:
+                    turn = await race(self.outbound.turn(conversation, grant.closes_at_ms))
+                if isinstance(turn, Next):
+                    return turn
+                slot = turn
             verdict = await presend()
             if verdict.status != "hold":
-                return verdict
+                return verdict, slot
+            await self.outbound.give_back(slot)
             self.stats.held += hold == 0
             async with self._interruptible(grant, keeper) as race:
                 waited = await race(asyncio.sleep((verdict.look_in_ms or 0) / 1000))
@@ -501,11 +520,13 @@ class Cycle:
         sent_by: tuple[int, str],
         keeper: LeaseKeeper,
         failures: int,
+        slot: Slot | None = None,
     ) -> Outcome:
-        """Send the reply, and say what became of it. A transient failure propagates (the
-        attempt is backed off and the outbox kept) until `SEND_ATTEMPTS` in a row."""
+        """Send the reply (its first part in `slot`, if its turn was taken), and say what
+        became of it. A transient failure propagates (the attempt is backed off and the
+        outbox kept) until `SEND_ATTEMPTS` in a row."""
         try:
-            await self._send(lease, text, version, sent_by, keeper)
+            await self._send(lease, text, version, sent_by, keeper, slot)
         except LeaseLost:
             raise
         except Unreachable as exc:
@@ -885,9 +906,11 @@ class Cycle:
         version: int,
         sent_by: tuple[int, str],
         keeper: LeaseKeeper,
+        slot: Slot | None,
     ) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
             await keeper.ensure_fresh()
             key = idempotency_key(lease.conversation, version, index, *sent_by)
-            await self.outbound.send(lease.conversation, part, key)
+            await self.outbound.send(lease.conversation, part, key, slot=slot)
+            slot = None
             self.stats.parts += 1

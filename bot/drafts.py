@@ -33,6 +33,7 @@ from typing import Protocol, runtime_checkable
 from bot.cancel import cancel_and_wait
 from bot.llm import strip_reasoning
 from bot.loop_lag import shedding
+from bot.message import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,6 @@ log = logging.getLogger(__name__)
 DRAFT_TIMEOUT_S = 5.0
 # Failures in a row (other than 429) after which a reply is no longer drafted.
 MAX_FAILURES = 3
-
-
-class DraftThrottled(Exception):
-    """The platform asked to slow down (a 429)."""
-
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__(f"drafts throttled for {retry_after_s:g} s")
-        self.retry_after_s = retry_after_s
 
 
 @runtime_checkable
@@ -59,7 +52,8 @@ class Drafts(Protocol):
 
     async def draft(self, conversation: str, draft_id: int, text: str) -> None:
         """Show `text` as the draft `draft_id` (non-zero) of the conversation; "" shows that
-        the bot is thinking. Raises `DraftThrottled` on a 429."""
+        the bot is thinking. Raises `bot.message.Throttled` on a 429 (or when
+        the outbound budget sheds it)."""
 
 
 # The conversations each outbound (by id) shows a live draft in right now; an outbound with
@@ -149,7 +143,7 @@ class Drafter:
             try:
                 async with asyncio.timeout(DRAFT_TIMEOUT_S):
                     await self.drafts.draft(self.conversation, self.draft_id, text)
-            except DraftThrottled as exc:
+            except Throttled as exc:
                 # Slower from now on, and not before the platform allows it.
                 self.interval_s = max(self.interval_s * 2, exc.retry_after_s)
                 self._changed.set()

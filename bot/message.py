@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,18 @@ class Unreachable(SendFailed):
         super().__init__(reason, permanent=True)
 
 
+class Throttled(SendFailed):
+    """The platform answered 429: nothing was delivered, and `scope` (one of the call's
+    `Scope` names, chosen by the adapter: the whole bot when the platform does not say) takes
+    no call before `retry_after_s` has passed. The core holds that scope for every replica
+    and tries again in its turn."""
+
+    def __init__(self, retry_after_s: float, scope: str) -> None:
+        super().__init__(f"{scope} throttled for {retry_after_s:g} s")
+        self.retry_after_s = retry_after_s
+        self.scope = scope
+
+
 class FetchFailed(Exception):
     """An attachment could not be fetched: gone, expired, too large, or the platform failed.
     The reason is shown to the model and logged, so it names no secret."""
@@ -187,6 +199,37 @@ class Outbound(Protocol):
         gone, expired, larger than `max_bytes`, or the platform fails; the caller bounds the
         time.
         """
+
+
+# The scope of a platform's limit on the bot as a whole, by convention.
+BOT_SCOPE = "bot"
+# What a platform call is, for the outbound budget: a message (a reply's part, a notice), a
+# live draft, or a typing indicator. Messages come first; the other two are previews.
+Call = Literal["message", "draft", "typing"]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One rate limit a platform call falls under: at most `count` calls in any sliding
+    `per_s` seconds. `name` is the subject, unique on the platform ("bot", "chat:42");
+    `kind` is the limit's name ("bot", "chat", "group"), as metrics and logs group them."""
+
+    name: str
+    kind: str
+    count: int
+    per_s: float
+
+
+@runtime_checkable
+class Limited(Protocol):
+    """What an outbound whose platform limits how fast the bot may call it adds to
+    `Outbound`: the limits each call falls under. The core paces every call by them, across
+    every replica (`bot.pacing`). Optional: an outbound without it (the console) is not paced."""
+
+    def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
+        """The limits a `call` in `conversation` counts against, e.g. the bot's and the
+        chat's; () for none."""
+        ...
 
 
 class NoFiles:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from bot.loop_lag import TICK_S, LoopWatch, watch
 from bot.message import Unavailable
+from bot.pacing import PacingStats
 from bot.runtime import Runtime
 from bot.stats import Buckets, Stats
 
@@ -147,6 +148,7 @@ class StatsCollector(Collector):
             stats.first_draft_seconds,
             1.0,
         )
+        yield from _pacing_metrics(self.runtime.outbound.stats)
         running = GaugeMetricFamily(PREFIX + "cycles_running", "Cycles running on this replica")
         running.add_metric([], self.runtime.cycles_running)
         yield running
@@ -158,6 +160,34 @@ class StatsCollector(Collector):
         yield roles
         if self.lag is not None:
             yield from _lag_metrics(self.lag)
+
+
+# (metric name, help, label, PacingStats field)
+PACING = (
+    ("outbound_waits", "Messages that waited their turn in the outbound budget", "scope", "waits"),
+    (
+        "outbound_wait_seconds",
+        "Time messages waited their turn in the outbound budget",
+        "scope",
+        "wait_s",
+    ),
+    (
+        "outbound_shed",
+        "Previews (drafts, typing) shed to keep the budget for replies",
+        "call",
+        "shed",
+    ),
+    ("outbound_throttled", "429s the platform answered", "scope", "throttled"),
+    ("outbound_held_seconds", "Time scopes were held after a 429, as told", "scope", "held_s"),
+)
+
+
+def _pacing_metrics(stats: PacingStats) -> Iterator[CounterMetricFamily]:
+    for name, doc, label, attribute in PACING:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=[label])
+        for value, count in sorted(getattr(stats, attribute).items()):
+            family.add_metric([value], count)
+        yield family
 
 
 def _lag_metrics(lag: LoopWatch) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:

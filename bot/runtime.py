@@ -19,6 +19,7 @@ from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
 from bot.message import InboundMessage, Outbound, Unavailable
+from bot.pacing import Paced
 from bot.race import Next
 from bot.roles import HANDOVER_S, run_exclusively
 from bot.settings import Settings, reloaded
@@ -53,9 +54,12 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.outbound = outbound
-        self.cycle = Cycle(settings, store, llm, outbound, transcriber, toolbox)
-        self.typing = Typing(outbound)
+        # Every call to the platform paced by the bot's outbound budget.
+        self.outbound = Paced(
+            outbound, store, settings.platform, settings.replica_id, mode=settings.outbound.budget
+        )
+        self.cycle = Cycle(settings, store, llm, self.outbound, transcriber, toolbox)
+        self.typing = Typing(self.outbound)
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._notices: set[asyncio.Task[None]] = set()
@@ -196,6 +200,9 @@ class Runtime:
 
     async def recall(self, name: str) -> str | None:
         return await self.store.recall(name)
+
+    async def throttled(self, scope: str, retry_after_s: float) -> None:
+        await self.outbound.throttled(scope, retry_after_s)
 
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name`, one replica at a time

@@ -398,6 +398,14 @@ class ToolsSettings(Group):
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=8 * 1024 * 1024)
 
 
+class OutboundSettings(Group):
+    # How the platform's limits on what the bot sends are kept (bot/pacing.py): shared, one
+    # budget every replica draws on, in the store; replica, each replica's own (as if it ran
+    # alone: several replicas together may then break the limits); off, none kept (429s are
+    # only waited out). The limits themselves are the platform's settings.
+    budget: Literal["shared", "replica", "off"] = "shared"
+
+
 # What the settings say of a user: an admin (always let in, whatever was changed in chat), or
 # let in or refused by the allow-list. Admins' /allow and /deny, kept in the store, override
 # the last two.
@@ -446,6 +454,7 @@ class Settings(BaseSettings):
     lease: LeaseSettings = LeaseSettings()
     access: AccessSettings = AccessSettings()
     tools: ToolsSettings = ToolsSettings()
+    outbound: OutboundSettings = OutboundSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2)
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and

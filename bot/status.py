@@ -28,6 +28,7 @@ from bot.store.keys import (
     HEARTBEAT_PATTERN,
     LAYOUT,
     ROLE_TAG,
+    BudgetKeys,
     Keys,
     replica_of,
     role_key,
@@ -104,6 +105,15 @@ class HeldLease:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A scope of a platform's outbound budget held after a 429: no replica sends under it."""
+
+    platform: str
+    scope: str
+    ends_in_ms: int
+
+
+@dataclass(frozen=True)
 class Wakeup:
     """The earliest entry of the due-index over all shards."""
 
@@ -161,6 +171,8 @@ class Status:
                          users, top: [{conversation, tokens}]}
         access          [{user, access, budget, by, at_ms, seq}]: what admins changed in
                         chat, by user
+        held            [{platform, scope, ends_in_ms}]: scopes of the replicas' platforms'
+                        shared outbound budget held after a 429, by platform and scope
 
     Times are ms; `holder` is the replica id from the token, null if the token has none;
     `waited_ms` is null when the oldest message cannot be read. The parts are read in a few
@@ -175,6 +187,7 @@ class Status:
     oldest_wakeup: Wakeup | None = None
     tokens_today: TokensToday | None = None
     access: tuple[AccessRecord, ...] = ()
+    held: tuple[Held, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         # By hand at this level only: roles and leases are flat, and the waiting ones are
@@ -188,6 +201,7 @@ class Status:
             "oldest_wakeup": None if self.oldest_wakeup is None else _json(self.oldest_wakeup),
             "tokens_today": None if self.tokens_today is None else _json(self.tokens_today),
             "access": [_json(record) for record in self.access],
+            "held": [_json(h) for h in self.held],
         }
 
 
@@ -279,7 +293,22 @@ async def _collect(redis: Client, now_ms: int | None, scan_count: int) -> Status
         oldest_wakeup=wakeup,
         tokens_today=indexes.tokens_today,
         access=tuple(indexes.access),
+        held=tuple(await _read_held(redis, holders.replicas, now)),
     )
+
+
+async def _read_held(redis: Client, replicas: Sequence[Replica], now: int) -> list[Held]:
+    """The held scopes of the shared outbound budget of each platform a replica runs: one
+    round trip per platform (each platform's budget lives in one slot)."""
+    held = []
+    for platform in sorted({r.platform for r in replicas if r.platform}):
+        found: list[tuple[bytes, float]] = await redis.zrange(  # type: ignore[assignment]
+            BudgetKeys(platform).holds, 0, -1, withscores=True
+        )
+        for scope, until in found:
+            if until > now:
+                held.append(Held(platform, as_text(scope), int(until) - now))
+    return held
 
 
 async def _read_indexes(redis: Client, day: date, scan_count: int) -> _Indexes:
@@ -509,7 +538,7 @@ def render(status: Status) -> str:
     """The snapshot as text for a terminal: one aligned table per section, "none" if empty."""
     when = datetime.fromtimestamp(status.now_ms / 1000, UTC).isoformat(timespec="seconds")
     lines = [f"lastword status at {when.replace('+00:00', 'Z')} (server clock)"]
-    for section in (_replicas, _roles, _waiting, _leases, _wakeup, _tokens, _access):
+    for section in (_replicas, _roles, _held, _waiting, _leases, _wakeup, _tokens, _access):
         lines += section(status)
     return "\n".join(lines) + "\n"
 
@@ -544,6 +573,12 @@ def _roles(status: Status) -> list[str]:
     ]
     headers = ["NAME", "HOLDER", "FENCE", "EXPIRES IN"]
     return _section(f"roles ({len(status.roles)})", headers, rows)
+
+
+def _held(status: Status) -> list[str]:
+    rows = [[h.platform, h.scope, duration(h.ends_in_ms)] for h in status.held]
+    title = f"held after a 429 ({len(status.held)}): no replica sends under these"
+    return _section(title, ["PLATFORM", "SCOPE", "ENDS IN"], rows)
 
 
 def _waiting(status: Status) -> list[str]:

@@ -20,7 +20,7 @@ from bot.embedded import EmbeddedRedis
 from bot.heartbeat import Heartbeat
 from bot.message import InboundMessage
 from bot.status import Spender, Status, collect, duration, render
-from bot.store import Store
+from bot.store import BudgetKeys, Store
 from bot.store.keys import Keys, heartbeat_key, shard_of
 from tests.conftest import SettingsFactory, eventually, server_ms
 
@@ -242,6 +242,9 @@ async def populated(redis: Redis, make_settings: SettingsFactory) -> Status:
     await slow_store(redis, make_settings).ingest(message("8", 2))
     await store.change_access("555", "access", "deny", by="9")
     await store.change_access("555", "budget", "2000", by="9")
+    # A 429 held the bot of the replica's platform (and one of a platform no replica runs).
+    await store.hold(BudgetKeys("test"), "bot", 60_000)
+    await store.hold(BudgetKeys("elsewhere"), "bot", 60_000)
     return await collect(redis)
 
 
@@ -259,7 +262,11 @@ async def test_to_json_round_trips_with_stable_keys(
         "oldest_wakeup",
         "tokens_today",
         "access",
+        "held",
     }
+    [held] = data["held"]
+    assert (held["platform"], held["scope"]) == ("test", "bot")
+    assert 50_000 < held["ends_in_ms"] <= 60_000
     [record] = data["access"]
     assert record == {
         "user": "555",
@@ -297,6 +304,7 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
         "leases held (1)",
         "oldest wake-up",
         "access changed in chat (1)",
+        "held after a 429 (1): no replica sends under these",
     ):
         assert heading in lines
 
@@ -316,6 +324,7 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
     assert row("test:7", "leases held (1)")[1:3] == ["r7", "1"]
     # USER ACCESS DAILY BUDGET BY WHEN ("0ms ago": two words)
     assert row("555", "access changed in chat (1)")[:4] == ["555", "deny", "2,000", "9"]
+    assert row("test", "held after a 429 (1): no replica sends under these")[1] == "bot"
     # Aligned: every row of a table starts its columns where the header's do.
     header = next(line for line in lines if line.strip().startswith("CONVERSATION  UNANSWERED"))
     for line in lines[lines.index(header) + 1 : lines.index(header) + 3]:
@@ -345,8 +354,9 @@ async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
             "top": [],
         },
         "access": [],
+        "held": [],
     }
-    assert render(status).count("  none") == 6
+    assert render(status).count("  none") == 7
     assert (
         f"tokens today ({today}, UTC): 0 tokens (0 prompt + 0 completion) in 0 generations; "
         "0 replies to 0 users, 0 interrupted, 0 forced"

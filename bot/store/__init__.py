@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
+from bot.store.budget import Budget, Taken
 from bot.store.config import (
     CLOCK_SLACK_MS,
     DAY_KEEP_MS,
@@ -39,7 +40,7 @@ from bot.store.conversations import (
 from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
-from bot.store.keys import ACCESS_SEQ_KEY, Keys, Layout
+from bot.store.keys import ACCESS_SEQ_KEY, BudgetKeys, Keys, Layout
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
@@ -108,6 +109,7 @@ __all__ = [
     "USAGE",
     "AccessRecord",
     "Begun",
+    "BudgetKeys",
     "DayTotals",
     "Ended",
     "Failed",
@@ -126,13 +128,16 @@ __all__ = [
     "Store",
     "StoreSettings",
     "StoreUnavailable",
+    "Taken",
     "classify",
     "lease_token",
     "reaching_redis",
 ]
 
 
-class Store(Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats, Tools):
+class Store(
+    Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats, Tools, Budget
+):
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
     async def due(self, limit: int = 100) -> list[str]:

@@ -82,7 +82,9 @@ if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
   waited = 0
 end
 
-local lateness, window_ms = 0, 0
+-- When the burst's window closed (or will): its reply's place in the outbound budget's queue
+-- (bot/pacing.py). A reply left in the outbox goes first.
+local lateness, window_ms, closes_at = 0, 0, 0
 if not has_outbox then
   local times = redis.call('HMGET', window, 'deadline', 'speculate_at')
   local deadline, speculate_at = tonumber(times[1] or '0'), tonumber(times[2] or '0')
@@ -91,6 +93,7 @@ if not has_outbox then
   end
   local starved = discards >= starvation_limit
     or (starvation_age_ms > 0 and waited >= starvation_age_ms)
+  closes_at = deadline > 0 and deadline or now
   if deadline > now and (speculate_at == 0 or speculate_at > now or starved) then
     local at = (speculate_at > now and not starved) and speculate_at or deadline
     redis.call('ZADD', due, at, conversation)
@@ -138,4 +141,4 @@ local past = redis.call('LRANGE', history, -history_entries, -1)
 return cjson.encode({status = 'acquired', fence = fence, version = v, watermark = w,
   lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
   history = past, failures = failures, waited_ms = waited, model = counters[7] or '',
-  persona = counters[8] or '', window_ms = window_ms})
+  persona = counters[8] or '', window_ms = window_ms, closes_at_ms = closes_at})

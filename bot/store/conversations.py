@@ -158,6 +158,9 @@ class Grant:
     # With `window_ms`: when the window closes by this replica's clock (`time.monotonic()`),
     # counted from the answer's arrival, so never before the server's deadline.
     closes_at: float = 0.0
+    # When the window closed, or will (ms, server clock; 0 for a resend): the reply's place in
+    # the queue for the outbound budget.
+    closes_at_ms: int = 0
 
     @classmethod
     def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
@@ -182,6 +185,7 @@ class Grant:
             persona=str(reply["persona"]),
             window_ms=int(reply["window_ms"]),
             closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
+            closes_at_ms=int(reply["closes_at_ms"]),
             **(_resent(resend) if resend else {}),
         )
 

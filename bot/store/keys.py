@@ -117,6 +117,20 @@ under a hash tag of its own, since it belongs to no conversation's slot:
     {lw:replica}:<replica id>        hash    pid, host, platform, started_at (ms), last_beat
                                              (ms), plus whatever the replica adds (e.g.
                                              cycles, roles)
+
+The outbound budget of a platform's bot (`budget_take`, `budget_done`, `budget_hold`), shared
+by every replica, in one slot per platform, {O} = `{lw:out:<platform>}` (with
+LASTWORD_OUTBOUND__BUDGET=replica, `{lw:out:<platform>:<replica id>}`: each replica's own).
+A scope is one limit's subject, e.g. `bot`, `chat:42`, `group:-100123`:
+
+    {O}:tickets                      zset    waiting reply's ticket -> when it counts as
+                                             gone unless it asks again (ms, server clock)
+    {O}:holds                        zset    scope -> when its 429 hold ends (for status)
+    {O}:sent:<scope>                 zset    call id -> when it counts from: when it was
+                                             answered, or (in flight) a bound ahead; at
+                                             most the scope's count within its period
+    {O}:queue:<scope>                zset    ticket -> when the reply's window closed
+    {O}:hold:<scope>                 string  when the scope's 429 hold ends; expires then
 """
 
 from __future__ import annotations
@@ -249,6 +263,23 @@ def heartbeat_key(replica_id: str) -> str:
 def replica_of(heartbeat: str) -> str:
     """The replica id a heartbeat key names."""
     return heartbeat.removeprefix(HEARTBEAT_PREFIX)
+
+
+class BudgetKeys:
+    """The names of one outbound budget's keys (a platform's, shared or one replica's); all
+    share its hash tag."""
+
+    def __init__(self, platform: str, replica: str | None = None) -> None:
+        self.base = (
+            f"{{lw:out:{platform}}}" if replica is None else f"{{lw:out:{platform}:{replica}}}"
+        )
+        self.tickets = f"{self.base}:tickets"
+        self.holds = f"{self.base}:holds"
+
+    def scope(self, name: str) -> tuple[str, str, str]:
+        """A scope's sent, queue and hold keys, in that order (as budget_take.lua reads
+        them)."""
+        return f"{self.base}:sent:{name}", f"{self.base}:queue:{name}", f"{self.base}:hold:{name}"
 
 
 class Keys:

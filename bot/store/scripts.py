@@ -27,20 +27,26 @@ def _load(name: str) -> str:
 @dataclass(frozen=True)
 class Script:
     """One script: its file's name, its KEYS and ARGV by name in their order, and `rest`, the
-    name of what ARGV holds past the named arguments (repeated groups), if anything."""
+    name of what ARGV holds past the named arguments (repeated groups), if anything; likewise
+    `rest_keys` for KEYS."""
 
     name: str
     keys: tuple[str, ...]
     args: tuple[str, ...]
     rest: str = ""
+    rest_keys: str = ""
     source: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", _load(self.name))
 
-    def ordered_keys(self, named: Mapping[str, str]) -> list[str]:
-        """KEYS for a call, in the script's order, from every key by its declared name."""
-        return self._ordered("keys", named, self.keys)
+    def ordered_keys(self, named: Mapping[str, str], rest: Sequence[str] = ()) -> list[str]:
+        """KEYS for a call, in the script's order, from every key by its declared name, then
+        `rest` (only if the script has one)."""
+        if rest and not self.rest_keys:
+            raise TypeError(f"{self.name}.lua takes no keys past {', '.join(self.keys)}")
+        ordered: list[str] = self._ordered("keys", named, self.keys)
+        return ordered + list(rest) if rest else ordered
 
     def ordered_args(
         self, named: Mapping[str, str | int], rest: Sequence[str | int] = ()
@@ -238,6 +244,27 @@ TOOL_END = Script(
     args=("token", "turn", "call", "status", "text", "error", "retention_ms"),
 )
 
+# The shared outbound budget (bot/store/budget.py): KEYS past the named ones are each scope's
+# (sent, queue, hold) in turn; ARGV past the named ones, each scope's (name, count, per_ms).
+BUDGET_TAKE = Script(
+    "budget_take",
+    keys=("tickets", "holds"),
+    args=(
+        "kind",
+        "ticket",
+        "order_ms",
+        "grant",
+        "in_flight_ms",
+        "ticket_ttl_ms",
+        "poll_ms",
+        "keep_free_pct",
+    ),
+    rest="scope_count_per_ms_triples",
+    rest_keys="sent_queue_hold_triples",
+)
+BUDGET_DONE = Script("budget_done", keys=(), args=("grant", "used"), rest_keys="sent_of_each_scope")
+BUDGET_HOLD = Script("budget_hold", keys=("hold", "holds"), args=("scope", "hold_ms"))
+
 # Every script, by its file's name (each `.lua` file but the prelude is one).
 ALL: dict[str, Script] = {
     script.name: script
@@ -264,5 +291,8 @@ ALL: dict[str, Script] = {
         TOOL_STEP,
         TOOL_BEGIN,
         TOOL_END,
+        BUDGET_TAKE,
+        BUDGET_DONE,
+        BUDGET_HOLD,
     )
 }

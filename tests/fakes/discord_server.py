@@ -54,6 +54,13 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
   at ``POST /interactions/{id}/{token}/callback`` (no bot token needed there); later it is
   ``Unknown interaction`` (10062), a second answer ``already been acknowledged`` (40060). A
   non-ephemeral channel message answer is a message of the bot's in the channel.
+- Rate limits, when asked for (``FakeDiscord(limits=discord_limits())``, see
+  :func:`discord_limits`): the global limit on every REST request that takes the bot's token
+  (not the CDN, not interaction callbacks, not the gateway) and the per-channel limit on
+  message POSTs. A request past one is answered Discord's 429 (``retry_after`` in seconds,
+  ``global`` for the global limit), performs nothing, is recorded with status 429 (in
+  ``requests``, and in ``posts`` for a message POST) and is counted in
+  ``fake.limits.violations``. discord.py sleeps out such a 429 and retries by itself.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ import re
 import secrets
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +87,7 @@ from urllib.parse import quote
 
 from aiohttp import BodyPartReader, WSMsgType, web
 
+from tests.fakes.limits import Limit, Limits
 from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
@@ -93,6 +101,7 @@ __all__ = [
     "RecordedPost",
     "RecordedRequest",
     "ScriptedError",
+    "discord_limits",
     "snowflake_time_ms",
 ]
 
@@ -121,6 +130,9 @@ MESSAGE_FLAG_IS_VOICE_MESSAGE = 1 << 13
 CDN_GONE = "This content is no longer available."
 # How long a signed attachment URL lasts on Discord: about a day from when it was handed out.
 ATTACHMENT_URL_TTL_S = 24 * 3600
+
+# How the limits name a message POST (see FakeDiscord._over_limit).
+_POST_MESSAGE = "POST /channels/{channel_id}/messages"
 
 # Gateway opcodes.
 OP_DISPATCH = 0
@@ -353,9 +365,17 @@ def _unknown_channel() -> _Failed:
 class FakeDiscord(LoopbackServer):
     """Fake Discord REST API v10 and gateway on 127.0.0.1 with an OS-chosen port."""
 
-    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "fakebot") -> None:
+    def __init__(
+        self,
+        token: str = DEFAULT_TOKEN,
+        *,
+        bot_username: str = "fakebot",
+        limits: Limits | None = None,
+    ) -> None:
         super().__init__()
         self.token = token
+        # The rate limits enforced (see discord_limits), and their violations; None: none.
+        self.limits = limits
         self.heartbeat_interval_ms = 41250
         # How long enforce_nonce remembers a nonce; Discord says "the past few minutes".
         self.nonce_window_s = 300.0
@@ -458,7 +478,9 @@ class FakeDiscord(LoopbackServer):
             ("GET", "/applications/{application_id}/commands", self._get_commands),
         ]
         for method, path, handler in routes:
-            app.router.add_route(method, API_PREFIX + path, self._authenticated(handler))
+            # A message POST checks the limits itself, so a refused one is a RecordedPost too.
+            checked = handler != self._post_message
+            app.router.add_route(method, API_PREFIX + path, self._authenticated(handler, checked))
         # An interaction's token is its credential: the callback takes no bot token.
         app.router.add_post(
             API_PREFIX + "/interactions/{interaction_id}/{token}/callback", self._callback
@@ -1341,7 +1363,9 @@ class FakeDiscord(LoopbackServer):
 
     # -- REST --------------------------------------------------------------------------------
 
-    def _authenticated(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+    def _authenticated(
+        self, handler: Callable[[web.Request], Any], check_limits: bool = True
+    ) -> Callable[[web.Request], Any]:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             response = await answer(request)
             path = request.path.removeprefix(API_PREFIX)
@@ -1354,6 +1378,8 @@ class FakeDiscord(LoopbackServer):
         async def answer(request: web.Request) -> web.StreamResponse:
             if request.headers.get("Authorization") != f"Bot {self.token}":
                 return _json(_error(401, "401: Unauthorized", 0))
+            if check_limits and (refused := self._over_limit(request)) is not None:
+                return _json(refused)
             try:
                 response: web.StreamResponse = await handler(request)
             except _Failed as failure:
@@ -1361,6 +1387,18 @@ class FakeDiscord(LoopbackServer):
             return response
 
         return wrapped
+
+    def _over_limit(self, request: web.Request) -> ScriptedError | None:
+        """Discord's 429 if the request breaks one of the limits, else None (and it counts)."""
+        if self.limits is None:
+            return None
+        resource = request.match_info.route.resource
+        path = "" if resource is None else resource.canonical.removeprefix(API_PREFIX)
+        route = f"{request.method} {path}"
+        violation = self.limits.check(route, request.match_info, time.monotonic())
+        if violation is None:
+            return None
+        return self.rate_limited(violation.retry_after_s, global_=violation.limit == "bot")
 
     async def _not_found(self, request: web.Request) -> web.Response:
         return _json(_error(404, "404: Not Found", 0))
@@ -1597,7 +1635,7 @@ class FakeDiscord(LoopbackServer):
             self._handler_tasks.add(task)
         try:
             try:
-                scripted = self._next_error(channel.id)
+                scripted = self._over_limit(request) or self._next_error(channel.id)
                 if scripted is not None:
                     raise _Failed(scripted)
                 message = await self._perform_post(channel, body, post)
@@ -1677,6 +1715,28 @@ class FakeDiscord(LoopbackServer):
         # Discord echoes the bot's own messages on the gateway.
         await self._dispatch_message("MESSAGE_CREATE", self._gateway_message(message))
         return message
+
+
+def discord_limits(
+    per_second: int = 50, channel_messages: int = 5, channel_per_s: float = 5.0
+) -> Limits:
+    """Discord's limits: the global 50 requests a second of one bot, across all routes, and
+    the per-route bucket of message POSTs: 5 per 5 s in one channel."""
+    return Limits(
+        [
+            Limit("bot", per_second, 1.0, _global),
+            Limit("channel", channel_messages, channel_per_s, _channel_post),
+        ]
+    )
+
+
+def _global(route: str, params: Mapping[str, Any]) -> str | None:
+    return "bot"
+
+
+def _channel_post(route: str, params: Mapping[str, Any]) -> str | None:
+    channel_id = params.get("channel_id")
+    return str(channel_id) if route == _POST_MESSAGE and channel_id is not None else None
 
 
 def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

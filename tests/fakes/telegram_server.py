@@ -27,6 +27,11 @@ PTB builds request URLs as ``{base_url}{token}/{method}``, so a bot points at th
 ``base_url=f"{fake.api_url}/bot"``; :attr:`FakeTelegram.api_url` is the Bot API base that
 ``LASTWORD_TELEGRAM__API_URL`` expects (``http://127.0.0.1:PORT``).
 
+Telegram's rate limits are enforced when asked for (``FakeTelegram(limits=telegram_limits())``,
+see :func:`telegram_limits`): a call past one is answered Telegram's 429 with ``retry_after``,
+performs nothing, is recorded with status 429, and is counted in ``fake.limits.violations``.
+Without ``limits`` nothing is limited.
+
 Usage::
 
     async with FakeTelegram() as fake, Bot(fake.token, base_url=f"{fake.api_url}/bot") as bot:
@@ -46,13 +51,14 @@ import json
 import mimetypes
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 
+from tests.fakes.limits import Limit, Limits, retry_after
 from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
@@ -65,6 +71,7 @@ __all__ = [
     "ScriptedError",
     "WebhookConfig",
     "post_update",
+    "telegram_limits",
 ]
 
 DEFAULT_TOKEN = "123456789:AAFakeTelegramTokenForTests0123456789"
@@ -94,6 +101,13 @@ _METHODS = (
     "deleteMyCommands",
 )
 _CANONICAL = {name.lower(): name for name in _METHODS}
+
+# The methods that count against the bot-wide limit: everything the bot shows or changes in a
+# chat. Only sendMessage makes a message, so only it counts against the per-chat and per-group
+# limits (drafts and typing indicators are not messages).
+_SENDING = frozenset(
+    {"sendMessage", "sendMessageDraft", "sendChatAction", "editMessageText", "deleteMessage"}
+)
 
 # Form-encoded requests (what PTB sends) carry every value as a string: PTB leaves strings as
 # they are and JSON-encodes everything else. The real server types fields by name; so does this.
@@ -266,9 +280,17 @@ def _bad_request(description: str) -> _CallError:
 class FakeTelegram(LoopbackServer):
     """Fake Telegram Bot API server on 127.0.0.1 with an OS-chosen port."""
 
-    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "fake_bot") -> None:
+    def __init__(
+        self,
+        token: str = DEFAULT_TOKEN,
+        *,
+        bot_username: str = "fake_bot",
+        limits: Limits | None = None,
+    ) -> None:
         super().__init__()
         self.token = token
+        # The rate limits enforced (see telegram_limits), and their violations; None: none.
+        self.limits = limits
         bot_id_text = token.split(":", 1)[0]
         self.bot_user: dict[str, Any] = {
             "id": int(bot_id_text) if bot_id_text.isdigit() else 424242,
@@ -927,7 +949,7 @@ class FakeTelegram(LoopbackServer):
         if task is not None:
             self._handler_tasks.add(task)
         try:
-            scripted = self._scripted(call)
+            scripted = self._over_limit(call) or self._scripted(call)
             if scripted is not None:
                 raise _CallError(scripted)
             if (gate := self._hung.get(method)) is not None:
@@ -945,6 +967,13 @@ class FakeTelegram(LoopbackServer):
         call.result = result
         self._notify()
         return _envelope({"ok": True, "result": result}, 200)
+
+    def _over_limit(self, call: RecordedCall) -> ScriptedError | None:
+        """Telegram's 429 if the call breaks one of the limits, else None (and it counts)."""
+        if self.limits is None:
+            return None
+        violation = self.limits.check(call.method, call.params, call.at)
+        return None if violation is None else self.too_many_requests(retry_after(violation))
 
     def _scripted(self, call: RecordedCall) -> ScriptedError | None:
         if self._token_refused:
@@ -1199,6 +1228,40 @@ async def post_update(
     ):
         await response.read()
         return response.status
+
+
+def telegram_limits(
+    per_second: int = 30, chat_per_second: int = 1, group_per_minute: int = 20
+) -> Limits:
+    """Telegram's limits, as its Bot API FAQ gives them: about 30 calls a second from one bot
+    (every sending method: messages, edits, deletions, drafts, typing), about one message a
+    second in one chat, and at most 20 messages a minute in one group (a chat with a negative
+    id, as Telegram gives groups)."""
+    return Limits(
+        [
+            Limit("bot", per_second, 1.0, _bot_wide),
+            Limit("chat", chat_per_second, 1.0, _message_chat),
+            Limit("group", group_per_minute, 60.0, _message_group),
+        ]
+    )
+
+
+def _bot_wide(method: str, params: Mapping[str, Any]) -> str | None:
+    return "bot" if method in _SENDING else None
+
+
+def _message_chat(method: str, params: Mapping[str, Any]) -> str | None:
+    chat_id = params.get("chat_id")
+    if method != "sendMessage" or not isinstance(chat_id, int | str):
+        return None
+    return str(chat_id)
+
+
+def _message_group(method: str, params: Mapping[str, Any]) -> str | None:
+    chat_id = params.get("chat_id")
+    if method != "sendMessage" or not isinstance(chat_id, int) or chat_id >= 0:
+        return None
+    return str(chat_id)
 
 
 def _envelope(body: dict[str, Any], status: int) -> web.Response:

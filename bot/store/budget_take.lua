@@ -1,0 +1,146 @@
+-- May the bot make one platform call now, under every scope it falls under (the bot as a
+-- whole, a chat, a group)? The outbound budget every replica shares: a scope allows `count`
+-- calls in any sliding `per_ms`, counted from the server's clock.
+-- A call granted is recorded under each scope as in flight (counted from `in_flight_ms` ahead,
+-- so it fills a slot until budget_done.lua stamps the moment it was answered: the platform saw
+-- it before that, so nothing sent later can land in its window too early).
+-- A reply waits its turn: it joins the queue of each scope that stops it, ordered by
+-- `order_ms` (when its window closed), and replies earlier in a queue are served first,
+-- whichever replica holds them. A preview (a draft, a typing indicator) never waits and never
+-- delays a reply: it is granted only while no reply waits and `keep_free_pct` of the scope
+-- stays free, else shed.
+-- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends.
+-- Returns {status, wait_ms, scope, held}: status 'granted', 'wait' (a reply: ask again in
+-- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold did.
+local tickets = KEYS[1]
+local holds = KEYS[2]
+local kind = ARGV[1] -- 'reply' or 'preview'
+local ticket = ARGV[2] -- the waiting reply's, unique to it
+local order_ms = tonumber(ARGV[3])
+local grant = ARGV[4] -- the call's id in each scope, if granted
+local in_flight_ms = tonumber(ARGV[5])
+local ticket_ttl_ms = tonumber(ARGV[6]) -- a waiter not heard from for this long is gone
+local poll_ms = tonumber(ARGV[7]) -- how soon to ask again when a slot frees at an unknown time
+local keep_free_pct = tonumber(ARGV[8])
+
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', tickets, '-inf', now, 'LIMIT', 0, 16)) do
+  redis.call('ZREM', tickets, gone)
+end
+
+local function alive(waiter)
+  return tonumber(redis.call('ZSCORE', tickets, waiter) or '0') > now
+end
+
+-- How many live waiters come before this reply in `queue`, counting up to `limit`; the gone
+-- ones met on the way are dropped.
+local function ahead(queue, limit)
+  local found = 0
+  local first = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. order_ms, 'LIMIT', 0, limit + 16)
+  for _, waiter in ipairs(first) do
+    if waiter ~= ticket then
+      if alive(waiter) then
+        found = found + 1
+        if found >= limit then
+          break
+        end
+      else
+        redis.call('ZREM', queue, waiter)
+      end
+    end
+  end
+  return found
+end
+
+local function anyone_waiting(queue)
+  for _, waiter in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
+    if alive(waiter) then
+      return true
+    end
+    redis.call('ZREM', queue, waiter)
+  end
+  return false
+end
+
+-- When the `needed`-th slot of `sent` frees (1: the next one): when that call, counted from the
+-- oldest, leaves the window, a period later for each full window of waiters ahead; or soon,
+-- when it is still in flight (its answer could come any moment) or nothing is recorded.
+local function frees_in(sent, per_ms, needed)
+  local recorded = redis.call('ZCARD', sent)
+  if recorded == 0 then
+    return poll_ms
+  end
+  local rounds = math.floor((needed - 1) / recorded)
+  local nth = redis.call('ZRANGE', sent, (needed - 1) % recorded, (needed - 1) % recorded, 'WITHSCORES')
+  local at = tonumber(nth[2])
+  if at > now then
+    return poll_ms + rounds * per_ms
+  end
+  return math.max(at + per_ms - now + rounds * per_ms, 1)
+end
+
+local scopes = {}
+local wait, stopped_by, held = 0, '', false
+for i = 1, (#ARGV - 8) / 3 do
+  local scope = {
+    sent = KEYS[3 * i], queue = KEYS[3 * i + 1], hold = KEYS[3 * i + 2],
+    name = ARGV[8 + 3 * i - 2], count = tonumber(ARGV[8 + 3 * i - 1]),
+    per_ms = tonumber(ARGV[8 + 3 * i]), wait = 0,
+  }
+  local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
+  if hold_until > now then
+    scope.wait = hold_until - now
+  else
+    redis.call('ZREMRANGEBYSCORE', scope.sent, '-inf', now - scope.per_ms)
+    local free = scope.count - redis.call('ZCARD', scope.sent)
+    local needed = 1
+    if kind == 'reply' then
+      -- Replies ahead (some may be gone): each takes a slot first.
+      local queued = redis.call('ZCOUNT', scope.queue, '-inf', '(' .. order_ms)
+      needed = math.max(queued - free, 0) + 1
+      if free > 0 and queued > 0 then
+        free = free - ahead(scope.queue, free)
+      end
+    elseif anyone_waiting(scope.queue) then
+      free = 0
+    else
+      free = free - math.ceil(scope.count * keep_free_pct / 100)
+    end
+    if free <= 0 then
+      scope.wait = frees_in(scope.sent, scope.per_ms, needed)
+    end
+  end
+  if scope.wait > wait then
+    wait, stopped_by, held = scope.wait, scope.name, hold_until > now
+  end
+  scopes[i] = scope
+end
+
+if wait == 0 then
+  for _, scope in ipairs(scopes) do
+    redis.call('ZADD', scope.sent, now + in_flight_ms, grant)
+    redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms)
+    redis.call('ZREM', scope.queue, ticket)
+  end
+  redis.call('ZREM', tickets, ticket)
+  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false})
+end
+if kind ~= 'reply' then
+  return cjson.encode({status = 'shed', wait_ms = wait, scope = stopped_by, held = held})
+end
+-- In the queue of each scope that stops it, and out of the others: a reply kept back by its
+-- chat reserves nothing bot-wide meanwhile.
+for _, scope in ipairs(scopes) do
+  if scope.wait > 0 then
+    redis.call('ZADD', scope.queue, order_ms, ticket)
+    redis.call('PEXPIRE', scope.queue, ticket_ttl_ms)
+  else
+    redis.call('ZREM', scope.queue, ticket)
+  end
+end
+redis.call('ZADD', tickets, now + ticket_ttl_ms, ticket)
+redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+-- Asked again well before its ticket would count as gone, however long the wait.
+wait = math.min(wait, math.floor(ticket_ttl_ms / 2))
+return cjson.encode({status = 'wait', wait_ms = wait, scope = stopped_by, held = held})

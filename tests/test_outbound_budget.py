@@ -1,0 +1,267 @@
+"""One outbound budget for the fleet, end to end: three `lastword run` replicas in webhook mode
+against the fake Bot API enforcing Telegram's limits (at most N calls in any sliding second,
+bot-wide and per chat; a call past them is refused with a 429 and counted as a violation).
+
+Each replica paces its calls by the budget they share in Redis (bot/pacing.py): a stampede of
+replies goes out at the bot-wide rate without one violation, previews are shed before a reply
+waits, a 429 that one replica hears holds the others, and a Redis outage lets nothing through
+blind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bot.embedded import EmbeddedRedis
+from tests.conftest import eventually
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.limits import Violation
+from tests.fakes.loopback import free_port
+from tests.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
+from tests.test_console import clean_env
+from tests.test_discord import discord_bots
+from tests.test_operations import lastword
+from tests.test_telegram import Webhook, bot_env, webhook_bot
+
+pytestmark = pytest.mark.timeout(180)
+
+# The calls that count against Telegram's bot-wide limit.
+SENDING = ("sendMessage", "sendMessageDraft", "sendChatAction")
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    server: EmbeddedRedis, fake: FakeTelegram, short_dir: Path, **extra: str
+) -> AsyncIterator[list[tuple[Webhook, int]]]:
+    """Three replicas, each with its webhook and its metrics port."""
+    async with contextlib.AsyncExitStack() as stack:
+        replicas = []
+        for n in range(3):
+            port = free_port()
+            env = {"LASTWORD_METRICS_LISTEN": f"127.0.0.1:{port}", **extra}
+            hook = await stack.enter_async_context(
+                webhook_bot(server, fake, short_dir / str(n), **env)
+            )
+            replicas.append((hook, port))
+        yield replicas
+
+
+async def shed(ports: list[int], call: str) -> int:
+    """Previews of `call` the replicas shed, from their /metrics."""
+    total = 0
+    async with aiohttp.ClientSession() as session:
+        for port in ports:
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+            found = re.search(rf'^lastword_outbound_shed_total{{call="{call}"}} (\S+)$', text, re.M)
+            total += int(float(found.group(1))) if found else 0
+    return total
+
+
+def replies(fake: FakeTelegram) -> dict[int | str | None, list[str | None]]:
+    by_chat: dict[int | str | None, list[str | None]] = {}
+    for message in fake.sent_messages:
+        by_chat.setdefault(message.chat_id, []).append(message.text)
+    return by_chat
+
+
+def described(violations: list[Violation]) -> str:
+    return ", ".join(f"{v.limit}:{v.key} {v.method}" for v in violations[:10])
+
+
+async def test_a_stampede_goes_out_at_the_bot_wide_rate_with_previews_shed_first(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    users = 150
+    async with (
+        FakeTelegram(limits=telegram_limits()) as fake,
+        fleet(
+            server,
+            fake,
+            short_dir,
+            LASTWORD_TELEGRAM__DRAFT_INTERVAL_MS="200",
+            LASTWORD_LLM__ECHO_WORD_MS="100",
+        ) as replicas,
+    ):
+        hooks = [hook for hook, _ in replicas]
+        updates = [
+            fake.private_text_update(chat, chat, f"what is the news for user {chat} today")
+            for chat in range(7000, 7000 + users)
+        ]
+        # Everyone at once, spread over the replicas as a load balancer would.
+        statuses = await asyncio.gather(
+            *(hooks[n % 3].post(update) for n, update in enumerate(updates))
+        )
+        assert statuses == [200] * users
+        await fake.wait_for_sent(users, timeout=120)
+
+        by_chat = replies(fake)
+        assert len(fake.sent_messages) == users  # none lost, none twice
+        for chat in range(7000, 7000 + users):
+            assert by_chat[chat] == [f"You said: what is the news for user {chat} today"]
+        assert fake.limits is not None
+        assert fake.limits.violations == [], described(fake.limits.violations)
+        # The bot-wide budget was the bottleneck: replies took at least the floor it allows,
+        # and the previews made room for them.
+        sent = [c.at for c in fake.calls_to("sendMessage") if c.ok]
+        assert max(sent) - min(sent) >= (users - 30) / 30
+        ports = [port for _, port in replicas]
+        assert await shed(ports, "typing") > 0
+        assert await shed(ports, "draft") > 0
+
+
+async def test_a_429_heard_by_one_replica_holds_every_replica(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    users, hold_s = 12, 3
+    async with (
+        FakeTelegram(limits=telegram_limits()) as fake,
+        fleet(server, fake, short_dir, LASTWORD_TELEGRAM__DRAFTS="false") as replicas,
+    ):
+        hooks = [hook for hook, _ in replicas]
+        fake.fail_next("sendMessage", fake.too_many_requests(hold_s))
+        # Users a quarter of a second apart, on every replica: their replies come due while
+        # the first one's 429 holds the bot.
+        for n, chat in enumerate(range(8000, 8000 + users)):
+            update = fake.private_text_update(chat, chat, f"hi {chat}")
+            assert await hooks[n % 3].post(update) == 200
+            await asyncio.sleep(0.25)
+        await fake.wait_for_sent(users, timeout=60)
+
+        [refused] = [c for c in fake.calls_to("sendMessage") if c.status == 429]
+        # Calls already allowed when the 429 came may land just after it; none after that
+        # until the hold ends, though replies came due on every replica meanwhile.
+        grace_s = 0.5
+        during: list[RecordedCall] = [
+            c
+            for method in SENDING
+            for c in fake.calls_to(method)
+            if refused.at + grace_s < c.at < refused.at + hold_s
+        ]
+        assert during == [], [(c.method, c.chat_id, round(c.at - refused.at, 2)) for c in during]
+        due_meanwhile = [
+            c for c in fake.calls_to("sendMessage") if c.ok and c.at >= refused.at + hold_s
+        ]
+        assert len(due_meanwhile) >= 4
+        by_chat = replies(fake)
+        assert {chat: len(texts) for chat, texts in by_chat.items()} == {
+            chat: 1 for chat in range(8000, 8000 + users)
+        }
+
+
+async def test_a_redis_outage_lets_nothing_past_the_limit_when_it_returns(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    users = 90
+    async with (
+        FakeTelegram(limits=telegram_limits(per_second=10)) as fake,
+        fleet(
+            server,
+            fake,
+            short_dir,
+            LASTWORD_TELEGRAM__DRAFTS="false",
+            LASTWORD_TELEGRAM__MESSAGES_PER_SECOND="10",
+        ) as replicas,
+    ):
+        hooks = [hook for hook, _ in replicas]
+        updates = [fake.private_text_update(c, c, f"hello {c}") for c in range(9000, 9000 + users)]
+        statuses = await asyncio.gather(
+            *(hooks[n % 3].post(update) for n, update in enumerate(updates))
+        )
+        assert statuses == [200] * users
+        await fake.wait_for_sent(10, timeout=60)
+        # Redis goes away in the middle of the backlog, and comes back.
+        await asyncio.to_thread(server.stop)
+        down_at = time.monotonic()
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(server.start)
+        await fake.wait_for_sent(users, timeout=120)
+
+        assert fake.limits is not None
+        assert fake.limits.violations == [], described(fake.limits.violations)
+        by_chat = replies(fake)
+        assert len(fake.sent_messages) == users
+        assert all(len(by_chat[c]) == 1 for c in range(9000, 9000 + users))
+        # Nothing went out blind while the store was down (beyond calls already allowed).
+        blind = [c for c in fake.calls_to("sendMessage") if down_at + 0.5 < c.at < down_at + 2.0]
+        assert blind == []
+
+
+async def test_replies_into_one_group_from_every_replica_keep_to_the_group_rate(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    group, per_minute, each = -1001234567890, 6, 4
+    async with FakeTelegram(limits=telegram_limits(group_per_minute=per_minute)) as fake:
+        env = bot_env(
+            server,
+            fake,
+            short_dir,
+            LASTWORD_TELEGRAM__GROUP_MESSAGES_PER_MINUTE=str(per_minute),
+        )
+        workers = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.pacer_worker",
+                f"telegram:{group}",
+                str(each),
+                env=env | {"LASTWORD_REPLICA_ID": f"r{n}"},
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for n in range(3)
+        ]
+        try:
+            # Three replicas, twelve messages for one group at once: the group's minute
+            # takes six, one a second in the chat; the rest wait for the minute to pass.
+            await fake.wait_for_sent(per_minute, timeout=60)
+            first = min(c.at for c in fake.sent_messages)
+            with contextlib.suppress(TimeoutError):
+                await fake.wait_for_sent(
+                    per_minute + 1, timeout=max(0.0, first + 8 - time.monotonic())
+                )
+            assert len(fake.sent_messages) == per_minute
+            assert fake.limits is not None
+            assert fake.limits.violations == [], described(fake.limits.violations)
+            gaps = [b.at - a.at for a, b in itertools.pairwise(fake.sent_messages)]
+            assert min(gaps) >= 0.9  # and one a second in the chat
+        finally:
+            for worker in workers:
+                worker.kill()
+                await worker.wait()
+
+
+async def test_a_discord_429_past_what_discord_py_waits_holds_the_bot_and_shows_in_status(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    user = 31337
+    async with FakeDiscord() as fake:
+        channel = fake.dm_channel(user)
+        async with discord_bots(2, server, fake, short_dir):
+            fake.fail_next_post(channel, FakeDiscord.rate_limited(40, global_=True))
+            await fake.user_sends(user, "hi")
+            await fake.wait_for(lambda: any(p.status == 429 for p in fake.posts), timeout=30)
+            env = clean_env(short_dir / "status", LASTWORD_REDIS_URL=server.url)
+
+            async def held() -> list[dict[str, object]]:
+                result = await asyncio.to_thread(lastword, "status", "--json", env=env)
+                assert result.returncode == 0, result.stderr
+                found: list[dict[str, object]] = json.loads(result.stdout)["held"]
+                return found
+
+            [hold] = await eventually(held, within_s=10, what="the 429's hold in status")
+            assert (hold["platform"], hold["scope"]) == ("discord", "bot")
+            assert 30_000 < int(str(hold["ends_in_ms"])) <= 40_000
+            # The reply waits for the hold to end, on every replica: not tried again blind.
+            await asyncio.sleep(3)
+            assert [p.status for p in fake.posts] == [429]
