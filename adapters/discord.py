@@ -500,11 +500,11 @@ class DiscordAdapter:
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         """Discord's limits: every request counts bot-wide; a message also in its channel."""
-        every = Scope(BOT_SCOPE, "bot", self.settings.requests_per_second, 1.0)
+        every = Scope(BOT_SCOPE, self.settings.requests_per_second, 1.0)
         if call != "message":
             return (every,)
         channel = f"channel:{_channel_id(conversation)}"
-        return (every, Scope(channel, "channel", self.settings.channel_messages_per_5s, 5.0))
+        return (every, Scope(channel, self.settings.channel_messages_per_5s, 5.0))
 
     def _rest_client(self) -> discord.Client:
         """The client for Discord's REST API (sends, typing, the login's token check), which

@@ -578,14 +578,14 @@ class TelegramAdapter:
         a group (a negative chat id) in the group's minute too. Drafts and typing are not
         messages: they count bot-wide only."""
         s = self.settings
-        every = Scope(BOT_SCOPE, "bot", s.messages_per_second, 1.0)
+        every = Scope(BOT_SCOPE, s.messages_per_second, 1.0)
         if call != "message":
             return (every,)
         chat_id = _chat_id(conversation)
-        chat = Scope(f"chat:{chat_id}", "chat", s.chat_messages_per_second, 1.0)
+        chat = Scope(f"chat:{chat_id}", s.chat_messages_per_second, 1.0)
         if chat_id >= 0:
             return (every, chat)
-        return (every, chat, Scope(f"group:{chat_id}", "group", s.group_messages_per_minute, 60.0))
+        return (every, chat, Scope(f"group:{chat_id}", s.group_messages_per_minute, 60.0))
 
     async def typing(self, conversation: str) -> None:
         try:

@@ -169,7 +169,7 @@ async def cost(calls: int) -> list[list[str]]:
             make_client(server.url),
         )
         keys = BudgetKeys("bench")
-        scopes = (Scope(BOT_SCOPE, "bot", 1_000_000, 1.0), Scope("chat:1", "chat", 1_000_000, 1.0))
+        scopes = (Scope(BOT_SCOPE, 1_000_000, 1.0), Scope("chat:1", 1_000_000, 1.0))
         took: list[int] = []
         stamped: list[int] = []
         for n in range(calls):

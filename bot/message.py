@@ -211,13 +211,18 @@ Call = Literal["message", "draft", "typing"]
 @dataclass(frozen=True)
 class Scope:
     """One rate limit a platform call falls under: at most `count` calls in any sliding
-    `per_s` seconds. `name` is the subject, unique on the platform ("bot", "chat:42");
-    `kind` is the limit's name ("bot", "chat", "group"), as metrics and logs group them."""
+    `per_s` seconds. `name` is its subject, unique on the platform: the limit's own name
+    ("bot"), or the limit's name and what it limits ("chat:42", "group:-100123"); metrics and
+    logs group scopes by what comes before the colon (`kind_of`)."""
 
     name: str
-    kind: str
     count: int
     per_s: float
+
+
+def kind_of(scope: str) -> str:
+    """The limit a scope's name belongs to: "chat" for "chat:42", "bot" for "bot"."""
+    return scope.partition(":")[0]
 
 
 @runtime_checkable

@@ -42,6 +42,7 @@ from bot.message import (
     Scope,
     Throttled,
     Unavailable,
+    kind_of,
 )
 from bot.store import BudgetKeys, Store, Taken
 from bot.store.budget import IN_FLIGHT_MS
@@ -99,16 +100,12 @@ class Paced:
         self.typing_interval_s = inner.typing_interval_s
         drafts = drafts_of(inner)
         self.draft_interval_s: float | None = drafts.draft_interval_s if drafts else None
-        self._scope_kind: dict[str, str] = {}
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         if not self.paced:
             return ()
         assert isinstance(self.inner, Limited)
-        found = self.inner.scopes(conversation, call)
-        for scope in found:
-            self._scope_kind.setdefault(scope.name, scope.kind)
-        return found
+        return self.inner.scopes(conversation, call)
 
     # Messages
 
@@ -131,7 +128,7 @@ class Paced:
                 for kind in waited_on:
                     self.stats.wait_s[kind] += time.monotonic() - began
                 return Slot(grant, scopes)
-            kind = self._kind(taken)
+            kind = kind_of(taken.scope)
             if kind not in waited_on:
                 waited_on.add(kind)
                 self.stats.waits[kind] += 1
@@ -198,7 +195,7 @@ class Paced:
     async def throttled(self, scope: str, retry_after_s: float) -> None:
         """The platform answered 429 for `scope`: held for every replica until it has
         passed. Best effort: with the store down nothing is sent anyway."""
-        kind = self._scope_kind.get(scope, scope.partition(":")[0])
+        kind = kind_of(scope)
         self.stats.throttled[kind] += 1
         self.stats.held_s[kind] += retry_after_s
         log.warning("the platform throttled %s for %.1fs", scope, retry_after_s)
@@ -247,6 +244,3 @@ class Paced:
         except Unavailable as exc:
             # The call stays counted in flight a while longer: slower, never faster.
             log.info("could not record a call's answer in the budget (%s)", exc)
-
-    def _kind(self, taken: Taken) -> str:
-        return self._scope_kind.get(taken.scope, taken.scope.partition(":")[0])

@@ -18,8 +18,8 @@ from bot.store import BudgetKeys, Store, Taken
 pytestmark = pytest.mark.timeout(30)
 
 KEYS = BudgetKeys("test")
-BOT = Scope("bot", "bot", 3, 1.0)
-CHAT = Scope("chat:7", "chat", 1, 1.0)
+BOT = Scope("bot", 3, 1.0)
+CHAT = Scope("chat:7", 1, 1.0)
 
 
 async def take(
@@ -75,7 +75,7 @@ async def test_replies_go_in_the_order_their_windows_closed(store: Store) -> Non
 
 
 async def test_an_earlier_reply_keeps_its_place_when_one_slot_frees(store: Store) -> None:
-    single = Scope("bot", "bot", 1, 0.5)
+    single = Scope("bot", 1, 0.5)
     assert (await take(store, single, n=0)).status == "granted"
     await store.done(KEYS, (single,), "g0", used=True)
     assert (await take(store, single, order=1000, n=10)).status == "wait"
@@ -87,7 +87,7 @@ async def test_an_earlier_reply_keeps_its_place_when_one_slot_frees(store: Store
 
 
 async def test_a_waiter_that_stops_asking_loses_its_place(store: Store) -> None:
-    single = Scope("bot", "bot", 1, 0.2)
+    single = Scope("bot", 1, 0.2)
     assert (await take(store, single, order=1000, n=10)).status == "granted"
     await store.done(KEYS, (single,), "g10", used=True)
     assert (await take(store, single, order=1000, n=11)).status == "wait"
@@ -99,7 +99,7 @@ async def test_a_waiter_that_stops_asking_loses_its_place(store: Store) -> None:
 
 
 async def test_previews_are_shed_before_a_reply_would_wait(store: Store) -> None:
-    wide = Scope("bot", "bot", 6, 1.0)
+    wide = Scope("bot", 6, 1.0)
     # Typing may use half the scope, drafts two thirds; replies all of it.
     assert [(await take(store, wide, call="typing", n=n)).status for n in range(4)] == [
         "granted",
@@ -115,8 +115,8 @@ async def test_previews_are_shed_before_a_reply_would_wait(store: Store) -> None
 
 
 async def test_no_preview_while_a_reply_waits(store: Store) -> None:
-    wide = Scope("bot", "bot", 4, 1.0)
-    chat = Scope("chat:1", "chat", 1, 1.0)
+    wide = Scope("bot", 4, 1.0)
+    chat = Scope("chat:1", 1, 1.0)
     assert (await take(store, wide, chat, n=1)).status == "granted"
     # A second part to the same chat waits for the chat, and so queues there only: the bot
     # scope has room, and previews elsewhere still go.
@@ -155,7 +155,7 @@ async def test_the_keys_expire_on_their_own(store: Store, redis: Redis) -> None:
 
 
 async def test_a_reply_deep_in_the_queue_is_told_when_its_turn_comes(store: Store) -> None:
-    pair = Scope("bot", "bot", 2, 1.0)
+    pair = Scope("bot", 2, 1.0)
     for n in range(2):
         assert (await take(store, pair, n=n)).status == "granted"
         await store.done(KEYS, (pair,), f"g{n}", used=True)

@@ -26,8 +26,9 @@ from bot import doctor
 from bot.app import make_store
 from bot.cli import show_status
 from bot.connect import mode_of, open_client
+from bot.message import Scope
 from bot.status import collect
-from bot.store import Keys, StoreUnavailable, lease_token, reaching_redis
+from bot.store import BudgetKeys, Keys, StoreUnavailable, lease_token, reaching_redis
 from tests.builders import message
 from tests.clusters import (
     Cluster,
@@ -41,6 +42,8 @@ from tests.conftest import SettingsFactory, eventually, settled
 __all__ = ["cluster"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(40)
+
+BOT = Scope("bot", 2, 1.0)
 
 
 def holders(cluster: Cluster, conversations: list[str]) -> dict[int, set[str]]:
@@ -108,6 +111,17 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
         for conversation in conversations:
             denied = message(n=2, conversation=conversation, user="u9")
             assert (await feeder.ingest(denied)).refused
+        # The outbound budget: a platform's scopes share one slot, asked and held as one.
+        budget, scopes = BudgetKeys(base.platform), (BOT, Scope("chat:1", 1, 1.0))
+        first = await feeder.take(
+            budget, scopes, call="message", ticket="t1", order_ms=0, grant="1"
+        )
+        await feeder.done(budget, scopes, "1", used=True)
+        second = await feeder.take(
+            budget, scopes, call="message", ticket="t2", order_ms=0, grant="2"
+        )
+        assert (first.status, second.status, second.scope) == ("granted", "wait", "chat:1")
+        await feeder.hold(budget, "bot", 60_000)
 
         async with (
             runtime_on(base.model_copy(update={"replica_id": "r1"})) as (one, out_one),
@@ -148,6 +162,7 @@ async def test_roles_heartbeats_usage_sweep_status_and_doctor(
         assert status.tokens_today.prompt >= 300 and status.tokens_today.completion >= 30
         assert {s.conversation for s in status.tokens_today.top} >= set(conversations)
         assert [(r.user, r.access) for r in status.access] == [("u9", "deny")]
+        assert [(h.platform, h.scope) for h in status.held] == [(base.platform, "bot")]
     finally:
         await feeder.close()
 

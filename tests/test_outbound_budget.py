@@ -26,7 +26,7 @@ import pytest
 
 from bot.embedded import EmbeddedRedis
 from tests.conftest import eventually
-from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.discord_server import FakeDiscord, discord_limits
 from tests.fakes.limits import Violation
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update, telegram_limits
@@ -34,7 +34,7 @@ from tests.running import START_S, Running
 from tests.test_console import clean_env
 from tests.test_discord import discord_bots
 from tests.test_operations import lastword
-from tests.test_telegram import SECRET, bot_env
+from tests.test_telegram import SECRET, bot_env, webhook_bot
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -110,7 +110,7 @@ def described(violations: list[Violation]) -> str:
 async def test_a_stampede_goes_out_at_the_bot_wide_rate_with_previews_shed_first(
     server: EmbeddedRedis, short_dir: Path
 ) -> None:
-    users = 150
+    users = 200
     async with (
         FakeTelegram(limits=telegram_limits()) as fake,
         fleet(
@@ -268,7 +268,7 @@ async def test_a_discord_429_past_what_discord_py_waits_holds_the_bot_and_shows_
     server: EmbeddedRedis, short_dir: Path
 ) -> None:
     user = 31337
-    async with FakeDiscord() as fake:
+    async with FakeDiscord(limits=discord_limits()) as fake:
         channel = fake.dm_channel(user)
         async with discord_bots(1, server, fake, short_dir):
             fake.fail_next_post(channel, FakeDiscord.rate_limited(40, global_=True))
@@ -288,3 +288,26 @@ async def test_a_discord_429_past_what_discord_py_waits_holds_the_bot_and_shows_
             # The reply waits for the hold to end: not tried again blind.
             await asyncio.sleep(2)
             assert [p.status for p in fake.posts] == [429]
+            assert fake.limits is not None and fake.limits.violations == []
+
+
+async def test_a_reply_waiting_its_turn_is_still_checked_against_newer_messages(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    hold_s = 4
+    async with (
+        FakeTelegram(limits=telegram_limits()) as fake,
+        webhook_bot(server, fake, short_dir, LASTWORD_TELEGRAM__DRAFTS="false") as bot,
+    ):
+        fake.fail_next("sendMessage", fake.too_many_requests(hold_s))
+        assert await bot.post(fake.private_text_update(1, 1, "ping")) == 200
+        await fake.wait_for_calls("sendMessage", 1, timeout=30)
+        # The bot is held: a second user's reply waits its turn, and they write again meanwhile.
+        assert await bot.post(fake.private_text_update(2, 2, "one")) == 200
+        await asyncio.sleep(1.2)
+        assert await bot.post(fake.private_text_update(2, 2, "two")) == 200
+        await fake.wait_for_sent(2, timeout=30)
+        with contextlib.suppress(TimeoutError):
+            await fake.wait_for_sent(3, timeout=2)
+        # One reply covering both, not a stale one to "one" that waited past "two".
+        assert replies(fake) == {1: ["You said: ping"], 2: ["You said: one / two"]}
