@@ -26,7 +26,7 @@ from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.running import Running
+from tests.running import START_S, Running
 from tests.test_console import Bot, clean_env, data_dir, notify_socket, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
@@ -252,7 +252,7 @@ async def test_a_webhook_answers_503_while_the_replica_drains(
                 return False
             return True
 
-        await eventually(listening, within_s=15)
+        await replica.until(eventually(listening, within_s=START_S), "the webhook to listen")
         first = telegram.private_text_update(CHAT, CHAT, "before the stop")
         assert await post_update(url, first, secret) == 200
         await provider.wait_for_request(timeout=10)

@@ -20,7 +20,7 @@ from bot.store import Keys
 from tests.conftest import eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update
-from tests.running import Running, run_env
+from tests.running import START_S, Running, run_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,7 +68,7 @@ async def webhook_bot(
     )
     try:
         # Ready once it has registered its webhook with the (fake) Bot API.
-        await fake.wait_for_calls("setWebhook", registered + 1, timeout=15)
+        await fake.wait_for_calls("setWebhook", registered + 1, timeout=START_S)
         yield Webhook(process, f"http://127.0.0.1:{port}/telegram")
     finally:
         if process.returncode is None:

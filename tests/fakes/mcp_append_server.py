@@ -164,9 +164,12 @@ def _authorised(app: ASGIApp, token: str) -> ASGIApp:
 
 
 def _serve_http() -> None:
-    # Bound here, not by uvicorn, so the port is known before anyone connects.
+    # Bound and listening here, not by uvicorn, so the port is known before anyone connects,
+    # and a client that connects before uvicorn runs (a loaded machine) waits in the backlog
+    # rather than being refused.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     app = _authorised(server.streamable_http_app(), os.environ["LW_TOKEN"])
     config = uvicorn.Config(app, log_level="warning")
