@@ -67,6 +67,8 @@ async def fleet(
                 LASTWORD_TELEGRAM__WEBHOOK_SECRET=SECRET,
                 LASTWORD_TELEGRAM__WEBHOOK_URL="https://bot.example/telegram",
                 LASTWORD_METRICS_LISTEN=f"127.0.0.1:{metrics}",
+                # The platform's own, as the fake enforces them.
+                LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND="1",
                 **extra,
             )
             bots.append(await Running.start(env))
@@ -233,6 +235,7 @@ async def test_replies_into_one_group_from_every_replica_keep_to_the_group_rate(
             fake,
             short_dir,
             LASTWORD_TELEGRAM__GROUP_MESSAGES_PER_MINUTE=str(per_minute),
+            LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND="1",
         )
         workers = [
             await asyncio.create_subprocess_exec(
@@ -299,7 +302,13 @@ async def test_a_reply_waiting_its_turn_is_still_checked_against_newer_messages(
     hold_s = 4
     async with (
         FakeTelegram(limits=telegram_limits()) as fake,
-        webhook_bot(server, fake, short_dir, LASTWORD_TELEGRAM__DRAFTS="false") as bot,
+        webhook_bot(
+            server,
+            fake,
+            short_dir,
+            LASTWORD_TELEGRAM__DRAFTS="false",
+            LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND="1",
+        ) as bot,
     ):
         fake.fail_next("sendMessage", fake.too_many_requests(hold_s))
         assert await bot.post(fake.private_text_update(1, 1, "ping")) == 200
