@@ -85,8 +85,8 @@ class Slot:
 
 class Paced:
     """The adapter's `Outbound` (with its drafts, if any), every call paced by the budget.
-    `shared`: one budget for every replica of the platform's bot (False: this replica's own,
-    as if it were alone: for comparison, and for a bot run as one process)."""
+    `mode` is LASTWORD_OUTBOUND__BUDGET: shared (one budget for every replica of the platform's
+    bot), replica (this replica's own, as if it were alone) or off (none: 429s waited out)."""
 
     def __init__(
         self, inner: Outbound, store: Store, platform: str, replica: str, *, mode: str
@@ -184,7 +184,9 @@ class Paced:
         assert drafts is not None
         slot, shed = await self._preview(conversation, "draft")
         if shed is not None:
-            raise Throttled(shed.wait_ms / 1000, shed.scope)
+            # Not tried again sooner than the next draft would be (a store that refuses at
+            # once must not make the drafter spin).
+            raise Throttled(max(shed.wait_ms / 1000, self.draft_interval_s or 0.0), shed.scope)
         await self._previewed(slot, drafts.draft(conversation, draft_id, text))
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
