@@ -207,14 +207,16 @@ async def test_sigterm_during_generation_answers_exactly_once(
 
         await settled(redis, f"telegram:{CHAT}", version=1, within_s=10)
         assert [m.text for m in telegram.sent_messages] == ["Answer: hello"]
-        # The poller role moved to "b" (it was free from the start of the stop); b's log is
-        # read as it comes, so its line may land a moment after the reply.
+        # The poller role moved to "b" (it was free from the start of the stop), once b has
+        # started: started just before the stop, on a loaded machine it may still be starting
+        # when "a" has answered and gone.
         polls = second
 
         async def b_polls() -> bool:
             return polls.said("this replica polls Telegram") > 0
 
-        await eventually(b_polls, 5.0, what="b to take the poller role")
+        took_role = eventually(b_polls, START_S, what="b to take the poller role")
+        await second.until(took_role, "b to take the poller role")
     finally:
         await first.stop()
         if second is not None:
