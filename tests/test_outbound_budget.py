@@ -265,7 +265,9 @@ async def test_replies_into_one_group_from_every_replica_keep_to_the_group_rate(
             assert min(gaps) >= 0.9  # and one a second in the chat
         finally:
             for worker in workers:
-                worker.kill()
+                # One that sent all its messages within the minute has exited already.
+                with contextlib.suppress(ProcessLookupError):
+                    worker.kill()
                 await worker.wait()
 
 
