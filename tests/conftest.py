@@ -48,6 +48,7 @@ SLOW_MODULES = frozenset(
         "tests.test_install_walkthrough",
         "tests.test_speculation_e2e",
         "tests.test_secrets_walk",
+        "tests.test_outbound_budget",
     }
 )
 
