@@ -53,33 +53,12 @@ SLOW_MODULES = frozenset(
 )
 
 
-# The longest tests (each 20 s to 90 s), which go first: the workers' last minutes are then
-# spent on short tests rather than on one worker finishing a long one alone (the suite must
-# fit CI's 10 minutes).
-LONGEST_MODULES = frozenset(
-    {
-        "tests.test_benchmarks_tools",
-        "tests.test_model",
-        "tests.test_outbound_budget",
-        "tests.test_lint",
-        "tests.test_secrets_walk",
-        "tests.test_refused_credentials",
-        "tests.test_starvation",
-        "tests.test_benchmarks_latency",
-        "tests.test_telegram_failures",
-        "tests.test_failure_paths",
-    }
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the slow tests `slow` in one place, so the line between the parts stays visible,
-    and run the longest first."""
+    """Mark the slow tests `slow` in one place, so the line between the parts stays visible."""
     for item in items:
         module = _module(item)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: _module(item) not in LONGEST_MODULES)
 
 
 def _module(item: pytest.Item) -> str:
