@@ -73,10 +73,7 @@ class Budget(Calls):
             for scope in scopes
             for value in (scope.name, scope.count, max(1, round(scope.per_s * 1000)))
         ]
-        async with self._reaching():
-            raw = await self._scripts[script.name](
-                keys=script.ordered_keys(named, scope_keys), args=script.ordered_args(args, rest)
-            )
+        raw = await self._run(script, named, args, rest, scope_keys)
         reply = decoded(raw)
         return Taken(
             reply["status"], int(reply["wait_ms"]), str(reply["scope"]), bool(reply["held"])
@@ -89,17 +86,13 @@ class Budget(Calls):
         scope's window; or never made, its slots given back."""
         script = scripts.BUDGET_DONE
         sent = [keys.scope(scope.name)[0] for scope in scopes]
-        args = script.ordered_args({"grant": grant, "used": int(used)})
-        async with self._reaching():
-            await self._scripts[script.name](keys=script.ordered_keys({}, sent), args=args)
+        await self._run(script, {}, {"grant": grant, "used": int(used)}, rest_keys=sent)
 
     async def hold(self, keys: BudgetKeys, scope: str, hold_ms: int) -> None:
         """No call under `scope` for `hold_ms`, on any replica (a 429's retry_after)."""
         script = scripts.BUDGET_HOLD
         named = {"hold": keys.scope(scope)[2], "holds": keys.holds}
-        args = script.ordered_args({"scope": scope, "hold_ms": max(1, hold_ms)})
-        async with self._reaching():
-            await self._scripts[script.name](keys=script.ordered_keys(named), args=args)
+        await self._run(script, named, {"scope": scope, "hold_ms": max(1, hold_ms)})
 
     async def held(self, keys: BudgetKeys) -> dict[str, int]:
         """The scopes held after a 429 right now, each with the ms its hold has left."""

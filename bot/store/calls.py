@@ -67,10 +67,12 @@ class Calls:
         keys: Mapping[str, str],
         args: Mapping[str, str | int],
         rest: Sequence[str | int] = (),
+        rest_keys: Sequence[str] = (),
     ) -> Any:
         """Run `script` with its keys and arguments by name (`Script.ordered_keys`), and
-        `rest` past the named arguments."""
-        ordered_keys, ordered_args = script.ordered_keys(keys), script.ordered_args(args, rest)
+        `rest` and `rest_keys` past the named arguments and keys."""
+        ordered_keys = script.ordered_keys(keys, rest_keys)
+        ordered_args = script.ordered_args(args, rest)
         async with self._reaching():
             return await self._scripts[script.name](keys=ordered_keys, args=ordered_args)
 
