@@ -65,21 +65,34 @@ def table(
     return rows
 
 
-def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
-    tools.main(TINY)
+def run(capsys: pytest.CaptureFixture[str], *rows: str) -> str:
+    """The benchmark's output at the tiny size, only `rows` run (each row on its own, so
+    that the suite's workers share them)."""
+    tools.main([*TINY, "--rows", *rows])
     out = capsys.readouterr().out
-
     assert "command: python -m benchmarks.tools --users 3" in out, out
-    storm = table(out, "row", ("storm", "kill"))
-    assert set(storm) == {"storm", "kill"}, out
-    calm = storm["storm"]
+    return out
+
+
+def test_the_storm_runs_each_call_once(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "storm")
+    calm = table(out, "row", ("storm",))["storm"]
     assert calm["exec / requested"] == "1.00" and calm["dup keys"] == "0", out
     assert calm["replies / user (by count)"] == "1.00 (1: 3)", out
     assert calm["all folded"] == "3 / 3" and calm["unsettled"] == "0", out
-    killed = storm["kill"]
+
+
+def test_the_storm_with_a_replica_killed_never_runs_a_call_twice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run(capsys, "kill")
+    killed = table(out, "row", ("kill",))["kill"]
     assert float(killed["exec / requested"]) <= 1.0 and killed["dup keys"] == "0", out
     assert killed["users exec > req"] == "0" and killed["unsettled"] == "0", out
 
+
+def test_every_tool_step_is_timed(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "steps")
     steps = table(out, "tool", ("read_only_echo", "append", "both"))
     # Two users each, two steps each, every one matched to its requests and its run.
     assert {name: row["steps"] for name, row in steps.items()} == {
@@ -89,6 +102,9 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
     }, out
     assert "! steps" not in out, out
 
+
+def test_a_call_vetoed_while_held_never_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "veto")
     # Every user's call was held, and vetoed while held: none ran, each model was told.
     veto = table(out, "row", ("veto",), after="a veto written inside the window")["veto"]
     assert veto["requested calls"] == "3" and veto["vetoed while held"] == "3", out
@@ -98,6 +114,9 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
     assert veto["both answered"] == "3 / 3" and veto["unsettled"] == "0", out
     assert "! veto" not in out, out
 
+
+def test_retry_storms_run_each_booking_once(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "retry")
     # One run per booking (one user's burst began with /reset), one reply per message.
     retry = table(out, "row", ("retry",), after="/retry storms")["retry"]
     assert retry["requested calls"] == "2" and retry["runs / requested"] == "1.00", out
@@ -105,6 +124,11 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
     assert retry["replies / user (by count)"] == "3.00 (3: 2)", out
     assert "! retry" not in out, out
 
+
+def test_a_late_admin_server_runs_nothing_of_a_non_admin(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run(capsys, "admin")
     # The admin server came up mid-run and took the name; nothing of a non-admin ran there.
     admin = table(out, "row", ("late admin",), after="a late admin-only server")["late admin"]
     assert admin["runs on admin"] == "0", out
@@ -114,6 +138,9 @@ def test_tools_benchmark_runs_and_reports(capsys: pytest.CaptureFixture[str]) ->
     assert not admin["FLAG / admin up at s"].endswith("-"), out
     assert "! late admin" not in out, out
 
+
+def test_one_servers_flood_costs_the_others_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "flood")
     # One user's tool floods: the others are answered as before, the loop never stalls, and
     # the flooding user hears of it from a server that was stopped and started again.
     flood = table(out, "row", (QUIET, FLOOD), after="one server's huge answer")
