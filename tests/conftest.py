@@ -10,6 +10,7 @@ The server is the same one the bot embeds (`redis-server` on PATH, else valkeyli
 from __future__ import annotations
 
 import asyncio
+import compileall
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -51,6 +52,22 @@ SLOW_MODULES = frozenset(
         "tests.test_outbound_budget",
     }
 )
+
+
+# The project's own packages, compiled once before the workers start.
+COMPILED = ("bot", "adapters", "benchmarks", "tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the project's modules to bytecode once, in the controller. The suite starts
+    hundreds of `lastword` processes and fakes; where `PYTHONDONTWRITEBYTECODE` is set (as on
+    CI's machines), each would otherwise compile every module it imports again, about a tenth
+    of its start's CPU. The files go in the `__pycache__` folders Python reads them from."""
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).resolve().parent.parent
+    for package in COMPILED:
+        compileall.compile_dir(root / package, quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
