@@ -200,7 +200,8 @@ def _sentinel_client(target: SentinelTarget, bounds: dict[str, Any]) -> Redis:
         for name, value in target.options.items():
             if name.startswith("ssl_"):
                 sentinel_options[name] = value
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    # Untyped before redis 8.2, typed since: either way mypy must pass.
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call, unused-ignore]
     client: Redis = sentinel.master_for(
         target.master,
         connection_pool_class=BlockingSentinelPool,
