@@ -278,7 +278,9 @@ class WatchedOutbound:
         self.typing_interval_s = adapter.typing_interval_s
         self.failures: list[Exception] = []
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         try:
             await self.adapter.send(conversation, text, idempotency_key)
         except Exception as exc:

@@ -183,7 +183,9 @@ class ConsoleAdapter(NoFiles):
         # stdin cannot redeliver, so the line is held here until the store is back.
         await until_stored(lambda: sink.ingest(message), f"line {number}", first_s=0.1, cap_s=2.0)
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         if self._output_gone.is_set():
             # stdout now points at /dev/null: "sending" there would lose the reply.
             raise Unavailable("stdout is closed")

@@ -80,6 +80,7 @@ from bot.message import (
     Call,
     FetchFailed,
     InboundMessage,
+    Place,
     Scope,
     SendFailed,
     Unavailable,
@@ -136,6 +137,9 @@ RETRY_CAP_S = 5.0
 INTENTS = discord.Intents.none()
 INTENTS.dm_messages = True
 INTENTS.message_content = True
+# With groups on (LASTWORD_GROUPS__ALLOWED set), guilds' messages too, and the guilds
+# themselves, so a message's channel or thread is known.
+GROUP_INTENTS = discord.Intents(**(dict(INTENTS) | {"guilds": True, "guild_messages": True}))
 # discord.py waits this long for guilds to stream in before `on_ready`; a DM bot has none.
 GUILD_READY_TIMEOUT_S = 0.2
 # A 429 longer than this fails the send instead of holding the conversation's lease for it;
@@ -178,14 +182,15 @@ def nonce(idempotency_key: str) -> str:
 
 
 def normalize(message: discord.Message, me: int, *, edited: bool = False) -> InboundMessage | None:
-    """The platform-free message for a user's DM; None for the rest (guilds, bots, ourselves,
-    system messages), which are ignored."""
+    """The platform-free message for a user's DM or a message in a guild's text channel or
+    thread; None for the rest (bots in DMs, ourselves, system messages), which are ignored."""
     # A message from a guild the bot has no cache of has no `guild` either, only a partial
     # channel of unknown type: the channel type is what tells a DM.
-    if message.guild is not None or message.channel.type is not discord.ChannelType.private:
+    group = message.guild is not None
+    if not group and message.channel.type is not discord.ChannelType.private:
         return None
     author = message.author
-    if author.bot or author.id == me or message.type not in USER_MESSAGE_TYPES:
+    if (author.bot and not group) or author.id == me or message.type not in USER_MESSAGE_TYPES:
         return None
     message_id = str(message.id)
     text = message.content
@@ -197,17 +202,24 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
         message_id = f"{message.id}:edit:{int(message.edited_at.timestamp() * 1000)}"
         text = f"(edited) {text}"
     reference = message.reference
-    return InboundMessage(
-        platform=PLATFORM,
-        chat_id=str(message.channel.id),
-        user_id=str(author.id),
+    replied = reference.resolved if reference else None
+    # A thread is a channel of its own: its conversations and room are the thread's.
+    place = Place(PLATFORM, str(message.channel.id), str(author.id), group=group)
+    return InboundMessage.at(
+        place,
+        message_id,
+        # In a group, mentions read as "@name" rather than "<@123>".
+        message.clean_content if group else text,
         display_name=author.display_name,
-        message_id=message_id,
-        text=text,
         timestamp=message.created_at.timestamp(),
         reply_to_id=str(reference.message_id) if reference and reference.message_id else None,
         attachments=_attachments(message),
-        is_dm=True,
+        mentioned=group
+        and (
+            any(user.id == me for user in message.mentions)
+            or (isinstance(replied, discord.Message) and replied.author.id == me)
+        ),
+        from_bot=author.bot,
     )
 
 
@@ -302,7 +314,7 @@ def _kind(attachment: discord.Attachment) -> str:
 
 
 def _channel_id(conversation: str) -> int:
-    return int(conversation.split(":", 1)[1])
+    return int(Place.of(conversation).chat)
 
 
 def _point_at(settings: DiscordSettings) -> None:
@@ -333,8 +345,11 @@ class DiscordAdapter:
     # Discord shows "typing" for about 10 s after each call.
     typing_interval_s = 8.0
 
-    def __init__(self, settings: DiscordSettings) -> None:
+    def __init__(self, settings: DiscordSettings, *, groups: bool = False) -> None:
         self.settings = settings
+        # Whether to listen in guilds (LASTWORD_GROUPS__ALLOWED is set): a bot that answers
+        # DMs only is not sent every guild's messages.
+        self.groups = groups
         self._token = settings.token.get_secret_value()
         _point_at(settings)
         self.rest = self._rest_client()
@@ -441,7 +456,10 @@ class DiscordAdapter:
         # Between rounds whose gateway refused the token: the REST login may still pass.
         refusals = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
         while True:
-            gateway = await self._log_in(partial(_Gateway, sink, self.settings.catch_up_minutes))
+            intents = GROUP_INTENTS if self.groups else INTENTS
+            gateway = await self._log_in(
+                partial(_Gateway, sink, self.settings.catch_up_minutes, intents)
+            )
             self._gateway = gateway
             refused = False
             try:
@@ -471,17 +489,31 @@ class DiscordAdapter:
 
     # Sending
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         await self._logged_in.wait()
+        channel_id = _channel_id(conversation)
+        group = Place.of(conversation).group
         channel = self.rest.get_partial_messageable(
-            _channel_id(conversation), type=discord.ChannelType.private
+            channel_id, type=None if group else discord.ChannelType.private
         )
+        # In a group, a reply to the person's last message, which pings them alone; without
+        # the message (deleted meanwhile) it still goes, as a plain one.
+        replying: dict[str, Any] = {}
+        if reply_to is not None:
+            replying["reference"] = discord.MessageReference(
+                message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
+            )
+        mentions = discord.AllowedMentions.none()
+        mentions.replied_user = reply_to is not None
         try:
             # discord.py waits out a 429 itself; the core keeps the lease renewed meanwhile.
             await channel.send(
                 text,
                 nonce=nonce(idempotency_key),
-                allowed_mentions=discord.AllowedMentions.none(),
+                allowed_mentions=mentions,
+                **replying,
             )
             self.token.accepted()
         except discord.RateLimited as exc:
@@ -644,9 +676,9 @@ class _Gateway(discord.Client):
     stores them in that order, keeps the session for the next holder, and catches up after a
     gap."""
 
-    def __init__(self, sink: Sink, catch_up_minutes: int) -> None:
+    def __init__(self, sink: Sink, catch_up_minutes: int, intents: discord.Intents) -> None:
         super().__init__(
-            intents=INTENTS,
+            intents=intents,
             guild_ready_timeout=GUILD_READY_TIMEOUT_S,
             # Edits arrive raw; nothing here reads the message cache.
             max_messages=None,
@@ -949,7 +981,15 @@ class _Gateway(discord.Client):
     async def _read_gap(self, gap: int) -> bool:
         """Read the gap into the inbox; False if a newer gap began meanwhile."""
         assert self.user is not None
-        recent = await self.sink.recent(PLATFORM, self.catch_up_minutes * 60)
+        # DMs only: a guild channel's history is everyone's, and what was missed there is
+        # not each person's to answer after the fact.
+        recent = {
+            conversation: last
+            for conversation, last in (
+                await self.sink.recent(PLATFORM, self.catch_up_minutes * 60)
+            ).items()
+            if not Place.of(conversation).group
+        }
         if gap != self._gap:
             return False
         self._unread = set(recent)
@@ -1047,7 +1087,9 @@ async def _check(settings: Settings) -> Check:
 
 
 PLUGIN = Platform(
-    create=lambda settings: DiscordAdapter(settings.section(DiscordSettings)),
+    create=lambda settings: DiscordAdapter(
+        settings.section(DiscordSettings), groups=bool(settings.groups.allowed)
+    ),
     check=check,
     settings=DiscordSettings,
 )

@@ -50,7 +50,16 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from telegram import Bot, BotCommand, BotCommandScopeChat, Message, Update
+from telegram import (
+    Bot,
+    BotCommand,
+    BotCommandScopeChat,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+    User,
+)
 from telegram.constants import BotCommandLimit, ChatAction
 from telegram.error import (
     BadRequest,
@@ -78,6 +87,7 @@ from bot.message import (
     Call,
     FetchFailed,
     InboundMessage,
+    Place,
     Scope,
     SendFailed,
     Throttled,
@@ -150,6 +160,8 @@ PLATFORM = "telegram"
 STOP_PRESSED = "stopped_message_generation"
 # Telegram keeps sending only what the last setWebhook or getUpdates listed.
 ALLOWED_UPDATES = ["message", "edited_message", STOP_PRESSED]
+# The chats a group conversation lives in (forum topics are supergroups' threads).
+GROUP_CHATS = ("group", "supergroup")
 # Extra sendMessageDraft parameters python-telegram-bot 22.8 has no argument for: the stop
 # button (Bot API 10.3). Without keep_on_stop the draft goes when pressed; "Stopped." follows.
 DRAFT_OPTIONS = {"can_stop": True}
@@ -185,18 +197,24 @@ TOKEN_SETTING = "LASTWORD_TELEGRAM__TOKEN"
 TOKEN_FIX = f"copy the token from @BotFather into {TOKEN_SETTING}"
 
 
-def normalize(update: Update) -> InboundMessage | None:
-    """The platform-free message for a private text or media message, or for a press of a
-    draft's stop button; None for the rest (groups, channels, bots, service messages), which
-    are acknowledged and ignored."""
+def normalize(update: Update, me: User | None = None) -> InboundMessage | None:
+    """The platform-free message for a text or media message in a private chat or a group
+    (`me`, the bot, tells whether it is addressed to the bot there), or for a press of a
+    draft's stop button; None for the rest (channels, bots in private chats, service
+    messages), which are acknowledged and ignored."""
     stop = _stop_pressed(update)
     if stop is not None:
         return stop
     message = update.message or update.edited_message
-    if message is None or message.chat.type != "private":
+    if message is None:
         return None
     sender = message.from_user
-    if sender is None or sender.is_bot:
+    group = message.chat.type in GROUP_CHATS
+    if (
+        sender is None
+        or (sender.is_bot and not group)
+        or not (group or message.chat.type == "private")
+    ):
         return None
     edited = update.edited_message is not None
     message_id = str(message.message_id)
@@ -207,17 +225,43 @@ def normalize(update: Update) -> InboundMessage | None:
         # the same when Telegram delivers the update again, so dedupe still drops that.
         message_id = f"{message_id}:edit:{update.update_id}"
         text = f"(edited) {text}"
-    return InboundMessage(
-        platform=PLATFORM,
-        chat_id=str(message.chat.id),
-        user_id=str(sender.id),
+    # A forum topic is a room of its own; other thread ids are reply chains, not topics.
+    topic = str(message.message_thread_id) if group and message.is_topic_message else ""
+    place = Place(PLATFORM, str(message.chat.id), str(sender.id), topic, group=group)
+    return InboundMessage.at(
+        place,
+        message_id,
+        text,
         display_name=sender.full_name,
-        message_id=message_id,
-        text=text,
         timestamp=message.date.timestamp(),
         reply_to_id=_reply_to(message),
         attachments=_attachments(message),
-        is_dm=True,
+        mentioned=group and me is not None and _mentions(message, me),
+        from_bot=sender.is_bot,
+    )
+
+
+def _mentions(message: Message, me: User) -> bool:
+    """Whether a group message is addressed to the bot: it mentions the bot (`@name`, or a
+    mention of its account), is a command for it (`/help@name`), or replies to one of its
+    messages (not the topic's first message, which every message in a topic replies to)."""
+    name = f"@{me.username}".lower() if me.username else None
+    for entity, said in message.parse_entities().items():
+        if entity.type == MessageEntity.TEXT_MENTION and entity.user and entity.user.id == me.id:
+            return True
+        said = said.lower()
+        if name and (
+            said == name or (entity.type == MessageEntity.BOT_COMMAND and said.endswith(name))
+        ):
+            return True
+    if name and name in (s.lower() for s in message.parse_caption_entities().values()):
+        return True
+    replied = message.reply_to_message
+    return (
+        replied is not None
+        and replied.forum_topic_created is None
+        and replied.from_user is not None
+        and replied.from_user.id == me.id
     )
 
 
@@ -297,7 +341,13 @@ def _seconds(value: int | timedelta) -> float:
 
 
 def _chat_id(conversation: str) -> int:
-    return int(conversation.split(":", 1)[1])
+    return int(Place.of(conversation).chat)
+
+
+def _thread(conversation: str) -> dict[str, Any]:
+    """The forum topic a group conversation is in, as the Bot API's calls take it."""
+    topic = Place.of(conversation).topic
+    return {"message_thread_id": int(topic)} if topic else {}
 
 
 def _throttled_scope(chat_id: int) -> str:
@@ -462,7 +512,7 @@ class TelegramAdapter:
                 return web.json_response({"error": "body too large"}, status=413)
             except Exception:
                 return web.json_response({"error": "not a Telegram update"}, status=400)
-            message = normalize(update) if update is not None else None
+            message = normalize(update, self._me()) if update is not None else None
             if message is None:
                 return web.json_response({"ignored": True})
             try:
@@ -498,7 +548,7 @@ class TelegramAdapter:
                     offset=offset, timeout=POLL_TIMEOUT_S, allowed_updates=ALLOWED_UPDATES
                 )
                 for update in updates:
-                    message = normalize(update)
+                    message = normalize(update, self._me())
                     if message is not None:
                         await until_stored(partial(sink.ingest, message), describe(message))
             except RetryAfter as exc:
@@ -531,22 +581,37 @@ class TelegramAdapter:
             self._connected = failures < POLL_FAILURES_UNHEALTHY and not self.token.reason
             await asyncio.sleep(delay)
 
+    def _me(self) -> User | None:
+        """The bot's own account, once getMe has answered."""
+        try:
+            return self.bot.bot
+        except RuntimeError:
+            return None
+
     # Sending
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         chat_id = _chat_id(conversation)
+        where = _thread(conversation)
+        if reply_to is not None:
+            # Without the message (deleted meanwhile) the reply still goes, as a plain one.
+            where["reply_parameters"] = ReplyParameters(
+                int(reply_to), allow_sending_without_reply=True
+            )
         try:
             body, parse_mode = render_part(text)
         except ValueError:
             # Too long in UTF-16 units even as plain text: send it in two halves.
             half = len(text) // 2
-            await self.send(conversation, text[:half], idempotency_key + "a")
+            await self.send(conversation, text[:half], idempotency_key + "a", reply_to)
             await self.send(conversation, text[half:], idempotency_key + "b")
             return
         backoff = Backoff(SEND_RETRY_FIRST_S, SEND_RETRY_CAP_S, jitter=0.5)
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
-                await self.bot.send_message(chat_id, body, parse_mode=parse_mode)
+                await self.bot.send_message(chat_id, body, parse_mode=parse_mode, **where)
                 self.token.accepted()
                 return
             except InvalidToken:
@@ -589,7 +654,9 @@ class TelegramAdapter:
 
     async def typing(self, conversation: str) -> None:
         try:
-            await self.bot.send_chat_action(_chat_id(conversation), ChatAction.TYPING)
+            await self.bot.send_chat_action(
+                _chat_id(conversation), ChatAction.TYPING, **_thread(conversation)
+            )
         except RetryAfter as exc:
             raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
 

@@ -129,7 +129,9 @@ class Recorder(NoFiles):
         self.stored: list[tuple[str, float]] = []
         self.sent: list[tuple[str, str, float]] = []
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         self.sent.append((idempotency_key, text, time.time()))
 
     async def typing(self, conversation: str) -> None:

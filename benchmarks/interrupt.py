@@ -327,7 +327,9 @@ class TimedOutbound(NoFiles):
         self.sent: dict[str, list[Sent]] = {}
         self.notices = 0
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         version = idempotency_key.removeprefix(conversation + ":").split(":")[0]
         if not version.isdigit():
             self.notices += 1  # a rate-limit notice or the like: not a reply

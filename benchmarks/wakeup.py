@@ -58,7 +58,9 @@ class NullOutbound(NoFiles):
     def __init__(self) -> None:
         self.sent = 0
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         self.sent += 1
 
     async def typing(self, conversation: str) -> None:

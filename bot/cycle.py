@@ -36,10 +36,11 @@ from bot.commands import (
     plan,
 )
 from bot.drafts import drafting, drafts_of
+from bot.groups import in_room, replied
 from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
-from bot.message import InboundMessage, SendFailed, Unavailable, Unreachable
+from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
 from bot.pacing import Paced, Slot
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
@@ -246,6 +247,7 @@ class Request:
     target: Retry | None
     model: ModelChoice | None
     persona: str
+    room: tuple[Said, ...] = ()  # in a group: what was said lately to others
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,7 @@ class Cycle:
             if isinstance(written, Next):
                 return written
             (text, slot), version, sent_by = written, grant.version, (lease.fence, lease.token)
-        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant.failures, slot)
+        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant, slot)
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
@@ -519,14 +521,14 @@ class Cycle:
         version: int,
         sent_by: tuple[int, str],
         keeper: LeaseKeeper,
-        failures: int,
+        grant: Grant,
         slot: Slot | None = None,
     ) -> Outcome:
         """Send the reply (its first part in `slot`, if its turn was taken), and say what
         became of it. A transient failure propagates (the attempt is backed off and the
         outbox kept) until `SEND_ATTEMPTS` in a row."""
         try:
-            await self._send(lease, text, version, sent_by, keeper, slot)
+            await self._send(lease, text, version, sent_by, keeper, slot, replied(grant))
         except LeaseLost:
             raise
         except Unreachable as exc:
@@ -543,7 +545,7 @@ class Cycle:
             # waits in the outbox however long that lasts, backed off across replicas.
             raise
         except Exception as exc:
-            attempts = failures + 1
+            attempts = grant.failures + 1
             if not (isinstance(exc, SendFailed) and exc.permanent) and attempts < SEND_ATTEMPTS:
                 raise
             self.stats.abandoned += 1
@@ -659,6 +661,7 @@ class Cycle:
             target,
             model_named(self.settings.llm, turn.model),
             turn.persona,
+            grant.room,
         )
         generation = await self._generation(grant, request, keeper)
         await self._account(conversation, user, generation)
@@ -821,6 +824,7 @@ class Cycle:
         conversation = request.conversation
         history = request.history
         system = with_persona(system_prompt(llm.system_prompt), request.persona)
+        system = in_room(system, conversation, request.messages, request.room)
         said = await self.media.prepare(conversation, request.messages)
         if said.unseen:
             system += "\n\n" + UNSEEN_NOTE
@@ -907,10 +911,11 @@ class Cycle:
         sent_by: tuple[int, str],
         keeper: LeaseKeeper,
         slot: Slot | None,
+        reply_to: str | None,
     ) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
             await keeper.ensure_fresh()
             key = idempotency_key(lease.conversation, version, index, *sent_by)
-            await self.outbound.send(lease.conversation, part, key, slot=slot)
-            slot = None
+            await self.outbound.send(lease.conversation, part, key, slot=slot, reply_to=reply_to)
+            slot = reply_to = None
             self.stats.parts += 1

@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 from bot.cancel import cancel_and_wait
 from bot.llm import strip_reasoning
 from bot.loop_lag import shedding
-from bot.message import Throttled
+from bot.message import Place, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,9 @@ async def drafting(
     """A `Drafter` for the generation inside the block (None when drafts are off), stopped
     when the block ends, before the reply is checked and sent. With `hold_until` (a
     `time.monotonic()` instant: when a speculative generation's window closes) nothing is
-    drafted before then; a block that ends earlier drafts nothing at all."""
-    if drafts is None:
+    drafted before then; a block that ends earlier drafts nothing at all. Never in a group: a
+    draft is a private preview, and a room would see every person's."""
+    if drafts is None or Place.of(conversation).group:
         yield None
         return
     drafter = Drafter(drafts, conversation, draft_id, hold_until)

@@ -52,6 +52,86 @@ class Attachment:
         )
 
 
+# What parts a group conversation's id, which a chat id must not contain: a DM's id is
+# "<platform>:<chat>", a group's "<platform>:<chat>|<topic>|<sender>".
+GROUP_MARK = "|"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a message was said and who said it: the platform, the chat (a DM channel, a
+    group, a Discord channel or thread), the topic inside it (a Telegram forum topic; ""
+    for none) and the sender. Adapters build it; the core reads it without knowing any
+    platform. A DM is the place where chat and sender are one conversation: one person per
+    chat. In a group each sender is a conversation of their own, with its own version, window
+    and lease, so every guarantee holds per person."""
+
+    platform: str
+    chat: str
+    sender: str
+    topic: str = ""
+    group: bool = False
+
+    @property
+    def conversation(self) -> str:
+        """The conversation's id, derived here and nowhere else: ``telegram:12345`` for a
+        DM, ``telegram:-100123|7|42`` for sender 42 in topic 7 of group -100123."""
+        if not self.group:
+            return f"{self.platform}:{self.chat}"
+        return GROUP_MARK.join((f"{self.platform}:{self.chat}", self.topic, self.sender))
+
+    @property
+    def room(self) -> str:
+        """The group and topic, whose messages to others are the conversation's context."""
+        return GROUP_MARK.join((f"{self.platform}:{self.chat}", self.topic))
+
+    @classmethod
+    def of(cls, conversation: str) -> Place:
+        """The place a conversation id names (a DM's sender is not in its id: "")."""
+        head, mark, rest = conversation.partition(GROUP_MARK)
+        platform, _, chat = head.partition(":")
+        if not mark:
+            return cls(platform, chat, "")
+        topic, _, sender = rest.partition(GROUP_MARK)
+        return cls(platform, chat, sender, topic, group=True)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A message said in a group's room to others, as the room's context keeps it: who said
+    it (their id, so /forget finds it, and name) and what, when (ms, server clock)."""
+
+    id: str
+    user: str
+    name: str
+    text: str
+    at: int = 0
+
+    @classmethod
+    def of(cls, message: InboundMessage, max_chars: int) -> Said:
+        text = message.prompt_text()
+        if len(text) > max_chars:
+            text = text[: max_chars - 1] + "…"
+        return cls(message.message_id, message.user_id, message.display_name, text)
+
+    def to_json(self) -> str:
+        # `at` is left to the store, which stamps it with the server's clock.
+        return json.dumps({k: v for k, v in vars(self).items() if k != "at"}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Said:
+        data = json.loads(raw)
+        return cls(
+            str(data["id"]), str(data["user"]), str(data["name"]), str(data["text"]), data["at"]
+        )
+
+
+def chat_of(conversation: str) -> str:
+    """The part of a conversation id that names its chat ("<platform>:<chat>"): a group's
+    people share it, and with it the store's shard."""
+    return conversation.partition(GROUP_MARK)[0]
+
+
 @dataclass(frozen=True)
 class InboundMessage:
     platform: str
@@ -64,11 +144,34 @@ class InboundMessage:
     reply_to_id: str | None = None
     attachments: tuple[Attachment, ...] = ()
     is_dm: bool = True
+    # In a group: the forum topic ("": none), whether the adapter saw it addressed to the bot
+    # (a mention, a reply to the bot, a command for it), and whether another bot sent it.
+    topic: str = ""
+    mentioned: bool = False
+    from_bot: bool = False
+
+    @classmethod
+    def at(cls, place: Place, message_id: str, text: str, **fields: Any) -> InboundMessage:
+        """A message said at `place`."""
+        return cls(
+            place.platform,
+            place.chat,
+            place.sender,
+            message_id,
+            text,
+            is_dm=not place.group,
+            topic=place.topic,
+            **fields,
+        )
+
+    @property
+    def place(self) -> Place:
+        return Place(self.platform, self.chat_id, self.user_id, self.topic, not self.is_dm)
 
     @property
     def conversation(self) -> str:
-        """One DM channel on one platform, e.g. ``telegram:12345``."""
-        return f"{self.platform}:{self.chat_id}"
+        """One DM channel on one platform (``telegram:12345``), or one person in a group."""
+        return self.place.conversation
 
     def to_json(self) -> str:
         # Not dataclasses.asdict, which deep-copies every value: this runs for every message
@@ -89,8 +192,9 @@ class InboundMessage:
         v = _valid_utf8
         return replace(
             self,
-            chat_id=v(self.chat_id),
-            user_id=v(self.user_id),
+            chat_id=v(self.chat_id).replace(GROUP_MARK, ""),
+            user_id=v(self.user_id).replace(GROUP_MARK, ""),
+            topic=v(self.topic).replace(GROUP_MARK, ""),
             message_id=v(self.message_id),
             display_name=v(self.display_name),
             text=_cut(v(self.text), max_chars),
@@ -180,11 +284,16 @@ class Outbound(Protocol):
     # How often a typing indicator must be repeated to stay visible.
     typing_interval_s: float
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         """Deliver one part of a reply.
 
         `idempotency_key` is the same when a reply part is re-sent after a crash, so platforms
-        that can deduplicate (Discord's nonce) deliver it once. Raises `Unreachable` when the
+        that can deduplicate (Discord's nonce) deliver it once. `reply_to`, in a group only, is
+        the platform id of the person's message the part answers (their burst's last): send it
+        as a reply to that message, which tells the room whom it is for; an adapter that serves
+        DMs only is never given one. Raises `Unreachable` when the
         user cannot be reached, and `SendFailed` with the adapter's verdict on other failures.
         """
 

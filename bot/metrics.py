@@ -39,6 +39,7 @@ COUNTERS = (
     ),
     ("messages_rate_limited", "Messages dropped by the per-user rate limit", "rate_limited"),
     ("messages_refused", "Messages from users outside the allow-list", "refused"),
+    ("messages_overheard", "Group messages said to others, kept as context only", "overheard"),
     ("windows_opened", "Debounce windows opened", "windows_opened"),
     ("windows_capped", "Messages whose window was held at its hard cap", "windows_capped"),
     ("cycles", "Cycles that took a conversation's lease", "cycles"),

@@ -142,10 +142,17 @@ class Paced:
             await self._done(slot, used=False)
 
     async def send(
-        self, conversation: str, text: str, idempotency_key: str, *, slot: Slot | None = None
+        self,
+        conversation: str,
+        text: str,
+        idempotency_key: str,
+        reply_to: str | None = None,
+        *,
+        slot: Slot | None = None,
     ) -> None:
-        """Send one part in its turn (`slot`, if `turn` already waited for it). A 429 holds
-        the scope it names for every replica, and the part waits its turn again."""
+        """Send one part in its turn (`slot`, if `turn` already waited for it), as a reply to
+        the message `reply_to` if given (groups only). A 429 holds the scope it names for
+        every replica, and the part waits its turn again."""
         if slot is not None and time.monotonic() - slot.at > SLOT_FRESH_S:
             await self.give_back(slot)
             slot = None
@@ -154,7 +161,10 @@ class Paced:
             if slot is None:
                 slot = await self.turn(conversation, order_ms)
             try:
-                await self.inner.send(conversation, text, idempotency_key)
+                if reply_to is None:
+                    await self.inner.send(conversation, text, idempotency_key)
+                else:
+                    await self.inner.send(conversation, text, idempotency_key, reply_to)
             except Throttled as exc:
                 await self.throttled(exc.scope, exc.retry_after_s)
                 if attempt == THROTTLED_ATTEMPTS:

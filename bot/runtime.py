@@ -15,6 +15,7 @@ from bot import logs
 from bot.cancel import cancel_and_wait
 from bot.commands import RATE_LIMITED, REFUSAL
 from bot.cycle import Cycle
+from bot.groups import ALLOWED, DENIED, group_switch, heard
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
@@ -108,12 +109,21 @@ class Runtime:
         conversation = message.conversation
         stats = self.stats
         verdict = self.settings.access.verdict(message.user_id)
-        result = await self.store.ingest(message, verdict)
+        groups = self.settings.groups
+        switch = group_switch(message, groups.wake_words)
+        if switch is not None and verdict == "admin":
+            await self.store.allow_group(conversation, switch, message.user_id)
+            self._notify(conversation, ALLOWED if switch else DENIED, message)
+            return False
+        result = await self.store.ingest(message, verdict, heard(message, groups))
+        if result.silent or result.overheard:
+            stats.overheard += result.overheard
+            return False
         if result.refused:
             stats.refused += 1
             # Never stored, so never near the model; told once a day, by whichever replica.
             if await self.store.notice_once(conversation, REFUSAL_PERIOD_MS):
-                self._notify(conversation, REFUSAL, "refused")
+                self._notify(conversation, REFUSAL, message, "refused")
             return False
         stats.ingested += result.accepted
         stats.rate_limited += result.limited
@@ -121,7 +131,7 @@ class Runtime:
         stats.windows_opened += result.opened_window
         stats.windows_capped += result.capped
         if result.first_limited:
-            self._notify(conversation, RATE_LIMITED, f"limited:{message.message_id}")
+            self._notify(conversation, RATE_LIMITED, message, f"limited:{message.message_id}")
         if result.accepted:
             # Before anything else: a generation of this conversation running here is stale.
             self.cycle.watch.moved(conversation, result.version)
@@ -129,19 +139,25 @@ class Runtime:
             self._look_again(conversation, result.look_in_ms)
         return result.accepted
 
-    def _notify(self, conversation: str, text: str, key: str) -> None:
-        """Send a notice outside any reply, in the background."""
+    def _notify(self, conversation: str, text: str, about: InboundMessage, key: str = "") -> None:
+        """Send a notice outside any reply, in the background (in a group, as a reply to the
+        message it is `about`)."""
         if len(self._notices) >= NOTICES_IN_FLIGHT:
             log.warning("too many notices in flight; not telling %s: %s", conversation, text)
             return
-        task = asyncio.create_task(self._send_notice(conversation, text, key))
+        reply_to = None if about.is_dm else about.message_id
+        key = key or about.message_id
+        task = asyncio.create_task(self._send_notice(conversation, text, key, reply_to))
         self._notices.add(task)
         task.add_done_callback(self._notices.discard)
 
-    async def _send_notice(self, conversation: str, text: str, key: str) -> None:
+    async def _send_notice(
+        self, conversation: str, text: str, key: str, reply_to: str | None
+    ) -> None:
         try:
             async with asyncio.timeout(NOTICE_TIMEOUT_S):
-                await self.outbound.send(conversation, text, f"{conversation}:notice:{key}")
+                key = f"{conversation}:notice:{key}"
+                await self.outbound.send(conversation, text, key, reply_to=reply_to)
         except Exception as exc:
             log.warning("could not send a notice to %s: %s", conversation, exc or "timed out")
 

@@ -429,6 +429,27 @@ class AccessSettings(Group):
         return "refused"
 
 
+class GroupsSettings(Group):
+    # The groups the bot answers in: platform group ids (Telegram's negative chat ids; a
+    # Discord channel or thread id), comma-separated, or * for every group it is added to.
+    # Empty: none (DMs only). Admins also /allow or /deny a group from inside it.
+    allowed: Names = []
+    # Words that address the bot in a group as a mention does (whole words, any case).
+    wake_words: Names = []
+    # Messages said in a group's room (topic) to others, kept as the model's context: at most
+    # this many. 0: none kept.
+    context_messages: int = Field(default=30, ge=0, le=200)
+    # Each message in a room's context is cut to this many characters.
+    context_chars: int = Field(default=500, ge=50, le=4000)
+    # A room's context holds no message older than this many minutes.
+    context_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
+
+    def allows(self, chat: str) -> bool:
+        """Whether these settings let the bot answer in group `chat` (an admin's /allow or
+        /deny, kept in the store, overrides them)."""
+        return "*" in self.allowed or chat in self.allowed
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -455,6 +476,7 @@ class Settings(BaseSettings):
     access: AccessSettings = AccessSettings()
     tools: ToolsSettings = ToolsSettings()
     outbound: OutboundSettings = OutboundSettings()
+    groups: GroupsSettings = GroupsSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2)
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and

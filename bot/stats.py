@@ -33,12 +33,14 @@ class Stats:
     """Counters a replica keeps about its own work, for metrics, logs, benchmarks and tests."""
 
     # Intake (counted by the runtime): messages taken in, dropped as redeliveries, dropped by
-    # the rate limit, refused by the allow-list; windows opened, and messages that found
-    # their window at its hard cap.
+    # the rate limit, refused by the allow-list, said in a group to others (kept as the
+    # room's context only); windows opened, and messages that found their window at its
+    # hard cap.
     ingested: int = 0
     duplicates: int = 0
     rate_limited: int = 0
     refused: int = 0
+    overheard: int = 0
     windows_opened: int = 0
     windows_capped: int = 0
     # Cycles that took the lease; wake-ups with nothing owed (no-op) or not yet due / held

@@ -73,7 +73,9 @@ class PipeOutbound(NoFiles):
         except FileNotFoundError:
             return []
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         script = self._script()
         if script and script[0] in ("transient", "permanent"):
             emit("send_failed", conversation=conversation, key=idempotency_key, t=time.time())

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from telegram import Bot, BotCommand, BotCommandScopeChat, Message, Update
+from telegram import Bot, BotCommand, BotCommandScopeChat, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
 
@@ -628,3 +628,214 @@ async def test_a_hung_method_answers_once_let_go(fake: FakeTelegram, bot: Bot) -
     fake.hang("setMyCommands", False)
     assert await asyncio.wait_for(call, 5) is True
     assert fake.menu() is not None
+
+
+# -- groups ------------------------------------------------------------------------------------
+
+GROUP = -1001234567890
+
+
+async def test_a_group_message_carries_mentions_and_commands_in_utf16(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    # The emoji is one code point but two UTF-16 code units: offsets after it count it twice.
+    text = "/ask@fake_bot \N{GRINNING FACE} hey @fake_bot, write to me@mail.org /help"
+    fake.push_update(fake.group_text_update(GROUP, 5, text, supergroup=True, username="ann"))
+    [update] = await bot.get_updates(timeout=0)
+    message = message_of(update)
+
+    assert [(e.type, e.offset, e.length) for e in message.entities] == [
+        ("bot_command", 0, 13),
+        ("mention", 21, 9),  # Python's index is 20
+        ("bot_command", 53, 5),
+    ]
+    # PTB slices the text by UTF-16 offsets: the entities cover exactly what they name.
+    assert list(message.parse_entities().values()) == ["/ask@fake_bot", "@fake_bot", "/help"]
+    assert (message.chat.type, message.chat.title) == ("supergroup", "Test group")
+    assert message.from_user is not None and message.from_user.username == "ann"
+    assert not message.from_user.is_bot
+    assert message.reply_to_message is None and message.message_thread_id is None
+
+
+async def test_group_builders_keep_the_old_call_and_make_basic_groups_and_bots(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    plain = message_of(Update.de_json(fake.group_text_update(-100, 5, "hello all"), bot))
+    assert (plain.chat.type, plain.chat.title, plain.text) == ("group", "Test group", "hello all")
+    assert plain.entities == () and plain.from_user is not None
+    assert plain.from_user.username is None and not plain.from_user.is_bot
+    # Too short a name, a mention inside a word, a command inside a path: no entities.
+    nothing = fake.group_text_update(-100, 5, "@a x@fake_bot usr/bin /", title="Team")
+    assert "entities" not in nothing["message"]
+
+    other = fake.group_text_update(-100, 77, "/help@fake_bot", first_name="Other", is_bot=True)
+    sender = message_of(Update.de_json(other, bot)).from_user
+    assert sender is not None and sender.is_bot and sender.username == "otherbot"
+    assert [m["message_id"] for m in fake.messages_in(-100)] == [1, 2, 3]
+    assert fake.messages_in(-100)[-1]["chat"]["title"] == "Test group"
+
+
+async def test_a_reply_to_the_bot_shows_the_bot_as_the_replied_sender(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    asked = message_of(Update.de_json(fake.group_text_update(-100, 5, "hi", title="Team"), bot))
+    sent = await bot.send_message(-100, "hello, Team")
+    # The bot's message shows the chat as the users' messages made it.
+    assert (sent.chat.type, sent.chat.title) == ("group", "Team")
+
+    reply = fake.group_text_update(-100, 6, "thanks", reply_to=sent.message_id, title="Team")
+    replied = message_of(Update.de_json(reply, bot)).reply_to_message
+    assert replied is not None and replied.from_user is not None
+    assert (replied.message_id, replied.text) == (sent.message_id, "hello, Team")
+    assert replied.from_user.id == bot.id and replied.from_user.is_bot
+    assert replied.from_user.username == "fake_bot"
+
+    # A reply to a user's message shows that user; one to a message never seen, a stub.
+    to_user = fake.group_text_update(-100, 6, "me too", reply_to=asked.message_id, title="Team")
+    assert to_user["message"]["reply_to_message"]["from"]["id"] == 5
+    assert to_user["message"]["reply_to_message"]["text"] == "hi"
+    unknown = fake.group_text_update(-100, 6, "what?", reply_to=999, title="Team")
+    assert set(unknown["message"]["reply_to_message"]) == {"message_id", "chat", "date"}
+
+    assert [(m["message_id"], m["from"]["id"]) for m in fake.messages_in(-100)] == [
+        (1, 5),
+        (2, bot.id),
+        (3, 6),
+        (4, 6),
+        (5, 6),
+    ]
+    # Telegram nests no reply in a reply_to_message.
+    again = fake.group_text_update(-100, 5, "!", reply_to=3, title="Team")
+    assert "reply_to_message" not in again["message"]["reply_to_message"]
+
+
+async def test_a_topic_message_replies_to_the_topics_creation(fake: FakeTelegram, bot: Bot) -> None:
+    fake.push_update(fake.group_text_update(GROUP, 5, "in the topic", topic=42))
+    [update] = await bot.get_updates(timeout=0)
+    message = message_of(update)
+
+    assert (message.message_thread_id, message.is_topic_message) == (42, True)
+    assert message.chat.type == "supergroup" and message.chat.is_forum
+    assert message.message_id > 42  # the topic's id is its creation message's
+    creation = message.reply_to_message
+    # Not a reply to anything said: the service message that created the topic.
+    assert creation is not None and creation.message_id == 42
+    assert creation.forum_topic_created is not None
+    assert creation.forum_topic_created.name == "Topic" and creation.text is None
+    assert creation.from_user is not None and creation.from_user.id == 5
+
+    answer = fake.group_text_update(GROUP, 6, "sure", topic=42, reply_to=message.message_id)
+    replied = message_of(Update.de_json(answer, bot)).reply_to_message
+    assert replied is not None and replied.message_id == message.message_id
+    assert replied.text == "in the topic" and replied.forum_topic_created is None
+    assert [m["message_id"] for m in fake.messages_in(GROUP)] == [42, 43, 44]
+
+
+async def test_send_message_in_a_topic_with_reply_parameters(fake: FakeTelegram, bot: Bot) -> None:
+    asked = fake.group_text_update(GROUP, 5, "@fake_bot hi", topic=42)["message"]
+    assert await bot.send_chat_action(GROUP, "typing", message_thread_id=42)
+    sent = await bot.send_message(
+        GROUP,
+        "hello",
+        message_thread_id=42,
+        reply_parameters=ReplyParameters(message_id=asked["message_id"]),
+    )
+    plain = await bot.send_message(GROUP, "and more", message_thread_id=42)
+    elsewhere = await bot.send_message(GROUP, "in General")
+
+    [action] = fake.calls_to("sendChatAction")
+    assert action.thread_id == 42 and action.reply_to_message_id is None
+    call, plain_call, _ = fake.sent_messages
+    assert (call.reply_to_message_id, call.thread_id) == (asked["message_id"], 42)
+    assert (plain_call.reply_to_message_id, plain_call.thread_id) == (None, 42)
+    assert fake.bot_replies_in(GROUP, thread=42) == [call, plain_call]
+    assert [c.text for c in fake.bot_replies_in(GROUP)] == ["hello", "and more", "in General"]
+    assert fake.bot_replies_in(GROUP, thread=7) == [] and fake.bot_replies_in(-5) == []
+
+    assert (sent.message_thread_id, sent.is_topic_message) == (42, True)
+    assert sent.chat.type == "supergroup" and sent.chat.is_forum
+    assert sent.reply_to_message is not None
+    assert sent.reply_to_message.message_id == asked["message_id"]
+    assert sent.reply_to_message.text == "@fake_bot hi"
+    # In a topic, a message that replies to nothing replies to the topic's creation.
+    assert plain.reply_to_message is not None and plain.reply_to_message.message_id == 42
+    assert plain.reply_to_message.forum_topic_created is not None
+    assert elsewhere.message_thread_id is None and elsewhere.reply_to_message is None
+
+    stored = {m["message_id"]: m for m in fake.messages_in(GROUP)}
+    assert stored[sent.message_id]["message_thread_id"] == 42
+    assert stored[sent.message_id]["reply_to_message"]["message_id"] == asked["message_id"]
+    assert stored[sent.message_id]["from"]["id"] == bot.id
+
+
+async def test_a_reply_to_a_missing_message_is_refused_unless_allowed(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.group_text_update(-100, 5, "hi")
+    with pytest.raises(BadRequest, match=r"(?i)^message to be replied not found$"):
+        await bot.send_message(-100, "answer", reply_parameters=ReplyParameters(message_id=99))
+    with pytest.raises(BadRequest, match=r"(?i)message to be replied not found"):
+        await bot.send_message(-100, "answer", reply_to_message_id=99)
+    sent = await bot.send_message(
+        -100,
+        "answer anyway",
+        reply_parameters=ReplyParameters(message_id=99, allow_sending_without_reply=True),
+    )
+    assert sent.reply_to_message is None
+    assert sent.message_id == 2  # the refused calls made no message
+
+    # Over a JSON body, reply_parameters may come as an object or as its JSON text.
+    url = f"{fake.api_url}/bot{fake.token}/sendMessage"
+    refused = {"chat_id": -100, "text": "x", "reply_parameters": json.dumps({"message_id": 99})}
+    allowed = {
+        "chat_id": -100,
+        "text": "y",
+        "reply_parameters": json.dumps({"message_id": 99, "allow_sending_without_reply": True}),
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=refused) as response:
+            assert response.status == 400
+            assert (await response.json())["description"] == (
+                "Bad Request: message to be replied not found"
+            )
+        async with session.post(url, json=allowed) as response:
+            assert response.status == 200
+            assert "reply_to_message" not in (await response.json())["result"]
+
+    calls = fake.calls_to("sendMessage")
+    assert [(c.status, c.reply_to_message_id) for c in calls] == [
+        (400, 99),
+        (400, 99),
+        (200, 99),
+        (400, 99),
+        (200, 99),
+    ]
+    assert [c.text for c in fake.bot_replies_in(-100)] == ["answer anyway", "y"]
+
+
+async def test_a_draft_in_a_group_is_refused_and_in_private_still_shown(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    # PTB strips "Bad Request: " and capitalizes what is left.
+    with pytest.raises(BadRequest, match=r"(?i)^textdraft_peer_invalid$"):
+        await bot.send_message_draft(-100, 1, "thinking")
+    with pytest.raises(BadRequest, match=r"(?i)^textdraft_peer_invalid$"):
+        await bot.send_message_draft(GROUP, 1, "thinking", message_thread_id=42)
+    assert await bot.send_message_draft(5, 1, "thinking")
+    assert [(c.chat_id, c.status, c.description) for c in fake.calls_to("sendMessageDraft")] == [
+        (-100, 400, "Bad Request: TEXTDRAFT_PEER_INVALID"),
+        (GROUP, 400, "Bad Request: TEXTDRAFT_PEER_INVALID"),
+        (5, 200, None),
+    ]
+    assert fake.messages_in(-100) == []  # a draft is no message
+
+
+async def test_get_me_reports_whether_privacy_mode_is_off(fake: FakeTelegram, bot: Bot) -> None:
+    assert (await bot.get_me()).can_read_all_group_messages is False
+    async with (
+        FakeTelegram(can_read_all_group_messages=True) as open_fake,
+        make_bot(open_fake) as open_bot,
+    ):
+        me = await open_bot.get_me()
+        assert me.can_read_all_group_messages is True
+        assert open_bot.bot.can_read_all_group_messages is True  # what initialize() saw

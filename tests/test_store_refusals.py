@@ -107,7 +107,9 @@ class HeldOutbound(RecordingOutbound):
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         self.arrived.set()
         async with asyncio.timeout(10):
             await self.gate.wait()

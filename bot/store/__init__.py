@@ -29,6 +29,7 @@ from bot.store.conversations import (
     Ended,
     Failed,
     Grant,
+    Heard,
     HistoryEntry,
     Ingested,
     Interrupt,
@@ -57,6 +58,7 @@ COMMIT = _scripts.COMMIT.source
 SETTLE = _scripts.SETTLE.source
 DUE = _scripts.DUE.source
 FORGET = _scripts.FORGET.source
+GROUP_SET = _scripts.GROUP_SET.source
 HEARTBEAT = _scripts.HEARTBEAT.source
 INGEST = _scripts.INGEST.source
 INTERRUPT = _scripts.INTERRUPT.source
@@ -84,6 +86,7 @@ __all__ = [
     "DUE",
     "FORGET",
     "FORGET_CONFIRM_MS",
+    "GROUP_SET",
     "HEARTBEAT",
     "INGEST",
     "INTERRUPT",
@@ -114,6 +117,7 @@ __all__ = [
     "Ended",
     "Failed",
     "Grant",
+    "Heard",
     "HistoryEntry",
     "Ingested",
     "Interrupt",

@@ -29,6 +29,7 @@ local due = KEYS[4]
 local pending = KEYS[5]
 local history = KEYS[6]
 local outbox = KEYS[7]
+local room = KEYS[8] -- in a group: the room's context (ingest.lua); a DM has none
 local conversation = ARGV[1]
 local token = ARGV[2]
 local ttl_ms = tonumber(ARGV[3])
@@ -40,6 +41,7 @@ local slack_ms = tonumber(ARGV[7])
 local trusted_age_ms = tonumber(ARGV[8])
 local starvation_limit = tonumber(ARGV[9]) -- discards in a row
 local starvation_age_ms = tonumber(ARGV[10]) -- 0: off
+local room_keep_ms = tonumber(ARGV[11]) -- the room's context is no older than this
 local horizon = math.max(max_wait_ms, ttl_ms, backoff_cap_ms) + slack_ms
 local now = now_ms()
 
@@ -54,7 +56,7 @@ if held > 0 and held <= math.max(horizon, granted + slack_ms) then
 end
 
 local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since',
-  'model', 'persona')
+  'model', 'persona', 'last')
 local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version', 'fence', 'token', 'changes')
 local has_outbox = left[1] ~= false
@@ -138,7 +140,14 @@ elseif v > w then
   end
 end
 local past = redis.call('LRANGE', history, -history_entries, -1)
+local context = {}
+for _, entry in ipairs(redis.call('LRANGE', room, 0, -1)) do
+  if tonumber(cjson.decode(entry).at or 0) >= now - room_keep_ms then
+    context[#context + 1] = entry
+  end
+end
 return cjson.encode({status = 'acquired', fence = fence, version = v, watermark = w,
   lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
   history = past, failures = failures, waited_ms = waited, model = counters[7] or '',
-  persona = counters[8] or '', window_ms = window_ms, closes_at_ms = closes_at})
+  persona = counters[8] or '', window_ms = window_ms, closes_at_ms = closes_at,
+  last = counters[9] or '', room = context})

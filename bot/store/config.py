@@ -46,6 +46,10 @@ class StoreSettings:
     speculate_ms: int = 0
     # The learned window's floor (0: the window does not learn; `quiet_ms` is its ceiling).
     learn_floor_ms: int = 0
+    # A group room's context: at most this many messages said to others, none older than
+    # `room_keep_ms` (`GroupsSettings`).
+    room_messages: int = 30
+    room_keep_ms: int = 3_600_000
 
     @property
     def horizon_ms(self) -> int:
@@ -85,4 +89,6 @@ class StoreSettings:
             learn_floor_ms=max(min(debounce.floor_ms, debounce.quiet_ms), 1)
             if debounce.learn
             else 0,
+            room_messages=settings.groups.context_messages,
+            room_keep_ms=settings.groups.context_minutes * 60_000,
         )

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bot.message import Attachment, InboundMessage
+from bot.message import Attachment, InboundMessage, Said
 from bot.settings import Verdict
 from bot.store import scripts
 from bot.store.calls import Calls
@@ -42,6 +42,18 @@ def lease_token(owner: str) -> str:
 
 
 @dataclass(frozen=True)
+class Heard:
+    """How a message reached the bot, for ingest: in a DM (the defaults), or in a group:
+    `group` "allowed" (by the settings) or "ask" (the store knows: an admin's /allow),
+    `addressed` "1" (to the bot), "0" (a follow-up if its sender's burst is open, else said to
+    the room) or "never" (another bot's), and `said`, the room's entry for it (`Said`)."""
+
+    group: Literal["", "allowed", "ask"] = ""
+    addressed: Literal["1", "0", "never"] = "1"
+    said: str = ""
+
+
+@dataclass(frozen=True)
 class Ingested:
     accepted: bool  # False: a redelivery, refused, or dropped by the rate limit
     version: int
@@ -51,6 +63,8 @@ class Ingested:
     opened_window: bool = False  # this message opened the debounce window
     capped: bool = False  # the window's deadline is at its hard cap (max_wait)
     refused: bool = False  # its user may not talk to the bot (settings, or an admin's /deny)
+    silent: bool = False  # said in a group the bot may not answer in
+    overheard: bool = False  # said in a group, not to the bot: the room's context only
 
     @classmethod
     def from_reply(cls, raw: bytes | str) -> Ingested:
@@ -66,6 +80,8 @@ class Ingested:
             opened_window=window == "opened",
             capped=window == "capped",
             refused=status == "refused",
+            silent=status == "silent",
+            overheard=status == "overheard",
         )
 
 
@@ -161,6 +177,10 @@ class Grant:
     # When the window closed, or will (ms, server clock; 0 for a resend): the reply's place in
     # the queue for the outbound budget.
     closes_at_ms: int = 0
+    # The platform id of the last message taken in; in a group, what the reply answers.
+    last: str = ""
+    # In a group: what was said in the room to others lately, oldest first (`Said`).
+    room: tuple[Said, ...] = ()
 
     @classmethod
     def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
@@ -186,6 +206,8 @@ class Grant:
             window_ms=int(reply["window_ms"]),
             closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
             closes_at_ms=int(reply["closes_at_ms"]),
+            last=str(reply["last"]),
+            room=tuple(Said.from_json(e) for e in listed(reply["room"])),
             **(_resent(resend) if resend else {}),
         )
 
@@ -265,10 +287,14 @@ class PreSend:
 class Conversations(Calls):
     """The steps of the flow on one conversation, each one script and one round trip."""
 
-    async def ingest(self, message: InboundMessage, verdict: Verdict = "allowed") -> Ingested:
+    async def ingest(
+        self, message: InboundMessage, verdict: Verdict = "allowed", heard: Heard | None = None
+    ) -> Ingested:
         """Take a message in. `verdict` is what the settings say of its user; an admin's
-        /allow or /deny, read in the same step, overrides it for anyone but an admin."""
+        /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
+        group, `heard` says how the message reached the bot (`bot.groups.heard`)."""
         conversation = message.conversation
+        heard = heard or Heard()
         args: dict[str, str | int] = {
             "conversation": conversation,
             "message_id": message.message_id,
@@ -285,6 +311,11 @@ class Conversations(Calls):
             "user": message.user_id,
             "speculate_ms": self.settings.speculate_ms,
             "learn_floor_ms": self.settings.learn_floor_ms,
+            "in_group": heard.group,
+            "addressed": heard.addressed,
+            "said": heard.said,
+            "room_messages": self.settings.room_messages,
+            "room_keep_ms": self.settings.room_keep_ms,
         }
         keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
         return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
@@ -307,6 +338,7 @@ class Conversations(Calls):
             "trusted_age_ms": self.settings.trusted_age_ms,
             "starvation_limit": self.settings.starvation_limit,
             "starvation_age_ms": self.settings.starvation_age_ms,
+            "room_keep_ms": self.settings.room_keep_ms,
         }
         keys = _own_keys(scripts.ACQUIRE, self.layout.keys(conversation))
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be

@@ -2,6 +2,8 @@
 -- window, and put the deadline in the due-index. One round trip; nothing waits for the LLM.
 -- Returns {status, version (V), look_in_ms (until the deadline, or -1), window}; status
 -- 'accepted', 'refused' (its user may not talk to the bot), 'duplicate' (a redelivery),
+-- 'silent' (said in a group the bot may not answer in), 'overheard' (said in a group, not to
+-- the bot: kept in the room's context only),
 -- 'limited' (dropped by the rate limit) or 'first_limited' (dropped by the rate limit, and the
 -- first such in its window); window 'opened' when this message opened it, 'capped' when its
 -- deadline is at the hard cap, 'extended' otherwise, 'none' if dropped. look_in_ms is until
@@ -18,6 +20,8 @@ local history = KEYS[8]
 local outbox = KEYS[9]
 local usage = KEYS[10]
 local access = KEYS[11] -- the shard's copies of the access records
+local group = KEYS[12] -- in a group: whether admins allowed it
+local room = KEYS[13] -- in a group: the room's context
 local conversation = ARGV[1]
 local message_id = ARGV[2]
 local message = ARGV[3] -- json
@@ -33,6 +37,14 @@ local verdict = ARGV[12] -- what the settings say of the user: 'admin', 'allowed
 local user = ARGV[13]
 local speculate_ms = tonumber(ARGV[14]) -- 0: off
 local learn_floor_ms = tonumber(ARGV[15]) -- the learned window's floor; 0: no learning
+-- '' in a DM; in a group, 'allowed' if the settings allow it, else 'ask' (an admin's /allow)
+local in_group = ARGV[16]
+-- In a group: '1' addressed to the bot, '0' not (a follow-up if the sender's burst is open),
+-- 'never' (another bot's: never answered)
+local addressed = ARGV[17]
+local said = ARGV[18] -- in a group: the message as the room's context keeps it (json)
+local room_messages = tonumber(ARGV[19])
+local room_keep_ms = tonumber(ARGV[20])
 local now = now_ms()
 
 local function answer(status, version, look_in_ms, flag)
@@ -72,6 +84,43 @@ local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
   return math.min(floor_ms, ceiling_ms)
 end
 
+-- In a group: silent unless allowed; a message not addressed to the bot joins its sender's
+-- burst while that is open (the window, or a reply still owed for a message within max_wait),
+-- and is otherwise said to the room: its context, never anyone's history.
+if in_group ~= '' then
+  local choice = redis.call('HGET', group, 'allowed')
+  if choice == '0' or (in_group ~= 'allowed' and choice ~= '1') then
+    return answer('silent', 0, -1, 'none')
+  end
+  local follows = false
+  if addressed == '0' then
+    local s = redis.call('HMGET', state, 'v', 'w', 'last_at')
+    local deadline = redis.call('HGET', window, 'deadline')
+    follows = (deadline and tonumber(deadline) > now)
+      or (tonumber(s[1] or '0') > tonumber(s[2] or '0') and now - tonumber(s[3] or '0') < max_wait_ms)
+  end
+  if addressed ~= '1' and not follows then
+    if redis.call('ZSCORE', seen, message_id) then
+      return answer('duplicate', 0, -1, 'none')
+    end
+    redis.call('ZADD', seen, now, message_id)
+    redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - seen_keep_ms)
+    redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1))
+    -- Someone who only ever talks to the room has no conversation to keep this alive.
+    if redis.call('PTTL', seen) < seen_keep_ms then
+      redis.call('PEXPIRE', seen, seen_keep_ms)
+    end
+    if room_messages > 0 then
+      local entry = cjson.decode(said)
+      entry.at = now
+      redis.call('RPUSH', room, cjson.encode(entry))
+      redis.call('LTRIM', room, -room_messages, -1)
+      redis.call('PEXPIRE', room, room_keep_ms)
+    end
+    return answer('overheard', 0, -1, 'none')
+  end
+end
+
 -- An admin's /allow or /deny overrides the allow-list, for anyone but an admin. A refused
 -- message is never stored, so it never comes near the model.
 if verdict ~= 'admin' then
@@ -98,7 +147,7 @@ redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1))
 
 -- Who spoke lately, and the last message taken from them: a platform that can miss messages
 -- while no replica listens (Discord's gateway) reads its history after that one.
-redis.call('HSET', state, 'last', message_id)
+redis.call('HSET', state, 'last', message_id, 'last_at', now)
 redis.call('ZADD', active, now, conversation)
 redis.call('ZREMRANGEBYSCORE', active, '-inf', now - active_keep_ms)
 

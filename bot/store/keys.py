@@ -21,6 +21,10 @@ before it keep their data under 16 shards tagged `{lw:0}`..`{lw:15}` (`LEGACY`),
 same names after the tag: `lastword migrate-shards` moves it
 (`bot.store.migrate`).
 
+A group conversation (one person in one group and topic, `<platform>:<chat>|<topic>|<sender>`,
+`bot.message.Place`) lives in its chat's shard: `shard_of` hashes the chat part only, which
+for a DM is the whole id.
+
 Key layout, for a conversation in the shard tagged {T}:
 
     {T}:c:<conversation>:state       hash    v (version), w (watermark), fence, discards,
@@ -71,6 +75,11 @@ Key layout, for a conversation in the shard tagged {T}:
                                              c:<t>:<k>:<j> (call j of step k: started with
                                              the runner's token, done with its result, or
                                              unknown); lives for the conversation's retention
+    {T}:g:<chat>                     hash    a group's: allowed (1 by an admin's /allow, 0
+                                             by /deny), by (the admin), at (ms)
+    {T}:r:<chat>|<topic>             list    a group room's context: json entries (id, user,
+                                             name, text, at) of what was said to others,
+                                             newest last, capped; expires with its newest
     {T}:due                          zset    conversation -> when to look at it next
     {T}:active                       zset    conversation -> when it last sent a new message
     {T}:usage:<D>:totals             hash    prompt, completion, generations, replies,
@@ -139,6 +148,8 @@ import zlib
 from dataclasses import dataclass
 from datetime import date
 
+from bot.message import GROUP_MARK, chat_of
+
 # Fixed for the life of a deployment: changing it, or a tag, moves conversations to other
 # shards. The store records both (`META_KEY`); a bot that disagrees refuses to start.
 SHARDS = 64
@@ -204,7 +215,9 @@ class Layout:
         return f"{zlib.crc32(','.join(self.tags).encode()):08x}"
 
     def shard_of(self, conversation: str) -> int:
-        return zlib.crc32(conversation.encode()) % self.shards
+        # By its chat: a group's people share a shard with the group's own keys, so one
+        # script decides whether a message there is addressed, a follow-up or overheard.
+        return zlib.crc32(chat_of(conversation).encode()) % self.shards
 
     def due_key(self, shard: int) -> str:
         return f"{self.tags[shard]}:due"
@@ -302,6 +315,11 @@ class Keys:
         # The index of cached transcripts; each entry's key is this, ":", its file key.
         self.heard = f"{self.base}:heard"
         self.tools = f"{self.base}:tools"
+        # A group's keys, in its shard: whether admins allowed it, and each room's (topic's)
+        # context. A DM's names are never written.
+        chat, _, rest = conversation.partition(GROUP_MARK)
+        self.group = f"{layout.tags[shard]}:g:{chat}"
+        self.room = f"{layout.tags[shard]}:r:{chat}{GROUP_MARK}{rest.partition(GROUP_MARK)[0]}"
         self.due = layout.due_key(shard)
         self.active = layout.active_key(shard)
         self.access = layout.access_key(shard)

@@ -5,6 +5,7 @@ with its lease (`Grant.persona`)."""
 
 from __future__ import annotations
 
+from bot.message import Place
 from bot.store import scripts
 from bot.store.calls import Calls
 
@@ -31,11 +32,25 @@ class Personal(Calls):
     async def forget(self, conversation: str) -> None:
         """Erase what is kept about the conversation's user: the history, the cached
         transcripts and documents (those the conversation's index names), the record of tool
-        calls, the model and persona they picked. Usage totals and dedupe ids stay."""
+        calls, the model and persona they picked, and in a group what they said to the room.
+        Usage totals and dedupe ids stay."""
         await self._forget(conversation, "erase")
+
+    async def allow_group(self, conversation: str, allowed: bool, by: str) -> None:
+        """An admin's /allow (or /deny) of the group `conversation` is said in, from inside
+        it: kept for every replica, overriding LASTWORD_GROUPS__ALLOWED."""
+        keys = {"group": self.layout.keys(conversation).group}
+        await self._run(scripts.GROUP_SET, keys, {"allowed": int(allowed), "by": by})
 
     async def _forget(self, conversation: str, mode: str) -> int:
         k = self.layout.keys(conversation)
-        keys = {"state": k.state, "history": k.history, "heard": k.heard, "tools": k.tools}
-        args: dict[str, str | int] = {"mode": mode, "confirm_ms": FORGET_CONFIRM_MS}
+        keys = {
+            "state": k.state,
+            "history": k.history,
+            "heard": k.heard,
+            "tools": k.tools,
+            "room": k.room,
+        }
+        user = Place.of(conversation).sender
+        args: dict[str, str | int] = {"mode": mode, "confirm_ms": FORGET_CONFIRM_MS, "user": user}
         return int(await self._run(scripts.FORGET, keys, args))

@@ -85,6 +85,8 @@ INGEST = Script(
         "outbox",
         "usage",
         "access",
+        "group",
+        "room",
     ),
     args=(
         "conversation",
@@ -102,12 +104,17 @@ INGEST = Script(
         "user",
         "speculate_ms",
         "learn_floor_ms",
+        "in_group",
+        "addressed",
+        "said",
+        "room_messages",
+        "room_keep_ms",
     ),
 )
 NOTICE = Script("notice", keys=("notice",), args=("period_ms",))
 ACQUIRE = Script(
     "acquire",
-    keys=("state", "window", "lease", "due", "pending", "history", "outbox"),
+    keys=("state", "window", "lease", "due", "pending", "history", "outbox", "room"),
     args=(
         "conversation",
         "token",
@@ -119,6 +126,7 @@ ACQUIRE = Script(
         "trusted_age_ms",
         "starvation_limit",
         "starvation_age_ms",
+        "room_keep_ms",
     ),
 )
 RENEW = Script("renew", keys=("lease", "due"), args=("conversation", "token", "fence", "ttl_ms"))
@@ -217,7 +225,12 @@ ACCESS_COPY = Script(
 TRANSCRIPT = Script(
     "transcript", keys=("transcript", "heard"), args=("file_key", "text", "retention_ms")
 )
-FORGET = Script("forget", keys=("state", "history", "heard", "tools"), args=("mode", "confirm_ms"))
+FORGET = Script(
+    "forget",
+    keys=("state", "history", "heard", "tools", "room"),
+    args=("mode", "confirm_ms", "user"),
+)
+GROUP_SET = Script("group_set", keys=("group",), args=("allowed", "by"))
 PERSONA = Script("persona", keys=("state",), args=("persona",))
 TOOL_STEP = Script(
     "tool_step",
@@ -279,6 +292,7 @@ ALL: dict[str, Script] = {
         COMMIT,
         SETTLE,
         DUE,
+        GROUP_SET,
         USAGE,
         ROLE,
         ROLE_RELEASE,

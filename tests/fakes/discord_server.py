@@ -38,7 +38,25 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
   as on Discord, one sent to the main URL works too. Each heartbeat carries the sequence number
   of the last event the client received, which the fake records.
 - DMs carry their content whether or not the session asked for the message content intent;
-  guild messages that do not mention the bot are blanked for a session without it.
+  guild messages that do not mention the bot (a reply's ping counts) are blanked for a
+  session without it, and so is a reply's ``referenced_message`` judged on its own.
+- Guilds (:meth:`FakeDiscord.guild`, :meth:`FakeDiscord.guild_channel`,
+  :meth:`FakeDiscord.thread`): READY lists every guild the bot is in as ``unavailable``; a
+  session with the GUILDS intent then gets a ``GUILD_CREATE`` for each (channels, active
+  threads, roles, and as members the bot alone unless it has the presences intent; with the
+  members intent discord.py asks for the rest, op 8, answered by ``GUILD_MEMBERS_CHUNK``).
+  A guild, channel or thread made while connected is announced to such sessions by
+  ``GUILD_CREATE``, ``CHANNEL_CREATE`` or ``THREAD_CREATE`` before any later dispatch. A
+  session without GUILDS gets none of these: discord.py then knows the guild only as
+  unavailable and a guild message's channel only as a ``PartialMessageable``.
+- Replies: a message with a ``message_reference`` (type 0) is of type 19 (REPLY) and carries
+  the replied-to message as ``referenced_message`` (one level deep). A bot's POST naming a
+  message not in the channel is refused (400, 50035, ``message_reference``: ``Unknown
+  message``) unless ``fail_if_not_exists`` is false, which sends it without the reference.
+  ``mentions`` holds whom the message pings: for a bot's POST, the users its content names
+  that ``allowed_mentions`` lets through, plus the replied-to author if ``replied_user`` (or
+  without ``allowed_mentions`` at all, Discord's default: everyone named, and the reply's
+  author).
 - An attachment's bytes are not in the message: its ``url`` points at the CDN, signed and
   expiring (``?ex=<expiry>&is=<issued>&hm=<signature>&``, unix seconds in hex), and needs no
   token. The CDN answers an expired, unsigned or tampered URL with 404 and the plain-text body
@@ -92,9 +110,12 @@ from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
     "CDN_GONE",
+    "CHANNEL_GUILD_TEXT",
+    "CHANNEL_PUBLIC_THREAD",
     "DEFAULT_TOKEN",
     "DISCORD_EPOCH_MS",
     "MESSAGE_FLAG_IS_VOICE_MESSAGE",
+    "MESSAGE_TYPE_REPLY",
     "FakeDiscord",
     "RecordedDownload",
     "RecordedInteraction",
@@ -160,6 +181,7 @@ CLOSE_DISALLOWED_INTENTS = 4014
 _SESSION_ENDING_CLOSES = frozenset({4004, 4007, 4009, 4010, 4011, 4012, 4013, 4014})
 
 # Intent bits this fake looks at.
+INTENT_GUILDS = 1 << 0
 INTENT_GUILD_MEMBERS = 1 << 1
 INTENT_GUILD_PRESENCES = 1 << 8
 INTENT_GUILD_MESSAGES = 1 << 9
@@ -170,6 +192,22 @@ _PRIVILEGED = INTENT_GUILD_MEMBERS | INTENT_GUILD_PRESENCES | INTENT_MESSAGE_CON
 APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
 
 _MENTION_RE = re.compile(r"<@!?(\d+)>")
+
+# Channel types.
+CHANNEL_GUILD_TEXT = 0
+CHANNEL_DM = 1
+CHANNEL_PUBLIC_THREAD = 11
+# Message types: what a user or the bot writes, and a reply (a message with a reference).
+MESSAGE_TYPE_DEFAULT = 0
+MESSAGE_TYPE_REPLY = 19
+# Message reference types: a reply, a forward.
+REFERENCE_REPLY = 0
+# What @everyone may do in a fake guild (and so the bot): see channels, read their history,
+# send messages (in threads too), embed, attach, react, make public threads, use commands.
+_PERMISSION_BITS = (6, 10, 11, 14, 15, 16, 18, 31, 35, 38)
+EVERYONE_PERMISSIONS = sum(1 << bit for bit in _PERMISSION_BITS)
+# A thread archives after this many minutes without a message (Discord's default).
+THREAD_AUTO_ARCHIVE_MIN = 1440
 
 
 def snowflake_time_ms(snowflake: int) -> int:
@@ -210,6 +248,26 @@ class RecordedPost:
     # The client hung up (or was killed) before the answer was sent.
     cancelled: bool = False
     body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message_reference(self) -> dict[str, Any] | None:
+        """The ``message_reference`` the POST asked for, as sent (kept even when refused)."""
+        reference = self.body.get("message_reference")
+        return reference if isinstance(reference, dict) else None
+
+    @property
+    def reply_to(self) -> int | None:
+        """The id of the message the POST replies to, if it names one."""
+        reference = self.message_reference
+        if reference is None:
+            return None
+        return _digits(reference.get("message_id"))
+
+    @property
+    def allowed_mentions(self) -> dict[str, Any] | None:
+        """The ``allowed_mentions`` the POST was sent with, as sent; None if it had none."""
+        allowed = self.body.get("allowed_mentions")
+        return allowed if isinstance(allowed, dict) else None
 
 
 @dataclass
@@ -278,10 +336,29 @@ class RecordedInteraction:
 @dataclass
 class _Channel:
     id: int
-    type: int  # 1 = DM, 0 = guild text
+    type: int  # CHANNEL_DM, CHANNEL_GUILD_TEXT or CHANNEL_PUBLIC_THREAD
     guild_id: int | None = None
     recipient_id: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
+    name: str | None = None
+    # A thread's: the text channel it is in, and who started it.
+    parent_id: int | None = None
+    owner_id: int | None = None
+
+
+@dataclass
+class _Guild:
+    """A server the bot is in: its text channels and threads (ids, in creation order) and its
+    members as far as the fake knows them (the bot, and everyone who wrote there)."""
+
+    id: int
+    name: str
+    owner_id: int
+    joined_at: str
+    channel_ids: list[int] = field(default_factory=list)
+    thread_ids: list[int] = field(default_factory=list)
+    # user id -> {"nick": ..., "joined_at": ...}
+    members: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -430,6 +507,13 @@ class FakeDiscord(LoopbackServer):
         self._channels: dict[int, _Channel] = {}
         self._dm_by_user: dict[int, int] = {}
         self._guild_channel: dict[int, int] = {}
+        self._guilds: dict[int, _Guild] = {}
+        # Guild events (GUILD_CREATE, CHANNEL_CREATE, THREAD_CREATE) made by the synchronous
+        # scripting methods, each with the sessions it is for, not yet dispatched: sent before
+        # any later dispatch (so a message never overtakes the channel it is in) or soon by a
+        # task of their own. Dispatches hold _events_lock, which keeps that order.
+        self._pending_events: list[tuple[list[_Session], str, dict[str, Any]]] = []
+        self._events_lock = asyncio.Lock()
         self._messages: dict[int, dict[str, Any]] = {}
         # (author id, nonce as sent) -> (message id, time.monotonic() of creation)
         self._nonces: dict[tuple[int, str], tuple[int, float]] = {}
@@ -469,6 +553,9 @@ class FakeDiscord(LoopbackServer):
             ("POST", "/users/@me/channels", self._create_dm),
             ("GET", "/oauth2/applications/@me", self._get_application),
             ("GET", "/applications/@me", self._get_application),
+            ("GET", "/guilds/{guild_id}", self._get_guild),
+            ("GET", "/guilds/{guild_id}/channels", self._get_guild_channels),
+            ("GET", "/guilds/{guild_id}/members/{user_id}", self._get_member),
             ("GET", "/channels/{channel_id}", self._get_channel),
             ("POST", "/channels/{channel_id}/messages", self._post_message),
             ("GET", "/channels/{channel_id}/messages", self._get_messages),
@@ -612,19 +699,111 @@ class FakeDiscord(LoopbackServer):
             self._dm_by_user[user_id] = channel_id
         return channel_id
 
-    def guild_channel(self, guild_id: int, channel_id: int | None = None) -> int:
-        """A text channel in ``guild_id`` (the guild's default one unless ``channel_id``)."""
+    def guild(self, guild_id: int, *, name: str | None = None) -> int:
+        """The guild ``guild_id``, with the bot in it, made on first use (``name`` names a new
+        one, else ``guild-<id>``). Connected sessions with the GUILDS intent are sent its
+        ``GUILD_CREATE``, as when a bot joins a server; every later IDENTIFY finds it in READY.
+        Returns ``guild_id``."""
+        self._ensure_guild(guild_id, name)
+        return guild_id
+
+    def guild_channel(
+        self, guild_id: int, channel_id: int | None = None, *, name: str | None = None
+    ) -> int:
+        """A text channel in ``guild_id`` (the guild's default one unless ``channel_id``),
+        made on first use with the guild if need be (:meth:`guild`); ``name`` names a new one,
+        else ``channel-<id>``. A new channel in a guild the sessions know is announced by
+        ``CHANNEL_CREATE`` (GUILDS intent). A thread's id is accepted too: the thread."""
         if channel_id is None:
             channel_id = self._guild_channel.get(guild_id)
             if channel_id is None:
-                channel_id = next(self._ids)
+                channel_id = self._next_id()
                 self._guild_channel[guild_id] = channel_id
         existing = self._channels.get(channel_id)
-        if existing is None:
-            self._channels[channel_id] = _Channel(channel_id, 0, guild_id=guild_id)
-        elif existing.guild_id != guild_id:
-            raise ValueError(f"channel {channel_id} is not in guild {guild_id}")
+        if existing is not None:
+            if existing.guild_id != guild_id:
+                raise ValueError(f"channel {channel_id} is not in guild {guild_id}")
+            return channel_id
+        guild, announced = self._ensure_guild(guild_id, None, announce=False)
+        channel = _Channel(channel_id, CHANNEL_GUILD_TEXT, guild_id=guild_id, name=name)
+        self._channels[channel_id] = channel
+        guild.channel_ids.append(channel_id)
+        if announced:
+            self._announce("CHANNEL_CREATE", self._channel_object(channel))
+        else:
+            self._announce("GUILD_CREATE", self._guild_create(guild))
         return channel_id
+
+    def thread(
+        self,
+        guild_id: int,
+        parent_channel_id: int,
+        thread_id: int | None = None,
+        *,
+        name: str | None = None,
+        owner_id: int | None = None,
+    ) -> int:
+        """A public thread (channel type 11) in the text channel ``parent_channel_id`` of
+        ``guild_id`` (both made if need be), started by ``owner_id`` (default: the guild's
+        owner); ``thread_id`` None makes a new one, an existing id returns that thread.
+        Connected sessions with the GUILDS intent get ``THREAD_CREATE`` (``newly_created``).
+        Users write in it with ``user_sends(..., guild_id=guild_id, channel_id=thread_id)``;
+        its messages reach the gateway with ``guild_id`` and ``channel_id`` the thread's."""
+        parent = self._channels.get(parent_channel_id)
+        if parent is None:
+            self.guild_channel(guild_id, parent_channel_id)
+        elif parent.guild_id != guild_id or parent.type != CHANNEL_GUILD_TEXT:
+            raise ValueError(f"channel {parent_channel_id} is no text channel of {guild_id}")
+        guild = self._guilds[guild_id]
+        if thread_id is not None and thread_id in self._channels:
+            existing = self._channels[thread_id]
+            if existing.type != CHANNEL_PUBLIC_THREAD or existing.parent_id != parent_channel_id:
+                raise ValueError(f"channel {thread_id} is no thread of {parent_channel_id}")
+            return thread_id
+        thread_id = self._next_id() if thread_id is None else thread_id
+        owner = guild.owner_id if owner_id is None else owner_id
+        self._user(owner)
+        self._join(guild, owner)
+        channel = _Channel(
+            thread_id,
+            CHANNEL_PUBLIC_THREAD,
+            guild_id=guild_id,
+            name=name,
+            parent_id=parent_channel_id,
+            owner_id=owner,
+        )
+        self._channels[thread_id] = channel
+        guild.thread_ids.append(thread_id)
+        self._announce("THREAD_CREATE", {**self._channel_object(channel), "newly_created": True})
+        return thread_id
+
+    def _ensure_guild(
+        self, guild_id: int, name: str | None, *, announce: bool = True
+    ) -> tuple[_Guild, bool]:
+        """The guild, made if need be; and whether it existed (was announced) already."""
+        guild = self._guilds.get(guild_id)
+        if guild is not None:
+            return guild, True
+        owner_id = self._next_id()
+        self._user(owner_id)
+        guild = _Guild(
+            id=guild_id,
+            name=name or f"guild-{guild_id}",
+            owner_id=owner_id,
+            joined_at=_iso(int(time.time() * 1000)),
+        )
+        self._guilds[guild_id] = guild
+        self._join(guild, self.bot_id)
+        self._join(guild, owner_id)
+        if announce:
+            self._announce("GUILD_CREATE", self._guild_create(guild))
+        return guild, False
+
+    @staticmethod
+    def _join(guild: _Guild, user_id: int) -> dict[str, Any]:
+        return guild.members.setdefault(
+            user_id, {"nick": None, "joined_at": _iso(int(time.time() * 1000))}
+        )
 
     @staticmethod
     def attachment(
@@ -655,29 +834,65 @@ class FakeDiscord(LoopbackServer):
         channel_id: int | None = None,
         bot: bool = False,
         dispatch: bool = True,
+        reply_to: int | None = None,
+        mention_author: bool = True,
+        name: str | None = None,
+        nick: str | None = None,
     ) -> dict[str, Any]:
         """``user_id`` posts a message: to their DM with the bot, unless ``guild_id`` or
-        ``channel_id`` say otherwise. It is stored in the channel history and dispatched as
-        ``MESSAGE_CREATE`` (unless ``dispatch`` is false: an event the gateway lost, found
-        only in the history); returns the message as the gateway carries it.
+        ``channel_id`` say otherwise (a guild's text channel or thread, see :meth:`thread`).
+        It is stored in the channel history and dispatched as ``MESSAGE_CREATE`` (unless
+        ``dispatch`` is false: an event the gateway lost, found only in the history); returns
+        the message as the gateway carries it.
 
         ``attachments`` are objects from :meth:`add_attachment` (downloadable) or
         :meth:`attachment` (metadata only); ``flags`` are message flags
         (:data:`MESSAGE_FLAG_IS_VOICE_MESSAGE`, see :meth:`user_sends_voice`);
-        ``sticker_items`` are objects from :meth:`sticker`."""
+        ``sticker_items`` are objects from :meth:`sticker`. ``bot`` makes the author a bot
+        (``author.bot``, from now on). ``name`` sets the user's display name (``global_name``)
+        and ``nick`` their nickname in the guild (``member.nick``), both from now on.
+
+        ``reply_to`` names a message of the same channel (the bot's or anyone's): the message
+        is a reply (type 19) with ``message_reference`` and ``referenced_message``, and, as
+        Discord's clients do unless the ping is switched off (``mention_author`` false), it
+        mentions the replied-to author. ``<@id>`` and ``<@!id>`` in ``content`` mention a
+        user the fake knows."""
         if guild_id is not None:
             channel_id = self.guild_channel(guild_id, channel_id)
         elif channel_id is None:
             channel_id = self.dm_channel(user_id)
         elif channel_id not in self._channels:
             raise ValueError(f"unknown channel {channel_id}: pass guild_id to create it")
+        channel = self._channels[channel_id]
         user = self._user(user_id)
         if bot:
             user["bot"] = True
+        if name is not None:
+            user["global_name"] = name
+        if channel.guild_id is not None:
+            member = self._join(self._guilds[channel.guild_id], user_id)
+            if nick is not None:
+                member["nick"] = nick
+        referenced = None
+        if reply_to is not None:
+            referenced = self._messages.get(reply_to)
+            if referenced is None or int(referenced["channel_id"]) != channel_id:
+                raise ValueError(f"no message {reply_to} in channel {channel_id} to reply to")
         for attachment in attachments or []:
             self._bind(attachment, channel_id)
+        mentions = self._mentions(content)
+        if referenced is not None and mention_author:
+            mentions = self._with_mention(mentions, int(referenced["author"]["id"]), user_id)
         message = self._new_message(
-            channel_id, user, content, attachments or [], flags=flags, sticker_items=sticker_items
+            channel_id,
+            user,
+            content,
+            attachments or [],
+            flags=flags,
+            sticker_items=sticker_items,
+            reference=None if reply_to is None else {"message_id": reply_to},
+            referenced=referenced,
+            mentions=mentions,
         )
         payload = self._gateway_message(message)
         if dispatch:
@@ -722,9 +937,11 @@ class FakeDiscord(LoopbackServer):
             "context": CONTEXT_BOT_DM,
             "attachment_size_limit": 10 * 1024 * 1024,
         }
-        for session in list(self._sessions.values()):
-            if not session.invalidated:
-                await self._dispatch(session, "INTERACTION_CREATE", payload)
+        async with self._events_lock:
+            await self._flush_events()
+            for session in list(self._sessions.values()):
+                if not session.invalidated:
+                    await self._dispatch(session, "INTERACTION_CREATE", payload)
         self._notify()
         return interaction_id
 
@@ -754,7 +971,14 @@ class FakeDiscord(LoopbackServer):
             raise KeyError(f"unknown message {message_id}")
         message["content"] = new_content
         message["edited_timestamp"] = _iso(int(time.time() * 1000))
-        message["mentions"] = self._mentions(new_content)
+        mentions = self._mentions(new_content)
+        replied = message.get("referenced_message")
+        pinged = {m["id"] for m in message["mentions"]}
+        if replied is not None and replied["author"]["id"] in pinged:
+            # The reply's ping stays with the message whatever its new text says.
+            author_id = int(message["author"]["id"])
+            mentions = self._with_mention(mentions, int(replied["author"]["id"]), author_id)
+        message["mentions"] = mentions
         payload = self._gateway_message(message)
         await self._dispatch_message("MESSAGE_UPDATE", payload)
         return payload
@@ -1051,6 +1275,16 @@ class FakeDiscord(LoopbackServer):
                 found.append(dict(user))
         return found
 
+    def _with_mention(
+        self, mentions: list[dict[str, Any]], user_id: int, author_id: int
+    ) -> list[dict[str, Any]]:
+        """``mentions`` with ``user_id`` added (a reply's ping): no one is pinged twice, and
+        no one by their own reply."""
+        if user_id == author_id or any(m["id"] == str(user_id) for m in mentions):
+            return mentions
+        user = self._users.get(user_id)
+        return [*mentions, dict(user)] if user is not None else mentions
+
     def _new_message(
         self,
         channel_id: int,
@@ -1062,22 +1296,30 @@ class FakeDiscord(LoopbackServer):
         tts: bool = False,
         embeds: list[Any] | None = None,
         reference: dict[str, Any] | None = None,
+        referenced: dict[str, Any] | None = None,
+        mentions: list[dict[str, Any]] | None = None,
+        mention_everyone: bool | None = None,
         flags: int = 0,
         sticker_items: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """Store a new message. ``mentions`` None: the users ``content`` mentions; a
+        ``reference`` (as a POST body has it) makes a reply to ``referenced``, the stored
+        message it names (None: unknown, kept as Discord keeps a deleted one)."""
         channel = self._channels[channel_id]
         message_id = self._next_id()
+        if mention_everyone is None:
+            mention_everyone = "@everyone" in content or "@here" in content
         message: dict[str, Any] = {
             "id": str(message_id),
-            "type": 0,
+            "type": MESSAGE_TYPE_DEFAULT,
             "channel_id": str(channel_id),
             "author": self._public_user(author),
             "content": content,
             "timestamp": _iso(snowflake_time_ms(message_id)),
             "edited_timestamp": None,
             "tts": tts,
-            "mention_everyone": "@everyone" in content or "@here" in content,
-            "mentions": self._mentions(content),
+            "mention_everyone": mention_everyone,
+            "mentions": self._mentions(content) if mentions is None else mentions,
             "mention_roles": [],
             "attachments": attachments,
             "embeds": embeds or [],
@@ -1090,38 +1332,229 @@ class FakeDiscord(LoopbackServer):
         if nonce is not None:
             message["nonce"] = nonce
         if reference is not None:
-            referenced_id = int(reference.get("message_id", 0))
-            message["type"] = 19
-            message["message_reference"] = {
-                "type": 0,
-                "message_id": str(referenced_id),
-                "channel_id": str(channel_id),
+            kind = reference.get("type", REFERENCE_REPLY)
+            source = channel
+            if referenced is not None:
+                source = self._channels[int(referenced["channel_id"])]
+            stored_reference: dict[str, Any] = {
+                "type": kind,
+                "message_id": str(reference.get("message_id")),
+                "channel_id": str(source.id),
             }
-            message["referenced_message"] = self._messages.get(referenced_id)
+            if source.guild_id is not None:
+                stored_reference["guild_id"] = str(source.guild_id)
+            message["message_reference"] = stored_reference
+            if kind == REFERENCE_REPLY:
+                message["type"] = MESSAGE_TYPE_REPLY
+                # One level deep, as on Discord: the replied-to message without its own.
+                message["referenced_message"] = (
+                    None
+                    if referenced is None
+                    else {k: v for k, v in referenced.items() if k != "referenced_message"}
+                )
         channel.messages.append(message)
         self._messages[message_id] = message
         self._notify()
         return message
 
+    def _member_object(
+        self, guild: _Guild, user_id: int, *, with_user: bool = True
+    ) -> dict[str, Any]:
+        """A guild member as the gateway carries it (``with_user``: as GUILD_CREATE lists it;
+        without: as a message's ``member`` or a mention's)."""
+        known = guild.members.get(user_id) or self._join(guild, user_id)
+        member: dict[str, Any] = {
+            "roles": [],
+            "joined_at": known["joined_at"],
+            "deaf": False,
+            "mute": False,
+            "flags": 0,
+            "nick": known["nick"],
+            "avatar": None,
+            "premium_since": None,
+            "pending": False,
+        }
+        if with_user:
+            member["user"] = self._public_user(self._user(user_id))
+        return member
+
     def _gateway_message(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The stored message as the gateway carries it: guild messages add guild_id and the
-        author's member object (REST history has neither member nor, for DMs, guild_id)."""
+        """The stored message as the gateway carries it: guild messages add guild_id, the
+        author's member object and each mentioned member's (REST history has neither member
+        nor, for DMs, guild_id)."""
         payload = json.loads(json.dumps(message))
         channel = self._channels[int(message["channel_id"])]
         if channel.guild_id is not None:
+            guild = self._guilds[channel.guild_id]
             payload["guild_id"] = str(channel.guild_id)
-            payload["member"] = {
-                "roles": [],
-                "joined_at": message["timestamp"],
-                "deaf": False,
-                "mute": False,
-                "flags": 0,
-                "nick": None,
-                "avatar": None,
-                "premium_since": None,
-                "pending": False,
-            }
+            author_id = int(message["author"]["id"])
+            payload["member"] = self._member_object(guild, author_id, with_user=False)
+            for mention in payload["mentions"]:
+                if int(mention["id"]) in guild.members:
+                    mention["member"] = self._member_object(
+                        guild, int(mention["id"]), with_user=False
+                    )
         return dict(payload)
+
+    def _channel_object(self, channel: _Channel) -> dict[str, Any]:
+        last = channel.messages[-1]["id"] if channel.messages else None
+        if channel.type == CHANNEL_DM:
+            assert channel.recipient_id is not None
+            return {
+                "id": str(channel.id),
+                "type": CHANNEL_DM,
+                "last_message_id": last,
+                "flags": 0,
+                "recipients": [self._public_user(self._users[channel.recipient_id])],
+            }
+        if channel.type == CHANNEL_PUBLIC_THREAD:
+            created = _iso(snowflake_time_ms(channel.id))
+            authors = {m["author"]["id"] for m in channel.messages} | {str(channel.owner_id)}
+            return {
+                "id": str(channel.id),
+                "type": CHANNEL_PUBLIC_THREAD,
+                "guild_id": str(channel.guild_id),
+                "parent_id": str(channel.parent_id),
+                "owner_id": str(channel.owner_id),
+                "name": channel.name or f"thread-{channel.id}",
+                "last_message_id": last,
+                "rate_limit_per_user": 0,
+                "flags": 0,
+                "message_count": len(channel.messages),
+                "total_message_sent": len(channel.messages),
+                "member_count": min(len(authors), 50),
+                "thread_metadata": {
+                    "archived": False,
+                    "auto_archive_duration": THREAD_AUTO_ARCHIVE_MIN,
+                    "archive_timestamp": created,
+                    "locked": False,
+                    "create_timestamp": created,
+                },
+            }
+        return {
+            "id": str(channel.id),
+            "type": CHANNEL_GUILD_TEXT,
+            "guild_id": str(channel.guild_id),
+            "name": channel.name or f"channel-{channel.id}",
+            "position": 0,
+            "permission_overwrites": [],
+            "nsfw": False,
+            "parent_id": None,
+            "topic": None,
+            "rate_limit_per_user": 0,
+            "last_message_id": last,
+            "flags": 0,
+        }
+
+    def _guild_object(self, guild: _Guild) -> dict[str, Any]:
+        """A guild as ``GET /guilds/{id}`` answers it."""
+        everyone = {
+            "id": str(guild.id),
+            "name": "@everyone",
+            "color": 0,
+            "hoist": False,
+            "icon": None,
+            "unicode_emoji": None,
+            "position": 0,
+            "permissions": str(EVERYONE_PERMISSIONS),
+            "managed": False,
+            "mentionable": False,
+            "flags": 0,
+        }
+        return {
+            "id": str(guild.id),
+            "name": guild.name,
+            "icon": None,
+            "splash": None,
+            "discovery_splash": None,
+            "banner": None,
+            "description": None,
+            "owner_id": str(guild.owner_id),
+            "afk_channel_id": None,
+            "afk_timeout": 300,
+            "verification_level": 0,
+            "default_message_notifications": 1,
+            "explicit_content_filter": 0,
+            "mfa_level": 0,
+            "nsfw_level": 0,
+            "premium_tier": 0,
+            "premium_subscription_count": 0,
+            "premium_progress_bar_enabled": False,
+            "preferred_locale": "en-US",
+            "roles": [everyone],
+            "emojis": [],
+            "stickers": [],
+            "features": [],
+            "application_id": None,
+            "system_channel_id": None,
+            "system_channel_flags": 0,
+            "rules_channel_id": None,
+            "public_updates_channel_id": None,
+            "safety_alerts_channel_id": None,
+            "vanity_url_code": None,
+            "max_members": 500000,
+        }
+
+    def _guild_create(self, guild: _Guild, *, available: bool = False) -> dict[str, Any]:
+        """``GUILD_CREATE``'s payload: the guild with its channels, active threads and members.
+        ``available``: the lazy load after READY, where Discord says ``unavailable: false``; a
+        guild joined while connected comes without it (discord.py's ``on_guild_join``)."""
+        payload = {
+            **self._guild_object(guild),
+            "joined_at": guild.joined_at,
+            "large": False,
+            "member_count": len(guild.members),
+            "members": [self._member_object(guild, uid) for uid in list(guild.members)],
+            "channels": [self._channel_object(self._channels[c]) for c in guild.channel_ids],
+            "threads": [self._channel_object(self._channels[t]) for t in guild.thread_ids],
+            "voice_states": [],
+            "presences": [],
+            "stage_instances": [],
+            "guild_scheduled_events": [],
+            "soundboard_sounds": [],
+        }
+        if available:
+            payload["unavailable"] = False
+        return payload
+
+    def _announce(self, event: str, payload: dict[str, Any]) -> None:
+        """Queue a guild event for every session with the GUILDS intent (a disconnected one
+        gets it on RESUME); sent before any later dispatch, or soon by a task."""
+        targets = [
+            s for s in self._sessions.values() if not s.invalidated and s.intents & INTENT_GUILDS
+        ]
+        if not targets:
+            return
+        self._pending_events.append((targets, event, payload))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # sent with the next dispatch
+        task = loop.create_task(self._flush_soon())
+        self._handler_tasks.add(task)
+        task.add_done_callback(self._handler_tasks.discard)
+
+    async def _flush_soon(self) -> None:
+        async with self._events_lock:
+            await self._flush_events()
+        self._notify()
+
+    async def _flush_events(self) -> None:
+        """Dispatch the queued guild events, in order; the caller holds ``_events_lock``."""
+        while self._pending_events:
+            targets, event, payload = self._pending_events.pop(0)
+            for session in targets:
+                if not session.invalidated:
+                    await self._dispatch(session, event, self._guild_shaped(session, payload))
+
+    def _guild_shaped(self, session: _Session, payload: dict[str, Any]) -> dict[str, Any]:
+        """A GUILD_CREATE as ``session`` gets it: without the presences intent its members
+        are the bot alone (Discord's rule; ``member_count`` still counts all of them), and a
+        client with the members intent asks for the rest (GUILD_MEMBERS_CHUNK)."""
+        if "members" not in payload or session.intents & INTENT_GUILD_PRESENCES:
+            return payload
+        own = [m for m in payload["members"] if m["user"]["id"] == self.bot_user["id"]]
+        return {**payload, "members": own}
 
     # -- gateway: dispatch -------------------------------------------------------------------
 
@@ -1138,23 +1571,34 @@ class FakeDiscord(LoopbackServer):
         bit = INTENT_GUILD_MESSAGES if "guild_id" in payload else INTENT_DIRECT_MESSAGES
         return bool(session.intents & bit)
 
-    def _shaped_for(self, session: _Session, payload: dict[str, Any]) -> dict[str, Any]:
+    def _shaped_for(
+        self, session: _Session, payload: dict[str, Any], in_guild: bool | None = None
+    ) -> dict[str, Any]:
         # Discord blanks guild message content for sessions without the message content
-        # intent, except the bot's own messages and those that mention it. DMs are exempt.
-        if (
-            "guild_id" not in payload
-            or session.intents & INTENT_MESSAGE_CONTENT
-            or payload["author"]["id"] == self.bot_user["id"]
-            or any(m["id"] == self.bot_user["id"] for m in payload["mentions"])
-        ):
+        # intent, except the bot's own messages and those that mention it (a reply's ping
+        # too). DMs are exempt. A reply's referenced_message is judged on its own.
+        if in_guild is None:
+            in_guild = "guild_id" in payload
+        if not in_guild or session.intents & INTENT_MESSAGE_CONTENT:
             return payload
-        return {**payload, "content": "", "embeds": [], "attachments": [], "components": []}
+        shaped = payload
+        replied = payload.get("referenced_message")
+        if replied is not None:
+            shaped = {**payload, "referenced_message": self._shaped_for(session, replied, True)}
+        if payload["author"]["id"] == self.bot_user["id"] or any(
+            m["id"] == self.bot_user["id"] for m in payload["mentions"]
+        ):
+            return shaped
+        return {**shaped, "content": "", "embeds": [], "attachments": [], "components": []}
 
     async def _dispatch_message(self, event: str, payload: dict[str, Any]) -> None:
-        for session in list(self._sessions.values()):
-            if session.invalidated or not self._wants(session, payload):
-                continue
-            await self._dispatch(session, event, self._shaped_for(session, payload))
+        async with self._events_lock:
+            # Guild events queued before it first: the channel a message is in is known.
+            await self._flush_events()
+            for session in list(self._sessions.values()):
+                if session.invalidated or not self._wants(session, payload):
+                    continue
+                await self._dispatch(session, event, self._shaped_for(session, payload))
         self._notify()
 
     async def _dispatch(self, session: _Session, event: str, data: dict[str, Any]) -> None:
@@ -1251,9 +1695,41 @@ class FakeDiscord(LoopbackServer):
             if conn.session is None:
                 await ws.close(code=CLOSE_NOT_AUTHENTICATED, message=b"Not authenticated.")
                 return False
+            if op == OP_REQUEST_GUILD_MEMBERS and isinstance(d, dict):
+                await self._members_chunk(conn.session, d)
             return True
         await ws.close(code=CLOSE_UNKNOWN_OPCODE, message=b"Unknown opcode.")
         return False
+
+    async def _members_chunk(self, session: _Session, d: dict[str, Any]) -> None:
+        """Answer a member request (what discord.py's chunking sends with the members intent)
+        with one ``GUILD_MEMBERS_CHUNK`` of the members the fake knows, filtered by
+        ``query`` (a username prefix), ``user_ids`` and ``limit``."""
+        guild = self._guilds.get(_digits(d.get("guild_id")) or 0)
+        if guild is None:
+            return
+        query = str(d.get("query") or "").lower()
+        wanted = d.get("user_ids")
+        ids = [
+            uid
+            for uid in guild.members
+            if self._user(uid)["username"].lower().startswith(query)
+            and (not isinstance(wanted, list) or str(uid) in {str(w) for w in wanted})
+        ]
+        limit = d.get("limit")
+        if isinstance(limit, int) and limit > 0:
+            ids = ids[:limit]
+        chunk: dict[str, Any] = {
+            "guild_id": str(guild.id),
+            "members": [self._member_object(guild, uid) for uid in ids],
+            "chunk_index": 0,
+            "chunk_count": 1,
+        }
+        if d.get("nonce") is not None:
+            chunk["nonce"] = d["nonce"]
+        async with self._events_lock:
+            await self._dispatch(session, "GUILD_MEMBERS_CHUNK", chunk)
+        self._notify()
 
     async def _may_authenticate(self, conn: _Connection, d: Any) -> bool:
         """Whether an IDENTIFY or RESUME may go on: the socket has no session yet and the token
@@ -1282,18 +1758,30 @@ class FakeDiscord(LoopbackServer):
             return False
         self.identifies.append(d)
         self.identify_count += 1
+        # Held until the guilds are sent: no dispatch can reach the new session before them.
+        async with self._events_lock:
+            return await self._ready(conn, d, intents)
+
+    async def _ready(self, conn: _Connection, d: dict[str, Any], intents: int) -> bool:
+        """READY, then (GUILDS intent) a GUILD_CREATE for each guild, as Discord lazy-loads
+        the guilds READY lists as unavailable."""
         shard = d.get("shard")
         session = _Session(
             id=secrets.token_hex(16),
             intents=intents,
             shard=list(shard) if isinstance(shard, list) else None,
         )
+        # Queued guild events go out first, to the sessions they were for; this one gets
+        # the guilds as they are now.
+        await self._flush_events()
         self._sessions[session.id] = session
+        guilds = list(self._guilds.values())
+        loads = [self._guild_create(g, available=True) for g in guilds]
         session.seq += 1
         ready: dict[str, Any] = {
             "v": 10,
             "user": dict(self.bot_user),
-            "guilds": [],
+            "guilds": [{"id": str(g.id), "unavailable": True} for g in guilds],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.resume_gateway_url,
@@ -1312,6 +1800,9 @@ class FakeDiscord(LoopbackServer):
         # Attached after READY went out, so no event can overtake it on this socket.
         conn.session = session
         session.connection = conn
+        if intents & INTENT_GUILDS:
+            for load in loads:
+                await self._dispatch(session, "GUILD_CREATE", self._guild_shaped(session, load))
         self._notify()
         return True
 
@@ -1529,31 +2020,26 @@ class FakeDiscord(LoopbackServer):
             answered["response_message_id"] = message_id
         return _respond({"interaction": answered})
 
-    def _channel_object(self, channel: _Channel) -> dict[str, Any]:
-        last = channel.messages[-1]["id"] if channel.messages else None
-        if channel.type == 1:
-            assert channel.recipient_id is not None
-            return {
-                "id": str(channel.id),
-                "type": 1,
-                "last_message_id": last,
-                "flags": 0,
-                "recipients": [self._public_user(self._users[channel.recipient_id])],
-            }
-        return {
-            "id": str(channel.id),
-            "type": 0,
-            "guild_id": str(channel.guild_id),
-            "name": f"channel-{channel.id}",
-            "position": 0,
-            "permission_overwrites": [],
-            "nsfw": False,
-            "parent_id": None,
-            "topic": None,
-            "rate_limit_per_user": 0,
-            "last_message_id": last,
-            "flags": 0,
-        }
+    def _guild(self, request: web.Request) -> _Guild:
+        guild = self._guilds.get(_snowflake(request.match_info["guild_id"]))
+        if guild is None:
+            raise _Failed(_error(404, "Unknown Guild", 10004))
+        return guild
+
+    async def _get_guild(self, request: web.Request) -> web.Response:
+        return _respond(self._guild_object(self._guild(request)))
+
+    async def _get_guild_channels(self, request: web.Request) -> web.Response:
+        # Threads are not listed here, as on Discord (they have routes of their own).
+        guild = self._guild(request)
+        return _respond([self._channel_object(self._channels[c]) for c in guild.channel_ids])
+
+    async def _get_member(self, request: web.Request) -> web.Response:
+        guild = self._guild(request)
+        user_id = _snowflake(request.match_info["user_id"])
+        if user_id not in guild.members:
+            raise _Failed(_error(404, "Unknown Member", 10007))
+        return _respond(self._member_object(guild, user_id))
 
     def _channel(self, request: web.Request) -> _Channel:
         channel = self._channels.get(_snowflake(request.match_info["channel_id"]))
@@ -1687,6 +2173,8 @@ class FakeDiscord(LoopbackServer):
         embeds = body.get("embeds") if isinstance(body.get("embeds"), list) else []
         if not content.strip() and not attachments and not embeds:
             raise _Failed(_error(400, "Cannot send an empty message", 50006))
+        allowed = _allowed_mentions(body.get("allowed_mentions"))
+        reference, referenced = self._reference(channel, body.get("message_reference"))
 
         if nonce is not None and post.enforce_nonce:
             key = (self.bot_id, str(nonce))
@@ -1698,7 +2186,7 @@ class FakeDiscord(LoopbackServer):
                     post.message_id = seen[0]
                     return existing
 
-        reference = body.get("message_reference")
+        mentions, everyone = self._post_mentions(content, allowed, referenced)
         message = self._new_message(
             channel.id,
             self.bot_user,
@@ -1707,7 +2195,10 @@ class FakeDiscord(LoopbackServer):
             nonce=nonce,
             tts=body.get("tts") is True,
             embeds=embeds,
-            reference=reference if isinstance(reference, dict) else None,
+            reference=reference,
+            referenced=referenced,
+            mentions=mentions,
+            mention_everyone=everyone,
         )
         post.message_id = int(message["id"])
         if nonce is not None:
@@ -1715,6 +2206,84 @@ class FakeDiscord(LoopbackServer):
         # Discord echoes the bot's own messages on the gateway.
         await self._dispatch_message("MESSAGE_CREATE", self._gateway_message(message))
         return message
+
+    def _reference(
+        self, channel: _Channel, reference: Any
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """A POST's ``message_reference`` checked as Discord does: (the reference to keep, the
+        stored message it names). A reply must name a message of the channel posted to; one
+        that does not is refused (50035) unless ``fail_if_not_exists`` is false, which sends
+        the message without the reference."""
+        if reference is None:
+            return None, None
+        if not isinstance(reference, dict):
+            raise _form_error("message_reference", "MODEL_TYPE_CONVERT", "Must be an object.")
+        kind = reference.get("type", REFERENCE_REPLY)
+        if kind not in (0, 1) or isinstance(kind, bool):
+            raise _form_error("message_reference.type", "ENUM_TYPE_COERCE", "Not a valid type.")
+        message_id = _digits(reference.get("message_id"))
+        named_channel = reference.get("channel_id")
+        referenced = self._messages.get(message_id or 0)
+        if referenced is not None and (
+            int(referenced["channel_id"]) != channel.id
+            if kind == REFERENCE_REPLY
+            else named_channel is not None and str(named_channel) != referenced["channel_id"]
+        ):
+            referenced = None
+        if referenced is None:
+            if reference.get("fail_if_not_exists", True) is not False:
+                raise _form_error("message_reference", "REPLIES_UNKNOWN_MESSAGE", "Unknown message")
+            return None, None
+        return {"type": kind, "message_id": referenced["id"]}, referenced
+
+    def _post_mentions(
+        self,
+        content: str,
+        allowed: dict[str, Any] | None,
+        referenced: dict[str, Any] | None,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Whom a bot message mentions (its ``mentions``, ``mention_everyone``): those its
+        content names that ``allowed_mentions`` lets through, and the replied-to author if
+        it lets that ping through. Without ``allowed_mentions`` everything is (Discord's
+        default for a bot's message, a reply's ping included)."""
+        named = self._mentions(content)
+        everyone = "@everyone" in content or "@here" in content
+        if allowed is None:
+            mentions, ping_replied = named, True
+        else:
+            parse = allowed.get("parse") or []
+            if "users" in parse:
+                mentions = named
+            else:
+                users = {str(u) for u in allowed.get("users") or []}
+                mentions = [m for m in named if m["id"] in users]
+            everyone = everyone and "everyone" in parse
+            ping_replied = allowed.get("replied_user") is True
+        if referenced is not None and ping_replied:
+            mentions = self._with_mention(mentions, int(referenced["author"]["id"]), self.bot_id)
+        return mentions, everyone
+
+
+def _allowed_mentions(allowed: Any) -> dict[str, Any] | None:
+    """A POST's ``allowed_mentions``, refused (50035) where Discord refuses it."""
+    if allowed is None:
+        return None
+    if not isinstance(allowed, dict):
+        raise _form_error("allowed_mentions", "MODEL_TYPE_CONVERT", "Must be an object.")
+    parse = allowed.get("parse") or []
+    if not isinstance(parse, list) or not set(parse) <= {"users", "roles", "everyone"}:
+        raise _form_error("allowed_mentions.parse", "ENUM_TYPE_COERCE", "Not a valid type.")
+    for kind in ("users", "roles"):
+        listed = allowed.get(kind)
+        if listed is not None and not isinstance(listed, list):
+            raise _form_error(f"allowed_mentions.{kind}", "BASE_TYPE_BAD_TYPE", "Not a list.")
+        if listed and kind in parse:
+            raise _form_error(
+                "allowed_mentions",
+                "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
+                f'parse:["{kind}"] and {kind}: [ids] are mutually exclusive.',
+            )
+    return allowed
 
 
 def discord_limits(

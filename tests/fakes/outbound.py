@@ -17,6 +17,7 @@ class Sent:
     conversation: str
     text: str
     idempotency_key: str
+    reply_to: str | None = None
 
 
 @dataclass
@@ -27,8 +28,10 @@ class RecordingOutbound(NoFiles):
     typing_calls: list[str] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
-        self.sent.append(Sent(conversation, text, idempotency_key))
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
+        self.sent.append(Sent(conversation, text, idempotency_key, reply_to))
         self._changed.set()
 
     async def typing(self, conversation: str) -> None:

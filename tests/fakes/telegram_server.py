@@ -27,6 +27,14 @@ PTB builds request URLs as ``{base_url}{token}/{method}``, so a bot points at th
 ``base_url=f"{fake.api_url}/bot"``; :attr:`FakeTelegram.api_url` is the Bot API base that
 ``LASTWORD_TELEGRAM__API_URL`` expects (``http://127.0.0.1:PORT``).
 
+Groups: :meth:`FakeTelegram.group_text_update` builds a message in a group, a supergroup or a
+forum topic, a reply to an earlier message, or one from another bot, with the ``mention`` and
+``bot_command`` entities Telegram computes from the text. The fake remembers every message of
+every chat (the users' it built and the bot's it sent; :meth:`~FakeTelegram.messages_in`) and
+each chat as the users' messages showed it, so the bot's messages carry the right chat, their
+``message_thread_id`` and the message they reply to; a reply to a message the chat does not have
+is refused as Telegram refuses it, and so is a draft outside a private chat.
+
 Telegram's rate limits are enforced when asked for (``FakeTelegram(limits=telegram_limits())``,
 see :func:`telegram_limits`): a call past one is answered Telegram's 429 with ``retry_after``,
 performs nothing, is recorded with status 429, and is counted in ``fake.limits.violations``.
@@ -192,6 +200,17 @@ class RecordedCall:
         value = self.params.get("file_id")
         return value if isinstance(value, str) else None
 
+    @property
+    def reply_to_message_id(self) -> int | None:
+        """The message the call replies to: ``reply_parameters.message_id``, or the legacy
+        ``reply_to_message_id``; None if it replies to none."""
+        return _reply_to(self.params)
+
+    @property
+    def thread_id(self) -> int | None:
+        """The ``message_thread_id`` the call gave (a forum topic), or None."""
+        return _opt_int(self.params.get("message_thread_id"))
+
 
 @dataclass
 class RecordedDownload:
@@ -286,7 +305,10 @@ class FakeTelegram(LoopbackServer):
         *,
         bot_username: str = "fake_bot",
         limits: Limits | None = None,
+        can_read_all_group_messages: bool = False,
     ) -> None:
+        """``can_read_all_group_messages``: what getMe reports; True is a bot whose privacy
+        mode is off (it sees every message in its groups, not only commands and mentions)."""
         super().__init__()
         self.token = token
         # The rate limits enforced (see telegram_limits), and their violations; None: none.
@@ -298,7 +320,7 @@ class FakeTelegram(LoopbackServer):
             "first_name": "Fake Bot",
             "username": bot_username,
             "can_join_groups": True,
-            "can_read_all_group_messages": False,
+            "can_read_all_group_messages": can_read_all_group_messages,
             "supports_inline_queries": False,
         }
         self.calls: list[RecordedCall] = []
@@ -315,6 +337,11 @@ class FakeTelegram(LoopbackServer):
         # Message ids are per chat and shared by both directions, as in Telegram's private chats.
         self._message_ids: dict[int | str, int] = {}
         self._bot_messages: dict[tuple[int | str, int], dict[str, Any]] = {}
+        # Every message of every chat by id, the users' (as built) and the bot's (as sent; the
+        # same objects as in _bot_messages, so edits show); and each chat as the users'
+        # messages last showed it, for the bot's messages there.
+        self._chat_messages: dict[int | str, dict[int, dict[str, Any]]] = {}
+        self._chats: dict[int | str, dict[str, Any]] = {}
         self._errors: dict[str, list[ScriptedError | None]] = {}
         self._phases: dict[str, list[_Phase]] = {}
         self._chat_errors: dict[int | str, ScriptedError] = {}
@@ -585,11 +612,58 @@ class FakeTelegram(LoopbackServer):
         message_id: int | None = None,
         first_name: str = "Ann",
         title: str = "Test group",
+        *,
+        supergroup: bool = False,
+        topic: int | None = None,
+        reply_to: int | None = None,
+        is_bot: bool = False,
+        username: str | None = None,
     ) -> dict[str, Any]:
-        """A message in a group; ``chat_id`` should be negative, as Telegram's group ids are."""
+        """A message in a group; ``chat_id`` should be negative, as Telegram's group ids are.
+
+        It carries the ``mention`` (``@name``) and ``bot_command`` (``/cmd``, ``/cmd@bot``)
+        entities Telegram finds in ``text``, offsets and lengths in UTF-16 code units.
+
+        - ``supergroup``: the chat is a supergroup (else a basic group).
+        - ``topic``: the message is in that forum topic (the chat a forum supergroup); the
+          topic's id is the id of the message that created it. Without ``reply_to`` the
+          message replies, as in Telegram, to that creation message (``forum_topic_created``),
+          which a bot must not take for a reply to something said.
+        - ``reply_to``: the message replies to that message of the chat, the user's or the
+          bot's as the fake remembers it (a minimal one if it knows none).
+        - ``is_bot``: another bot posts it (``from.is_bot``; username ``otherbot`` unless
+          ``username`` says otherwise); ``username``: the sender's ``@username``.
+
+        The chat is remembered as built here: the bot's messages there show it.
+        """
+        forum = topic is not None
+        chat: dict[str, Any] = {
+            "id": chat_id,
+            "title": title,
+            "type": "supergroup" if supergroup or forum else "group",
+        }
+        if forum:
+            chat["is_forum"] = True
+        sender: dict[str, Any] = {"id": user_id, "is_bot": is_bot, "first_name": first_name}
+        if is_bot or username is not None:
+            sender["username"] = username or "otherbot"
+        if not is_bot:
+            sender["language_code"] = "en"
+        self._chats[chat_id] = chat
+        creation = None if topic is None else self._topic_created(chat_id, topic, sender)
         message = self._inbound(chat_id, user_id, first_name, "group", message_id)
-        message["chat"]["title"] = title
+        message["from"] = sender
+        message["chat"] = dict(chat)
+        if topic is not None:
+            message["message_thread_id"] = topic
+            message["is_topic_message"] = True
+        if reply_to is not None:
+            message["reply_to_message"] = self._replied(chat_id, reply_to)
+        elif creation is not None:
+            message["reply_to_message"] = _without_reply(creation)
         message["text"] = text
+        if entities := _entities(text):
+            message["entities"] = entities
         return self._update("message", message)
 
     # Media builders: a message refers to a file by the id add_file returned; without one it
@@ -829,7 +903,61 @@ class FakeTelegram(LoopbackServer):
         }
 
     def _update(self, kind: str, message: dict[str, Any]) -> dict[str, Any]:
+        if kind in ("message", "edited_message"):
+            self._remember(message)
         return {"update_id": next(self._update_ids), kind: message}
+
+    def _remember(self, message: dict[str, Any]) -> None:
+        """Keep a copy of a user's message (an edit replaces it) and its chat, as shown."""
+        chat = message["chat"]
+        kept = json.loads(json.dumps(message))
+        self._chat_messages.setdefault(chat["id"], {})[int(message["message_id"])] = kept
+        self._chats[chat["id"]] = dict(kept["chat"])
+
+    def _replied(self, chat_id: int | str, message_id: int) -> dict[str, Any]:
+        """What a ``reply_to_message`` shows of ``message_id``: the message as remembered
+        (Telegram nests no reply in it), or a minimal one if the fake knows none."""
+        known = self._chat_messages.get(chat_id, {}).get(message_id)
+        if known is not None:
+            return _without_reply(known)
+        return {
+            "message_id": message_id,
+            "chat": dict(self._chat(chat_id)),
+            "date": int(time.time()),
+        }
+
+    def _topic_created(
+        self, chat_id: int | str, topic: int, creator: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The service message that created forum topic ``topic`` (its id is the topic's): the
+        one remembered, or a new one (by ``creator``), remembered from now on."""
+        known = self._chat_messages.get(chat_id, {}).get(topic)
+        if known is not None and "forum_topic_created" in known:
+            return known
+        created: dict[str, Any] = {
+            "message_id": topic,
+            "chat": dict(self._chat(chat_id)),
+            "date": int(time.time()),
+            "message_thread_id": topic,
+            "is_topic_message": True,
+            # PTB requires the colour: 0x6FB9F0, the first of Telegram's topic colours.
+            "forum_topic_created": {"name": "Topic", "icon_color": 0x6FB9F0},
+        }
+        if creator is not None:
+            created["from"] = dict(creator)
+        if known is None:
+            self._chat_messages.setdefault(chat_id, {})[topic] = created
+            self._message_ids[chat_id] = max(self._message_ids.get(chat_id, 0), topic)
+        return created
+
+    def _chat(self, chat_id: int | str) -> dict[str, Any]:
+        """The chat as the users' messages last showed it, or what its id suggests."""
+        known = self._chats.get(chat_id)
+        if known is not None:
+            return known
+        if isinstance(chat_id, int) and chat_id < 0:
+            return {"id": chat_id, "type": "group", "title": "Test group"}
+        return {"id": chat_id, "type": "private"}
 
     def _next_message_id(self, chat_id: int | str) -> int:
         message_id = self._message_ids.get(chat_id, 0) + 1
@@ -853,6 +981,32 @@ class FakeTelegram(LoopbackServer):
     def sent_messages(self) -> list[RecordedCall]:
         """The ``sendMessage`` calls that succeeded, in order."""
         return [c for c in self.calls if c.method == "sendMessage" and c.ok]
+
+    def messages_in(self, chat_id: int | str) -> list[dict[str, Any]]:
+        """Every message of the chat the fake knows, by id: the users' it built (as last
+        built: an edit replaces one), topic creations, and the bot's it sent (as edited; not
+        those it deleted). Copies: changing them changes nothing."""
+        kept = self._chat_messages.get(chat_id, {})
+        return [json.loads(json.dumps(kept[mid])) for mid in sorted(kept)]
+
+    def bot_replies_in(self, chat_id: int | str, thread: int | None = None) -> list[RecordedCall]:
+        """The ``sendMessage`` calls to ``chat_id`` that succeeded, in order; only those in
+        forum topic ``thread`` if given."""
+        return [
+            c
+            for c in self.sent_messages
+            if c.chat_id == chat_id and (thread is None or c.thread_id == thread)
+        ]
+
+    async def wait_for_bot_replies(
+        self,
+        chat_id: int | str,
+        count: int = 1,
+        thread: int | None = None,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[RecordedCall]:
+        """Wait until :meth:`bot_replies_in` has at least ``count`` calls; return them."""
+        return await self._wait(lambda: self.bot_replies_in(chat_id, thread), count, timeout)
 
     @property
     def pending_updates(self) -> list[dict[str, Any]]:
@@ -1041,10 +1195,14 @@ class FakeTelegram(LoopbackServer):
                 _require_chat(p)
                 if not isinstance(p.get("action"), str):
                     raise _bad_request("wrong parameter action in request")
+                _thread_of(p)  # recorded (see RecordedCall.thread_id), checked, nothing else
                 return True
             case "sendMessageDraft":
                 # An ephemeral preview in a private chat; nothing is stored as a message.
-                _require_chat(p)
+                # Telegram refuses one anywhere else (a group, a supergroup, a channel).
+                chat_id = _require_chat(p)
+                if not isinstance(chat_id, int) or chat_id < 0:
+                    raise _bad_request("TEXTDRAFT_PEER_INVALID")
                 if _require_int(p, "draft_id") == 0:
                     raise _bad_request("draft_id must be non-zero")
                 return True
@@ -1054,6 +1212,7 @@ class FakeTelegram(LoopbackServer):
                 key = (_require_chat(p), _require_int(p, "message_id"))
                 if self._bot_messages.pop(key, None) is None:
                     raise _bad_request("message to delete not found")
+                self._chat_messages.get(key[0], {}).pop(key[1], None)
                 return True
             case "getFile":
                 return self._get_file(p)
@@ -1165,15 +1324,27 @@ class FakeTelegram(LoopbackServer):
             raise _bad_request("message text is empty")
         if _visible_length(text, p.get("parse_mode")) > self.max_message_length:
             raise _bad_request("message is too long")
-        message = self._bot_message(chat_id, self._next_message_id(chat_id), text)
+        thread = _thread_of(p)
         reply_to = _reply_to(p)
+        replied: dict[str, Any] | None = None
         if reply_to is not None:
-            message["reply_to_message"] = {
-                "message_id": reply_to,
-                "date": message["date"],
-                "chat": message["chat"],
-            }
+            known = self._chat_messages.get(chat_id, {}).get(reply_to)
+            if known is not None:
+                replied = _without_reply(known)
+            elif not _may_send_without_reply(p):
+                raise _bad_request("message to be replied not found")
+        message = self._bot_message(chat_id, self._next_message_id(chat_id), text)
+        if thread is not None:
+            message["message_thread_id"] = thread
+            message["is_topic_message"] = True
+            if replied is None and message["chat"].get("is_forum"):
+                # As for the users' messages: in a topic, a message that replies to nothing
+                # replies to the topic's creation.
+                replied = _without_reply(self._topic_created(chat_id, thread, None))
+        if replied is not None:
+            message["reply_to_message"] = replied
         self._bot_messages[(chat_id, message["message_id"])] = message
+        self._chat_messages.setdefault(chat_id, {})[message["message_id"]] = message
         return message
 
     def _edit_message_text(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -1196,13 +1367,10 @@ class FakeTelegram(LoopbackServer):
         return message
 
     def _bot_message(self, chat_id: int | str, message_id: int, text: str) -> dict[str, Any]:
-        chat: dict[str, Any] = {"id": chat_id, "type": "private"}
-        if isinstance(chat_id, int) and chat_id < 0:
-            chat = {"id": chat_id, "type": "group", "title": "Test group"}
         return {
             "message_id": message_id,
             "from": {k: self.bot_user[k] for k in ("id", "is_bot", "first_name", "username")},
-            "chat": chat,
+            "chat": dict(self._chat(chat_id)),
             "date": int(time.time()),
             "text": text,
         }
@@ -1367,8 +1535,119 @@ def _require_int(p: dict[str, Any], key: str) -> int:
     return value
 
 
-def _reply_to(p: dict[str, Any]) -> int | None:
-    params = p.get("reply_parameters")
-    if isinstance(params, dict):
-        return _opt_int(params.get("message_id"))
-    return _opt_int(p.get("reply_to_message_id"))
+def _json_object(value: Any) -> dict[str, Any] | None:
+    """A JSON object parameter, whether decoded already or still a JSON string (a JSON body
+    may carry one either way); None if it is neither."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    return value if isinstance(value, dict) else None
+
+
+def _reply_to(p: Mapping[str, Any]) -> int | None:
+    """The message a call replies to: ``reply_parameters.message_id`` (an object or its JSON
+    text), else the legacy ``reply_to_message_id``."""
+    params = _json_object(p.get("reply_parameters"))
+    if params is not None:
+        return _as_int(params.get("message_id"))
+    return _as_int(p.get("reply_to_message_id"))
+
+
+def _may_send_without_reply(p: Mapping[str, Any]) -> bool:
+    """Whether the call lets the message go out when the one it replies to is not found."""
+    params = _json_object(p.get("reply_parameters"))
+    allowed = (
+        p.get("allow_sending_without_reply")
+        if params is None
+        else params.get("allow_sending_without_reply")
+    )
+    return allowed is True or (isinstance(allowed, str) and allowed.lower() in ("true", "1"))
+
+
+def _as_int(value: Any) -> int | None:
+    """An int, or the digits of one (a JSON body is not typed by field name)."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+        return None
+    return _opt_int(value)
+
+
+def _thread_of(p: Mapping[str, Any]) -> int | None:
+    """The ``message_thread_id`` a call gave, if any; 400 if it is no number."""
+    if p.get("message_thread_id") is None:
+        return None
+    thread = _as_int(p.get("message_thread_id"))
+    if thread is None:
+        raise _bad_request("message thread not found")
+    return thread
+
+
+def _without_reply(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``message`` as a ``reply_to_message`` shows it: Telegram nests no reply."""
+    shown: dict[str, Any] = json.loads(json.dumps(message))
+    shown.pop("reply_to_message", None)
+    return shown
+
+
+def _utf16_length(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+# What Telegram takes for a username in a mention (2-32 of these after the @, between
+# non-word characters) and for a command (1-64, maybe @ and 3-32 naming the bot; nothing
+# of a word, a slash or an angle bracket on either side): tdlib's match_mentions and
+# match_bot_commands, which the Bot API server shares.
+_NAME_RUN = re.compile(r"[A-Za-z0-9_]*")
+
+
+def _entities(text: str) -> list[dict[str, Any]]:
+    """The ``mention`` and ``bot_command`` entities Telegram finds in a message's text, by
+    offset; offsets and lengths in UTF-16 code units."""
+    found: list[tuple[int, int, str]] = []
+    for start, char in enumerate(text):
+        if char not in "@/":
+            continue
+        before = text[start - 1] if start else ""
+        if char == "@":
+            if before and _is_word(before):
+                continue
+            end = _name_end(text, start + 1)
+            if not 2 <= end - start - 1 <= 32 or _word_at(text, end):
+                continue
+        else:
+            if before and (_is_word(before) or before in "/<>"):
+                continue
+            end = _name_end(text, start + 1)
+            if not 1 <= end - start - 1 <= 64:
+                continue
+            if end < len(text) and text[end] == "@":
+                bot_end = _name_end(text, end + 1)
+                if not 3 <= bot_end - end - 1 <= 32:
+                    continue
+                end = bot_end
+            if _word_at(text, end) or (end < len(text) and text[end] in "/<>"):
+                continue
+        found.append((start, end, "mention" if char == "@" else "bot_command"))
+    return [
+        {
+            "type": kind,
+            "offset": _utf16_length(text[:start]),
+            "length": _utf16_length(text[start:end]),
+        }
+        for start, end, kind in found
+    ]
+
+
+def _name_end(text: str, start: int) -> int:
+    """Where the run of username characters from ``start`` ends."""
+    match = _NAME_RUN.match(text, start)
+    return start if match is None else match.end()
+
+
+def _word_at(text: str, index: int) -> bool:
+    return index < len(text) and _is_word(text[index])

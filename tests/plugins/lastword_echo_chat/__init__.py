@@ -50,7 +50,9 @@ class EchoChatAdapter(NoFiles):
     def connected(self) -> bool:
         return True
 
-    async def send(self, conversation: str, text: str, idempotency_key: str) -> None:
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
         log.info("echochat: %s <- %s", conversation, text)
 
     async def typing(self, conversation: str) -> None:
