@@ -166,7 +166,7 @@ async def test_another_bot_is_never_answered_even_mid_burst(
 async def test_forget_in_a_group_takes_the_persons_words_out_of_the_room(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
-    bot, chat = await group_replica(runtime_factory, fake)
+    bot, _ = await group_replica(runtime_factory, fake)
     assert not await bot.ingest(said(ANN, 1, "my number is 555"))
     assert not await bot.ingest(said(BOB, 2, "nice"))
     for n in (3, 4):
