@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,14 +46,19 @@ SENDING = ("sendMessage", "sendMessageDraft", "sendChatAction")
 class Replica:
     webhook: str  # where to post updates
     metrics: int  # the port of its /metrics
+    bot: Running
 
 
 @contextlib.asynccontextmanager
 async def fleet(
-    server: EmbeddedRedis, fake: FakeTelegram, short_dir: Path, **extra: str
+    server: EmbeddedRedis,
+    fake: FakeTelegram,
+    short_dir: Path,
+    each: Callable[[int], dict[str, str]] = lambda n: {},
+    **extra: str,
 ) -> AsyncIterator[list[Replica]]:
-    """Three replicas in webhook mode, started at once; ready when each has registered its
-    webhook."""
+    """Three replicas in webhook mode, started at once, with `extra` settings (and replica
+    n's own, `each(n)`); ready when each has registered its webhook."""
     replicas, bots = [], []
     try:
         for n in range(3):
@@ -71,8 +76,8 @@ async def fleet(
                 LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND="1",
                 **extra,
             )
-            bots.append(await Running.start(env))
-            replicas.append(Replica(f"http://127.0.0.1:{hook}/telegram", metrics))
+            bots.append(await Running.start(env | each(n)))
+            replicas.append(Replica(f"http://127.0.0.1:{hook}/telegram", metrics, bots[-1]))
         # Three starts at once take the CPU of three.
         for bot in bots:
             registered = fake.wait_for_calls("setWebhook", 3, timeout=3 * START_S)
