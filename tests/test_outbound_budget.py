@@ -54,6 +54,7 @@ async def fleet(
     server: EmbeddedRedis,
     fake: FakeTelegram,
     short_dir: Path,
+    *,
     each: Callable[[int], dict[str, str]] = lambda n: {},
     **extra: str,
 ) -> AsyncIterator[list[Replica]]:
