@@ -95,7 +95,7 @@ async def test_each_persons_burst_gets_one_reply_and_the_chatter_is_context(
     async with (
         FakeTelegram() as fake,
         FakeOpenAI() as model,
-        fleet(server, fake, short_dir, **model_env(model)) as replicas,
+        fleet(server, fake, short_dir, each=lambda n: model_env(model)) as replicas,
     ):
         room = Room(fake, replicas)
         await room.say(CAT, "anyone for lunch?")
@@ -152,7 +152,7 @@ async def test_stop_retry_and_forget_in_a_group_act_on_the_sender_only(
     async with (
         FakeTelegram() as fake,
         FakeOpenAI() as model,
-        fleet(server, fake, short_dir, **model_env(model)) as replicas,
+        fleet(server, fake, short_dir, each=lambda n: model_env(model)) as replicas,
     ):
         room = Room(fake, replicas)
         model.hold()
@@ -195,8 +195,7 @@ async def test_a_replica_killed_mid_reply_in_a_group_loses_nothing(
             server,
             fake,
             short_dir,
-            each=lambda n: {"LASTWORD_LLM__API_KEY": f"key{n}"},
-            **model_env(model),
+            each=lambda n: model_env(model) | {"LASTWORD_LLM__API_KEY": f"key{n}"},
         ) as replicas,
     ):
         room = Room(fake, replicas)
