@@ -40,6 +40,11 @@ its window is open; no call starts once a newer message arrived after its step w
 with a /reset among them) reuses the turn's record, and a /reset closes the records of the
 turns before it.
 
+Groups: the two conversations are two people in one group. A message delivered is addressed
+to the bot or not (a burst's follow-ups never are); one that is not enters its sender's
+conversation only while their burst is open (the window, or a reply still owed for a message
+within max_wait), and is otherwise said to the room: V unchanged, never answered.
+
 After every step, the invariants are read from the server itself: V, W, the pending
 messages, the window, the due-index, and the history the model kept (each answered message,
 then the reply when it was sent, the newest HISTORY_CAP entries).
@@ -73,13 +78,14 @@ from hypothesis.stateful import (
 from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
-from bot.message import InboundMessage
+from bot.message import InboundMessage, Place, Said
 from bot.store import (
     CLOCK_SLACK_MS,
     RETRY_AFTER_ERROR_CAP_MS,
     Ended,
     Failed,
     Grant,
+    Heard,
     HistoryEntry,
     Keys,
     PreSend,
@@ -92,7 +98,9 @@ from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
-CONVERSATIONS = ("model:a", "model:b")
+# Two people in one group: each a conversation of their own, in the group's shard, where a
+# message not addressed to the bot joins its sender's open burst or is said to the room.
+CONVERSATIONS = tuple(Place("model", "-1", who, group=True).conversation for who in "ab")
 REPLICAS = 3
 QUIET_MS = 20
 MAX_WAIT_MS = 40
@@ -186,6 +194,7 @@ class Protocol(RuleBasedStateMachine):
         ]
         self.holders: list[Holder] = []
         self.messages: list[InboundMessage] = []
+        self.said = 0  # messages delivered, said to the room or not: their numbers
         # The model, which the server must agree with.
         self.accepted = dict.fromkeys(CONVERSATIONS, 0)
         self.watermark = dict.fromkeys(CONVERSATIONS, 0)
@@ -237,6 +246,16 @@ class Protocol(RuleBasedStateMachine):
 
     # Read from the server directly: the model never takes a script's word for it.
 
+    async def _burst_open(self, conv: str) -> bool:
+        """Whether a message not addressed to the bot would join `conv`'s burst: its window
+        is open, or a reply is still owed for a message within max_wait."""
+        now = await self._now()
+        window, state = await self._integers(Keys(conv).window), await self._state(conv)
+        if window.get("deadline", 0) > now:
+            return True
+        owed = state.get("v", 0) > state.get("w", 0)
+        return owed and now - state.get("last_at", 0) < MAX_WAIT_MS
+
     async def _now(self) -> int:
         seconds, micros = await self.redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
@@ -286,13 +305,31 @@ class Protocol(RuleBasedStateMachine):
 
     # Messages arrive.
 
-    @rule(replica=replica_, conv=conversation_, burst=st.integers(1, 3))
-    def deliver(self, replica: int, conv: str, burst: int) -> None:
-        for _ in range(burst):
-            n = len(self.messages) + 1
-            message = InboundMessage("model", conv.split(":")[1], "u", f"m{n}", f"text {n}")
+    @rule(
+        replica=replica_,
+        conv=conversation_,
+        burst=st.integers(1, 3),
+        addressed=st.sampled_from([True, True, False]),
+    )
+    def deliver(self, replica: int, conv: str, burst: int, addressed: bool = True) -> None:
+        """A burst of messages; a message not addressed to the bot (the rest of the burst
+        never is) enters the conversation only while its sender's burst is open."""
+        for i in range(burst):
+            self.said = n = self.said + 1
+            place = Place.of(conv)
+            message = InboundMessage.at(place, f"m{n}", f"text {n}", mentioned=addressed and not i)
+            was_open = self.run(self._burst_open(conv))
             now = self.run(self._now())
-            ingested = self.run(self.replicas[replica].ingest(message))
+            ingested = self.run(self.replicas[replica].ingest(message, "allowed", heard(message)))
+            if ingested.overheard:
+                assert not message.mentioned, "an addressed message was not taken in"
+                assert not self.run(self._burst_open(conv)), "a follow-up was overheard"
+                assert self.run(self._state(conv)).get("v", 0) == self.accepted[conv]
+                self.seen["overheard"] += 1
+                continue
+            if not message.mentioned:
+                assert was_open, "a message said to the room entered a closed burst"
+                self.seen["followed up unaddressed"] += 1
             assert ingested.accepted, "a new message id was dropped"
             self.accepted[conv] += 1
             assert ingested.version == self.accepted[conv]
@@ -307,7 +344,7 @@ class Protocol(RuleBasedStateMachine):
     def redeliver(self, n: int, replica: int) -> None:
         if self.messages:
             message = self.messages[n % len(self.messages)]
-            ingested = self.run(self.replicas[replica].ingest(message))
+            ingested = self.run(self.replicas[replica].ingest(message, "allowed", heard(message)))
             assert not ingested.accepted, f"{message.message_id} was taken in twice"
             assert ingested.version == self.accepted[message.conversation]
 
@@ -935,6 +972,12 @@ class Protocol(RuleBasedStateMachine):
             assert effective <= latest + 2, f"{conv}: due at {due:.0f}, should be by {latest}"
 
 
+def heard(message: InboundMessage) -> Heard:
+    """How a group message reaches ingest: in an allowed group, addressed or not."""
+    addressed: Literal["1", "0"] = "1" if message.mentioned else "0"
+    return Heard("allowed", addressed, Said.of(message, 500).to_json())
+
+
 def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> None:
     chosen = int(os.environ.get("LASTWORD_MODEL_SEED") or random.randrange(2**32))
     replay = f"LASTWORD_MODEL_SEED={chosen} .venv/bin/pytest -n 0 tests/test_model.py"
@@ -943,7 +986,8 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     Protocol.seen.clear()
     steps = ("speculated", "held", "restarted", "sent after its window")
     tools = ("tool reused", "tool unknown", "tool held", "tool moved", "tool dropped")
-    wanted = (*steps, *tools, "tool retried after a reset")
+    groups = ("overheard", "followed up unaddressed")
+    wanted = (*steps, *tools, *groups, "tool retried after a reset")
     began = time.monotonic()
     # Whether a run takes a timed path (a speculative reply sent once its window closed)
     # depends on how fast the steps follow each other on the real clock: on a loaded machine

@@ -101,7 +101,7 @@ if in_group ~= '' then
   end
   if addressed ~= '1' and not follows then
     if redis.call('ZSCORE', seen, message_id) then
-      return answer('duplicate', 0, -1, 'none')
+      return answer('duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none')
     end
     redis.call('ZADD', seen, now, message_id)
     redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - seen_keep_ms)
