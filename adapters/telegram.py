@@ -812,7 +812,18 @@ async def _check(settings: Settings, timeout_s: float) -> Check:
         )
     finally:
         await bot.shutdown()
-    return Check("platform", True, f"telegram: @{me.username} ({me.id})")
+    found = f"telegram: @{me.username} ({me.id})"
+    if not settings.groups.allowed:
+        return Check("platform", True, found)
+    if me.can_read_all_group_messages:
+        return Check("platform", True, f"{found}, privacy mode off: it reads every group message")
+    return Check(
+        "platform",
+        True,
+        f"{found}, privacy mode on: in groups it reads only mentions, replies to it and "
+        "commands (follow-ups without a mention and the room's context need it off: "
+        "@BotFather, /setprivacy, Disable)",
+    )
 
 
 PLUGIN = Platform(

@@ -50,6 +50,8 @@ SLOW_MODULES = frozenset(
         "tests.test_speculation_e2e",
         "tests.test_secrets_walk",
         "tests.test_outbound_budget",
+        "tests.test_groups_telegram",
+        "tests.test_groups_discord",
     }
 )
 

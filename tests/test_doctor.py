@@ -169,6 +169,24 @@ async def test_all_pass_with_telegram_openai_and_redis(
     assert_no_secret(report)
 
 
+@pytest.mark.parametrize("reads_all", [False, True])
+async def test_with_groups_on_doctor_says_whether_telegrams_privacy_mode_hides_them(
+    make_settings: SettingsFactory, reads_all: bool
+) -> None:
+    async with FakeTelegram(TG_TOKEN, can_read_all_group_messages=reads_all) as telegram:
+        settings = make_settings(
+            platform="telegram",
+            telegram={"token": TG_TOKEN, "api_url": telegram.api_url},
+            groups={"allowed": ["-1001"]},
+        )
+        found = await adapters.check(settings, 5)
+    assert found.ok
+    if reads_all:
+        assert found.detail.endswith("privacy mode off: it reads every group message")
+    else:
+        assert "privacy mode on" in found.detail and "/setprivacy" in found.detail
+
+
 async def test_no_secret_in_any_output(
     make_settings: SettingsFactory,
     server: EmbeddedRedis,

@@ -1,0 +1,259 @@
+"""People in busy groups bursting at the bot while others chat: one reply per person's burst?
+
+    python -m benchmarks.groups [--groups 4] [--people 3] [--chatters 2] [--rounds 2]
+                                [--replicas 3]
+
+`--replicas` `lastword run` replicas (the real Telegram adapter in webhook mode, the echo
+model answering at once) on one embedded server, against the loopback fake Bot API; every update goes to the
+next replica in turn, as a load balancer would. In each of `--groups` groups, `--people`
+people each address the bot with a burst of three lines (a mention, then two follow-ups
+without one, 100 ms apart) while `--chatters` others talk among themselves, all at once,
+`--rounds` times. The same people then send the same bursts in their DMs, for comparison.
+For groups and DMs it prints:
+
+- replies per addressed burst (1.00 is one each);
+- stale replies: a reply that does not cover its person's last line;
+- replies to the wrong message: not to the person's last line of the burst;
+- replies to the chatter: any reply to a line not addressed to the bot (must be 0);
+- last message → reply, p50 and p95 (s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.command_line import timed_run
+from benchmarks.flood import ready
+from benchmarks.wakeup import percentile, print_table, temporary_server
+from bot.embedded import EmbeddedRedis
+from tests.fakes.loopback import free_port
+from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update
+from tests.running import Running, clean_environ
+
+SECRET = "groups-webhook-secret"
+GAP_S = 0.1  # between the lines of a burst
+# Replies still missing this long after the last one came are counted as not delivered.
+QUIET_END_S = 15.0
+SEED = 34
+
+
+@dataclass
+class Burst:
+    """One person's burst: where, their last line's id and text, and when it was posted."""
+
+    chat: int
+    last_id: int = 0
+    last_text: str = ""
+    last_at: float = 0.0
+
+
+@dataclass
+class Workload:
+    bursts: list[Burst] = field(default_factory=list)
+    chatter: set[tuple[int, int]] = field(default_factory=set)  # (chat, message id)
+
+
+def bot_env(server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, port: int) -> dict[str, str]:
+    return clean_environ() | {
+        "LASTWORD_PLATFORM": "telegram",
+        "LASTWORD_REDIS_URL": server.url,
+        "LASTWORD_DATA_DIR": str(data_dir),
+        "LASTWORD_LOG_LEVEL": "ERROR",
+        "LASTWORD_LLM__PROVIDER": "echo",
+        # Answered at once, so the figures are the bot's and not a model's pace (a DM's
+        # live draft would otherwise stream the echo's words, 40 ms each).
+        "LASTWORD_LLM__ECHO_WORD_MS": "0",
+        "LASTWORD_DEBOUNCE__QUIET_MS": "300",
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
+        "LASTWORD_TELEGRAM__TOKEN": fake.token,
+        "LASTWORD_TELEGRAM__API_URL": fake.api_url,
+        "LASTWORD_TELEGRAM__MODE": "webhook",
+        "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
+        "LASTWORD_GROUPS__ALLOWED": "*",
+        # The fake enforces no limits here: what is measured is who is answered, and when.
+        "LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND": "20",
+        "LASTWORD_TELEGRAM__GROUP_MESSAGES_PER_MINUTE": "600",
+    }
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    server: EmbeddedRedis, fake: FakeTelegram, folder: Path, count: int
+) -> AsyncIterator[list[str]]:
+    """The replicas' webhook URLs, once each answers."""
+    bots: list[Running] = []
+    urls = []
+    try:
+        for n in range(count):
+            port = free_port()
+            bots.append(await Running.start(bot_env(server, fake, folder / f"r{n}", port)))
+            urls.append(f"http://127.0.0.1:{port}/telegram")
+        await asyncio.gather(*(ready(url, 60) for url in urls))
+        yield urls
+    finally:
+        await asyncio.gather(*(bot.stop() for bot in bots))
+
+
+class Room:
+    """Posts each update to the next replica."""
+
+    def __init__(self, fake: FakeTelegram, urls: list[str]) -> None:
+        self.fake = fake
+        self.urls = itertools.cycle(urls)
+
+    async def post(self, update: dict[str, object]) -> int:
+        status = await post_update(next(self.urls), update, SECRET)
+        assert status == 200, f"the webhook answered {status}"
+        message = update["message"]
+        assert isinstance(message, dict)
+        return int(message["message_id"])
+
+
+async def burst(room: Room, work: Workload, chat: int, user: int, round_: int) -> None:
+    """Three lines from `user`: a mention, then two follow-ups without one."""
+    lines = [f"@fake_bot question {round_} from {user}", f"detail {round_}.1", f"detail {round_}.2"]
+    entry = Burst(chat)
+    for n, line in enumerate(lines):
+        if n:
+            await asyncio.sleep(GAP_S)
+        if chat < 0:
+            update = room.fake.group_text_update(chat, user, line, first_name=f"P{user}")
+        else:
+            update = room.fake.private_text_update(chat, user, line)
+        entry.last_at = time.monotonic()
+        entry.last_id, entry.last_text = await room.post(update), line
+    work.bursts.append(entry)
+
+
+async def chat_away(room: Room, work: Workload, chat: int, user: int, lines: int) -> None:
+    rng = random.Random(SEED + user)
+    for n in range(lines):
+        await asyncio.sleep(rng.uniform(0.05, 0.3))
+        update = room.fake.group_text_update(chat, user, f"chatter {n} from {user}")
+        work.chatter.add((chat, await room.post(update)))
+
+
+async def settle(fake: FakeTelegram, owed: int) -> None:
+    """Until `owed` replies came, or none for a while."""
+    while len(fake.sent_messages) < owed:
+        seen = len(fake.sent_messages)
+        with contextlib.suppress(TimeoutError):
+            await fake.wait_for_sent(seen + 1, timeout=QUIET_END_S)
+        if len(fake.sent_messages) == seen:
+            return
+
+
+def measured(work: Workload, sent: list[RecordedCall], place: str) -> list[str]:
+    """The row of one place: each burst's first reply after its last line, in its chat (in
+    a group, the one replying to that line); replies pointing elsewhere are wrong, or to the
+    chatter."""
+    group = place == "groups"
+    stale = 0
+    waits: list[int] = []
+    for entry in work.bursts:
+        found = [
+            c
+            for c in sent
+            if c.chat_id == entry.chat
+            and c.at >= entry.last_at
+            and (not group or c.reply_to_message_id == entry.last_id)
+        ]
+        if found:
+            first = min(found, key=lambda c: c.at)
+            stale += entry.last_text not in str(first.text)
+            waits.append(int((first.at - entry.last_at) * 1000))
+    lasts = {(b.chat, b.last_id) for b in work.bursts}
+    pointers = [(c.chat_id, c.reply_to_message_id) for c in sent]
+    to_chatter = sum(p in work.chatter for p in pointers)
+    wrong = sum(p not in lasts and p not in work.chatter for p in pointers)
+    waits.sort()
+    return [
+        place,
+        str(len(work.bursts)),
+        f"{len(sent) / max(len(work.bursts), 1):.2f}",
+        str(stale),
+        str(wrong) if group else "n/a",
+        str(to_chatter),
+        f"{percentile(waits, 50) / 1000:.2f}" if waits else "-",
+        f"{percentile(waits, 95) / 1000:.2f}" if waits else "-",
+    ]
+
+
+async def run_place(args: argparse.Namespace, in_groups: bool) -> list[str]:
+    async with (
+        temporary_server() as server,
+        FakeTelegram() as fake,
+        replicas(server, fake, server.data_dir.parent, args.replicas) as urls,
+    ):
+        room, work = Room(fake, urls), Workload()
+        people = [(g, p) for g in range(args.groups) for p in range(args.people)]
+        for round_ in range(args.rounds):
+            tasks = []
+            for g, p in people:
+                user = 1000 * (g + 1) + p
+                chat = -(100 + g) if in_groups else user
+                tasks.append(burst(room, work, chat, user, round_))
+            if in_groups:
+                for g in range(args.groups):
+                    for c in range(args.chatters):
+                        tasks.append(chat_away(room, work, -(100 + g), 900_000 + 100 * g + c, 4))
+            await asyncio.gather(*tasks)
+            await settle(fake, len(work.bursts))
+        return measured(work, fake.sent_messages, "groups" if in_groups else "DMs")
+
+
+async def run(args: argparse.Namespace) -> None:
+    rows = [await run_place(args, in_groups=True), await run_place(args, in_groups=False)]
+    print(
+        f"cpus: {os.cpu_count()}; {args.replicas} `lastword run` replicas (telegram webhook, echo"
+        f" model, quiet 300 ms); {args.groups} groups of {args.people} people bursting (3 lines,"
+        f" {GAP_S * 1000:.0f} ms apart, only the first a mention) and {args.chatters} chatting;"
+        f" {args.rounds} rounds; then the same bursts in DMs; one run"
+    )
+    headers = [
+        "place",
+        "bursts",
+        "replies/burst",
+        "stale",
+        "wrong message",
+        "to chatter",
+        "p50 (s)",
+        "p95 (s)",
+    ]
+    print_table(headers, rows)
+    medians = [float(r[6]) for r in rows if r[6] != "-"]
+    if len(medians) == 2 and medians[1]:
+        print(f"\ngroups/DMs, last message -> reply p50: {medians[0] / medians[1]:.2f}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.groups",
+        description=__doc__.split("\n\n")[0] if __doc__ else "",
+    )
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--people", type=int, default=3, help="bursting at the bot, per group")
+    parser.add_argument("--chatters", type=int, default=2, help="talking among themselves")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    with timed_run():
+        asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
