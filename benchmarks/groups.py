@@ -4,12 +4,12 @@
                                 [--replicas 3]
 
 `--replicas` `lastword run` replicas (the real Telegram adapter in webhook mode, the echo
-model answering at once) on one embedded server, against the loopback fake Bot API; every update goes to the
-next replica in turn, as a load balancer would. In each of `--groups` groups, `--people`
-people each address the bot with a burst of three lines (a mention, then two follow-ups
-without one, 100 ms apart) while `--chatters` others talk among themselves, all at once,
-`--rounds` times. The same people then send the same bursts in their DMs, for comparison.
-For groups and DMs it prints:
+model answering at once) on one embedded server, against the loopback fake Bot API; every
+update goes to the next replica in turn, as a load balancer would. In each of `--groups`
+groups, `--people` people each address the bot with a burst of three lines (a mention, then
+two follow-ups without one, 100 ms apart) while `--chatters` others talk among themselves,
+all at once, `--rounds` times. The same people then send the same bursts in their DMs, for
+comparison. For groups and DMs it prints:
 
 - replies per addressed burst (1.00 is one each);
 - stale replies: a reply that does not cover its person's last line;
