@@ -132,6 +132,10 @@ def chat_of(conversation: str) -> str:
     return conversation.partition(GROUP_MARK)[0]
 
 
+# InboundMessage's fields for a group only; a DM's are at their defaults ("", False).
+GROUP_FIELDS = ("topic", "mentioned", "from_bot")
+
+
 @dataclass(frozen=True)
 class InboundMessage:
     platform: str
@@ -178,6 +182,11 @@ class InboundMessage:
         # taken in, and the fields are plain values (the attachments' too).
         data = dict(vars(self))
         data["attachments"] = [vars(attachment) for attachment in self.attachments]
+        # A DM's message leaves out the group fields at their defaults, so a replica of the
+        # version before groups, still running in a rolling upgrade, reads it.
+        for name in GROUP_FIELDS:
+            if not data[name]:
+                del data[name]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod

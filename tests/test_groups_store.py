@@ -5,7 +5,9 @@ is a conversation of their own; the end-to-end tests (`test_groups_telegram`,
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -77,6 +79,18 @@ def test_a_group_conversation_is_one_person_in_one_chat_and_shares_its_shard() -
     assert Keys(ann).shard == Keys(bob).shard == Keys("test:-100").shard
     assert Keys(ann).room == Keys(bob).room != Keys(conv(ANN, topic="7")).room
     assert Keys(ann).group == Keys(conv(ANN, topic="7")).group
+
+
+def test_a_dms_stored_message_is_what_the_version_before_groups_reads() -> None:
+    dm = InboundMessage.at(Place("test", "42", "42"), "m1", "hi")
+    assert set(json.loads(dm.to_json())) == {f.name for f in fields(InboundMessage)} - {
+        "topic",
+        "mentioned",
+        "from_bot",
+    }
+    mine = said(ANN, 1, "@bot hi", mentioned=True, topic="7")
+    assert InboundMessage.from_json(mine.to_json()) == mine
+    assert InboundMessage.from_json(dm.to_json()) == dm
 
 
 @pytest.mark.parametrize(
