@@ -25,6 +25,7 @@ from tests.test_outbound_budget import Replica, fleet, post
 pytestmark = pytest.mark.timeout(180)
 
 GROUP, OTHER_GROUP = -1001, -1002
+TOPIC = 7
 ANN, BOB, CAT, DAN, OTHER_BOT = 101, 102, 103, 104, 999
 NAMES = {ANN: "Ann", BOB: "Bob", CAT: "Cat", DAN: "Dan", OTHER_BOT: "Otto"}
 BOT = "@fake_bot"
@@ -51,10 +52,10 @@ class Room:
         self.fake = fake
         self.replicas = itertools.cycle(replicas)
 
-    async def say(self, user: int, text: str, chat: int = GROUP) -> int:
-        """Post the line; its message id."""
+    async def say(self, user: int, text: str, chat: int = GROUP, topic: int | None = None) -> int:
+        """Post the line (in forum topic `topic`, if given); its message id."""
         update = self.fake.group_text_update(
-            chat, user, text, first_name=NAMES[user], is_bot=user == OTHER_BOT
+            chat, user, text, first_name=NAMES[user], is_bot=user == OTHER_BOT, topic=topic
         )
         assert await post(next(self.replicas), update) == 200
         return int(update["message"]["message_id"])
@@ -144,6 +145,12 @@ async def test_each_persons_burst_gets_one_reply_and_the_chatter_is_context(
         assert len(bobs) == 1 and not bobs[0].cancelled
         assert len(anns) == 2 and anns[0].cancelled and not anns[1].cancelled
         assert len(fake.bot_replies_in(GROUP)) == 4
+
+        # In a forum topic, the reply (and the typing before it) stays in the topic.
+        in_topic = await room.say(ANN, f"{BOT} in a topic", topic=TOPIC)
+        (topical,) = await fake.wait_for_bot_replies(GROUP, 1, thread=TOPIC, timeout=30)
+        assert topical.reply_to_message_id == in_topic and "in a topic" in str(topical.text)
+        assert [c for c in fake.calls_to("sendChatAction") if c.thread_id == TOPIC]
 
 
 async def test_stop_retry_and_forget_in_a_group_act_on_the_sender_only(
