@@ -28,19 +28,16 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import stampede
 from benchmarks.command_line import timed_run
-from benchmarks.flood import ready
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.embedded import EmbeddedRedis
-from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update
-from tests.running import Running, clean_environ
 
-SECRET = "groups-webhook-secret"
 GAP_S = 0.1  # between the lines of a burst
 # Replies still missing this long after the last one came are counted as not delivered.
 QUIET_END_S = 15.0
@@ -64,45 +61,16 @@ class Workload:
 
 
 def bot_env(server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, port: int) -> dict[str, str]:
-    return clean_environ() | {
-        "LASTWORD_PLATFORM": "telegram",
-        "LASTWORD_REDIS_URL": server.url,
-        "LASTWORD_DATA_DIR": str(data_dir),
-        "LASTWORD_LOG_LEVEL": "ERROR",
-        "LASTWORD_LLM__PROVIDER": "echo",
+    """The stampede's replica (its webhook, the echo model, the quiet window), in groups."""
+    return stampede.bot_env(server, fake, data_dir, port, "shared", 30) | {
         # Answered at once, so the figures are the bot's and not a model's pace (a DM's
         # live draft would otherwise stream the echo's words, 40 ms each).
         "LASTWORD_LLM__ECHO_WORD_MS": "0",
-        "LASTWORD_DEBOUNCE__QUIET_MS": "300",
-        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
-        "LASTWORD_TELEGRAM__TOKEN": fake.token,
-        "LASTWORD_TELEGRAM__API_URL": fake.api_url,
-        "LASTWORD_TELEGRAM__MODE": "webhook",
-        "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
-        "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
         "LASTWORD_GROUPS__ALLOWED": "*",
         # The fake enforces no limits here: what is measured is who is answered, and when.
         "LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND": "20",
         "LASTWORD_TELEGRAM__GROUP_MESSAGES_PER_MINUTE": "600",
     }
-
-
-@contextlib.asynccontextmanager
-async def replicas(
-    server: EmbeddedRedis, fake: FakeTelegram, folder: Path, count: int
-) -> AsyncIterator[list[str]]:
-    """The replicas' webhook URLs, once each answers."""
-    bots: list[Running] = []
-    urls = []
-    try:
-        for n in range(count):
-            port = free_port()
-            bots.append(await Running.start(bot_env(server, fake, folder / f"r{n}", port)))
-            urls.append(f"http://127.0.0.1:{port}/telegram")
-        await asyncio.gather(*(ready(url, 60) for url in urls))
-        yield urls
-    finally:
-        await asyncio.gather(*(bot.stop() for bot in bots))
 
 
 class Room:
@@ -113,7 +81,7 @@ class Room:
         self.urls = itertools.cycle(urls)
 
     async def post(self, update: dict[str, object]) -> int:
-        status = await post_update(next(self.urls), update, SECRET)
+        status = await post_update(next(self.urls), update, stampede.SECRET)
         assert status == 200, f"the webhook answered {status}"
         message = update["message"]
         assert isinstance(message, dict)
@@ -194,7 +162,11 @@ async def run_place(args: argparse.Namespace, in_groups: bool) -> list[str]:
     async with (
         temporary_server() as server,
         FakeTelegram() as fake,
-        replicas(server, fake, server.data_dir.parent, args.replicas) as urls,
+        stampede.replicas(
+            args.replicas,
+            server.data_dir.parent,
+            lambda folder, port: bot_env(server, fake, folder, port),
+        ) as urls,
     ):
         room, work = Room(fake, urls), Workload()
         people = [(g, p) for g in range(args.groups) for p in range(args.people)]

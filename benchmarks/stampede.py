@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,16 +91,16 @@ def bot_env(
 
 @contextlib.asynccontextmanager
 async def replicas(
-    server: EmbeddedRedis, fake: FakeTelegram, folder: Path, mode: str, args: argparse.Namespace
+    count: int, folder: Path, env_of: Callable[[Path, int], dict[str, str]]
 ) -> AsyncIterator[list[str]]:
-    """The replicas' webhook URLs, once each answers."""
+    """`count` replicas, each with the settings `env_of(its data folder, its webhook port)`:
+    their webhook URLs, once each answers."""
     bots: list[Running] = []
     urls = []
     try:
-        for n in range(args.replicas):
+        for n in range(count):
             port = free_port()
-            env = bot_env(server, fake, folder / f"r{n}", port, mode, args.rate)
-            bots.append(await Running.start(env))
+            bots.append(await Running.start(env_of(folder / f"r{n}", port)))
             urls.append(f"http://127.0.0.1:{port}/telegram")
         await asyncio.gather(*(ready(url, 60) for url in urls))
         yield urls
@@ -113,7 +113,11 @@ async def run_once(mode: str, args: argparse.Namespace) -> Outcome:
     async with (
         temporary_server() as server,
         FakeTelegram(limits=telegram_limits(per_second=args.rate)) as fake,
-        replicas(server, fake, server.data_dir.parent, mode, args) as urls,
+        replicas(
+            args.replicas,
+            server.data_dir.parent,
+            lambda folder, port: bot_env(server, fake, folder, port, mode, args.rate),
+        ) as urls,
     ):
         chats = range(first_chat, first_chat + args.users)
         updates = [fake.private_text_update(c, c, f"news for {c}, please") for c in chats]

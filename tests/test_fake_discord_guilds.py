@@ -18,7 +18,6 @@ import discord
 import discord.gateway
 import discord.http
 import pytest
-import yarl
 
 from tests.fakes.discord_server import (
     CHANNEL_PUBLIC_THREAD,
@@ -26,6 +25,9 @@ from tests.fakes.discord_server import (
     MESSAGE_TYPE_REPLY,
     FakeDiscord,
 )
+from tests.test_fake_discord import fake
+
+__all__ = ["fake"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,17 +42,6 @@ USER = 310000000000000001
 OTHER_USER = 310000000000000002
 PEER_BOT = 310000000000000003
 WAIT_S = 5.0
-
-
-@pytest.fixture
-async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
-    """A running fake, with discord.py pointed at it exactly as the adapter does."""
-    async with FakeDiscord() as server:
-        monkeypatch.setattr(discord.http.Route, "BASE", server.api_url)
-        monkeypatch.setattr(
-            discord.gateway.DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(server.gateway_url)
-        )
-        yield server
 
 
 class GroupClient(discord.Client):

@@ -6,7 +6,9 @@ context and never answered."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ class Room:
 
     def __init__(self, fake: FakeTelegram, replicas: list[Replica]) -> None:
         self.fake = fake
+        self.members = replicas
         self.replicas = itertools.cycle(replicas)
 
     async def say(self, user: int, text: str, chat: int = GROUP, topic: int | None = None) -> int:
@@ -59,6 +62,22 @@ class Room:
         )
         assert await post(next(self.replicas), update) == 200
         return int(update["message"]["message_id"])
+
+
+@contextlib.asynccontextmanager
+async def group(
+    server: EmbeddedRedis,
+    short_dir: Path,
+    each: Callable[[int], dict[str, str]] = lambda n: {},
+) -> AsyncIterator[tuple[FakeTelegram, FakeOpenAI, Room]]:
+    """The fake Bot API, the fake model, and the group over three replicas (replica n with
+    `each(n)` on top of the model's settings)."""
+    async with (
+        FakeTelegram() as fake,
+        FakeOpenAI() as model,
+        fleet(server, fake, short_dir, each=lambda n: model_env(model) | each(n)) as replicas,
+    ):
+        yield fake, model, Room(fake, replicas)
 
 
 def reply_to(fake: FakeTelegram, message_id: int) -> list[RecordedCall]:
@@ -93,12 +112,7 @@ async def settled(redis: Redis, *users: int) -> None:
 async def test_each_persons_burst_gets_one_reply_and_the_chatter_is_context(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:
-    async with (
-        FakeTelegram() as fake,
-        FakeOpenAI() as model,
-        fleet(server, fake, short_dir, each=lambda n: model_env(model)) as replicas,
-    ):
-        room = Room(fake, replicas)
+    async with group(server, short_dir) as (fake, model, room):
         await room.say(CAT, "anyone for lunch?")
         await room.say(ANN, f"{BOT} what's the weather")
         await room.say(BOB, f"{BOT} tell me a joke")
@@ -156,12 +170,7 @@ async def test_each_persons_burst_gets_one_reply_and_the_chatter_is_context(
 async def test_stop_retry_and_forget_in_a_group_act_on_the_sender_only(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:
-    async with (
-        FakeTelegram() as fake,
-        FakeOpenAI() as model,
-        fleet(server, fake, short_dir, each=lambda n: model_env(model)) as replicas,
-    ):
-        room = Room(fake, replicas)
+    async with group(server, short_dir) as (fake, model, room):
         model.hold()
         await room.say(ANN, f"{BOT} tell a story")
         await room.say(BOB, f"{BOT} tell a poem")
@@ -195,23 +204,15 @@ async def test_stop_retry_and_forget_in_a_group_act_on_the_sender_only(
 async def test_a_replica_killed_mid_reply_in_a_group_loses_nothing(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:
-    async with (
-        FakeTelegram() as fake,
-        FakeOpenAI() as model,
-        fleet(
-            server,
-            fake,
-            short_dir,
-            each=lambda n: model_env(model) | {"LASTWORD_LLM__API_KEY": f"key{n}"},
-        ) as replicas,
-    ):
-        room = Room(fake, replicas)
+    # Each replica asks the model with a key of its own: the request tells which one it is.
+    keys = group(server, short_dir, lambda n: {"LASTWORD_LLM__API_KEY": f"key{n}"})
+    async with keys as (fake, model, room):
         model.hold()
         ann_last = await room.say(ANN, f"{BOT} what's new?")
         bob_last = await room.say(BOB, f"{BOT} any news?")
         asked = await model.wait_for_request(lambda r: "what's new" in r.last_user_text, 30)
         await model.wait_for_request(lambda r: "any news" in r.last_user_text, 30)
-        victim = replicas[int(asked.api_key.removeprefix("key"))]
+        victim = room.members[int(asked.api_key.removeprefix("key"))]
         await victim.bot.kill()
         model.release()
         # Another replica takes Ann's burst over once the dead one's lease expires.

@@ -84,6 +84,23 @@ local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
   return math.min(floor_ms, ceiling_ms)
 end
 
+-- Whether the message's id is new, noted as seen if so. An id need only outlive the platforms'
+-- redelivery horizon (Telegram keeps an update for a day), and no more than the newest ids:
+-- bounded by age and by count.
+local function first_seen()
+  if redis.call('ZSCORE', seen, message_id) then
+    return false
+  end
+  redis.call('ZADD', seen, now, message_id)
+  redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - seen_keep_ms)
+  redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1))
+  return true
+end
+
+local function duplicate()
+  return answer('duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none')
+end
+
 -- In a group: silent unless allowed; a message not addressed to the bot joins its sender's
 -- burst while that is open (the window, or a reply still owed for a message within max_wait),
 -- and is otherwise said to the room: its context, never anyone's history.
@@ -100,12 +117,9 @@ if in_group ~= '' then
       or (tonumber(s[1] or '0') > tonumber(s[2] or '0') and now - tonumber(s[3] or '0') < max_wait_ms)
   end
   if addressed ~= '1' and not follows then
-    if redis.call('ZSCORE', seen, message_id) then
-      return answer('duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none')
+    if not first_seen() then
+      return duplicate()
     end
-    redis.call('ZADD', seen, now, message_id)
-    redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - seen_keep_ms)
-    redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1))
     -- Someone who only ever talks to the room has no conversation to keep this alive.
     if redis.call('PTTL', seen) < seen_keep_ms then
       redis.call('PEXPIRE', seen, seen_keep_ms)
@@ -136,14 +150,9 @@ if verdict == 'refused' then
   return answer('refused', 0, -1, 'none')
 end
 
-if redis.call('ZSCORE', seen, message_id) then
-  return answer('duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none')
+if not first_seen() then
+  return duplicate()
 end
-redis.call('ZADD', seen, now, message_id)
--- An id need only outlive the platforms' redelivery horizon (Telegram keeps an update for a
--- day), and no more than the newest ids: bounded by age and by count.
-redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - seen_keep_ms)
-redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1))
 
 -- Who spoke lately, and the last message taken from them: a platform that can miss messages
 -- while no replica listens (Discord's gateway) reads its history after that one.
