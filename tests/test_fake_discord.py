@@ -93,7 +93,7 @@ async def rest_client(fake: FakeDiscord) -> AsyncIterator[Recorder]:
         await client.close()
 
 
-AnyRecorder = TypeVar("AnyRecorder", bound=Recorder)
+AnyRecorder = TypeVar("AnyRecorder", bound=discord.Client)
 
 
 def gateway_client(fake: FakeDiscord) -> contextlib.AbstractAsyncContextManager[Recorder]:

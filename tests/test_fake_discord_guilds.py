@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import zlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -25,6 +24,7 @@ from tests.fakes.discord_server import (
     MESSAGE_TYPE_REPLY,
     FakeDiscord,
 )
+from tests.test_fake_discord import connected as connected_client
 from tests.test_fake_discord import fake
 
 __all__ = ["fake"]  # the fixture, imported for pytest
@@ -91,24 +91,11 @@ class GroupClient(discord.Client):
                     return message
 
 
-@contextlib.asynccontextmanager
-async def connected(
+def connected(
     fake: FakeDiscord, intents: discord.Intents = GROUP_INTENTS
-) -> AsyncIterator[GroupClient]:
+) -> contextlib.AbstractAsyncContextManager[GroupClient]:
     """A client logged in and connected, its guilds loaded and on_ready dispatched."""
-    client = GroupClient(intents)
-    task: asyncio.Task[None] | None = None
-    try:
-        await client.login(fake.token)
-        task = asyncio.create_task(client.connect())
-        async with asyncio.timeout(WAIT_S):
-            await client.wait_until_ready()
-        yield client
-    finally:
-        await client.close()
-        if task is not None:
-            async with asyncio.timeout(WAIT_S):
-                await task
+    return connected_client(fake, GroupClient(intents))
 
 
 def thread_of(message: discord.Message) -> discord.Thread:
