@@ -18,10 +18,12 @@ from bot.groups import ALLOWED, DENIED, addressed
 from bot.message import InboundMessage, Place
 from bot.runtime import Runtime
 from bot.store import Keys
+from bot.tools import Toolbox
 from tests.chatting import fake
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.outbound import RecordingOutbound
+from tests.test_tools_cycle import Counted
 
 __all__ = ["fake"]  # the fixture, imported for pytest
 
@@ -60,13 +62,17 @@ def conv(who: str, chat: str = GROUP, topic: str = "") -> str:
 
 
 async def group_replica(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI, **groups: Any
+    runtime_factory: RuntimeFactory,
+    fake: FakeOpenAI,
+    toolbox: Toolbox | None = None,
+    **groups: Any,
 ) -> tuple[Runtime, RecordingOutbound]:
     llm = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
     return await runtime_factory(
         llm=llm | {"model": FAKE_MODEL_ID, "retries": 0},
         groups={"allowed": [GROUP]} | groups,
         access={"rate_per_minute": 0, "admins": [ADMIN]},
+        toolbox=toolbox,
     )
 
 
@@ -197,6 +203,17 @@ async def test_admin_commands_in_a_group_answer_the_bots_admins_only(
     assert await bot.ingest(said(ANN, 1, "/stats", mentioned=True))
     await settled(bot, conv(ANN))
     assert chat.texts() == [admins_only("stats")]
+
+
+async def test_admin_only_tools_stay_the_admins_in_a_group(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    bot, _ = await group_replica(runtime_factory, fake, Counted().toolbox())
+    for n, who in enumerate((ANN, ADMIN)):
+        assert await bot.ingest(said(who, n, "@bot book a table", mentioned=True))
+        await settled(bot, conv(who))
+    offered = [{t["function"]["name"] for t in r.tools} for r in fake.requests]
+    assert "book" not in offered[0] and "book" in offered[1]
 
 
 async def test_the_room_keeps_only_its_last_messages(
