@@ -4,12 +4,12 @@
                                 [--replicas 3]
 
 `--replicas` `lastword run` replicas (the real Telegram adapter in webhook mode, the echo
-model answering at once) on one embedded server, against the loopback fake Bot API; every
-update goes to the next replica in turn, as a load balancer would. In each of `--groups`
-groups, `--people` people each address the bot with a burst of three lines (a mention, then
-two follow-ups without one, 100 ms apart) while `--chatters` others talk among themselves,
-all at once, `--rounds` times. The same people then send the same bursts in their DMs, for
-comparison. For groups and DMs it prints:
+model answering at once, a 1 s quiet window) on one embedded server, against the loopback
+fake Bot API; every update goes to the next replica in turn, as a load balancer would. In
+each of `--groups` groups, `--people` people each address the bot with a burst of three lines
+(a mention, then two follow-ups without one, 100 ms apart) while `--chatters` others talk
+among themselves, all at once, `--rounds` times. The same people then send the same bursts in
+their DMs, for comparison. For groups and DMs it prints:
 
 - replies per addressed burst (1.00 is one each);
 - stale replies: a reply that does not cover its person's last line;
@@ -67,6 +67,10 @@ def bot_env(server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, port: int
         # live draft would otherwise stream the echo's words, 40 ms each).
         "LASTWORD_LLM__ECHO_WORD_MS": "0",
         "LASTWORD_GROUPS__ALLOWED": "*",
+        # The lines of a burst are 100 ms apart: a window ten times that keeps them one burst
+        # however slowly a loaded machine posts them.
+        "LASTWORD_DEBOUNCE__QUIET_MS": "1000",
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "4000",
         # The fake enforces no limits here: what is measured is who is answered, and when.
         "LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND": "20",
         "LASTWORD_TELEGRAM__GROUP_MESSAGES_PER_MINUTE": "600",
@@ -189,7 +193,7 @@ async def run(args: argparse.Namespace) -> None:
     rows = [await run_place(args, in_groups=True), await run_place(args, in_groups=False)]
     print(
         f"cpus: {os.cpu_count()}; {args.replicas} `lastword run` replicas (telegram webhook, echo"
-        f" model, quiet 300 ms); {args.groups} groups of {args.people} people bursting (3 lines,"
+        f" model, quiet 1 s); {args.groups} groups of {args.people} people bursting (3 lines,"
         f" {GAP_S * 1000:.0f} ms apart, only the first a mention) and {args.chatters} chatting;"
         f" {args.rounds} rounds; then the same bursts in DMs; one run"
     )
