@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from bot.heavy import Unreadable, encode_image, pdf_text
 from bot.media import Media, decode_text, image_tokens
-from bot.message import Attachment, InboundMessage
+from bot.message import GROUP_FIELDS, Attachment, InboundMessage
 from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
 from bot.settings import MediaSettings
 from bot.store import HistoryEntry, Keys, Store
@@ -194,10 +194,16 @@ async def test_history_shows_a_past_voice_note_as_its_cached_transcript(
 
 def test_a_stored_message_is_laid_out_as_it_always_was() -> None:
     """`to_json` skips `dataclasses.asdict` (a deep copy per message) and must still write
-    the very same text: every field, in declaration order, attachments as objects."""
+    the very same text: every field, in declaration order, attachments as objects; a DM's
+    without the group fields, as before groups existed (a replica of that version reads it)."""
     photo = Attachment("photo", "ref", "image/png", 5, "a.png", "k", True)
     message = InboundMessage(
         "telegram", "1", "2", "m1", "héllo", "Ann", 1.5, "m0", (photo, Attachment("voice", "v"))
     )
-    assert message.to_json() == json.dumps(dataclasses.asdict(message), ensure_ascii=False)
+    laid_out = dataclasses.asdict(message)
+    for name in GROUP_FIELDS:
+        del laid_out[name]
+    assert message.to_json() == json.dumps(laid_out, ensure_ascii=False)
     assert InboundMessage.from_json(message.to_json()) == message
+    in_group = dataclasses.replace(message, is_dm=False, topic="7", mentioned=True)
+    assert InboundMessage.from_json(in_group.to_json()) == in_group
