@@ -50,8 +50,8 @@ async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
 class Recorder(discord.Client):
     """A discord.py client that hands the events the tests look at to queues."""
 
-    def __init__(self) -> None:
-        super().__init__(intents=INTENTS, guild_ready_timeout=0.2)
+    def __init__(self, intents: discord.Intents = INTENTS) -> None:
+        super().__init__(intents=intents, guild_ready_timeout=0.2)
         self.inbox: asyncio.Queue[discord.Message] = asyncio.Queue()
         self.edits: asyncio.Queue[discord.RawMessageUpdateEvent] = asyncio.Queue()
         self.resumed = asyncio.Event()
@@ -182,6 +182,36 @@ async def test_nonce_with_enforce_nonce_sends_once(fake: FakeDiscord) -> None:
         two = await client.http.request(route, json=payload)
         assert one["id"] != two["id"]
         assert [m["content"] for m in fake.bot_messages(channel_id)] == ["hi", "twice", "twice"]
+
+
+class Watcher(Recorder):
+    """A client with the direct message typing intent, keeping the typing events it gets."""
+
+    def __init__(self, typing: bool) -> None:
+        super().__init__(discord.Intents(**(dict(INTENTS) | {"dm_typing": typing})))
+        self.typing: asyncio.Queue[discord.RawTypingEvent] = asyncio.Queue()
+
+    async def on_raw_typing(self, payload: discord.RawTypingEvent) -> None:
+        self.typing.put_nowait(payload)
+
+
+async def test_typing_in_a_dm_reaches_a_session_with_the_typing_intent_only(
+    fake: FakeDiscord,
+) -> None:
+    async with (
+        connected(fake, Watcher(typing=True)) as watcher,
+        connected(fake, Watcher(typing=False)) as blind,
+    ):
+        assert await fake.user_types(USER) == 1
+        async with asyncio.timeout(WAIT_S):
+            event = await watcher.typing.get()
+        assert event.user_id == USER and event.channel_id == fake.dm_channel(USER)
+        assert event.guild_id is None
+        # Sent before the message: had the blind session got the typing, it would be first.
+        await fake.user_sends(USER, "hello")
+        assert (await blind.next_user_message()).content == "hello"
+        assert blind.typing.empty()
+    assert fake.typing_events == [(USER, fake.dm_channel(USER), 1)]
 
 
 async def test_send_validation_and_typing(fake: FakeDiscord) -> None:

@@ -185,7 +185,9 @@ INTENT_GUILDS = 1 << 0
 INTENT_GUILD_MEMBERS = 1 << 1
 INTENT_GUILD_PRESENCES = 1 << 8
 INTENT_GUILD_MESSAGES = 1 << 9
+INTENT_GUILD_MESSAGE_TYPING = 1 << 11
 INTENT_DIRECT_MESSAGES = 1 << 12
+INTENT_DIRECT_MESSAGE_TYPING = 1 << 14
 INTENT_MESSAGE_CONTENT = 1 << 15
 _PRIVILEGED = INTENT_GUILD_MEMBERS | INTENT_GUILD_PRESENCES | INTENT_MESSAGE_CONTENT
 # Application flag an unverified bot gets once "Message Content Intent" is toggled on.
@@ -483,6 +485,8 @@ class FakeDiscord(LoopbackServer):
             "email": None,
             "locale": "en-US",
         }
+        # (user, channel, sessions sent to) of each `user_types`, in order.
+        self.typing_events: list[tuple[int, int, int]] = []
         self.posts: list[RecordedPost] = []
         # Every answered request to a route that takes the token, in order, refused ones too.
         self.requests: list[RecordedRequest] = []
@@ -898,6 +902,35 @@ class FakeDiscord(LoopbackServer):
         if dispatch:
             await self._dispatch_message("MESSAGE_CREATE", payload)
         return payload
+
+    async def user_types(self, user_id: int, *, channel_id: int | None = None) -> int:
+        """``user_id`` starts typing: in their DM with the bot, unless ``channel_id`` names a
+        guild's channel or thread. Discord sends ``TYPING_START`` only to sessions with the
+        direct (or guild) message typing intent, whatever ``dispatch_by_intents`` says; a
+        client repeats it about every 8-10 s while its user keeps typing, which a test plays
+        by calling this again. Returns how many sessions it was sent to."""
+        if channel_id is None:
+            channel_id = self.dm_channel(user_id)
+        channel = self._channels[channel_id]
+        data: dict[str, Any] = {
+            "channel_id": str(channel_id),
+            "user_id": str(user_id),
+            "timestamp": int(time.time()),
+        }
+        bit = INTENT_DIRECT_MESSAGE_TYPING
+        if channel.guild_id is not None:
+            data["guild_id"] = str(channel.guild_id)
+            bit = INTENT_GUILD_MESSAGE_TYPING
+        sent = 0
+        async with self._events_lock:
+            await self._flush_events()
+            for session in self._live_sessions():
+                if session.intents & bit:
+                    await self._dispatch(session, "TYPING_START", data)
+                    sent += 1
+        self.typing_events.append((user_id, channel_id, sent))
+        self._notify()
+        return sent
 
     async def user_uses_command(self, user_id: int, name: str, arguments: str = "") -> int:
         """``user_id`` picks the slash command ``name`` from the ``/`` menu in their DM with the
