@@ -12,6 +12,7 @@ cannot talk to each other for ever.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Literal
@@ -46,6 +47,8 @@ def addressed(message: InboundMessage, wake_words: Sequence[str]) -> Literal["1"
     return "0"
 
 
+# Compiled once per list of words (a reload may change it), not once per message.
+@functools.lru_cache(maxsize=8)
 def _wake_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
     alternatives = "|".join(re.escape(w) for w in words)
     return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
