@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from bot.backoff import Backoff
 from bot.commands import COMMANDS
-from bot.message import InboundMessage, Outbound, Unavailable
+from bot.message import InboundMessage, Outbound, Place, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,12 @@ class Sink(Protocol):
     async def ingest(self, message: InboundMessage) -> bool: ...
 
     async def settled(self, conversation: str) -> None: ...
+
+    async def user_typing(self, place: Place) -> None:
+        """The person at `place` is typing, as the platform says (an adapter that reports it
+        declares `bot.message.SeesTyping`). Best effort, bounded in time, and cheap to call
+        for every signal: the core counts one per person a second at most. Never raises."""
+        ...
 
     async def recent(self, platform: str, within_s: float) -> dict[str, str]:
         """Conversations on `platform` with a new message in the last `within_s` seconds (at

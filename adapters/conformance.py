@@ -32,7 +32,12 @@ exactly as `lastword run` runs it. The suite checks that:
     it reports ready) and the platform accepts the fake's credentials; with a fake that can
     revoke them (`RefusesCredentials`), a revoked token shows in `refused()` and takes the
     adapter's `connected()` down, its failed sends are transient (the reply waits for the
-    token to come back), and a fresh adapter's `login` raises `ConfigError`.
+    token to come back), and a fresh adapter's `login` raises `ConfigError`;
+(h) an adapter whose platform tells the bot when the user is typing declares it
+    (`bot.message.SeesTyping`) and reports each signal (`Sink.user_typing`) after the
+    messages that came before it: a user who types on after a message, for longer than the
+    window after a message, and then sends the next line gets one reply covering both. The
+    fake plays the user typing (`UserTypes`).
 
 The suite stands on both sides of the adapter: the `Sink` it is given records every
 `ingest` (and raises in the runtime's place while (a) plays a store outage), and the runtime
@@ -77,7 +82,7 @@ from bot.cancel import cancel_and_wait
 from bot.connect import make_client
 from bot.embedded import EmbeddedRedis
 from bot.llm import EchoLLM
-from bot.message import Attachment, InboundMessage, SendFailed, Unavailable
+from bot.message import Attachment, InboundMessage, Place, SeesTyping, SendFailed, Unavailable
 from bot.runtime import Runtime
 from bot.settings import ConfigError, Settings
 
@@ -91,10 +96,12 @@ __all__ = [
     "SPLIT",
     "TRANSIENT_SEND_ERROR",
     "TYPING",
+    "USER_TYPING",
     "AdapterConformance",
     "FakePlatform",
     "RefusesCredentials",
     "Reply",
+    "UserTypes",
     "check_refused_credentials",
     "running_bot",
 ]
@@ -108,6 +115,7 @@ TYPING = "typing"  # (e)
 PERMANENT_SEND_ERROR = "permanent send error"  # (f)
 TRANSIENT_SEND_ERROR = "transient send error"  # (f)
 REFUSED_CREDENTIALS = "refused credentials"  # (g)
+USER_TYPING = "user typing"  # (h)
 PROPERTIES = (
     ACKNOWLEDGEMENT,
     REDELIVERY,
@@ -117,6 +125,7 @@ PROPERTIES = (
     PERMANENT_SEND_ERROR,
     TRANSIENT_SEND_ERROR,
     REFUSED_CREDENTIALS,
+    USER_TYPING,
 )
 
 # How long the debounce waits for the user's last word; a burst is sent well within it.
@@ -126,6 +135,12 @@ MAX_WAIT_MS = 3000
 GENERATION_S = 1.2
 # How long a waiting test gives the bot before failing (a reply is due in about a second).
 WAIT_S = 10.0
+# (h): how long each typing signal holds the window, how long the user types on after a message
+# (well past the window after one, QUIET_MS, and well within MAX_WAIT_MS), and how often the
+# fake says they are typing meanwhile.
+TYPING_HOLD_MS = 2000
+TYPING_FOR_S = 1.2
+TYPING_EVERY_S = 0.3
 # Scheduling slack for comparing the platform's clock readings.
 SLACK_S = 0.5
 
@@ -209,6 +224,16 @@ class RefusesCredentials(Protocol):
         """From now on, refuse the credentials the adapter was given, on every call."""
 
 
+@runtime_checkable
+class UserTypes(Protocol):
+    """What a `FakePlatform` whose platform tells the bot when the user is typing adds, for
+    (h)."""
+
+    async def user_types(self) -> None:
+        """The user is typing: the platform sends the bot its typing signal, after whatever
+        the user sent before."""
+
+
 @dataclass
 class Ingested:
     """One `ingest` call the adapter made, and how it ended."""
@@ -225,6 +250,8 @@ class RecordingSink:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.calls: list[Ingested] = []
+        # Where the adapter reported the user typing, in order.
+        self.typed: list[Place] = []
         self.failing: Callable[[], Exception] | None = None
 
     async def ingest(self, message: InboundMessage) -> bool:
@@ -251,6 +278,10 @@ class RecordingSink:
 
     async def settled(self, conversation: str) -> None:
         await self.runtime.settled(conversation)
+
+    async def user_typing(self, place: Place) -> None:
+        self.typed.append(place)
+        await self.runtime.user_typing(place)
 
     async def recent(self, platform: str, within_s: float) -> dict[str, str]:
         return await self.runtime.recent(platform, within_s)
@@ -289,6 +320,10 @@ class WatchedOutbound:
 
     async def typing(self, conversation: str) -> None:
         await self.adapter.typing(conversation)
+
+    def sees_typing(self, place: Place) -> bool:
+        adapter = self.adapter
+        return isinstance(adapter, SeesTyping) and adapter.sees_typing(place)
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         return await self.adapter.fetch(attachment, max_bytes)
@@ -408,7 +443,11 @@ def _settings(platform: FakePlatform, redis_url: str, folder: Path) -> Settings:
     values: dict[str, Any] = {
         "redis_url": redis_url,
         "data_dir": folder / "data",
-        "debounce": {"quiet_ms": QUIET_MS, "max_wait_ms": MAX_WAIT_MS},
+        "debounce": {
+            "quiet_ms": QUIET_MS,
+            "max_wait_ms": MAX_WAIT_MS,
+            "typing_ms": TYPING_HOLD_MS,
+        },
         "lease": {"ttl_ms": 1500},
         "sweep_interval_ms": 200,
         "llm": {"provider": "echo", "retries": 1, "retry_base_s": 0.01},
@@ -651,6 +690,39 @@ class AdapterConformance:
         await bot.settled()
         assert len(bot.outbound.failures) == 1, bot.outbound.failures
         assert not bot.texts()
+
+    # (h)
+
+    @checks(USER_TYPING)
+    @pytest.mark.asyncio
+    async def test_a_user_typing_holds_the_window_open(self, bot: Running) -> None:
+        platform, sink = bot.platform, bot.sink
+        assert isinstance(platform, UserTypes), (
+            f"{type(platform).__name__} cannot play the user typing: implement "
+            f"`UserTypes`, or declare {USER_TYPING!r} not applicable with the reason"
+        )
+        first = await platform.user_sends("first line")
+        # Typing on at once, as a user who follows up does: the signals come after the line.
+        typed_until = time.monotonic() + TYPING_FOR_S
+        while time.monotonic() < typed_until:
+            await platform.user_types()
+            await asyncio.sleep(TYPING_EVERY_S)
+        second = await platform.user_sends("second line")
+        await eventually(
+            lambda: sink.stored(first) and sink.stored(second), "both lines to be stored"
+        )
+        await bot.settled()
+        place = sink.calls[0].message.place
+        assert isinstance(bot.adapter, SeesTyping) and bot.adapter.sees_typing(place), (
+            "an adapter that reports typing must declare it (bot.message.SeesTyping)"
+        )
+        assert place in sink.typed, f"no typing was reported at {place}: {sink.typed}"
+        texts = bot.texts()
+        assert len(texts) == 1, (
+            f"{TYPING_FOR_S}s of typing between two lines, each window {QUIET_MS} ms after a "
+            f"message: {len(texts)} replies {texts!r}"
+        )
+        assert texts[0].find("first line") < texts[0].find("second line"), texts
 
     # (g)
 

@@ -140,6 +140,12 @@ INTENTS.message_content = True
 # With groups on (LASTWORD_GROUPS__ALLOWED set), guilds' messages too, and the guilds
 # themselves, so a message's channel or thread is known.
 GROUP_INTENTS = discord.Intents(**(dict(INTENTS) | {"guilds": True, "guild_messages": True}))
+# With typing on (LASTWORD_DEBOUNCE__TYPING_MS above 0), `TYPING_START` in DMs: what holds a
+# user's window open while they write (not privileged).
+TYPING_INTENTS = discord.Intents(dm_typing=True)
+# Typing signals are queued only while fewer than this many DMs and signals wait: a store
+# slow to take DMs in gets no typing on top.
+TYPING_QUEUED_CAP = 100
 # discord.py waits this long for guilds to stream in before `on_ready`; a DM bot has none.
 GUILD_READY_TIMEOUT_S = 0.2
 # A 429 longer than this fails the send instead of holding the conversation's lease for it;
@@ -345,11 +351,15 @@ class DiscordAdapter:
     # Discord shows "typing" for about 10 s after each call.
     typing_interval_s = 8.0
 
-    def __init__(self, settings: DiscordSettings, *, groups: bool = False) -> None:
+    def __init__(
+        self, settings: DiscordSettings, *, groups: bool = False, typing: bool = False
+    ) -> None:
         self.settings = settings
         # Whether to listen in guilds (LASTWORD_GROUPS__ALLOWED is set): a bot that answers
         # DMs only is not sent every guild's messages.
         self.groups = groups
+        # Whether to be told when a user types in a DM (`bot.message.SeesTyping`).
+        self.dm_typing = typing
         self._token = settings.token.get_secret_value()
         _point_at(settings)
         self.rest = self._rest_client()
@@ -371,6 +381,10 @@ class DiscordAdapter:
 
     def refused(self) -> str | None:
         return self.token.reason
+
+    def sees_typing(self, place: Place) -> bool:
+        # Guild typing would need an intent that sends every guild member's typing.
+        return self.dm_typing and not place.group
 
     def _api_url(self) -> str:
         return self.settings.api_url.rstrip("/")
@@ -457,6 +471,8 @@ class DiscordAdapter:
         refusals = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
         while True:
             intents = GROUP_INTENTS if self.groups else INTENTS
+            if self.dm_typing:
+                intents = intents | TYPING_INTENTS
             gateway = await self._log_in(
                 partial(_Gateway, sink, self.settings.catch_up_minutes, intents)
             )
@@ -685,7 +701,8 @@ class _Gateway(discord.Client):
         )
         self.sink = sink
         self.catch_up_minutes = catch_up_minutes
-        self.inbox: asyncio.Queue[_Received] = asyncio.Queue(maxsize=INBOX_CAP)
+        # DMs, and the places users were seen typing at, in arrival order.
+        self.inbox: asyncio.Queue[_Received | Place] = asyncio.Queue(maxsize=INBOX_CAP)
         # The events whose DM is in memory, not stored yet: the kept sequence stays before them.
         self._unstored: set[tuple[str, int]] = set()
         self._storing = 0
@@ -783,6 +800,8 @@ class _Gateway(discord.Client):
                 self._received(args[0].message, edited=True)
             elif event == "interaction":
                 self._interacted(args[0])
+            elif event == "raw_typing":
+                self._typed(args[0])
             elif event in ("connect", "resumed"):
                 self._live.set()
             elif event == "disconnect":
@@ -809,6 +828,16 @@ class _Gateway(discord.Client):
         found = interaction_message(interaction)
         if found is not None:
             self._take(found, interaction)
+
+    def _typed(self, event: discord.RawTypingEvent) -> None:
+        """Queue a user's typing in a DM behind the messages before it, so that it is counted
+        after them: a signal counted before the message it came after would be taken for
+        the typing of that message, and hold nothing. Dropped, never queued, while DMs wait
+        for the store: typing is best effort, DMs are not."""
+        if event.guild_id is not None or self._dropped or self.inbox.qsize() >= TYPING_QUEUED_CAP:
+            return
+        place = Place(PLATFORM, str(event.channel_id), str(event.user_id))
+        self.inbox.put_nowait(place)
 
     def _take(self, found: InboundMessage, interaction: discord.Interaction | None = None) -> None:
         """Queue a DM taken in from the event being parsed, in arrival order."""
@@ -869,8 +898,13 @@ class _Gateway(discord.Client):
                     received = await self.inbox.get()
             except TimeoutError:
                 continue
-            self._storing = 1
+            if isinstance(received, Place):
+                # A user seen typing (best effort: this never raises, and is bounded in time).
+                await self.sink.user_typing(received)
+                self.inbox.task_done()
+                continue
             message = received.message
+            self._storing = 1
             await until_stored(partial(self.sink.ingest, message), describe(message))
             self._storing = 0
             if received.event is not None:
@@ -1088,7 +1122,9 @@ async def _check(settings: Settings) -> Check:
 
 PLUGIN = Platform(
     create=lambda settings: DiscordAdapter(
-        settings.section(DiscordSettings), groups=bool(settings.groups.allowed)
+        settings.section(DiscordSettings),
+        groups=bool(settings.groups.allowed),
+        typing=settings.debounce.typing_ms > 0,
     ),
     check=check,
     settings=DiscordSettings,

@@ -772,7 +772,7 @@ class Cycle:
             yield race
             return
         conversation = grant.lease.conversation
-        moved = self.watch.watch(conversation, grant.version, race.cut)
+        moved = self.watch.watch(conversation, grant.version, grant.lease.fence, race.cut)
         race.follow(moved)
         try:
             yield race

@@ -355,6 +355,20 @@ class Limited(Protocol):
         ...
 
 
+@runtime_checkable
+class SeesTyping(Protocol):
+    """What an outbound whose platform tells the bot when a user is typing (Discord's
+    `TYPING_START`, a terminal's keystrokes) adds to `Outbound`; its adapter reports each
+    signal with `Sink.user_typing`. The core then holds the user's window open while they type, and
+    closes it at the learned floor once they have stopped. Optional: without it (Telegram)
+    nothing changes."""
+
+    def sees_typing(self, place: Place) -> bool:
+        """Whether the platform reports the typing of the person at `place` (Discord: in DMs,
+        not in guild channels)."""
+        ...
+
+
 class NoFiles:
     """For an outbound whose platform carries no files (the console, test and benchmark
     stand-ins): any fetch fails with a clear reason."""

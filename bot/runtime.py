@@ -19,7 +19,7 @@ from bot.groups import ALLOWED, DENIED, group_switch, heard
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
-from bot.message import InboundMessage, Outbound, Unavailable
+from bot.message import InboundMessage, Outbound, Place, SeesTyping, Unavailable
 from bot.pacing import Paced
 from bot.race import Next
 from bot.roles import HANDOVER_S, run_exclusively
@@ -30,6 +30,7 @@ from bot.timers import Timers
 from bot.tools import Toolbox
 from bot.transcribe import Transcriber
 from bot.typing_indicator import Typing
+from bot.typing_signals import TypingSignals
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Runtime:
         )
         self.cycle = Cycle(settings, store, llm, self.outbound, transcriber, toolbox)
         self.typing = Typing(self.outbound)
+        # Whom the platform reports typing for (None: nobody), and which signals go on.
+        self._sees_typing = outbound if isinstance(outbound, SeesTyping) else None
+        self._signals = TypingSignals()
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._notices: set[asyncio.Task[None]] = set()
@@ -115,7 +119,8 @@ class Runtime:
             await self.store.allow_group(conversation, switch, message.user_id)
             self._notify(conversation, ALLOWED if switch else DENIED, message)
             return False
-        result = await self.store.ingest(message, verdict, heard(message, groups))
+        typing = self._typing_ms(message.place) > 0
+        result = await self.store.ingest(message, verdict, heard(message, groups), typing=typing)
         if result.silent or result.overheard:
             stats.overheard += result.overheard
             return False
@@ -135,9 +140,41 @@ class Runtime:
         if result.accepted:
             # Before anything else: a generation of this conversation running here is stale.
             self.cycle.watch.moved(conversation, result.version)
+            self._signals.message(conversation)
             self.typing.show(conversation)
             self._look_again(conversation, result.look_in_ms)
         return result.accepted
+
+    async def user_typing(self, place: Place) -> None:
+        """The person at `place` is typing: their open window is held (as long as the
+        platform's signal lasts), and a speculative generation for it cut. Best effort: a
+        signal lost costs a window that may close early, never a message."""
+        hold_ms = self._typing_ms(place)
+        if not hold_ms or not self._accepting:
+            return
+        conversation = place.conversation
+        if not self._signals.due(conversation):
+            return
+        with logs.about(conversation):
+            try:
+                typed = await self.store.typing(conversation, hold_ms)
+            except Unavailable as exc:
+                log.debug("a typing signal of %s was not counted: %s", conversation, exc)
+                return
+            except Exception:
+                log.exception("a typing signal of %s failed", conversation)
+                return
+        if typed.cut:
+            self.cycle.watch.cut(conversation, typed.cut)
+        if typed.held:
+            self._look_again(conversation, typed.look_in_ms)
+
+    def _typing_ms(self, place: Place) -> int:
+        """How long a typing signal of the person at `place` holds their window (0: their
+        platform does not report it, or typing is off)."""
+        sees = self._sees_typing
+        hold_ms = self.settings.debounce.typing_ms
+        return hold_ms if hold_ms and sees is not None and sees.sees_typing(place) else 0
 
     def _notify(self, conversation: str, text: str, about: InboundMessage, key: str = "") -> None:
         """Send a notice outside any reply, in the background (in a group, as a reply to the

@@ -318,6 +318,11 @@ class DebounceSettings(Group):
     # `max_wait_ms` caps it as always.
     learn: bool = True
     floor_ms: int = Field(default=600, ge=0)
+    # Where the platform reports a user typing (Discord DMs, the console on a terminal), each
+    # typing signal holds the window open this long (Discord's signal lasts about 10 s), until
+    # the next message, and never past `max_wait_ms`; the window after a message is then the
+    # floor from the first message on. 0: typing is ignored.
+    typing_ms: int = Field(default=10_000, ge=0)
 
     @model_validator(mode="after")
     def _cap_covers_quiet(self) -> DebounceSettings:

@@ -1,4 +1,5 @@
-"""Watching for newer messages while the model generates, so a stale generation can be cut.
+"""Watching for newer messages while the model generates, so a stale generation can be cut;
+and, for a speculative generation, for the user seen typing (`bot.typing_signals`).
 
 Each replica keeps one watcher task for all its generating conversations: every poll
 interval it reads their versions in one pipelined round trip, and signals those whose version
@@ -28,9 +29,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Watched:
-    """One conversation's watch: the version its generation covers, and whom to tell."""
+    """One conversation's watch: the version its generation covers, its lease's fence (a
+    typing signal cuts a speculative generation by naming it), and whom to tell."""
 
     version: int
+    fence: int
     moved: asyncio.Event
     on_moved: Callable[[], None] | None
 
@@ -56,13 +59,18 @@ class VersionWatch:
         self._poller: asyncio.Task[None] | None = None
 
     def watch(
-        self, conversation: str, version: int, on_moved: Callable[[], None] | None = None
+        self,
+        conversation: str,
+        version: int,
+        fence: int,
+        on_moved: Callable[[], None] | None = None,
     ) -> asyncio.Event:
-        """An event set once the conversation's version is no longer `version`, and
-        `on_moved` called then, synchronously. A process runs one cycle per conversation at
-        a time, so one watch per conversation."""
+        """An event set once the conversation's version is no longer `version`, or a typing
+        signal cut the generation of lease `fence` (a speculative one), and `on_moved` called
+        then, synchronously. A process runs one cycle per conversation at a time, so one
+        watch per conversation."""
         moved = asyncio.Event()
-        self._watched[conversation] = Watched(version, moved, on_moved)
+        self._watched[conversation] = Watched(version, fence, moved, on_moved)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="version watch")
         return moved
@@ -72,6 +80,13 @@ class VersionWatch:
         signal its watch now rather than at the next poll."""
         watched = self._watched.get(conversation)
         if watched is not None and watched.version != version:
+            watched.signal()
+
+    def cut(self, conversation: str, fence: int) -> None:
+        """This replica has just taken in a typing signal that cut the speculative generation
+        of lease `fence`: signal its watch now rather than at the next poll."""
+        watched = self._watched.get(conversation)
+        if watched is not None and watched.fence == fence:
             watched.signal()
 
     def unwatch(self, conversation: str, moved: asyncio.Event) -> None:
@@ -97,8 +112,8 @@ class VersionWatch:
                 # or every generation on this replica would run to its end.
                 log.exception("version watch failed a poll")
                 continue
-            for (_, one), current in zip(watched, versions, strict=True):
-                if current != one.version:
+            for (_, one), (version, cut) in zip(watched, versions, strict=True):
+                if version != one.version or cut == one.fence:
                     one.signal()
 
     async def stop(self) -> None:

@@ -78,7 +78,7 @@ async def test_bursts_are_answered_in_conversations_on_every_primary(
         assert sorted(s.conversation for s in outbound.sent) == sorted(conversations)
         assert all("text 1" in s.text and "text 3" in s.text for s in outbound.sent)
         # The interrupt watch reads V of conversations on every primary in one call.
-        assert await runtime.store.versions(conversations) == [3] * len(conversations)
+        assert await runtime.store.versions(conversations) == [(3, 0)] * len(conversations)
     held = holders(cluster, conversations)
     assert all(held.values()), f"a primary holds no conversation: {held}"
     assert set().union(*held.values()) == set(conversations)

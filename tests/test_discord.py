@@ -25,6 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 USER = 7001
 # The gateway intents for DMs and their content, and nothing else.
 DIRECT_MESSAGES = 1 << 12
+DIRECT_MESSAGE_TYPING = 1 << 14
 MESSAGE_CONTENT = 1 << 15
 
 
@@ -108,8 +109,9 @@ async def test_a_burst_of_three_dms_gets_one_reply(
         await fake.wait_for_bot_messages(channel, 1, timeout=10)
         await settled(redis, channel, 3)
         assert texts(fake, channel) == ["You said: one / two / three"]
-        # The gateway asked for DMs and their content, nothing more.
-        assert [i["intents"] for i in fake.identifies] == [DIRECT_MESSAGES | MESSAGE_CONTENT]
+        # The gateway asked for DMs, their content and their typing, nothing more.
+        wanted = DIRECT_MESSAGES | MESSAGE_CONTENT | DIRECT_MESSAGE_TYPING
+        assert [i["intents"] for i in fake.identifies] == [wanted]
         # Sent with a short nonce Discord enforces, and typing shown before the reply.
         [post] = fake.posts
         assert post.enforce_nonce and post.nonce and len(post.nonce) <= 25

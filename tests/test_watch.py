@@ -78,7 +78,7 @@ async def test_the_callback_is_called_once_when_this_replica_takes_a_message_in(
 ) -> None:
     watch = VersionWatch(store, poll_s=3600.0)
     seen: list[bool] = []
-    moved = watch.watch(CONV, 1, on_moved=lambda: seen.append(moved.is_set()))
+    moved = watch.watch(CONV, 1, 1, on_moved=lambda: seen.append(moved.is_set()))
     watch.moved(CONV, 1)
     assert seen == [] and not moved.is_set()
     watch.moved(CONV, 2)
@@ -91,7 +91,7 @@ async def test_the_callback_is_called_once_when_this_replica_takes_a_message_in(
 async def test_the_poll_calls_back_too(store: Store) -> None:
     watch = VersionWatch(store, poll_s=0.01)
     seen: list[bool] = []
-    moved = watch.watch(CONV, 0, on_moved=lambda: seen.append(moved.is_set()))
+    moved = watch.watch(CONV, 0, 1, on_moved=lambda: seen.append(moved.is_set()))
     # Taken in without telling the watch, as another replica would.
     assert (await store.ingest(message(n=1), "allowed")).accepted
     async with asyncio.timeout(5):
@@ -106,7 +106,7 @@ async def test_a_failing_callback_still_sets_the_event(store: Store) -> None:
     def fails() -> None:
         raise RuntimeError("broken")
 
-    moved = watch.watch(CONV, 1, on_moved=fails)
+    moved = watch.watch(CONV, 1, 1, on_moved=fails)
     watch.moved(CONV, 2)
     assert moved.is_set()
     await watch.stop()

@@ -25,6 +25,7 @@ from bot.store.conversations import (
     RATE_WINDOW_MS,
     SEEN_CAP,
     SEEN_KEEP_MS,
+    TYPING_EVERY_MS,
     Conversations,
     Ended,
     Failed,
@@ -36,6 +37,7 @@ from bot.store.conversations import (
     Lease,
     Outcome,
     PreSend,
+    Typed,
     lease_token,
 )
 from bot.store.errors import StoreUnavailable, classify, reaching_redis
@@ -73,6 +75,7 @@ TOOL_BEGIN = _scripts.TOOL_BEGIN.source
 TOOL_END = _scripts.TOOL_END.source
 TOOL_STEP = _scripts.TOOL_STEP.source
 TRANSCRIPT = _scripts.TRANSCRIPT.source
+TYPING = _scripts.TYPING.source
 USAGE = _scripts.USAGE.source
 
 __all__ = [
@@ -109,6 +112,8 @@ __all__ = [
     "TOOL_END",
     "TOOL_STEP",
     "TRANSCRIPT",
+    "TYPING",
+    "TYPING_EVERY_MS",
     "USAGE",
     "AccessRecord",
     "Begun",
@@ -133,6 +138,7 @@ __all__ = [
     "StoreSettings",
     "StoreUnavailable",
     "Taken",
+    "Typed",
     "classify",
     "lease_token",
     "reaching_redis",

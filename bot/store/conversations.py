@@ -33,6 +33,8 @@ SEEN_KEEP_MS = 25 * 3600_000
 RATE_WINDOW_MS = 60_000
 # How long a conversation stays in the activity index after its last message.
 ACTIVE_KEEP_MS = 3600_000
+# A user's typing signals count at most once in this long (and once after each message).
+TYPING_EVERY_MS = 1000
 
 
 def lease_token(owner: str) -> str:
@@ -83,6 +85,24 @@ class Ingested:
             silent=status == "silent",
             overheard=status == "overheard",
         )
+
+
+@dataclass(frozen=True)
+class Typed:
+    """What a typing signal did (typing.lua): `held` the open window, until `look_in_ms` from
+    now, cutting the speculative generation of fence `cut` (0: none ran); or nothing (the
+    window was not open, or the signal came too soon after the last one)."""
+
+    held: bool
+    look_in_ms: int | None = None
+    cut: int = 0
+
+    @classmethod
+    def from_reply(cls, raw: bytes | str) -> Typed:
+        reply = decoded(raw)
+        if reply["status"] != "held":
+            return cls(held=False)
+        return cls(True, look_in(reply["look_in_ms"]), int(reply["cut"]))
 
 
 @dataclass(frozen=True)
@@ -288,11 +308,17 @@ class Conversations(Calls):
     """The steps of the flow on one conversation, each one script and one round trip."""
 
     async def ingest(
-        self, message: InboundMessage, verdict: Verdict = "allowed", heard: Heard | None = None
+        self,
+        message: InboundMessage,
+        verdict: Verdict = "allowed",
+        heard: Heard | None = None,
+        *,
+        typing: bool = False,
     ) -> Ingested:
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
-        group, `heard` says how the message reached the bot (`bot.groups.heard`)."""
+        group, `heard` says how the message reached the bot (`bot.groups.heard`). `typing`:
+        the platform reports this user's typing (`typing`), so the window learns with it."""
         conversation = message.conversation
         heard = heard or Heard()
         args: dict[str, str | int] = {
@@ -316,9 +342,22 @@ class Conversations(Calls):
             "said": heard.said,
             "room_messages": self.settings.room_messages,
             "room_keep_ms": self.settings.room_keep_ms,
+            "typing": int(typing),
         }
         keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
         return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
+
+    async def typing(self, conversation: str, hold_ms: int) -> Typed:
+        """The user is typing: hold their open window `hold_ms` from now (within its cap), and
+        cut a speculative generation on it (typing.lua)."""
+        keys = _own_keys(scripts.TYPING, self.layout.keys(conversation))
+        args: dict[str, str | int] = {
+            "conversation": conversation,
+            "hold_ms": hold_ms,
+            "max_wait_ms": self.settings.max_wait_ms,
+            "every_ms": TYPING_EVERY_MS,
+        }
+        return Typed.from_reply(await self._run(scripts.TYPING, keys, args))
 
     async def notice_once(self, conversation: str, ttl_ms: int) -> bool:
         """True for the first caller, on any replica, within `ttl_ms`: a one-off notice (such
@@ -448,14 +487,15 @@ class Conversations(Calls):
         async with self._reaching():
             await self.redis.hset(self.layout.keys(conversation).state, "model", name)
 
-    async def versions(self, conversations: list[str]) -> list[int]:
-        """V of each conversation, in one pipelined round trip (on a cluster, one per primary
+    async def versions(self, conversations: list[str]) -> list[tuple[int, int]]:
+        """V of each conversation, and the fence of the speculative generation a typing signal
+        cut (typing.lua; 0: none), in one pipelined round trip (on a cluster, one per primary
         holding any of them, at once): for watching generations go stale."""
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
             for conversation in conversations:
-                pipe.hget(self.layout.keys(conversation).state, "v")
-            values: list[bytes | None] = await pipe.execute()
-        return [int(v or 0) for v in values]
+                pipe.hmget(self.layout.keys(conversation).state, ["v", "cut"])
+            values: list[list[bytes | None]] = await pipe.execute()
+        return [(int(v or 0), int(cut or 0)) for v, cut in values]
 
     async def counters(self, conversation: str) -> tuple[int, int]:
         """(V, W) of a conversation."""

@@ -45,6 +45,8 @@ local addressed = ARGV[17]
 local said = ARGV[18] -- in a group: the message as the room's context keeps it (json)
 local room_messages = tonumber(ARGV[19])
 local room_keep_ms = tonumber(ARGV[20])
+-- '1': the platform reports this user's typing (typing.lua holds the window while they type)
+local typing = ARGV[21]
 local now = now_ms()
 
 local function answer(status, version, look_in_ms, flag)
@@ -54,34 +56,53 @@ end
 
 -- The user's own pace, for a window that learns it. Each message adds the gap before it to the
 -- last GAPS_KEPT, or a 0 when that gap was no pause within a burst (as long as the longest
--- window, or longer): the message before it had no follow-up. A user none of whose last
--- messages had a follow-up gets the floor; one who followed up even once keeps the setting.
+-- window, or longer): the message before it had no follow-up. A gap the user was seen typing in
+-- (a typing signal after the message before it) is marked 't': that follow-up was announced.
+-- A user none of whose last messages had a follow-up gets the floor; one who followed up even
+-- once keeps the setting.
 -- Not a window shaped to their gaps: one too short splits a burst into two replies, which
 -- costs the user far more than the wait (and speculation hides most of the wait), and a few
 -- gaps are no guide to the next one. With fewer than GAPS_NEEDED gaps known, the setting.
+-- Where the platform reports typing, a typing signal holds the window open (typing.lua), so
+-- the floor is enough from the first message, and keeps being so unless the user followed up
+-- later than the floor without being seen typing (a pasted line, a signal the platform lost).
 local GAPS_KEPT, GAPS_NEEDED = 16, 4
-local function learned_quiet(state_key, at, ceiling_ms, floor_ms)
-  local known = redis.call('HMGET', state_key, 'gaps_at', 'gaps')
+local function learned_quiet(state_key, at, ceiling_ms, floor_ms, sees_typing)
+  local known = redis.call('HMGET', state_key, 'gaps_at', 'gaps', 'typed_at')
   local gaps = {}
-  for gap in string.gmatch(known[2] or '', '%d+') do
-    gaps[#gaps + 1] = tonumber(gap)
+  for gap in string.gmatch(known[2] or '', '%d+t?') do
+    gaps[#gaps + 1] = gap
   end
   if known[1] then
     local gap = at - tonumber(known[1])
     -- Two messages in the same millisecond are a follow-up too: 1, not the 0 of none.
-    gaps[#gaps + 1] = (gap >= 0 and gap < ceiling_ms) and math.max(gap, 1) or 0
+    gap = (gap >= 0 and gap < ceiling_ms) and math.max(gap, 1) or 0
+    local typed = gap > 0 and tonumber(known[3] or '0') > tonumber(known[1])
+    gaps[#gaps + 1] = typed and (gap .. 't') or tostring(gap)
     while #gaps > GAPS_KEPT do
       table.remove(gaps, 1)
     end
   end
   redis.call('HSET', state_key, 'gaps_at', at, 'gaps', table.concat(gaps, ','))
+  local floor = math.min(floor_ms, ceiling_ms)
+  if sees_typing then
+    for _, gap in ipairs(gaps) do
+      local ms, typed = string.match(gap, '^(%d+)(t?)$')
+      if typed == '' and tonumber(ms) > floor then
+        return ceiling_ms
+      end
+    end
+    return floor
+  end
   if #gaps < GAPS_NEEDED then
     return ceiling_ms
   end
-  if math.max(unpack(gaps)) > 0 then
-    return ceiling_ms
+  for _, gap in ipairs(gaps) do
+    if tonumber(string.match(gap, '^%d+')) > 0 then
+      return ceiling_ms
+    end
   end
-  return math.min(floor_ms, ceiling_ms)
+  return floor
 end
 
 -- Whether the message's id is new, noted as seen if so. An id need only outlive the platforms'
@@ -181,7 +202,7 @@ redis.call('HSETNX', state, 'since', now)
 redis.call('HDEL', state, 'unreachable')
 
 if learn_floor_ms > 0 then
-  quiet_ms = learned_quiet(state, now, quiet_ms, learn_floor_ms)
+  quiet_ms = learned_quiet(state, now, quiet_ms, learn_floor_ms, typing == '1')
 end
 
 -- The cap is anchored where the window opened, so a late message can never push it out.

@@ -4,8 +4,9 @@
 -- already scheduled the cycle that will cover everything.
 -- A speculative reply (its lease took the window while still open) also waits for the window:
 -- while the window is open this answers 'hold', changing nothing; once it has closed, the
--- window is consumed here. A message that came while it was open (and extended it) restarts the
--- generation: 'restarted' counts no discard and forces nothing out, since no reply went stale.
+-- window is consumed here. A message that came while it was open (and extended it), or the user
+-- seen typing meanwhile, restarts the generation: 'restarted' counts no discard and forces
+-- nothing out, since no reply went stale.
 -- Returns {status, look_in_ms}: status 'ok', 'forced' (stale, but sent by the starvation
 -- guard), 'stale' or 'restarted' (look_in_ms: until the next look), 'hold' (look_in_ms: until
 -- the window closes) or 'lost' (look_in_ms -1)
@@ -53,8 +54,10 @@ end
 
 local status = 'ok'
 local speculative = leased_to(window, fence)
-local current = tonumber(redis.call('HGET', state, 'v')) == tonumber(version)
-if speculative and not current then
+local counters = redis.call('HMGET', state, 'v', 'cut')
+local current = tonumber(counters[1]) == tonumber(version)
+-- The user was seen typing while it ran (typing.lua): restarted, as by a message of its burst.
+if speculative and (not current or counters[2] == fence) then
   redis.call('HDEL', window, 'leased')
   redis.call('DEL', lease)
   return answer('restarted', reschedule(state, window, due, conversation, now_ms()))

@@ -109,7 +109,13 @@ INGEST = Script(
         "said",
         "room_messages",
         "room_keep_ms",
+        "typing",
     ),
+)
+TYPING = Script(
+    "typing",
+    keys=("state", "window", "due"),
+    args=("conversation", "hold_ms", "max_wait_ms", "every_ms"),
 )
 NOTICE = Script("notice", keys=("notice",), args=("period_ms",))
 ACQUIRE = Script(
@@ -283,6 +289,7 @@ ALL: dict[str, Script] = {
     script.name: script
     for script in (
         INGEST,
+        TYPING,
         NOTICE,
         ACQUIRE,
         RENEW,

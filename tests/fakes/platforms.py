@@ -25,6 +25,7 @@ from adapters.conformance import (
     PERMANENT_SEND_ERROR,
     REDELIVERY,
     TYPING,
+    USER_TYPING,
     Reply,
 )
 from adapters.console import ConsoleAdapter
@@ -44,7 +45,9 @@ class TelegramPlatform:
     """Telegram in webhook mode: each message is POSTed to the adapter's endpoint as Telegram
     does, and acknowledged by a 200 answer; anything else makes Telegram deliver it again."""
 
-    not_applicable: Mapping[str, str] = {}
+    not_applicable: Mapping[str, str] = {
+        USER_TYPING: "the Bot API never tells a bot that a user is typing"
+    }
     # Telegram's limit, counted after entity parsing (the fake refuses longer messages).
     message_limit = 4096
     # The endpoint answers 200 as `ingest` returns.
@@ -204,6 +207,9 @@ class DiscordPlatform:
     def refuse_credentials(self) -> None:
         self.fake.token = "revoked"
 
+    async def user_types(self) -> None:
+        await self.fake.user_types(DISCORD_USER)
+
 
 class _Keyboard:
     """The console's stdin: a pipe the user types into. Not a terminal: on one, the input
@@ -269,6 +275,10 @@ class ConsolePlatform:
         TYPING: (
             "typing is drawn above the input line, which only a real terminal has: "
             "tests/test_console_pty.py checks it under a pseudo-terminal"
+        ),
+        USER_TYPING: (
+            "keystrokes are seen on a terminal only, never on a pipe: "
+            "tests/test_console_pty.py checks them under a pseudo-terminal"
         ),
     }
     message_limit = ConsoleAdapter.max_message_chars
