@@ -164,6 +164,10 @@ class Runtime:
             except Exception:
                 log.exception("a typing signal of %s failed", conversation)
                 return
+        stats = self.stats
+        stats.typing_signals += 1
+        stats.typing_held += typed.held
+        stats.typing_cut += bool(typed.cut)
         if typed.cut:
             self.cycle.watch.cut(conversation, typed.cut)
         if typed.held:

@@ -43,6 +43,11 @@ class Stats:
     overheard: int = 0
     windows_opened: int = 0
     windows_capped: int = 0
+    # Users' typing signals passed on to the store (one a second per person at most); of
+    # those, the ones that held an open window, and the speculative generations they cut.
+    typing_signals: int = 0
+    typing_held: int = 0
+    typing_cut: int = 0
     # Cycles that took the lease; wake-ups with nothing owed (no-op) or not yet due / held
     # elsewhere (deferred).
     cycles: int = 0

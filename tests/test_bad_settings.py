@@ -103,6 +103,7 @@ WRONG: dict[str, str] = {
     "DEBOUNCE__SPECULATE_MS": "-5",
     "DEBOUNCE__LEARN": "sometimes",
     "DEBOUNCE__FLOOR_MS": "0.5s",
+    "DEBOUNCE__TYPING_MS": "while typing",
     # A server with neither a command nor a URL.
     "TOOLS__MCP_SERVERS": '{"time": {"args": ["-m", "mcp_server_time"]}}',
     "TOOLS__STEP_LIMIT": "0",

@@ -25,7 +25,7 @@ if redis.call('EXISTS', state) == 0 then
 end
 local times = redis.call('HMGET', state, 'typed_at', 'last_at')
 local typed_at, last_at = tonumber(times[1] or '0'), tonumber(times[2] or '0')
-if typed_at > last_at and now >= typed_at and now - typed_at < every_ms then
+if typed_at >= last_at and typed_at > 0 and now >= typed_at and now - typed_at < every_ms then
   return cjson.encode({status = 'dropped'})
 end
 redis.call('HSET', state, 'typed_at', now)
