@@ -10,7 +10,8 @@ as it is written (one dimmed line) are drawn above the "> " input line, and repl
 printed above it too, while the text being typed stays where it is, editable. After end of
 input the draft is drawn in place on a line of its own, erased just before the reply. Piped
 output gets only the replies; piped input with a terminal for output gets that same in-place
-draft. A dumb terminal gets plain lines.
+draft. A dumb terminal gets plain lines. On a terminal the keystrokes are the user typing
+(`bot.message.SeesTyping`): while the next line is being typed, the window stays open.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from adapters import Platform
 from adapters.base import Sink, until_stored
 from bot.cancel import cancel_and_wait
 from bot.check import Check
-from bot.message import InboundMessage, NoFiles, Unavailable
+from bot.message import InboundMessage, NoFiles, Place, Unavailable
 from bot.settings import Settings
 
 if TYPE_CHECKING:
+    from prompt_toolkit.buffer import Buffer
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,12 @@ REPLY_PREFIX = "bot> "
 # `typing_interval_s` until the reply, so it lapses only once the bot has stopped: one that
 # lands just after the reply must not stay above the input line until the next message.
 TYPING_SHOWN_S = 3.0
+# Keystrokes are passed on as the user typing at most this often: the core counts one a
+# second, and a key held down must not cost a store call per repeat.
+KEYSTROKE_EVERY_S = 0.25
+# Keystrokes waiting to be passed on, at most: one behind the line just entered and one before
+# it, still not taken; more only while the store is slow, and those are dropped.
+KEYSTROKES_QUEUED_CAP = 2
 
 
 class ConsoleAdapter(NoFiles):
@@ -84,9 +92,18 @@ class ConsoleAdapter(NoFiles):
         self.conversation = f"{self.platform}:{CONVERSATION_CHAT}"
         # Set when stdout is gone (the reader closed the pipe): nothing more can be shown.
         self._output_gone = asyncio.Event()
+        # Where the user types: the console has one conversation.
+        self.place = Place(self.platform, CONVERSATION_CHAT, CONVERSATION_CHAT)
+        # Keystrokes waiting to be passed on, and when (monotonic) the last one was queued.
+        self._keystrokes_queued = 0
+        self._keystroke_at = 0.0
 
     def connected(self) -> bool:
         return not self._output_gone.is_set()
+
+    def sees_typing(self, place: Place) -> bool:
+        # Keystrokes are seen at the prompt only: a pipe brings whole lines.
+        return self.screen
 
     async def run(self, sink: Sink) -> None:
         if self.interactive:
@@ -106,32 +123,41 @@ class ConsoleAdapter(NoFiles):
             )
 
     async def _chat(self, sink: Sink) -> None:
-        # Each line typed or piped in; None at end of input; what ended the prompt, if it
-        # failed, so that it ends the chat too rather than leave it waiting for input.
-        lines: asyncio.Queue[str | Exception | None] = asyncio.Queue()
+        # Each line typed or piped in; the place, for a keystroke (in order: a keystroke passed
+        # on before the line it came after would be taken for the typing of that line, and
+        # hold nothing); None at end of input; what ended the prompt, if it failed, so that it
+        # ends the chat too rather than leave it waiting for input.
+        lines: asyncio.Queue[str | Place | Exception | None] = asyncio.Queue()
         # Lines are taken in apart from their ingestion: a slow store never stops the typing.
         reading = self._start_reading(lines.put_nowait)
+        numbers = itertools.count(1)
         try:
-            for number in itertools.count(1):
+            while True:
                 text = await lines.get()
                 if isinstance(text, Exception):
                     raise text
                 if text is None:
                     break
+                if isinstance(text, Place):
+                    self._keystrokes_queued -= 1
+                    # Best effort, bounded in time, never raises: one at a time.
+                    await sink.user_typing(text)
+                    continue
                 if text.strip():
-                    await self._ingest_until_stored(sink, text, number)
+                    await self._ingest_until_stored(sink, text, next(numbers))
             await sink.settled(self.conversation)
         finally:
             if reading is not None:
                 await cancel_and_wait(reading)
 
     def _start_reading(
-        self, put: Callable[[str | Exception | None], None]
+        self, put: Callable[[str | Place | Exception | None], None]
     ) -> asyncio.Task[None] | None:
-        """Start handing each line typed or piped in to `put`, then None at end of input;
-        the task that reads, when there is one to stop."""
+        """Start handing each line typed or piped in to `put` (on a terminal, the console's
+        place for a keystroke too), then None at end of input; the task that reads, when
+        there is one to stop."""
         if self.screen:
-            self._prompt = _Prompt()
+            self._prompt = _Prompt(lambda: self._keystroke(put))
             reading = asyncio.create_task(self._ask(self._prompt, put), name="console prompt")
             reading.add_done_callback(lambda task: _pass_on_failure(task, put))
             return reading
@@ -148,6 +174,19 @@ class ConsoleAdapter(NoFiles):
         threading.Thread(target=_read_lines, args=(put_raw,), name="stdin", daemon=True).start()
         return None
 
+    def _keystroke(self, put: Callable[[Place], None]) -> None:
+        """The user typed at the prompt: queue their typing behind the lines before it, unless
+        one was queued less than KEYSTROKE_EVERY_S ago or the store is slow to take them."""
+        now = time.monotonic()
+        if (
+            now - self._keystroke_at < KEYSTROKE_EVERY_S
+            or self._keystrokes_queued >= KEYSTROKES_QUEUED_CAP
+        ):
+            return
+        self._keystroke_at = now
+        self._keystrokes_queued += 1
+        put(self.place)
+
     async def _ask(self, prompt: _Prompt, put: Callable[[str | None], None]) -> None:
         """Read lines at the prompt until Ctrl-D; Ctrl-C stops the bot, as it does when the
         terminal turns it into SIGINT. A terminal that hangs up ends the run as a closed
@@ -156,6 +195,9 @@ class ConsoleAdapter(NoFiles):
             while True:
                 try:
                     put(await prompt.ask())
+                    # The first keystroke after a line is not held back by those before it:
+                    # it is what tells the core that the user follows up rather than pauses.
+                    self._keystroke_at = 0.0
                 except EOFError:
                     break
                 except KeyboardInterrupt:
@@ -236,7 +278,8 @@ class _Prompt:
     costs a tenth of a second of start-up that pipes would waste.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, typed: Callable[[], None]) -> None:
+        """`typed` is called for each edit that leaves text on the input line."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.styles import Style
 
@@ -249,12 +292,24 @@ class _Prompt:
             # There is no completion menu to make room for: the terminal is not scrolled.
             reserve_space_for_menu=0,
         )
+        self._typed = typed
+        self._session.default_buffer.on_text_changed += self._edited
 
     async def ask(self) -> str:
         """One line as typed; raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C."""
         # Neither SIGINT nor the loop's exception handler is the prompt's to take over: the
         # bot's own handlers must stay in place while it reads.
         return await self._session.prompt_async(handle_sigint=False, set_exception_handler=False)
+
+    def _edited(self, buffer: Buffer) -> None:
+        # A line emptied (entered, or erased) is not being typed.
+        if not buffer.text:
+            return
+        try:
+            self._typed()
+        except Exception:
+            # Typing is best effort: the line being typed must never fail with it.
+            log.exception("a keystroke was not passed on")
 
     def show_typing(self) -> None:
         self._typing_until = time.monotonic() + TYPING_SHOWN_S

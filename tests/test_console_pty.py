@@ -278,6 +278,75 @@ def test_typing_is_shown_above_the_line_being_typed(data_dir: Path) -> None:
     assert terminal.shown() == ["> hello", "> more", ">", "bot> You said: hello / more"]
 
 
+# The window after each message is the floor (0.4 s): the platform reports typing. A signal
+# holds the window 4 s, and the core counts one a second: typing holds it with room to spare.
+# Between the two lines, 2.5 s: longer than the quiet window (1.5 s), so where keystrokes are
+# not seen the first line gets a reply of its own; shorter than a signal's hold, so a signal
+# sent where no key was pressed would hold the window over the pause.
+TYPING_WINDOWS = {
+    "LASTWORD_DEBOUNCE__QUIET_MS": "1500",
+    "LASTWORD_DEBOUNCE__FLOOR_MS": "400",
+    "LASTWORD_DEBOUNCE__TYPING_MS": "4000",
+    "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "10000",
+}
+# The user's pause between one key and the next while typing slowly.
+KEY_GAP_S = 0.25
+SECOND = "second line"
+
+
+def two_lines(terminal: Terminal, typing_between: bool) -> None:
+    """Enter "first line", then, 2.5 s later, the second line: typed slowly from the moment
+    the first is entered, or all at once after that long a pause."""
+    terminal.wait_for(lambda: terminal.input_line() == ">", "the prompt")
+    pause_s = KEY_GAP_S * (len(SECOND) - 1)
+    if typing_between:
+        # The user goes on at once, a key at a time: each keystroke holds the window.
+        terminal.type(b"first line\r" + SECOND[0].encode())
+        for key in SECOND[1:]:
+            time.sleep(KEY_GAP_S)
+            terminal.type(key.encode())
+    else:
+        terminal.type(b"first line\r")
+        time.sleep(pause_s)
+        terminal.type(SECOND.encode())
+    terminal.wait_for(lambda: terminal.input_line() == f"> {SECOND}", "the second line typed")
+    terminal.type(b"\r")
+
+
+def replies(lines: list[str]) -> list[str]:
+    return [line.removeprefix("bot> ") for line in lines_with(lines, "bot> ")]
+
+
+def test_keystrokes_hold_the_window_open_between_two_lines(data_dir: Path) -> None:
+    both = "You said: first line / second line"
+    terminal = Terminal(data_dir, TERM="xterm-256color", **TYPING_WINDOWS)
+    try:
+        two_lines(terminal, typing_between=True)
+        terminal.wait_for(lambda: f"bot> {both}" in terminal.shown(), "the reply")
+        code, _ = terminal.close()
+    finally:
+        terminal.kill()
+    assert code == 0, terminal.stderr()
+    # One reply, covering both lines: 2.5 s of typing after a line whose window is 0.4 s.
+    assert replies(terminal.shown()) == [both], terminal.shown()
+    assert all(len(replies(frame)) <= 1 for frame in terminal.frames)
+
+
+def test_without_keystrokes_between_two_lines_each_gets_a_reply(data_dir: Path) -> None:
+    first, second = "You said: first line", f"You said: {SECOND}"
+    terminal = Terminal(data_dir, TERM="xterm-256color", **TYPING_WINDOWS)
+    try:
+        two_lines(terminal, typing_between=False)
+        terminal.wait_for(lambda: f"bot> {second}" in terminal.shown(), "the second reply")
+        code, _ = terminal.close()
+    finally:
+        terminal.kill()
+    assert code == 0, terminal.stderr()
+    # The same gap between the lines, with no key pressed in it: the window after the first
+    # closed, and neither the line entered nor its emptied prompt held it.
+    assert replies(terminal.shown()) == [first, second], terminal.shown()
+
+
 def test_ctrl_c_at_the_prompt_stops_the_bot_cleanly(data_dir: Path) -> None:
     terminal = Terminal(data_dir, TERM="xterm-256color")
     try:
