@@ -833,10 +833,13 @@ class _Gateway(discord.Client):
         """Queue a user's typing in a DM behind the messages before it, so that it is counted
         after them: a signal counted before the message it came after would be taken for
         the typing of that message, and hold nothing. Dropped, never queued, while DMs wait
-        for the store: typing is best effort, DMs are not."""
+        for the store or for a catch-up: typing is best effort, DMs are not."""
         if event.guild_id is not None or self._dropped or self.inbox.qsize() >= TYPING_QUEUED_CAP:
             return
         place = Place(PLATFORM, str(event.channel_id), str(event.user_id))
+        # Its conversation's DMs wait for the catch-up: it would be counted ahead of them.
+        if self._held is not None and self._waits(place.conversation):
+            return
         self.inbox.put_nowait(place)
 
     def _take(self, found: InboundMessage, interaction: discord.Interaction | None = None) -> None:
@@ -847,7 +850,7 @@ class _Gateway(discord.Client):
             event = (ws.session_id, ws.sequence)
             self._unstored.add(event)
         received = _Received(found, event, interaction)
-        if self._held is not None and self._waits(found):
+        if self._held is not None and self._waits(found.conversation):
             if len(self._held) < INBOX_CAP and not self._dropped:
                 self._held.append(received)
             else:
@@ -966,9 +969,10 @@ class _Gateway(discord.Client):
         if self._catching_up is None or self._catching_up.done():
             self._catching_up = asyncio.create_task(self._catch_up(), name="discord catch-up")
 
-    def _waits(self, message: InboundMessage) -> bool:
-        """Whether a live message must wait for the catch-up to read its conversation first."""
-        return self._unread is None or message.conversation in self._unread
+    def _waits(self, conversation: str) -> bool:
+        """Whether a live message of `conversation` must wait for the catch-up to read it
+        first."""
+        return self._unread is None or conversation in self._unread
 
     def _release(self, read: str | None = None) -> None:
         """Queue the held messages that need wait no longer: those of conversation `read`
@@ -980,7 +984,7 @@ class _Gateway(discord.Client):
             self._unread.discard(read)
         waiting = []
         for received in self._held:
-            if self._waits(received.message):
+            if self._waits(received.message.conversation):
                 waiting.append(received)
             else:
                 self._queue(received)

@@ -52,6 +52,7 @@ SLOW_MODULES = frozenset(
         "tests.test_outbound_budget",
         "tests.test_groups_telegram",
         "tests.test_groups_discord",
+        "tests.test_typing_e2e",
     }
 )
 
