@@ -12,13 +12,11 @@ typing. The processes' side (`lastword run`, the fake Discord) is in test_typing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import TYPING_EVERY_MS, Keys, Store, StoreSettings
 from tests.builders import message
 from tests.test_model import integers
@@ -33,30 +31,21 @@ SPECULATE_MS = 100
 MAX_WAIT_MS = 5000
 HOLD_MS = 1500
 
-StoreFactory = Callable[..., Store]
+# What every store here is told, unless a test says otherwise.
+TIMINGS: dict[str, Any] = {
+    "quiet_ms": QUIET_MS,
+    "max_wait_ms": MAX_WAIT_MS,
+    "ttl_ms": 10_000,
+    "history_cap": 10,
+    "starvation_limit": 3,
+    "speculate_ms": SPECULATE_MS,
+    "learn_floor_ms": FLOOR_MS,
+}
 
 
-@pytest.fixture
-async def stores(server: EmbeddedRedis) -> AsyncIterator[StoreFactory]:
-    made: list[Store] = []
-
-    def make(**overrides: Any) -> Store:
-        settings = {
-            "quiet_ms": QUIET_MS,
-            "max_wait_ms": MAX_WAIT_MS,
-            "ttl_ms": 10_000,
-            "history_cap": 10,
-            "starvation_limit": 3,
-            "speculate_ms": SPECULATE_MS,
-            "learn_floor_ms": FLOOR_MS,
-        } | overrides
-        store = Store(Redis.from_url(server.url), StoreSettings(**settings))
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        await store.close()
+def store_on(redis: Redis, **overrides: int) -> Store:
+    """A store on the test's server, with `TIMINGS` and the test's `overrides`."""
+    return Store(redis, StoreSettings(**(TIMINGS | overrides)))
 
 
 async def window(redis: Redis) -> dict[str, int]:
@@ -64,9 +53,9 @@ async def window(redis: Redis) -> dict[str, int]:
 
 
 async def test_a_message_on_a_typing_platform_gets_the_floor_from_the_first_one(
-    stores: StoreFactory,
+    redis: Redis,
 ) -> None:
-    store = stores()
+    store = store_on(redis)
     typed = await store.ingest(message("hi", n=1), typing=True)
     assert typed.look_in_ms is not None and typed.look_in_ms <= SPECULATE_MS
     # Elsewhere, the first messages get the whole quiet window (no warm-up done yet).
@@ -83,10 +72,8 @@ async def window_of(store: Store, conversation: str) -> int:
     return deadline - (int(seconds) * 1000 + int(micros) // 1000)
 
 
-async def test_a_signal_holds_the_open_window_without_changing_v(
-    stores: StoreFactory, redis: Redis
-) -> None:
-    store = stores()
+async def test_a_signal_holds_the_open_window_without_changing_v(redis: Redis) -> None:
+    store = store_on(redis)
     await store.ingest(message("one", n=1), typing=True)
     before = await window(redis)
     typed = await store.typing(CONV, HOLD_MS)
@@ -104,10 +91,8 @@ async def test_a_signal_holds_the_open_window_without_changing_v(
     assert await window_of(store, CONV) <= FLOOR_MS
 
 
-async def test_a_signal_never_holds_the_window_past_its_cap(
-    stores: StoreFactory, redis: Redis
-) -> None:
-    store = stores(max_wait_ms=800)
+async def test_a_signal_never_holds_the_window_past_its_cap(redis: Redis) -> None:
+    store = store_on(redis, max_wait_ms=800)
     await store.ingest(message("one", n=1), typing=True)
     opened = (await window(redis))["opened"]
     typed = await store.typing(CONV, 10_000)
@@ -115,10 +100,8 @@ async def test_a_signal_never_holds_the_window_past_its_cap(
     assert (await window(redis))["deadline"] == opened + 800
 
 
-async def test_a_signal_with_no_window_open_changes_nothing_but_its_time(
-    stores: StoreFactory, redis: Redis
-) -> None:
-    store = stores()
+async def test_a_signal_with_no_window_open_changes_nothing_but_its_time(redis: Redis) -> None:
+    store = store_on(redis)
     # A stranger (no conversation yet) writes nothing at all.
     typed = await store.typing(CONV, HOLD_MS)
     assert not typed.held
@@ -134,10 +117,8 @@ async def test_a_signal_with_no_window_open_changes_nothing_but_its_time(
     assert b"typed_at" in await redis.hgetall(Keys(CONV).state)
 
 
-async def test_signals_count_once_a_second_and_once_after_each_message(
-    stores: StoreFactory, redis: Redis
-) -> None:
-    store = stores()
+async def test_signals_count_once_a_second_and_once_after_each_message(redis: Redis) -> None:
+    store = store_on(redis)
     await store.ingest(message("one", n=1), typing=True)
     assert (await store.typing(CONV, HOLD_MS)).held
     first = await window(redis)
@@ -152,8 +133,8 @@ async def test_signals_count_once_a_second_and_once_after_each_message(
     assert (await store.typing(CONV, HOLD_MS)).held
 
 
-async def test_a_signal_cuts_the_speculative_generation(stores: StoreFactory, redis: Redis) -> None:
-    store = stores(learn_floor_ms=QUIET_MS)
+async def test_a_signal_cuts_the_speculative_generation(redis: Redis) -> None:
+    store = store_on(redis, learn_floor_ms=QUIET_MS)
     await store.ingest(message("one", n=1), typing=True)
     grant = await speculative_grant(store)
     assert grant.lease is not None
@@ -178,10 +159,8 @@ async def test_a_signal_cuts_the_speculative_generation(stores: StoreFactory, re
     assert held.status == "hold", "a cut for an earlier fence must not touch this one"
 
 
-async def test_a_holder_that_hands_back_when_cut_is_restarted(
-    stores: StoreFactory, redis: Redis
-) -> None:
-    store = stores(learn_floor_ms=QUIET_MS)
+async def test_a_holder_that_hands_back_when_cut_is_restarted(redis: Redis) -> None:
+    store = store_on(redis, learn_floor_ms=QUIET_MS)
     await store.ingest(message("one", n=1), typing=True)
     grant = await speculative_grant(store)
     assert grant.lease is not None
@@ -208,17 +187,17 @@ async def learned(store: Store, lines: list[tuple[int, bool]], conversation: str
     return look
 
 
-async def test_a_follow_up_announced_by_typing_keeps_the_floor(stores: StoreFactory) -> None:
-    store = stores(speculate_ms=0)
+async def test_a_follow_up_announced_by_typing_keeps_the_floor(redis: Redis) -> None:
+    store = store_on(redis, speculate_ms=0)
     # Follow-ups later than the floor, each with the user seen typing first.
     window_ms = await learned(store, [(0, False), (FLOOR_MS + 200, True), (FLOOR_MS + 200, True)])
     assert window_ms <= FLOOR_MS
 
 
 async def test_a_follow_up_later_than_the_floor_unannounced_gets_the_whole_window(
-    stores: StoreFactory,
+    redis: Redis,
 ) -> None:
-    store = stores(speculate_ms=0)
+    store = store_on(redis, speculate_ms=0)
     # A line pasted after the floor, no typing seen: the platform's typing cannot be trusted
     # for this user, who gets the quiet window as elsewhere.
     window_ms = await learned(store, [(0, False), (FLOOR_MS + 200, False)])
