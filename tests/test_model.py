@@ -40,6 +40,10 @@ its window is open; no call starts once a newer message arrived after its step w
 with a /reset among them) reuses the turn's record, and a /reset closes the records of the
 turns before it.
 
+Typing: a user may be seen typing at any step; a signal that finds their window open holds
+it (V unchanged, never past its cap) and cuts a speculative holder, whose pre-send check then
+restarts it as a message of its burst would.
+
 Groups: the two conversations are two people in one group. A message delivered is addressed
 to the bot or not (a burst's follow-ups never are); one that is not enters its sender's
 conversation only while their burst is open (the window, or a reply still owed for a message
@@ -412,6 +416,26 @@ class Protocol(RuleBasedStateMachine):
             if holder.stage in ACTIVE:
                 self._next_step(holder, "sent")
 
+    @rule(replica=replica_, conv=conversation_, hold_ms=st.sampled_from([5, 30, 1000]))
+    def types(self, replica: int, conv: str, hold_ms: int) -> None:
+        """The user is seen typing: V unchanged; an open window held at least `hold_ms`
+        from now (never past its cap), its speculation put off, and a speculative holder cut
+        (its pre-send check and interrupt then restart it); else nothing changes."""
+        window = self.run(self._integers(Keys(conv).window))
+        now = self.run(self._now())
+        typed = self.run(self.replicas[replica].typing(conv, hold_ms))
+        after = self.run(self._integers(Keys(conv).window))
+        if not typed.held:
+            assert after == window, f"{conv}: a signal that held nothing moved the window"
+            return
+        assert now < window["deadline"] <= now + DEADLINE_BOUND_MS, f"{conv}: held {window}"
+        cap = window["opened"] + MAX_WAIT_MS
+        assert min(max(window["deadline"], now + hold_ms), cap) <= after["deadline"] <= cap
+        assert after["opened"] == window["opened"] and after["speculate_at"] == 0, after
+        assert typed.cut == window.get("leased", 0), f"{conv}: cut {typed.cut}, not {window}"
+        self.seen["held by typing"] += 1
+        self.seen["cut by typing"] += bool(typed.cut)
+
     @rule(conv=conversation_)
     def wait_out_the_backoff(self, conv: str) -> None:
         async def skip() -> None:
@@ -665,8 +689,9 @@ class Protocol(RuleBasedStateMachine):
         check. True if that was all (held or restarted)."""
         now, after = between
         conv = holder.lease.conversation
-        if not current:
-            # A message extended the open window: no reply went stale, nothing is forced.
+        if not current or before.get("cut") == holder.lease.fence:
+            # A message extended the open window, or the user was seen typing in it: no
+            # reply went stale, nothing is forced.
             assert checked.status == "stale" and checked.restarted, checked
             discards = self.run(self._state(conv)).get("discards", 0)
             assert discards == before.get("discards", 0), "a restart counted as a discard"
@@ -987,7 +1012,8 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     steps = ("speculated", "held", "restarted", "sent after its window")
     tools = ("tool reused", "tool unknown", "tool held", "tool moved", "tool dropped")
     groups = ("overheard", "followed up unaddressed")
-    wanted = (*steps, *tools, *groups, "tool retried after a reset")
+    typing = ("held by typing", "cut by typing")
+    wanted = (*steps, *tools, *groups, *typing, "tool retried after a reset")
     began = time.monotonic()
     # Whether a run takes a timed path (a speculative reply sent once its window closed)
     # depends on how fast the steps follow each other on the real clock: on a loaded machine

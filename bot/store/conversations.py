@@ -356,6 +356,7 @@ class Conversations(Calls):
             "hold_ms": hold_ms,
             "max_wait_ms": self.settings.max_wait_ms,
             "every_ms": TYPING_EVERY_MS,
+            "window_bound_ms": self.settings.max_wait_ms + CLOCK_SLACK_MS,
         }
         return Typed.from_reply(await self._run(scripts.TYPING, keys, args))
 

@@ -115,7 +115,7 @@ INGEST = Script(
 TYPING = Script(
     "typing",
     keys=("state", "window", "due"),
-    args=("conversation", "hold_ms", "max_wait_ms", "every_ms"),
+    args=("conversation", "hold_ms", "max_wait_ms", "every_ms", "window_bound_ms"),
 )
 NOTICE = Script("notice", keys=("notice",), args=("period_ms",))
 ACQUIRE = Script(

@@ -18,6 +18,8 @@ local conversation = ARGV[1]
 local hold_ms = tonumber(ARGV[2])
 local max_wait_ms = tonumber(ARGV[3])
 local every_ms = tonumber(ARGV[4])
+-- A window deadline further ahead than this is a clock that moved back: taken as passed.
+local window_bound_ms = tonumber(ARGV[5])
 local now = now_ms()
 
 if redis.call('EXISTS', state) == 0 then
@@ -32,7 +34,7 @@ redis.call('HSET', state, 'typed_at', now)
 
 local open = redis.call('HMGET', window, 'opened', 'deadline', 'leased')
 local opened, deadline = tonumber(open[1] or '0'), tonumber(open[2] or '0')
-if deadline <= now then
+if deadline <= now or deadline > now + window_bound_ms then
   return cjson.encode({status = 'noted'})
 end
 -- As in ingest.lua: a window opened in the future is a clock that moved back.
