@@ -3,6 +3,7 @@ for the ways of waiting for the user; and interrupting stale generations, on vs 
 
     python -m benchmarks.interrupt [--rows today speculate learned both peers] [--users 200]
         [--seed 7] [--quiet-ms 2000] [--max-wait-ms 8000] [--details]
+    python -m benchmarks.interrupt --workload typists [--rows both typing] [--model-s 0.5]
     python -m benchmarks.interrupt --compare [--ttft-s 0.5 0]
 
 By default one seeded burst workload runs once per row, each a way of waiting for the user's
@@ -19,6 +20,23 @@ message they do not cover had been taken in); LLM requests per reply;
 prompt and completion tokens per reply, as the fake provider bills them (a request's prompt
 when it lands, so a restarted request pays its prompt again; every piece streamed, cancelled
 requests' included); newer message -> stream closed; the bot's event-loop lag.
+
+`--workload typists` runs issue 35's comparison instead: whether a platform that reports its
+users' typing lets the window cost nothing. Its users are of three kinds, a third each:
+single-liners (one message, then they stop), fast bursts (2-4 messages 0.2-0.5 s apart) and
+slow typists (2-3 lines 3.3-3.7 s apart, starting the next line 0.2-0.4 s after sending one).
+Each user sends typing signals (`Runtime.user_typing`) as a Discord client does: when they
+start writing a line (1-3 s before a first message, 0.05-0.15 s after the message before a
+fast follow-up), and every `TYPING_REPEAT_S` while they keep writing it. Every row gets the
+signals, but only the `typing` row's platform declares that it sees typing
+(`bot.message.SeesTyping`); for the others the runtime ignores them, as it does on Telegram.
+So the `typing` row is `both` on Discord, and `both` is the same bot where typing is not
+reported. The model answers 40-80 tokens in a fixed `--model-s` (0.5 s; the first token at
+half of it), so that the figure can be held against the best possible, max(floor, speculation
+start + model time): the table gives each row's last message -> reply p50 and p95, overall and
+per kind of user, their distance from the best possible, split bursts (every user means one
+burst: a slow typist answered before their last line is one), replies per burst, tokens per
+reply, and the model time as the fake served it.
 
 `--compare` runs the comparison this benchmark was first written for instead: the `today` row
 with `llm.interrupt` on (a generation is cancelled as soon as a newer message arrives) and off
@@ -97,7 +115,7 @@ from bot.app import make_store
 from bot.connect import make_client
 from bot.embedded import EmbeddedRedis, server_binary
 from bot.llm import OpenAILLM
-from bot.message import InboundMessage, NoFiles, Unavailable
+from bot.message import InboundMessage, NoFiles, Place, Unavailable
 from bot.runtime import Runtime
 from bot.settings import DebounceSettings, LLMSettings, Settings
 from bot.stats import Stats
@@ -121,6 +139,10 @@ class User:
     # Runs of messages sent with short gaps, what the user means as one message each: the
     # version (1, 2...) of each one's last message.
     burst_ends: tuple[int, ...]
+    # What kind of user this is, for the figures by kind (`typists`'s KINDS).
+    kind: str = "bursts"
+    # Seconds from the start of the run at which the user's client sends a typing signal.
+    typing: tuple[float, ...] = ()
 
     @property
     def conversation(self) -> str:
@@ -143,6 +165,12 @@ class User:
 
 
 def workload(args: argparse.Namespace) -> list[User]:
+    """The users of the workload `--workload` names, seeded."""
+    return typists(args) if args.workload == "typists" else bursts(args)
+
+
+def bursts(args: argparse.Namespace) -> list[User]:
+    """The default workload: users who write in bursts, sending no typing signals."""
     rng = random.Random(args.seed)
     users = []
     for index in range(args.users):
@@ -160,23 +188,85 @@ def workload(args: argparse.Namespace) -> list[User]:
     return users
 
 
+# Issue 35's kinds of users, in the order the `typists` workload deals them out.
+KINDS = ("single-liner", "fast burst", "slow typist")
+# A Discord client repeats its typing signal this often while the user keeps writing (the
+# signal lasts about 10 s on screen).
+TYPING_REPEAT_S = 8.0
+
+
+def signals(start: float, sent: float) -> list[float]:
+    """When a client sends typing signals for a line the user starts writing at `start` and
+    sends at `sent`: at the first keystroke, then every TYPING_REPEAT_S until it is sent."""
+    times = []
+    while start < sent:
+        times.append(start)
+        start += TYPING_REPEAT_S
+    return times
+
+
+def typists(args: argparse.Namespace) -> list[User]:
+    """Issue 35's workload: single-liners, fast bursts and slow typists in turn, each of whom
+    means everything they send as one burst, with the typing signals of a Discord client."""
+    rng = random.Random(args.seed)
+    users = []
+    for index in range(args.users):
+        kind = KINDS[index % len(KINDS)]
+        # When the user starts writing each line, and when they send it.
+        starts = [rng.uniform(0, args.stagger_s)]
+        offsets = [starts[0] + rng.uniform(1.0, 3.0)]
+        if kind == "fast burst":
+            for _ in range(rng.randint(2, 4) - 1):
+                starts.append(offsets[-1] + rng.uniform(0.05, 0.15))
+                offsets.append(offsets[-1] + rng.uniform(0.2, 0.5))
+        elif kind == "slow typist":
+            for _ in range(rng.randint(2, 3) - 1):
+                starts.append(offsets[-1] + rng.uniform(0.2, 0.4))
+                offsets.append(offsets[-1] + rng.uniform(3.3, 3.7))
+        typing = [
+            t for start, sent in zip(starts, offsets, strict=True) for t in signals(start, sent)
+        ]
+        users.append(User(index, tuple(offsets), (len(offsets),), kind, tuple(typing)))
+    return users
+
+
+@dataclass(frozen=True)
+class Model:
+    """The ranges the fake's answers are drawn from, per request."""
+
+    latency_s: tuple[float, float] = (1.0, 4.0)
+    words: tuple[int, int] = (150, 300)
+
+
+def model_of(args: argparse.Namespace) -> Model:
+    """The model the workload runs against. For `typists`, a fixed latency, so that the best
+    possible figure is one number, and short answers: the fake sleeps between pieces, and
+    150-300 of them in 0.25 s stretched its 0.5 s to 0.66 s (p50, 200 users, a busy machine),
+    where 40-80 keep it within about 40 ms."""
+    if args.workload == "typists":
+        return Model((args.model_s, args.model_s), (40, 80))
+    return Model()
+
+
 class Provider:
     """What the fake answers: seeded by the prompt, so both modes get the same answers."""
 
-    def __init__(self, seed: int, ttft_s: float = 0.0) -> None:
+    def __init__(self, seed: int, ttft_s: float = 0.0, model: Model = Model()) -> None:
         self.seed = seed
         self.ttft_s = ttft_s
+        self.model = model
         # Request (by identity: the fake keeps every request it recorded) -> its answer.
         self.texts: dict[int, str] = {}
 
     def reply(self, request: RecordedRequest) -> str:
         rng = random.Random(f"{self.seed}:reply:{request.last_user_text}")
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 300)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(*self.model.words)))
         self.texts[id(request)] = text
         return text
 
     def delay(self, request: RecordedRequest) -> float:
-        return random.Random(f"{self.seed}:delay:{request.last_user_text}").uniform(1.0, 4.0)
+        rng = random.Random(f"{self.seed}:delay:{request.last_user_text}")
+        return rng.uniform(*self.model.latency_s)
 
     def first_token(self, request: RecordedRequest) -> float:
         """Time to first token, within the latency: at most half of it."""
@@ -194,6 +284,8 @@ class Served:
     """One request as the fake provider saw it, sent back from its process."""
 
     started_at: float
+    # When it finished streaming (None: it did not).
+    ended_at: float | None
     last_user_text: str
     # What the fake answered (None: it never got as far as choosing an answer).
     text: str | None
@@ -253,13 +345,13 @@ class Sampler:
             await asyncio.sleep(SAMPLE_S)
 
 
-def provider_main(seed: int, ttft_s: float, conn: Connection) -> None:
+def provider_main(seed: int, ttft_s: float, model: Model, conn: Connection) -> None:
     """The provider's process: the fake on loopback until the bot has settled."""
-    asyncio.run(serve_provider(seed, ttft_s, conn))
+    asyncio.run(serve_provider(seed, ttft_s, model, conn))
 
 
-async def serve_provider(seed: int, ttft_s: float, conn: Connection) -> None:
-    provider = Provider(seed, ttft_s)
+async def serve_provider(seed: int, ttft_s: float, model: Model, conn: Connection) -> None:
+    provider = Provider(seed, ttft_s, model)
     lag = LoopLag()
     async with FakeOpenAI(reply=provider.reply) as fake:
         fake.delay_for = provider.delay
@@ -278,6 +370,7 @@ async def serve_provider(seed: int, ttft_s: float, conn: Connection) -> None:
         served = [
             Served(
                 started_at=r.started_at,
+                ended_at=r.ended_at,
                 last_user_text=r.last_user_text,
                 text=provider.texts.get(id(r)),
                 pieces=r.pieces_streamed,
@@ -340,6 +433,14 @@ class TimedOutbound(NoFiles):
         return None
 
 
+class TypingOutbound(TimedOutbound):
+    """The `typing` row's platform: one that reports its users' typing, as Discord does in DMs
+    (`bot.message.SeesTyping`), so the runtime acts on the workload's typing signals."""
+
+    def sees_typing(self, place: Place) -> bool:
+        return True
+
+
 class LoopLag:
     """How late the event loop wakes a 50 ms sleep: the load the measurements ran under."""
 
@@ -385,7 +486,7 @@ GUARDS: dict[str, tuple[int, int]] = {
 }
 
 
-ROWS = ("today", "off", "speculate", "learned", "both", "peers")
+ROWS = ("today", "off", "speculate", "learned", "both", "peers", "typing")
 
 
 @dataclass(frozen=True)
@@ -396,6 +497,8 @@ class Row:
     label: str
     debounce: DebounceSettings
     interrupt: bool = True
+    # Whether the platform reports the users' typing (the runtime ignores it otherwise).
+    sees_typing: bool = False
 
 
 def rows_of(args: argparse.Namespace) -> dict[str, Row]:
@@ -421,6 +524,12 @@ def rows_of(args: argparse.Namespace) -> dict[str, Row]:
         Row("learned", f"learned, floor {args.floor_ms} ms", window(learn=True)),
         Row("both", both, window(speculate=True, learn=True)),
         Row("peers", f"peers (quiet {args.peers_quiet_ms} ms)", peers),
+        Row(
+            "typing",
+            f"{both} + typing",
+            window(speculate=True, learn=True),
+            sees_typing=True,
+        ),
     ]
     return {row.name: row for row in rows}
 
@@ -463,6 +572,16 @@ async def user_session(runtime: Runtime, user: User, start: float, times: list[f
         times.append(time.monotonic())
 
 
+async def user_typing(runtime: Runtime, user: User, start: float) -> None:
+    """The user's client reporting their typing, at the workload's times."""
+    place = user.message(0).place
+    for offset in user.typing:
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await runtime.user_typing(place)
+
+
 async def settle(runtime: Runtime, store: Store, users: list[User], timeout_s: float) -> list[str]:
     """Wait until every conversation is answered; on timeout, say which are not and why."""
     try:
@@ -481,11 +600,11 @@ async def settle(runtime: Runtime, store: Store, users: list[User], timeout_s: f
 
 async def run_mode(args: argparse.Namespace, users: list[User], row: Row, ttft_s: float) -> Outcome:
     lag = LoopLag()
-    outbound = TimedOutbound()
+    outbound = TypingOutbound() if row.sees_typing else TimedOutbound()
     ingested: dict[str, list[float]] = {u.conversation: [] for u in users}
     # In a process of its own (benchmarks.child), so that streaming costs the bot no CPU and
     # the bot's load cannot stretch the provider's latency.
-    provider = Child("fake-openai", provider_main, args.seed, ttft_s)
+    provider = Child("fake-openai", provider_main, args.seed, ttft_s, model_of(args))
     try:
         base_url = cast(str, await provider.start())
         async with temporary_server() as server:
@@ -500,7 +619,8 @@ async def run_mode(args: argparse.Namespace, users: list[User], row: Row, ttft_s
             problems: list[str] = []
             try:
                 await asyncio.gather(
-                    *(user_session(runtime, u, started, ingested[u.conversation]) for u in users)
+                    *(user_session(runtime, u, started, ingested[u.conversation]) for u in users),
+                    *(user_typing(runtime, u, started) for u in users),
                 )
                 problems += await settle(runtime, store, users, args.settle_s)
                 wall_s = time.monotonic() - started
@@ -587,6 +707,10 @@ class Figures:
     unmatched: int
     ran_on_ms: list[int]
     latencies_ms: list[int]
+    # The same, per kind of user (`User.kind`).
+    latencies_by_kind: dict[str, list[int]]
+    # How long the fake took over each request it finished: the model time the bot saw.
+    model_ms: list[int]
     replies_per_user: Counter[int]
     overtaken: int
     # The longest any message waited for the reply that covered it.
@@ -609,6 +733,7 @@ class Figures:
         thrown_fake = sum(r.pieces for r in cancelled) + sum(r.pieces for r in dropped)
         cuts = [c for c in (cut(o, r) for r in [*cancelled, *dropped]) if c is not None]
         latencies: list[int] = []
+        by_kind: dict[str, list[int]] = {}
         per_user: Counter[int] = Counter()
         overtaken = 0
         longest = 0
@@ -627,7 +752,9 @@ class Figures:
             if v != len(user.offsets) or v != w or not covering:
                 unanswered.append(f"{conv}: sent {len(user.offsets)}, V={v} W={w}")
                 continue
-            latencies.append(int((covering[0].at - times[-1]) * 1000))
+            latency = int((covering[0].at - times[-1]) * 1000)
+            latencies.append(latency)
+            by_kind.setdefault(user.kind, []).append(latency)
             for version, sent_at in enumerate(times, 1):
                 answer = next((s for s in sends if s.version >= version), None)
                 if answer is not None:
@@ -655,6 +782,10 @@ class Figures:
             unmatched=len(cancelled) + len(dropped) - len(cuts),
             ran_on_ms=sorted(c.ran_on_ms for c in cuts if c.ran_on_ms is not None),
             latencies_ms=sorted(latencies),
+            latencies_by_kind={kind: sorted(ms) for kind, ms in by_kind.items()},
+            model_ms=sorted(
+                int((r.ended_at - r.started_at) * 1000) for r in finished if r.ended_at is not None
+            ),
             replies_per_user=per_user,
             overtaken=overtaken,
             longest_wait_ms=longest,
@@ -747,12 +878,21 @@ def header(args: argparse.Namespace, version: str) -> None:
         f"starvation guard: {args.guard} (age_ms, limit = {GUARDS[args.guard]}), "
         f"stream=True, OpenAILLM -> FakeOpenAI"
     )
+    ttft = f"time to first token {' and '.join(f'{t:g}' for t in args.ttft_s)} s"
+    if args.workload == "typists":
+        print(
+            f"workload: {args.users} users starting over {args.stagger_s:g} s, a third each "
+            "single-liners (1 message), fast bursts (2-4 messages 0.2-0.5 s apart) and slow "
+            "typists (2-3 lines 3.3-3.7 s apart), typing signals as a Discord client sends "
+            f"them; replies 40-80 tokens in {args.model_s:g} s, {ttft} "
+            "(at most half the latency)"
+        )
+        return
     print(
         f"workload: {args.users} users starting over {args.stagger_s:g} s, "
         f"{args.messages[0]}-{args.messages[1]} messages each, "
         "gaps 0.2-1 s or 1.5-6 s (1:1); replies 150-300 tokens, latency 1-4 s, "
-        f"time to first token {' and '.join(f'{t:g}' for t in args.ttft_s)} s "
-        "(at most half the latency)"
+        f"{ttft} (at most half the latency)"
     )
 
 
@@ -879,6 +1019,74 @@ def compared(runs: list[Figures]) -> None:
     )
 
 
+def best_possible_ms(args: argparse.Namespace) -> int:
+    """The soonest a reply can follow the last message of a user who has stopped typing:
+    not before the window's floor, nor before a generation started after `--speculate-ms` of
+    quiet has taken the model's time; where speculation would not start before the floor, the
+    generation starts at it."""
+    floor_ms: int = min(args.floor_ms, args.quiet_ms)
+    speculate_ms: int = args.speculate_ms
+    model_ms: int = round(args.model_s * 1000)
+    if 0 < speculate_ms < floor_ms:
+        return max(floor_ms, speculate_ms + model_ms)
+    return floor_ms + model_ms
+
+
+def typists_compared(runs: list[Figures], args: argparse.Namespace) -> None:
+    """The rows side by side on the typists' workload, against the best possible: issue 35's
+    table."""
+    best = best_possible_ms(args)
+    print(
+        f"\n== typing signals, model time {args.model_s:g} s, time to first token "
+        f"{runs[0].ttft_s:g} s: best possible last message -> reply = max(floor "
+        f"{min(args.floor_ms, args.quiet_ms)}, speculation {args.speculate_ms} + model "
+        f"{round(args.model_s * 1000)}) = {best} ms"
+    )
+    rows = []
+    for f in runs:
+        lat, model, lags = f.latencies_ms, f.model_ms, f.lags_ms or [0]
+        replies = max(f.replies, 1)
+        rows.append(
+            [
+                f.mode,
+                seconds(lat, 50),
+                seconds(lat, 95),
+                f"{percentile(lat, 50) - best:+d}" if lat else "-",
+                str(f.split),
+                f"{f.replies / f.bursts:.2f}",
+                f"{f.prompt_tokens / replies:.0f} + {f.generated / replies:.0f}",
+                *(seconds(f.latencies_by_kind.get(kind, []), 50) for kind in KINDS),
+                str(percentile(model, 50)) if model else "-",
+                str(percentile(lags, 99)),
+                f"{len(lat)} / {f.users}",
+            ]
+        )
+    headers = ["row", "last -> reply p50 s", "p95 s", "p50 - best ms", "split bursts"]
+    headers += ["replies / burst", "prompt + completion tok / reply"]
+    headers += [f"{kind}s p50 s" for kind in KINDS]
+    headers += ["model p50 ms", "loop lag p99 ms", "answered"]
+    print_table(headers, rows)
+    for f in runs:
+        for line in f.problems + f.unanswered[:20]:
+            print(f"  ! {f.mode}: {line}")
+    users = workload(args)
+    kinds = Counter(u.kind for u in users)
+    counts = ", ".join(f"{kinds[kind]} {kind}s" for kind in KINDS)
+    print(
+        f"  bursts: one per user, everything they send ({counts}); "
+        "split: a burst answered in parts;\n"
+        "  model: the fake's request -> last piece, as it served them"
+    )
+    sent = sum(len(u.typing) for u in users)
+    for f in runs:
+        s = f.stats
+        if s.typing_signals:
+            print(
+                f"  typing signals, {f.mode}: {sent} sent, {s.typing_signals} passed on to the "
+                f"store, {s.typing_held} held a window, {s.typing_cut} cut a speculation"
+            )
+
+
 async def run(args: argparse.Namespace) -> None:
     users = workload(args)
     rows = rows_of(args)
@@ -899,7 +1107,10 @@ async def run(args: argparse.Namespace) -> None:
         if args.details:
             for f in figures:
                 details(f)
-        compared(figures)
+        if args.workload == "typists":
+            typists_compared(figures, args)
+        else:
+            compared(figures)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -937,11 +1148,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(default 0.5, and 0 with --compare)",
     )
     parser.add_argument(
+        "--workload",
+        choices=("bursts", "typists"),
+        default="bursts",
+        help="bursts (the default) or issue 35's single-liners, fast bursts and slow typists, "
+        "who send typing signals",
+    )
+    parser.add_argument(
         "--rows",
         nargs="+",
         choices=ROWS,
-        default=["today", "speculate", "learned", "both", "peers"],
-        help="the ways of waiting to run, in this order (off: today with interrupt off)",
+        help="the ways of waiting to run, in this order (off: today with interrupt off; "
+        "typing: both, on a platform that reports typing, --workload typists only); default "
+        "today speculate learned both peers, or both typing for --workload typists",
+    )
+    parser.add_argument(
+        "--model-s", type=float, default=0.5, help="--workload typists: the model's latency"
     )
     parser.add_argument(
         "--compare",
@@ -954,7 +1176,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--peers-quiet-ms", type=int, default=500, help="the peers' fixed window (OpenClaw's)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    typists = args.workload == "typists"
+    if args.rows is None:
+        args.rows = (
+            ["both", "typing"] if typists else ["today", "speculate", "learned", "both", "peers"]
+        )
+    if not typists and "typing" in args.rows:
+        parser.error("the typing row needs --workload typists: only its users send typing signals")
+    if typists and args.compare:
+        parser.error("--compare runs the bursts workload")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,7 +1,8 @@
-"""Smoke runs of `benchmarks.interrupt` (issue 22's rows) and `benchmarks.lastword_latency` at
-a tiny size: each runs end to end, with its bot and fake provider, and prints its table. The
-figures are the benchmarks' to report; only what lastword guarantees whatever the load is
-asserted: every user answered, no stale reply, one reply per burst on the console."""
+"""Smoke runs of `benchmarks.interrupt` (issue 22's rows, issue 35's typing row) and
+`benchmarks.lastword_latency` at a tiny size: each runs end to end, with its bot and fake
+provider, and prints its table. The figures are the benchmarks' to report; only what lastword
+guarantees whatever the load is asserted: every user answered, no stale reply, one reply per
+burst on the console."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ def test_interrupt_rows_run_and_report(capsys: pytest.CaptureFixture[str]) -> No
     ], out
     assert all(r["answered"] == "6 / 6" and r["stale replies"] == "0" for r in rows), out
     assert all(float(r["prompt tok / reply"]) > 0 for r in rows), out
+
+
+def test_interrupt_typing_row_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
+    # Two users of each kind (single-liners, fast bursts, slow typists), typing signals sent.
+    interrupt.main(["--workload", "typists", "--users", "6", "--stagger-s", "1"])
+    out = capsys.readouterr().out
+    rows = table(out, "row")
+    assert [r["row"] for r in rows] == [
+        "speculate 400 + learned 600",
+        "speculate 400 + learned 600 + typing",
+    ], out
+    assert all(r["answered"] == "6 / 6" for r in rows), out
+    assert "typing signals, speculate 400 + learned 600 + typing:" in out, out
 
 
 def test_lastword_latency_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
