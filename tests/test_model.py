@@ -376,22 +376,38 @@ class Protocol(RuleBasedStateMachine):
         replica=replica_,
         conv=conversation_,
         newer=st.sampled_from(
-            ["none", "before the check", "mid-generation", "while a call is held"]
+            [
+                "none",
+                "before the check",
+                "mid-generation",
+                "while a call is held",
+                "typing before the check",
+                "typing mid-generation",
+            ]
         ),
     )
     def speculative_cycle(self, replica: int, conv: str, newer: str) -> None:
         """Speculation's common case: the lease taken at the speculation time, the reply ready
-        while the window is open (held), or a message of the same burst first: seen by the
-        check, or cutting the generation short (both restarts); then, past the deadline, the
-        reply's check, send and commit."""
-        if self.accepted[conv] == self.watermark[conv] and conv not in self.outbox:
-            # A fresh burst, from a replica that speculates: the guard has nothing to force.
+        while the window is open (held), or a message of the same burst first (or the user
+        seen typing): seen by the check, or cutting the generation short (both restarts);
+        then, past the deadline, the reply's check, send and commit."""
+        typing = newer.startswith("typing")
+        if typing or (self.accepted[conv] == self.watermark[conv] and conv not in self.outbox):
+            # A fresh burst, from a replica that speculates: the guard has nothing to force
+            # (and the user's next signal is counted: it follows a message).
             self.deliver(replica % SPECULATING.count(True), conv, 1)
         before = len(self.holders)
         self.speculate(replica, conv)
         if len(self.holders) == before or not self.holders[-1].speculative:
             return
         holder = self.holders[-1]
+        if typing:
+            self.types((replica + 1) % REPLICAS, conv, 1000)
+            if newer == "typing mid-generation":
+                self.interrupt(self.holders.index(holder))
+            else:
+                self._presend(holder, newer=False)
+            return
         # A call with side effects asked for while the window is open: held.
         self._tool_call(holder, 0, finish=True)
         if newer == "while a call is held":
