@@ -1,4 +1,4 @@
--- The user is typing (a platform's typing signal, as `Runtime.typing` passes it on): hold their
+-- The user is typing (a platform's typing signal, as `Runtime.user_typing` passes it on): hold their
 -- open window as a message would, without changing V. The window then closes `hold_ms` after
 -- the signal (as long as the platform's signal lasts), or after the next message's own window,
 -- and never past its cap (max_wait from its opening). A speculative generation running on it
