@@ -1,14 +1,14 @@
--- The user is typing (a platform's typing signal, as `Runtime.user_typing` passes it on): hold their
--- open window as a message would, without changing V. The window then closes `hold_ms` after
--- the signal (as long as the platform's signal lasts), or after the next message's own window,
--- and never past its cap (max_wait from its opening). A speculative generation running on it
--- is cut: its lease's fence is noted as 'cut', which its holder's version watch and the
+-- The user is typing (a platform's typing signal, as `Runtime.user_typing` passes it on): hold
+-- their open window as a message would, without changing V. The window then closes `hold_ms`
+-- after the signal (as long as the platform's signal lasts), or after the next message's own
+-- window, and never past its cap (max_wait from its opening). A speculative generation running
+-- on it is cut: its lease's fence is noted as 'cut', which its holder's version watch and the
 -- pre-send check read as a message of its own burst (restarted, no discard). Speculation waits
 -- for the next message. A signal when no window is open (none owed, or the window has closed
--- and its burst is being answered) changes nothing but the time noted, which the next message's
--- learned window reads (ingest.lua). Bounded like messages: a signal within `every_ms` of the
--- one before, with no message between them, is dropped; and one from a user with no
--- conversation writes nothing at all.
+-- and its burst is being answered, or a clock that moved back left it far ahead) changes
+-- nothing but the time noted, which the next message's learned window reads (ingest.lua).
+-- Bounded like messages: a signal within `every_ms` of the one before, with no message between
+-- them, is dropped; and one from a user with no conversation writes nothing at all.
 -- Returns {status = 'held' (look_in_ms: until the new deadline; cut: the fence cut, or 0) |
 -- 'noted' | 'dropped'}
 local state = KEYS[1]
