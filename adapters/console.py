@@ -89,11 +89,11 @@ class ConsoleAdapter(NoFiles):
         self._draft_shown = False
         # Message ids must never repeat across runs, or the persistent dedupe would drop them.
         self.run_id = uuid.uuid4().hex[:12]
-        self.conversation = f"{self.platform}:{CONVERSATION_CHAT}"
         # Set when stdout is gone (the reader closed the pipe): nothing more can be shown.
         self._output_gone = asyncio.Event()
-        # Where the user types: the console has one conversation.
+        # Where the user types and every line is said: the console has one conversation.
         self.place = Place(self.platform, CONVERSATION_CHAT, CONVERSATION_CHAT)
+        self.conversation = self.place.conversation
         # Keystrokes waiting to be passed on, and when (monotonic) the last one was queued.
         self._keystrokes_queued = 0
         self._keystroke_at = 0.0
@@ -214,14 +214,7 @@ class ConsoleAdapter(NoFiles):
         put(None)
 
     async def _ingest_until_stored(self, sink: Sink, text: str, number: int) -> None:
-        message = InboundMessage(
-            platform=self.platform,
-            chat_id=CONVERSATION_CHAT,
-            user_id=CONVERSATION_CHAT,
-            display_name="you",
-            message_id=f"{self.run_id}:{number}",
-            text=text,
-        )
+        message = InboundMessage.at(self.place, f"{self.run_id}:{number}", text, display_name="you")
         # stdin cannot redeliver, so the line is held here until the store is back.
         await until_stored(lambda: sink.ingest(message), f"line {number}", first_s=0.1, cap_s=2.0)
 

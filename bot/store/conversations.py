@@ -318,7 +318,7 @@ class Conversations(Calls):
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
         group, `heard` says how the message reached the bot (`bot.groups.heard`). `typing`:
-        the platform reports this user's typing (`typing`), so the window learns with it."""
+        the platform reports this user's typing (typing.lua), so the window learns with it."""
         conversation = message.conversation
         heard = heard or Heard()
         args: dict[str, str | int] = {
