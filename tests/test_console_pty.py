@@ -317,16 +317,22 @@ def replies(lines: list[str]) -> list[str]:
     return [line.removeprefix("bot> ") for line in lines_with(lines, "bot> ")]
 
 
-def test_keystrokes_hold_the_window_open_between_two_lines(data_dir: Path) -> None:
-    both = "You said: first line / second line"
+def session(data_dir: Path, typing_between: bool, last_reply: str) -> Terminal:
+    """A run of the console in which the two lines are entered, ended once `last_reply` shows."""
     terminal = Terminal(data_dir, TERM="xterm-256color", **TYPING_WINDOWS)
     try:
-        two_lines(terminal, typing_between=True)
-        terminal.wait_for(lambda: f"bot> {both}" in terminal.shown(), "the reply")
+        two_lines(terminal, typing_between)
+        terminal.wait_for(lambda: f"bot> {last_reply}" in terminal.shown(), last_reply)
         code, _ = terminal.close()
     finally:
         terminal.kill()
     assert code == 0, terminal.stderr()
+    return terminal
+
+
+def test_keystrokes_hold_the_window_open_between_two_lines(data_dir: Path) -> None:
+    both = "You said: first line / second line"
+    terminal = session(data_dir, typing_between=True, last_reply=both)
     # One reply, covering both lines: 2.5 s of typing after a line whose window is 0.4 s.
     assert replies(terminal.shown()) == [both], terminal.shown()
     assert all(len(replies(frame)) <= 1 for frame in terminal.frames)
@@ -334,14 +340,7 @@ def test_keystrokes_hold_the_window_open_between_two_lines(data_dir: Path) -> No
 
 def test_without_keystrokes_between_two_lines_each_gets_a_reply(data_dir: Path) -> None:
     first, second = "You said: first line", f"You said: {SECOND}"
-    terminal = Terminal(data_dir, TERM="xterm-256color", **TYPING_WINDOWS)
-    try:
-        two_lines(terminal, typing_between=False)
-        terminal.wait_for(lambda: f"bot> {second}" in terminal.shown(), "the second reply")
-        code, _ = terminal.close()
-    finally:
-        terminal.kill()
-    assert code == 0, terminal.stderr()
+    terminal = session(data_dir, typing_between=False, last_reply=second)
     # The same gap between the lines, with no key pressed in it: the window after the first
     # closed, and neither the line entered nor its emptied prompt held it.
     assert replies(terminal.shown()) == [first, second], terminal.shown()
