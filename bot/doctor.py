@@ -19,6 +19,7 @@ lives with the platform's adapter, and the caller (the composition root) hands i
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import re
 import shutil
@@ -733,14 +734,25 @@ def _llm_url(settings: Settings) -> str:
 
 
 async def _llm_check(settings: Settings, timeout_s: float) -> Check:
-    """Does the endpoint answer, and know the model? The clock runs for the endpoint alone:
-    importing the client library takes a loaded machine seconds, which are not its silence."""
+    """Does the endpoint answer, and know the model? The library is loaded before the clock
+    starts: importing it takes a loaded machine seconds, which are not the endpoint's silence."""
     if settings.llm_provider == "echo":
         return Check("llm", True, "offline echo model")
+    importlib.import_module("openai")
+    silent = Check(
+        "llm",
+        False,
+        f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
+        f"check {settings.base_url_source} and that the server is up",
+    )
+    return await guarded(_llm_answer(settings, timeout_s), timeout_s, silent)
 
+
+async def _llm_answer(settings: Settings, timeout_s: float) -> Check:
     import openai
 
     llm = settings.llm
+    shown = _llm_url(settings)
     client = openai.AsyncOpenAI(
         base_url=llm.base_url,
         api_key=llm.api_key.get_secret_value() if llm.api_key else "unset",
@@ -748,26 +760,12 @@ async def _llm_check(settings: Settings, timeout_s: float) -> Check:
         max_retries=0,
         default_headers=llm.extra_headers or None,
     )
-    silent = Check(
-        "llm",
-        False,
-        f"no answer within {timeout_s:g} s from {_llm_url(settings)}",
-        f"check {settings.base_url_source} and that the server is up",
-    )
-    try:
-        return await guarded(_llm_answer(client, settings, timeout_s), timeout_s, silent)
-    finally:
-        await client.close()
-
-
-async def _llm_answer(client: openai.AsyncOpenAI, settings: Settings, timeout_s: float) -> Check:
-    import openai
-
-    llm, shown = settings.llm, _llm_url(settings)
     try:
         listed = await _models_listed(client, settings)
     except openai.APIError as exc:
         return _llm_failure(exc, settings, timeout_s)
+    finally:
+        await client.close()
     if listed is None:
         return Check("llm", True, f"model {llm.model} answered at {shown} (no /models)")
     if llm.model not in listed:
