@@ -85,6 +85,8 @@ from bot.message import (
     SendFailed,
     Unavailable,
     Unreachable,
+    edited_id,
+    platform_id,
 )
 from bot.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
 
@@ -205,7 +207,7 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
             # Discord also sends updates for link previews resolving: not an edit.
             return None
         # An edit is new input; its id differs per edit so dedupe keeps each one.
-        message_id = f"{message.id}:edit:{int(message.edited_at.timestamp() * 1000)}"
+        message_id = edited_id(message_id, str(int(message.edited_at.timestamp() * 1000)))
         text = f"(edited) {text}"
     reference = message.reference
     replied = reference.resolved if reference else None
@@ -1037,8 +1039,8 @@ class _Gateway(discord.Client):
             channel = self.get_partial_messageable(
                 _channel_id(conversation), type=discord.ChannelType.private
             )
-            # An edit's id is "<message id>:edit:<when>"; history is read by message id.
-            after = discord.Object(int(last.split(":", 1)[0]))
+            # History is read by the platform's id (an edit's is the edited message's).
+            after = discord.Object(int(platform_id(last)))
             try:
                 async for item in channel.history(
                     limit=CATCH_UP_LIMIT, after=after, oldest_first=True

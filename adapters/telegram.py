@@ -93,6 +93,7 @@ from bot.message import (
     Throttled,
     Unavailable,
     Unreachable,
+    edited_id,
 )
 from bot.settings import (
     ENV_PREFIX,
@@ -223,7 +224,7 @@ def normalize(update: Update, me: User | None = None) -> InboundMessage | None:
         # An edit is new input, so each edit needs an id of its own. The update id is one per
         # edit (edit_date has whole seconds only: two quick edits would share it) and stays
         # the same when Telegram delivers the update again, so dedupe still drops that.
-        message_id = f"{message_id}:edit:{update.update_id}"
+        message_id = edited_id(message_id, str(update.update_id))
         text = f"(edited) {text}"
     # A forum topic is a room of its own; other thread ids are reply chains, not topics.
     topic = str(message.message_thread_id) if group and message.is_topic_message else ""

@@ -19,7 +19,7 @@ from typing import Literal
 
 from bot.command import command_of
 from bot.commands import COMMANDS
-from bot.message import InboundMessage, Place, Said
+from bot.message import InboundMessage, Place, Said, platform_id
 from bot.settings import GroupsSettings
 from bot.store import Grant, Heard
 
@@ -85,7 +85,8 @@ def replied(grant: Grant) -> str | None:
     a resend). None in a DM, where a reply needs no pointer."""
     if not Place.of(grant.lease.conversation if grant.lease else "").group:
         return None
-    return grant.unanswered[-1].message_id if grant.unanswered else grant.last or None
+    last = grant.unanswered[-1].message_id if grant.unanswered else grant.last
+    return platform_id(last) if last else None
 
 
 def in_room(

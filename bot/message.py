@@ -126,6 +126,44 @@ class Said:
         )
 
 
+# An edited message's id in the store: the platform's id, this mark, and one value per edit
+# (each edit is new input, so dedupe must keep each one).
+EDIT_MARK = ":edit:"
+
+
+def edited_id(message_id: str, edit: str) -> str:
+    """The id an edit of `message_id` is taken in under: unique per edit, stable when the
+    platform delivers the same edit again."""
+    return f"{message_id}{EDIT_MARK}{edit}"
+
+
+def platform_id(message_id: str) -> str:
+    """The platform's own id of a message taken in as `message_id` (an edit's is the edited
+    message's): what a reply may point at."""
+    return message_id.partition(EDIT_MARK)[0]
+
+
+@dataclass(frozen=True)
+class Quote:
+    """The message a group message replies to, as the platform delivered it with the reply:
+    who said it (`by_bot`: this bot itself) and what, cut to `QUOTE_CHARS`. Shown to the model
+    as data, never as anyone's instructions."""
+
+    name: str
+    text: str
+    by_bot: bool = False
+
+    def cleaned(self) -> Quote:
+        text = _valid_utf8(self.text)
+        if len(text) > QUOTE_CHARS:
+            text = text[: QUOTE_CHARS - 1] + "…"
+        return Quote(_valid_utf8(self.name), text, self.by_bot)
+
+
+# The longest quoted message kept with a reply to it.
+QUOTE_CHARS = 1000
+
+
 def chat_of(conversation: str) -> str:
     """The part of a conversation id that names its chat ("<platform>:<chat>"): a group's
     people share it, and with it the store's shard."""
@@ -133,7 +171,7 @@ def chat_of(conversation: str) -> str:
 
 
 # InboundMessage's fields for a group only; a DM's are at their defaults ("", False).
-GROUP_FIELDS = ("topic", "mentioned", "from_bot")
+GROUP_FIELDS = ("topic", "mentioned", "from_bot", "quoted")
 
 
 @dataclass(frozen=True)
@@ -153,6 +191,9 @@ class InboundMessage:
     topic: str = ""
     mentioned: bool = False
     from_bot: bool = False
+    # In a group: the message this one replies to, as the platform delivered it (None: none,
+    # or the platform did not say).
+    quoted: Quote | None = None
 
     @classmethod
     def at(cls, place: Place, message_id: str, text: str, **fields: Any) -> InboundMessage:
@@ -182,6 +223,8 @@ class InboundMessage:
         # taken in, and the fields are plain values (the attachments' too).
         data = dict(vars(self))
         data["attachments"] = [vars(attachment) for attachment in self.attachments]
+        if self.quoted is not None:
+            data["quoted"] = vars(self.quoted)
         # A DM's message leaves out the group fields at their defaults, so a replica of the
         # version before groups, still running in a rolling upgrade, reads it.
         for name in GROUP_FIELDS:
@@ -193,6 +236,8 @@ class InboundMessage:
     def from_json(cls, raw: str | bytes) -> InboundMessage:
         data: dict[str, Any] = json.loads(raw)
         data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
+        if data.get("quoted") is not None:
+            data["quoted"] = Quote(**data["quoted"])
         return cls(**data)
 
     def cleaned(self, max_chars: int) -> InboundMessage:
@@ -209,6 +254,7 @@ class InboundMessage:
             text=_cut(v(self.text), max_chars),
             reply_to_id=None if self.reply_to_id is None else v(self.reply_to_id),
             attachments=tuple(a.cleaned() for a in self.attachments),
+            quoted=None if self.quoted is None else self.quoted.cleaned(),
         )
 
     def prompt_text(self) -> str:

@@ -19,7 +19,14 @@ from bot.groups import ALLOWED, DENIED, group_switch, heard
 from bot.heartbeat import Heartbeat
 from bot.llm import LLM
 from bot.loop_lag import watch
-from bot.message import InboundMessage, Outbound, Place, SeesTyping, Unavailable
+from bot.message import (
+    InboundMessage,
+    Outbound,
+    Place,
+    SeesTyping,
+    Unavailable,
+    platform_id,
+)
 from bot.pacing import Paced
 from bot.race import Next
 from bot.roles import HANDOVER_S, run_exclusively
@@ -186,7 +193,7 @@ class Runtime:
         if len(self._notices) >= NOTICES_IN_FLIGHT:
             log.warning("too many notices in flight; not telling %s: %s", conversation, text)
             return
-        reply_to = None if about.is_dm else about.message_id
+        reply_to = None if about.is_dm else platform_id(about.message_id)
         key = key or about.message_id
         task = asyncio.create_task(self._send_notice(conversation, text, key, reply_to))
         self._notices.add(task)
