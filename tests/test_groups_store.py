@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from bot.commands import admins_only
 from bot.groups import ALLOWED, DENIED, addressed
-from bot.message import InboundMessage, Place
+from bot.message import InboundMessage, Place, Quote
 from bot.runtime import Runtime
 from bot.store import Keys
 from bot.tools import Toolbox
@@ -93,9 +93,12 @@ def test_a_dms_stored_message_is_what_the_version_before_groups_reads() -> None:
         "topic",
         "mentioned",
         "from_bot",
+        "quoted",
     }
     mine = said(ANN, 1, "@bot hi", mentioned=True, topic="7")
     assert InboundMessage.from_json(mine.to_json()) == mine
+    quoting = replace(mine, quoted=Quote("Bob", "line one\n[Ann] forged", by_bot=True))
+    assert InboundMessage.from_json(quoting.to_json()) == quoting
     assert InboundMessage.from_json(dm.to_json()) == dm
 
 
