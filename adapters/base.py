@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from bot.backoff import Backoff
 from bot.commands import COMMANDS
-from bot.message import InboundMessage, Outbound, Place, Unavailable
+from bot.message import InboundMessage, Outbound, Place, SendFailed, Unavailable, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,13 @@ class Sink(Protocol):
     async def ingest(self, message: InboundMessage) -> bool: ...
 
     async def settled(self, conversation: str) -> None: ...
+
+    async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
+        """The group `old_chat` now lives on as `new_chat` (a Telegram group upgraded to a
+        supergroup): the new chat is allowed if the old one was, for every replica. Safe to
+        call more than once for one move. Raises `Unavailable` if the store cannot be reached.
+        """
+        ...
 
     async def user_typing(self, place: Place) -> None:
         """The person at `place` is typing, as the platform says (an adapter that reports it
@@ -106,6 +113,46 @@ async def login(adapter: Adapter) -> None:
 def refused(adapter: Adapter) -> str | None:
     """Why the platform refuses the adapter's credentials right now, if it can say."""
     return adapter.refused() if isinstance(adapter, LogsIn) else None
+
+
+# What a platform's refusal says when the trouble is the message a part replies to (Telegram:
+# "message to be replied not found", "REPLY_MESSAGE_ID_INVALID"; Discord: "In
+# message_reference: Unknown message").
+REPLY_TROUBLE = ("repl", "reference")
+
+
+async def replying(
+    send: Callable[[int | None], Awaitable[None]], reply_to: str | None, what: str
+) -> None:
+    """Send one part with `send(target)`, as a reply to the platform message `reply_to` where
+    the platform takes that, else as a plain part: a reply target is a detail, and one the
+    platform can never take (not a message id, or refused as a bad request about the reply)
+    must not cost the part itself, which would otherwise be retried and given up."""
+    target = (
+        int(reply_to)
+        if reply_to is not None and reply_to.isascii() and reply_to.isdigit()
+        else None
+    )
+    if reply_to is not None and target is None:
+        log.warning(
+            "%s: %r is no message id to reply to; sending it as a plain part", what, reply_to
+        )
+    if target is None:
+        await send(None)
+        return
+    try:
+        await send(target)
+    except SendFailed as exc:
+        if isinstance(exc, Unreachable) or not exc.permanent or not _about_reply(exc):
+            raise
+        log.warning(
+            "%s: the reply to %s was refused (%s); sending it as a plain part", what, target, exc
+        )
+        await send(None)
+
+
+def _about_reply(exc: SendFailed) -> bool:
+    return any(word in str(exc).lower() for word in REPLY_TROUBLE)
 
 
 def describe(message: InboundMessage) -> str:

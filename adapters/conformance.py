@@ -279,6 +279,9 @@ class RecordingSink:
     async def settled(self, conversation: str) -> None:
         await self.runtime.settled(conversation)
 
+    async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
+        await self.runtime.group_moved(platform, old_chat, new_chat)
+
     async def user_typing(self, place: Place) -> None:
         self.typed.append(place)
         await self.runtime.user_typing(place)

@@ -68,7 +68,15 @@ from discord.http import Route
 from pydantic import BaseModel, Field
 
 from adapters import Platform
-from adapters.base import MenuEntry, Sink, describe, menu, register_menu, until_stored
+from adapters.base import (
+    MenuEntry,
+    Sink,
+    describe,
+    menu,
+    register_menu,
+    replying,
+    until_stored,
+)
 from bot import logs
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
@@ -81,6 +89,7 @@ from bot.message import (
     FetchFailed,
     InboundMessage,
     Place,
+    Quote,
     Scope,
     SendFailed,
     Unavailable,
@@ -211,6 +220,11 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
         text = f"(edited) {text}"
     reference = message.reference
     replied = reference.resolved if reference else None
+    replied = replied if isinstance(replied, discord.Message) else None
+    # A webhook's post is no person's: anyone with its URL posts under any name, and what
+    # posts through them (feeds, alerts, other bots) would talk to the bot for ever. Like
+    # another bot's line, it is the room's context, never answered.
+    person = not author.bot and message.webhook_id is None
     # A thread is a channel of its own: its conversations and room are the thread's.
     place = Place(PLATFORM, str(message.channel.id), str(author.id), group=group)
     return InboundMessage.at(
@@ -225,10 +239,22 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
         mentioned=group
         and (
             any(user.id == me for user in message.mentions)
-            or (isinstance(replied, discord.Message) and replied.author.id == me)
+            # The role Discord made for the bot, which the member list offers beside it.
+            or any(
+                role.tags is not None and role.tags.bot_id == me for role in message.role_mentions
+            )
+            or (replied is not None and replied.author.id == me)
         ),
-        from_bot=author.bot,
+        from_bot=not person,
+        quoted=_quoted(replied, me) if group and replied is not None else None,
     )
+
+
+def _quoted(replied: discord.Message, me: int) -> Quote:
+    """The message a group message replies to, as Discord resolved it with the reply."""
+    labels = [a.label() for a in _attachments(replied)]
+    said = " ".join([replied.clean_content, *labels]).strip()
+    return Quote(replied.author.display_name, said, replied.author.id == me)
 
 
 def interaction_message(interaction: discord.Interaction) -> InboundMessage | None:
@@ -516,12 +542,24 @@ class DiscordAdapter:
         channel = self.rest.get_partial_messageable(
             channel_id, type=None if group else discord.ChannelType.private
         )
+        part = partial(self._send_part, conversation, text, idempotency_key, channel_id, channel)
+        await replying(part, reply_to, f"a reply part to {conversation}")
+
+    async def _send_part(
+        self,
+        conversation: str,
+        text: str,
+        idempotency_key: str,
+        channel_id: int,
+        channel: discord.PartialMessageable,
+        reply_to: int | None,
+    ) -> None:
         # In a group, a reply to the person's last message, which pings them alone; without
         # the message (deleted meanwhile) it still goes, as a plain one.
         replying: dict[str, Any] = {}
         if reply_to is not None:
             replying["reference"] = discord.MessageReference(
-                message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
+                message_id=reply_to, channel_id=channel_id, fail_if_not_exists=False
             )
         mentions = discord.AllowedMentions.none()
         mentions.replied_user = reply_to is not None

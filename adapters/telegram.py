@@ -63,6 +63,7 @@ from telegram import (
 from telegram.constants import BotCommandLimit, ChatAction
 from telegram.error import (
     BadRequest,
+    ChatMigrated,
     Conflict,
     Forbidden,
     InvalidToken,
@@ -74,7 +75,15 @@ from telegram.error import (
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 from adapters import Platform
-from adapters.base import MenuEntry, Sink, describe, menu, register_menu, until_stored
+from adapters.base import (
+    MenuEntry,
+    Sink,
+    describe,
+    menu,
+    register_menu,
+    replying,
+    until_stored,
+)
 from adapters.telegram_html import plain_text, render_draft, render_part
 from bot import logs
 from bot.backoff import Backoff
@@ -88,6 +97,7 @@ from bot.message import (
     FetchFailed,
     InboundMessage,
     Place,
+    Quote,
     Scope,
     SendFailed,
     Throttled,
@@ -163,6 +173,9 @@ STOP_PRESSED = "stopped_message_generation"
 ALLOWED_UPDATES = ["message", "edited_message", STOP_PRESSED]
 # The chats a group conversation lives in (forum topics are supergroups' threads).
 GROUP_CHATS = ("group", "supergroup")
+# Telegram's own account, which posts a linked channel's automatic forwards and other service
+# messages into groups ("Telegram", is_bot false).
+SERVICE_ACCOUNT = 777000
 # Extra sendMessageDraft parameters python-telegram-bot 22.8 has no argument for: the stop
 # button (Bot API 10.3). Without keep_on_stop the draft goes when pressed; "Stopped." follows.
 DRAFT_OPTIONS = {"can_stop": True}
@@ -228,18 +241,51 @@ def normalize(update: Update, me: User | None = None) -> InboundMessage | None:
         text = f"(edited) {text}"
     # A forum topic is a room of its own; other thread ids are reply chains, not topics.
     topic = str(message.message_thread_id) if group and message.is_topic_message else ""
-    place = Place(PLATFORM, str(message.chat.id), str(sender.id), topic, group=group)
+    user_id, name, person = _speaker(message)
+    place = Place(PLATFORM, str(message.chat.id), user_id, topic, group=group)
     return InboundMessage.at(
         place,
         message_id,
         text,
-        display_name=sender.full_name,
+        display_name=name,
         timestamp=message.date.timestamp(),
         reply_to_id=_reply_to(message),
         attachments=_attachments(message),
-        mentioned=group and me is not None and _mentions(message, me),
-        from_bot=sender.is_bot,
+        mentioned=group and person and me is not None and _mentions(message, me),
+        from_bot=not person,
+        quoted=_quoted(message, me) if group else None,
     )
+
+
+def _speaker(message: Message) -> tuple[str, str, bool]:
+    """Who said a message (their id and display name), and whether a person did.
+
+    A person posting as a chat (an anonymous group admin, shown as the group; someone posting
+    as their channel) is that chat: its id and title, a person like any other. Their id is no
+    user's, so an anonymous admin is never taken for one of lastword's admins. A linked
+    channel's automatic forward into its discussion group, and anything else Telegram's
+    service account posts, is no person's: context at most, never a burst."""
+    sender = message.from_user
+    assert sender is not None  # normalize returned before this for a message without one
+    chat = message.sender_chat
+    person = not message.is_automatic_forward and sender.id != SERVICE_ACCOUNT
+    if chat is not None:
+        return str(chat.id), chat.title or chat.full_name or "", person
+    return str(sender.id), sender.full_name, person and not sender.is_bot
+
+
+def migration(update: Update) -> tuple[str, str] | None:
+    """The old and new chat of a group upgraded to a supergroup, from either service message
+    (`migrate_to_chat_id` in the old group, `migrate_from_chat_id` in the new); None for any
+    other update."""
+    message = update.message
+    if message is None:
+        return None
+    if message.migrate_to_chat_id:
+        return str(message.chat.id), str(message.migrate_to_chat_id)
+    if message.migrate_from_chat_id:
+        return str(message.migrate_from_chat_id), str(message.chat.id)
+    return None
 
 
 def _mentions(message: Message, me: User) -> bool:
@@ -298,6 +344,19 @@ def _stop_pressed(update: Update) -> InboundMessage | None:
 def _reply_to(message: Message) -> str | None:
     replied = message.reply_to_message
     return str(replied.message_id) if replied is not None else None
+
+
+def _quoted(message: Message, me: User | None) -> Quote | None:
+    """The message a group message replies to, as Telegram delivers it with the reply (not a
+    forum topic's creation, which every message in the topic replies to)."""
+    replied = message.reply_to_message
+    if replied is None or replied.forum_topic_created is not None or replied.from_user is None:
+        return None
+    _, name, _ = _speaker(replied)
+    labels = [a.label() for a in _attachments(replied)]
+    said = " ".join([*labels, replied.text or replied.caption or ""]).strip()
+    by_bot = me is not None and replied.from_user.id == me.id
+    return Quote(name, said, by_bot)
 
 
 def _attachments(message: Message) -> tuple[Attachment, ...]:
@@ -396,6 +455,8 @@ class TelegramAdapter:
         # Up once the Bot API answered (getMe at start-up); down while getUpdates keeps failing.
         self._connected = False
         self.token = Credential(TOKEN_SETTING, "Telegram")
+        # The core, once running: told of a group's move found while sending.
+        self._sink: Sink | None = None
 
     def connected(self) -> bool:
         return self._connected
@@ -433,6 +494,7 @@ class TelegramAdapter:
 
     async def run(self, sink: Sink) -> None:
         registering: asyncio.Task[bool] | None = None
+        self._sink = sink
         try:
             await self._initialize()
             await self.downloads.initialize()
@@ -513,6 +575,13 @@ class TelegramAdapter:
                 return web.json_response({"error": "body too large"}, status=413)
             except Exception:
                 return web.json_response({"error": "not a Telegram update"}, status=400)
+            moved = migration(update) if update is not None else None
+            if moved is not None:
+                try:
+                    await sink.group_moved(PLATFORM, *moved)
+                except Unavailable:
+                    return web.json_response({"error": "try again"}, status=503)
+                return web.json_response({"ok": True})
             message = normalize(update, self._me()) if update is not None else None
             if message is None:
                 return web.json_response({"ignored": True})
@@ -549,6 +618,10 @@ class TelegramAdapter:
                     offset=offset, timeout=POLL_TIMEOUT_S, allowed_updates=ALLOWED_UPDATES
                 )
                 for update in updates:
+                    moved = migration(update)
+                    if moved is not None:
+                        move = partial(sink.group_moved, PLATFORM, *moved)
+                        await until_stored(move, f"the move of group {moved[0]}")
                     message = normalize(update, self._me())
                     if message is not None:
                         await until_stored(partial(sink.ingest, message), describe(message))
@@ -594,13 +667,6 @@ class TelegramAdapter:
     async def send(
         self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
     ) -> None:
-        chat_id = _chat_id(conversation)
-        where = _thread(conversation)
-        if reply_to is not None:
-            # Without the message (deleted meanwhile) the reply still goes, as a plain one.
-            where["reply_parameters"] = ReplyParameters(
-                int(reply_to), allow_sending_without_reply=True
-            )
         try:
             body, parse_mode = render_part(text)
         except ValueError:
@@ -609,6 +675,22 @@ class TelegramAdapter:
             await self.send(conversation, text[:half], idempotency_key + "a", reply_to)
             await self.send(conversation, text[half:], idempotency_key + "b")
             return
+        part = partial(self._send_part, conversation, text, body, parse_mode)
+        await replying(part, reply_to, f"a reply part to {conversation}")
+
+    async def _send_part(
+        self,
+        conversation: str,
+        text: str,
+        body: str,
+        parse_mode: str | None,
+        reply_to: int | None,
+    ) -> None:
+        chat_id = _chat_id(conversation)
+        where = _thread(conversation)
+        if reply_to is not None:
+            # Without the message (deleted meanwhile) the reply still goes, as a plain one.
+            where["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
         backoff = Backoff(SEND_RETRY_FIRST_S, SEND_RETRY_CAP_S, jitter=0.5)
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
@@ -622,6 +704,13 @@ class TelegramAdapter:
                 raise Unavailable(f"Telegram refuses {TOKEN_SETTING} for now") from None
             except RetryAfter as exc:
                 raise Throttled(_seconds(exc.retry_after), _throttled_scope(chat_id)) from None
+            except ChatMigrated as exc:
+                # The group became a supergroup: the part goes there at once (Telegram says
+                # where), and the core moves the group's allowance with it.
+                new_chat = int(exc.new_chat_id)
+                log.info("telegram group %s moved to %s; sending there", chat_id, new_chat)
+                await self._moved(str(chat_id), str(new_chat))
+                chat_id = new_chat
             except Forbidden as exc:
                 raise Unreachable(str(exc)) from exc
             except BadRequest as exc:
@@ -638,6 +727,16 @@ class TelegramAdapter:
                 log.warning("sendMessage failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
         raise SendFailed("sendMessage kept failing")
+
+    async def _moved(self, old_chat: str, new_chat: str) -> None:
+        """Tell the core a group moved, found on the way (a send refused with the new id).
+        Best effort: the service message in either chat tells it too."""
+        if self._sink is None:
+            return
+        try:
+            await self._sink.group_moved(PLATFORM, old_chat, new_chat)
+        except Exception as exc:
+            log.warning("the move of group %s to %s was not recorded: %s", old_chat, new_chat, exc)
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         """Telegram's limits: every call counts bot-wide; a message also in its chat, and in

@@ -152,6 +152,23 @@ class Runtime:
             self._look_again(conversation, result.look_in_ms)
         return result.accepted
 
+    async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
+        """The group `old_chat` lives on as `new_chat`: its allowance (the settings', or an
+        admin's) goes with it, so the bot answers there as it did in the old one, even if the
+        settings list the old id only. Its people's conversations stay under the old id (their
+        pending replies reach the new chat through the adapter, which the platform redirects);
+        they start afresh in the new one."""
+        by_settings = self.settings.groups.allows(old_chat)
+        carried = await self.store.move_group(platform, old_chat, new_chat, by_settings=by_settings)
+        if carried is not None:
+            log.info(
+                "group %s:%s moved to %s, %s there",
+                platform,
+                old_chat,
+                new_chat,
+                "allowed" if carried else "denied",
+            )
+
     async def user_typing(self, place: Place) -> None:
         """The person at `place` is typing: their open window is held (as long as the
         platform's signal lasts), and a speculative generation for it cut. Best effort: a

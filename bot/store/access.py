@@ -1,5 +1,6 @@
 """Access: what admins changed in chat for a user (/allow, /deny, /budget), kept in
-`{lw:access}` and copied into every shard, where ingest and the budget check read it."""
+`{lw:access}` and copied into every shard, where ingest and the budget check read it; and a
+group's allowance carried to the chat it moved to."""
 
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ class Access(Calls):
         copy = [record.user, reply["record"], record.seq]
         await self._copy_access(whole, copy, range(self.layout.shards))
         return record
+
+    async def move_group(
+        self, platform: str, old_chat: str, new_chat: str, *, by_settings: bool
+    ) -> bool | None:
+        """Carry a group's allowance to the chat it moved to: `new_chat` is allowed if
+        `old_chat` was (by an admin's /allow, or `by_settings` with no admin's /deny), denied
+        if an admin denied it. Two round trips, one in each chat's shard: the old group's key
+        read, the new one's written (group_move.lua), unless an admin already chose in the new
+        chat. Returns what the new chat was given (None: nothing to carry), whatever was kept.
+        """
+        old = self.layout.keys(f"{platform}:{old_chat}").group
+        async with self._reaching():
+            choice = as_text(await self.redis.hget(old, "allowed") or "")
+        allowed = choice == "1" or (choice != "0" and by_settings)
+        if not allowed and choice != "0":
+            return None
+        keys = {"group": self.layout.keys(f"{platform}:{new_chat}").group}
+        await self._run(scripts.GROUP_MOVE, keys, {"allowed": int(allowed), "from": old_chat})
+        return allowed
 
     async def spread_access(self) -> int:
         """Copy every user's access record into every shard again, where a shard lacks it

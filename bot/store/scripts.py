@@ -237,6 +237,7 @@ FORGET = Script(
     args=("mode", "confirm_ms", "user"),
 )
 GROUP_SET = Script("group_set", keys=("group",), args=("allowed", "by"))
+GROUP_MOVE = Script("group_move", keys=("group",), args=("allowed", "from"))
 PERSONA = Script("persona", keys=("state",), args=("persona",))
 TOOL_STEP = Script(
     "tool_step",
@@ -300,6 +301,7 @@ ALL: dict[str, Script] = {
         SETTLE,
         DUE,
         GROUP_SET,
+        GROUP_MOVE,
         USAGE,
         ROLE,
         ROLE_RELEASE,
