@@ -210,7 +210,8 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
     if (author.bot and not group) or author.id == me or message.type not in USER_MESSAGE_TYPES:
         return None
     message_id = str(message.id)
-    text = message.content
+    # In a group, mentions read as "@name" rather than "<@123>".
+    text = message.clean_content if group else message.content
     if edited:
         if message.edited_at is None:
             # Discord also sends updates for link previews resolving: not an edit.
@@ -230,8 +231,7 @@ def normalize(message: discord.Message, me: int, *, edited: bool = False) -> Inb
     return InboundMessage.at(
         place,
         message_id,
-        # In a group, mentions read as "@name" rather than "<@123>".
-        message.clean_content if group else text,
+        text,
         display_name=author.display_name,
         timestamp=message.created_at.timestamp(),
         reply_to_id=str(reference.message_id) if reference and reference.message_id else None,

@@ -1,7 +1,9 @@
 """Groups on Discord, end to end: `lastword run` replicas holding the fake gateway in turn, a
 guild's text channel and a thread in it. A mention or a reply to the bot opens a person's
 burst, their unmentioned follow-ups join it, and the one reply references their last message
-and pings them alone; another bot, chatter and a channel not allowed get nothing."""
+and pings them alone; another bot, chatter and a channel not allowed get nothing. An edited
+last line is answered once, as a reply to the message edited; a mention of the bot's managed
+role is a mention; a webhook's post, mention and all, is the room's context only."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tests.test_discord import discord_bots
 pytestmark = pytest.mark.timeout(120)
 
 GUILD, CHANNEL, THREAD, QUIET_CHANNEL = 500, 501, 502, 503
-ANN, BOB, CAT, OTHER_BOT = 11, 12, 13, 99
+ANN, BOB, CAT, OTHER_BOT, HOOK = 11, 12, 13, 99, 77
 
 
 def conversation(channel: int, user: int) -> str:
@@ -97,5 +99,34 @@ async def test_a_channel_and_a_thread_each_get_one_reply_per_persons_burst(
             assert len(fake.bot_messages(CHANNEL)) == 1
             asked = [r for r in model.requests if "2+2" in r.last_user_text and not r.cancelled]
             assert len(asked) == 1
-            assert "[Cat] who's up for a game?" in str(asked[0].messages[0]["content"])
+            # The chatter reaches the model as the room's, outside the system role (I8).
+            system, *turns = asked[0].messages
+            assert any("who's up for a game?" in str(turn["content"]) for turn in turns)
+            assert "who's up for a game?" not in str(system["content"])
             assert await redis.hget(Keys(conversation(CHANNEL, OTHER_BOT)).state, "v") is None
+
+            # The typo fixed: one burst, answered once, as a reply to the message edited (an
+            # edit's own id is no message of Discord's).
+            model.hold()
+            typo = await fake.user_sends(ANN, f"{me} capital of Frnace", channel_id=CHANNEL)
+            await fake.user_edits(int(typo["id"]), f"{me} capital of France")
+            model.release()
+            replies = await fake.wait_for_bot_messages(CHANNEL, 2, timeout=30)
+            await settled(redis, conversation(CHANNEL, ANN))
+            assert referenced(replies[1]) == int(typo["id"])
+            assert "capital of France" in replies[1]["content"]
+
+            # A webhook's post is context, mention and all; Cat, mentioning the bot's role,
+            # is answered, and shown the webhook's post as the room's.
+            await fake.user_sends(
+                HOOK, f"{me} deploy finished", channel_id=CHANNEL, webhook=True, name="CI"
+            )
+            role = f"<@&{fake.bot_role(GUILD)}>"
+            cat_asks = await fake.user_sends(CAT, f"{role} did it work?", channel_id=CHANNEL)
+            replies = await fake.wait_for_bot_messages(CHANNEL, 3, timeout=30)
+            await settled(redis, conversation(CHANNEL, CAT))
+            assert referenced(replies[2]) == int(cat_asks["id"])
+            (to_cat,) = [r for r in model.requests if "did it work?" in r.last_user_text]
+            assert any("deploy finished" in str(m["content"]) for m in to_cat.messages)
+            assert await redis.hget(Keys(conversation(CHANNEL, HOOK)).state, "v") is None
+            assert len(fake.bot_messages(CHANNEL)) == 3

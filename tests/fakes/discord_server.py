@@ -194,6 +194,10 @@ _PRIVILEGED = INTENT_GUILD_MEMBERS | INTENT_GUILD_PRESENCES | INTENT_MESSAGE_CON
 APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
 
 _MENTION_RE = re.compile(r"<@!?(\d+)>")
+_ROLE_MENTION_RE = re.compile(r"<@&(\d+)>")
+# The bot's managed role in a guild (the one Discord makes for a bot, `tags.bot_id`) has the
+# guild's id plus this as its own.
+BOT_ROLE_OFFSET = 7
 
 # Channel types.
 CHANNEL_GUILD_TEXT = 0
@@ -842,6 +846,7 @@ class FakeDiscord(LoopbackServer):
         mention_author: bool = True,
         name: str | None = None,
         nick: str | None = None,
+        webhook: bool = False,
     ) -> dict[str, Any]:
         """``user_id`` posts a message: to their DM with the bot, unless ``guild_id`` or
         ``channel_id`` say otherwise (a guild's text channel or thread, see :meth:`thread`).
@@ -855,6 +860,8 @@ class FakeDiscord(LoopbackServer):
         ``sticker_items`` are objects from :meth:`sticker`. ``bot`` makes the author a bot
         (``author.bot``, from now on). ``name`` sets the user's display name (``global_name``)
         and ``nick`` their nickname in the guild (``member.nick``), both from now on.
+        ``webhook``: a webhook posts it (``webhook_id``, the author's id, as Discord shows a
+        webhook's post; its author is not marked a bot).
 
         ``reply_to`` names a message of the same channel (the bot's or anyone's): the message
         is a reply (type 19) with ``message_reference`` and ``referenced_message``, and, as
@@ -898,6 +905,8 @@ class FakeDiscord(LoopbackServer):
             referenced=referenced,
             mentions=mentions,
         )
+        if webhook:
+            message["webhook_id"] = str(user_id)
         payload = self._gateway_message(message)
         if dispatch:
             await self._dispatch_message("MESSAGE_CREATE", payload)
@@ -1353,7 +1362,7 @@ class FakeDiscord(LoopbackServer):
             "tts": tts,
             "mention_everyone": mention_everyone,
             "mentions": self._mentions(content) if mentions is None else mentions,
-            "mention_roles": [],
+            "mention_roles": _ROLE_MENTION_RE.findall(content),
             "attachments": attachments,
             "embeds": embeds or [],
             "pinned": False,
@@ -1514,7 +1523,7 @@ class FakeDiscord(LoopbackServer):
             "premium_subscription_count": 0,
             "premium_progress_bar_enabled": False,
             "preferred_locale": "en-US",
-            "roles": [everyone],
+            "roles": [everyone, self._bot_role(guild)],
             "emojis": [],
             "stickers": [],
             "features": [],
@@ -1526,6 +1535,27 @@ class FakeDiscord(LoopbackServer):
             "safety_alerts_channel_id": None,
             "vanity_url_code": None,
             "max_members": 500000,
+        }
+
+    def bot_role(self, guild_id: int) -> int:
+        """The id of the bot's managed role in the guild (``<@&id>`` mentions it)."""
+        return guild_id + BOT_ROLE_OFFSET
+
+    def _bot_role(self, guild: _Guild) -> dict[str, Any]:
+        """The role Discord makes for a bot in a guild it joins: managed, tagged with the bot."""
+        return {
+            "id": str(self.bot_role(guild.id)),
+            "name": self.bot_user["username"],
+            "color": 0,
+            "hoist": False,
+            "icon": None,
+            "unicode_emoji": None,
+            "position": 1,
+            "permissions": str(EVERYONE_PERMISSIONS),
+            "managed": True,
+            "mentionable": True,
+            "flags": 0,
+            "tags": {"bot_id": str(self.bot_id)},
         }
 
     def _guild_create(self, guild: _Guild, *, available: bool = False) -> dict[str, Any]:

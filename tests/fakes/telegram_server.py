@@ -240,6 +240,12 @@ class _StoredFile:
     reachable: bool = True
 
 
+# The ids Telegram sends an anonymous group admin's messages from (@GroupAnonymousBot) and
+# posts a linked channel's automatic forwards from (the service account, "Telegram").
+ANONYMOUS_ADMIN = 1087968824
+SERVICE_ACCOUNT = 777000
+
+
 @dataclass
 class ScriptedError:
     """A Bot API error the fake answers with instead of performing a call."""
@@ -618,6 +624,8 @@ class FakeTelegram(LoopbackServer):
         reply_to: int | None = None,
         is_bot: bool = False,
         username: str | None = None,
+        sender_chat: dict[str, Any] | None = None,
+        automatic_forward: bool = False,
     ) -> dict[str, Any]:
         """A message in a group; ``chat_id`` should be negative, as Telegram's group ids are.
 
@@ -633,6 +641,12 @@ class FakeTelegram(LoopbackServer):
           bot's as the fake remembers it (a minimal one if it knows none).
         - ``is_bot``: another bot posts it (``from.is_bot``; username ``otherbot`` unless
           ``username`` says otherwise); ``username``: the sender's ``@username``.
+        - ``sender_chat``: the chat the message is sent on behalf of (``{"id", "type",
+          "title"}``): the group itself for an anonymous admin (then ``user_id`` should be
+          ``ANONYMOUS_ADMIN`` and ``is_bot`` true, as Telegram sends it), or a channel.
+        - ``automatic_forward``: a linked channel's post forwarded into its discussion group
+          (``is_automatic_forward``; ``user_id`` should be ``SERVICE_ACCOUNT``, ``sender_chat``
+          the channel).
 
         The chat is remembered as built here: the bot's messages there show it.
         """
@@ -657,6 +671,10 @@ class FakeTelegram(LoopbackServer):
         if topic is not None:
             message["message_thread_id"] = topic
             message["is_topic_message"] = True
+        if sender_chat is not None:
+            message["sender_chat"] = dict(sender_chat)
+        if automatic_forward:
+            message["is_automatic_forward"] = True
         if reply_to is not None:
             message["reply_to_message"] = self._replied(chat_id, reply_to)
         elif creation is not None:
@@ -665,6 +683,46 @@ class FakeTelegram(LoopbackServer):
         if entities := _entities(text):
             message["entities"] = entities
         return self._update("message", message)
+
+    def group_edited_update(self, chat_id: int, message_id: int, text: str) -> dict[str, Any]:
+        """An ``edited_message``: the group message ``message_id`` (one built here) now reads
+        ``text``, with the entities Telegram finds in it."""
+        message = self._chat_messages[chat_id][message_id]
+        edited = json.loads(json.dumps(message))
+        edited["text"] = text
+        edited.pop("entities", None)
+        if entities := _entities(text):
+            edited["entities"] = entities
+        edited["edit_date"] = int(time.time())
+        return self._update("edited_message", edited)
+
+    def migrate(self, chat_id: int, to_chat_id: int, by: int = 1) -> list[dict[str, Any]]:
+        """Upgrade the basic group ``chat_id`` to the supergroup ``to_chat_id``, as Telegram
+        does: from now on every call about the old chat is answered 400 with
+        ``parameters.migrate_to_chat_id``. Returns the two service messages Telegram posts,
+        as updates: ``migrate_to_chat_id`` in the old group and ``migrate_from_chat_id`` in the
+        new one (user ``by`` upgraded it)."""
+        old = dict(self._chat(chat_id))
+        new = {"id": to_chat_id, "title": old.get("title", "Test group"), "type": "supergroup"}
+        self._chats[to_chat_id] = new
+        self.fail_chat(
+            chat_id,
+            ScriptedError(
+                400,
+                "Bad Request: group chat was upgraded to a supergroup chat",
+                {"migrate_to_chat_id": to_chat_id},
+            ),
+        )
+        updates = []
+        for chat, field, other in (
+            (old, "migrate_to_chat_id", to_chat_id),
+            (new, "migrate_from_chat_id", chat_id),
+        ):
+            message = self._inbound(chat["id"], by, "Ann", "group", None)
+            message["chat"] = dict(chat)
+            message[field] = other
+            updates.append({"update_id": next(self._update_ids), "message": message})
+        return updates
 
     # Media builders: a message refers to a file by the id add_file returned; without one it
     # gets a made-up id that getFile does not know (enough for a bot that ignores media).
