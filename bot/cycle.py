@@ -42,6 +42,7 @@ from bot.lease import LeaseKeeper, LeaseLost
 from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
+from bot.others import TOOL_DATA, Others
 from bot.pacing import Paced, Slot
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
@@ -738,7 +739,7 @@ class Cycle:
         conversation = request.conversation
         history = request.history
         system = with_persona(system_prompt(llm.system_prompt), request.persona)
-        system = in_room(system, conversation, request.messages, request.room)
+        system = in_room(system, conversation, request.messages)
         said = await self.media.prepare(conversation, request.messages)
         if said.unseen:
             system += "\n\n" + UNSEEN_NOTE
@@ -750,13 +751,17 @@ class Cycle:
             asked = [t.text for t in await self.media.history(conversation, request.target.asked)]
             texts = asked + texts
             images = [()] * len(asked) + images if images else []
+        turns = await self.media.history(conversation, history)
+        if offered or any(turn.used for turn in turns):
+            system += "\n\n" + TOOL_DATA
         prompt = fit(
             system,
-            await self.media.history(conversation, history),
+            turns,
             texts,
             llm.context_tokens - llm.max_tokens - schemas,
             self.counter,
             images,
+            Others.of(request.messages, request.room),
         )
         return prompt if request.model is None else replace(prompt, model=request.model.model)
 

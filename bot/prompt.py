@@ -3,7 +3,9 @@ unanswered message folded into one user turn.
 
 The unanswered messages are what the reply is for, so they are never trimmed away for the
 sake of history. Only if they alone exceed the budget are the oldest of them left out, and
-the model is told how many.
+the model is told how many. In a group, what others said (`bot.others`) opens that user turn
+as data: the message replied to before history, the room's lines after it, within a share of
+the budget, so the room can never crowd out the person or push a request over.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from bot.others import ROOM_CLOSE, ROOM_INTRO, ROOM_OPEN, Others
 from bot.tokens import PER_MESSAGE, Counter
 from bot.tools import well_named
 
 FOLD_HEADER = "Here is everything I sent that you have not answered yet, in order:"
+# The room's lines take at most this fraction of a prompt's budget: 1/ROOM_SHARE.
+ROOM_SHARE = 4
 # Told to the model when the provider refused the images of the turn.
 IMAGES_NOT_SHOWN = (
     "The user sent images, marked [photo] or [image], that could not be shown to you. Say so "
@@ -92,6 +97,8 @@ class Prompt:
     steps: tuple[dict[str, Any], ...] = ()
     # "none" on the step after the last one allowed: the model must answer in text.
     tool_choice: Literal["auto", "none"] | None = None
+    # What others said, as data (`Others.shown`): it opens the user turn ("" for none).
+    others: str = ""
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages as strict chat templates take them: the system prompt,
@@ -140,9 +147,11 @@ class Prompt:
         return parts
 
     def _lines(self) -> list[str]:
+        # A blank line between the data and the person's own words.
+        lines = [self.others + "\n"] if self.others else []
         if len(self.unanswered) == 1 and not self.left_out:
-            return [self.unanswered[0]]
-        lines = [FOLD_HEADER]
+            return [*lines, self.unanswered[0]]
+        lines.append(FOLD_HEADER)
         if self.left_out:
             lines.append(
                 f"({self.left_out} earlier message{'s were' if self.left_out > 1 else ' was'} "
@@ -224,28 +233,37 @@ def fit(
     budget: int,
     counter: Counter,
     images: Sequence[tuple[Image, ...]] = (),
+    others: Others | None = None,
 ) -> Prompt:
     """The prompt within `budget` tokens: the system prompt and the unanswered messages
-    (with their images) first, newest kept first if even they do not fit, then history from
-    the newest back."""
-    room = budget - counter.count(system) - counter.count(FOLD_HEADER)
+    (with their images) first, newest kept first if even they do not fit; then what they
+    reply to, if it fits; then history from the newest back; then the room's newest lines,
+    within what is left and at most 1/ROOM_SHARE of the budget."""
+    left = budget - counter.count(system) - counter.count(FOLD_HEADER)
     shown = list(images) or [()] * len(unanswered)
     kept: list[tuple[str, tuple[Image, ...]]] = []
     for text, its_images in zip(reversed(unanswered), reversed(shown), strict=True):
         cost = counter.count(text) + sum(im.tokens for im in its_images)
         # The newest message always goes in: the reply is for it.
-        if kept and cost > room:
+        if kept and cost > left:
             break
         kept.append((text, its_images))
-        room -= cost
+        left -= cost
     kept.reverse()
+    others = others or Others()
+    quoted = others.quoted
+    cost = counter.count(Others(quoted).shown()) if quoted else 0
+    if cost > left:
+        quoted = ()
+    else:
+        left -= cost
     turns: list[Turn] = []
     for turn in reversed(history):
         cost = counter.count(turn.counted()) + PER_MESSAGE * 2 * len(turn.used)
-        if cost > room:
+        if cost > left:
             break
         turns.append(turn)
-        room -= cost
+        left -= cost
     turns.reverse()
     return Prompt(
         system,
@@ -253,7 +271,23 @@ def fit(
         tuple(text for text, _ in kept),
         left_out=len(unanswered) - len(kept),
         images=tuple(its for _, its in kept) if any(shown) else (),
+        others=Others(
+            quoted, _room_lines(others.room, min(left, budget // ROOM_SHARE), counter)
+        ).shown(),
     )
+
+
+def _room_lines(lines: Sequence[str], tokens: int, counter: Counter) -> tuple[str, ...]:
+    """The newest of the room's `lines` that fit in `tokens`, with their block's framing."""
+    left = tokens - counter.count("\n".join((ROOM_OPEN, ROOM_INTRO, ROOM_CLOSE)))
+    kept: list[str] = []
+    for line in reversed(lines):
+        cost = counter.count(line)
+        if cost > left:
+            break
+        kept.append(line)
+        left -= cost
+    return tuple(reversed(kept))
 
 
 def estimated_tokens(prompt: Prompt, counter: Counter) -> int:

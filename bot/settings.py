@@ -442,10 +442,12 @@ class GroupsSettings(Group):
     # Words that address the bot in a group as a mention does (whole words, any case).
     wake_words: Names = []
     # Messages said in a group's room (topic) to others, kept as the model's context: at most
-    # this many. 0: none kept.
-    context_messages: int = Field(default=30, ge=0, le=200)
+    # this many. 0: none kept. The prompt shows the newest that fit in a quarter of its budget
+    # (bot.prompt.ROOM_SHARE); the bounds keep the whole room, read at every reply, within a
+    # quarter of a large model's context (100 x 1,000 characters: 25,000 tokens of English).
+    context_messages: int = Field(default=30, ge=0, le=100)
     # Each message in a room's context is cut to this many characters.
-    context_chars: int = Field(default=500, ge=50, le=4000)
+    context_chars: int = Field(default=500, ge=50, le=1000)
     # A room's context holds no message older than this many minutes.
     context_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
 

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from bot.commands import admins_only
 from bot.groups import ALLOWED, DENIED, addressed
 from bot.message import InboundMessage, Place, Quote
+from bot.others import entry
 from bot.runtime import Runtime
 from bot.store import Keys
 from bot.tools import Toolbox
@@ -133,14 +134,16 @@ async def test_a_burst_is_one_persons_and_the_room_is_context_not_history(
 
     assert len(fake.requests) == 1
     request = fake.requests[0]
-    assert request.last_user_text.split("\n")[1:] == [
+    assert request.last_user_text.split("\n")[-3:] == [
         "1. @bot hi",
         "2. what's the weather",
         "3. in Paris",
     ]
     system = request.messages[0]["content"]
-    assert "talking with Ann" in system
-    assert "[Bob] lunch at noon?" in system and "[Bob] sure, noon works" in system
+    assert 'talking with "Ann"' in system and "lunch" not in system
+    # The room's lines open Ann's turn, as data (test_groups_data has the forgeries).
+    room = request.last_user_text.split("\n")[2:4]
+    assert room == [entry("Bob", "lunch at noon?"), entry("Bob", "sure, noon works")]
     # One reply, to Ann alone, as a reply to her last message.
     assert [(s.conversation, s.reply_to) for s in chat.sent] == [(conv(ANN), "g5")]
     assert await redis.llen(Keys(conv(BOB)).history) == 0

@@ -122,6 +122,33 @@ local function duplicate()
   return answer('duplicate', tonumber(redis.call('HGET', state, 'v') or '0'), -1, 'none')
 end
 
+-- The platform's id of a message taken in as `id`: an edit's ('<id>:edit:<n>') is the edited
+-- message's (bot.message.platform_id).
+local function platform_id(id)
+  local mark = string.find(id, ':edit:', 1, true)
+  return mark and string.sub(id, 1, mark - 1) or id
+end
+
+-- An edit of a line still in the room takes that line's place, text and all, and keeps its
+-- time (the room stays in order): the room shows what was said once, as it now reads. False if
+-- this message is no edit, or the line it edits is gone. The room is capped: a short walk.
+local function replace_edited(entry)
+  local edited = platform_id(message_id)
+  if edited == message_id then
+    return false
+  end
+  local lines = redis.call('LRANGE', room, 0, -1)
+  for i = #lines, 1, -1 do
+    local line = cjson.decode(lines[i])
+    if platform_id(tostring(line.id)) == edited then
+      entry.at = line.at
+      redis.call('LSET', room, i - 1, cjson.encode(entry))
+      return true
+    end
+  end
+  return false
+end
+
 -- In a group: silent unless allowed; a message not addressed to the bot joins its sender's
 -- burst while that is open (the window, or a reply still owed for a message within max_wait),
 -- and is otherwise said to the room: its context, never anyone's history.
@@ -148,8 +175,10 @@ if in_group ~= '' then
     if room_messages > 0 then
       local entry = cjson.decode(said)
       entry.at = now
-      redis.call('RPUSH', room, cjson.encode(entry))
-      redis.call('LTRIM', room, -room_messages, -1)
+      if not replace_edited(entry) then
+        redis.call('RPUSH', room, cjson.encode(entry))
+        redis.call('LTRIM', room, -room_messages, -1)
+      end
       redis.call('PEXPIRE', room, room_keep_ms)
     end
     return answer('overheard', 0, -1, 'none')
