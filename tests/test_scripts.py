@@ -30,6 +30,7 @@ from bot.store.keys import (
     ROLE_TAG,
     SHARDS,
     Keys,
+    PersonKeys,
     access_key,
     due_key,
     heartbeat_key,
@@ -298,6 +299,14 @@ def test_key_names_are_those_of_existing_deployments() -> None:
     # forget.lua finds a cached transcript as the index's name, ":", its file key.
     assert k.transcript("doc:f1") == "{lw:53.5995}:c:telegram:42:heard:doc:f1"
     assert k.heard == "{lw:53.5995}:c:telegram:42:heard"
+    # A person's keys are in their home's slot: telegram:42's DM's.
+    person = PersonKeys("telegram", "42")
+    assert (person.rate, person.places) == (
+        "{lw:53.5995}:p:telegram:42:rate",
+        "{lw:53.5995}:p:telegram:42:places",
+    )
+    assert person.day(date(2024, 5, 6)) == "{lw:53.5995}:p:telegram:42:day:2024-05-06"
+    assert person.month(date(2024, 5, 6)) == "{lw:53.5995}:p:telegram:42:month:2024-05"
     assert (k.due, k.active) == ("{lw:53.5995}:due", "{lw:53.5995}:active")
     assert usage_day_keys(3, date(2024, 5, 6)) == (
         "{lw:3.2945}:usage:2024-05-06:totals",
@@ -327,6 +336,11 @@ async def test_scripts_write_only_keys_of_the_conversations_slot(
     keys = [text(key) for key in await redis.keys("*")]
     assert keys
     for key in keys:
+        if ":p:" in key:
+            # A person's keys: in the slot of their home (`PersonKeys`), whoever wrote them.
+            platform, user = key.split(":p:", 1)[1].rsplit(":", 1)[0].split(":", 1)
+            assert keyslot(key) == keyslot(PersonKeys(platform, user).rate), key
+            continue
         conversation = key.split(":c:", 1)[1].rsplit(":", 1)[0] if ":c:" in key else None
         if conversation is None:
             # The shard-wide indexes and day totals: named by their shard's tag alone.

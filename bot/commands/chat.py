@@ -59,14 +59,22 @@ def weighs(llm: LLMSettings, spending: Spending) -> bool:
 
 
 def usage_answer(spending: Spending, daily_budget: int, weighted: bool) -> str:
-    """The answer to /usage: tokens spent today and this month (UTC), counted as /stats and
-    `lastword status` count them, and what is left of the daily budget. `weighted`: the
-    budget counts each token times its model's cost, so it says so, with the weighed sums."""
+    """The answer to /usage: the tokens the person spent today and this month (UTC), in every
+    place they talk to the bot, counted as /stats and `lastword status` count them (and this
+    place's share, when some were spent elsewhere), and what is left of the daily budget,
+    which counts them all. `weighted`: the budget counts each token times its model's cost,
+    so it says so, with the weighed sums."""
     today, month = spending.tokens_today, spending.tokens_month
     lines = [
         f"Today: {spent(today.prompt, today.completion)}.",
         f"This month: {spent(month.prompt, month.completion)}.",
     ]
+    here, here_month = spending.here_today, spending.here_month
+    if (here, here_month) != (today, month):
+        lines.append(
+            f"Of these, here: {here.total:,} today and {here_month.total:,} this month; the "
+            "rest where else you talk to me (your DMs, other groups and topics)."
+        )
     if weighted:
         lines.append(
             f"Your daily budget counts {WEIGHTED} (each token times its model's cost, see "

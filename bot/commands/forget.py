@@ -1,8 +1,10 @@
-"""/forget: erase what is kept about the user, once they confirm (the same command again
-within a minute, `bot.store.FORGET_CONFIRM_MS`): the history, the messages it answers, the cached
-transcripts and documents, the model and persona they picked. Counters without content stay:
-usage totals (budgets count on them) and the ids that keep a redelivered message from being
-answered twice."""
+"""/forget: erase what is kept about the person, everywhere they wrote to me (their DM, every
+group and topic), once they confirm (the same command again within a minute, in the same
+place, `bot.store.FORGET_CONFIRM_MS`): the histories, the messages they answer, the cached
+transcripts and documents, what they said in groups' rooms, the models and personas they
+picked. Counters without content stay: usage totals (the daily budget counts on today's, so a
+/forget never renews it) and the ids that keep a redelivered message from being answered
+twice. /reset, by contrast, forgets one place's conversation."""
 
 from __future__ import annotations
 
@@ -11,17 +13,33 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bot.command import Ask, Command, Decision, Turn, no_words
+from bot.plural import counted
 from bot.store import Store
 
 CONFIRM = (
-    "This erases everything I keep about you: our conversation, what your files said, and "
-    "the model and persona you picked (your usage totals stay). Send /forget again within a "
-    "minute to confirm."
+    "This erases everything I keep about you, here and in every other chat, group and topic: "
+    "our conversations, what your files said, what you said in groups, and the models and "
+    "personas you picked (your usage totals stay). Send /forget again within a minute to "
+    "confirm."
 )
-FORGOTTEN = (
-    "Done: I've erased our conversation, what your files said, and the model and persona "
-    "you picked."
-)
+
+
+def forgotten(places: int) -> str:
+    """What a confirmed /forget answers, having erased what was kept in `places` places."""
+    if places <= 1:
+        return (
+            "Done: I've erased our conversation, what your files said, and the model and "
+            "persona you picked."
+        )
+    return (
+        f"Done: I've erased what I kept about you in {counted(places, 'place')} (here and "
+        "wherever else you wrote to me): our conversations, what your files said, what you "
+        "said in groups, and the models and personas you picked."
+    )
+
+
+# The answer where nothing was kept anywhere else.
+FORGOTTEN = forgotten(1)
 
 
 @dataclass(frozen=True)
@@ -36,18 +54,21 @@ class Asked:
 
 @dataclass(frozen=True)
 class Erase:
-    """/forget confirmed: erase (`Store.forget`)."""
+    """/forget confirmed: erase what is kept about the person `user` in every place
+    (`Store.forget`; "": in this one, as a reply kept from before people had places says)."""
 
     kind: ClassVar[str] = "forget"
+    user: str = ""
 
     async def apply(self, store: Store, conversation: str) -> None:
-        await store.forget(conversation)
+        await store.forget(conversation, self.user)
 
 
 async def _forget(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
     if turn.forget_asked or await turn.store.forget_asked(turn.conversation):
         turn.model, turn.persona, turn.forget_asked = "", "", False
-        return Decision(FORGOTTEN, (Erase(),), reset=True)
+        places = await turn.store.places(turn.conversation, ask.by)
+        return Decision(forgotten(len(places)), (Erase(ask.by),), reset=True)
     turn.forget_asked = True
     return Decision(CONFIRM, (Asked(),))
 

@@ -22,7 +22,6 @@ from bot.store.config import (
 )
 from bot.store.conversations import (
     ACTIVE_KEEP_MS,
-    RATE_WINDOW_MS,
     SEEN_CAP,
     SEEN_KEEP_MS,
     TYPING_EVERY_MS,
@@ -44,6 +43,7 @@ from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
 from bot.store.keys import ACCESS_SEQ_KEY, BudgetKeys, Keys, Layout
+from bot.store.person import PLACES_CAP, RATE_WINDOW_MS
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
 from bot.store.roles import Roles
@@ -66,6 +66,8 @@ HEARTBEAT = _scripts.HEARTBEAT.source
 INGEST = _scripts.INGEST.source
 INTERRUPT = _scripts.INTERRUPT.source
 NOTICE = _scripts.NOTICE.source
+PERSON = _scripts.PERSON.source
+PERSON_USAGE = _scripts.PERSON_USAGE.source
 PERSONA = _scripts.PERSONA.source
 PRESEND = _scripts.PRESEND.source
 RELEASE = _scripts.RELEASE.source
@@ -98,7 +100,10 @@ __all__ = [
     "MEND_SHARDS_PER_SWEEP",
     "MONTH_KEEP_MS",
     "NOTICE",
+    "PERSON",
     "PERSONA",
+    "PERSON_USAGE",
+    "PLACES_CAP",
     "PRESEND",
     "RATE_WINDOW_MS",
     "RELEASE",

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from bot.message import Attachment, InboundMessage, Said
 from bot.settings import Verdict
 from bot.store import scripts
-from bot.store.calls import Calls
 from bot.store.config import (
     CLOCK_SLACK_MS,
     DAY_KEEP_MS,
@@ -22,6 +21,7 @@ from bot.store.config import (
     utc_today,
 )
 from bot.store.keys import Keys
+from bot.store.person import RATE_WINDOW_MS, People
 from bot.store.replies import as_text, decoded, listed, look_in
 from bot.store.scripts import Script
 
@@ -29,8 +29,6 @@ from bot.store.scripts import Script
 # older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
 SEEN_CAP = 1000
 SEEN_KEEP_MS = 25 * 3600_000
-# The rate limit counts messages per minute.
-RATE_WINDOW_MS = 60_000
 # How long a conversation stays in the activity index after its last message.
 ACTIVE_KEEP_MS = 3600_000
 # A user's typing signals count at most once in this long (and once after each message).
@@ -304,8 +302,9 @@ class PreSend:
         return cls(status, look_in_ms=look_in(reply["look_in_ms"]))
 
 
-class Conversations(Calls):
-    """The steps of the flow on one conversation, each one script and one round trip."""
+class Conversations(People):
+    """The steps of the flow on one conversation, each one script and one round trip (ingest
+    in a place other than the person's home DM: two, `ingest`)."""
 
     async def ingest(
         self,
@@ -318,9 +317,51 @@ class Conversations(Calls):
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
         group, `heard` says how the message reached the bot (`bot.groups.heard`). `typing`:
-        the platform reports this user's typing (typing.lua), so the window learns with it."""
-        conversation = message.conversation
+        the platform reports this user's typing (typing.lua), so the window learns with it.
+
+        The rate limit is the person's, across every place they write in. In their home DM
+        (a DM whose chat is the user, Telegram's) ingest counts it itself, the person's
+        counter being in the same slot: one round trip. Anywhere else the person's step
+        (person.lua) comes first for a message addressed to the bot, so one over the rate
+        never enters a burst; a message that may follow up a burst is counted after ingest
+        has said whether it did (it cannot be dropped then, but counts for the next ones), and
+        a line said to the room is only noted, so /forget finds the room."""
         heard = heard or Heard()
+        person = self.person_keys(message.conversation, message.user_id)
+        if message.conversation == person.home:
+            return await self._ingest(message, verdict, heard, typing, person.rate)
+        if heard.addressed == "never":
+            return await self._ingest(message, verdict, heard, typing)
+        if heard.addressed == "0":
+            ingested = await self._ingest(message, verdict, heard, typing)
+            if ingested.accepted or ingested.overheard:
+                await self.note_person(
+                    message.conversation, message.user_id, counts=ingested.accepted
+                )
+            return ingested
+        rate = await self.note_person(message.conversation, message.user_id, counts=True)
+        if rate == "ok":
+            return await self._ingest(message, verdict, heard, typing)
+        limited = Ingested(False, 0, None, limited=True, first_limited=rate == "first_limited")
+        if not heard.group:
+            return limited
+        # Over the rate in a group: taken in as a line that can never be addressed, so a group
+        # the bot is silent in stays silent (no notice goes there) and a redelivery is a
+        # duplicate; what is said to the room is its context, as anyone's line is.
+        ingested = await self._ingest(message, verdict, replace(heard, addressed="never"), typing)
+        return limited if ingested.overheard else ingested
+
+    async def _ingest(
+        self,
+        message: InboundMessage,
+        verdict: Verdict,
+        heard: Heard,
+        typing: bool,
+        rate: str = "",
+    ) -> Ingested:
+        """ingest.lua on the message: counting it against the rate key `rate` ("": not at
+        all, the person's step counts it)."""
+        conversation = message.conversation
         args: dict[str, str | int] = {
             "conversation": conversation,
             "message_id": message.message_id,
@@ -328,7 +369,7 @@ class Conversations(Calls):
             "quiet_ms": self.settings.quiet_ms,
             "max_wait_ms": self.settings.max_wait_ms,
             "seen_cap": SEEN_CAP,
-            "rate_limit": self.settings.rate_per_minute,
+            "rate_limit": self.settings.rate_per_minute if rate else 0,
             "rate_window_ms": RATE_WINDOW_MS,
             "active_keep_ms": ACTIVE_KEEP_MS,
             "seen_keep_ms": SEEN_KEEP_MS,
@@ -345,6 +386,7 @@ class Conversations(Calls):
             "typing": int(typing),
         }
         keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
+        keys["rate"] = rate or keys["rate"]
         return Ingested.from_reply(await self._run_durable(scripts.INGEST, keys, args))
 
     async def typing(self, conversation: str, hold_ms: int) -> Typed:

@@ -1,5 +1,6 @@
 -- /forget, in the conversation's slot: ask for the confirmation, check it was asked lately,
--- or erase what is kept about the user: the history, the cached transcripts and documents (the
+-- or erase what is kept about the user in this place (a /forget runs it on every place of the
+-- person's, `Personal.forget`): the history, the cached transcripts and documents (the
 -- entries the index `heard` names, each under the index's name, ':', its file key), the model
 -- and persona they picked, the pace a learning window keeps of them, and in a group what they
 -- said to the room. Counters without content (usage totals, the dedupe ids, V and W)

@@ -92,6 +92,27 @@ Key layout, for a conversation in the shard tagged {T}:
                                              and ~seq: the shard holds every change up to
                                              this seq (the sweep mends a shard behind)
 
+A person (one user of one platform, wherever they write: `person_keys`) has keys of their own,
+in the shard of their home, `<platform>:<user>`: the conversation id a DM with them has where a
+DM's chat is the user (Telegram's), so such a DM shares their slot. Below, {P} stands for that
+shard's tag:
+
+    {P}:p:<platform>:<user>:rate     string  the person's messages in the current rate-limit
+                                             window, in every place (ingest.lua counts a home
+                                             DM's, person.lua every other place's)
+    {P}:p:<platform>:<user>:places   zset    conversation -> when the person last spoke there
+                                             (ms, server clock): every place but the home DM
+                                             where they addressed the bot or spoke to the room,
+                                             so /forget finds them; at most `PLACES_CAP`
+                                             (bot.store.person), none older than the
+                                             conversations' retention, and expires with them
+    {P}:p:<platform>:<user>:day:<D>  hash    tokens (weighed), prompt, completion the person
+                                             spent on UTC day D in every place: what the daily
+                                             budget and /usage read; expires after two days
+    {P}:p:<platform>:<user>:month:<M> hash   the same in UTC month M; expires after 62 days
+
+A conversation's own day and month (above) are the place's share of the person's.
+
 A conversation's long-lived keys (state, pending, seen, history, outbox, usage, window) expire
 together after `retention_ms` without a message or a reply: every step that writes them renews
 their lifetime. A cached transcript, and the index naming it, last `retention_ms` from when it
@@ -240,6 +261,10 @@ class Layout:
         """The names of `conversation`'s keys in this layout."""
         return Keys(conversation, self)
 
+    def person_keys(self, platform: str, user: str) -> PersonKeys:
+        """The names of a person's keys (one user of `platform`) in this layout."""
+        return PersonKeys(platform, user, self)
+
 
 # This version's layout, which the store records (`META_KEY`), and the legacy one.
 LAYOUT = Layout(TAGS)
@@ -339,3 +364,26 @@ class Keys:
     def transcript(self, file_key: str) -> str:
         """The cached transcript of a file; forget.lua derives it from `heard` the same way."""
         return f"{self.heard}:{file_key}"
+
+
+class PersonKeys:
+    """The names of one person's keys: their rate, their places and their days and months, in
+    the shard of their home (`home`, the id a DM with them has where a DM's chat is the user),
+    so a script touching them touches one slot."""
+
+    def __init__(self, platform: str, user: str, layout: Layout = LAYOUT) -> None:
+        self.person = f"{platform}:{user}"
+        self.home = self.person
+        shard = layout.shard_of(self.home)
+        self.base = f"{layout.tags[shard]}:p:{self.person}"
+        self.rate = f"{self.base}:rate"
+        self.places = f"{self.base}:places"
+        # The shard's copy of the access records: the budget an admin set, read with the days.
+        self.access = layout.access_key(shard)
+        self.shard = shard
+
+    def day(self, when: date) -> str:
+        return f"{self.base}:day:{when.isoformat()}"
+
+    def month(self, when: date) -> str:
+        return f"{self.base}:month:{when.strftime('%Y-%m')}"

@@ -214,6 +214,16 @@ USAGE = Script(
         "cost",
     ),
 )
+PERSON = Script(
+    "person",
+    keys=("rate", "places"),
+    args=("place", "counts", "rate_limit", "rate_window_ms", "places_cap", "keep_ms"),
+)
+PERSON_USAGE = Script(
+    "person_usage",
+    keys=("day", "month"),
+    args=("prompt", "completion", "cost", "day_keep_ms", "month_keep_ms"),
+)
 ROLE = Script("role", keys=("role", "fences"), args=("mode", "name", "token", "fence", "ttl_ms"))
 ROLE_RELEASE = Script("role_release", keys=("role",), args=("token",))
 HEARTBEAT = Script(
@@ -303,6 +313,8 @@ ALL: dict[str, Script] = {
         GROUP_SET,
         GROUP_MOVE,
         USAGE,
+        PERSON,
+        PERSON_USAGE,
         ROLE,
         ROLE_RELEASE,
         HEARTBEAT,

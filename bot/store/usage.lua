@@ -1,7 +1,8 @@
--- Add the tokens one reply cost to the conversation's totals, to its user's day, and to the
+-- Add the tokens one reply cost to the conversation's totals, to its day and month, and to the
 -- shard's day (totals, and the conversations ranked by tokens) that `lastword status` reads.
--- The user's day and month keep the tokens as spent (prompt, completion: what /usage shows)
--- and weighed by the model's cost (tokens: what the daily budget is checked against).
+-- The conversation's day and month are the place's share of its person's (person_usage.lua
+-- counts those, which the daily budget is checked against), as spent (prompt, completion)
+-- and weighed by the model's cost (tokens).
 -- Returns the weighed tokens spent on the day so far.
 local usage = KEYS[1]
 local day = KEYS[2]

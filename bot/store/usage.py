@@ -1,15 +1,19 @@
-"""Usage: the tokens replies cost, per conversation, per user's day and month, and per shard's
-day, for budgets, `/usage`, `/stats` and `lastword status`.
+"""Usage: the tokens replies cost, per conversation, per person's day and month (wherever
+they write: their DM, every group and topic), and per shard's day, for budgets, `/usage`,
+`/stats` and `lastword status`. A conversation's own day and month are the place's share of
+its person's.
 
 One count everywhere: the prompt plus completion tokens of every generation (sent, interrupted
 or thrown away), on the replica's UTC day. Only the budget weighs them by model cost."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bot.message import Place
 from bot.store import scripts
 from bot.store.access import AccessRecord
 from bot.store.calls import Calls
@@ -41,16 +45,19 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Spending:
-    """A user's spending today and this month (UTC), and the daily budget an admin set for
-    them (None: the settings' budget). `today` and `month` weigh each token by its model's
-    cost, as the budget is counted; `tokens_today` and `tokens_month` are the tokens as
-    spent, the count /stats and `lastword status` show too."""
+    """A person's spending today and this month (UTC), in every place, and the daily budget an
+    admin set for them (None: the settings' budget). `today` and `month` weigh each token by
+    its model's cost, as the budget is counted; `tokens_today` and `tokens_month` are the
+    tokens as spent, the count /stats and `lastword status` show too. `here_today` and
+    `here_month`: the share of those spent in the place asked from."""
 
     today: int
     month: int
     budget: int | None
     tokens_today: Tokens
     tokens_month: Tokens
+    here_today: Tokens = Tokens(0, 0)
+    here_month: Tokens = Tokens(0, 0)
 
 
 @dataclass(frozen=True)
@@ -85,10 +92,10 @@ class Usage(Calls):
     async def add_usage(
         self, conversation: str, user: str, prompt: int, completion: int, cost: float = 1.0
     ) -> int:
-        """Count the tokens a reply cost; returns what the conversation's user spent today,
-        weighed. A DM conversation is one user, so its day is the user's day. `cost` weighs
-        them for the user's budget (a dearer model's tokens count for more); the tokens as
-        spent are kept beside the weighed ones."""
+        """Count the tokens a reply cost, in the conversation (with its shard's day) and in
+        its person's day and month; returns what the person spent today, weighed. `cost`
+        weighs them for the person's budget (a dearer model's tokens count for more); the
+        tokens as spent are kept beside the weighed ones. Two scripts, one per slot, at once."""
         k = self.layout.keys(conversation)
         today = utc_today()
         totals, ranking = self.layout.usage_day_keys(k.shard, today)
@@ -109,19 +116,37 @@ class Usage(Calls):
             "month_keep_ms": MONTH_KEEP_MS,
             "cost": repr(cost),
         }
-        return int(await self._run(scripts.USAGE, keys, args))
+        person = self.layout.person_keys(Place.of(conversation).platform, user)
+        theirs = {"day": person.day(today), "month": person.month(today)}
+        spent: dict[str, str | int] = {
+            "prompt": prompt,
+            "completion": completion,
+            "cost": repr(cost),
+            "day_keep_ms": DAY_KEEP_MS,
+            "month_keep_ms": MONTH_KEEP_MS,
+        }
+        _, today_spent = await asyncio.gather(
+            self._run(scripts.USAGE, keys, args),
+            self._run(scripts.PERSON_USAGE, theirs, spent),
+        )
+        return int(today_spent)
 
     async def spending(self, conversation: str, user: str) -> Spending:
-        """Tokens the conversation's user has spent today and this month (UTC), weighed and
-        as spent, and the daily budget an admin set for them, in one round trip (all in the
-        conversation's slot)."""
+        """Tokens the person `user` of the conversation's platform has spent today and this
+        month (UTC), in every place and in this one, weighed and as spent, and the daily
+        budget an admin set for them: one round trip (the person's slot, and the
+        conversation's; on a cluster, both nodes at once)."""
         k = self.layout.keys(conversation)
+        person = self.layout.person_keys(Place.of(conversation).platform, user)
         today = utc_today()
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(k.day(today), SPENT_FIELDS)
-            pipe.hmget(k.month(today), SPENT_FIELDS)
-            pipe.hget(k.access, user)
-            (day, *day_tokens), (month, *month_tokens), record = await pipe.execute()
+            pipe.hmget(person.day(today), SPENT_FIELDS)
+            pipe.hmget(person.month(today), SPENT_FIELDS)
+            pipe.hget(person.access, user)
+            pipe.hmget(k.day(today), SPENT_FIELDS[1:])
+            pipe.hmget(k.month(today), SPENT_FIELDS[1:])
+            found: list[Any] = await pipe.execute()
+        (day, *day_tokens), (month, *month_tokens), record, here, here_month = found
         budget = None if record is None else AccessRecord.from_json(user, record).budget
         return Spending(
             int(day or 0),
@@ -129,6 +154,8 @@ class Usage(Calls):
             budget,
             Tokens.read(*day_tokens),
             Tokens.read(*month_tokens),
+            Tokens.read(*here),
+            Tokens.read(*here_month),
         )
 
     async def today(self) -> DayTotals:
