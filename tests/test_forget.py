@@ -2,7 +2,8 @@
 same command again within a minute, on whichever replica, erases the history, the cached
 transcripts and documents (those the conversation's index names), the model and the persona
 picked, while the usage totals and the dedupe ids stay. On a real cluster, the erasure and
-the persona work on conversations of every primary."""
+the persona work on conversations of every primary, and one /forget reaches a person's places
+on all of them. (A person's places across DMs, groups and topics: tests/test_person.py.)"""
 
 from __future__ import annotations
 
@@ -99,8 +100,11 @@ async def test_forget_and_persona_on_conversations_of_every_primary_of_a_cluster
     files = ["voice-1", "doc:file-2"]
     settings = make_settings(redis_url=cluster.url, debounce={"quiet_ms": 0, "max_wait_ms": 0})
     store = make_store(settings, await open_client(cluster.url))
+    # One person (the builder's user) with a DM channel on each primary: a /forget in one of
+    # them reaches every one, each in its own slot, through the person's index in theirs.
+    conversations = conversations_on_each_primary(1, prefix="test:forget-")
     try:
-        for conversation in conversations_on_each_primary(1, prefix="test:forget-"):
+        for conversation in conversations:
             assert (await store.ingest(message(n=1, conversation=conversation))).accepted
             await store.keep_persona(conversation, "Be brief.")
             for file_key in files:
@@ -108,11 +112,12 @@ async def test_forget_and_persona_on_conversations_of_every_primary_of_a_cluster
             grant = await acquire_when_ready(store, conversation, "before")
             assert grant.persona == "Be brief." and grant.lease is not None
             assert (await store.release(grant.lease)).ok
-
             await store.ask_forget(conversation)
             assert await store.forget_asked(conversation)
-            # The cached entries are found through the index, in the conversation's slot.
-            await store.forget(conversation)
+
+        # The cached entries are found through each place's index, in its slot.
+        assert await store.forget(conversations[0], "u1") == len(conversations)
+        for conversation in conversations:
             assert await store.transcripts(conversation, files) == [None, None]
             assert not await store.forget_asked(conversation)
             assert (await acquire_when_ready(store, conversation, "after")).persona == ""
