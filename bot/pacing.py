@@ -14,6 +14,12 @@ break limits none of them sees, so before each call a replica asks the store
   never goes out stale; its lease is renewed meanwhile, as for any other step.
 - A preview (a live draft, a typing indicator) goes now or never: it is shed when the budget
   runs short, before any reply would wait, and never while a reply waits.
+- In a group, the group's limits (every scope with a subject: its chat's, its minute) are
+  shared fairly between the people the replies are for, across the group's topics: each person
+  takes the group's slots at most at their share of its rate (the whole of it while they talk
+  alone), and whoever has had their share waits behind those who have not, so a member who
+  floods the group delays another by about one slot's interval, never by the group's whole
+  period. Their own extra replies wait; newer messages fold into them as always.
 - A 429 that any replica hears holds its scope for every replica until its `retry_after` ends.
 - A call counts from the moment it was answered (`Store.done`), not from when it was allowed:
   the platform saw it before that, so however late a replica's loop runs, no later call can
@@ -39,6 +45,7 @@ from bot.message import (
     Call,
     Limited,
     Outbound,
+    Place,
     Scope,
     Throttled,
     Unavailable,
@@ -116,13 +123,21 @@ class Paced:
         scopes = self.scopes(conversation, "message")
         if not scopes:
             return None
+        person, fair = shared_fairly(conversation, scopes)
         ticket = secrets.token_hex(8)
         began = time.monotonic()
         waited_on: set[str] = set()
         while True:
             grant = secrets.token_hex(8)
             taken = await self.store.take(
-                self.keys, scopes, call="message", ticket=ticket, order_ms=order_ms, grant=grant
+                self.keys,
+                scopes,
+                call="message",
+                ticket=ticket,
+                order_ms=order_ms,
+                grant=grant,
+                person=person,
+                fair=fair,
             )
             if taken.status == "granted":
                 for kind in waited_on:
@@ -256,3 +271,15 @@ class Paced:
         except Unavailable as exc:
             # The call stays counted in flight a while longer: slower, never faster.
             log.info("could not record a call's answer in the budget (%s)", exc)
+
+
+def shared_fairly(conversation: str, scopes: tuple[Scope, ...]) -> tuple[str, frozenset[str]]:
+    """Whom a message in `conversation` is for, and the scopes it shares fairly with the other
+    people there: in a group, every limit with a subject (the group's chat, its minute, a
+    channel) is the group's; the bot-wide ones are everyone's, and a DM has one person."""
+    place = Place.of(conversation)
+    if not place.group:
+        return "", frozenset()
+    return place.sender, frozenset(
+        scope.name for scope in scopes if kind_of(scope.name) != scope.name
+    )

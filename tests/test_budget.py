@@ -2,7 +2,8 @@
 
 A scope allows `count` calls in any sliding period, counted from when each call was answered;
 replies wait in the order their windows closed; previews are shed before a reply waits; a
-429's hold stops every call under its scope until it ends.
+429's hold stops every call under its scope until it ends. A group's scope is shared fairly
+between the people its replies are for: each at their share of its rate, in turn.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.message import Call, Scope
+from bot.pacing import shared_fairly
 from bot.store import BudgetKeys, Store, Taken
+from tests.conftest import server_ms
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -164,3 +167,148 @@ async def test_a_reply_deep_in_the_queue_is_told_when_its_turn_comes(store: Stor
     # (not polling every few ms meanwhile).
     assert all(0 < wait <= 1000 for wait in waits[:2]), waits
     assert all(1500 < wait <= 2000 for wait in waits[2:]), waits
+
+
+# -- a group's scope, shared fairly between people ---------------------------------------------
+
+
+async def ask(
+    store: Store, scope: Scope, person: str, order: int, name: str, *, grant: str = ""
+) -> Taken:
+    """`person`'s reply `name`, its window closed at `order`, asking for a slot of a group's
+    `scope`; answered at once if granted."""
+    taken = await store.take(
+        KEYS,
+        (scope,),
+        call="message",
+        ticket=name,
+        order_ms=order,
+        grant=grant or name,
+        person=person,
+        fair={scope.name},
+    )
+    if taken.status == "granted":
+        await store.done(KEYS, (scope,), grant or name, used=True)
+    return taken
+
+
+async def test_a_person_past_their_share_waits_while_another_is_granted_at_once(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-7", 10, 1.0)
+    now = await server_ms(redis)
+    assert (await ask(store, group, "mallory", now, "m1")).status == "granted"
+    # Alone, her share is the whole scope at its pace: one slot a tenth of a second.
+    again = await ask(store, group, "mallory", now + 1, "m2")
+    assert (again.status, again.scope, again.held) == ("wait", "group:-7", False)
+    assert 50 < again.wait_ms <= 100
+    # The scope has nine slots free: Bob and Carol are not kept back by her.
+    assert (await ask(store, group, "bob", now + 2, "b1")).status == "granted"
+    assert (await ask(store, group, "carol", now + 3, "c1")).status == "granted"
+    await asyncio.sleep(0.11)
+    assert (await ask(store, group, "mallory", now + 1, "m2")).status == "granted"
+    # Three people heard from: her next slot is a third of the pace away.
+    third = await ask(store, group, "mallory", now + 4, "m3")
+    assert third.status == "wait"
+    assert 250 < third.wait_ms <= 300
+
+
+async def test_a_person_alone_is_served_at_the_scopes_whole_rate(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-8", 4, 0.4)
+    told: list[int] = []
+    order = await server_ms(redis)
+    # One person asking for slot after slot, for two periods' worth.
+    for n in range(8):
+        while (taken := await ask(store, group, "ann", order, f"a{n}")).status != "granted":
+            told.append(taken.wait_ms)
+            await asyncio.sleep(taken.wait_ms / 1000)
+        order = await server_ms(redis)
+    # Never told to wait longer than a slot's interval at the scope's whole rate (100 ms):
+    # her share is all of it.
+    assert told and max(told) <= 100, told
+
+
+async def test_a_groups_slots_go_round_by_person_oldest_window_first(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-9", 1, 0.5)
+    now = await server_ms(redis)
+    # The slot is taken; Mallory has two replies waiting (two topics), Bob one, his window
+    # closed last.
+    await store.take(KEYS, (group,), call="message", ticket="x", order_ms=1, grant="x")
+    await store.done(KEYS, (group,), "x", used=True)
+    waiting = {"m2": ("mallory", now - 200), "m1": ("mallory", now - 300), "b1": ("bob", now)}
+    served: list[str] = []
+    deadline = asyncio.get_running_loop().time() + 5
+    while waiting and asyncio.get_running_loop().time() < deadline:
+        # Her newer reply asks first each time, then her older one, then Bob's.
+        for name, (person, order) in list(waiting.items()):
+            if (await ask(store, group, person, order, name)).status == "granted":
+                served.append(name)
+                del waiting[name]
+        await asyncio.sleep(0.02)
+    # Mallory's first, then Bob's though her second's window closed before his, then hers.
+    assert served == ["m1", "b1", "m2"]
+
+
+async def test_a_promised_part_is_not_kept_back_by_its_persons_share(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-10", 10, 1.0)
+    now = await server_ms(redis)
+    assert (await ask(store, group, "mallory", now, "m1")).status == "granted"
+    assert (await ask(store, group, "mallory", now, "m2")).status == "wait"
+    # The rest of a reply under way (order 0) goes at once, and counts towards her share.
+    assert (await ask(store, group, "mallory", 0, "m1-part2")).status == "granted"
+    after = await ask(store, group, "mallory", now, "m2")
+    assert after.status == "wait"
+    assert 100 < after.wait_ms <= 200
+
+
+async def test_a_groups_record_of_people_is_trimmed_and_expires(store: Store, redis: Redis) -> None:
+    group = Scope("group:-11", 10, 0.2)
+    people = KEYS.people(group.name)
+    now = await server_ms(redis)
+    for n in range(30):
+        await ask(store, group, f"p{n}", now, f"t{n}")
+    assert await redis.zcard(people) == 30
+    # However many people were heard from, the record lives a period past the latest due.
+    latest = int(max(due or 0 for due in await redis.zmscore(people, [f"p{n}" for n in range(30)])))
+    assert 0 < await redis.pttl(people) <= latest - now + 200
+    # Ann keeps the record alive, asking for slot after slot: everyone not heard from within
+    # a period past their due is dropped meanwhile.
+    end = latest + 250
+    while (at := await server_ms(redis)) < end:
+        await ask(store, group, "ann", at, f"a{at}")
+        await asyncio.sleep(0.03)
+    assert await redis.zrange(people, 0, -1) == [b"ann"]
+    await asyncio.sleep(0.5)
+    assert not await redis.exists(people)
+
+
+async def test_a_due_further_off_than_the_period_is_kept_until_it_comes(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-12", 1, 0.3)
+    now = await server_ms(redis)
+    assert (await ask(store, group, "bob", now, "b")).status == "granted"
+    for _ in range(2):
+        for name in ("carol", "ann"):
+            assert (await ask(store, group, name, now, name)).status == "wait"
+        await asyncio.sleep(0.16)
+    assert (await ask(store, group, "ann", now, "ann")).status == "granted"
+    # Three people share one slot in 0.3 s: her next is 0.9 s away, three periods, and the
+    # record of it outlives the periods in between.
+    await asyncio.sleep(0.4)
+    later = await ask(store, group, "ann", await server_ms(redis), "ann2")
+    assert later.status == "wait"
+    assert 300 < later.wait_ms <= 500
+
+
+def test_a_groups_own_limits_are_shared_by_person_and_the_bots_and_a_dms_are_not() -> None:
+    scopes = (Scope("bot", 30, 1.0), Scope("chat:-5", 1, 1.0), Scope("group:-5", 20, 60.0))
+    assert shared_fairly("telegram:-5|7|42", scopes) == ("42", frozenset({"chat:-5", "group:-5"}))
+    assert shared_fairly("telegram:-5||42", scopes) == ("42", frozenset({"chat:-5", "group:-5"}))
+    assert shared_fairly("telegram:42", scopes[:2]) == ("", frozenset())

@@ -1,11 +1,16 @@
 """The outbound budget of a platform's bot, shared by every replica: may a call go out now,
 and if not, when (`budget_take`); a call answered or never made (`budget_done`); a 429 heard
 (`budget_hold`). All of a platform's budget keys share one hash tag (`BudgetKeys`), so one
-script sees the bot-wide limit and the chat's together, on a Cluster too."""
+script sees the bot-wide limit and the chat's together, on a Cluster too.
+
+A scope that several people's replies draw on (a group's) may be shared fairly between them:
+each person takes its slots at most at their share of its rate, and a person who has had their
+share waits behind those who have not, so one member flooding a group delays another by about
+one slot's interval (budget_take.lua)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,18 +56,25 @@ class Budget(Calls):
         ticket: str,
         order_ms: int,
         grant: str,
+        person: str = "",
+        fair: Collection[str] = (),
     ) -> Taken:
         """May `call` go out now under every scope in `scopes`? Granted, it is recorded as
         `grant` in each (in flight until `done`). A message that must wait joins the queue
-        under `ticket`, placed by `order_ms` (server clock: when its window closed)."""
+        under `ticket`, placed by `order_ms` (server clock: when its window closed; 0 for a
+        part already promised). The scopes named in `fair` are shared fairly between people,
+        a message being for `person`."""
         script = scripts.BUDGET_TAKE
         named = {"tickets": keys.tickets, "holds": keys.holds}
-        scope_keys = [key for scope in scopes for key in keys.scope(scope.name)]
+        scope_keys = [
+            key for scope in scopes for key in (*keys.scope(scope.name), keys.people(scope.name))
+        ]
         args = {
             "kind": "reply" if call == "message" else "preview",
             "ticket": ticket,
             "order_ms": order_ms,
             "grant": grant,
+            "person": person,
             "in_flight_ms": IN_FLIGHT_MS,
             "ticket_ttl_ms": TICKET_TTL_MS,
             "poll_ms": POLL_MS,
@@ -71,7 +83,12 @@ class Budget(Calls):
         rest = [
             value
             for scope in scopes
-            for value in (scope.name, scope.count, max(1, round(scope.per_s * 1000)))
+            for value in (
+                scope.name,
+                scope.count,
+                max(1, round(scope.per_s * 1000)),
+                int(scope.name in fair),
+            )
         ]
         raw = await self._run(script, named, args, rest, scope_keys)
         reply = decoded(raw)

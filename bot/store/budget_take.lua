@@ -9,6 +9,16 @@
 -- whichever replica holds them. A preview (a draft, a typing indicator) never waits and never
 -- delays a reply: it is granted only while no reply waits and `keep_free_pct` of the scope
 -- stays free, else shed.
+-- A scope shared fairly (a group's: `fair` '1') is shared between the people its replies are
+-- for: each person may take one of its slots every `per_ms * active / count` ms, `active` being
+-- the people heard from in it within a period (`people`: person -> their due, when they may
+-- take their next slot, or when they last asked if later). Together they never fill it faster
+-- than its rate, so however one of them floods, its slots free at a steady pace; and a reply
+-- whose person has had their share is placed at their due, behind every reply whose window
+-- closed before it, so a freed slot goes to someone who has not; once it passes, their replies
+-- are placed by their windows again, the oldest first. A promised part (order_ms
+-- 0: the rest of a reply already under way, a notice) is not kept back by its person's due,
+-- and counts towards it.
 -- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends.
 -- Returns {status, wait_ms, scope, held}: status 'granted', 'wait' (a reply: ask again in
 -- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold did.
@@ -18,10 +28,12 @@ local kind = ARGV[1] -- 'reply' or 'preview'
 local ticket = ARGV[2] -- the waiting reply's, unique to it
 local order_ms = tonumber(ARGV[3])
 local grant = ARGV[4] -- the call's id in each scope, if granted
-local in_flight_ms = tonumber(ARGV[5])
-local ticket_ttl_ms = tonumber(ARGV[6]) -- a waiter not heard from for this long is gone
-local poll_ms = tonumber(ARGV[7]) -- how soon to ask again when a slot frees at an unknown time
-local keep_free_pct = tonumber(ARGV[8])
+local person = ARGV[5] -- whom the call is for, in the scopes shared fairly ('' for no one)
+local in_flight_ms = tonumber(ARGV[6])
+local ticket_ttl_ms = tonumber(ARGV[7]) -- a waiter not heard from for this long is gone
+local poll_ms = tonumber(ARGV[8]) -- how soon to ask again when a slot frees at an unknown time
+local keep_free_pct = tonumber(ARGV[9])
+local NAMED = 9
 
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
@@ -33,11 +45,11 @@ local function alive(waiter)
   return tonumber(redis.call('ZSCORE', tickets, waiter) or '0') > now
 end
 
--- How many live waiters come before this reply in `queue`, counting up to `limit`; the gone
--- ones met on the way are dropped.
-local function ahead(queue, limit)
+-- How many live waiters come before this reply (placed at `place`) in `queue`, counting up to
+-- `limit`; the gone ones met on the way are dropped.
+local function ahead(queue, place, limit)
   local found = 0
-  local first = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. order_ms, 'LIMIT', 0, limit + 16)
+  local first = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. place, 'LIMIT', 0, limit + 16)
   for _, waiter in ipairs(first) do
     if waiter ~= ticket then
       if alive(waiter) then
@@ -80,14 +92,43 @@ local function frees_in(sent, per_ms, needed)
   return math.max(at + per_ms - now + rounds * per_ms, 1)
 end
 
+-- This person's share of a scope shared fairly: when they may take its next slot (their due; 0
+-- for someone not heard from within a period), and how far one slot taken pushes it. Asking
+-- counts as being heard from: a person waiting is one of those the scope is shared between.
+local function share_of(scope)
+  redis.call('ZREMRANGEBYSCORE', scope.people, '-inf', now - scope.per_ms)
+  local due = tonumber(redis.call('ZSCORE', scope.people, person) or '0')
+  local active = redis.call('ZCARD', scope.people)
+  if due == 0 then
+    active = active + 1
+  end
+  if due < now then
+    redis.call('ZADD', scope.people, now, person)
+    if redis.call('PTTL', scope.people) < scope.per_ms then
+      redis.call('PEXPIRE', scope.people, scope.per_ms)
+    end
+  end
+  return due, math.ceil(scope.per_ms * active / scope.count)
+end
+
 local scopes = {}
 local wait, stopped_by, held = 0, '', false
-for i = 1, (#ARGV - 8) / 3 do
+for i = 1, (#ARGV - NAMED) / 4 do
   local scope = {
-    sent = KEYS[3 * i], queue = KEYS[3 * i + 1], hold = KEYS[3 * i + 2],
-    name = ARGV[8 + 3 * i - 2], count = tonumber(ARGV[8 + 3 * i - 1]),
-    per_ms = tonumber(ARGV[8 + 3 * i]), wait = 0,
+    sent = KEYS[4 * i - 1], queue = KEYS[4 * i], hold = KEYS[4 * i + 1], people = KEYS[4 * i + 2],
+    name = ARGV[NAMED + 4 * i - 3], count = tonumber(ARGV[NAMED + 4 * i - 2]),
+    per_ms = tonumber(ARGV[NAMED + 4 * i - 1]), wait = 0, place = order_ms,
   }
+  scope.fair = ARGV[NAMED + 4 * i] == '1' and kind == 'reply' and person ~= ''
+  if scope.fair then
+    scope.due, scope.spacing = share_of(scope)
+    -- A person who has had their share is placed at their due (behind everyone whose window
+    -- closed before it); a promised part is not kept back.
+    scope.kept = order_ms > 0 and scope.due > now
+    if scope.kept then
+      scope.place = math.max(order_ms, scope.due)
+    end
+  end
   local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
   if hold_until > now then
     scope.wait = hold_until - now
@@ -97,10 +138,10 @@ for i = 1, (#ARGV - 8) / 3 do
     local needed = 1
     if kind == 'reply' then
       -- Replies ahead (some may be gone): each takes a slot first.
-      local queued = redis.call('ZCOUNT', scope.queue, '-inf', '(' .. order_ms)
+      local queued = redis.call('ZCOUNT', scope.queue, '-inf', '(' .. scope.place)
       needed = math.max(queued - free, 0) + 1
       if free > 0 and queued > 0 then
-        free = free - ahead(scope.queue, free)
+        free = free - ahead(scope.queue, scope.place, free)
       end
     elseif anyone_waiting(scope.queue) then
       free = 0
@@ -109,6 +150,10 @@ for i = 1, (#ARGV - 8) / 3 do
     end
     if free <= 0 then
       scope.wait = frees_in(scope.sent, scope.per_ms, needed)
+    end
+    if scope.kept then
+      -- This person has had their share for now.
+      scope.wait = math.max(scope.wait, scope.due - now)
     end
   end
   if scope.wait > wait then
@@ -122,6 +167,13 @@ if wait == 0 then
     redis.call('ZADD', scope.sent, now + in_flight_ms, grant)
     redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms)
     redis.call('ZREM', scope.queue, ticket)
+    if scope.fair then
+      local due = math.max(scope.due, now) + scope.spacing
+      redis.call('ZADD', scope.people, due, person)
+      if redis.call('PTTL', scope.people) < due - now + scope.per_ms then
+        redis.call('PEXPIRE', scope.people, due - now + scope.per_ms)
+      end
+    end
   end
   redis.call('ZREM', tickets, ticket)
   return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false})
@@ -133,7 +185,7 @@ end
 -- chat reserves nothing bot-wide meanwhile.
 for _, scope in ipairs(scopes) do
   if scope.wait > 0 then
-    redis.call('ZADD', scope.queue, order_ms, ticket)
+    redis.call('ZADD', scope.queue, scope.place, ticket)
     redis.call('PEXPIRE', scope.queue, ticket_ttl_ms)
   else
     redis.call('ZREM', scope.queue, ticket)

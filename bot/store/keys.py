@@ -161,6 +161,10 @@ A scope is one limit's subject, e.g. `bot`, `chat:42`, `group:-100123`:
                                              most the scope's count within its period
     {O}:queue:<scope>                zset    ticket -> when the reply's window closed
     {O}:hold:<scope>                 string  when the scope's 429 hold ends; expires then
+    {O}:people:<scope>               zset    in a scope shared fairly (a group's): person ->
+                                             when they may take its next slot (ms, server
+                                             clock); dropped a period after, and expires
+                                             with the last
 """
 
 from __future__ import annotations
@@ -318,6 +322,10 @@ class BudgetKeys:
         """A scope's sent, queue and hold keys, in that order (as budget_take.lua reads
         them)."""
         return f"{self.base}:sent:{name}", f"{self.base}:queue:{name}", f"{self.base}:hold:{name}"
+
+    def people(self, name: str) -> str:
+        """A scope's share of each person, where it is shared fairly (budget_take.lua)."""
+        return f"{self.base}:people:{name}"
 
 
 class Keys:

@@ -275,7 +275,8 @@ TOOL_END = Script(
 )
 
 # The shared outbound budget (bot/store/budget.py): KEYS past the named ones are each scope's
-# (sent, queue, hold) in turn; ARGV past the named ones, each scope's (name, count, per_ms).
+# (sent, queue, hold, people) in turn; ARGV past the named ones, each scope's (name, count,
+# per_ms, fair).
 BUDGET_TAKE = Script(
     "budget_take",
     keys=("tickets", "holds"),
@@ -284,13 +285,14 @@ BUDGET_TAKE = Script(
         "ticket",
         "order_ms",
         "grant",
+        "person",
         "in_flight_ms",
         "ticket_ttl_ms",
         "poll_ms",
         "keep_free_pct",
     ),
-    rest="scope_count_per_ms_triples",
-    rest_keys="sent_queue_hold_triples",
+    rest="scope_count_per_ms_fair_fours",
+    rest_keys="sent_queue_hold_people_fours",
 )
 BUDGET_DONE = Script("budget_done", keys=(), args=("grant", "used"), rest_keys="sent_of_each_scope")
 BUDGET_HOLD = Script("budget_hold", keys=("hold", "holds"), args=("scope", "hold_ms"))
