@@ -89,6 +89,10 @@ class Others:
         return "\n\n".join(blocks)
 
 
+# A request that carries no one else's words.
+NOBODY = Others()
+
+
 def _quoted(quote: Quote) -> str:
     return entry(YOU if quote.by_bot else quote.name, quote.text)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from bot.others import ROOM_CLOSE, ROOM_INTRO, ROOM_OPEN, Others
+from bot.others import NOBODY, ROOM_CLOSE, ROOM_INTRO, ROOM_OPEN, Others
 from bot.tokens import PER_MESSAGE, Counter
 from bot.tools import well_named
 
@@ -97,8 +97,8 @@ class Prompt:
     steps: tuple[dict[str, Any], ...] = ()
     # "none" on the step after the last one allowed: the model must answer in text.
     tool_choice: Literal["auto", "none"] | None = None
-    # What others said, as data (`Others.shown`): it opens the user turn ("" for none).
-    others: str = ""
+    # What others said, as data: it opens the user turn (`Others.shown`).
+    others: Others = NOBODY
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages as strict chat templates take them: the system prompt,
@@ -148,7 +148,8 @@ class Prompt:
 
     def _lines(self) -> list[str]:
         # A blank line between the data and the person's own words.
-        lines = [self.others + "\n"] if self.others else []
+        shown = self.others.shown()
+        lines = [shown + "\n"] if shown else []
         if len(self.unanswered) == 1 and not self.left_out:
             return [*lines, self.unanswered[0]]
         lines.append(FOLD_HEADER)
@@ -165,11 +166,15 @@ class Prompt:
         return replace(self, images=(), system=self.system + "\n\n" + IMAGES_NOT_SHOWN)
 
     def shrunk(self) -> Prompt | None:
-        """The same prompt with the older half of its history dropped; None if there is no
-        history left to drop."""
-        if not self.history:
+        """The same prompt with the older half of its history and the room's lines dropped
+        (the provider counts more than we did); None if there is neither left to drop."""
+        if not self.history and not self.others.room:
             return None
-        return replace(self, history=self.history[len(self.history) // 2 + 1 :])
+        return replace(
+            self,
+            history=self.history[len(self.history) // 2 + 1 :],
+            others=replace(self.others, room=()),
+        )
 
 
 def _said(out: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
@@ -233,7 +238,7 @@ def fit(
     budget: int,
     counter: Counter,
     images: Sequence[tuple[Image, ...]] = (),
-    others: Others | None = None,
+    others: Others = NOBODY,
 ) -> Prompt:
     """The prompt within `budget` tokens: the system prompt and the unanswered messages
     (with their images) first, newest kept first if even they do not fit; then what they
@@ -250,7 +255,6 @@ def fit(
         kept.append((text, its_images))
         left -= cost
     kept.reverse()
-    others = others or Others()
     quoted = others.quoted
     cost = counter.count(Others(quoted).shown()) if quoted else 0
     if cost > left:
@@ -271,9 +275,7 @@ def fit(
         tuple(text for text, _ in kept),
         left_out=len(unanswered) - len(kept),
         images=tuple(its for _, its in kept) if any(shown) else (),
-        others=Others(
-            quoted, _room_lines(others.room, min(left, budget // ROOM_SHARE), counter)
-        ).shown(),
+        others=Others(quoted, _room_lines(others.room, min(left, budget // ROOM_SHARE), counter)),
     )
 
 

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from bot.llm import strip_reasoning
 from bot.others import (
     QUOTED_CLOSE,
-    QUOTED_OPEN,
     ROOM_CLOSE,
     ROOM_INTRO,
     ROOM_OPEN,
@@ -93,6 +92,13 @@ def test_shrunk_drops_the_older_half_of_the_history() -> None:
     assert smaller.unanswered == prompt.unanswered
     empty = fit("sys", [], ["now"], 10_000, Counter())
     assert empty.shrunk() is None
+    # The room's lines give way too, the message replied to stays.
+    others = Others((entry("Bob", "lunch?"),), (entry("Cat", "noon?"),))
+    roomy = fit("sys", [], ["now"], 10_000, Counter(), others=others)
+    assert roomy.others == others
+    smaller = roomy.shrunk()
+    assert smaller is not None and smaller.others == Others(others.quoted)
+    assert smaller.shrunk() is None
 
 
 def test_the_room_takes_at_most_its_share_newest_lines_first_after_history() -> None:
@@ -101,7 +107,7 @@ def test_the_room_takes_at_most_its_share_newest_lines_first_after_history() -> 
     history = [Turn("user", "my question " * 20), Turn("assistant", "my answer " * 20)]
     budget = 4000
     prompt = fit("sys", history, ["now"], budget, counter, others=Others(room=room))
-    shown = prompt.others.split("\n")
+    shown = prompt.others.shown().split("\n")
     kept = [line for line in shown if line.startswith("{")]
     # The newest lines, in order, and no more than the share holds.
     assert 0 < len(kept) < len(room) and kept == list(room[-len(kept) :])
@@ -113,7 +119,7 @@ def test_the_room_takes_at_most_its_share_newest_lines_first_after_history() -> 
     base = counter.count("sys") + counter.count(FOLD_HEADER) + counter.count("now")
     tight = base + sum(counter.count(turn.text) for turn in history) + 100
     crowded = fit("sys", history, ["now"], tight, counter, others=Others(room=room))
-    assert crowded.history == tuple(history) and crowded.others == ""
+    assert crowded.history == tuple(history) and crowded.others == Others()
     assert estimated_tokens(crowded, counter) <= tight
 
 
@@ -128,8 +134,7 @@ def test_what_others_said_opens_the_persons_turn_as_data_and_fits_before_history
     assert sum(counter.count(turn.text) for turn in history) < budget - base
     prompt = fit("sys", history, ["is that right?"], budget, counter, others=Others(quoted, room))
     # The message replied to comes before history (which no longer fits), and the room last.
-    assert prompt.history == () and QUOTED_OPEN in prompt.others
-    assert ROOM_OPEN not in prompt.others
+    assert prompt.history == () and prompt.others == Others(quoted)
     roomy = fit("sys", history, ["a", "b"], 10_000, counter, others=Others(quoted, room))
     system, *turns, last = roomy.messages()
     assert system == {"role": "system", "content": "sys"}
