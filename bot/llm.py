@@ -909,7 +909,7 @@ async def generate(llm: LLM, prompt: Prompt, settings: LLMSettings, usage: Usage
                 smaller = prompt.shrunk()
                 if smaller is not None:
                     log.warning(
-                        "%s; retrying once with %d of %d history turns",
+                        "%s; retrying once with %d of %d history turns (and no room lines)",
                         exc,
                         len(smaller.history),
                         len(prompt.history),
