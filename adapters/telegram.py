@@ -581,6 +581,9 @@ class TelegramAdapter:
                     await sink.group_moved(PLATFORM, *moved)
                 except Unavailable:
                     return web.json_response({"error": "try again"}, status=503)
+                except Exception:
+                    log.exception("the move of telegram group %s could not be stored", moved[0])
+                    return web.json_response({"error": "internal error"}, status=500)
                 return web.json_response({"ok": True})
             message = normalize(update, self._me()) if update is not None else None
             if message is None:
@@ -753,10 +756,13 @@ class TelegramAdapter:
         return (every, chat, Scope(f"group:{chat_id}", s.group_messages_per_minute, 60.0))
 
     async def typing(self, conversation: str) -> None:
+        chat_id = _chat_id(conversation)
         try:
-            await self.bot.send_chat_action(
-                _chat_id(conversation), ChatAction.TYPING, **_thread(conversation)
-            )
+            try:
+                await self.bot.send_chat_action(chat_id, ChatAction.TYPING, **_thread(conversation))
+            except ChatMigrated as exc:
+                # A group upgraded to a supergroup: the indicator shows where the reply goes.
+                await self.bot.send_chat_action(exc.new_chat_id, ChatAction.TYPING)
         except RetryAfter as exc:
             raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
 

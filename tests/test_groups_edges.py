@@ -240,7 +240,7 @@ async def test_a_reply_target_telegram_cannot_take_costs_the_part_only_its_targe
     ]
 
 
-async def test_a_part_for_a_group_that_moved_goes_to_the_supergroup(
+async def test_a_part_and_typing_for_a_group_that_moved_go_to_the_supergroup(
     adapter: TelegramAdapter, telegram: FakeTelegram
 ) -> None:
     telegram.group_text_update(TG_GROUP, ANN_ID, "hi")
@@ -249,6 +249,9 @@ async def test_a_part_for_a_group_that_moved_goes_to_the_supergroup(
     await adapter.send(where, "still here", "k1", reply_to="1")
     assert [c.text for c in telegram.bot_replies_in(SUPERGROUP)] == ["still here"]
     assert telegram.bot_replies_in(TG_GROUP) == []
+    await adapter.typing(where)
+    shown = [c.chat_id for c in telegram.calls_to("sendChatAction") if c.ok]
+    assert shown == [SUPERGROUP]
 
 
 async def test_a_reply_to_the_bots_message_quotes_it_a_topics_creation_is_no_quote(
