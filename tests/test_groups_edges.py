@@ -5,6 +5,7 @@ reply target the platform cannot take, a group's move to a supergroup, and the c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,12 +15,13 @@ from telegram import Bot, Update, User
 
 from adapters.discord import DiscordAdapter, DiscordSettings
 from adapters.telegram import TelegramAdapter, TelegramSettings, migration, normalize
+from bot.cancel import cancel_and_wait
 from bot.groups import addressed, group_switch
 from bot.message import InboundMessage, Place
 from bot.store import Keys, Store
 from bot.store.keys import ACCESS_KEY
 from tests.chatting import fake
-from tests.conftest import RuntimeFactory, settled
+from tests.conftest import RuntimeFactory, eventually, settled
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import (
     ANONYMOUS_ADMIN,
@@ -300,6 +302,28 @@ async def test_a_groups_allowance_moves_with_it(
     moved = await store.move_group("telegram", str(TG_GROUP), str(SUPERGROUP), by_settings=settings)
     assert moved is carried
     assert await redis.hget(new_key, "allowed") == new_after
+
+
+async def test_a_polled_migration_carries_the_groups_allowance(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis, telegram: FakeTelegram
+) -> None:
+    bot, _ = await group_replica(runtime_factory, fake, allowed=[str(TG_GROUP)])
+    telegram.group_text_update(TG_GROUP, ANN_ID, "hi")
+    for update in telegram.migrate(TG_GROUP, SUPERGROUP):
+        telegram.push_update(update)
+    settings = TelegramSettings.model_validate(
+        {"token": telegram.token, "api_url": telegram.api_url}
+    )
+    polling = asyncio.create_task(TelegramAdapter(settings).run(bot))
+    new_key = Keys(f"telegram:{SUPERGROUP}").group
+    try:
+
+        async def allowed() -> bool:
+            return await redis.hget(new_key, "allowed") == b"1"
+
+        await eventually(allowed, 10, what="the supergroup allowed")
+    finally:
+        await cancel_and_wait(polling)
 
 
 async def test_a_moved_group_is_answered_in_its_new_chat(
