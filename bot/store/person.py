@@ -16,8 +16,8 @@ from bot.store.replies import as_text
 
 # The rate limit counts messages per minute.
 RATE_WINDOW_MS = 60_000
-# The most places a person's index names: the ones spoken in longest ago leave first. A
-# person in more groups than this loses, to /forget, only what the oldest of them keep.
+# The most places a person's index names: the ones spoken in longest ago leave first, and a
+# /forget then misses only what those keep (until it expires with the retention).
 PLACES_CAP = 100
 
 # What the person's step says of a message that may reach the model (person.lua).
@@ -46,8 +46,10 @@ class People(Calls):
             "places_cap": PLACES_CAP,
             "keep_ms": self.settings.retention_ms,
         }
-        rate: Rate = as_text(await self._run(scripts.PERSON, keys, args))  # type: ignore[assignment]
-        return rate
+        said = as_text(await self._run(scripts.PERSON, keys, args))
+        if said == "first_limited":
+            return "first_limited"
+        return "limited" if said == "limited" else "ok"
 
     async def places(self, conversation: str, user: str) -> list[str]:
         """Every place where something may be kept about the person `user` of
