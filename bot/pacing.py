@@ -124,7 +124,10 @@ class Paced:
         if not scopes:
             return None
         person, fair = shared_fairly(conversation, scopes)
-        ticket = secrets.token_hex(8)
+        # The conversation's own: one reply of a conversation waits at a time, so a turn cut
+        # short by a newer message (its reply gone stale) leaves no ticket behind to keep
+        # others waiting; the next reply takes its place.
+        ticket = conversation
         began = time.monotonic()
         waited_on: set[str] = set()
         while True:
