@@ -3,7 +3,8 @@ guild's text channel and a thread in it. A mention or a reply to the bot opens a
 burst, their unmentioned follow-ups join it, and the one reply references their last message
 and pings them alone; another bot, chatter and a channel not allowed get nothing. An edited
 last line is answered once, as a reply to the message edited; a mention of the bot's managed
-role is a mention; a webhook's post, mention and all, is the room's context only."""
+role is a mention; a webhook's post, mention and all, is the room's context only; a reply to
+the bot's answer to someone else shows the model that answer."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ async def test_a_channel_and_a_thread_each_get_one_reply_per_persons_burst(
             await settled(redis, conversation(CHANNEL, ANN))
             assert referenced(replies[1]) == int(typo["id"])
             assert "capital of France" in replies[1]["content"]
+            to_ann_edit = replies[1]["id"]
 
             # A webhook's post is context, mention and all; Cat, mentioning the bot's role,
             # is answered, and shown the webhook's post as the room's.
@@ -130,3 +132,9 @@ async def test_a_channel_and_a_thread_each_get_one_reply_per_persons_burst(
             assert any("deploy finished" in str(m["content"]) for m in to_cat.messages)
             assert await redis.hget(Keys(conversation(CHANNEL, HOOK)).state, "v") is None
             assert len(fake.bot_messages(CHANNEL)) == 3
+
+            # Bob replies to the bot's answer to Ann: the model is shown that answer.
+            await fake.user_sends(BOB, "really?", channel_id=CHANNEL, reply_to=int(to_ann_edit))
+            await fake.wait_for_bot_messages(CHANNEL, 4, timeout=30)
+            (asked_bob,) = [r for r in model.requests if "really?" in r.last_user_text]
+            assert any("capital of France" in str(m["content"]) for m in asked_bob.messages)
