@@ -26,6 +26,13 @@ know: it keeps the raw object in `update.api_kwargs`, and the flag goes out the 
 press becomes a "/stop" from the chat's user, taken in like any message it could have typed
 (allow-list, dedupe, rate limit), so it cancels the generation just as typing /stop does.
 
+In groups, someone posting as a chat (an anonymous admin as the group, a person as their
+channel) is that chat, a person like any other; a linked channel's automatic forwards and
+Telegram's service account are no one's, the room's context at most. A group upgraded to a
+supergroup answers sends to its old id with the new one (`ChatMigrated`): the part goes there,
+and the core is told (`Sink.group_moved`, also from the upgrade's service messages) so the
+group's allowance moves with it.
+
 At start, every replica sets the command menu (`setMyCommands`) from the command registry, as
 `/help` lists it: everyone's commands for every chat, and everyone's plus the admin ones for
 each admin's private chat (`BotCommandScopeChat`; in a private chat the chat's id is the
