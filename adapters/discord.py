@@ -43,7 +43,12 @@ only the holder has, and only for 15 minutes). Typed commands work as before.
 Send errors are classified for the core: a user who does not take DMs from the bot is
 `Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a
 429) is a permanent `SendFailed`; a 5xx, a network error, or a rate limit longer than
-`MAX_RATE_LIMIT_WAIT_S` is a transient one.
+`MAX_RATE_LIMIT_WAIT_S` is a transient one. A reply whose message reference Discord refuses
+goes out without it (`adapters.base.replying`).
+
+In a server's channel (groups on), a mention of the bot or of the role Discord made for it
+addresses the bot; another bot's post and a webhook's (whose author is whoever holds its URL)
+are the room's context only, never answered.
 """
 
 from __future__ import annotations
