@@ -1,7 +1,7 @@
 """People in busy groups bursting at the bot while others chat: one reply per person's burst?
 
     python -m benchmarks.groups [--groups 4] [--people 3] [--chatters 2] [--rounds 2]
-                                [--replicas 3]
+                                [--replicas 3] [--flood-s 25] [--ask-at-s 22]
 
 `--replicas` `lastword run` replicas (the real Telegram adapter in webhook mode, the echo
 model answering at once, a 1 s quiet window) on one embedded server, against the loopback
@@ -9,13 +9,21 @@ fake Bot API; every update goes to the next replica in turn, as a load balancer 
 each of `--groups` groups, `--people` people each address the bot with a burst of three lines
 (a mention, then two follow-ups without one, 100 ms apart) while `--chatters` others talk
 among themselves, all at once, `--rounds` times. The same people then send the same bursts in
-their DMs, for comparison. For groups and DMs it prints:
+their DMs, for comparison. Then, against the fake enforcing Telegram's limits (20 messages a
+minute in a group, one a second in a chat) with the bot keeping to them, a quiet window of
+0.5 s: the same people burst once in their groups, first alone, then `--ask-at-s` seconds into
+a flood, one more member of each group mentioning the bot once a second for `--flood-s`
+seconds (within the per-person rate): served first come, first served, the flood's replies
+would spend the group's minute and keep the others waiting for it to pass. For each it prints:
 
 - replies per addressed burst (1.00 is one each);
 - stale replies: a reply that does not cover its person's last line;
 - replies to the wrong message: not to the person's last line of the burst;
 - replies to the chatter: any reply to a line not addressed to the bot (must be 0);
-- last message → reply, p50 and p95 (s).
+- last message → reply, p50 and p95 (s);
+
+the flood's rows leave out the flooder's own bursts, and a line says whether every message of
+the flood was covered by a reply in the end.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +44,10 @@ from benchmarks import stampede
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.embedded import EmbeddedRedis
-from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update
+from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update, telegram_limits
 
 GAP_S = 0.1  # between the lines of a burst
+FLOOD_GAP_S = 1.0  # between the flooder's mentions
 # Replies still missing this long after the last one came are counted as not delivered.
 QUIET_END_S = 15.0
 SEED = 34
@@ -58,6 +67,21 @@ class Burst:
 class Workload:
     bursts: list[Burst] = field(default_factory=list)
     chatter: set[tuple[int, int]] = field(default_factory=set)  # (chat, message id)
+    flood: dict[tuple[int, int], str] = field(default_factory=dict)  # (chat, id) -> its tag
+
+
+def limited_env(
+    server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, port: int
+) -> dict[str, str]:
+    """The replica in groups keeping to Telegram's own limits (its defaults), with a window
+    short enough that a mention a second is a burst of its own."""
+    return stampede.bot_env(server, fake, data_dir, port, "shared", 30) | {
+        "LASTWORD_LLM__ECHO_WORD_MS": "0",
+        "LASTWORD_GROUPS__ALLOWED": "*",
+        "LASTWORD_TELEGRAM__DRAFTS": "false",
+        "LASTWORD_DEBOUNCE__QUIET_MS": "500",
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "2000",
+    }
 
 
 def bot_env(server: EmbeddedRedis, fake: FakeTelegram, data_dir: Path, port: int) -> dict[str, str]:
@@ -116,9 +140,24 @@ async def chat_away(room: Room, work: Workload, chat: int, user: int, lines: int
         work.chatter.add((chat, await room.post(update)))
 
 
-async def settle(fake: FakeTelegram, owed: int) -> None:
-    """Until `owed` replies came, or none for a while."""
-    while len(fake.sent_messages) < owed:
+async def flood(room: Room, work: Workload, chat: int, user: int, seconds: int) -> None:
+    """A mention a second from `user`, for `seconds`."""
+    began = time.monotonic()
+    for n in range(seconds):
+        await asyncio.sleep(max(0.0, began + n * FLOOD_GAP_S - time.monotonic()))
+        tag = f"flood {n} from {user}"
+        update = room.fake.group_text_update(chat, user, f"@fake_bot {tag}", first_name="Flo")
+        work.flood[(chat, await room.post(update))] = tag
+
+
+async def after(delay_s: float, task: Awaitable[None]) -> None:
+    await asyncio.sleep(delay_s)
+    await task
+
+
+async def settle(fake: FakeTelegram, done: Callable[[], bool]) -> None:
+    """Until `done()`, or no reply came for a while."""
+    while not done():
         seen = len(fake.sent_messages)
         with contextlib.suppress(TimeoutError):
             await fake.wait_for_sent(seen + 1, timeout=QUIET_END_S)
@@ -126,11 +165,24 @@ async def settle(fake: FakeTelegram, owed: int) -> None:
             return
 
 
-def measured(work: Workload, sent: list[RecordedCall], place: str) -> list[str]:
+def answered(fake: FakeTelegram, work: Workload) -> bool:
+    """Every burst's last line replied to, and every mention of a flood covered."""
+    pointers = {(c.chat_id, c.reply_to_message_id) for c in fake.sent_messages}
+    lasts = all((b.chat, b.last_id) in pointers for b in work.bursts)
+    return lasts and flood_covered(fake, work) == len(work.flood)
+
+
+def flood_covered(fake: FakeTelegram, work: Workload) -> int:
+    """How many of the flood's mentions a reply covers."""
+    said = [str(c.text) for c in fake.sent_messages]
+    return sum(any(tag in text for text in said) for tag in work.flood.values())
+
+
+def measured(work: Workload, sent: list[RecordedCall], place: str, group: bool) -> list[str]:
     """The row of one place: each burst's first reply after its last line, in its chat (in
     a group, the one replying to that line); replies pointing elsewhere are wrong, or to the
-    chatter."""
-    group = place == "groups"
+    chatter. Replies to a flood are left out."""
+    sent = [c for c in sent if (c.chat_id, c.reply_to_message_id) not in work.flood]
     stale = 0
     waits: list[int] = []
     for entry in work.bursts:
@@ -185,12 +237,54 @@ async def run_place(args: argparse.Namespace, in_groups: bool) -> list[str]:
                     for c in range(args.chatters):
                         tasks.append(chat_away(room, work, -(100 + g), 900_000 + 100 * g + c, 4))
             await asyncio.gather(*tasks)
-            await settle(fake, len(work.bursts))
-        return measured(work, fake.sent_messages, "groups" if in_groups else "DMs")
+            await settle(fake, lambda: len(fake.sent_messages) >= len(work.bursts))
+        place = "groups" if in_groups else "DMs"
+        return measured(work, fake.sent_messages, place, in_groups)
+
+
+async def run_flood(args: argparse.Namespace, flooded: bool) -> tuple[list[str], str]:
+    """The people's bursts in their groups under Telegram's limits, `--ask-at-s` into a flood
+    of each group (if `flooded`): their row, and what became of the flood."""
+    async with (
+        temporary_server() as server,
+        FakeTelegram(limits=telegram_limits()) as fake,
+        stampede.replicas(
+            args.replicas,
+            server.data_dir.parent,
+            lambda folder, port: limited_env(server, fake, folder, port),
+        ) as urls,
+    ):
+        room, work = Room(fake, urls), Workload()
+        delay = args.ask_at_s if flooded else 0.0
+        tasks = []
+        for g in range(args.groups):
+            chat = -(100 + g)
+            if flooded:
+                tasks.append(flood(room, work, chat, 800_000 + g, args.flood_s))
+            for p in range(args.people):
+                tasks.append(after(delay, burst(room, work, chat, 1000 * (g + 1) + p, 0)))
+            for c in range(args.chatters):
+                tasks.append(after(delay, chat_away(room, work, chat, 900_000 + 100 * g + c, 4)))
+        await asyncio.gather(*tasks)
+        await settle(fake, lambda: answered(fake, work))
+        covered = flood_covered(fake, work)
+        place = "groups, one flooding" if flooded else "groups, Telegram's limits"
+        row = measured(work, fake.sent_messages, place, True)
+        if not flooded:
+            return row, ""
+        replies = sum((c.chat_id, c.reply_to_message_id) in work.flood for c in fake.sent_messages)
+        return row, (
+            f"the flood: {len(work.flood)} mentions ({args.groups} groups, one a second for"
+            f" {args.flood_s} s), {replies} replies, {covered}/{len(work.flood)} covered by one;"
+            f" 429s: {len(fake.limits.violations) if fake.limits else 0}"
+        )
 
 
 async def run(args: argparse.Namespace) -> None:
     rows = [await run_place(args, in_groups=True), await run_place(args, in_groups=False)]
+    base, _ = await run_flood(args, flooded=False)
+    flooded, fate = await run_flood(args, flooded=True)
+    rows += [base, flooded]
     print(
         f"cpus: {os.cpu_count()}; {args.replicas} `lastword run` replicas (telegram webhook, echo"
         f" model, quiet 1 s); {args.groups} groups of {args.people} people bursting (3 lines,"
@@ -208,9 +302,12 @@ async def run(args: argparse.Namespace) -> None:
         "p95 (s)",
     ]
     print_table(headers, rows)
-    medians = [float(r[6]) for r in rows if r[6] != "-"]
-    if len(medians) == 2 and medians[1]:
-        print(f"\ngroups/DMs, last message -> reply p50: {medians[0] / medians[1]:.2f}")
+    print(f"\n{fate}")
+    medians = {r[0]: float(r[6]) for r in rows if r[6] != "-"}
+    for over, under in (("groups", "DMs"), ("groups, one flooding", "groups, Telegram's limits")):
+        if medians.get(under) and over in medians:
+            ratio = medians[over] / medians[under]
+            print(f"{over} / {under}, last message -> reply p50: {ratio:.2f}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -223,6 +320,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chatters", type=int, default=2, help="talking among themselves")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument(
+        "--flood-s", type=int, default=25, help="the flood's length, a mention a second"
+    )
+    parser.add_argument(
+        "--ask-at-s", type=float, default=22.0, help="when the others burst, into the flood"
+    )
     return parser.parse_args(argv)
 
 
