@@ -14,9 +14,17 @@ from redis.asyncio import Redis
 
 from bot.commands import OVER_BUDGET, RATE_LIMITED
 from bot.commands.forget import CONFIRM, forgotten
-from bot.message import InboundMessage, Place
+from bot.message import InboundMessage, Place, Said
 from bot.runtime import Runtime
-from bot.store import DAY_KEEP_MS, MONTH_KEEP_MS, PLACES_CAP, RATE_WINDOW_MS, Keys
+from bot.store import (
+    DAY_KEEP_MS,
+    MONTH_KEEP_MS,
+    PLACES_CAP,
+    RATE_WINDOW_MS,
+    Heard,
+    Ingested,
+    Keys,
+)
 from bot.store.keys import PersonKeys
 from tests.chatting import fake
 from tests.conftest import RuntimeFactory, SettingsFactory, settled
@@ -41,6 +49,10 @@ def dm_place(who: str, kind: str) -> Place:
 
 def group_place(who: str, chat: str = GROUP, topic: str = "") -> Place:
     return Place("test", chat, who, topic, group=True)
+
+
+def conv(who: str, chat: str = GROUP) -> str:
+    return group_place(who, chat).conversation
 
 
 _ids = iter(range(1, 1_000_000))
@@ -170,6 +182,30 @@ async def test_the_rate_is_the_persons_across_a_dm_and_two_groups(
     # Someone else's rate is their own.
     assert await bot.ingest(at(group_place(BOB), "@bot hi", mentioned=True))
     assert not await redis.exists(Keys(group_place(ANN, SILENT).conversation).state)
+
+
+async def test_a_follow_up_counts_against_the_rate_and_a_room_line_does_not(
+    make_settings: SettingsFactory, redis: Redis
+) -> None:
+    store = build(make_settings, redis, access={"rate_per_minute": 2}, quiet=5000, max_wait=9000)
+
+    def heard(message: InboundMessage) -> Heard:
+        return Heard("allowed", "1" if message.mentioned else "0", Said.of(message, 100).to_json())
+
+    async def ingest(message: InboundMessage) -> Ingested:
+        return await store.ingest(message, heard=heard(message))
+
+    assert (await ingest(at(group_place(BOB), "lunch?"))).overheard
+    assert (await ingest(at(group_place(ANN), "@bot hi", mentioned=True))).accepted
+    # Ann's window is open: her unaddressed line follows up her burst, and counts.
+    assert (await ingest(at(group_place(ANN), "in Paris"))).accepted
+    # Said to another group's room: noted for /forget, not counted.
+    assert (await ingest(at(group_place(ANN, "-400"), "hello all"))).overheard
+    over = await ingest(at(group_place(ANN, OTHER), "@bot and here", mentioned=True))
+    assert over.limited and over.first_limited
+    noted = await redis.zrange(PersonKeys("test", ANN).places, 0, -1)
+    places = (conv(ANN), conv(ANN, "-400"), conv(ANN, OTHER))
+    assert sorted(noted) == sorted(p.encode() for p in places)
 
 
 async def test_a_persons_keys_are_bounded(make_settings: SettingsFactory, redis: Redis) -> None:
