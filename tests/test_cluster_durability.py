@@ -22,6 +22,7 @@ from redis.crc import key_slot
 
 from bot.connect import open_client
 from bot.doctor import durability_check
+from bot.message import InboundMessage
 from bot.store import Keys, Store, StoreSettings, StoreUnavailable, lease_token
 from bot.store.durability import NO_AOF_FIX, Durability, Refused
 from tests.builders import message
@@ -77,6 +78,12 @@ def readonly(server: Server) -> Iterator[SyncRedis]:
         yield replica
 
 
+def home_dm(n: int, conversation: str) -> InboundMessage:
+    """Message `n` of a DM whose chat is its user (Telegram's): one script per ingest, the
+    person's keys being in the conversation's slot."""
+    return message(n=n, conversation=conversation, user=conversation.partition(":")[2])
+
+
 def on_replica(cluster: Cluster, conversation: str, field: str) -> object:
     """A field of the conversation's state, as the replica of its primary has it."""
     with readonly(cluster.replicas[primary_of(conversation)]) as replica:
@@ -91,14 +98,14 @@ async def test_each_step_waits_for_the_replica_of_its_primary(
     assert await store.durability.prepare("replicated") == (("WAIT", 1, TIMEOUT_MS),)
     conversations = conversations_on_each_primary(1)
     for conversation in conversations:  # the first calls load the scripts (NOSCRIPT)
-        assert (await store.ingest(message(n=1, conversation=conversation))).accepted
+        assert (await store.ingest(home_dm(1, conversation))).accepted
         # Acknowledged: the replica has it already, with no time to catch up.
         assert on_replica(durable, conversation, "v") == b"1"
     for primary in durable.primaries:
         with primary.admin() as admin:
             admin.config_resetstat()
     for conversation in conversations:
-        assert (await store.ingest(message(n=2, conversation=conversation))).version == 2
+        assert (await store.ingest(home_dm(2, conversation))).version == 2
         assert on_replica(durable, conversation, "v") == b"2"
         grant = await store.acquire(conversation, lease_token("r"))
         assert grant.lease is not None

@@ -9,11 +9,11 @@ start (`check_layout`), as does one that finds data of the legacy layout (16 sha
 `{lw:0}`..`{lw:15}`) and no record.
 
 `migrate` moves that data, with every replica stopped (it refuses while a heartbeat lives):
-each conversation's keys to its new shard's tag (DUMP, RESTORE with the time to live kept,
-DEL: this works across cluster slots), then the shards' usage of the day and their due and
-activity indexes, rebuilt under the new tags, and last the record. Each step overwrites what a
-previous, interrupted run wrote and deletes the legacy key only once it is copied, so running
-it again finishes the job; on a migrated store it only says so.
+each conversation's keys, and each person's, to its new shard's tag (DUMP, RESTORE with the
+time to live kept, DEL: this works across cluster slots), then the shards' usage of the day
+and their due and activity indexes, rebuilt under the new tags, and last the record. Each step
+overwrites what a previous, interrupted run wrote and deletes the legacy key only once it is
+copied, so running it again finishes the job; on a migrated store it only says so.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ _CONVERSATION_KEY = re.compile(
     r"(?P<conversation>.+):"
     r"(?P<suffix>state|pending|seen|window|lease|outbox|history|rate|notice|usage"
     r"|day:\d{4}-\d{2}-\d{2}|month:\d{4}-\d{2}|heard:[^:]+)"
+)
+# A person's key after its tag and ":p:": the person ("<platform>:<user>"), then the kind.
+_PERSON_KEY = re.compile(
+    r"(?P<platform>[^:]+):(?P<user>.+):"
+    r"(?P<suffix>rate|places|day:\d{4}-\d{2}-\d{2}|month:\d{4}-\d{2})"
 )
 _USAGE_KEY = re.compile(r":usage:(?P<day>\d{4}-\d{2}-\d{2}):(?P<kind>totals|ranking)")
 # Any key under a legacy tag.
@@ -182,6 +187,22 @@ async def _move_conversations(redis: Client, shard: int, done: Migrated, seen: s
         done.keys += await _copy(redis, moves)
 
 
+async def _move_people(redis: Client, shard: int, done: Migrated) -> None:
+    """The keys of the people whose home is in legacy shard `shard`, to their home's new
+    shard (`bot.store.keys.PersonKeys`)."""
+    prefix = f"{LEGACY.tags[shard]}:p:"
+    async for batch in _batches(redis, f"{prefix}*"):
+        moves: list[tuple[str, str]] = []
+        for key in batch:
+            parsed = _PERSON_KEY.fullmatch(key.removeprefix(prefix))
+            if parsed is None:
+                done.skipped.append(key)
+                continue
+            person = LAYOUT.person_keys(parsed["platform"], parsed["user"])
+            moves.append((key, f"{person.base}:{parsed['suffix']}"))
+        done.keys += await _copy(redis, moves)
+
+
 async def _move_usage(redis: Client, shard: int, done: Migrated) -> None:
     """The shard's usage of each day. The totals go whole to new shard `shard` (`status` adds
     up every shard's, and new shard N's come from legacy shard N alone: each holds the
@@ -246,6 +267,7 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
     for shard in range(LEGACY.shards):
         before = done.keys
         await _move_conversations(redis, shard, done, conversations)
+        await _move_people(redis, shard, done)
         # Only a shard that held something is news; an empty store ends in one summary line.
         if done.keys > before:
             progress(f"shard {LEGACY.tags[shard]}: {done.keys} conversation keys moved so far")
