@@ -289,7 +289,9 @@ async def run(args: argparse.Namespace) -> None:
         f"cpus: {os.cpu_count()}; {args.replicas} `lastword run` replicas (telegram webhook, echo"
         f" model, quiet 1 s); {args.groups} groups of {args.people} people bursting (3 lines,"
         f" {GAP_S * 1000:.0f} ms apart, only the first a mention) and {args.chatters} chatting;"
-        f" {args.rounds} rounds; then the same bursts in DMs; one run"
+        f" {args.rounds} rounds; then the same bursts in DMs; then one burst each in the groups"
+        f" under Telegram's limits (quiet 0.5 s), alone and {args.ask_at_s:.0f} s into a flood"
+        f" (one more member of each group, a mention a second for {args.flood_s} s); one run"
     )
     headers = [
         "place",
