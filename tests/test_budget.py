@@ -195,39 +195,37 @@ async def ask(
 async def test_a_person_past_their_share_waits_while_another_is_granted_at_once(
     store: Store, redis: Redis
 ) -> None:
-    group = Scope("group:-7", 10, 1.0)
+    group = Scope("group:-7", 10, 10.0)
     now = await server_ms(redis)
     assert (await ask(store, group, "mallory", now, "m1")).status == "granted"
-    # Alone, her share is the whole scope at its pace: one slot a tenth of a second.
+    # Alone, her share is the whole scope at its pace: one slot a second.
     again = await ask(store, group, "mallory", now + 1, "m2")
     assert (again.status, again.scope, again.held) == ("wait", "group:-7", False)
-    assert 50 < again.wait_ms <= 100
+    assert 500 < again.wait_ms <= 1000
     # The scope has nine slots free: Bob and Carol are not kept back by her.
     assert (await ask(store, group, "bob", now + 2, "b1")).status == "granted"
     assert (await ask(store, group, "carol", now + 3, "c1")).status == "granted"
-    await asyncio.sleep(0.11)
-    assert (await ask(store, group, "mallory", now + 1, "m2")).status == "granted"
-    # Three people heard from: her next slot is a third of the pace away.
-    third = await ask(store, group, "mallory", now + 4, "m3")
-    assert third.status == "wait"
-    assert 250 < third.wait_ms <= 300
+    # Each one's share shrinks as more people share the scope: Bob's next slot is two
+    # seconds after his first (two people then), Carol's three.
+    assert 1500 < (await ask(store, group, "bob", now + 4, "b2")).wait_ms <= 2000
+    assert 2500 < (await ask(store, group, "carol", now + 5, "c2")).wait_ms <= 3000
 
 
 async def test_a_person_alone_is_served_at_the_scopes_whole_rate(
     store: Store, redis: Redis
 ) -> None:
-    group = Scope("group:-8", 4, 0.4)
+    group = Scope("group:-8", 4, 1.0)
     told: list[int] = []
     order = await server_ms(redis)
-    # One person asking for slot after slot, for two periods' worth.
-    for n in range(8):
+    # One person asking for slot after slot, for a period and a half.
+    for n in range(6):
         while (taken := await ask(store, group, "ann", order, f"a{n}")).status != "granted":
             told.append(taken.wait_ms)
             await asyncio.sleep(taken.wait_ms / 1000)
         order = await server_ms(redis)
-    # Never told to wait longer than a slot's interval at the scope's whole rate (100 ms):
+    # Never told to wait longer than a slot's interval at the scope's whole rate (250 ms):
     # her share is all of it.
-    assert told and max(told) <= 100, told
+    assert told and max(told) <= 250, told
 
 
 async def test_a_groups_slots_go_round_by_person_oldest_window_first(
@@ -256,7 +254,7 @@ async def test_a_groups_slots_go_round_by_person_oldest_window_first(
 async def test_a_promised_part_is_not_kept_back_by_its_persons_share(
     store: Store, redis: Redis
 ) -> None:
-    group = Scope("group:-10", 10, 1.0)
+    group = Scope("group:-10", 10, 10.0)
     now = await server_ms(redis)
     assert (await ask(store, group, "mallory", now, "m1")).status == "granted"
     assert (await ask(store, group, "mallory", now, "m2")).status == "wait"
@@ -264,7 +262,7 @@ async def test_a_promised_part_is_not_kept_back_by_its_persons_share(
     assert (await ask(store, group, "mallory", 0, "m1-part2")).status == "granted"
     after = await ask(store, group, "mallory", now, "m2")
     assert after.status == "wait"
-    assert 100 < after.wait_ms <= 200
+    assert 1000 < after.wait_ms <= 2000
 
 
 async def test_a_groups_record_of_people_is_trimmed_and_expires(store: Store, redis: Redis) -> None:
@@ -291,20 +289,21 @@ async def test_a_groups_record_of_people_is_trimmed_and_expires(store: Store, re
 async def test_a_due_further_off_than_the_period_is_kept_until_it_comes(
     store: Store, redis: Redis
 ) -> None:
-    group = Scope("group:-12", 1, 0.3)
+    group = Scope("group:-12", 1, 0.6)
     now = await server_ms(redis)
     assert (await ask(store, group, "bob", now, "b")).status == "granted"
     for _ in range(2):
         for name in ("carol", "ann"):
             assert (await ask(store, group, name, now, name)).status == "wait"
-        await asyncio.sleep(0.16)
+        await asyncio.sleep(0.3)
+    await asyncio.sleep(max(0.0, (now + 650 - await server_ms(redis)) / 1000))
     assert (await ask(store, group, "ann", now, "ann")).status == "granted"
-    # Three people share one slot in 0.3 s: her next is 0.9 s away, three periods, and the
+    # Three people share one slot in 0.6 s: her next is 1.8 s away, three periods, and the
     # record of it outlives the periods in between.
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.8)
     later = await ask(store, group, "ann", await server_ms(redis), "ann2")
     assert later.status == "wait"
-    assert 300 < later.wait_ms <= 500
+    assert 600 < later.wait_ms <= 1000
 
 
 def test_a_groups_own_limits_are_shared_by_person_and_the_bots_and_a_dms_are_not() -> None:
