@@ -11,10 +11,11 @@ each of `--groups` groups, `--people` people each address the bot with a burst o
 among themselves, all at once, `--rounds` times. The same people then send the same bursts in
 their DMs, for comparison. Then, against the fake enforcing Telegram's limits (20 messages a
 minute in a group, one a second in a chat) with the bot keeping to them, a quiet window of
-0.5 s: the same people burst once in their groups, first alone, then `--ask-at-s` seconds into
-a flood, one more member of each group mentioning the bot once a second for `--flood-s`
-seconds (within the per-person rate): served first come, first served, the flood's replies
-would spend the group's minute and keep the others waiting for it to pass. For each it prints:
+0.5 s, in one fleet: the same people burst once in their groups, first alone, then in as many
+other groups `--ask-at-s` seconds into a flood, one more member of each group mentioning the
+bot once a second for `--flood-s` seconds (within the per-person rate): served first come,
+first served, the flood's replies would spend the group's minute and keep the others waiting
+for it to pass. For each it prints:
 
 - replies per addressed burst (1.00 is one each);
 - stale replies: a reply that does not cover its person's last line;
@@ -242,9 +243,10 @@ async def run_place(args: argparse.Namespace, in_groups: bool) -> list[str]:
         return measured(work, fake.sent_messages, place, in_groups)
 
 
-async def run_flood(args: argparse.Namespace, flooded: bool) -> tuple[list[str], str]:
-    """The people's bursts in their groups under Telegram's limits, `--ask-at-s` into a flood
-    of each group (if `flooded`): their row, and what became of the flood."""
+async def run_limited(args: argparse.Namespace) -> tuple[list[list[str]], str]:
+    """Under Telegram's limits, in one fleet: the people's bursts in their groups alone, then
+    in other groups `--ask-at-s` into a flood of each: their rows, and what became of the
+    flood."""
     async with (
         temporary_server() as server,
         FakeTelegram(limits=telegram_limits()) as fake,
@@ -254,37 +256,56 @@ async def run_flood(args: argparse.Namespace, flooded: bool) -> tuple[list[str],
             lambda folder, port: limited_env(server, fake, folder, port),
         ) as urls,
     ):
-        room, work = Room(fake, urls), Workload()
-        delay = args.ask_at_s if flooded else 0.0
-        tasks = []
-        for g in range(args.groups):
-            chat = -(100 + g)
-            if flooded:
-                tasks.append(flood(room, work, chat, 800_000 + g, args.flood_s))
-            for p in range(args.people):
-                tasks.append(after(delay, burst(room, work, chat, 1000 * (g + 1) + p, 0)))
-            for c in range(args.chatters):
-                tasks.append(after(delay, chat_away(room, work, chat, 900_000 + 100 * g + c, 4)))
-        await asyncio.gather(*tasks)
-        await settle(fake, lambda: answered(fake, work))
-        covered = flood_covered(fake, work)
-        place = "groups, one flooding" if flooded else "groups, Telegram's limits"
-        row = measured(work, fake.sent_messages, place, True)
-        if not flooded:
-            return row, ""
-        replies = sum((c.chat_id, c.reply_to_message_id) in work.flood for c in fake.sent_messages)
-        return row, (
-            f"the flood: {len(work.flood)} mentions ({args.groups} groups, one a second for"
-            f" {args.flood_s} s), {replies} replies, {covered}/{len(work.flood)} covered by one;"
+        room, alone, flooded = Room(fake, urls), Workload(), Workload()
+        await into_groups(room, alone, args, 100, flood_s=0)
+        await settle(fake, lambda: answered(fake, alone))
+        await into_groups(room, flooded, args, 200, flood_s=args.flood_s)
+        await settle(fake, lambda: answered(fake, flooded))
+        rows = [
+            measured(work, in_its_groups(fake, work), place, True)
+            for work, place in (
+                (alone, "groups, Telegram's limits"),
+                (flooded, "groups, one flooding"),
+            )
+        ]
+        replies = sum(
+            (c.chat_id, c.reply_to_message_id) in flooded.flood for c in fake.sent_messages
+        )
+        return rows, (
+            f"the flood: {len(flooded.flood)} mentions ({args.groups} groups, one a second for"
+            f" {args.flood_s} s), {replies} replies,"
+            f" {flood_covered(fake, flooded)}/{len(flooded.flood)} covered by one;"
             f" 429s: {len(fake.limits.violations) if fake.limits else 0}"
         )
 
 
+async def into_groups(
+    room: Room, work: Workload, args: argparse.Namespace, first_chat: int, flood_s: int
+) -> None:
+    """One burst from each person of each group while others chat; with `flood_s`, only
+    `--ask-at-s` into a flood of each group by one more member."""
+    delay = args.ask_at_s if flood_s else 0.0
+    tasks = []
+    for g in range(args.groups):
+        chat = -(first_chat + g)
+        if flood_s:
+            tasks.append(flood(room, work, chat, 800_000 + g, flood_s))
+        for p in range(args.people):
+            tasks.append(after(delay, burst(room, work, chat, 1000 * (g + 1) + p, 0)))
+        for c in range(args.chatters):
+            tasks.append(after(delay, chat_away(room, work, chat, 900_000 + 100 * g + c, 4)))
+    await asyncio.gather(*tasks)
+
+
+def in_its_groups(fake: FakeTelegram, work: Workload) -> list[RecordedCall]:
+    chats = {b.chat for b in work.bursts}
+    return [c for c in fake.sent_messages if c.chat_id in chats]
+
+
 async def run(args: argparse.Namespace) -> None:
     rows = [await run_place(args, in_groups=True), await run_place(args, in_groups=False)]
-    base, _ = await run_flood(args, flooded=False)
-    flooded, fate = await run_flood(args, flooded=True)
-    rows += [base, flooded]
+    limited, fate = await run_limited(args)
+    rows += limited
     print(
         f"cpus: {os.cpu_count()}; {args.replicas} `lastword run` replicas (telegram webhook, echo"
         f" model, quiet 1 s); {args.groups} groups of {args.people} people bursting (3 lines,"
