@@ -9,9 +9,10 @@ break limits none of them sees, so before each call a replica asks the store
 (`Limited.scopes`: the bot's, the chat's, the group's):
 
 - A message (a reply's part, a notice) waits its turn. Replies whose window closed first go
-  first, whichever replica holds them. The first part of a reply waits before the pre-send
-  check (`Paced.turn`), so a reply that waited is still checked against newer messages and
-  never goes out stale; its lease is renewed meanwhile, as for any other step.
+  first (in a group, of those whose person is within their share: below), whichever replica
+  holds them. The first part of a reply waits before the pre-send check (`Paced.turn`), so a
+  reply that waited is still checked against newer messages and never goes out stale; its
+  lease is renewed meanwhile, as for any other step.
 - A preview (a live draft, a typing indicator) goes now or never: it is shed when the budget
   runs short, before any reply would wait, and never while a reply waits.
 - In a group, the group's limits (every scope with a subject: its chat's, its minute) are
