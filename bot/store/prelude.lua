@@ -116,3 +116,19 @@ local function reply_ended(state, window, due, outbox, lease, conversation)
   return cjson.encode({status = 'committed',
     look_in_ms = reschedule(state, window, due, conversation, now_ms())})
 end
+
+-- Add a reply's tokens to a day's and a month's counts (a place's, usage.lua; a person's,
+-- person_usage.lua): weighed by the model's cost (tokens, the budget's) and as spent (prompt,
+-- completion). Returns the weighed tokens of the day so far.
+local function add_spent(day, month, prompt, completion, cost, day_keep_ms, month_keep_ms)
+  local weighed = math.floor((prompt + completion) * cost + 0.5)
+  local spent = redis.call('HINCRBY', day, 'tokens', weighed)
+  for _, key in ipairs({day, month}) do
+    redis.call('HINCRBY', key, 'prompt', prompt)
+    redis.call('HINCRBY', key, 'completion', completion)
+  end
+  redis.call('HINCRBY', month, 'tokens', weighed)
+  redis.call('PEXPIRE', day, day_keep_ms)
+  redis.call('PEXPIRE', month, month_keep_ms)
+  return spent
+end
