@@ -173,33 +173,44 @@ async def _copy(redis: Client, moves: list[tuple[str, str]]) -> int:
 
 
 async def _move_conversations(redis: Client, shard: int, done: Migrated, seen: set[str]) -> None:
-    prefix = f"{LEGACY.tags[shard]}:c:"
-    async for batch in _batches(redis, f"{prefix}*"):
-        moves: list[tuple[str, str]] = []
-        for key in batch:
-            parsed = _CONVERSATION_KEY.fullmatch(key.removeprefix(prefix))
-            if parsed is None:
-                done.skipped.append(key)
-                continue
-            conversation = parsed["conversation"]
-            seen.add(conversation)
-            moves.append((key, f"{LAYOUT.keys(conversation).base}:{parsed['suffix']}"))
-        done.keys += await _copy(redis, moves)
+    def target(name: str) -> str | None:
+        parsed = _CONVERSATION_KEY.fullmatch(name)
+        if parsed is None:
+            return None
+        conversation = parsed["conversation"]
+        seen.add(conversation)
+        return f"{LAYOUT.keys(conversation).base}:{parsed['suffix']}"
+
+    await _move_keys(redis, f"{LEGACY.tags[shard]}:c:", target, done)
 
 
 async def _move_people(redis: Client, shard: int, done: Migrated) -> None:
     """The keys of the people whose home is in legacy shard `shard`, to their home's new
     shard (`bot.store.keys.PersonKeys`)."""
-    prefix = f"{LEGACY.tags[shard]}:p:"
+
+    def target(name: str) -> str | None:
+        parsed = _PERSON_KEY.fullmatch(name)
+        if parsed is None:
+            return None
+        person = LAYOUT.person_keys(parsed["platform"], parsed["user"])
+        return f"{person.base}:{parsed['suffix']}"
+
+    await _move_keys(redis, f"{LEGACY.tags[shard]}:p:", target, done)
+
+
+async def _move_keys(
+    redis: Client, prefix: str, target: Callable[[str], str | None], done: Migrated
+) -> None:
+    """Every key under `prefix` to where `target` says (given the name after the prefix);
+    a key it cannot place (None) is skipped and reported."""
     async for batch in _batches(redis, f"{prefix}*"):
         moves: list[tuple[str, str]] = []
         for key in batch:
-            parsed = _PERSON_KEY.fullmatch(key.removeprefix(prefix))
-            if parsed is None:
+            moved_to = target(key.removeprefix(prefix))
+            if moved_to is None:
                 done.skipped.append(key)
-                continue
-            person = LAYOUT.person_keys(parsed["platform"], parsed["user"])
-            moves.append((key, f"{person.base}:{parsed['suffix']}"))
+            else:
+                moves.append((key, moved_to))
         done.keys += await _copy(redis, moves)
 
 
