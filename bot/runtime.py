@@ -49,6 +49,14 @@ NOTICE_TIMEOUT_S = 30.0
 NOTICES_IN_FLIGHT = 100
 # A user outside the allow-list is told so at most once per this period.
 REFUSAL_PERIOD_MS = 24 * 3600 * 1000
+# A moved group's conversations are carried to its new chat within ADOPT_TIMEOUT_S (whoever's
+# is not by then starts afresh there); the adapter that reported the move waits ADOPT_WAIT_S
+# for it at most, then goes on while it runs. The moves this process carried (or is carrying)
+# are remembered, at most MOVES_KEPT, so a move reported again (every send to the old chat
+# reports it) costs no second walk through the store.
+ADOPT_TIMEOUT_S = 120.0
+ADOPT_WAIT_S = 2.0
+MOVES_KEPT = 1000
 
 
 class Runtime:
@@ -75,6 +83,8 @@ class Runtime:
         self.timers = Timers(self.wake, store.due, settings.sweep_interval_ms / 1000)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._notices: set[asyncio.Task[None]] = set()
+        # A moved group's adoption of its conversations, by (platform, old chat, new chat).
+        self._moves: dict[tuple[str, str, str], asyncio.Task[bool]] = {}
         self._accepting = False
         self._draining = asyncio.Event()
         self._role_runners: set[asyncio.Task[None]] = set()
@@ -155,9 +165,15 @@ class Runtime:
     async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
         """The group `old_chat` lives on as `new_chat`: its allowance (the settings', or an
         admin's) goes with it, so the bot answers there as it did in the old one, even if the
-        settings list the old id only. Its people's conversations stay under the old id (their
-        pending replies reach the new chat through the adapter, which the platform redirects);
-        they start afresh in the new one."""
+        settings list the old id only; and each person's conversation there is adopted by
+        theirs in the new chat (history, persona, model: `Store.adopt_group`), so they go on
+        where they were. The old conversations stay (their pending replies reach the new chat
+        through the adapter, which the platform redirects, and are kept there).
+
+        Raises `Unavailable` if the allowance could not be moved (the adapter tries again).
+        The adoption never raises: it runs in the background, awaited here for
+        `ADOPT_WAIT_S` at most so that the messages the adapter takes in after the move
+        usually find it done, and once per move in this process unless it failed."""
         by_settings = self.settings.groups.allows(old_chat)
         carried = await self.store.move_group(platform, old_chat, new_chat, by_settings=by_settings)
         if carried is not None:
@@ -168,6 +184,59 @@ class Runtime:
                 new_chat,
                 "allowed" if carried else "denied",
             )
+        move = (platform, old_chat, new_chat)
+        adoption = self._moves.get(move)
+        if adoption is None or (adoption.done() and not _succeeded(adoption)):
+            if len(self._moves) >= MOVES_KEPT:
+                for done in [key for key, task in self._moves.items() if task.done()]:
+                    del self._moves[done]
+            adoption = asyncio.create_task(self._adopt(*move), name=f"adopt {old_chat}")
+            self._moves[move] = adoption
+        # Not cancelled when the wait ends (nor when this call is): it goes on by itself.
+        await asyncio.wait({adoption}, timeout=ADOPT_WAIT_S)
+
+    async def _adopt(self, platform: str, old_chat: str, new_chat: str) -> bool:
+        """Adopt the moved group's conversations in the new chat, within `ADOPT_TIMEOUT_S`.
+        Returns whether it got through; a failure is logged, never raised: whoever did not
+        get their conversation over starts afresh in the new chat."""
+        try:
+            async with asyncio.timeout(ADOPT_TIMEOUT_S):
+                adopted = await self.store.adopt_group(platform, old_chat, new_chat)
+        except (Unavailable, TimeoutError) as exc:
+            log.warning(
+                "the conversations of group %s:%s were not all carried to %s: %s",
+                platform,
+                old_chat,
+                new_chat,
+                str(exc) or "timed out",
+            )
+            return False
+        except Exception:
+            log.exception(
+                "carrying the conversations of group %s:%s to %s failed",
+                platform,
+                old_chat,
+                new_chat,
+            )
+            return False
+        if adopted.capped:
+            log.warning(
+                "group %s:%s has more than %d conversations: only those were carried to %s",
+                platform,
+                old_chat,
+                adopted.found,
+                new_chat,
+            )
+        if adopted.found:
+            log.info(
+                "group %s:%s moved to %s: %d of its %d conversations carried there",
+                platform,
+                old_chat,
+                new_chat,
+                adopted.adopted,
+                adopted.found,
+            )
+        return True
 
     async def user_typing(self, place: Place) -> None:
         """The person at `place` is typing: their open window is held (as long as the
@@ -374,5 +443,12 @@ class Runtime:
         await self.cycle.media.close()
         for notice in list(self._notices):
             notice.cancel()
+        for adoption in self._moves.values():
+            adoption.cancel()
         self.typing.stop()
         await self.heartbeat.stop()
+
+
+def _succeeded(task: asyncio.Task[bool]) -> bool:
+    """Whether a finished task got through (a cancelled one did not)."""
+    return not task.cancelled() and task.result()

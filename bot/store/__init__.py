@@ -61,6 +61,7 @@ SETTLE = _scripts.SETTLE.source
 DUE = _scripts.DUE.source
 FORGET = _scripts.FORGET.source
 GROUP_SET = _scripts.GROUP_SET.source
+GROUP_ADOPT = _scripts.GROUP_ADOPT.source
 GROUP_MOVE = _scripts.GROUP_MOVE.source
 HEARTBEAT = _scripts.HEARTBEAT.source
 INGEST = _scripts.INGEST.source
@@ -92,6 +93,7 @@ __all__ = [
     "DUE",
     "FORGET",
     "FORGET_CONFIRM_MS",
+    "GROUP_ADOPT",
     "GROUP_MOVE",
     "GROUP_SET",
     "HEARTBEAT",

@@ -248,6 +248,12 @@ FORGET = Script(
 )
 GROUP_SET = Script("group_set", keys=("group",), args=("allowed", "by"))
 GROUP_MOVE = Script("group_move", keys=("group",), args=("allowed", "from"))
+GROUP_ADOPT = Script(
+    "group_adopt",
+    keys=("state", "history"),
+    args=("version", "persona", "model", "retention_ms"),
+    rest="history_entries",
+)
 PERSONA = Script("persona", keys=("state",), args=("persona",))
 TOOL_STEP = Script(
     "tool_step",
@@ -290,6 +296,7 @@ BUDGET_TAKE = Script(
         "ticket_ttl_ms",
         "poll_ms",
         "keep_free_pct",
+        "fair_burst",
     ),
     rest="scope_count_per_ms_fair_fours",
     rest_keys="sent_queue_hold_people_fours",
@@ -314,6 +321,7 @@ ALL: dict[str, Script] = {
         DUE,
         GROUP_SET,
         GROUP_MOVE,
+        GROUP_ADOPT,
         USAGE,
         PERSON,
         PERSON_USAGE,
