@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from bot.message import Call, Scope
 from bot.pacing import shared_fairly
 from bot.store import BudgetKeys, Store, Taken
+from bot.store.budget import FAIR_BURST
 from tests.conftest import server_ms
 
 pytestmark = pytest.mark.timeout(30)
@@ -173,10 +174,18 @@ async def test_a_reply_deep_in_the_queue_is_told_when_its_turn_comes(store: Stor
 
 
 async def ask(
-    store: Store, scope: Scope, person: str, order: int, name: str, *, grant: str = ""
+    store: Store,
+    scope: Scope,
+    person: str,
+    order: int,
+    name: str,
+    *,
+    grant: str = "",
+    burst: int = 1,
 ) -> Taken:
     """`person`'s reply `name`, its window closed at `order`, asking for a slot of a group's
-    `scope`; answered at once if granted."""
+    `scope`; answered at once if granted. With no slot to run ahead of the pace (`burst` 1)
+    unless told: the pace is what most tests here look at."""
     taken = await store.take(
         KEYS,
         (scope,),
@@ -186,6 +195,7 @@ async def ask(
         grant=grant or name,
         person=person,
         fair={scope.name},
+        burst=burst,
     )
     if taken.status == "granted":
         await store.done(KEYS, (scope,), grant or name, used=True)
@@ -209,6 +219,22 @@ async def test_a_person_past_their_share_waits_while_another_is_granted_at_once(
     # seconds after his first (two people then), Carol's three.
     assert 1500 < (await ask(store, group, "bob", now + 4, "b2")).wait_ms <= 2000
     assert 2500 < (await ask(store, group, "carol", now + 5, "c2")).wait_ms <= 3000
+
+
+async def test_a_person_may_run_a_few_slots_ahead_and_a_newcomer_is_not_kept_back(
+    store: Store, redis: Redis
+) -> None:
+    group = Scope("group:-12", 20, 60.0)
+    now = await server_ms(redis)
+    # A quick exchange in a quiet group: FAIR_BURST replies at once, then her pace (one slot
+    # every 3 s, the scope's whole rate, while she is alone).
+    for n in range(FAIR_BURST):
+        taken = await ask(store, group, "mallory", now + n, f"m{n}", burst=FAIR_BURST)
+        assert taken.status == "granted", n
+    kept = await ask(store, group, "mallory", now + 10, "m-next", burst=FAIR_BURST)
+    assert kept.status == "wait" and 2000 < kept.wait_ms <= 3000
+    # The slots she ran ahead with leave the scope room: Bob goes at once.
+    assert (await ask(store, group, "bob", now + 11, "b1", burst=FAIR_BURST)).status == "granted"
 
 
 async def test_a_person_alone_is_served_at_the_scopes_whole_rate(

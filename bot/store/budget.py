@@ -29,6 +29,11 @@ TICKET_TTL_MS = 10_000
 # How soon to ask again when a slot frees at a moment the script cannot know (a call in flight
 # whose answer will free it, or a reply ahead that may take it).
 POLL_MS = 50
+# In a scope shared fairly (a group's), the slots a person may take at once, ahead of their
+# share's pace: a quick exchange with the bot in a quiet group (a command's answer, then the
+# reply) is not spread out; past them, a flood is paced, so a group's slots keep freeing for
+# the others.
+FAIR_BURST = 3
 # The share of a scope that a preview must leave free: replies first, then drafts, then
 # typing indicators (a third and a half of the bot-wide budget kept for what comes first).
 KEEP_FREE_PCT = {"message": 0, "draft": 34, "typing": 50}
@@ -58,12 +63,13 @@ class Budget(Calls):
         grant: str,
         person: str = "",
         fair: Collection[str] = (),
+        burst: int = FAIR_BURST,
     ) -> Taken:
         """May `call` go out now under every scope in `scopes`? Granted, it is recorded as
         `grant` in each (in flight until `done`). A message that must wait joins the queue
         under `ticket`, placed by `order_ms` (server clock: when its window closed; 0 for a
         part already promised). The scopes named in `fair` are shared fairly between people,
-        a message being for `person`."""
+        a message being for `person`, who may run `burst` slots ahead of their pace."""
         script = scripts.BUDGET_TAKE
         named = {"tickets": keys.tickets, "holds": keys.holds}
         scope_keys = [
@@ -79,6 +85,7 @@ class Budget(Calls):
             "ticket_ttl_ms": TICKET_TTL_MS,
             "poll_ms": POLL_MS,
             "keep_free_pct": KEEP_FREE_PCT[call],
+            "fair_burst": burst,
         }
         rest = [
             value

@@ -16,7 +16,8 @@
 -- than its rate, so however one of them floods, its slots free at a steady pace; and a reply
 -- whose person has had their share is placed at their due, behind every reply whose window
 -- closed before it, so a freed slot goes to someone who has not; once it passes, their replies
--- are placed by their windows again, the oldest first. A promised part (order_ms
+-- are placed by their windows again, the oldest first. A person may run `fair_burst` slots
+-- ahead of their pace before they are kept back. A promised part (order_ms
 -- 0: the rest of a reply already under way, a notice) is not kept back by its person's due,
 -- and counts towards it.
 -- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends.
@@ -33,7 +34,11 @@ local in_flight_ms = tonumber(ARGV[6])
 local ticket_ttl_ms = tonumber(ARGV[7]) -- a waiter not heard from for this long is gone
 local poll_ms = tonumber(ARGV[8]) -- how soon to ask again when a slot frees at an unknown time
 local keep_free_pct = tonumber(ARGV[9])
-local NAMED = 9
+-- In a scope shared fairly, how many slots a person may take ahead of their pace: a quick
+-- exchange in a quiet group is not spread out, while a flood still fills the scope no faster
+-- than its rate once the few are spent.
+local fair_burst = tonumber(ARGV[10])
+local NAMED = 10
 
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
@@ -122,11 +127,13 @@ for i = 1, (#ARGV - NAMED) / 4 do
   scope.fair = ARGV[NAMED + 4 * i] == '1' and kind == 'reply' and person ~= ''
   if scope.fair then
     scope.due, scope.spacing = share_of(scope)
-    -- A person who has had their share is placed at their due (behind everyone whose window
-    -- closed before it); a promised part is not kept back.
-    scope.kept = order_ms > 0 and scope.due > now
+    -- When this person may take a slot: their due, less the slots they may run ahead.
+    scope.from = scope.due - (fair_burst - 1) * scope.spacing
+    -- A person who has had their share is placed where it comes back (behind everyone whose
+    -- window closed before it); a promised part is not kept back.
+    scope.kept = order_ms > 0 and scope.from > now
     if scope.kept then
-      scope.place = math.max(order_ms, scope.due)
+      scope.place = math.max(order_ms, scope.from)
     end
   end
   local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
@@ -153,7 +160,7 @@ for i = 1, (#ARGV - NAMED) / 4 do
     end
     if scope.kept then
       -- This person has had their share for now.
-      scope.wait = math.max(scope.wait, scope.due - now)
+      scope.wait = math.max(scope.wait, scope.from - now)
     end
   end
   if scope.wait > wait then
