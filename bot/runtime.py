@@ -166,9 +166,9 @@ class Runtime:
         """The group `old_chat` lives on as `new_chat`: its allowance (the settings', or an
         admin's) goes with it, so the bot answers there as it did in the old one, even if the
         settings list the old id only; and each person's conversation there is adopted by
-        theirs in the new chat (history, persona, model: `Store.adopt_group`), so they go on
-        where they were. The old conversations stay (their pending replies reach the new chat
-        through the adapter, which the platform redirects, and are kept there).
+        theirs in the new chat (history, persona, model, tool record: `Store.adopt_group`),
+        so they go on where they were. The old conversations stay (their pending replies reach
+        the new chat through the adapter, which the platform redirects, and are kept there).
 
         Raises `Unavailable` if the allowance could not be moved (the adapter tries again).
         The adoption never raises: it runs in the background, awaited here for

@@ -72,11 +72,13 @@ async def answered(bot: Runtime, where: Place, text: str) -> None:
 
 
 async def kept(redis: Redis, where: Place) -> dict[str, Any]:
-    """What the store keeps of the conversation at `where`: V, W, persona, model, history."""
+    """What the store keeps of the conversation at `where`: V, W, persona, model, history
+    and the record of tool calls."""
     keys = Keys(where.conversation)
     v, w, persona, model = await redis.hmget(keys.state, "v", "w", "persona", "model")
     history = [as_text(entry) for entry in await redis.lrange(keys.history, 0, -1)]
-    return {"v": v, "w": w, "persona": persona, "model": model, "history": history}
+    tools = await redis.hgetall(keys.tools)
+    return {"v": v, "w": w, "persona": persona, "model": model, "history": history, "tools": tools}
 
 
 async def moved(bot: Runtime, redis: Redis, *people: Place) -> None:
@@ -100,6 +102,10 @@ async def test_a_moved_groups_people_find_their_conversations_in_the_new_chat(
     await answered(bot, ann, "/persona@bot Talk like a pirate.")
     await answered(bot, bob, "my name is Bob")
     await bot.store.pick_model(bob.conversation, "smart")
+    # A turn's record of tool calls (its id names the calls' idempotency keys): a /retry of
+    # that reply in the new chat reuses its calls, never runs them again.
+    record = {b"id:1": b"c0ffee", b"steps:1": b"1", b"s:1:1": '[{"name":"é"}]'.encode()}
+    await redis.hset(Keys(bob.conversation).tools, mapping=record)  # type: ignore[arg-type]
     ann_before, bob_before = await kept(redis, ann), await kept(redis, bob)
     assert len(ann_before["history"]) == 4 and ann_before["persona"] == b"Talk like a pirate."
 
@@ -111,6 +117,8 @@ async def test_a_moved_groups_people_find_their_conversations_in_the_new_chat(
         assert after == before | {"v": before["w"]}
         assert await redis.pttl(Keys(now.conversation).history) > 0
         assert await redis.pttl(Keys(now.conversation).state) > 0
+    assert (await kept(redis, bob_new))["tools"] == record
+    assert await redis.pttl(Keys(bob_new.conversation).tools) > 0
     # The old conversations stay as they were.
     assert await kept(redis, ann) == ann_before
 
@@ -181,11 +189,10 @@ async def test_forget_in_the_new_chat_erases_the_adopted_and_the_old_conversatio
     await answered(bot, ann, "/persona@bot Talk like a pirate.")
     await answered(bot, place(BOB, OLD), "my secret is 7")
     await moved(bot, redis, ann_new, place(BOB, NEW))
-    # The adopted place is in Ann's index, beside the old one.
-    assert set(await bot.store.places(ann_new.conversation, ANN)) == {
-        ann.conversation,
-        ann_new.conversation,
-    }
+    # The adopted place is in Ann's index, beside the old one: a /forget said anywhere
+    # (her DM, another group) finds it.
+    index = await redis.zrange(PersonKeys("test", ANN).places, 0, -1)
+    assert sorted(index) == sorted([ann.conversation.encode(), ann_new.conversation.encode()])
 
     await answered(bot, ann_new, "/forget@bot")
     assert chat.texts(ann_new.conversation) == [CONFIRM]
@@ -247,3 +254,28 @@ async def test_a_move_finds_the_old_chats_conversations_on_a_cluster(
             assert await client.llen(keys.history) == 2
     finally:
         await store.close()
+
+
+async def test_a_failed_adoption_costs_the_move_nothing_and_is_tried_again(
+    runtime_factory: RuntimeFactory,
+    fake: FakeOpenAI,
+    redis: Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bot, _ = await replica(runtime_factory, fake, [OLD])
+    await answered(bot, place(ANN, OLD), "hello")
+    # Bob's old conversation cannot be read (a key of the wrong type): the adoption fails.
+    broken = Keys(place(BOB, OLD).conversation)
+    await redis.hset(broken.state, "v", 1)
+    await redis.set(broken.history, "not a list")
+    await bot.group_moved("test", OLD, NEW)
+    assert await redis.hget(Keys(place(ANN, NEW).conversation).group, "allowed") == b"1"
+
+    async def failed() -> bool:
+        return "carrying the conversations of group test:-100 to -1001 failed" in caplog.text
+
+    await eventually(failed, 10, what="the adoption's failure logged")
+    assert not await redis.exists(Keys(place(ANN, NEW).conversation).state)
+    # Reported again (the next send to the old chat), it is tried again, and gets through.
+    await redis.delete(broken.history)
+    await moved(bot, redis, place(ANN, NEW))

@@ -113,10 +113,10 @@ class Access(People):
     ) -> Adopted:
         """Carry each person's conversation in the group `old_chat` (in every topic) to the
         same person's conversation in `new_chat`, the chat the group moved to: its history,
-        persona and model, where the new one has nothing of its own yet (group_adopt.lua),
-        and the new place into the person's index, so /forget finds it. The old
-        conversations stay as they are: a reply still owed there is answered and kept there,
-        and they expire with the retention. Found by a SCAN of the old chat's shard (on a
+        persona, model and record of tool calls, where the new one has nothing of its own yet
+        (group_adopt.lua), and the new place into the person's index, so /forget finds it.
+        The old conversations stay as they are: a reply still owed there is answered and kept
+        there, and they expire with the retention. Found by a SCAN of the old chat's shard (on a
         cluster, of the node that holds it), at most `cap`; then per `ADOPT_BATCH`, a round
         trip to read them (the old chat's slot), one to note the places (each person's) and
         one to adopt them (the new chat's slot). Running it again is harmless. Raises
@@ -165,10 +165,11 @@ class Access(People):
                 keys = self.layout.keys(conversation)
                 pipe.hmget(keys.state, "w", "persona", "model")
                 pipe.lrange(keys.history, 0, -1)
+                pipe.hgetall(keys.tools)
             replies: list[Any] = await pipe.execute()
         carried: list[tuple[Place, dict[str, str | int], list[str | int]]] = []
-        for conversation, (w, persona, model), history in zip(
-            conversations, replies[::2], replies[1::2], strict=True
+        for conversation, (w, persona, model), history, record in zip(
+            conversations, replies[::3], replies[1::3], replies[2::3], strict=True
         ):
             if not (history or persona or model):
                 continue
@@ -176,11 +177,13 @@ class Access(People):
             # An anonymous admin speaks as the group itself, so as the new chat once it moved.
             sender = new_chat if old.sender == old_chat else old.sender
             place = Place(old.platform, new_chat, sender, old.topic, group=True)
+            fields = {as_text(field): as_text(value) for field, value in record.items()}
             args: dict[str, str | int] = {
                 "version": int(w or 0),
                 "persona": as_text(persona or ""),
                 "model": as_text(model or ""),
                 "retention_ms": self.settings.retention_ms,
+                "record": json.dumps(fields) if fields else "",
             }
             carried.append((place, args, [as_text(entry) for entry in history]))
         # Noted first: a place noted and then not adopted costs a /forget nothing, while one
@@ -202,7 +205,7 @@ class Access(People):
 
     def _adopting(self, place: Place) -> dict[str, str]:
         keys = self.layout.keys(place.conversation)
-        return {"state": keys.state, "history": keys.history}
+        return {"state": keys.state, "history": keys.history, "tools": keys.tools}
 
     async def spread_access(self) -> int:
         """Copy every user's access record into every shard again, where a shard lacks it

@@ -250,8 +250,8 @@ GROUP_SET = Script("group_set", keys=("group",), args=("allowed", "by"))
 GROUP_MOVE = Script("group_move", keys=("group",), args=("allowed", "from"))
 GROUP_ADOPT = Script(
     "group_adopt",
-    keys=("state", "history"),
-    args=("version", "persona", "model", "retention_ms"),
+    keys=("state", "history", "tools"),
+    args=("version", "persona", "model", "retention_ms", "record"),
     rest="history_entries",
 )
 PERSONA = Script("persona", keys=("state",), args=("persona",))
