@@ -27,8 +27,9 @@ class Sink(Protocol):
 
     async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
         """The group `old_chat` now lives on as `new_chat` (a Telegram group upgraded to a
-        supergroup): the new chat is allowed if the old one was, for every replica. Safe to
-        call more than once for one move. Raises `Unavailable` if the store cannot be reached.
+        supergroup): the new chat is allowed if the old one was, for every replica, and each
+        person's conversation there is carried to theirs in the new chat. Safe to call more
+        than once for one move. Raises `Unavailable` if the store cannot be reached.
         """
         ...
 
