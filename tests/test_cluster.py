@@ -241,3 +241,32 @@ def test_the_cluster_clients_errors_are_retryable(error: Exception) -> None:
 def test_a_bug_is_not_made_retryable(error: Exception) -> None:
     with pytest.raises(type(error)), reaching_redis():
         raise error
+
+
+async def test_a_person_whose_slot_is_down_is_still_heard_in_a_place_on_another_node(
+    cluster: Cluster, make_settings: SettingsFactory
+) -> None:
+    # A person's keys live in their home's slot (on primary 0 here); they write in a place on
+    # primary 1 (a DM whose chat is not the user, as on Discord) and one on primary 2.
+    user = next(f"p{n}" for n in range(1000) if primary_of(f"test:p{n}") == 0)
+    _, here, there = conversations_on_each_primary(1, prefix="test:elsewhere-")
+    settings = make_settings(redis_url=cluster.url, debounce={"quiet_ms": 0, "max_wait_ms": 0})
+    store = make_store(settings, await open_client(cluster.url))
+    try:
+        for n, place in enumerate((here, there), 1):
+            assert (await store.ingest(message(n=n, conversation=place, user=user))).accepted
+            await store.add_usage(place, user, 10, 5)
+        assert (await store.spending(here, user)).today == 30  # the person's, both places
+        # Primary 0 and its replica gone for good, the other primaries serving their slots.
+        for primary in cluster.primaries[1:]:
+            with primary.admin() as admin:
+                admin.config_set("cluster-require-full-coverage", "no")
+        cluster.replicas[0].kill()
+        cluster.primaries[0].kill()
+        # The place's messages are still taken in (the person's rate not counted meanwhile),
+        # and its budget check reads the place's own counts: a node down stops only its own.
+        assert (await store.ingest(message(n=3, conversation=here, user=user))).accepted
+        spent = await store.spending(here, user)
+        assert (spent.today, spent.here_today.prompt) == (15, 10)
+    finally:
+        await store.close()

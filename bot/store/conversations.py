@@ -5,6 +5,7 @@ recent ones, the chosen model; the persona comes with the lease)."""
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -20,10 +21,13 @@ from bot.store.config import (
     RETRY_AFTER_ERROR_MS,
     utc_today,
 )
+from bot.store.errors import StoreUnavailable
 from bot.store.keys import Keys
-from bot.store.person import RATE_WINDOW_MS, People
+from bot.store.person import RATE_WINDOW_MS, People, Rate
 from bot.store.replies import as_text, decoded, listed, look_in
 from bot.store.scripts import Script
+
+log = logging.getLogger(__name__)
 
 # Platform message ids remembered per conversation for dedupe: at most this many, and none
 # older than the platforms' redelivery horizon (Telegram keeps an update for 24 h) allows.
@@ -335,11 +339,9 @@ class Conversations(People):
         if heard.addressed == "0":
             ingested = await self._ingest(message, verdict, heard, typing)
             if ingested.accepted or ingested.overheard:
-                await self.note_person(
-                    message.conversation, message.user_id, counts=ingested.accepted
-                )
+                await self._noted(message, counts=ingested.accepted)
             return ingested
-        rate = await self.note_person(message.conversation, message.user_id, counts=True)
+        rate = await self._noted(message, counts=True)
         if rate == "ok":
             return await self._ingest(message, verdict, heard, typing)
         limited = Ingested(False, 0, None, limited=True, first_limited=rate == "first_limited")
@@ -350,6 +352,18 @@ class Conversations(People):
         # duplicate; what is said to the room is its context, as anyone's line is.
         ingested = await self._ingest(message, verdict, replace(heard, addressed="never"), typing)
         return limited if ingested.overheard else ingested
+
+    async def _noted(self, message: InboundMessage, *, counts: bool) -> Rate:
+        """The person's step for `message` (`note_person`), or "ok" if the person's slot
+        cannot be reached: on a cluster it may be on another node than the conversation's,
+        and a node down must not stop messages that are not its own. Meanwhile the person's
+        rate is not counted and the place not noted (a /forget still finds the place by the
+        next message said there)."""
+        try:
+            return await self.note_person(message.conversation, message.user_id, counts=counts)
+        except StoreUnavailable as exc:
+            log.warning("a person's step was skipped: their slot is unreachable: %s", exc)
+            return "ok"
 
     async def _ingest(
         self,

@@ -9,6 +9,7 @@ or thrown away), on the replica's UTC day. Only the budget weighs them by model 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -18,7 +19,10 @@ from bot.store import scripts
 from bot.store.access import AccessRecord
 from bot.store.calls import Calls
 from bot.store.config import DAY_KEEP_MS, utc_today
+from bot.store.errors import StoreUnavailable
 from bot.store.replies import as_text
+
+log = logging.getLogger(__name__)
 
 # A month's tokens outlive the month, so /usage on its last day still reads it whole.
 MONTH_KEEP_MS = 62 * 86_400_000
@@ -134,29 +138,49 @@ class Usage(Calls):
     async def spending(self, conversation: str, user: str) -> Spending:
         """Tokens the person `user` of the conversation's platform has spent today and this
         month (UTC), in every place and in this one, weighed and as spent, and the daily
-        budget an admin set for them: one round trip (the person's slot, and the
-        conversation's; on a cluster, both nodes at once)."""
+        budget an admin set for them: one round trip to each of two slots, at once (the
+        conversation's, with the budget's copy in its shard; the person's). On a cluster the
+        person's slot may be on another node: if it cannot be reached, the place's own counts
+        stand for the person's (the budget then holds per place until it is back), so a node
+        down does not stop replies in conversations that are not its own."""
         k = self.layout.keys(conversation)
         person = self.layout.person_keys(Place.of(conversation).platform, user)
         today = utc_today()
-        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(person.day(today), SPENT_FIELDS)
-            pipe.hmget(person.month(today), SPENT_FIELDS)
-            pipe.hget(person.access, user)
-            pipe.hmget(k.day(today), SPENT_FIELDS[1:])
-            pipe.hmget(k.month(today), SPENT_FIELDS[1:])
-            found: list[Any] = await pipe.execute()
-        (day, *day_tokens), (month, *month_tokens), record, here, here_month = found
+        here, theirs = await asyncio.gather(
+            self._read(k.day(today), k.month(today), k.access, user),
+            self._theirs(person.day(today), person.month(today)),
+        )
+        place_day, place_month, record = here
+        (day_weighed, *day_tokens), (month_weighed, *month_tokens) = (theirs or here)[:2]
         budget = None if record is None else AccessRecord.from_json(user, record).budget
         return Spending(
-            int(day or 0),
-            int(month or 0),
+            int(day_weighed or 0),
+            int(month_weighed or 0),
             budget,
             Tokens.read(*day_tokens),
             Tokens.read(*month_tokens),
-            Tokens.read(*here),
-            Tokens.read(*here_month),
+            Tokens.read(*place_day[1:]),
+            Tokens.read(*place_month[1:]),
         )
+
+    async def _theirs(self, day: str, month: str) -> list[Any] | None:
+        """The person's day and month (`_read`); None if their slot cannot be reached."""
+        try:
+            return await self._read(day, month)
+        except StoreUnavailable as exc:
+            log.warning("a person's spending was read from the place alone: %s", exc)
+            return None
+
+    async def _read(self, day: str, month: str, access: str = "", user: str = "") -> list[Any]:
+        """A day's and a month's counts (`SPENT_FIELDS`), and `user`'s access record from
+        `access` if named (None if not): one round trip to their slot."""
+        async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(day, SPENT_FIELDS)
+            pipe.hmget(month, SPENT_FIELDS)
+            if access:
+                pipe.hget(access, user)
+            found: list[Any] = await pipe.execute()
+        return found if access else [*found, None]
 
     async def today(self) -> DayTotals:
         """What every replica did today (UTC), summed over the shards: one round trip (on a
