@@ -2,9 +2,9 @@
 
 The scripts and their arguments are declared in `bot.store.scripts`; every key name comes
 from `bot.store.keys`, which also describes the layout. `Store` is put together from one part
-per area: conversations (the flow's steps), roles, kept values, access, usage, the transcript
-cache, what a user chose or may take back (persona, /forget), heartbeats and the record of
-tool calls, on the base in
+per area: conversations (the flow's steps), roles, kept values, access, a group's move to a
+new chat, usage, the transcript cache, what a user chose or may take back (persona, /forget),
+a person's keys across places, heartbeats and the record of tool calls, on the base in
 `bot.store.calls`; `bot.store.errors` tells a failure worth a retry from a bug.
 """
 
@@ -43,6 +43,7 @@ from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
 from bot.store.keys import ACCESS_SEQ_KEY, BudgetKeys, Keys, Layout
+from bot.store.moves import Moves
 from bot.store.person import PLACES_CAP, RATE_WINDOW_MS
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
 from bot.store.replies import decoded, listed
@@ -155,7 +156,17 @@ __all__ = [
 
 
 class Store(
-    Conversations, Roles, Kept, Access, Usage, Transcripts, Personal, Heartbeats, Tools, Budget
+    Conversations,
+    Roles,
+    Kept,
+    Access,
+    Moves,
+    Usage,
+    Transcripts,
+    Personal,
+    Heartbeats,
+    Tools,
+    Budget,
 ):
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 
