@@ -18,7 +18,8 @@ break limits none of them sees, so before each call a replica asks the store
 - In a group, the group's limits (every scope with a subject: its chat's, its minute) are
   shared fairly between the people the replies are for, across the group's topics: each person
   takes the group's slots at most at their share of its rate (the whole of it while they talk
-  alone), and whoever has had their share waits behind those who have not, so a member who
+  alone), after a few that may go at once (`bot.store.budget.FAIR_BURST`), and whoever has
+  had their share waits behind those who have not, so a member who
   floods the group delays another by about one slot's interval, never by the group's whole
   period. Their own extra replies wait; newer messages fold into them as always.
 - A 429 that any replica hears holds its scope for every replica until its `retry_after` ends.
