@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
@@ -149,6 +149,16 @@ def turn_of(grant: Grant, target: Retry | None) -> int:
     """The id of the turn a reply answers, and of its tool record: a /retry's is the turn of
     the reply it writes again; any other's, the first version of its burst."""
     return target.turn if target is not None else grant.watermark + 1
+
+
+@dataclass(frozen=True)
+class Written:
+    """A reply past the pre-send check, in its outbox: the check, to make again after a wait
+    for its turn, and whether the starvation guard forces it out whatever comes."""
+
+    reply: Reply
+    presend: Callable[[], Awaitable[PreSend]]
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,11 +331,64 @@ class Cycle:
             written = await self._write(grant, keeper, began)
             if isinstance(written, Next):
                 return written
-            (text, slot), version, sent_by = written, grant.version, (lease.fence, lease.token)
+            turn = await self._turn(grant, keeper, written)
+            if isinstance(turn, Next):
+                return turn
+            if turn == "expired":
+                return await self._expired(lease)
+            # Only now, about to go: a reply superseded while it waited changes nothing.
+            await apply(self.store, lease.conversation, written.reply.changes)
+            text, slot, version = written.reply.text, turn, grant.version
+            sent_by = (lease.fence, lease.token)
         outcome = await self._deliver(lease, text, version, sent_by, keeper, grant, slot)
         ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
+        return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
+
+    async def _turn(
+        self, grant: Grant, keeper: LeaseKeeper, written: Written
+    ) -> Slot | Next | Literal["expired"] | None:
+        """The reply's turn in the outbound budget, its slot (None: not paced), waited for in
+        its outbox, behind the replies whose window closed first: however long a hold lasts,
+        it is not generated again. A newer message meanwhile supersedes it, as it would the
+        generation (`Next`: the outbox dropped, one new reply covers everything), unless the
+        starvation guard forces it out; one that came just before the turn did is caught by
+        the pre-send check, made again after any wait. "expired": it waited longer than
+        `outbound.max_reply_age_s`."""
+        assert grant.lease is not None
+        conversation = grant.lease.conversation
+        max_age_s = self.settings.outbound.max_reply_age_s
+
+        async def turn() -> Slot | None:
+            async with asyncio.timeout(max_age_s or None):
+                return await self.outbound.turn(conversation, grant.closes_at_ms)
+
+        follow = not written.forced
+        try:
+            async with self._interruptible(grant, keeper, follow=follow, waiting=True) as race:
+                slot = await race(turn())
+        except TimeoutError:
+            return "expired"
+        if isinstance(slot, Next) or slot is None or not slot.waited or written.forced:
+            return slot
+        verdict = await written.presend()
+        if verdict.status in ("lost", "stale"):
+            await self.outbound.give_back(slot)
+            return self._not_sent(grant, keeper, written.reply, verdict)
+        return slot
+
+    async def _expired(self, lease: Lease) -> Next:
+        """A reply that waited for its turn longer than `outbound.max_reply_age_s`: too old to
+        be worth sending, it is given up (its messages count as answered), said in one line."""
+        self.stats.abandoned += 1
+        log.warning(
+            "dropped the reply to %s: it waited for the platform longer than "
+            "LASTWORD_OUTBOUND__MAX_REPLY_AGE_S (%gs)",
+            lease.conversation,
+            self.settings.outbound.max_reply_age_s,
+        )
+        ended = await self._commit(lease, "abandoned")
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
 
     async def _resend(self, grant: Grant, keeper: LeaseKeeper) -> tuple[str, int]:
@@ -340,12 +403,9 @@ class Cycle:
         await apply(self.store, grant.lease.conversation, decoded(grant.resend_changes))
         return grant.resend
 
-    async def _write(
-        self, grant: Grant, keeper: LeaseKeeper, began: float
-    ) -> tuple[str, Slot | None] | Next:
-        """The reply to the burst, once it has passed the pre-send check and its commands'
-        changes are carried out, with its turn in the outbound budget; `Next` if it was
-        interrupted or found stale."""
+    async def _write(self, grant: Grant, keeper: LeaseKeeper, began: float) -> Written | Next:
+        """The reply to the burst, once it has passed the pre-send check (it is in the outbox);
+        `Next` if it was interrupted or found stale."""
         assert grant.lease is not None
         lease = grant.lease
         self.stats.lateness_ms.append(grant.lateness_ms)
@@ -373,53 +433,43 @@ class Cycle:
                 said=reply.words,
             )
 
-        checked = await self._when_closed(grant, keeper, presend)
-        if isinstance(checked, Next):
-            return checked
-        verdict, slot = checked
+        verdict = await self._when_closed(grant, keeper, presend)
+        if isinstance(verdict, Next):
+            return verdict
         if verdict.status in ("lost", "stale"):
-            await self.outbound.give_back(slot)
-        if verdict.status == "lost":
-            raise LeaseLost(lease.conversation)
-        if verdict.status == "stale":
-            keeper.released()
-            if verdict.restarted:
-                self.stats.restarted += 1
-                self.stats.restarted_tokens += reply.spent
-                return Next(verdict.look_in_ms, working=True)
-            self.stats.discarded += 1
-            self.stats.discarded_tokens += reply.spent
-            log.info("discarded a stale reply for %s: new messages arrived", lease.conversation)
-            return Next(verdict.look_in_ms, working=True)
+            return self._not_sent(grant, keeper, reply, verdict)
         if verdict.forced:
             self.stats.forced += 1
             log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
-        # Only now, past the final check: a stale reply's commands change nothing.
-        await apply(self.store, lease.conversation, reply.changes)
-        return reply.text, slot
+        return Written(reply, presend, forced=verdict.forced)
+
+    def _not_sent(self, grant: Grant, keeper: LeaseKeeper, reply: Reply, verdict: PreSend) -> Next:
+        """The pre-send check refused the reply: the lease is gone (`LeaseLost`), or newer
+        messages came and the check released it (`Next`)."""
+        assert grant.lease is not None
+        if verdict.status == "lost":
+            raise LeaseLost(grant.lease.conversation)
+        keeper.released()
+        if verdict.restarted:
+            self.stats.restarted += 1
+            self.stats.restarted_tokens += reply.spent
+            return Next(verdict.look_in_ms, working=True)
+        self.stats.discarded += 1
+        self.stats.discarded_tokens += reply.spent
+        log.info("discarded a stale reply for %s: new messages arrived", grant.lease.conversation)
+        return Next(verdict.look_in_ms, working=True)
 
     async def _when_closed(
         self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
-    ) -> tuple[PreSend, Slot | None] | Next:
-        """The pre-send check, once the burst's window has closed and the reply's turn in the
-        outbound budget has come (its slot, for the first part): a speculative reply (its
-        lease taken with the window open) is held by the check until then, and waits here;
-        a newer message meanwhile cuts either wait short as it would the generation (`Next`).
-        The turn comes first, so a reply that waited for it is still checked afterwards."""
+    ) -> PreSend | Next:
+        """The pre-send check, once the burst's window has closed: a speculative reply (its
+        lease taken with the window open) is held by the check until then, and waits here; a
+        newer message meanwhile cuts the wait short as it would the generation (`Next`)."""
         assert grant.lease is not None
-        conversation = grant.lease.conversation
         for hold in range(HOLDS):
-            slot = None
-            if hold or time.monotonic() >= grant.closes_at:
-                async with self._interruptible(grant, keeper) as race:
-                    turn = await race(self.outbound.turn(conversation, grant.closes_at_ms))
-                if isinstance(turn, Next):
-                    return turn
-                slot = turn
             verdict = await presend()
             if verdict.status != "hold":
-                return verdict, slot
-            await self.outbound.give_back(slot)
+                return verdict
             self.stats.held += hold == 0
             async with self._interruptible(grant, keeper) as race:
                 waited = await race(asyncio.sleep((verdict.look_in_ms or 0) / 1000))
@@ -766,18 +816,25 @@ class Cycle:
         return prompt if request.model is None else replace(prompt, model=request.model.model)
 
     @contextlib.asynccontextmanager
-    async def _interruptible(self, grant: Grant, keeper: LeaseKeeper) -> AsyncIterator[Race]:
+    async def _interruptible(
+        self, grant: Grant, keeper: LeaseKeeper, *, follow: bool = True, waiting: bool = False
+    ) -> AsyncIterator[Race]:
         """What runs the generation's steps: each is cancelled if a newer message arrives
-        meanwhile, the lease handed back, and `Next` returned instead of its result."""
+        meanwhile, the lease handed back, and `Next` returned instead of its result. Not if
+        `follow` is false (the reply goes out whatever comes). `waiting`: the step is a wait
+        that costs nothing (a turn in the outbound budget), so the version is read less often
+        (`VersionWatch`)."""
         assert grant.lease is not None
         race = Race(grant.lease, keeper, self.store)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
-        if not self.settings.llm.interrupt or self._starved(grant):
+        if not follow or not self.settings.llm.interrupt or self._starved(grant):
             yield race
             return
         conversation = grant.lease.conversation
-        moved = self.watch.watch(conversation, grant.version, grant.lease.fence, race.cut)
+        moved = self.watch.watch(
+            conversation, grant.version, grant.lease.fence, race.cut, waiting=waiting
+        )
         race.follow(moved)
         try:
             yield race

@@ -318,12 +318,15 @@ class Throttled(SendFailed):
     """The platform answered 429: nothing was delivered, and `scope` (one of the call's
     `Scope` names, chosen by the adapter: the whole bot when the platform does not say) takes
     no call before `retry_after_s` has passed. The core holds that scope for every replica
-    and tries again in its turn."""
+    and tries again in its turn. `inferred`: the platform did not say which limit it was
+    (Telegram), so `scope` is the adapter's guess, the narrowest the call falls under; the
+    core widens it to the bot once several such 429s come close together."""
 
-    def __init__(self, retry_after_s: float, scope: str) -> None:
+    def __init__(self, retry_after_s: float, scope: str, *, inferred: bool = False) -> None:
         super().__init__(f"{scope} throttled for {retry_after_s:g} s")
         self.retry_after_s = retry_after_s
         self.scope = scope
+        self.inferred = inferred
 
 
 class FetchFailed(Exception):
@@ -367,6 +370,9 @@ class Outbound(Protocol):
 
 # The scope of a platform's limit on the bot as a whole, by convention.
 BOT_SCOPE = "bot"
+# The scope only previews (drafts, typing indicators) fall under: a 429 on a preview holds
+# it, so previews are shed meanwhile and replies are not held at all.
+PREVIEWS_SCOPE = "previews"
 # What a platform call is, for the outbound budget: a message (a reply's part, a notice), a
 # live draft, or a typing indicator. Messages come first; the other two are previews.
 Call = Literal["message", "draft", "typing"]

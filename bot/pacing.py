@@ -10,9 +10,12 @@ break limits none of them sees, so before each call a replica asks the store
 
 - A message (a reply's part, a notice) waits its turn. Replies whose window closed first go
   first (in a group, of those whose person is within their share: below), whichever replica
-  holds them. The first part of a reply waits before the pre-send check (`Paced.turn`), so a
-  reply that waited is still checked against newer messages and never goes out stale; its
-  lease is renewed meanwhile, as for any other step.
+  holds them. A reply waits once it has passed the pre-send check, in its outbox
+  (`Paced.turn`): a wait, a hold, a store outage or a restart never throws it away, and a
+  newer message still supersedes it (the cycle checks again after a wait). Waiting is cheap:
+  a waiting reply sleeps until its slot can come, and one call a replica keeps the places of
+  all its waiting replies (their tickets); a reply that stops waiting gives its place back at
+  once, and a dead replica's places lapse within `TICKET_TTL_MS`.
 - A preview (a live draft, a typing indicator) goes now or never: it is shed when the budget
   runs short, before any reply would wait, and never while a reply waits.
 - In a group, the group's limits (every scope with a subject: its chat's, its minute) are
@@ -22,27 +25,36 @@ break limits none of them sees, so before each call a replica asks the store
   had their share waits behind those who have not, so a member who
   floods the group delays another by about one slot's interval, never by the group's whole
   period. Their own extra replies wait; newer messages fold into them as always.
-- A 429 that any replica hears holds its scope for every replica until its `retry_after` ends.
+- A 429 that any replica hears holds its scope for every replica until its `retry_after` ends
+  (clamped to [MIN_HOLD_S, MAX_HOLD_S]), and only that scope: a preview's 429 holds previews
+  alone; where the platform does not say what a 429 is about (Telegram), the call's chat, and
+  the whole bot once several chats are refused close together (`bot.store.budget`).
 - A call counts from the moment it was answered (`Store.done`), not from when it was allowed:
   the platform saw it before that, so however late a replica's loop runs, no later call can
   land inside its window early.
 
-With the store unreachable, messages wait (a reply stays in its outbox) and previews are
-shed: the fleet never sends blind, and a store that comes back finds the budget as it was.
+With the store unreachable, messages wait (a reply stays in its outbox, its turn asked again,
+backed off, for up to OUTAGE_S) and previews are shed: the fleet never sends blind, and a store
+that comes back finds the budget as it was, or, if it lost it, starts it cautiously.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
+from bot.backoff import Backoff
+from bot.cancel import cancel_and_wait
 from bot.drafts import drafts_of
 from bot.message import (
+    BOT_SCOPE,
+    PREVIEWS_SCOPE,
     Attachment,
     Call,
     Limited,
@@ -54,7 +66,7 @@ from bot.message import (
     kind_of,
 )
 from bot.store import BudgetKeys, Store, Taken
-from bot.store.budget import IN_FLIGHT_MS
+from bot.store.budget import IN_FLIGHT_MS, TICKET_TTL_MS
 
 log = logging.getLogger(__name__)
 
@@ -64,32 +76,60 @@ THROTTLED_ATTEMPTS = 5
 # A slot taken by `turn` and not used within this long is given back rather than trusted:
 # the store stops counting a call in flight after IN_FLIGHT_MS.
 SLOT_FRESH_S = IN_FLIGHT_MS / 1000 / 2
-# A message waits its turn at most this long before its send fails (transient, so the reply
-# is backed off and tried again): a budget held for ever must not hold a cycle for ever.
-MAX_TURN_S = 300.0
 # A preview asks the store at most this long; a message's turn may take longer, but each ask
 # is bounded by the store client's own timeout.
 PREVIEW_TIMEOUT_S = 2.0
+# A message's turn asked again through a store outage, backed off from the first delay to the
+# cap, for this long in a row before its wait fails (`Unavailable`: the reply stays in its
+# outbox, and the cycle is backed off across replicas).
+OUTAGE_FIRST_S = 0.05
+OUTAGE_CAP_S = 0.5
+OUTAGE_S = 20.0
+# A waiting reply asks again at least this often, however long its wait (a hold of hours).
+MAX_SLEEP_S = 60.0
+# How often a replica keeps the tickets of its waiting replies alive: well within their TTL.
+KEEP_EVERY_S = TICKET_TTL_MS / 1000 / 3
+# Leaving the queue is bounded: a store out of reach lets the ticket lapse instead.
+LEAVE_TIMEOUT_S = 2.0
+# A retry_after outside these bounds is the platform's mistake (or a hostile proxy's): a hold
+# is at least a second (0 or less would let the next call straight into the same 429) and at
+# most an hour (the call is then tried again, and a real flood wait holds it again).
+MIN_HOLD_S = 1.0
+MAX_HOLD_S = 3600.0
+# A bot-wide hold longer than this is reported by /healthz and `lastword status`.
+HELD_LONG_S = 30.0
 
 
 @dataclass
 class PacingStats:
-    """What pacing did on this replica, by scope kind ("bot", "chat", ...) or call."""
+    """What pacing did on this replica, by scope kind ("bot", "chat", ...) or call; `calls`,
+    the budget's store calls by script (take, done, keep, leave, hold)."""
 
     waits: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     wait_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     shed: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     throttled: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     held_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 @dataclass(frozen=True)
 class Slot:
-    """A call the budget allowed: its id in each scope, and when it was allowed."""
+    """A call the budget allowed: its id in each scope, when it was allowed, and whether the
+    message had to wait for it (then newer messages may have come meanwhile)."""
 
     grant: str
     scopes: tuple[Scope, ...]
     at: float = field(default_factory=time.monotonic)
+    waited: bool = False
+
+
+@dataclass
+class _Waiting:
+    """A reply of this replica waiting its turn: its scopes, and what wakes it early."""
+
+    scopes: tuple[Scope, ...]
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Paced:
@@ -109,6 +149,15 @@ class Paced:
         self.typing_interval_s = inner.typing_interval_s
         drafts = drafts_of(inner)
         self.draft_interval_s: float | None = drafts.draft_interval_s if drafts else None
+        # This replica's replies waiting their turn, by ticket; the task that keeps their
+        # tickets alive runs while there are any.
+        self._waiting: dict[str, _Waiting] = {}
+        self._keeper: asyncio.Task[None] | None = None
+        self._leaving: set[asyncio.Task[None]] = set()
+        # Whether this replica has used the budget yet (a budget found without its epoch
+        # afterwards lost its keys: bot.store.budget).
+        self._seen = False
+        self._told: set[str] = set()
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         if not self.paced:
@@ -121,45 +170,66 @@ class Paced:
     async def turn(self, conversation: str, order_ms: int) -> Slot | None:
         """Wait until a message may go out in `conversation`, behind the replies whose window
         closed before `order_ms` (server clock); the slot goes to `send(..., slot=)`. None
-        when the platform is not paced. Raises `Unavailable` while the store is down."""
+        when the platform is not paced. However long a hold lasts, it waits; through a store
+        outage it asks again, backed off, and raises `Unavailable` once it has lasted
+        OUTAGE_S. Cancelled or failing, it gives its place in the queue back."""
         scopes = self.scopes(conversation, "message")
         if not scopes:
             return None
         person, fair = shared_fairly(conversation, scopes)
-        # The conversation's own: one reply of a conversation waits at a time, so a turn cut
-        # short by a newer message (its reply gone stale) leaves no ticket behind to keep
-        # others waiting; the next reply takes its place.
+        # The conversation's own: one reply of a conversation waits at a time.
         ticket = conversation
         began = time.monotonic()
         waited_on: set[str] = set()
-        while True:
-            grant = secrets.token_hex(8)
-            taken = await self.store.take(
-                self.keys,
-                scopes,
-                call="message",
-                ticket=ticket,
-                order_ms=order_ms,
-                grant=grant,
-                person=person,
-                fair=fair,
-            )
-            if taken.status == "granted":
-                for kind in waited_on:
-                    self.stats.wait_s[kind] += time.monotonic() - began
-                return Slot(grant, scopes)
-            kind = kind_of(taken.scope)
-            if kind not in waited_on:
-                waited_on.add(kind)
-                self.stats.waits[kind] += 1
-            if time.monotonic() - began > MAX_TURN_S:
-                raise Throttled(taken.wait_ms / 1000, taken.scope)
-            await asyncio.sleep(taken.wait_ms / 1000)
+        outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
+        down_since: float | None = None
+        waiting = _Waiting(scopes)
+        try:
+            while True:
+                grant = secrets.token_hex(8)
+                try:
+                    taken = await self._take(
+                        scopes,
+                        call="message",
+                        ticket=ticket,
+                        order_ms=order_ms,
+                        grant=grant,
+                        person=person,
+                        fair=fair,
+                    )
+                except Unavailable as exc:
+                    now = time.monotonic()
+                    down_since = down_since or now
+                    if now - down_since >= OUTAGE_S:
+                        raise
+                    log.info("the outbound budget is out of reach (%s); asking again", exc)
+                    await asyncio.sleep(outage.next_delay())
+                    continue
+                down_since = None
+                outage.reset()
+                if taken.status == "granted":
+                    for kind in waited_on:
+                        self.stats.wait_s[kind] += time.monotonic() - began
+                    return Slot(grant, scopes, waited=bool(waited_on))
+                kind = kind_of(taken.scope)
+                if kind not in waited_on:
+                    waited_on.add(kind)
+                    self.stats.waits[kind] += 1
+                self._wait_in(ticket, waiting)
+                await self._sleep(waiting, min(taken.wait_ms / 1000, MAX_SLEEP_S))
+        except BaseException:
+            if ticket in self._waiting:
+                self._leave(ticket, scopes)
+            raise
+        finally:
+            if self._waiting.get(ticket) is waiting:
+                del self._waiting[ticket]
 
     async def give_back(self, slot: Slot | None) -> None:
         """A slot `turn` gave that no message will use (the reply was found stale)."""
         if slot is not None:
             await self._done(slot, used=False)
+            self._wake()
 
     async def send(
         self,
@@ -186,12 +256,12 @@ class Paced:
                 else:
                     await self.inner.send(conversation, text, idempotency_key, reply_to)
             except Throttled as exc:
-                await self.throttled(exc.scope, exc.retry_after_s)
+                await self.throttled(exc.scope, exc.retry_after_s, inferred=exc.inferred)
                 if attempt == THROTTLED_ATTEMPTS:
                     raise
                 if not self.paced:
                     # No budget to wait in: waited out here, as told.
-                    await asyncio.sleep(exc.retry_after_s)
+                    await asyncio.sleep(self._clamped(exc.scope, exc.retry_after_s))
                 continue
             finally:
                 if slot is not None:
@@ -224,21 +294,142 @@ class Paced:
 
     # Shared news
 
-    async def throttled(self, scope: str, retry_after_s: float) -> None:
+    async def throttled(self, scope: str, retry_after_s: float, *, inferred: bool = False) -> None:
         """The platform answered 429 for `scope`: held for every replica until it has
-        passed. Best effort: with the store down nothing is sent anyway."""
+        passed (`inferred`: the platform did not say what it was about, and `scope` is the
+        call's chat: several of them close together hold the bot). Best effort: with the
+        store down nothing is sent anyway."""
+        held_s = self._clamped(scope, retry_after_s)
         kind = kind_of(scope)
         self.stats.throttled[kind] += 1
-        self.stats.held_s[kind] += retry_after_s
-        log.warning("the platform throttled %s for %.1fs", scope, retry_after_s)
+        self.stats.held_s[kind] += held_s
+        log.warning("the platform throttled %s for %.1fs", scope, held_s)
         if not self.paced:
             return
         try:
-            await self.store.hold(self.keys, scope, int(retry_after_s * 1000))
+            self.stats.calls["hold"] += 1
+            widened = await self.store.hold(self.keys, scope, int(held_s * 1000), spread=inferred)
         except Unavailable as exc:
             log.warning("could not share the hold of %s (%s)", scope, exc)
+            return
+        if widened:
+            log.warning(
+                "the platform throttled several chats at once: every reply is held for %.1fs",
+                held_s,
+            )
+
+    async def bot_held_s(self) -> float:
+        """How long the platform still holds every call of the bot after a 429 (0.0: it does
+        not), read from the store, so every replica says the same. Raises `Unavailable`."""
+        if not self.paced:
+            return 0.0
+        return (await self.store.held(self.keys)).get(BOT_SCOPE, 0) / 1000
+
+    async def stop(self) -> None:
+        """Give up the places of every reply still waiting, and stop keeping them."""
+        if self._keeper is not None:
+            await cancel_and_wait(self._keeper)
+        if self._leaving:
+            await asyncio.wait(set(self._leaving), timeout=LEAVE_TIMEOUT_S)
 
     # Inside
+
+    def _clamped(self, scope: str, retry_after_s: float) -> float:
+        """A 429's retry_after within [MIN_HOLD_S, MAX_HOLD_S]; one outside is logged, once a
+        process for each way it can be wrong."""
+        held_s = min(max(retry_after_s, MIN_HOLD_S), MAX_HOLD_S)
+        if held_s != retry_after_s:
+            wrong = "long" if retry_after_s > MAX_HOLD_S else "short"
+            if wrong not in self._told:
+                self._told.add(wrong)
+                log.warning(
+                    "the platform asked to wait %gs after a 429 on %s; holding it %gs instead "
+                    "(told once)",
+                    retry_after_s,
+                    scope,
+                    held_s,
+                )
+        return held_s
+
+    async def _take(
+        self,
+        scopes: tuple[Scope, ...],
+        *,
+        call: Call,
+        ticket: str,
+        order_ms: int,
+        grant: str,
+        person: str = "",
+        fair: frozenset[str] = frozenset(),
+    ) -> Taken:
+        self.stats.calls["take"] += 1
+        taken = await self.store.take(
+            self.keys,
+            scopes,
+            call=call,
+            ticket=ticket,
+            order_ms=order_ms,
+            grant=grant,
+            person=person,
+            fair=fair,
+            seen=self._seen,
+        )
+        self._seen = True
+        return taken
+
+    def _wait_in(self, ticket: str, waiting: _Waiting) -> None:
+        """`ticket` waits on this replica: its place is kept alive until it stops."""
+        self._waiting[ticket] = waiting
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.create_task(self._keep(), name="outbound budget tickets")
+
+    async def _sleep(self, waiting: _Waiting, seconds: float) -> None:
+        """Sleep `seconds`, or less if a slot is given back on this replica meanwhile."""
+        waiting.woken.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await waiting.woken.wait()
+
+    def _wake(self) -> None:
+        """A slot was given back, or a place left, on this replica: whoever waits here asks
+        again now rather than when it was told (a slot given back frees at once)."""
+        for waiting in self._waiting.values():
+            waiting.woken.set()
+
+    async def _keep(self) -> None:
+        """Keep the tickets of this replica's waiting replies alive, in one store call however
+        many wait, while any do. Never dies of a failure: a ticket not kept for a while only
+        loses its place, and it takes one again when it next asks."""
+        while self._waiting:
+            await asyncio.sleep(KEEP_EVERY_S)
+            tickets = list(self._waiting)
+            if not tickets:
+                return
+            try:
+                self.stats.calls["keep"] += 1
+                await self.store.keep(self.keys, tickets)
+            except Unavailable as exc:
+                log.debug("could not keep the waiting replies' places: %s", exc)
+            except Exception:
+                log.exception("keeping the waiting replies' places failed")
+
+    def _leave(self, ticket: str, scopes: Sequence[Scope]) -> None:
+        """Give `ticket`'s place back now, in a task of its own: its turn is being cancelled,
+        and whatever cancels it must not wait for the store."""
+        task = asyncio.ensure_future(self._left(ticket, scopes))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+        self._wake()
+
+    async def _left(self, ticket: str, scopes: Sequence[Scope]) -> None:
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                self.stats.calls["leave"] += 1
+                await self.store.leave(self.keys, scopes, ticket)
+        except (Unavailable, TimeoutError) as exc:
+            log.info("could not give back the place of %s (%s); it lapses", ticket, exc)
+        except Exception:
+            log.exception("giving back the place of %s failed; it lapses", ticket)
 
     async def _preview(self, conversation: str, call: Call) -> tuple[Slot | None, Taken | None]:
         """A preview's slot, or the answer that shed it (on any store failure too): (slot,
@@ -249,9 +440,7 @@ class Paced:
         grant = secrets.token_hex(8)
         try:
             async with asyncio.timeout(PREVIEW_TIMEOUT_S):
-                taken = await self.store.take(
-                    self.keys, scopes, call=call, ticket="-", order_ms=0, grant=grant
-                )
+                taken = await self._take(scopes, call=call, ticket="-", order_ms=0, grant=grant)
         except (Unavailable, TimeoutError):
             taken = Taken("shed", 0, "store", False)
         if taken.status == "granted":
@@ -260,11 +449,12 @@ class Paced:
         return None, taken
 
     async def _previewed(self, slot: Slot | None, call: Awaitable[None]) -> None:
-        """Make a preview's call in its slot; a 429 is shared news."""
+        """Make a preview's call in its slot; a 429 holds previews alone, for every replica
+        (replies never wait for a preview's sake)."""
         try:
             await call
         except Throttled as exc:
-            await self.throttled(exc.scope, exc.retry_after_s)
+            await self.throttled(PREVIEWS_SCOPE, exc.retry_after_s)
             raise
         finally:
             if slot is not None:
@@ -272,6 +462,7 @@ class Paced:
 
     async def _done(self, slot: Slot, *, used: bool) -> None:
         try:
+            self.stats.calls["done"] += 1
             await self.store.done(self.keys, slot.scopes, slot.grant, used=used)
         except Unavailable as exc:
             # The call stays counted in flight a while longer: slower, never faster.

@@ -438,6 +438,8 @@ class Runtime:
         await self.timers.stop()
         # Each cancelled cycle hands its lease back on the way out.
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
+        # Their places in the outbound budget's queues, given back on the way out too.
+        await self.outbound.stop()
         await self.cycle.watch.stop()
         # The media workers: after the cycles, which may have been waiting on them.
         await self.cycle.media.close()

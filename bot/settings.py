@@ -409,6 +409,10 @@ class OutboundSettings(Group):
     # alone: several replicas together may then break the limits); off, none kept (429s are
     # only waited out). The limits themselves are the platform's settings.
     budget: Literal["shared", "replica", "off"] = "shared"
+    # A reply still waiting for its turn this long after it was written (the platform holding
+    # the bot after a 429, for hours) is dropped, with one log line, rather than sent that
+    # late; a newer message from the user is answered as usual. 0: never dropped.
+    max_reply_age_s: float = Field(default=86_400.0, ge=0)
 
 
 # What the settings say of a user: an admin (always let in, whatever was changed in chat), or

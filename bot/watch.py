@@ -7,6 +7,11 @@ moved. A poll per conversation would cost a round trip and a task wake-up each; 
 hundred generations in flight that alone would keep a replica's event loop busy and make every
 interrupt late. The task runs only while something is watched.
 
+A reply waiting for its turn in the outbound budget costs nothing while it waits, so its
+conversation is read only every WAITING_POLL_S: with a thousand replies held by a 429 that is a
+thousand reads a second in one round trip, not twenty thousand; a newer message that came
+meanwhile is still caught by the pre-send check made again after the wait.
+
 A message this replica takes in is signalled at once (`moved`): the poll is for the messages
 other replicas take in, and waiting for it would add up to a poll interval to every interrupt.
 A watcher may also give a callback, called the moment the version is seen to move: a loaded
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +31,9 @@ from bot.cancel import cancel_and_wait
 from bot.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+# How often a waiting reply's conversation is read (a generating one's: every poll).
+WAITING_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class Watched:
     fence: int
     moved: asyncio.Event
     on_moved: Callable[[], None] | None
+    waiting: bool = False
 
     def signal(self) -> None:
         if self.moved.is_set():
@@ -64,13 +74,15 @@ class VersionWatch:
         version: int,
         fence: int,
         on_moved: Callable[[], None] | None = None,
+        *,
+        waiting: bool = False,
     ) -> asyncio.Event:
         """An event set once the conversation's version is no longer `version`, or a typing
         signal cut the generation of lease `fence` (a speculative one), and `on_moved` called
         then, synchronously. A process runs one cycle per conversation at a time, so one
-        watch per conversation."""
+        watch per conversation. `waiting`: a reply waiting its turn, read less often."""
         moved = asyncio.Event()
-        self._watched[conversation] = Watched(version, fence, moved, on_moved)
+        self._watched[conversation] = Watched(version, fence, moved, on_moved, waiting)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="version watch")
         return moved
@@ -95,11 +107,20 @@ class VersionWatch:
             del self._watched[conversation]
 
     async def _poll(self) -> None:
+        waiting_read_at = 0.0
         while self._watched:
             await asyncio.sleep(self.poll_s)
-            watched = list(self._watched.items())
+            now = time.monotonic()
+            with_waiting = now - waiting_read_at >= WAITING_POLL_S
+            if with_waiting:
+                waiting_read_at = now
+            watched = [
+                (conversation, one)
+                for conversation, one in self._watched.items()
+                if with_waiting or not one.waiting
+            ]
             if not watched:
-                return
+                continue
             try:
                 versions = await self.store.versions([conversation for conversation, _ in watched])
             except StoreUnavailable as exc:

@@ -1,7 +1,8 @@
 """The outbound budget of a platform's bot, shared by every replica: may a call go out now,
 and if not, when (`budget_take`); a call answered or never made (`budget_done`); a 429 heard
-(`budget_hold`). All of a platform's budget keys share one hash tag (`BudgetKeys`), so one
-script sees the bot-wide limit and the chat's together, on a Cluster too.
+(`budget_hold`); the tickets of a replica's waiting replies kept alive (`budget_keep`), or
+given up (`budget_leave`). All of a platform's budget keys share one hash tag (`BudgetKeys`),
+so one script sees the bot-wide limit and the chat's together, on a Cluster too.
 
 A scope that several people's replies draw on (a group's) may be shared fairly between them:
 each person takes its slots at most at their share of its rate, and a person who has had their
@@ -14,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.message import Scope
+from bot.message import BOT_SCOPE, PREVIEWS_SCOPE, Scope
 from bot.store import scripts
 from bot.store.calls import Calls
 from bot.store.keys import BudgetKeys
@@ -23,12 +24,21 @@ from bot.store.replies import as_text, decoded
 # A granted call counts as made this far ahead until it is answered: a call whose answer is
 # never recorded (its replica died) holds its slot this long, the longest a call may take.
 IN_FLIGHT_MS = 30_000
-# A waiting reply not heard from for this long (its replica died, or gave up) no longer
-# keeps its place in the queue.
-TICKET_TTL_MS = 10_000
-# How soon to ask again when a slot frees at a moment the script cannot know (a call in flight
-# whose answer will free it, or a reply ahead that may take it).
-POLL_MS = 50
+# A waiting reply not kept alive for this long (its replica died) no longer keeps its place in
+# the queue: its replica keeps the tickets of all its waiting replies alive more often than
+# this (`Budget.keep`), so only a dead replica's lapse.
+TICKET_TTL_MS = 2_000
+# How soon to ask again when a slot frees at a moment the script cannot know (the slots go to
+# replies ahead, which take them as soon as they ask).
+POLL_MS = 100
+# A budget's epoch outlives its last call this long: a budget idle for longer starts free.
+EPOCH_KEEP_MS = 86_400_000
+# A platform that does not say what a 429 is about (Telegram): 429s in this many different
+# chats within SPREAD_MS hold the whole bot, not just those chats.
+SPREAD_COUNT = 3
+SPREAD_MS = 5_000
+# The 429 counters every replica reads (`heard`) are kept this long after the last 429.
+HEARD_KEEP_MS = 86_400_000
 # In a scope shared fairly (a group's), the slots a person may take at once, ahead of their
 # share's pace: a quick exchange with the bot in a quiet group (a command's answer, then the
 # reply) is not spread out; past them, a flood is paced, so a group's slots keep freeing for
@@ -64,14 +74,23 @@ class Budget(Calls):
         person: str = "",
         fair: Collection[str] = (),
         burst: int = FAIR_BURST,
+        seen: bool = False,
     ) -> Taken:
         """May `call` go out now under every scope in `scopes`? Granted, it is recorded as
         `grant` in each (in flight until `done`). A message that must wait joins the queue
         under `ticket`, placed by `order_ms` (server clock: when its window closed; 0 for a
-        part already promised). The scopes named in `fair` are shared fairly between people,
-        a message being for `person`, who may run `burst` slots ahead of their pace."""
+        part already promised), and keeps its place while its ticket is kept alive (`keep`).
+        The scopes named in `fair` are shared fairly between people, a message being for
+        `person`, who may run `burst` slots ahead of their pace. `seen`: the caller has used
+        this budget before, so a budget without its epoch lost its keys, and starts
+        cautiously."""
         script = scripts.BUDGET_TAKE
-        named = {"tickets": keys.tickets, "holds": keys.holds}
+        named = {
+            "tickets": keys.tickets,
+            "holds": keys.holds,
+            "epoch": keys.epoch,
+            "previews_hold": keys.scope(PREVIEWS_SCOPE)[2],
+        }
         scope_keys = [
             key for scope in scopes for key in (*keys.scope(scope.name), keys.people(scope.name))
         ]
@@ -86,6 +105,8 @@ class Budget(Calls):
             "poll_ms": POLL_MS,
             "keep_free_pct": KEEP_FREE_PCT[call],
             "fair_burst": burst,
+            "epoch_keep_ms": EPOCH_KEEP_MS,
+            "seen": int(seen),
         }
         rest = [
             value
@@ -112,11 +133,53 @@ class Budget(Calls):
         sent = [keys.scope(scope.name)[0] for scope in scopes]
         await self._run(script, {}, {"grant": grant, "used": int(used)}, rest_keys=sent)
 
-    async def hold(self, keys: BudgetKeys, scope: str, hold_ms: int) -> None:
-        """No call under `scope` for `hold_ms`, on any replica (a 429's retry_after)."""
+    async def hold(
+        self, keys: BudgetKeys, scope: str, hold_ms: int, *, spread: bool = False
+    ) -> bool:
+        """No call under `scope` for `hold_ms`, on any replica (a 429's retry_after). `spread`:
+        the platform did not say what the 429 was about and `scope` is a guess (the call's
+        chat); several such within SPREAD_MS hold the bot's scope too. True if they did."""
         script = scripts.BUDGET_HOLD
-        named = {"hold": keys.scope(scope)[2], "holds": keys.holds}
-        await self._run(script, named, {"scope": scope, "hold_ms": max(1, hold_ms)})
+        named = {
+            "hold": keys.scope(scope)[2],
+            "holds": keys.holds,
+            "heard": keys.heard,
+            "recent": keys.recent,
+            "bot_hold": keys.scope(BOT_SCOPE)[2],
+        }
+        args: dict[str, str | int] = {
+            "scope": scope,
+            "hold_ms": max(1, hold_ms),
+            "spread": int(spread),
+            "spread_count": SPREAD_COUNT,
+            "spread_ms": SPREAD_MS,
+            "bot_scope": BOT_SCOPE,
+            "heard_keep_ms": HEARD_KEEP_MS,
+        }
+        return bool(decoded(await self._run(script, named, args))["widened"])
+
+    async def keep(self, keys: BudgetKeys, tickets: Sequence[str]) -> None:
+        """The replies waiting under `tickets` still wait: their places are kept."""
+        if tickets:
+            args = {"ticket_ttl_ms": TICKET_TTL_MS}
+            await self._run(scripts.BUDGET_KEEP, {"tickets": keys.tickets}, args, list(tickets))
+
+    async def leave(self, keys: BudgetKeys, scopes: Sequence[Scope], ticket: str) -> None:
+        """The reply waiting under `ticket` stopped waiting: its place goes to those behind."""
+        queues = [keys.scope(scope.name)[1] for scope in scopes]
+        named = {"tickets": keys.tickets}
+        await self._run(scripts.BUDGET_LEAVE, named, {"ticket": ticket}, rest_keys=queues)
+
+    async def heard(self, keys: BudgetKeys) -> dict[str, tuple[int, int]]:
+        """The 429s heard by every replica lately, by the kind of scope: (how many, ms held)."""
+        async with self._reaching():
+            found = await self.redis.hgetall(keys.heard)
+        fields = {as_text(name): int(value) for name, value in found.items()}
+        kinds = {name.partition(":")[0] for name in fields}
+        return {
+            kind: (fields.get(f"{kind}:count", 0), fields.get(f"{kind}:held_ms", 0))
+            for kind in sorted(kinds)
+        }
 
     async def held(self, keys: BudgetKeys) -> dict[str, int]:
         """The scopes held after a 429 right now, each with the ms its hold has left."""

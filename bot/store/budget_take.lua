@@ -20,11 +20,21 @@
 -- ahead of their pace before they are kept back. A promised part (order_ms
 -- 0: the rest of a reply already under way, a notice) is not kept back by its person's due,
 -- and counts towards it.
--- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends.
+-- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends; a preview is
+-- also stopped by the hold of the previews' own scope (a 429 on a preview holds only that).
+-- A waiting reply keeps its place while its ticket lives: its replica refreshes the tickets of
+-- all its waiting replies at once (budget_keep.lua), and one that stops waiting leaves at once
+-- (budget_leave.lua), so a dead replica's places are gone within `ticket_ttl_ms`.
+-- A budget found without its epoch by a replica that has `seen` it lost its keys (a flush, a
+-- failover that lost recent writes): it starts as if each scope's last period had been full,
+-- its calls leaving the window evenly, rather than let a burst through that the platform would
+-- refuse. A budget no replica has seen yet (a first start) starts free.
 -- Returns {status, wait_ms, scope, held}: status 'granted', 'wait' (a reply: ask again in
 -- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold did.
 local tickets = KEYS[1]
 local holds = KEYS[2]
+local epoch = KEYS[3] -- when the budget's keys were first written
+local previews_hold = KEYS[4] -- the hold of the previews' own scope
 local kind = ARGV[1] -- 'reply' or 'preview'
 local ticket = ARGV[2] -- the waiting reply's, unique to it
 local order_ms = tonumber(ARGV[3])
@@ -38,9 +48,19 @@ local keep_free_pct = tonumber(ARGV[9])
 -- exchange in a quiet group is not spread out, while a flood still fills the scope no faster
 -- than its rate once the few are spent.
 local fair_burst = tonumber(ARGV[10])
-local NAMED = 10
+local epoch_keep_ms = tonumber(ARGV[11]) -- how long the epoch outlives the budget's last call
+local seen = ARGV[12] -- '1': the caller has found this budget's epoch before
+local NAMED = 12
+local KEYED = 4
 
 local now = now_ms()
+local began = tonumber(redis.call('GET', epoch) or '0')
+if began == 0 or began > now then
+  began = seen == '1' and now or now - epoch_keep_ms
+  redis.call('SET', epoch, began, 'PX', epoch_keep_ms)
+else
+  redis.call('PEXPIRE', epoch, epoch_keep_ms)
+end
 redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', tickets, '-inf', now, 'LIMIT', 0, 16)) do
   redis.call('ZREM', tickets, gone)
@@ -81,8 +101,10 @@ local function anyone_waiting(queue)
 end
 
 -- When the `needed`-th slot of `sent` frees (1: the next one): when that call, counted from the
--- oldest, leaves the window, a period later for each full window of waiters ahead; or soon,
--- when it is still in flight (its answer could come any moment) or nothing is recorded.
+-- oldest, leaves the window, a period later for each full window of waiters ahead. A call still
+-- in flight counts from its answer, which cannot come before now: its slot frees a period from
+-- now at the soonest. With nothing recorded the slots go to live waiters ahead, who take them
+-- as soon as they ask: asked again in `poll_ms`.
 local function frees_in(sent, per_ms, needed)
   local recorded = redis.call('ZCARD', sent)
   if recorded == 0 then
@@ -92,9 +114,21 @@ local function frees_in(sent, per_ms, needed)
   local nth = redis.call('ZRANGE', sent, (needed - 1) % recorded, (needed - 1) % recorded, 'WITHSCORES')
   local at = tonumber(nth[2])
   if at > now then
-    return poll_ms + rounds * per_ms
+    return per_ms + rounds * per_ms
   end
   return math.max(at + per_ms - now + rounds * per_ms, 1)
+end
+
+-- A budget that lost its keys: of the calls its last period is taken to have made, evenly
+-- spread, those still in the window now (0 once a period has passed since the epoch), and when
+-- the next of them leaves it.
+local function assumed(count, per_ms)
+  local since = now - began
+  if since >= per_ms then
+    return 0, 0
+  end
+  local left = math.floor(since * count / per_ms)
+  return count - left, math.max(math.ceil(began + (left + 1) * per_ms / count - now), 1)
 end
 
 -- This person's share of a scope shared fairly: when they may take its next slot (their due; 0
@@ -120,7 +154,8 @@ local scopes = {}
 local wait, stopped_by, held = 0, '', false
 for i = 1, (#ARGV - NAMED) / 4 do
   local scope = {
-    sent = KEYS[4 * i - 1], queue = KEYS[4 * i], hold = KEYS[4 * i + 1], people = KEYS[4 * i + 2],
+    sent = KEYS[KEYED + 4 * i - 3], queue = KEYS[KEYED + 4 * i - 2],
+    hold = KEYS[KEYED + 4 * i - 1], people = KEYS[KEYED + 4 * i],
     name = ARGV[NAMED + 4 * i - 3], count = tonumber(ARGV[NAMED + 4 * i - 2]),
     per_ms = tonumber(ARGV[NAMED + 4 * i - 1]), wait = 0, place = order_ms,
   }
@@ -137,11 +172,15 @@ for i = 1, (#ARGV - NAMED) / 4 do
     end
   end
   local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
+  if kind ~= 'reply' then
+    hold_until = math.max(hold_until, tonumber(redis.call('GET', previews_hold) or '0'))
+  end
   if hold_until > now then
     scope.wait = hold_until - now
   else
     redis.call('ZREMRANGEBYSCORE', scope.sent, '-inf', now - scope.per_ms)
-    local free = scope.count - redis.call('ZCARD', scope.sent)
+    local before, next_leaves = assumed(scope.count, scope.per_ms)
+    local free = scope.count - redis.call('ZCARD', scope.sent) - before
     local needed = 1
     if kind == 'reply' then
       -- Replies ahead (some may be gone): each takes a slot first.
@@ -155,7 +194,9 @@ for i = 1, (#ARGV - NAMED) / 4 do
     else
       free = free - math.ceil(scope.count * keep_free_pct / 100)
     end
-    if free <= 0 then
+    if free <= 0 and before > 0 then
+      scope.wait = next_leaves
+    elseif free <= 0 then
       scope.wait = frees_in(scope.sent, scope.per_ms, needed)
     end
     if scope.kept then
@@ -190,16 +231,20 @@ if kind ~= 'reply' then
 end
 -- In the queue of each scope that stops it, and out of the others: a reply kept back by its
 -- chat reserves nothing bot-wide meanwhile.
+-- A queue lives as long as its waiters may sleep before they ask again (their tickets kept
+-- alive meanwhile by their replicas); the gone ones in it are dropped as they are met.
 for _, scope in ipairs(scopes) do
   if scope.wait > 0 then
     redis.call('ZADD', scope.queue, scope.place, ticket)
-    redis.call('PEXPIRE', scope.queue, ticket_ttl_ms)
+    if redis.call('PTTL', scope.queue) < wait + ticket_ttl_ms then
+      redis.call('PEXPIRE', scope.queue, wait + ticket_ttl_ms)
+    end
   else
     redis.call('ZREM', scope.queue, ticket)
   end
 end
 redis.call('ZADD', tickets, now + ticket_ttl_ms, ticket)
-redis.call('PEXPIRE', tickets, ticket_ttl_ms)
--- Asked again well before its ticket would count as gone, however long the wait.
-wait = math.min(wait, math.floor(ticket_ttl_ms / 2))
+if redis.call('PTTL', tickets) < ticket_ttl_ms then
+  redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+end
 return cjson.encode({status = 'wait', wait_ms = wait, scope = stopped_by, held = held})

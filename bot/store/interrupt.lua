@@ -2,6 +2,8 @@
 -- cancelled the generation: give the lease back at once, as the pre-send check would after it.
 -- The discard counts towards the starvation guard as a stale reply does. (A holder whose
 -- reply the guard will force out does not interrupt at all: it learns the count on acquire.)
+-- A reply already in the outbox, waiting for its turn in the outbound budget, is superseded the
+-- same way: its outbox goes with the lease, and the next cycle covers everything.
 -- A speculative generation (its lease took the window while still open) cut short by a message
 -- that extended that window is 'restarted' instead: no reply went stale, so no discard counts.
 -- Returns {status = 'stale' | 'restarted', look_in_ms = ms until the next look} |
@@ -11,6 +13,7 @@ local state = KEYS[2]
 local window = KEYS[3]
 local due = KEYS[4]
 local totals = KEYS[5] -- the shard's totals of today
+local outbox = KEYS[6]
 local conversation = ARGV[1]
 local token = ARGV[2]
 local fence = ARGV[3]
@@ -25,6 +28,9 @@ if leased_to(window, fence) then
 else
   redis.call('HINCRBY', state, 'discards', 1)
   count_today(totals, 'interrupted', totals_keep_ms)
+end
+if redis.call('HGET', outbox, 'fence') == fence then
+  redis.call('DEL', outbox)
 end
 redis.call('DEL', lease)
 return cjson.encode({status = status,

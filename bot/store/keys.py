@@ -317,6 +317,14 @@ class BudgetKeys:
         )
         self.tickets = f"{self.base}:tickets"
         self.holds = f"{self.base}:holds"
+        # When this budget's keys were first written (budget_take.lua): a budget found without
+        # it lost its state, and starts as if its last period were full.
+        self.epoch = f"{self.base}:epoch"
+        # The 429s heard, by the kind of scope: how many, and the ms held (budget_hold.lua).
+        self.heard = f"{self.base}:heard"
+        # The scopes a 429 named lately, each with when (budget_hold.lua: several at once
+        # hold the bot).
+        self.recent = f"{self.base}:recent"
 
     def scope(self, name: str) -> tuple[str, str, str]:
         """A scope's sent, queue and hold keys, in that order (as budget_take.lua reads

@@ -1,7 +1,8 @@
 -- The last check before a reply leaves: the lease is still ours and V has not moved.
 -- Passing records the reply in the outbox, so a crash after this point resends the same text.
 -- Failing drops the reply, leaves W alone and releases the lease; the newer message has
--- already scheduled the cycle that will cover everything.
+-- already scheduled the cycle that will cover everything. The check is made again after the
+-- reply waited its turn in the outbound budget: failing then drops it from the outbox too.
 -- A speculative reply (its lease took the window while still open) also waits for the window:
 -- while the window is open this answers 'hold', changing nothing; once it has closed, the
 -- window is consumed here. A message that came while it was open (and extended it), or the user
@@ -87,6 +88,9 @@ if not current then
     or discards > starvation_limit
   if not starved then
     count_today(totals, 'interrupted', totals_keep_ms)
+    if redis.call('HGET', outbox, 'fence') == fence then
+      redis.call('DEL', outbox)
+    end
     redis.call('DEL', lease)
     return answer('stale', reschedule(state, window, due, conversation, now))
   end

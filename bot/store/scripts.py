@@ -143,7 +143,7 @@ RELEASE = Script(
 )
 INTERRUPT = Script(
     "interrupt",
-    keys=("lease", "state", "window", "due", "totals"),
+    keys=("lease", "state", "window", "due", "totals", "outbox"),
     args=("conversation", "token", "fence", "totals_keep_ms"),
 )
 PRESEND = Script(
@@ -285,7 +285,7 @@ TOOL_END = Script(
 # per_ms, fair).
 BUDGET_TAKE = Script(
     "budget_take",
-    keys=("tickets", "holds"),
+    keys=("tickets", "holds", "epoch", "previews_hold"),
     args=(
         "kind",
         "ticket",
@@ -297,12 +297,20 @@ BUDGET_TAKE = Script(
         "poll_ms",
         "keep_free_pct",
         "fair_burst",
+        "epoch_keep_ms",
+        "seen",
     ),
     rest="scope_count_per_ms_fair_fours",
     rest_keys="sent_queue_hold_people_fours",
 )
 BUDGET_DONE = Script("budget_done", keys=(), args=("grant", "used"), rest_keys="sent_of_each_scope")
-BUDGET_HOLD = Script("budget_hold", keys=("hold", "holds"), args=("scope", "hold_ms"))
+BUDGET_HOLD = Script(
+    "budget_hold",
+    keys=("hold", "holds", "heard", "recent", "bot_hold"),
+    args=("scope", "hold_ms", "spread", "spread_count", "spread_ms", "bot_scope", "heard_keep_ms"),
+)
+BUDGET_KEEP = Script("budget_keep", keys=("tickets",), args=("ticket_ttl_ms",), rest="tickets")
+BUDGET_LEAVE = Script("budget_leave", keys=("tickets",), args=("ticket",), rest_keys="queues")
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).
 ALL: dict[str, Script] = {
@@ -339,5 +347,7 @@ ALL: dict[str, Script] = {
         BUDGET_TAKE,
         BUDGET_DONE,
         BUDGET_HOLD,
+        BUDGET_KEEP,
+        BUDGET_LEAVE,
     )
 }

@@ -1,0 +1,15 @@
+-- A replica's replies are still waiting their turn: their tickets live on, all in one call
+-- however many wait (budget_take.lua drops a ticket not kept alive for `ticket_ttl_ms`). A
+-- ticket already gone (granted, left, or expired) is not brought back.
+local tickets = KEYS[1]
+local ticket_ttl_ms = tonumber(ARGV[1])
+
+local until_ms = now_ms() + ticket_ttl_ms
+local kept = 0
+for i = 2, #ARGV do
+  kept = kept + redis.call('ZADD', tickets, 'XX', 'CH', until_ms, ARGV[i])
+end
+if kept > 0 and redis.call('PTTL', tickets) < ticket_ttl_ms then
+  redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+end
+return kept
