@@ -19,15 +19,19 @@ from prometheus_client.registry import Collector
 
 from bot.loop_lag import TICK_S, LoopWatch, watch
 from bot.message import Unavailable
-from bot.pacing import PacingStats
+from bot.pacing import HELD_LONG_S, PacingStats
 from bot.runtime import Runtime
 from bot.stats import Buckets, Stats
+from bot.status import bot_held
 
 log = logging.getLogger(__name__)
 
 PREFIX = "lastword_"
 # A health check must answer even when Redis hangs.
 PING_TIMEOUT_S = 2.0
+# Checks that leave the replica serving, only slower: failing, they make /healthz say
+# "degraded" with a 200, so a load balancer keeps sending updates the replica keeps.
+DEGRADING = frozenset({"outbound"})
 
 # (metric name, help, Stats field)
 COUNTERS = (
@@ -183,6 +187,12 @@ PACING = (
     ),
     ("outbound_throttled", "429s the platform answered", "scope", "throttled"),
     ("outbound_held_seconds", "Time scopes were held after a 429, as told", "scope", "held_s"),
+    (
+        "budget_calls",
+        "Store calls this replica made for the outbound budget, by script",
+        "call",
+        "calls",
+    ),
 )
 
 
@@ -251,13 +261,11 @@ class HealthServer:
             self._runner = None
 
     async def _health(self, request: web.Request) -> web.Response:
-        checks: dict[str, str] = {}
-        try:
-            async with asyncio.timeout(PING_TIMEOUT_S):
-                await self.runtime.store.ping()
-            checks["redis"] = "ok"
-        except (Unavailable, TimeoutError) as exc:
-            checks["redis"] = f"unreachable: {exc or 'timed out'}"
+        """Every check, "ok" or what is wrong with it. 503 ("unhealthy") when any check but a
+        DEGRADING one fails; else 200, "ok" or "degraded"."""
+        # Both read the store, at once: the answer comes within PING_TIMEOUT_S however it hangs.
+        redis, outbound = await asyncio.gather(self._redis(), self._outbound())
+        checks = {"redis": redis}
         refused = dict(self.refused())
         adapter = refused.pop("adapter", None)
         checks["adapter"] = adapter or ("ok" if self.connected() else "not connected")
@@ -265,11 +273,40 @@ class HealthServer:
         checks["accepting"] = "ok" if self.runtime.accepting else "shutting down"
         down = self.down()
         checks["loops"] = "ok" if not down else "restarting: " + ", ".join(sorted(down))
-        healthy = all(value == "ok" for value in checks.values())
+        if outbound is None:
+            # Not read: when the store is down, the redis check already says why.
+            outbound = "could not be read" if redis == "ok" else "unknown: see redis"
+        checks["outbound"] = outbound
+        failing = {name for name, value in checks.items() if value != "ok"}
+        if not failing:
+            word = "ok"
+        elif failing <= DEGRADING:
+            word = "degraded"
+        else:
+            word = "unhealthy"
         return web.json_response(
-            {"status": "ok" if healthy else "unhealthy", "checks": checks},
-            status=200 if healthy else 503,
+            {"status": word, "checks": checks}, status=503 if word == "unhealthy" else 200
         )
+
+    async def _redis(self) -> str:
+        """The redis check: the store answers a PING."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await self.runtime.store.ping()
+        except (Unavailable, TimeoutError) as exc:
+            # Its text, not the exception: one is true even when its text is empty (a timeout's).
+            return f"unreachable: {str(exc) or 'timed out'}"
+        return "ok"
+
+    async def _outbound(self) -> str | None:
+        """The outbound check: "ok", or how long the platform still holds the whole bot after
+        a 429, when longer than HELD_LONG_S; None when the store could not be read."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                held_s = await self.runtime.outbound.bot_held_s()
+        except (Unavailable, TimeoutError):
+            return None
+        return bot_held(held_s * 1000) if held_s > HELD_LONG_S else "ok"
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)

@@ -21,6 +21,8 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from bot.connect import Client
+from bot.message import BOT_SCOPE
+from bot.pacing import HELD_LONG_S
 from bot.plural import counted
 from bot.store import AccessRecord, DayTotals, reaching_redis
 from bot.store.keys import (
@@ -114,6 +116,18 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Heard:
+    """The 429s every replica of a platform heard about one kind of scope ("bot", "chat",
+    ...), and the time their holds added up to: the budget's shared counters
+    (budget_hold.lua), kept a day past the last 429."""
+
+    platform: str
+    kind: str
+    count: int
+    held_ms: int
+
+
+@dataclass(frozen=True)
 class Wakeup:
     """The earliest entry of the due-index over all shards."""
 
@@ -173,6 +187,11 @@ class Status:
                         chat, by user
         held            [{platform, scope, ends_in_ms}]: scopes of the replicas' platforms'
                         shared outbound budget held after a 429, by platform and scope
+        heard           [{platform, kind, count, held_ms}]: the 429s every replica of those
+                        platforms heard (`count`) and the time their holds added up to
+                        (`held_ms`: a 429 within a longer hold adds nothing), per kind of
+                        scope ("bot", "chat", "group", ...), by platform and kind; kept a
+                        day past the last 429
 
     Times are ms; `holder` is the replica id from the token, null if the token has none;
     `waited_ms` is null when the oldest message cannot be read. The parts are read in a few
@@ -188,6 +207,7 @@ class Status:
     tokens_today: TokensToday | None = None
     access: tuple[AccessRecord, ...] = ()
     held: tuple[Held, ...] = ()
+    heard: tuple[Heard, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         # By hand at this level only: roles and leases are flat, and the waiting ones are
@@ -202,6 +222,7 @@ class Status:
             "tokens_today": None if self.tokens_today is None else _json(self.tokens_today),
             "access": [_json(record) for record in self.access],
             "held": [_json(h) for h in self.held],
+            "heard": [_json(h) for h in self.heard],
         }
 
 
@@ -284,6 +305,7 @@ async def _collect(redis: Client, now_ms: int | None, scan_count: int) -> Status
         due = indexes.due
         first_due = min(due, key=lambda c: (due[c], c))
         wakeup = Wakeup(first_due, due[first_due], now - due[first_due])
+    held, heard = await _read_budgets(redis, holders.replicas, now)
     return Status(
         now_ms=now,
         replicas=tuple(holders.replicas),
@@ -293,22 +315,38 @@ async def _collect(redis: Client, now_ms: int | None, scan_count: int) -> Status
         oldest_wakeup=wakeup,
         tokens_today=indexes.tokens_today,
         access=tuple(indexes.access),
-        held=tuple(await _read_held(redis, holders.replicas, now)),
+        held=tuple(held),
+        heard=tuple(heard),
     )
 
 
-async def _read_held(redis: Client, replicas: Sequence[Replica], now: int) -> list[Held]:
-    """The held scopes of the shared outbound budget of each platform a replica runs: one
-    round trip per platform (each platform's budget lives in one slot)."""
-    held = []
+async def _read_budgets(
+    redis: Client, replicas: Sequence[Replica], now: int
+) -> tuple[list[Held], list[Heard]]:
+    """The held scopes and the 429 counters of the shared outbound budget of each platform a
+    replica runs: one round trip per platform (each platform's budget lives in one slot)."""
+    held, heard = [], []
     for platform in sorted({r.platform for r in replicas if r.platform}):
-        found: list[tuple[bytes, float]] = await redis.zrange(  # type: ignore[assignment]
-            BudgetKeys(platform).holds, 0, -1, withscores=True
-        )
+        keys = BudgetKeys(platform)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(keys.holds, 0, -1, withscores=True)
+            pipe.hgetall(keys.heard)
+            found, counters = await pipe.execute()
         for scope, until in found:
             if until > now:
                 held.append(Held(platform, as_text(scope), int(until) - now))
-    return held
+        heard += _counted(platform, counters)
+    return held, heard
+
+
+def _counted(platform: str, counters: Mapping[Any, Any]) -> list[Heard]:
+    """The `heard` hash's fields, "<kind>:count" and "<kind>:held_ms", by kind."""
+    fields = {as_text(name): _int(value) or 0 for name, value in counters.items()}
+    kinds = sorted({name.rpartition(":")[0] for name in fields} - {""})
+    return [
+        Heard(platform, kind, fields.get(f"{kind}:count", 0), fields.get(f"{kind}:held_ms", 0))
+        for kind in kinds
+    ]
 
 
 async def _read_indexes(redis: Client, day: date, scan_count: int) -> _Indexes:
@@ -490,6 +528,13 @@ def _waited(message: bytes | str | None, now: int) -> int | None:
     return now - round(timestamp * 1000)
 
 
+def bot_held(ms: float) -> str:
+    """What `/healthz` and `lastword status` say while the platform holds every call of the
+    bot for `ms` more after a 429 (longer than `HELD_LONG_S`)."""
+    left = duration(round(ms))
+    return f"held: the platform takes no call from the bot for another {left} (a 429)"
+
+
 def duration(ms: int | None) -> str:
     """A short human duration: 850ms, 12.3s, 4m05s, 2h03m, 3d04h; "-" for unknown."""
     if ms is None:
@@ -538,7 +583,8 @@ def render(status: Status) -> str:
     """The snapshot as text for a terminal: one aligned table per section, "none" if empty."""
     when = datetime.fromtimestamp(status.now_ms / 1000, UTC).isoformat(timespec="seconds")
     lines = [f"lastword status at {when.replace('+00:00', 'Z')} (server clock)"]
-    for section in (_replicas, _roles, _held, _waiting, _leases, _wakeup, _tokens, _access):
+    sections = (_replicas, _roles, _held, _heard, _waiting, _leases, _wakeup, _tokens, _access)
+    for section in sections:
         lines += section(status)
     return "\n".join(lines) + "\n"
 
@@ -578,7 +624,19 @@ def _roles(status: Status) -> list[str]:
 def _held(status: Status) -> list[str]:
     rows = [[h.platform, h.scope, duration(h.ends_in_ms)] for h in status.held]
     title = f"held after a 429 ({len(status.held)}): no replica sends under these"
-    return _section(title, ["PLATFORM", "SCOPE", "ENDS IN"], rows)
+    # The hold /healthz reports, flagged where an operator looks.
+    flags = [
+        f"  {h.platform}: {bot_held(h.ends_in_ms)}"
+        for h in status.held
+        if h.scope == BOT_SCOPE and h.ends_in_ms > HELD_LONG_S * 1000
+    ]
+    return _section(title, ["PLATFORM", "SCOPE", "ENDS IN"], rows) + flags
+
+
+def _heard(status: Status) -> list[str]:
+    rows = [[h.platform, h.kind, f"{h.count:,}", duration(h.held_ms)] for h in status.heard]
+    title = "429s heard by every replica, kept a day"
+    return _section(title, ["PLATFORM", "KIND", "429S", "HELD"], rows)
 
 
 def _waiting(status: Status) -> list[str]:

@@ -265,10 +265,13 @@ async def test_to_json_round_trips_with_stable_keys(
         "tokens_today",
         "access",
         "held",
+        "heard",
     }
     [held] = data["held"]
     assert (held["platform"], held["scope"]) == ("test", "bot")
     assert 50_000 < held["ends_in_ms"] <= 60_000
+    # The other platform's 429 is not this deployment's.
+    assert data["heard"] == [{"platform": "test", "kind": "bot", "count": 1, "held_ms": 60_000}]
     [record] = data["access"]
     assert record == {
         "user": "555",
@@ -296,6 +299,9 @@ async def test_to_json_round_trips_with_stable_keys(
     assert data["oldest_wakeup"]["conversation"] in {"test:7", "test:8"}
 
 
+HEARD = "429s heard by every replica, kept a day"
+
+
 async def test_render_shows_every_section(redis: Redis, make_settings: SettingsFactory) -> None:
     text = render(await populated(redis, make_settings))
     lines = text.splitlines()
@@ -307,12 +313,12 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
         "oldest wake-up",
         "access changed in chat (1)",
         "held after a 429 (1): no replica sends under these",
+        HEARD,
     ):
         assert heading in lines
 
     def row(first_cell: str, after: str) -> list[str]:
-        start = lines.index(after)
-        return next(line.split() for line in lines[start:] if line.split()[:1] == [first_cell])
+        return row_of(text, after, first_cell)
 
     replica = row("r7", "replicas (1)")
     assert replica[1] == socket.gethostname() and replica[2] == str(os.getpid())
@@ -327,6 +333,7 @@ async def test_render_shows_every_section(redis: Redis, make_settings: SettingsF
     # USER ACCESS DAILY BUDGET BY WHEN ("0ms ago": two words)
     assert row("555", "access changed in chat (1)")[:4] == ["555", "deny", "2,000", "9"]
     assert row("test", "held after a 429 (1): no replica sends under these")[1] == "bot"
+    assert row("test", HEARD)[1:] == ["bot", "1", "1m00s"]
     # Aligned: every row of a table starts its columns where the header's do.
     header = next(line for line in lines if line.strip().startswith("CONVERSATION  UNANSWERED"))
     for line in lines[lines.index(header) + 1 : lines.index(header) + 3]:
@@ -357,8 +364,9 @@ async def test_an_empty_store_says_none_everywhere(redis: Redis) -> None:
         },
         "access": [],
         "held": [],
+        "heard": [],
     }
-    assert render(status).count("  none") == 7
+    assert render(status).count("  none") == 8
     assert (
         f"tokens today ({today}, UTC): 0 tokens (0 prompt + 0 completion) in 0 generations; "
         "0 replies to 0 users, 0 interrupted, 0 forced"
@@ -454,3 +462,45 @@ async def test_one_of_a_kind_reads_in_the_singular(redis: Redis, store: Store) -
         f"tokens today ({tokens.day}, UTC): 15 tokens (10 prompt + 5 completion) in 1 generation; "
         "0 replies to 1 user, 0 interrupted, 0 forced"
     ) in render(await collect(redis)).splitlines()
+
+
+async def test_a_long_bot_wide_hold_is_flagged_and_every_replicas_429s_are_counted(
+    redis: Redis, store: Store, make_settings: SettingsFactory
+) -> None:
+    await store.beat("r1", {"platform": "test"}, ttl_ms=10_000)
+    keys = BudgetKeys("test")
+    # Two replicas' 429s: a chat's long hold and the bot's short one are not flagged.
+    elsewhere = make_store(make_settings(), redis)
+    await store.hold(keys, "chat:1", 3_600_000)
+    await elsewhere.hold(keys, "chat:2", 20_000)
+    await elsewhere.hold(keys, "bot", 20_000)
+    status = await collect(redis)
+    assert [(h.platform, h.kind, h.count, h.held_ms) for h in status.heard] == [
+        ("test", "bot", 1, 20_000),
+        ("test", "chat", 2, 3_620_000),
+    ]
+    text = render(status)
+    assert row_of(text, HEARD, "test") == ["test", "bot", "1", "20.0s"]
+    assert BOT_HELD not in text
+
+    # The bot held for an hour: flagged under the holds, the time it added counted.
+    await store.hold(keys, "bot", 3_600_000)
+    status = await collect(redis)
+    [bot] = [h for h in status.heard if h.kind == "bot"]
+    # 20 s, then what the hour added past them: the hour less what was left of the 20 s.
+    assert bot.count == 2 and 3_600_000 <= bot.held_ms < 3_620_000
+    lines = render(status).splitlines()
+    [flag] = [line for line in lines if BOT_HELD in line]
+    assert flag.startswith(f"  test: {BOT_HELD} 59m") and flag.endswith(" (a 429)")
+    held = lines.index("held after a 429 (3): no replica sends under these")
+    assert lines.index(flag) == held + 5  # after the header and the three scopes' rows
+
+
+BOT_HELD = "held: the platform takes no call from the bot for another"
+
+
+def row_of(text: str, after: str, first_cell: str) -> list[str]:
+    """The cells of the first row under the heading `after` that starts with `first_cell`."""
+    lines = text.splitlines()
+    start = lines.index(after)
+    return next(line.split() for line in lines[start:] if line.split()[:1] == [first_cell])
