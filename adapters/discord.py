@@ -42,9 +42,14 @@ only the holder has, and only for 15 minutes). Typed commands work as before.
 
 Send errors are classified for the core: a user who does not take DMs from the bot is
 `Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a
-429) is a permanent `SendFailed`; a 5xx, a network error, or a rate limit longer than
-`MAX_RATE_LIMIT_WAIT_S` is a transient one. A reply whose message reference Discord refuses
-goes out without it (`adapters.base.replying`).
+429) is a permanent `SendFailed`; a 5xx or a network error is a transient one; a rate limit
+longer than `MAX_RATE_LIMIT_WAIT_S` is `Throttled`, and the reply waits in its outbox while the
+core holds what the 429 was about. A reply whose message reference Discord refuses goes out
+without it (`adapters.base.replying`).
+
+A 429 holds what Discord says it is about (`_scope_of_429`): the whole bot for its global
+limit, one channel for a channel's messages, the previews for a typing indicator, and nothing
+for any other route (the command menu's), whose limit no reply shares.
 
 In a server's channel (groups on), a mention of the bot or of the role Discord made for it
 addresses the bot; another bot's post and a webhook's (whose author is whoever holds its URL)
@@ -60,6 +65,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Self, TypeVar
@@ -89,6 +95,7 @@ from bot.check import Check, guarded
 from bot.credentials import Credential
 from bot.message import (
     BOT_SCOPE,
+    PREVIEWS_SCOPE,
     Attachment,
     Call,
     FetchFailed,
@@ -97,6 +104,7 @@ from bot.message import (
     Quote,
     Scope,
     SendFailed,
+    Throttled,
     Unavailable,
     Unreachable,
     edited_id,
@@ -164,8 +172,9 @@ TYPING_INTENTS = discord.Intents(dm_typing=True)
 TYPING_QUEUED_CAP = 100
 # discord.py waits this long for guilds to stream in before `on_ready`; a DM bot has none.
 GUILD_READY_TIMEOUT_S = 0.2
-# A 429 longer than this fails the send instead of holding the conversation's lease for it;
-# the core retries the cycle later, and the nonce keeps the retry from posting twice.
+# A 429 longer than this is not waited out inside the call but handed to the core as
+# `Throttled`, which holds its scope for every replica while the reply waits in its outbox;
+# the nonce keeps the later send from posting twice.
 MAX_RATE_LIMIT_WAIT_S = 60.0
 # Users' files come from Discord's CDN through a session of their own, this many connections
 # at once (more wait their turn, within media.fetch_timeout_s): the REST session that replies
@@ -195,6 +204,13 @@ ACKNOWLEDGED = "On it: my answer follows as a message."
 # Discord waits 3 s for an interaction's answer; one later than that is refused anyway.
 ACKNOWLEDGE_TIMEOUT_S = 3.0
 TOKEN_SETTING = "LASTWORD_DISCORD__TOKEN"
+# The routes whose 429s hold one of our scopes (what follows the API's base).
+MESSAGES_ROUTE = re.compile(r".*/channels/(\d+)/messages")
+TYPING_ROUTE = re.compile(r".*/channels/(\d+)/typing")
+# The scope of the last 429 heard (`_heard`) by the call under way: aiohttp runs its trace
+# hooks in the task that makes the request, so the send or typing call that discord.py gives
+# up on reads here what Discord said that 429 was about.
+HEARD_SCOPE: ContextVar[str | None] = ContextVar("discord_heard_scope", default=None)
 TOKEN_FIX = f"copy the bot token from the Developer Portal (Bot > Reset Token) into {TOKEN_SETTING}"
 
 
@@ -568,6 +584,7 @@ class DiscordAdapter:
             )
         mentions = discord.AllowedMentions.none()
         mentions.replied_user = reply_to is not None
+        HEARD_SCOPE.set(None)
         try:
             # discord.py waits out a 429 itself; the core keeps the lease renewed meanwhile.
             await channel.send(
@@ -578,9 +595,7 @@ class DiscordAdapter:
             )
             self.token.accepted()
         except discord.RateLimited as exc:
-            raise SendFailed(
-                f"Discord rate limits replies to {conversation} for {exc.retry_after:.0f}s"
-            ) from exc
+            raise _throttled(exc, f"channel:{channel_id}") from None
         except discord.HTTPException as exc:
             if exc.status == 401:
                 # Revoked while running: an outage, as the core sees it (the reply waits in
@@ -611,18 +626,36 @@ class DiscordAdapter:
     async def _heard(
         self, session: object, context: object, params: aiohttp.TraceRequestEndParams
     ) -> None:
-        """discord.py waits out a 429 and tries again by itself: meanwhile every replica is
-        told to hold the scope it hit (in the background: this runs inside the request)."""
-        if params.response.status != 429 or self._sink is None:
+        """A 429 from Discord: what it is about is noted for the call that made it
+        (`HEARD_SCOPE`). discord.py waits out one up to `MAX_RATE_LIMIT_WAIT_S` and tries
+        again by itself: meanwhile every replica is told to hold that scope (in the
+        background: this runs inside the request). A longer one fails the call with
+        `Throttled`, which the core holds itself: told here too, it would count twice."""
+        if params.response.status != 429:
             return
-        scope, wait = _scope_of_429(params.url.path, params.response.headers)
+        heard = _scope_of_429(params.url.path, params.response.headers)
+        if heard is None:
+            log.debug(
+                "Discord answered 429 to %s %s: no reply waits on it",
+                params.method,
+                params.url.path,
+            )
+            return
+        scope, wait = heard
+        HEARD_SCOPE.set(scope)
+        if self._sink is None or wait > MAX_RATE_LIMIT_WAIT_S:
+            return
         task = asyncio.create_task(self._sink.throttled(scope, wait))
         self._news.add(task)
         task.add_done_callback(self._news.discard)
 
     async def typing(self, conversation: str) -> None:
         await self._logged_in.wait()
-        await self.rest.http.send_typing(_channel_id(conversation))
+        HEARD_SCOPE.set(None)
+        try:
+            await self.rest.http.send_typing(_channel_id(conversation))
+        except discord.RateLimited as exc:
+            raise _throttled(exc, PREVIEWS_SCOPE) from None
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         """An attachment from its signed URL (the CDN needs no token)."""
@@ -647,14 +680,43 @@ class DiscordAdapter:
         return bytes(data)
 
 
-def _scope_of_429(path: str, headers: Mapping[str, str]) -> tuple[str, float]:
-    """The scope a 429 holds, and for how long: the whole bot for Discord's global limit (or a
-    route that is no channel's), else the channel's messages."""
-    wait = float(headers.get("X-RateLimit-Reset-After") or headers.get("Retry-After") or 1)
-    channel = re.match(r".*/channels/(\d+)/messages", path)
-    if headers.get("X-RateLimit-Global", "").lower() == "true" or channel is None:
+def _scope_of_429(path: str, headers: Mapping[str, str]) -> tuple[str, float] | None:
+    """The scope a 429 from Discord holds, and for how long, as its headers and route say: the
+    whole bot for the global limit (`X-RateLimit-Global: true`, or `X-RateLimit-Scope:
+    global`), a channel's messages for a message route, the previews for a typing indicator
+    (so a reply never waits on one); None for any other route (the command menu, ...), whose
+    own limit no reply or preview shares."""
+    wait = _wait_of_429(headers)
+    if (
+        headers.get("X-RateLimit-Global", "").lower() == "true"
+        or headers.get("X-RateLimit-Scope", "").lower() == "global"
+    ):
         return BOT_SCOPE, wait
-    return f"channel:{channel.group(1)}", wait
+    if (channel := MESSAGES_ROUTE.match(path)) is not None:
+        return f"channel:{channel.group(1)}", wait
+    if TYPING_ROUTE.match(path) is not None:
+        return PREVIEWS_SCOPE, wait
+    return None
+
+
+def _wait_of_429(headers: Mapping[str, str]) -> float:
+    """The longest wait a 429's headers name (`Retry-After`, whole seconds; the bucket's
+    `X-RateLimit-Reset-After`), as given, odd ones too (0, negative: the core bounds them);
+    1 s if neither reads as a number of seconds."""
+    waits: list[float] = []
+    for name in ("Retry-After", "X-RateLimit-Reset-After"):
+        try:
+            waits.append(float(headers.get(name, "")))
+        except ValueError:
+            continue
+    return max((wait for wait in waits if math.isfinite(wait)), default=1.0)
+
+
+def _throttled(exc: discord.RateLimited, scope: str) -> Throttled:
+    """A 429 longer than discord.py waits, as the core takes it: holding the scope Discord
+    said it was about, heard in this call (`HEARD_SCOPE`), else the call's own `scope` (for a
+    wait discord.py foresaw from the route's last answers, without asking)."""
+    return Throttled(exc.retry_after, HEARD_SCOPE.get() or scope)
 
 
 async def _recall(sink: Sink) -> _Session | None:

@@ -13,9 +13,11 @@ before they finish, so neither is used:
   every error: flood control (429) is waited out as told, anything else is backed off.
 
 Replies are rendered from the model's Markdown to Telegram HTML, part by part, falling back to
-plain text when Telegram rejects the entities. Flood control is waited out while the core
-keeps the conversation's lease renewed, up to a minute; a longer wait, or a network error that
-persists, is handed back to the core as a transient `SendFailed`, to try again later. A user
+plain text when Telegram rejects the entities. Flood control (a 429) is handed to the core as
+`Throttled`, with the wait Telegram named, however odd: Telegram does not say which limit it
+was, so it names the chat the call was about (`_throttled`), and the core holds that chat for
+every replica, the whole bot only once several chats are refused close together. A network
+error that persists is handed back as a transient `SendFailed`, to try again later. A user
 who blocked the bot is `Unreachable` (the core counts the reply as delivered and marks the
 conversation until they write again); any other request Telegram rejects (chat not found) is
 a permanent `SendFailed`, and the core gives the reply up.
@@ -46,12 +48,14 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import random
 import re
 import urllib.parse
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
+from http import HTTPStatus
 from typing import Any, Literal
 
 import aiohttp
@@ -214,6 +218,9 @@ POLL_FAILURES_UNHEALTHY = 3
 # up to the cap: it may be given back, but asking more often changes nothing.
 REFUSED_RETRY_FIRST_S = 2.0
 REFUSED_RETRY_CAP_S = 60.0
+# Past this, a 429's retry_after would not fit the timedelta RetryAfter holds it in (a wait of
+# 31,000 years is as good as any longer one; the core bounds a hold far below it anyway).
+LONGEST_RETRY_AFTER_S = 1e12
 TOKEN_SETTING = "LASTWORD_TELEGRAM__TOKEN"
 TOKEN_FIX = f"copy the token from @BotFather into {TOKEN_SETTING}"
 
@@ -417,11 +424,14 @@ def _thread(conversation: str) -> dict[str, Any]:
     return {"message_thread_id": int(topic)} if topic else {}
 
 
-def _throttled_scope(chat_id: int) -> str:
-    """What a 429 holds, since Telegram does not say which limit it was: a group's own limit
-    for a message to a group (the likeliest), else the whole bot (a 429 in a private chat the
-    bot paces at its limit means the bot as a whole is flooding)."""
-    return f"group:{chat_id}" if chat_id < 0 else BOT_SCOPE
+def _throttled(exc: RetryAfter, chat_id: int) -> Throttled:
+    """A call's 429 as the core takes it. Telegram does not say which limit it was, so it
+    names the narrowest the call falls under: the chat it was about (a private chat's own
+    scope, as `TelegramAdapter.scopes` names it; a group's minute, the likeliest there), never
+    the whole bot for one chat's refusal, which would keep everyone else waiting. The core
+    holds the bot too once several chats are refused close together (`inferred`)."""
+    scope = f"group:{chat_id}" if chat_id < 0 else f"chat:{chat_id}"
+    return Throttled(_seconds(exc.retry_after), scope, inferred=True)
 
 
 def _bot_commands(entries: Sequence[MenuEntry]) -> list[BotCommand]:
@@ -713,7 +723,7 @@ class TelegramAdapter:
                 self._refused("sendMessage")
                 raise Unavailable(f"Telegram refuses {TOKEN_SETTING} for now") from None
             except RetryAfter as exc:
-                raise Throttled(_seconds(exc.retry_after), _throttled_scope(chat_id)) from None
+                raise _throttled(exc, chat_id) from None
             except ChatMigrated as exc:
                 # The group became a supergroup: the part goes there at once (Telegram says
                 # where), and the core moves the group's allowance with it.
@@ -771,21 +781,18 @@ class TelegramAdapter:
                 # A group upgraded to a supergroup: the indicator shows where the reply goes.
                 await self.bot.send_chat_action(exc.new_chat_id, ChatAction.TYPING)
         except RetryAfter as exc:
-            raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
+            raise _throttled(exc, chat_id) from None
 
     async def draft(self, conversation: str, draft_id: int, text: str) -> None:
         """The reply so far as an ephemeral draft; "" shows "Thinking…"."""
         body, parse_mode = render_draft(text, self.max_message_chars) if text else ("", None)
+        chat_id = _chat_id(conversation)
         try:
             await self.bot.send_message_draft(
-                _chat_id(conversation),
-                draft_id,
-                body,
-                parse_mode=parse_mode,
-                api_kwargs=dict(DRAFT_OPTIONS),
+                chat_id, draft_id, body, parse_mode=parse_mode, api_kwargs=dict(DRAFT_OPTIONS)
             )
         except RetryAfter as exc:
-            raise Throttled(_seconds(exc.retry_after), BOT_SCOPE) from None
+            raise _throttled(exc, chat_id) from None
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         """A file by its id: getFile, then the download. Reasons name no URL: Telegram's file
@@ -875,11 +882,29 @@ class AiohttpRequest(BaseRequest):
             async with self._session.request(
                 method, url, data=data, timeout=timeout, headers=headers
             ) as response:
-                return response.status, await response.read()
+                status, payload = response.status, await response.read()
         except TimeoutError as exc:
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+        if status == HTTPStatus.TOO_MANY_REQUESTS:
+            # python-telegram-bot raises RetryAfter only for a retry_after that is not 0, and
+            # makes any other 429 a plain NetworkError, retried at once as a network failure
+            # would be: a 429 is flood control, whatever wait it names.
+            raise RetryAfter(_retry_after(payload))
+        return status, payload
+
+
+def _retry_after(payload: bytes) -> timedelta:
+    """The wait a 429's body names, as Telegram gave it (0, negative or huge: the core bounds
+    it), within what a timedelta can hold; none if it names none."""
+    try:
+        value = json.loads(payload)["parameters"]["retry_after"]
+    except (ValueError, KeyError, TypeError):
+        return timedelta()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return timedelta()
+    return timedelta(seconds=max(-LONGEST_RETRY_AFTER_S, min(value, LONGEST_RETRY_AFTER_S)))
 
 
 # `lastword doctor`'s advice when the Bot API does not answer.

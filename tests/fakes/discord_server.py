@@ -426,6 +426,14 @@ class _Failed(Exception):
         self.error = error
 
 
+def _route(request: web.Request) -> str:
+    """The request's route as the API reference names it: ``POST /channels/{channel_id}/
+    messages``."""
+    resource = request.match_info.route.resource
+    path = "" if resource is None else resource.canonical.removeprefix(API_PREFIX)
+    return f"{request.method} {path}"
+
+
 def _error(status: int, message: str, code: int, **extra: Any) -> ScriptedError:
     return ScriptedError(status, {"message": message, "code": code, **extra})
 
@@ -528,6 +536,8 @@ class FakeDiscord(LoopbackServer):
         self._errors: dict[int | None, list[ScriptedError | None]] = {}
         # channel id -> the error every message POST to it gets (see fail_channel)
         self._channel_errors: dict[int, ScriptedError] = {}
+        # "METHOD /route/{param}" -> errors its next requests get (see fail_next_request)
+        self._route_errors: dict[str, list[ScriptedError | None]] = {}
         self._attachments: dict[int, _StoredAttachment] = {}
         # Signs attachment URLs, so a URL the bot rebuilt or trimmed is refused as on Discord.
         self._cdn_key = secrets.token_bytes(32)
@@ -638,19 +648,32 @@ class FakeDiscord(LoopbackServer):
         else:
             self._channel_errors[channel_id] = error
 
+    def fail_next_request(self, route: str, *errors: ScriptedError | None) -> None:
+        """Queue errors for the next requests of ``route``, named as the API reference names
+        it: ``"POST /channels/{channel_id}/typing"``, ``"PUT /applications/{application_id}/
+        commands"``. They answer with them, one each, in order (a None lets that one through),
+        perform nothing, and are recorded in ``requests``. For message POSTs use
+        :meth:`fail_next_post`, which also records them as posts."""
+        self._route_errors.setdefault(route, []).extend(errors)
+
     @staticmethod
     def missing_access() -> ScriptedError:
         """What a POST to a channel the bot may no longer see gets."""
         return _error(403, "Missing Access", 50001)
 
     @staticmethod
-    def rate_limited(retry_after: float, global_: bool = False) -> ScriptedError:
-        """A 429 as Discord's API sends it (not Cloudflare's: that one has no ``Via``)."""
+    def rate_limited(
+        retry_after: float, global_: bool = False, scope: str | None = None
+    ) -> ScriptedError:
+        """A 429 as Discord's API sends it (not Cloudflare's: that one has no ``Via``).
+        ``scope``: the ``X-RateLimit-Scope`` it names, if not the one ``global_`` implies
+        ("shared" for a resource's limit; "global" without the global flag, as a proxy that
+        drops headers might pass it on)."""
         headers = {
             # discord.py reads a 429 without Via as a Cloudflare ban and raises at once.
             "Via": "1.1 google",
             "Retry-After": str(max(1, math.ceil(retry_after))),
-            "X-RateLimit-Scope": "global" if global_ else "user",
+            "X-RateLimit-Scope": scope or ("global" if global_ else "user"),
         }
         if global_:
             headers["X-RateLimit-Global"] = "true"
@@ -1934,6 +1957,8 @@ class FakeDiscord(LoopbackServer):
                 return _json(_error(401, "401: Unauthorized", 0))
             if check_limits and (refused := self._over_limit(request)) is not None:
                 return _json(refused)
+            if (scripted := self._next_route_error(request)) is not None:
+                return _json(scripted)
             try:
                 response: web.StreamResponse = await handler(request)
             except _Failed as failure:
@@ -1942,14 +1967,15 @@ class FakeDiscord(LoopbackServer):
 
         return wrapped
 
+    def _next_route_error(self, request: web.Request) -> ScriptedError | None:
+        queue = self._route_errors.get(_route(request))
+        return queue.pop(0) if queue else None
+
     def _over_limit(self, request: web.Request) -> ScriptedError | None:
         """Discord's 429 if the request breaks one of the limits, else None (and it counts)."""
         if self.limits is None:
             return None
-        resource = request.match_info.route.resource
-        path = "" if resource is None else resource.canonical.removeprefix(API_PREFIX)
-        route = f"{request.method} {path}"
-        violation = self.limits.check(route, request.match_info, time.monotonic())
+        violation = self.limits.check(_route(request), request.match_info, time.monotonic())
         if violation is None:
             return None
         return self.rate_limited(violation.retry_after_s, global_=violation.limit == "bot")

@@ -350,7 +350,8 @@ class FakeTelegram(LoopbackServer):
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._errors: dict[str, list[ScriptedError | None]] = {}
         self._phases: dict[str, list[_Phase]] = {}
-        self._chat_errors: dict[int | str, ScriptedError] = {}
+        # By chat and method (None: every method about the chat).
+        self._chat_errors: dict[tuple[int | str, str | None], ScriptedError] = {}
         # Set by refuse_token: every call is answered 401, as for a revoked token.
         self._token_refused = False
         self._polls: list[_Poll] = []
@@ -417,14 +418,18 @@ class FakeTelegram(LoopbackServer):
             return self.menus.get(None)
         return self.menus.get(json.dumps({"type": "chat", "chat_id": chat_id}, sort_keys=True))
 
-    def fail_chat(self, chat_id: int | str, error: ScriptedError | None) -> None:
+    def fail_chat(
+        self, chat_id: int | str, error: ScriptedError | None, method: str | None = None
+    ) -> None:
         """Answer every call about ``chat_id`` (sending, typing, editing) with ``error`` from
         now on, as Telegram does for a user who blocked the bot or a chat that is gone; None
-        lifts it (the user unblocked the bot)."""
+        lifts it (the user unblocked the bot). With ``method``, only that method's calls
+        about the chat (a 429 on its typing calls alone); those come before the chat's own."""
+        key = (chat_id, None if method is None else _CANONICAL.get(method.lower(), method))
         if error is None:
-            self._chat_errors.pop(chat_id, None)
+            self._chat_errors.pop(key, None)
         else:
-            self._chat_errors[chat_id] = error
+            self._chat_errors[key] = error
 
     def refuse_token(self, refused: bool = True) -> None:
         """From now on answer every call 401 Unauthorized, as Telegram does once the token
@@ -439,7 +444,9 @@ class FakeTelegram(LoopbackServer):
         return ScriptedError(401, "Unauthorized")
 
     @staticmethod
-    def too_many_requests(retry_after: int) -> ScriptedError:
+    def too_many_requests(retry_after: float) -> ScriptedError:
+        """Flood control, with the wait as given: 0, negative and huge ones too, which
+        Telegram should never send and a bot must survive."""
         return ScriptedError(
             429,
             f"Too Many Requests: retry after {retry_after}",
@@ -1202,7 +1209,11 @@ class FakeTelegram(LoopbackServer):
                 return phase.error
             phases.pop(0)
         chat_id = call.chat_id
-        return None if chat_id is None else self._chat_errors.get(chat_id)
+        if chat_id is None:
+            return None
+        return self._chat_errors.get((chat_id, call.method)) or self._chat_errors.get(
+            (chat_id, None)
+        )
 
     async def _perform(self, call: RecordedCall) -> Any:
         p = call.params
