@@ -32,7 +32,8 @@ from bot.runtime import Runtime
 from bot.store import BudgetKeys
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.discord_server import ScriptedError as DiscordError
+from tests.fakes.telegram_server import FakeTelegram, ScriptedError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,9 +102,20 @@ async def test_a_telegram_preview_429_is_throttled_naming_its_chat(
     assert [c.status for c in fake.calls_to("sendMessage")] == [200]
 
 
-@pytest.mark.parametrize("retry_after", [0, -1, 10**9])
+@pytest.mark.parametrize(
+    ("refusal", "retry_after"),
+    [
+        (FakeTelegram.too_many_requests(0), 0.0),
+        (FakeTelegram.too_many_requests(-1), -1.0),
+        (FakeTelegram.too_many_requests(10**9), 1e9),
+        # Past what python-telegram-bot's RetryAfter (a timedelta) can hold.
+        (FakeTelegram.too_many_requests(10**15), 1e12),
+        (ScriptedError(429, "Too Many Requests"), 0.0),
+    ],
+    ids=["zero", "negative", "huge", "overflowing", "none"],
+)
 async def test_an_odd_telegram_retry_after_reaches_the_core_as_the_number_it_was(
-    telegram: tuple[TelegramAdapter, FakeTelegram], retry_after: int
+    telegram: tuple[TelegramAdapter, FakeTelegram], refusal: ScriptedError, retry_after: float
 ) -> None:
     adapter, fake = telegram
     conversation = f"telegram:{DM}"
@@ -113,12 +125,12 @@ async def test_an_odd_telegram_retry_after_reaches_the_core_as_the_number_it_was
         "sendMessageDraft": adapter.draft(conversation, 1, "so far"),
     }
     for method, call in calls.items():
-        fake.fail_next(method, fake.too_many_requests(retry_after))
+        fake.fail_next(method, refusal)
         with pytest.raises(Throttled) as refused:
             await call
-        # Flood control, even at 0 (python-telegram-bot makes that a network error): the
-        # core bounds it and holds the chat, rather than the call being retried at once.
-        assert refused.value.retry_after_s == float(retry_after), method
+        # Flood control, even at 0 or none (python-telegram-bot makes those a network error):
+        # the core bounds it and holds the chat, rather than the call being retried at once.
+        assert refused.value.retry_after_s == retry_after, method
         assert refused.value.scope == f"chat:{DM}", method
         assert [c.status for c in fake.calls_to(method)] == [429], method
     # And the adapter goes on as before.
@@ -230,7 +242,7 @@ async def logged_in(discord_aimed: None) -> AsyncIterator[tuple[DiscordAdapter, 
     ids=["channel", "global-flag", "global-scope", "huge"],
 )
 async def test_a_discord_429_longer_than_discord_py_waits_is_throttled_not_a_failure(
-    logged_in: tuple[DiscordAdapter, FakeDiscord], refusal: Any, scope: str
+    logged_in: tuple[DiscordAdapter, FakeDiscord], refusal: DiscordError, scope: str
 ) -> None:
     adapter, fake = logged_in
     channel = fake.dm_channel(USER)
