@@ -305,9 +305,9 @@ async def test_discord_429s_waited_out_hold_for_every_replica_only_what_they_are
             fake.fail_next_post(channel, FakeDiscord.rate_limited(120))
             with pytest.raises(Throttled):
                 await adapter.send(f"discord:{channel}", "hi", "k1")
-            # Waited out by discord.py (1.5 s), and held meanwhile for every replica.
+            # Waited out by discord.py (3 s), and held meanwhile for every replica.
             typing = "POST /channels/{channel_id}/typing"
-            fake.fail_next_request(typing, FakeDiscord.rate_limited(1.5))
+            fake.fail_next_request(typing, FakeDiscord.rate_limited(3))
             showing = asyncio.create_task(adapter.typing(f"discord:{channel}"))
 
             async def held() -> dict[str, int]:
