@@ -268,17 +268,6 @@ async def test_a_discord_typing_429_longer_than_discord_py_waits_holds_the_previ
     assert (refused.value.scope, refused.value.retry_after_s) == (PREVIEWS_SCOPE, 120.0)
 
 
-@pytest.mark.parametrize("retry_after", [0, -1])
-async def test_a_discord_429_naming_no_wait_is_tried_again_and_goes(
-    logged_in: tuple[DiscordAdapter, FakeDiscord], retry_after: int
-) -> None:
-    adapter, fake = logged_in
-    channel = fake.dm_channel(USER)
-    fake.fail_next_post(channel, FakeDiscord.rate_limited(retry_after))
-    await adapter.send(f"discord:{channel}", "hi", "k1")
-    assert [p.status for p in fake.posts] == [429, 200]
-
-
 async def test_discord_429s_waited_out_hold_for_every_replica_only_what_they_are_about(
     discord_aimed: None, make_settings: SettingsFactory, redis: Redis
 ) -> None:
