@@ -13,10 +13,10 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from bot.message import Call, Scope
+from bot.message import PREVIEWS_SCOPE, Call, Scope
 from bot.pacing import shared_fairly
 from bot.store import BudgetKeys, Store, Taken
-from bot.store.budget import FAIR_BURST
+from bot.store.budget import FAIR_BURST, TICKET_TTL_MS
 from tests.conftest import server_ms
 
 pytestmark = pytest.mark.timeout(30)
@@ -338,3 +338,114 @@ def test_a_groups_own_limits_are_shared_by_person_and_the_bots_and_a_dms_are_not
     assert shared_fairly("telegram:-5|7|42", scopes) == ("42", frozenset({"chat:-5", "group:-5"}))
     assert shared_fairly("telegram:-5||42", scopes) == ("42", frozenset({"chat:-5", "group:-5"}))
     assert shared_fairly("telegram:42", scopes[:2]) == ("", frozenset())
+
+
+# -- waits that lose nothing: places given back, kept alive, and a budget that lost its keys ---
+
+
+async def test_a_reply_that_stops_waiting_gives_its_place_back_at_once(store: Store) -> None:
+    single = Scope("bot", 1, 0.3)
+    assert (await take(store, single, n=0)).status == "granted"
+    await store.done(KEYS, (single,), "g0", used=True)
+    assert (await take(store, single, order=1000, n=10)).status == "wait"
+    late = await take(store, single, order=2000, n=20)
+    assert late.status == "wait"
+    # Ticket 10 is cancelled (a newer message, a dying replica): it leaves, and 20 goes as
+    # soon as the slot frees, not once 10's ticket would have lapsed.
+    await store.leave(KEYS, (single,), "t10")
+    await asyncio.sleep(late.wait_ms / 1000 + 0.02)
+    assert (await take(store, single, order=2000, n=20)).status == "granted"
+
+
+async def test_a_waiting_replys_place_lives_while_kept_and_lapses_soon_after(
+    store: Store, redis: Redis
+) -> None:
+    single = Scope("bot", 1, 0.2)
+    assert (await take(store, single, n=0)).status == "granted"
+    await store.done(KEYS, (single,), "g0", used=True)
+    assert (await take(store, single, order=1000, n=10)).status == "wait"
+    # Its replica keeps it alive past the ticket's TTL: 20 stays behind it.
+    for _ in range(4):
+        await asyncio.sleep(TICKET_TTL_MS / 1000 / 3)
+        await store.keep(KEYS, ["t10", "t-gone"])
+    assert (await take(store, single, order=2000, n=20)).status == "wait"
+    assert await redis.zscore(KEYS.tickets, "t-gone") is None  # a gone one is not brought back
+    # Its replica died: within the TTL its place is gone, and 20 goes.
+    await asyncio.sleep(TICKET_TTL_MS / 1000 + 0.05)
+    assert (await take(store, single, order=2000, n=20)).status == "granted"
+
+
+async def test_a_budget_that_lost_its_keys_starts_as_if_its_last_period_were_full(
+    store: Store, redis: Redis
+) -> None:
+    wide = Scope("bot", 4, 1.0)
+    granted = [(await take(store, wide, n=n)).status for n in range(4)]
+    assert granted == ["granted"] * 4
+    # A flush takes every key of the budget, its epoch with them.
+    for key in await redis.keys("{lw:out:test}*"):
+        await redis.delete(key)
+    cautious = await store.take(
+        KEYS, (wide,), call="message", ticket="t9", order_ms=0, grant="g9", seen=True
+    )
+    assert cautious.status == "wait"
+    assert 0 < cautious.wait_ms <= 250  # a quarter of the period: the first slot comes back
+    # A first start (no replica has seen the budget) is not held back.
+    assert (await take(store, Scope("bot", 4, 1.0), n=8)).status == "wait"  # the epoch is set
+    fresh = BudgetKeys("fresh")
+    first = await store.take(fresh, (wide,), call="message", ticket="t", order_ms=0, grant="g")
+    assert first.status == "granted"
+
+
+async def test_a_shorter_retry_after_heard_later_never_shortens_a_longer_hold(
+    store: Store,
+) -> None:
+    await store.hold(KEYS, "chat:7", 2000)
+    await store.hold(KEYS, "chat:7", 100)
+    assert 1800 < (await store.held(KEYS))["chat:7"] <= 2000
+    # Counted for every replica to read: two 429s, about two seconds held.
+    count, held_ms = (await store.heard(KEYS))["chat"]
+    assert count == 2
+    assert 1990 <= held_ms <= 2000
+
+
+async def test_several_chats_refused_close_together_hold_the_bot(store: Store) -> None:
+    # Told what it is about (Discord): never wider, however many.
+    for n in range(4):
+        assert not await store.hold(KEYS, f"channel:{n}", 500)
+    assert "bot" not in await store.held(KEYS)
+    # Guessed (Telegram): a chat, then another, hold only themselves; the third widens.
+    assert not await store.hold(KEYS, "chat:1", 500, spread=True)
+    assert not await store.hold(KEYS, "chat:2", 500, spread=True)
+    assert "bot" not in await store.held(KEYS)
+    assert await store.hold(KEYS, "chat:3", 500, spread=True)
+    assert 400 < (await store.held(KEYS))["bot"] <= 500
+
+
+async def test_a_previews_429_holds_previews_and_never_replies(store: Store) -> None:
+    wide = Scope("bot", 10, 1.0)
+    await store.hold(KEYS, PREVIEWS_SCOPE, 500)
+    assert (await take(store, wide, call="typing", n=1)).status == "shed"
+    assert (await take(store, wide, call="draft", n=2)).status == "shed"
+    assert (await take(store, wide, call="message", n=3)).status == "granted"
+
+
+async def test_when_a_hold_ends_a_typing_call_is_shed_while_a_reply_waits(store: Store) -> None:
+    wide = Scope("bot", 10, 1.0)
+    await store.hold(KEYS, "bot", 150)
+    held = await take(store, wide, order=1000, n=1)
+    assert held.status == "wait"
+    await asyncio.sleep(held.wait_ms / 1000 + 0.02)
+    # The hold is over and the scope empty, but the reply's ticket lives: it goes first.
+    assert (await take(store, wide, call="typing", n=2)).status == "shed"
+    assert (await take(store, wide, order=1000, n=1)).status == "granted"
+    assert (await take(store, wide, call="typing", n=3)).status == "granted"
+
+
+async def test_a_draft_ranks_above_a_typing_indicator(store: Store) -> None:
+    # Ten slots: typing leaves five free, a draft four (KEEP_FREE_PCT).
+    ten = Scope("bot", 10, 1.0)
+    typing = [(await take(store, ten, call="typing", n=n)).status for n in range(6)]
+    assert typing == ["granted"] * 5 + ["shed"]
+    assert (await take(store, ten, call="draft", n=6)).status == "granted"
+    assert (await take(store, ten, call="draft", n=7)).status == "shed"
+    assert (await take(store, ten, call="message", n=8)).status == "granted"

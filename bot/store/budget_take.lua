@@ -231,13 +231,14 @@ if kind ~= 'reply' then
 end
 -- In the queue of each scope that stops it, and out of the others: a reply kept back by its
 -- chat reserves nothing bot-wide meanwhile.
--- A queue lives as long as its waiters may sleep before they ask again (their tickets kept
--- alive meanwhile by their replicas); the gone ones in it are dropped as they are met.
+-- A queue outlives by far the wait of the last reply placed in it, which asks again by then:
+-- its waiters' tickets are kept alive meanwhile by their replicas, and the gone ones in it are
+-- dropped as they are met.
 for _, scope in ipairs(scopes) do
   if scope.wait > 0 then
     redis.call('ZADD', scope.queue, scope.place, ticket)
-    if redis.call('PTTL', scope.queue) < wait + ticket_ttl_ms then
-      redis.call('PEXPIRE', scope.queue, wait + ticket_ttl_ms)
+    if redis.call('PTTL', scope.queue) < wait + in_flight_ms then
+      redis.call('PEXPIRE', scope.queue, wait + in_flight_ms)
     end
   else
     redis.call('ZREM', scope.queue, ticket)
