@@ -2,7 +2,8 @@
 quickly, and whether its replies still go out before the user has moved on.
 
     python -m benchmarks.flood [--rate 150] [--load-s 20] [--senders 100] [--users 5000]
-                               [--seed 7] [--py-spy out.txt]
+                               [--seed 7] [--runs 1] [--budgets off shared] [--bot-rate 1000]
+                               [--py-spy out.txt]
 
 One `lastword run` process (the real Telegram adapter in webhook mode, the real OpenAI client)
 on an embedded server, with the loopback fakes of the Bot API and of the provider each in a
@@ -32,6 +33,14 @@ It prints:
 - the bot's event-loop lag over the load, from its /metrics: p50 and p99 of how late its loop
   ran a 50 ms timer (to the histogram's bucket bounds, so "<= 25" is between 10 and 25 ms),
   and the highest its decaying worst recent lag (what sheds previews) was seen at, polled.
+
+With `--budgets`, each run is made once with each outbound budget named
+(`LASTWORD_OUTBOUND__BUDGET`: off, replica, shared), taking turns (so a machine busier for a
+while slows them alike), and the acknowledgement p50 and p99 of every run are compared at the
+end: each budget's against the first named, run by run and by their medians. `--bot-rate` sets
+the bot-wide limit the budget keeps (`LASTWORD_TELEGRAM__MESSAGES_PER_SECOND`; Telegram's 30
+a second would cap the replies themselves, so 1000 lets the budget pace without capping).
+Without them, the shipped settings.
 
 With `--py-spy PATH`, py-spy (installed separately) samples the bot for the load's middle and
 writes its collapsed stacks to PATH; the top frames by share of samples are printed.
@@ -151,21 +160,41 @@ async def serve_fake(kind: str, seed: int, model_s: tuple[float, float], conn: C
 def bot_env(
     server: EmbeddedRedis, data_dir: Path, api_url: str, llm_url: str, port: int, metrics: int
 ) -> Any:
-    return clean_environ() | {
-        "LASTWORD_PLATFORM": "telegram",
-        "LASTWORD_REDIS_URL": server.url,
-        "LASTWORD_DATA_DIR": str(data_dir),
-        "LASTWORD_LOG_LEVEL": "WARNING",
-        "LASTWORD_TELEGRAM__TOKEN": FakeTelegram().token,
-        "LASTWORD_TELEGRAM__API_URL": api_url,
-        "LASTWORD_TELEGRAM__MODE": "webhook",
-        "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
-        "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
+    return (
+        clean_environ()
+        | model_env(llm_url)
+        | {
+            "LASTWORD_PLATFORM": "telegram",
+            "LASTWORD_REDIS_URL": server.url,
+            "LASTWORD_DATA_DIR": str(data_dir),
+            "LASTWORD_LOG_LEVEL": "WARNING",
+            "LASTWORD_TELEGRAM__TOKEN": FakeTelegram().token,
+            "LASTWORD_TELEGRAM__API_URL": api_url,
+            "LASTWORD_TELEGRAM__MODE": "webhook",
+            "LASTWORD_TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+            "LASTWORD_TELEGRAM__WEBHOOK_SECRET": SECRET,
+            "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics}",
+        }
+    )
+
+
+def outbound_env(budget: str | None, bot_rate: int | None) -> dict[str, str]:
+    """The outbound budget and the bot-wide limit, where the command line sets them."""
+    env = {}
+    if budget is not None:
+        env["LASTWORD_OUTBOUND__BUDGET"] = budget
+    if bot_rate is not None:
+        env["LASTWORD_TELEGRAM__MESSAGES_PER_SECOND"] = str(bot_rate)
+    return env
+
+
+def model_env(llm_url: str) -> dict[str, str]:
+    """The settings of a bot whose model is the fake provider at `llm_url`."""
+    return {
         "LASTWORD_LLM__PROVIDER": "openai",
         "LASTWORD_LLM__BASE_URL": llm_url,
-        "LASTWORD_LLM__API_KEY": "sk-flood",
+        "LASTWORD_LLM__API_KEY": "sk-bench",
         "LASTWORD_LLM__MODEL": "gpt-4o-mini",
-        "LASTWORD_METRICS_LISTEN": f"127.0.0.1:{metrics}",
     }
 
 
@@ -394,7 +423,7 @@ class Outcome:
     profile: list[tuple[str, float]] = field(default_factory=list)
 
 
-async def run_once(args: argparse.Namespace) -> Outcome:
+async def run_once(args: argparse.Namespace, budget: str | None = None) -> Outcome:
     telegram = Child("fake-telegram", fake_main, "telegram", args.seed, tuple(args.model_s))
     provider = Child("fake-openai", fake_main, "openai", args.seed, tuple(args.model_s))
     folder = Path(tempfile.mkdtemp(prefix="lw-flood-", dir="/tmp"))
@@ -410,7 +439,8 @@ async def run_once(args: argparse.Namespace) -> Outcome:
                     "-m",
                     "bot",
                     "run",
-                    env=bot_env(server, folder / "data", api_url, llm_url, port, metrics),
+                    env=bot_env(server, folder / "data", api_url, llm_url, port, metrics)
+                    | outbound_env(budget, args.bot_rate),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -513,9 +543,19 @@ def late_replies(sent: list[Sent], calls: list[Call]) -> tuple[int, int]:
     return replies, late
 
 
+def acked(o: Outcome) -> list[Sent]:
+    """The messages acknowledged with a 200."""
+    return [s for s in o.sent if s.status == 200 and s.acked is not None]
+
+
+def ack_ms(o: Outcome) -> list[int]:
+    """The acknowledgement latencies (ms, from each message's due time), sorted."""
+    return sorted(int(((s.acked or 0) - s.due) * 1000) for s in acked(o))
+
+
 def rows(o: Outcome) -> list[list[str]]:
-    ok = [s for s in o.sent if s.status == 200 and s.acked is not None]
-    latencies = sorted(int(((s.acked or 0) - s.due) * 1000) for s in ok)
+    ok = acked(o)
+    latencies = ack_ms(o)
     span = max((s.acked or 0) for s in o.sent) - min(s.due for s in o.sent)
     other = Counter(s.status for s in o.sent if s.status != 200)
     replies, late = late_replies(o.sent, o.calls)
@@ -554,8 +594,50 @@ def rows(o: Outcome) -> list[list[str]]:
     ]
 
 
+def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
+    """Each budget's acknowledgement p50 and p99 (ms), run by run and their medians; then
+    each budget's against the first one's: run by run (in the order they were made) and the
+    ratio of the medians."""
+    by_budget: dict[str | None, list[tuple[int, int]]] = {}
+    for budget, outcome in runs:
+        latencies = ack_ms(outcome) or [0]
+        by_budget.setdefault(budget, []).append(
+            (percentile(latencies, 50), percentile(latencies, 99))
+        )
+    out = []
+    medians = {}
+    for budget, figures in by_budget.items():
+        p50s, p99s = [f[0] for f in figures], [f[1] for f in figures]
+        medians[budget] = (statistics.median(p50s), statistics.median(p99s))
+        out.append(
+            [
+                str(budget),
+                ", ".join(map(str, p50s)),
+                ", ".join(map(str, p99s)),
+                f"{medians[budget][0]:g}",
+                f"{medians[budget][1]:g}",
+            ]
+        )
+    [base, *others] = by_budget
+    for budget in others:
+        pairs = list(zip(by_budget[budget], by_budget[base], strict=True))
+        out.append(
+            [
+                f"{budget} / {base}",
+                ", ".join(f"{a[0] / max(b[0], 1):.2f}x" for a, b in pairs),
+                ", ".join(f"{a[1] / max(b[1], 1):.2f}x" for a, b in pairs),
+                f"{medians[budget][0] / max(medians[base][0], 1):.2f}x",
+                f"{medians[budget][1] / max(medians[base][1], 1):.2f}x",
+            ]
+        )
+    return out
+
+
 async def run(args: argparse.Namespace) -> None:
-    outcomes = [await run_once(args) for _ in range(args.runs)]
+    # Taking turns: a machine busier for a while slows every budget alike.
+    schedule = [budget for _ in range(args.runs) for budget in args.budgets or [None]]
+    runs = [(budget, await run_once(args, budget)) for budget in schedule]
+    outcomes = [outcome for _, outcome in runs]
     print(
         f"cpus: {os.cpu_count()}; one `lastword run` (telegram webhook), fakes in 2 processes;"
         f" seed {args.seed}"
@@ -565,8 +647,10 @@ async def run(args: argparse.Namespace) -> None:
         f" at most {args.senders} connections; model {args.model_s[0]:g}-{args.model_s[1]:g} s;"
         f" debounce quiet {DebounceSettings().quiet_ms} ms (shipped)"
     )
-    for n, outcome in enumerate(outcomes, 1):
-        print(f"\n== run {n}")
+    if args.bot_rate is not None:
+        print(f"bot-wide limit {args.bot_rate}/s")
+    for n, (budget, outcome) in enumerate(runs, 1):
+        print(f"\n== run {n}" + ("" if budget is None else f", budget {budget}"))
         print_table(["figure", "value"], rows(outcome))
         if outcome.profile:
             print("\n  py-spy, frames by share of samples (inclusive):")
@@ -578,6 +662,10 @@ async def run(args: argparse.Namespace) -> None:
             f"\nmedian messages/s acknowledged over {len(outcomes)} runs: "
             f"{statistics.median(rates):.1f}"
         )
+    if args.budgets:
+        print("\nacknowledgement latency by budget (ms)")
+        headers = ["budget", "p50 by run", "p99 by run", "p50 median", "p99 median"]
+        print_table(headers, compared(runs))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -594,6 +682,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model-s", type=float, nargs=2, default=[0.2, 1.0], metavar=("LOW", "HIGH")
     )
+    parser.add_argument(
+        "--budgets",
+        nargs="+",
+        choices=["off", "replica", "shared"],
+        help="run each with each of these outbound budgets, and compare",
+    )
+    parser.add_argument("--bot-rate", type=int, help="the bot-wide limit, calls a second")
     parser.add_argument("--py-spy", help="write the bot's collapsed stacks here (py-spy)")
     return parser.parse_args(argv)
 
