@@ -529,9 +529,10 @@ def rows(outcomes: Sequence[Outcome], args: argparse.Namespace) -> list[list[str
             str(o.refused_after_first_s),
             f"{o.delivered}/{o.owed}",
             str(o.duplicates),
-            f"{o.span_s:.1f}",
+            # Not all delivered: no time to deliver them.
+            f"{o.span_s:.1f}" if o.delivered == o.owed else "-",
             f"{o.owed / args.rate:.1f}",
-            f"{o.span_s / (o.owed / args.rate):.2f}x",
+            f"{o.span_s / (o.owed / args.rate):.2f}x" if o.delivered == o.owed else "-",
             "-" if o.goal_s is None else f"{o.goal_s:.1f}",
             f"{o.model_calls / o.users:.2f}",
             per_message(o.budget_calls, o),
