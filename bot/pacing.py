@@ -126,9 +126,10 @@ class Slot:
 
 @dataclass
 class _Waiting:
-    """A reply of this replica waiting its turn: its scopes, and what wakes it early."""
+    """A reply of this replica waiting its turn: its place (`order_ms`), and what wakes it
+    early."""
 
-    scopes: tuple[Scope, ...]
+    order_ms: int
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -154,6 +155,8 @@ class Paced:
         self._waiting: dict[str, _Waiting] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._leaving: set[asyncio.Task[None]] = set()
+        # The store's count of places and slots given back early, as last seen (`_keep`).
+        self._freed: int | None = None
         # Whether this replica has used the budget yet (a budget found without its epoch
         # afterwards lost its keys: bot.store.budget).
         self._seen = False
@@ -183,7 +186,7 @@ class Paced:
         waited_on: set[str] = set()
         outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
         down_since: float | None = None
-        waiting = _Waiting(scopes)
+        waiting = _Waiting(order_ms)
         try:
             while True:
                 grant = secrets.token_hex(8)
@@ -211,6 +214,8 @@ class Paced:
                     for kind in waited_on:
                         self.stats.wait_s[kind] += time.monotonic() - began
                     return Slot(grant, scopes, waited=bool(waited_on))
+                # Places given back from now on may let this reply come sooner (`_keep`).
+                self._freed = max(self._freed or 0, taken.freed)
                 kind = kind_of(taken.scope)
                 if kind not in waited_on:
                     waited_on.add(kind)
@@ -218,7 +223,8 @@ class Paced:
                 self._wait_in(ticket, waiting)
                 await self._sleep(waiting, min(taken.wait_ms / 1000, MAX_SLEEP_S))
         except BaseException:
-            if ticket in self._waiting:
+            if self._waiting.get(ticket) is waiting:
+                del self._waiting[ticket]
                 self._leave(ticket, scopes)
             raise
         finally:
@@ -229,7 +235,7 @@ class Paced:
         """A slot `turn` gave that no message will use (the reply was found stale)."""
         if slot is not None:
             await self._done(slot, used=False)
-            self._wake()
+            self._wake(1)
 
     async def send(
         self,
@@ -390,16 +396,20 @@ class Paced:
             async with asyncio.timeout(seconds):
                 await waiting.woken.wait()
 
-    def _wake(self) -> None:
-        """A slot was given back, or a place left, on this replica: whoever waits here asks
-        again now rather than when it was told (a slot given back frees at once)."""
-        for waiting in self._waiting.values():
+    def _wake(self, count: int) -> None:
+        """`count` places or slots were given back early: as many of the replies waiting here
+        as that, the first in line, ask again now rather than when they were told (the
+        others' turns are no sooner than theirs)."""
+        first = sorted(self._waiting.values(), key=lambda waiting: waiting.order_ms)
+        for waiting in first[:count]:
             waiting.woken.set()
 
     async def _keep(self) -> None:
         """Keep the tickets of this replica's waiting replies alive, in one store call however
-        many wait, while any do. Never dies of a failure: a ticket not kept for a while only
-        loses its place, and it takes one again when it next asks."""
+        many wait, while any do; and when places were given back early on any replica since
+        the last call, wake as many of the first waiting here. Never dies of a failure: a
+        ticket not kept for a while only loses its place, and it takes one again when it next
+        asks."""
         while self._waiting:
             await asyncio.sleep(KEEP_EVERY_S)
             tickets = list(self._waiting)
@@ -407,7 +417,10 @@ class Paced:
                 return
             try:
                 self.stats.calls["keep"] += 1
-                await self.store.keep(self.keys, tickets)
+                freed = await self.store.keep(self.keys, tickets)
+                if self._freed is not None and freed > self._freed:
+                    self._wake(freed - self._freed)
+                self._freed = freed
             except Unavailable as exc:
                 log.debug("could not keep the waiting replies' places: %s", exc)
             except Exception:
@@ -419,7 +432,7 @@ class Paced:
         task = asyncio.ensure_future(self._left(ticket, scopes))
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
-        self._wake()
+        self._wake(1)
 
     async def _left(self, ticket: str, scopes: Sequence[Scope]) -> None:
         try:

@@ -53,12 +53,14 @@ KEEP_FREE_PCT = {"message": 0, "draft": 34, "typing": 50}
 class Taken:
     """budget_take.lua's answer. `status`: granted, wait (a message: ask again in
     `wait_ms`) or shed (a preview); `scope` and `held`: what stopped the call, and whether
-    a 429's hold did."""
+    a 429's hold did; `freed`, for a wait: how many places were given back early so far
+    (`Budget.keep`)."""
 
     status: Literal["granted", "wait", "shed"]
     wait_ms: int
     scope: str
     held: bool
+    freed: int = 0
 
 
 class Budget(Calls):
@@ -90,6 +92,7 @@ class Budget(Calls):
             "holds": keys.holds,
             "epoch": keys.epoch,
             "previews_hold": keys.scope(PREVIEWS_SCOPE)[2],
+            "freed": keys.freed,
         }
         scope_keys = [
             key for scope in scopes for key in (*keys.scope(scope.name), keys.people(scope.name))
@@ -121,7 +124,11 @@ class Budget(Calls):
         raw = await self._run(script, named, args, rest, scope_keys)
         reply = decoded(raw)
         return Taken(
-            reply["status"], int(reply["wait_ms"]), str(reply["scope"]), bool(reply["held"])
+            reply["status"],
+            int(reply["wait_ms"]),
+            str(reply["scope"]),
+            bool(reply["held"]),
+            int(reply["freed"]),
         )
 
     async def done(
@@ -131,7 +138,12 @@ class Budget(Calls):
         scope's window; or never made, its slots given back."""
         script = scripts.BUDGET_DONE
         sent = [keys.scope(scope.name)[0] for scope in scopes]
-        await self._run(script, {}, {"grant": grant, "used": int(used)}, rest_keys=sent)
+        args: dict[str, str | int] = {
+            "grant": grant,
+            "used": int(used),
+            "freed_keep_ms": EPOCH_KEEP_MS,
+        }
+        await self._run(script, {"freed": keys.freed}, args, rest_keys=sent)
 
     async def hold(
         self, keys: BudgetKeys, scope: str, hold_ms: int, *, spread: bool = False
@@ -158,17 +170,20 @@ class Budget(Calls):
         }
         return bool(decoded(await self._run(script, named, args))["widened"])
 
-    async def keep(self, keys: BudgetKeys, tickets: Sequence[str]) -> None:
-        """The replies waiting under `tickets` still wait: their places are kept."""
-        if tickets:
-            args = {"ticket_ttl_ms": TICKET_TTL_MS}
-            await self._run(scripts.BUDGET_KEEP, {"tickets": keys.tickets}, args, list(tickets))
+    async def keep(self, keys: BudgetKeys, tickets: Sequence[str]) -> int:
+        """The replies waiting under `tickets` still wait: their places are kept. Returns how
+        many places and slots have been given back early so far (a count that only grows,
+        but for a store that lost it)."""
+        named = {"tickets": keys.tickets, "freed": keys.freed}
+        args = {"ticket_ttl_ms": TICKET_TTL_MS}
+        return int(await self._run(scripts.BUDGET_KEEP, named, args, list(tickets)))
 
     async def leave(self, keys: BudgetKeys, scopes: Sequence[Scope], ticket: str) -> None:
         """The reply waiting under `ticket` stopped waiting: its place goes to those behind."""
         queues = [keys.scope(scope.name)[1] for scope in scopes]
-        named = {"tickets": keys.tickets}
-        await self._run(scripts.BUDGET_LEAVE, named, {"ticket": ticket}, rest_keys=queues)
+        named = {"tickets": keys.tickets, "freed": keys.freed}
+        args: dict[str, str | int] = {"ticket": ticket, "freed_keep_ms": EPOCH_KEEP_MS}
+        await self._run(scripts.BUDGET_LEAVE, named, args, rest_keys=queues)
 
     async def heard(self, keys: BudgetKeys) -> dict[str, tuple[int, int]]:
         """The 429s heard by every replica lately, by the kind of scope: (how many, ms held)."""

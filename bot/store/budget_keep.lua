@@ -1,7 +1,11 @@
 -- A replica's replies are still waiting their turn: their tickets live on, all in one call
 -- however many wait (budget_take.lua drops a ticket not kept alive for `ticket_ttl_ms`). A
 -- ticket already gone (granted, left, or expired) is not brought back.
+-- Returns how many places have been given back early so far (`freed`: budget_leave.lua,
+-- budget_done.lua), so the replica can tell its first waiting replies that theirs may come
+-- sooner than they were told.
 local tickets = KEYS[1]
+local freed = KEYS[2]
 local ticket_ttl_ms = tonumber(ARGV[1])
 
 local until_ms = now_ms() + ticket_ttl_ms
@@ -12,4 +16,4 @@ end
 if kept > 0 and redis.call('PTTL', tickets) < ticket_ttl_ms then
   redis.call('PEXPIRE', tickets, ticket_ttl_ms)
 end
-return kept
+return tonumber(redis.call('GET', freed) or '0')

@@ -29,12 +29,14 @@
 -- failover that lost recent writes): it starts as if each scope's last period had been full,
 -- its calls leaving the window evenly, rather than let a burst through that the platform would
 -- refuse. A budget no replica has seen yet (a first start) starts free.
--- Returns {status, wait_ms, scope, held}: status 'granted', 'wait' (a reply: ask again in
--- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold did.
+-- Returns {status, wait_ms, scope, held, freed}: status 'granted', 'wait' (a reply: ask again in
+-- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold
+-- did; freed, the count of places given back early so far (budget_keep.lua returns it too).
 local tickets = KEYS[1]
 local holds = KEYS[2]
 local epoch = KEYS[3] -- when the budget's keys were first written
 local previews_hold = KEYS[4] -- the hold of the previews' own scope
+local freed = KEYS[5] -- places and slots given back early so far (budget_leave.lua)
 local kind = ARGV[1] -- 'reply' or 'preview'
 local ticket = ARGV[2] -- the waiting reply's, unique to it
 local order_ms = tonumber(ARGV[3])
@@ -51,7 +53,7 @@ local fair_burst = tonumber(ARGV[10])
 local epoch_keep_ms = tonumber(ARGV[11]) -- how long the epoch outlives the budget's last call
 local seen = ARGV[12] -- '1': the caller has found this budget's epoch before
 local NAMED = 12
-local KEYED = 4
+local KEYED = 5
 
 local now = now_ms()
 local began = tonumber(redis.call('GET', epoch) or '0')
@@ -101,10 +103,13 @@ local function anyone_waiting(queue)
 end
 
 -- When the `needed`-th slot of `sent` frees (1: the next one): when that call, counted from the
--- oldest, leaves the window, a period later for each full window of waiters ahead. A call still
--- in flight counts from its answer, which cannot come before now: its slot frees a period from
--- now at the soonest. With nothing recorded the slots go to live waiters ahead, who take them
--- as soon as they ask: asked again in `poll_ms`.
+-- oldest, leaves the window, and a period later for each full window of waiters ahead. A call
+-- still in flight counts from its answer, which cannot come before now: its slot frees a period
+-- from now at the soonest. Each call after this one is answered a little after it is made, so
+-- each round ahead and each call in flight adds `poll_ms` (a fair bound on a platform's answer):
+-- a reply told when to ask again is then granted when it does, not told to wait a little more.
+-- With nothing recorded the slots go to live waiters ahead, who take them as soon as they ask:
+-- asked again in `poll_ms`.
 local function frees_in(sent, per_ms, needed)
   local recorded = redis.call('ZCARD', sent)
   if recorded == 0 then
@@ -114,9 +119,9 @@ local function frees_in(sent, per_ms, needed)
   local nth = redis.call('ZRANGE', sent, (needed - 1) % recorded, (needed - 1) % recorded, 'WITHSCORES')
   local at = tonumber(nth[2])
   if at > now then
-    return per_ms + rounds * per_ms
+    return (rounds + 1) * (per_ms + poll_ms)
   end
-  return math.max(at + per_ms - now + rounds * per_ms, 1)
+  return math.max(at + per_ms - now + rounds * (per_ms + poll_ms), 1)
 end
 
 -- A budget that lost its keys: of the calls its last period is taken to have made, evenly
@@ -224,10 +229,10 @@ if wait == 0 then
     end
   end
   redis.call('ZREM', tickets, ticket)
-  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false})
+  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false, freed = 0})
 end
 if kind ~= 'reply' then
-  return cjson.encode({status = 'shed', wait_ms = wait, scope = stopped_by, held = held})
+  return cjson.encode({status = 'shed', wait_ms = wait, scope = stopped_by, held = held, freed = 0})
 end
 -- In the queue of each scope that stops it, and out of the others: a reply kept back by its
 -- chat reserves nothing bot-wide meanwhile.
@@ -248,4 +253,5 @@ redis.call('ZADD', tickets, now + ticket_ttl_ms, ticket)
 if redis.call('PTTL', tickets) < ticket_ttl_ms then
   redis.call('PEXPIRE', tickets, ticket_ttl_ms)
 end
-return cjson.encode({status = 'wait', wait_ms = wait, scope = stopped_by, held = held})
+return cjson.encode({status = 'wait', wait_ms = wait, scope = stopped_by, held = held,
+  freed = tonumber(redis.call('GET', freed) or '0')})

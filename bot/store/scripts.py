@@ -285,7 +285,7 @@ TOOL_END = Script(
 # per_ms, fair).
 BUDGET_TAKE = Script(
     "budget_take",
-    keys=("tickets", "holds", "epoch", "previews_hold"),
+    keys=("tickets", "holds", "epoch", "previews_hold", "freed"),
     args=(
         "kind",
         "ticket",
@@ -303,14 +303,26 @@ BUDGET_TAKE = Script(
     rest="scope_count_per_ms_fair_fours",
     rest_keys="sent_queue_hold_people_fours",
 )
-BUDGET_DONE = Script("budget_done", keys=(), args=("grant", "used"), rest_keys="sent_of_each_scope")
+BUDGET_DONE = Script(
+    "budget_done",
+    keys=("freed",),
+    args=("grant", "used", "freed_keep_ms"),
+    rest_keys="sent_of_each_scope",
+)
 BUDGET_HOLD = Script(
     "budget_hold",
     keys=("hold", "holds", "heard", "recent", "bot_hold"),
     args=("scope", "hold_ms", "spread", "spread_count", "spread_ms", "bot_scope", "heard_keep_ms"),
 )
-BUDGET_KEEP = Script("budget_keep", keys=("tickets",), args=("ticket_ttl_ms",), rest="tickets")
-BUDGET_LEAVE = Script("budget_leave", keys=("tickets",), args=("ticket",), rest_keys="queues")
+BUDGET_KEEP = Script(
+    "budget_keep", keys=("tickets", "freed"), args=("ticket_ttl_ms",), rest="tickets"
+)
+BUDGET_LEAVE = Script(
+    "budget_leave",
+    keys=("tickets", "freed"),
+    args=("ticket", "freed_keep_ms"),
+    rest_keys="queues",
+)
 
 # Every script, by its file's name (each `.lua` file but the prelude is one).
 ALL: dict[str, Script] = {

@@ -1,0 +1,214 @@
+"""`Paced` on its own (bot/pacing.py): replicas' outbounds drawing on one budget in a real
+server, in front of a platform stand-in that declares its limits and answers as told.
+
+A wait that ends leaves nothing behind, a store restart is ridden out, waiting costs a few
+store calls a message, a 429's retry_after is kept within sane bounds, and previews give way:
+a preview's 429 holds previews alone, and a shed draft is not asked again sooner than the
+next draft would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from bot.embedded import EmbeddedRedis
+from bot.message import PREVIEWS_SCOPE, Call, Scope, Throttled
+from bot.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
+from bot.store import Store
+from tests.conftest import eventually
+from tests.fakes.outbound import RecordingOutbound
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Platform(RecordingOutbound):
+    """A platform that limits the bot to `per_second` calls a second and each chat to one,
+    takes `latency_s` to answer a message (a call in flight meanwhile), and answers a
+    preview 429 while `refusing_previews_s` is set."""
+
+    per_second: int = 3
+    latency_s: float = 0.0
+    draft_interval_s: float | None = 0.5
+    refusing_previews_s: float | None = None
+    drafted: list[str] = field(default_factory=list)
+
+    def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
+        every = Scope("bot", self.per_second, 1.0)
+        if call != "message":
+            return (every,)
+        return (every, Scope(f"chat:{conversation.rpartition(':')[2]}", 1, 1.0))
+
+    async def send(
+        self, conversation: str, text: str, idempotency_key: str, reply_to: str | None = None
+    ) -> None:
+        await asyncio.sleep(self.latency_s)
+        await super().send(conversation, text, idempotency_key, reply_to)
+
+    async def typing(self, conversation: str) -> None:
+        self._refuse_preview(conversation)
+        await super().typing(conversation)
+
+    async def draft(self, conversation: str, draft_id: int, text: str) -> None:
+        self._refuse_preview(conversation)
+        self.drafted.append(text)
+
+    def _refuse_preview(self, conversation: str) -> None:
+        if self.refusing_previews_s is not None:
+            raise Throttled(self.refusing_previews_s, f"chat:{conversation}", inferred=True)
+
+
+def replica(store: Store, platform: Platform, name: str = "a") -> Paced:
+    return Paced(platform, store, "telegram", name, mode="shared")
+
+
+async def fill(paced: Paced, count: int) -> None:
+    """`count` messages sent at once, in chats of their own: the bot-wide scope is full."""
+    for n in range(count):
+        await paced.send(f"telegram:{9000 + n}", "filler", f"f{n}")
+
+
+@pytest.mark.parametrize("replicas", ["one replica", "two replicas"])
+async def test_a_turn_cancelled_gives_its_place_back_at_once(store: Store, replicas: str) -> None:
+    platform = Platform(per_second=1)
+    first = replica(store, platform, "a")
+    second = first if replicas == "one replica" else replica(store, platform, "b")
+    await fill(first, 1)
+    filled = time.monotonic()
+    # A reply whose window closed first waits on replica a, a later one (told to come a
+    # round later, behind it) on b.
+    cut_short = asyncio.create_task(first.turn("telegram:1", 1000))
+    await asyncio.sleep(0.1)
+    behind = asyncio.create_task(second.turn("telegram:2", 2000))
+    await asyncio.sleep(0.1)
+    # A newer message cuts the first short (or its replica stops): its place goes with it,
+    # and the one behind learns of it, on the same replica at once, on another at the next
+    # keeping of its places: it takes the slot that frees a second after the filler.
+    cut_short.cancel()
+    slot = await asyncio.wait_for(behind, timeout=5)
+    assert slot is not None
+    assert time.monotonic() - filled < 1.5
+    await second.give_back(slot)
+
+
+async def test_a_turn_rides_out_a_store_restart(server: EmbeddedRedis, store: Store) -> None:
+    platform = Platform(per_second=1)
+    paced = replica(store, platform)
+    await fill(paced, 1)
+    waiting = asyncio.create_task(paced.turn("telegram:1", 1000))
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(server.stop)
+    await asyncio.sleep(1.0)
+    assert not waiting.done()  # the outage is waited out, not a failure
+    await asyncio.to_thread(server.start)
+    back = time.monotonic()
+    slot = await asyncio.wait_for(waiting, timeout=10)
+    # The store came back empty: the budget starts as if its last second were full.
+    assert slot is not None
+    assert time.monotonic() - back < 2.5
+    await paced.give_back(slot)
+
+
+async def test_waiting_costs_a_few_store_calls_a_message(store: Store) -> None:
+    # Calls take a while to answer, as a real platform's do: a reply whose slot is in flight
+    # is told when it can come, rather than ask again every few milliseconds.
+    platform = Platform(per_second=10, latency_s=0.05)
+    paced = replica(store, platform)
+    messages = 30
+
+    async def reply(n: int) -> None:
+        # As a cycle does: its turn, placed by when its window closed, then the send in it.
+        conversation = f"telegram:{n}"
+        slot = await paced.turn(conversation, 1000 + n)
+        await paced.send(conversation, "hi", f"k{n}", slot=slot)
+
+    await asyncio.gather(*(reply(n) for n in range(messages)))
+    assert len(platform.sent) == messages
+    calls = paced.stats.calls
+    assert calls["done"] == messages
+    per_message = sum(calls.values()) / messages
+    assert per_message <= 3, dict(calls)
+
+
+async def test_a_long_hold_is_waited_out_asking_once_or_twice(store: Store) -> None:
+    platform = Platform(per_second=50)
+    paced = replica(store, platform)
+    waiting = 40
+    await paced.throttled("bot", 2.0)
+    began = time.monotonic()
+    slots = await asyncio.gather(*(paced.turn(f"telegram:{n}", 1000 + n) for n in range(waiting)))
+    assert all(slot is not None for slot in slots)
+    assert time.monotonic() - began >= 1.8  # nothing before the hold ended
+    # Each asked when it came, and when the hold ended; their places kept alive by a
+    # few calls of the replica's, not by each of them.
+    assert paced.stats.calls["take"] <= 2 * waiting + 5, dict(paced.stats.calls)
+    assert 1 <= paced.stats.calls["keep"] <= 6, dict(paced.stats.calls)
+    for slot in slots:
+        await paced.give_back(slot)
+
+
+async def test_a_retry_after_out_of_bounds_is_clamped_and_told_once(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    paced = replica(store, Platform())
+    with caplog.at_level(logging.WARNING, logger="bot.pacing"):
+        await paced.throttled("chat:1", 10**9)
+        await paced.throttled("chat:2", 0)
+        await paced.throttled("chat:3", -1)
+        await paced.throttled("chat:4", 10**9)
+    held = await store.held(paced.keys)
+    assert MAX_HOLD_S * 1000 - 5000 < held["chat:1"] <= MAX_HOLD_S * 1000
+    for chat in ("chat:2", "chat:3"):
+        assert MIN_HOLD_S * 1000 - 200 < held[chat] <= MIN_HOLD_S * 1000
+    told = [r.getMessage() for r in caplog.records if "holding it" in r.getMessage()]
+    assert len(told) == 2, told  # once too long, once too short: not once a 429
+
+
+async def test_a_previews_429_holds_previews_and_never_replies(store: Store) -> None:
+    platform = Platform(refusing_previews_s=5)
+    paced = replica(store, platform)
+    with pytest.raises(Throttled):
+        await paced.typing("telegram:1")
+    assert set(await store.held(paced.keys)) == {PREVIEWS_SCOPE}
+    platform.refusing_previews_s = None
+    # Replies go as ever; typing indicators and drafts are shed until the hold ends.
+    slot = await paced.turn("telegram:1", 1000)
+    assert slot is not None and not slot.waited
+    await paced.give_back(slot)
+    await paced.typing("telegram:2")
+    assert platform.typing_calls == []
+    with pytest.raises(Throttled):
+        await paced.draft("telegram:2", 1, "so far")
+    assert platform.drafted == []
+
+
+async def test_a_shed_draft_is_not_asked_again_before_the_next_draft_would_be(
+    server: EmbeddedRedis, store: Store
+) -> None:
+    platform = Platform(per_second=3, draft_interval_s=0.7)
+    paced = replica(store, platform)
+    await fill(paced, 3)
+    with pytest.raises(Throttled) as shed:
+        await paced.draft("telegram:1", 1, "so far")
+    assert shed.value.retry_after_s >= 0.7
+    # With the store down it is shed too, and not asked again sooner either.
+    await asyncio.to_thread(server.stop)
+    with pytest.raises(Throttled) as refused:
+        await paced.draft("telegram:1", 1, "so far")
+    assert (refused.value.scope, refused.value.retry_after_s) == ("store", 0.7)
+    assert platform.drafted == []
+    await asyncio.to_thread(server.start)
+
+    async def drafted() -> list[str]:
+        # The store came back empty: the budget starts cautiously, and sheds it a while.
+        with contextlib.suppress(Throttled):
+            await paced.draft("telegram:2", 2, "back")
+        return platform.drafted
+
+    await eventually(drafted, within_s=5, what="a draft once the store is back")
