@@ -235,7 +235,6 @@ class Paced:
         """A slot `turn` gave that no message will use (the reply was found stale)."""
         if slot is not None:
             await self._done(slot, used=False)
-            self._wake(1)
 
     async def send(
         self,
@@ -397,9 +396,9 @@ class Paced:
                 await waiting.woken.wait()
 
     def _wake(self, count: int) -> None:
-        """`count` places or slots were given back early: as many of the replies waiting here
-        as that, the first in line, ask again now rather than when they were told (the
-        others' turns are no sooner than theirs)."""
+        """`count` places or slots were given back early, on any replica (`_keep` hears of
+        it): as many of the replies waiting here as that, the first in line, ask again now
+        rather than when they were told (the others' turns are no sooner than theirs)."""
         first = sorted(self._waiting.values(), key=lambda waiting: waiting.order_ms)
         for waiting in first[:count]:
             waiting.woken.set()
@@ -432,7 +431,6 @@ class Paced:
         task = asyncio.ensure_future(self._left(ticket, scopes))
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
-        self._wake(1)
 
     async def _left(self, ticket: str, scopes: Sequence[Scope]) -> None:
         try:

@@ -42,7 +42,8 @@ async def started(
 ) -> tuple[Runtime, RecordingOutbound]:
     """A runtime answering through `fake`, its platform limited (`Platform`)."""
     llm = {"provider": "openai", "base_url": fake.base_url, "api_key": "k", "retries": 0}
-    settings = make_settings(llm=llm | {"model": FAKE_MODEL_ID}, **extra)
+    interrupt = {"interrupt": extra.pop("interrupt")} if "interrupt" in extra else {}
+    settings = make_settings(llm=llm | {"model": FAKE_MODEL_ID} | interrupt, **extra)
     return await runtime_factory(settings, outbound=Platform())
 
 
@@ -103,3 +104,23 @@ async def test_a_reply_that_waited_past_its_age_is_dropped_in_one_line(
     assert len(dropped) == 1 and dropped[0].exc_info is None
     assert not [r for r in caplog.records if r.exc_info]
     assert len(fake.requests) == 1
+
+
+async def test_with_interrupts_off_a_reply_that_waited_is_checked_again_before_it_goes(
+    runtime_factory: RuntimeFactory, make_settings: SettingsFactory, fake: FakeOpenAI, redis: Redis
+) -> None:
+    # Nothing watches the conversation while the reply waits: the pre-send check made again
+    # once its turn has come is what finds the newer message.
+    runtime, platform = await started(runtime_factory, make_settings, fake, interrupt=False)
+    await runtime.outbound.throttled("bot", HOLD_S)
+    assert await runtime.ingest(message("one", n=1))
+
+    async def waiting() -> bool:
+        return await redis.hget(Keys(CONV).outbox, "text") is not None
+
+    await eventually(waiting, within_s=HOLD_S, what="the first reply in its outbox")
+    assert await runtime.ingest(message("two", n=2))
+    await settled(runtime, CONV, version=2)
+    assert len(platform.sent) == 1
+    assert platform.sent[0].text == fake.reply(fake.requests[-1])
+    assert fake.requests[-1].last_user_text.endswith("two")
