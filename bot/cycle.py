@@ -370,7 +370,14 @@ class Cycle:
                 slot = await race(turn())
         except TimeoutError:
             return "expired"
-        if isinstance(slot, Next) or slot is None or not slot.waited or written.forced:
+        if isinstance(slot, Next):
+            self.stats.discarded += 1
+            self.stats.discarded_tokens += written.reply.spent
+            log.info(
+                "superseded a reply waiting its turn for %s: new messages arrived", conversation
+            )
+            return slot
+        if slot is None or not slot.waited or written.forced:
             return slot
         verdict = await written.presend()
         if verdict.status in ("lost", "stale"):

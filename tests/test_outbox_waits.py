@@ -81,6 +81,7 @@ async def test_a_newer_message_supersedes_a_reply_waiting_its_turn(
     await settled(runtime, CONV, version=2)
     # One reply, to both: the one written for "one" never went out.
     assert len(platform.sent) == 1
+    assert runtime.stats.discarded == 1
     assert fake.requests[-1].last_user_text.endswith("two")
     assert "one" in json.dumps(fake.requests[-1].messages)
     assert len(fake.requests) == 2
