@@ -553,6 +553,11 @@ def ack_ms(o: Outcome) -> list[int]:
     return sorted(int(((s.acked or 0) - s.due) * 1000) for s in acked(o))
 
 
+def other_cores(o: Outcome) -> float:
+    """The cores other work on the machine kept busy over the load, on average."""
+    return (o.machine.all_s - o.machine.bot_s - o.machine.bench_s) / o.wall_s
+
+
 def rows(o: Outcome) -> list[list[str]]:
     ok = acked(o)
     latencies = ack_ms(o)
@@ -584,7 +589,7 @@ def rows(o: Outcome) -> list[list[str]]:
         [
             f"cores busy: bot / benchmark / other work (of {os.cpu_count()})",
             f"{o.machine.bot_s / o.wall_s:.2f} / {o.machine.bench_s / o.wall_s:.2f}"
-            f" / {(o.machine.all_s - o.machine.bot_s - o.machine.bench_s) / o.wall_s:.2f}",
+            f" / {other_cores(o):.2f}",
         ],
         [
             "bot loop lag p50 / p99 / recent max ms",
@@ -597,13 +602,16 @@ def rows(o: Outcome) -> list[list[str]]:
 def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
     """Each budget's acknowledgement p50 and p99 (ms), run by run and their medians; then
     each budget's against the first one's: run by run (in the order they were made) and the
-    ratio of the medians."""
+    ratio of the medians. With each run, the cores other work kept busy meanwhile: a run
+    starved by the machine shows it."""
     by_budget: dict[str | None, list[tuple[int, int]]] = {}
+    others_by_budget: dict[str | None, list[float]] = {}
     for budget, outcome in runs:
         latencies = ack_ms(outcome) or [0]
         by_budget.setdefault(budget, []).append(
             (percentile(latencies, 50), percentile(latencies, 99))
         )
+        others_by_budget.setdefault(budget, []).append(other_cores(outcome))
     out = []
     medians = {}
     for budget, figures in by_budget.items():
@@ -616,6 +624,7 @@ def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
                 ", ".join(map(str, p99s)),
                 f"{medians[budget][0]:g}",
                 f"{medians[budget][1]:g}",
+                ", ".join(f"{cores:.2f}" for cores in others_by_budget[budget]),
             ]
         )
     [base, *others] = by_budget
@@ -628,6 +637,7 @@ def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
                 ", ".join(f"{a[1] / max(b[1], 1):.2f}x" for a, b in pairs),
                 f"{medians[budget][0] / max(medians[base][0], 1):.2f}x",
                 f"{medians[budget][1] / max(medians[base][1], 1):.2f}x",
+                "-",
             ]
         )
     return out
@@ -664,7 +674,14 @@ async def run(args: argparse.Namespace) -> None:
         )
     if args.budgets:
         print("\nacknowledgement latency by budget (ms)")
-        headers = ["budget", "p50 by run", "p99 by run", "p50 median", "p99 median"]
+        headers = [
+            "budget",
+            "p50 by run",
+            "p99 by run",
+            "p50 median",
+            "p99 median",
+            "other work (cores) by run",
+        ]
         print_table(headers, compared(runs))
 
 
