@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import sys
@@ -106,8 +107,6 @@ QUIET_END_S = 20.0
 GOAL_FLOORS = 1.3
 # The faults, in the order one fleet goes through them: a kill leaves it a replica short.
 FAULTS = ("flood-wait", "restart", "kill")
-# How many seconds after a kill the deliveries are shown one by one.
-AFTER_KILL_S = 12
 # The budget's store calls, by script, in a replica's /metrics.
 BUDGET_CALLS = "lastword_budget_calls_total{"
 # The hold outlasts any run; held as a 429's retry_after would hold it.
@@ -362,11 +361,20 @@ class Kill(Fault):
 
     def said(self, w: World, chats: range, first: float) -> str:
         counts = Counter(int(m.at - self.at) for m in w.replies(chats) if m.at >= self.at)
-        after = ", ".join(str(counts[n]) for n in range(AFTER_KILL_S))
+        seconds = [counts[n] for n in range(max(counts, default=-1) + 1)]
         return (
             f"kill -9: replica 1 of {len(w.replicas)} killed {self.at - first:.1f} s into the"
-            f" replies; replies in each second after: {after}"
+            f" replies; replies in each second after, to the last: {runs_of(seconds)}"
         )
+
+
+def runs_of(counts: list[int]) -> str:
+    """The counts, a run of equal ones written once with its length ("0 x16")."""
+    out = []
+    for count, run in itertools.groupby(counts):
+        n = len(list(run))
+        out.append(f"{count} x{n}" if n > 2 else ", ".join([str(count)] * n))
+    return ", ".join(out)
 
 
 @dataclass
