@@ -44,11 +44,13 @@ For each it prints:
   build that does not count them), and every Redis command (`INFO commandstats`, added up
   across a restart), for transparency;
 
-and a line on what each fault did.
+and a line on what each fault did (the kill's: the replies a second from it to the last), and
+one on each row's budget calls a message, by script.
 
-Then a hold: the bot-wide scope held (written straight into the budget, as a 429 would) while
-`--hold-replies` users write; once every reply is generated and waits, `--hold-s` seconds of
-the store's calls: Redis commands a second (the busiest named) and the budget's.
+Then a hold: the store's calls of the idle fleet over `--hold-s`; then, the bot-wide scope
+held (written straight into the budget, as a 429 would) while `--hold-replies` users write,
+once every reply is generated and waits, over `--hold-s` again: Redis commands a second (the
+busiest named) and the budget's calls (by script).
 
 Each row and the hold get a fresh server, fresh replicas and fresh fakes; one run each. With
 `--one-fleet` (the smoke test's), the rows of one mode and the hold run one after another in
@@ -155,11 +157,16 @@ class Replica:
                 raise TimeoutError(f"{self.metrics} did not answer within {START_S:g} s")
             await asyncio.sleep(0.1)
 
-    def budget_calls(self) -> int | None:
-        """The budget's store calls it made, by every script; None if it reported none (a
-        build that does not count them, or none made yet)."""
-        found = [value for name, value in self.last.items() if name.startswith(BUDGET_CALLS)]
-        return round(sum(found)) if found else None
+    def budget_calls(self) -> Counter[str]:
+        """The budget's store calls it made, by script; none from a build that does not count
+        them (or before its first)."""
+        return Counter(
+            {
+                name.split('"')[1]: round(value)
+                for name, value in self.last.items()
+                if name.startswith(BUDGET_CALLS)
+            }
+        )
 
 
 @contextlib.asynccontextmanager
@@ -287,11 +294,10 @@ class World:
     def alive(self) -> list[Replica]:
         return [r for r in self.replicas if r.bot.process.returncode is None]
 
-    async def budget_calls(self) -> int | None:
-        """The budget's store calls of every replica so far; None if none reported any."""
+    async def budget_calls(self) -> Counter[str]:
+        """The budget's store calls of every replica so far, by script."""
         await asyncio.gather(*(replica.read() for replica in self.alive))
-        counts = [c for replica in self.replicas if (c := replica.budget_calls()) is not None]
-        return sum(counts) if counts else None
+        return sum((replica.budget_calls() for replica in self.replicas), Counter())
 
     async def post(self, chats: range) -> None:
         """One DM from each chat's user, at once, spread over the living replicas."""
@@ -430,12 +436,6 @@ FAULT_OF: dict[str, Callable[[], Fault]] = {
 # -- a stampede -----------------------------------------------------------------------------
 
 
-def between(before: int | None, after: int | None) -> int | None:
-    """The calls counted from `before` to `after` (None: none reported by then); None if
-    none were ever reported."""
-    return None if after is None else after - (before or 0)
-
-
 @dataclass(frozen=True)
 class Outcome:
     case: str
@@ -449,7 +449,8 @@ class Outcome:
     model_calls: int
     users: int
     messages: int
-    budget_calls: int | None
+    # By script; none from a build that does not count them.
+    budget_calls: Counter[str]
     redis_commands: int
     note: str
 
@@ -520,7 +521,7 @@ async def stampede(
         model_calls=len(w.provider.requests) - requests,
         users=len(chats),
         messages=len(sent),
-        budget_calls=between(budget_before, budget_after),
+        budget_calls=budget_after - budget_before,
         redis_commands=redis_commands,
         note="" if fault is None or first is None else fault.said(w, chats, first),
     )
@@ -543,7 +544,7 @@ def rows(outcomes: Sequence[Outcome], args: argparse.Namespace) -> list[list[str
             f"{o.span_s / (o.owed / args.rate):.2f}x" if o.delivered == o.owed else "-",
             "-" if o.goal_s is None else f"{o.goal_s:.1f}",
             f"{o.model_calls / o.users:.2f}",
-            per_message(o.budget_calls, o),
+            per_message(o.budget_calls.total() if o.budget_calls else None, o),
             per_message(o.redis_commands, o),
         ]
         for o in outcomes
@@ -560,7 +561,7 @@ class Span:
     waiting: int
     seconds: float
     commands: Counter[str]
-    budget_calls: int | None
+    budget_calls: Counter[str]
 
     def cells(self, case: str) -> list[str]:
         total = sum(self.commands.values())
@@ -570,13 +571,16 @@ class Span:
             f"{self.seconds:.1f}",
             f"{total / self.seconds:.0f}",
             f"{total / self.seconds / self.waiting:.2f}" if self.waiting else "-",
-            "-" if self.budget_calls is None else f"{self.budget_calls / self.seconds:.1f}",
+            f"{self.budget_calls.total() / self.seconds:.1f}" if self.budget_calls else "-",
         ]
 
     def busiest(self, count: int = 5) -> str:
-        """The commands run most, a second each."""
+        """The commands run most, and the budget's calls by script, a second each."""
         top = self.commands.most_common(count)
-        return ", ".join(f"{name} {n / self.seconds:.0f}/s" for name, n in top)
+        return "; budget: ".join(
+            ", ".join(f"{name} {n / self.seconds:.1f}/s" for name, n in counts) or "-"
+            for counts in (top, sorted(self.budget_calls.items()))
+        )
 
 
 async def span(w: World, waiting: int, seconds: float) -> Span:
@@ -587,7 +591,7 @@ async def span(w: World, waiting: int, seconds: float) -> Span:
     await asyncio.sleep(seconds)
     budget_after = await w.budget_calls()
     used = await spent.since()
-    return Span(waiting, time.monotonic() - began, used, between(budget_before, budget_after))
+    return Span(waiting, time.monotonic() - began, used, budget_after - budget_before)
 
 
 async def hold(w: World, chats: range, args: argparse.Namespace) -> tuple[Span, Span]:
@@ -719,6 +723,13 @@ async def run(args: argparse.Namespace) -> None:
         for outcome in report.outcomes:
             if outcome.note:
                 print(f"  {outcome.note}")
+        for outcome in report.outcomes:
+            if outcome.budget_calls and outcome.messages:
+                scripts = ", ".join(
+                    f"{name} {n / outcome.messages:.2f}"
+                    for name, n in sorted(outcome.budget_calls.items())
+                )
+                print(f"  budget calls a message, {outcome.case}: {scripts}")
     if report.held is not None:
         print(
             f"\nthe store's calls of the idle fleet, then with the bot-wide scope held once"
