@@ -201,16 +201,17 @@ async def test_a_429_holds_the_chat_it_was_about_odd_waits_are_bounded_and_healt
         FakeTelegram(limits=telegram_limits(per_second=RATE)) as fake,
         fleet(server, fake, short_dir, each=lambda _: backlog()) as replicas,
     ):
-        # An hour's flood wait in one DM, and a wait no platform means (31 years) in another:
-        # those chats are held; everyone else is answered as if nothing happened.
+        # An hour's flood wait in one DM: that chat is held, and everyone else is answered as
+        # if nothing happened, a wait no platform means (31 years) in another DM too.
         fake.fail_chat(flooded, fake.too_many_requests(HOUR), "sendMessage")
         fake.fail_chat(absurd, fake.too_many_requests(10**9), "sendMessage")
-        await stampede(fake, spread([flooded, absurd], replicas))
-        await refusals(fake, 2)
+        await stampede(fake, spread([flooded], replicas))
+        await refusals(fake, 1)
         began = time.monotonic()
-        await stampede(fake, spread(others, replicas))
+        await stampede(fake, spread([absurd, *others], replicas))
         last = await answered(fake, others, within_s=15)
         assert last - began <= 2 + SLACK_S * 2, round(last - began, 2)
+        await refusals(fake, 2)
         assert {flooded, absurd}.isdisjoint(replies(fake))
         # A chat's hold is not the bot's: every replica reports it healthy.
         assert [await health(r) for r in replicas] == [(200, "ok", "ok")] * len(replicas)
@@ -249,7 +250,7 @@ async def test_a_429_holds_the_chat_it_was_about_odd_waits_are_bounded_and_healt
         logs = [line for replica in replicas for line in replica.bot.log]
         assert all(replica.bot.process.returncode is None for replica in replicas)
         assert [line for line in logs if "Traceback" in line] == []
-        assert sum("asked to wait 1e+09s" in line for line in logs) == 1
+        assert sum("1e+09" in line for line in logs) == 1
 
 
 def wait_of(call: RecordedCall) -> int:
@@ -278,29 +279,37 @@ async def health(replica: Replica) -> tuple[int, str, str]:
 async def test_a_long_hold_of_the_bot_generates_each_reply_once_through_a_replica_leaving(
     server: EmbeddedRedis, short_dir: Path
 ) -> None:
-    hold_s, users = 5, range(50_000, 50_030)
+    hold_s, first, users = 6, [50_000, 50_001, 50_002], range(50_100, 50_130)
+    # A stop that does not wait out the hold: the replica's grace for its cycles is shorter.
+    grace = {"LASTWORD_SHUTDOWN_GRACE_S": "1"}
     async with (
         FakeOpenAI() as model,
         FakeTelegram(limits=telegram_limits(per_second=RATE)) as fake,
-        fleet(server, fake, short_dir, each=lambda _: backlog(model)) as replicas,
+        fleet(server, fake, short_dir, each=lambda _: backlog(model, **grace)) as replicas,
     ):
         # Three chats refused at once: Telegram holds the whole bot.
-        fake.fail_next("sendMessage", *(fake.too_many_requests(hold_s) for _ in range(3)))
-        await stampede(fake, spread(users, replicas))
-        await refusals(fake, 3)
+        fake.fail_next("sendMessage", *(fake.too_many_requests(hold_s) for _ in first))
+        await stampede(fake, spread(first, replicas))
+        await refusals(fake, len(first))
         held_at = max(c.at for c in refused(fake))
-        # A replica stopped meanwhile (a deploy): its written replies wait on in their outbox
-        # for the others to send, not written again.
+        # Users who write meanwhile: their replies are written, and wait for the hold to end.
+        await stampede(fake, spread(users, replicas))
+
+        async def written() -> bool:
+            return len(model.requests) >= len(first) + len(users)
+
+        await eventually(written, within_s=hold_s, what="every reply written")
+        # A replica stopped meanwhile (a deploy): its replies wait on in their outbox for the
+        # others to send; none is written again.
         code, _ = await replicas[0].bot.terminate()
         assert code == 0
 
-        await answered(fake, users, within_s=hold_s + 30)
-        # Nothing went while the bot was held (calls allowed before the hold was recorded may
-        # land just after the 429s, as late as a replica's loop stalls).
-        during = [c for c in fake.sent_messages if held_at + SLACK_S < c.at < held_at + hold_s]
-        assert during == [], [(c.chat_id, round(c.at - held_at, 2)) for c in during]
-        assert len(model.requests) == len(users)
-        assert once_each(fake, users) == {}
+        last = await answered(fake, [*first, *users], within_s=hold_s + 30)
+        went = min(first_replies(fake, users).values())
+        assert went >= held_at + hold_s - 0.5, round(went - held_at, 2)
+        assert last - held_at <= hold_s + SLACK_S * 2, round(last - held_at, 2)
+        assert len(model.requests) == len(first) + len(users)
+        assert once_each(fake, [*first, *users]) == {}
 
 
 async def test_a_budget_that_lost_its_keys_mid_stampede_lets_no_burst_through(
