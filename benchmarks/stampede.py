@@ -324,7 +324,12 @@ async def world(mode: str, args: argparse.Namespace) -> AsyncIterator[World]:
             return (
                 bot_env(server, fake, folder, port, mode, args.rate)
                 | model_env(provider.base_url)
-                | {"LASTWORD_LEASE__TTL_MS": str(args.lease_ms)}
+                | {
+                    "LASTWORD_LEASE__TTL_MS": str(args.lease_ms),
+                    # Stopped at the end with replies still waiting (a hold's, a flood
+                    # wait's): nothing is measured then, so no grace to wait out.
+                    "LASTWORD_SHUTDOWN_GRACE_S": "0",
+                }
             )
 
         async with fleet(args.replicas, server.data_dir.parent, env_of) as bots:
