@@ -43,7 +43,7 @@ from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
 from bot.others import TOOL_DATA, Others
-from bot.pacing import Paced, Slot
+from bot.pacing import OUTAGE_S, Paced, Slot
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
 from bot.settings import ModelChoice, Settings
@@ -425,7 +425,10 @@ class Cycle:
         if isinstance(reply, Next):
             return reply
 
-        def presend() -> Awaitable[PreSend]:
+        async def presend() -> PreSend:
+            return await self._through_outage(lease, check)
+
+        def check() -> Awaitable[PreSend]:
             return self.store.presend(
                 lease,
                 grant.version,
@@ -553,6 +556,25 @@ class Cycle:
         if not ended.ok:
             raise LeaseLost(lease.conversation)
         return ended
+
+    async def _through_outage(self, lease: Lease, step: Callable[[], Awaitable[T]]) -> T:
+        """`step()` (the pre-send check), made again, backed off, while the store is out of
+        reach, for up to OUTAGE_S: a reply written just before a blip is checked once the store
+        is back, not thrown away and generated again. The lease stays renewed meanwhile (its
+        keeper cancels this once it can no longer be confirmed)."""
+        backoff = Backoff(COMMIT_RETRY_S, COMMIT_RETRY_CAP_S, jitter=0.5)
+        began = time.monotonic()
+        while True:
+            try:
+                return await step()
+            except StoreUnavailable as exc:
+                if time.monotonic() - began >= OUTAGE_S:
+                    raise
+                delay = backoff.next_delay()
+                log.info(
+                    "the pre-send check of %s waits for the store (%s)", lease.conversation, exc
+                )
+                await asyncio.sleep(delay)
 
     async def _outliving_refusals(
         self, lease: Lease, step: Callable[[], Awaitable[Ended]]

@@ -154,6 +154,8 @@ class Paced:
         # tickets alive runs while there are any.
         self._waiting: dict[str, _Waiting] = {}
         self._keeper: asyncio.Task[None] | None = None
+        # Places given back and answers recorded in tasks of their own (`_leave`, `_done`),
+        # which `stop` waits for.
         self._leaving: set[asyncio.Task[None]] = set()
         # The store's count of places and slots given back early, as last seen (`_keep`).
         self._freed: int | None = None
@@ -335,7 +337,9 @@ class Paced:
         if self._keeper is not None:
             await cancel_and_wait(self._keeper)
         if self._leaving:
-            await asyncio.wait(set(self._leaving), timeout=LEAVE_TIMEOUT_S)
+            _, late = await asyncio.wait(set(self._leaving), timeout=LEAVE_TIMEOUT_S)
+            for task in late:
+                await cancel_and_wait(task)
 
     # Inside
 
@@ -472,12 +476,35 @@ class Paced:
                 await self._done(slot, used=True)
 
     async def _done(self, slot: Slot, *, used: bool) -> None:
+        """Record a granted call's answer (or its slot given back). With the store out of
+        reach it is recorded once the store is back, in a task of its own: left in flight,
+        the call would fill its slots for IN_FLIGHT_MS after a blip of a second."""
         try:
             self.stats.calls["done"] += 1
             await self.store.done(self.keys, slot.scopes, slot.grant, used=used)
         except Unavailable as exc:
-            # The call stays counted in flight a while longer: slower, never faster.
-            log.info("could not record a call's answer in the budget (%s)", exc)
+            log.info("could not record a call's answer in the budget yet (%s)", exc)
+            task = asyncio.ensure_future(self._done_later(slot, used=used))
+            self._leaving.add(task)
+            task.add_done_callback(self._leaving.discard)
+
+    async def _done_later(self, slot: Slot, *, used: bool) -> None:
+        """`_done` again, backed off, for up to OUTAGE_S; counted from when it is recorded, so
+        later than the platform's answer: slower, never faster."""
+        backoff = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
+        began = time.monotonic()
+        while time.monotonic() - began < OUTAGE_S:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                self.stats.calls["done"] += 1
+                await self.store.done(self.keys, slot.scopes, slot.grant, used=used)
+                return
+            except Unavailable:
+                continue
+            except Exception:
+                log.exception("recording a call's answer in the budget failed")
+                return
+        log.info("gave up recording a call's answer: it stays in flight until IN_FLIGHT_MS")
 
 
 def shared_fairly(conversation: str, scopes: tuple[Scope, ...]) -> tuple[str, frozenset[str]]:

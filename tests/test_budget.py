@@ -251,9 +251,11 @@ async def test_a_person_alone_is_served_at_the_scopes_whole_rate(
             told.append(taken.wait_ms)
             await asyncio.sleep(taken.wait_ms / 1000)
         order = await server_ms(redis)
-    # Never told to wait longer than a slot's interval at the scope's whole rate (250 ms):
-    # her share is all of it.
-    assert told and max(told) <= 250, told
+    # Never told to wait longer than a slot's interval at the scope's whole rate (250 ms),
+    # give or take the milliseconds between her asks (a slot counts from its grant, and her
+    # next ask comes a little later on a busy machine): her share is all of it. Kept back by
+    # her share of a scope shared with anyone else, she would be told 500 ms or more.
+    assert told and max(told) <= 300, told
 
 
 async def test_a_groups_slots_go_round_by_person_oldest_window_first(

@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
 from bot.message import PREVIEWS_SCOPE, Call, Scope, Throttled
 from bot.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
 from bot.store import Store
-from tests.conftest import eventually
+from tests.conftest import eventually, server_ms
 from tests.fakes.outbound import RecordingOutbound
 
 pytestmark = pytest.mark.timeout(60)
@@ -212,3 +213,25 @@ async def test_a_shed_draft_is_not_asked_again_before_the_next_draft_would_be(
         return platform.drafted
 
     await eventually(drafted, within_s=5, what="a draft once the store is back")
+
+
+async def test_an_answer_heard_while_the_store_is_away_is_recorded_once_it_is_back(
+    server: EmbeddedRedis, store: Store, redis: Redis
+) -> None:
+    platform = Platform(per_second=1)
+    paced = replica(store, platform)
+    slot = await paced.turn("telegram:1", 1000)
+    assert slot is not None
+    await asyncio.to_thread(server.stop)
+    # The platform answers while the store is away: the call cannot be stamped yet.
+    await paced.send("telegram:1", "hi", "k1", slot=slot)
+    await asyncio.to_thread(server.start)
+    sent = paced.keys.scope("bot")[0]
+
+    async def stamped() -> bool:
+        # Counted from its answer, not left in flight for IN_FLIGHT_MS.
+        score = await redis.zscore(sent, slot.grant)
+        return score is not None and score <= await server_ms(redis)
+
+    await eventually(stamped, within_s=5, what="the answer recorded once the store is back")
+    await paced.stop()

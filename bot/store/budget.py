@@ -171,11 +171,11 @@ class Budget(Calls):
         return bool(decoded(await self._run(script, named, args))["widened"])
 
     async def keep(self, keys: BudgetKeys, tickets: Sequence[str]) -> int:
-        """The replies waiting under `tickets` still wait: their places are kept. Returns how
-        many places and slots have been given back early so far (a count that only grows,
-        but for a store that lost it)."""
+        """The replies waiting under `tickets` still wait: their places are kept (and lapsed
+        ones dropped). Returns how many places and slots have been given back early, or
+        lapsed, so far (a count that only grows, but for a store that lost it)."""
         named = {"tickets": keys.tickets, "freed": keys.freed}
-        args = {"ticket_ttl_ms": TICKET_TTL_MS}
+        args = {"ticket_ttl_ms": TICKET_TTL_MS, "freed_keep_ms": EPOCH_KEEP_MS}
         return int(await self._run(scripts.BUDGET_KEEP, named, args, list(tickets)))
 
     async def leave(self, keys: BudgetKeys, scopes: Sequence[Scope], ticket: str) -> None:

@@ -315,7 +315,10 @@ BUDGET_HOLD = Script(
     args=("scope", "hold_ms", "spread", "spread_count", "spread_ms", "bot_scope", "heard_keep_ms"),
 )
 BUDGET_KEEP = Script(
-    "budget_keep", keys=("tickets", "freed"), args=("ticket_ttl_ms",), rest="tickets"
+    "budget_keep",
+    keys=("tickets", "freed"),
+    args=("ticket_ttl_ms", "freed_keep_ms"),
+    rest="tickets",
 )
 BUDGET_LEAVE = Script(
     "budget_leave",
