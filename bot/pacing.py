@@ -126,10 +126,11 @@ class Slot:
 
 @dataclass
 class _Waiting:
-    """A reply of this replica waiting its turn: its place (`order_ms`), and what wakes it
-    early."""
+    """A reply of this replica waiting its turn: its place (`order_ms`), the scope it waits
+    for, and what wakes it early."""
 
     order_ms: int
+    scope: str = ""
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -218,6 +219,7 @@ class Paced:
                     return Slot(grant, scopes, waited=bool(waited_on))
                 # Places given back from now on may let this reply come sooner (`_keep`).
                 self._freed = max(self._freed or 0, taken.freed)
+                waiting.scope = taken.scope
                 kind = kind_of(taken.scope)
                 if kind not in waited_on:
                     waited_on.add(kind)
@@ -452,6 +454,13 @@ class Paced:
         scopes = self.scopes(conversation, call)
         if not scopes:
             return None, None
+        # A reply of this replica waits for one of them: the store would shed it (no preview
+        # while a reply waits), so it is shed here, without asking, however many wait.
+        waited_for = {waiting.scope for waiting in self._waiting.values()}
+        waited_for &= {scope.name for scope in scopes}
+        if waited_for:
+            self.stats.shed[call] += 1
+            return None, Taken("shed", 0, waited_for.pop(), False)
         grant = secrets.token_hex(8)
         try:
             async with asyncio.timeout(PREVIEW_TIMEOUT_S):

@@ -452,3 +452,21 @@ async def test_a_draft_ranks_above_a_typing_indicator(store: Store) -> None:
     assert (await take(store, ten, call="draft", n=6)).status == "granted"
     assert (await take(store, ten, call="draft", n=7)).status == "shed"
     assert (await take(store, ten, call="message", n=8)).status == "granted"
+
+
+async def test_a_reply_behind_many_is_told_by_the_scopes_whole_rate(store: Store) -> None:
+    # Ten slots a second, two of them used: the eight free ones go to the first eight
+    # replies waiting, and the rest come round at ten a second, not two.
+    ten = Scope("bot", 10, 1.0)
+    for n in range(2):
+        assert (await take(store, ten, n=n)).status == "granted"
+        await store.done(KEYS, (ten,), f"g{n}", used=True)
+    waits = [(await take(store, ten, order=1000 + n, n=10 + n)).wait_ms for n in range(30)]
+    # The first eight are granted at once (0: asked, not waiting).
+    assert waits[:8] == [0] * 8, waits
+    # The 9th and 10th have the two recorded slots, a second after their answers; the 11th
+    # to 18th the slots just taken, a period (and an answer's time) from now; the next ten a
+    # round later.
+    assert all(800 < wait <= 1000 for wait in waits[8:10]), waits
+    assert all(1000 < wait <= 1000 + POLL_MS for wait in waits[10:18]), waits
+    assert all(1800 < wait <= 2 * (1000 + POLL_MS) for wait in waits[18:28]), waits

@@ -28,8 +28,8 @@ IN_FLIGHT_MS = 30_000
 # the queue: its replica keeps the tickets of all its waiting replies alive more often than
 # this (`Budget.keep`), so only a dead replica's lapse.
 TICKET_TTL_MS = 2_000
-# How soon to ask again when a slot frees at a moment the script cannot know (the slots go to
-# replies ahead, which take them as soon as they ask).
+# A fair bound on how long a platform takes to answer a call: a slot whose call is in flight
+# (or will be made by a reply ahead) is told to come this much after it could at the soonest.
 POLL_MS = 100
 # A budget's epoch outlives its last call this long: a budget idle for longer starts free.
 EPOCH_KEEP_MS = 86_400_000

@@ -44,7 +44,7 @@ local grant = ARGV[4] -- the call's id in each scope, if granted
 local person = ARGV[5] -- whom the call is for, in the scopes shared fairly ('' for no one)
 local in_flight_ms = tonumber(ARGV[6])
 local ticket_ttl_ms = tonumber(ARGV[7]) -- a waiter not heard from for this long is gone
-local poll_ms = tonumber(ARGV[8]) -- how soon to ask again when a slot frees at an unknown time
+local poll_ms = tonumber(ARGV[8]) -- a fair bound on how long a platform takes to answer
 local keep_free_pct = tonumber(ARGV[9])
 -- In a scope shared fairly, how many slots a person may take ahead of their pace: a quick
 -- exchange in a quiet group is not spread out, while a flood still fills the scope no faster
@@ -109,26 +109,22 @@ local function anyone_waiting(queue)
   return false
 end
 
--- When the `needed`-th slot of `sent` frees (1: the next one): when that call, counted from the
--- oldest, leaves the window, and a period later for each full window of waiters ahead. A call
--- still in flight counts from its answer, which cannot come before now: its slot frees a period
--- from now at the soonest. Each call after this one is answered a little after it is made, so
--- each round ahead and each call in flight adds `poll_ms` (a fair bound on a platform's answer):
--- a reply told when to ask again is then granted when it does, not told to wait a little more.
--- With nothing recorded the slots go to live waiters ahead, who take them as soon as they ask:
--- asked again in `poll_ms`.
-local function frees_in(sent, per_ms, needed)
-  local recorded = redis.call('ZCARD', sent)
-  if recorded == 0 then
-    return poll_ms
+-- When the `needed`-th slot of a full scope comes (1: the next one; the replies ahead take the
+-- ones before it). Its `count` slots come round in turn: a recorded call's when it leaves the
+-- window (a period after its answer: a call still in flight cannot be answered before now), a
+-- slot free now (a reply ahead takes it at once) a period from now; and each round ahead a
+-- period later. Each call is answered a little after it is made, so each round and each call
+-- in flight adds `poll_ms` (a fair bound on a platform's answer): a reply told when to ask
+-- again is then granted when it does, not told to wait a little more.
+local function frees_in(sent, count, per_ms, needed)
+  local rounds = math.floor((needed - 1) / count)
+  local index = (needed - 1) % count
+  local at = now + per_ms + poll_ms
+  local nth = redis.call('ZRANGE', sent, index, index, 'WITHSCORES')
+  if nth[2] ~= nil and tonumber(nth[2]) <= now then
+    at = tonumber(nth[2]) + per_ms
   end
-  local rounds = math.floor((needed - 1) / recorded)
-  local nth = redis.call('ZRANGE', sent, (needed - 1) % recorded, (needed - 1) % recorded, 'WITHSCORES')
-  local at = tonumber(nth[2])
-  if at > now then
-    return (rounds + 1) * (per_ms + poll_ms)
-  end
-  return math.max(at + per_ms - now + rounds * (per_ms + poll_ms), 1)
+  return math.max(at - now + rounds * (per_ms + poll_ms), 1)
 end
 
 -- A budget that lost its keys: of the calls its last period is taken to have made, evenly
@@ -209,7 +205,7 @@ for i = 1, (#ARGV - NAMED) / 4 do
     if free <= 0 and before > 0 then
       scope.wait = next_leaves
     elseif free <= 0 then
-      scope.wait = frees_in(scope.sent, scope.per_ms, needed)
+      scope.wait = frees_in(scope.sent, scope.count, scope.per_ms, needed)
     end
     if scope.kept then
       -- This person has had their share for now.
