@@ -103,7 +103,8 @@ HELD_LONG_S = 30.0
 @dataclass
 class PacingStats:
     """What pacing did on this replica, by scope kind ("bot", "chat", ...) or call; `calls`,
-    the budget's store calls by script (take, done, keep, leave, hold)."""
+    the budget's store calls by script (take, done, keep, leave, hold; a preview's take as
+    take_draft or take_typing)."""
 
     waits: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     wait_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -373,7 +374,8 @@ class Paced:
         person: str = "",
         fair: frozenset[str] = frozenset(),
     ) -> Taken:
-        self.stats.calls["take"] += 1
+        # A preview's ask is counted apart: it comes with the previews, not the messages.
+        self.stats.calls["take" if call == "message" else f"take_{call}"] += 1
         taken = await self.store.take(
             self.keys,
             scopes,
