@@ -143,7 +143,15 @@ async def test_a_long_hold_is_waited_out_asking_once_or_twice(store: Store) -> N
     waiting = 40
     await paced.throttled("bot", 2.0)
     began = time.monotonic()
-    slots = await asyncio.gather(*(paced.turn(f"telegram:{n}", 1000 + n) for n in range(waiting)))
+    turns = [asyncio.create_task(paced.turn(f"telegram:{n}", 1000 + n)) for n in range(waiting)]
+    await asyncio.sleep(0.3)
+    # Meanwhile their conversations' typing indicators are shed without asking the store: a
+    # reply waits here for the bot's scope.
+    for n in range(waiting):
+        await paced.typing(f"telegram:{n}")
+    assert paced.stats.calls["take_typing"] == 0
+    assert platform.typing_calls == [] and paced.stats.shed["typing"] == waiting
+    slots = await asyncio.gather(*turns)
     assert all(slot is not None for slot in slots)
     assert time.monotonic() - began >= 1.8  # nothing before the hold ended
     # Each asked when it came, and when the hold ended; their places kept alive by a
