@@ -470,3 +470,25 @@ async def test_a_reply_behind_many_is_told_by_the_scopes_whole_rate(store: Store
     assert all(800 < wait <= 1000 for wait in waits[8:10]), waits
     assert all(1000 < wait <= 1000 + POLL_MS for wait in waits[10:18]), waits
     assert all(1800 < wait <= 2 * (1000 + POLL_MS) for wait in waits[18:28]), waits
+
+
+async def test_a_reply_behind_many_is_told_by_the_scopes_count_not_the_calls_recorded(
+    store: Store,
+) -> None:
+    ten = Scope("bot", 10, 1.0)
+    for n in range(10):
+        assert (await take(store, ten, n=n)).status == "granted"
+    for n in range(8):
+        await store.done(KEYS, (ten,), f"g{n}", used=True)
+    await asyncio.sleep(0.5)
+    for n in range(8, 10):
+        await store.done(KEYS, (ten,), f"g{n}", used=True)
+    # Thirty replies wait, told their turns; then eight calls leave the window, two stay.
+    for n in range(30):
+        assert (await take(store, ten, order=1000 + n, n=100 + n)).status == "wait"
+    await asyncio.sleep(0.55)
+    # One more, behind them all: 22 slots past the 8 free ones the waiting replies will take,
+    # at ten a second: two rounds from now, not eleven (22 over the two calls recorded).
+    last = await take(store, ten, order=5000, n=999)
+    assert last.status == "wait"
+    assert last.wait_ms <= 3 * (1000 + POLL_MS), last
