@@ -116,6 +116,7 @@ WRONG: dict[str, str] = {
     "ACCESS__ADMINS": "alice bob",
     "ACCESS__RATE_PER_MINUTE": "-1",
     "OUTBOUND__BUDGET": "cluster",
+    "OUTBOUND__MAX_REPLY_AGE_S": "-1",
     "GROUPS__ALLOWED": "-100123 -100456",
     "GROUPS__WAKE_WORDS": "hey bot",
     "GROUPS__CONTEXT_MESSAGES": "500",
