@@ -43,7 +43,7 @@ from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
 from bot.others import TOOL_DATA, Others
-from bot.pacing import OUTAGE_S, Paced, Slot
+from bot.pacing import Paced, Slot
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
 from bot.settings import ModelChoice, Settings
@@ -104,6 +104,10 @@ KEY_SALT_CHARS = 8
 # says how much longer; it waits that long and asks again. Bounded all the same: a window that
 # never closes is a bug, not a reason to wait.
 HOLDS = 5
+# A pre-send check the store refused for a moment (a blip, a restart) is made again, backed
+# off, for this long: the reply is not thrown away for a blip. A longer outage ends the attempt
+# (not counted as one), and the lease goes back as soon as the store answers.
+PRESEND_OUTAGE_S = 4.0
 
 
 def idempotency_key(conversation: str, version: int, index: int, fence: int, token: str) -> str:
@@ -559,16 +563,16 @@ class Cycle:
 
     async def _through_outage(self, lease: Lease, step: Callable[[], Awaitable[T]]) -> T:
         """`step()` (the pre-send check), made again, backed off, while the store is out of
-        reach, for up to OUTAGE_S: a reply written just before a blip is checked once the store
-        is back, not thrown away and generated again. The lease stays renewed meanwhile (its
-        keeper cancels this once it can no longer be confirmed)."""
+        reach, for up to PRESEND_OUTAGE_S: a reply written just before a blip is checked once
+        the store is back, not thrown away and generated again. The lease stays renewed
+        meanwhile (its keeper cancels this once it can no longer be confirmed)."""
         backoff = Backoff(COMMIT_RETRY_S, COMMIT_RETRY_CAP_S, jitter=0.5)
         began = time.monotonic()
         while True:
             try:
                 return await step()
             except StoreUnavailable as exc:
-                if time.monotonic() - began >= OUTAGE_S:
+                if time.monotonic() - began >= PRESEND_OUTAGE_S:
                     raise
                 delay = backoff.next_delay()
                 log.info(

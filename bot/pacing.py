@@ -191,9 +191,11 @@ class Paced:
         outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
         down_since: float | None = None
         waiting = _Waiting(order_ms)
+        # One id for every ask of this turn: an ask made again after its answer was lost is
+        # granted the slot the lost answer may have granted, not a second one.
+        grant = secrets.token_hex(8)
         try:
             while True:
-                grant = secrets.token_hex(8)
                 try:
                     taken = await self._take(
                         scopes,
@@ -231,6 +233,9 @@ class Paced:
             if self._waiting.get(ticket) is waiting:
                 del self._waiting[ticket]
                 self._leave(ticket, scopes)
+            if down_since is not None:
+                # An ask whose answer was lost may have been granted: its slot given back.
+                self._done_in_background(Slot(grant, scopes), used=False)
             raise
         finally:
             if self._waiting.get(ticket) is waiting:
@@ -468,6 +473,9 @@ class Paced:
             async with asyncio.timeout(PREVIEW_TIMEOUT_S):
                 taken = await self._take(scopes, call=call, ticket="-", order_ms=0, grant=grant)
         except (Unavailable, TimeoutError):
+            # The ask may have been granted and only its answer lost: its slot given back once
+            # the store answers, rather than left in flight.
+            self._done_in_background(Slot(grant, scopes), used=False)
             taken = Taken("shed", 0, "store", False)
         if taken.status == "granted":
             return Slot(grant, scopes), None
@@ -495,9 +503,12 @@ class Paced:
             await self.store.done(self.keys, slot.scopes, slot.grant, used=used)
         except Unavailable as exc:
             log.info("could not record a call's answer in the budget yet (%s)", exc)
-            task = asyncio.ensure_future(self._done_later(slot, used=used))
-            self._leaving.add(task)
-            task.add_done_callback(self._leaving.discard)
+            self._done_in_background(slot, used=used)
+
+    def _done_in_background(self, slot: Slot, *, used: bool) -> None:
+        task = asyncio.ensure_future(self._done_later(slot, used=used))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
 
     async def _done_later(self, slot: Slot, *, used: bool) -> None:
         """`_done` again, backed off, for up to OUTAGE_S; counted from when it is recorded, so

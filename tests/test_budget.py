@@ -492,3 +492,14 @@ async def test_a_reply_behind_many_is_told_by_the_scopes_count_not_the_calls_rec
     last = await take(store, ten, order=5000, n=999)
     assert last.status == "wait"
     assert last.wait_ms <= 3 * (1000 + POLL_MS), last
+
+
+async def test_an_ask_made_again_after_its_answer_was_lost_takes_no_second_slot(
+    store: Store, redis: Redis
+) -> None:
+    single = Scope("bot", 1, 1.0)
+    assert (await take(store, single, n=1)).status == "granted"
+    # The answer never reached the replica (a cut connection): it asks again, the same grant.
+    assert (await take(store, single, n=1)).status == "granted"
+    assert await redis.zcard(KEYS.scope("bot")[0]) == 1
+    assert (await take(store, single, n=2)).status == "wait"

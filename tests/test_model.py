@@ -635,6 +635,12 @@ class Protocol(RuleBasedStateMachine):
                 self.seen["restarted"] += leased
                 counted = self.run(self._state(conv)).get("discards", 0)
                 assert counted == discards + (not leased), f"discards {discards} -> {counted}"
+                # A reply of its own that waited its turn in the outbox is superseded with it;
+                # a crashed holder's, which it was resending, stays.
+                written = self.outbox.get(conv, ("", 0))[0]
+                if f" fence {holder.lease.fence} to " in written:
+                    self.outbox.pop(conv)
+                    self.outbox_turn.pop(conv, None)
                 self._ended(holder)
 
     @rule(n=pick, newer=st.booleans(), reset=st.booleans())

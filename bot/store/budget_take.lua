@@ -158,6 +158,14 @@ local function share_of(scope)
   return due, math.ceil(scope.per_ms * active / scope.count)
 end
 
+-- An ask made again after its answer was lost (a timeout, a connection cut by a restart) that
+-- had been granted: granted again, rather than take a second slot and leave the first in flight
+-- for in_flight_ms.
+if #ARGV > NAMED and redis.call('ZSCORE', KEYS[KEYED + 1], grant) then
+  redis.call('ZREM', tickets, ticket)
+  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false, freed = 0})
+end
+
 local scopes = {}
 local wait, stopped_by, held = 0, '', false
 for i = 1, (#ARGV - NAMED) / 4 do
