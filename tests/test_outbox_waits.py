@@ -47,6 +47,19 @@ async def started(
     return await runtime_factory(settings, outbound=Platform())
 
 
+async def one_then_two_while_held(runtime: Runtime, redis: Redis) -> None:
+    """The bot held by a 429; "one", and once its reply waits in the outbox, "two"; settled."""
+    await runtime.outbound.throttled("bot", HOLD_S)
+    assert await runtime.ingest(message("one", n=1))
+
+    async def waiting() -> bool:
+        return await redis.hget(Keys(CONV).outbox, "text") is not None
+
+    await eventually(waiting, within_s=HOLD_S, what="the first reply in its outbox")
+    assert await runtime.ingest(message("two", n=2))
+    await settled(runtime, CONV, version=2)
+
+
 async def test_a_reply_held_by_a_429_waits_in_its_outbox_and_is_generated_once(
     runtime_factory: RuntimeFactory, make_settings: SettingsFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
@@ -70,15 +83,7 @@ async def test_a_newer_message_supersedes_a_reply_waiting_its_turn(
     runtime_factory: RuntimeFactory, make_settings: SettingsFactory, fake: FakeOpenAI, redis: Redis
 ) -> None:
     runtime, platform = await started(runtime_factory, make_settings, fake)
-    await runtime.outbound.throttled("bot", HOLD_S)
-    assert await runtime.ingest(message("one", n=1))
-
-    async def waiting() -> bool:
-        return await redis.hget(Keys(CONV).outbox, "text") is not None
-
-    await eventually(waiting, within_s=HOLD_S, what="the first reply in its outbox")
-    assert await runtime.ingest(message("two", n=2))
-    await settled(runtime, CONV, version=2)
+    await one_then_two_while_held(runtime, redis)
     # One reply, to both: the one written for "one" never went out.
     assert len(platform.sent) == 1
     assert runtime.stats.discarded == 1
@@ -113,15 +118,7 @@ async def test_with_interrupts_off_a_reply_that_waited_is_checked_again_before_i
     # Nothing watches the conversation while the reply waits: the pre-send check made again
     # once its turn has come is what finds the newer message.
     runtime, platform = await started(runtime_factory, make_settings, fake, interrupt=False)
-    await runtime.outbound.throttled("bot", HOLD_S)
-    assert await runtime.ingest(message("one", n=1))
-
-    async def waiting() -> bool:
-        return await redis.hget(Keys(CONV).outbox, "text") is not None
-
-    await eventually(waiting, within_s=HOLD_S, what="the first reply in its outbox")
-    assert await runtime.ingest(message("two", n=2))
-    await settled(runtime, CONV, version=2)
+    await one_then_two_while_held(runtime, redis)
     assert len(platform.sent) == 1
     assert platform.sent[0].text == fake.reply(fake.requests[-1])
     assert fake.requests[-1].last_user_text.endswith("two")

@@ -11,14 +11,7 @@ local ticket_ttl_ms = tonumber(ARGV[1])
 local freed_keep_ms = tonumber(ARGV[2])
 
 local now = now_ms()
-local lapsed = redis.call('ZRANGEBYSCORE', tickets, '-inf', now, 'LIMIT', 0, 64)
-for _, gone in ipairs(lapsed) do
-  redis.call('ZREM', tickets, gone)
-end
-if #lapsed > 0 then
-  redis.call('INCRBY', freed, #lapsed)
-  redis.call('PEXPIRE', freed, freed_keep_ms)
-end
+drop_lapsed(tickets, freed, now, 64, freed_keep_ms)
 local kept = 0
 for i = 3, #ARGV do
   kept = kept + redis.call('ZADD', tickets, 'XX', 'CH', now + ticket_ttl_ms, ARGV[i])

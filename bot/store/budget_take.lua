@@ -64,16 +64,7 @@ else
   redis.call('PEXPIRE', epoch, epoch_keep_ms)
 end
 redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
--- A dead replica's tickets lapse: counted as places given back, so the replies told to wait
--- behind them hear of it (budget_keep.lua).
-local lapsed = redis.call('ZRANGEBYSCORE', tickets, '-inf', now, 'LIMIT', 0, 16)
-for _, gone in ipairs(lapsed) do
-  redis.call('ZREM', tickets, gone)
-end
-if #lapsed > 0 then
-  redis.call('INCRBY', freed, #lapsed)
-  redis.call('PEXPIRE', freed, epoch_keep_ms)
-end
+drop_lapsed(tickets, freed, now, 16, epoch_keep_ms)
 
 local function alive(waiter)
   return tonumber(redis.call('ZSCORE', tickets, waiter) or '0') > now

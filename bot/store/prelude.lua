@@ -132,3 +132,17 @@ local function add_spent(day, month, prompt, completion, cost, day_keep_ms, mont
   redis.call('PEXPIRE', month, month_keep_ms)
   return spent
 end
+
+-- The outbound budget's tickets whose replica stopped keeping them alive (it died): dropped, at
+-- most `limit` at a time, and counted in `freed` as places given back, so the replies told to
+-- wait behind them hear of it (budget_take.lua, budget_keep.lua).
+local function drop_lapsed(tickets, freed, now, limit, freed_keep_ms)
+  local lapsed = redis.call('ZRANGEBYSCORE', tickets, '-inf', now, 'LIMIT', 0, limit)
+  for _, gone in ipairs(lapsed) do
+    redis.call('ZREM', tickets, gone)
+  end
+  if #lapsed > 0 then
+    redis.call('INCRBY', freed, #lapsed)
+    redis.call('PEXPIRE', freed, freed_keep_ms)
+  end
+end
