@@ -209,6 +209,34 @@ async def test_a_follow_up_counts_against_the_rate_and_a_room_line_does_not(
     assert sorted(noted) == sorted(p.encode() for p in places)
 
 
+async def test_a_message_delivered_again_counts_once_against_the_rate(
+    make_settings: SettingsFactory, redis: Redis
+) -> None:
+    """A platform redelivers a message whose ingest it saw fail (on a cluster, the place's
+    node was down after the person's step had counted it): counted each time, a node's
+    outage would use up the person's rate and drop their next messages."""
+    store = build(make_settings, redis, access={"rate_per_minute": 2}, quiet=5000, max_wait=9000)
+    first = at(group_place(ANN), "@bot hi", mentioned=True)
+    heard = Heard("allowed", "1", Said.of(first, 100).to_json())
+    assert (await store.ingest(first, heard=heard)).accepted
+    for _ in range(3):
+        assert not (await store.ingest(first, heard=heard)).limited
+        assert (
+            await store.note_person(
+                first.conversation, ANN, counts=True, message_id=first.message_id
+            )
+            == "ok"
+        )
+    second = at(group_place(ANN, OTHER), "@bot and here", mentioned=True)
+    assert (await store.ingest(second, heard=heard)).accepted
+    third = await store.ingest(at(group_place(ANN), "@bot more", mentioned=True), heard=heard)
+    assert third.limited and third.first_limited
+    # At most the rate's count remembered, for the rate's window.
+    person = PersonKeys("test", ANN)
+    assert await redis.hlen(person.counted) == 2
+    assert 0 < await redis.pttl(person.counted) <= RATE_WINDOW_MS
+
+
 async def test_a_persons_keys_are_bounded(make_settings: SettingsFactory, redis: Redis) -> None:
     store = build(make_settings, redis, access={"rate_per_minute": 5}, retention_days=1.0)
     retention_ms = 86_400_000

@@ -360,7 +360,9 @@ class Conversations(People):
         rate is not counted and the place not noted (a /forget still finds the place by the
         next message said there)."""
         try:
-            return await self.note_person(message.conversation, message.user_id, counts=counts)
+            return await self.note_person(
+                message.conversation, message.user_id, counts=counts, message_id=message.message_id
+            )
         except StoreUnavailable as exc:
             log.warning("a person's step was skipped: their slot is unreachable: %s", exc)
             return "ok"

@@ -100,6 +100,10 @@ shard's tag:
     {P}:p:<platform>:<user>:rate     string  the person's messages in the current rate-limit
                                              window, in every place (ingest.lua counts a home
                                              DM's, person.lua every other place's)
+    {P}:p:<platform>:<user>:counted  hash    "<conversation>\n<message id>" -> 1: the messages
+                                             person.lua counted in the current window, so a
+                                             retried ingest (its place's slot was out of
+                                             reach) is not counted twice; expires with `rate`
     {P}:p:<platform>:<user>:places   zset    conversation -> when the person last spoke there
                                              (ms, server clock): every place but the home DM
                                              where they addressed the bot or spoke to the room,
@@ -396,6 +400,7 @@ class PersonKeys:
         shard = layout.shard_of(self.home)
         self.base = f"{layout.tags[shard]}:p:{self.person}"
         self.rate = f"{self.base}:rate"
+        self.counted = f"{self.base}:counted"
         self.places = f"{self.base}:places"
         # The shard's copy of the access records: the budget an admin set, read with the days.
         self.access = layout.access_key(shard)

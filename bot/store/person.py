@@ -31,15 +31,20 @@ class People(Calls):
         """The keys of the person `user` of `conversation`'s platform."""
         return self.layout.person_keys(Place.of(conversation).platform, user)
 
-    async def note_person(self, conversation: str, user: str, *, counts: bool) -> Rate:
+    async def note_person(
+        self, conversation: str, user: str, *, counts: bool, message_id: str = ""
+    ) -> Rate:
         """Note that the person spoke at `conversation` (the index /forget reads) and, if
-        `counts` (the message may reach the model), count it against their rate, which every
-        place shares: "limited" once they are over it ("first_limited" the first time in the
-        rate's window, so they are told once)."""
+        `counts` (the message may reach the model), count message `message_id` against their
+        rate, which every place shares: "limited" once they are over it ("first_limited" the
+        first time in the rate's window, so they are told once). A message counted already
+        (its ingest failed after this step and was retried, as a platform redelivers it) is
+        not counted again: an outage of its place's slot must not use up the person's rate."""
         person = self.person_keys(conversation, user)
-        keys = {"rate": person.rate, "places": person.places}
+        keys = {"rate": person.rate, "places": person.places, "counted": person.counted}
         args: dict[str, str | int] = {
             "place": conversation,
+            "message_id": message_id,
             "counts": int(counts),
             "rate_limit": self.settings.rate_per_minute,
             "rate_window_ms": RATE_WINDOW_MS,

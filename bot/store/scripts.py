@@ -216,8 +216,16 @@ USAGE = Script(
 )
 PERSON = Script(
     "person",
-    keys=("rate", "places"),
-    args=("place", "counts", "rate_limit", "rate_window_ms", "places_cap", "keep_ms"),
+    keys=("rate", "places", "counted"),
+    args=(
+        "place",
+        "message_id",
+        "counts",
+        "rate_limit",
+        "rate_window_ms",
+        "places_cap",
+        "keep_ms",
+    ),
 )
 PERSON_USAGE = Script(
     "person_usage",
