@@ -1,4 +1,4 @@
-"""The command line: `lastword run`, `status`, `doctor` and `migrate-shards` (and
+"""The command line: `lastword run`, `status`, `doctor`, `settings` and `migrate-shards` (and
 `python -m bot ...`)."""
 
 from __future__ import annotations
@@ -13,17 +13,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
 from bot import logs, unit
 from bot.embedded import EmbeddedError
 from bot.settings import (
-    ENV_PREFIX,
-    PLATFORM_SECTIONS,
     ConfigError,
     Settings,
     load_settings,
-    settings_tree,
 )
 
 if TYPE_CHECKING:
@@ -33,42 +28,6 @@ DESCRIPTION = (
     "lastword: a DM chatbot that waits for the user's last word and answers once, "
     "with one reply covering everything unanswered."
 )
-
-
-def settings_help() -> str:
-    """Every setting as its environment variable with its default, for `run --help`: the
-    installed platforms' own too (which loads their plug-ins, so only when help is shown)."""
-    lines = [
-        "settings, highest priority first: environment, ./.env, the TOML file named by",
-        f"{ENV_PREFIX}CONFIG (else ./lastword.toml), defaults. Nested names use '__'.",
-        f"  {ENV_PREFIX + 'CONFIG':<36} default: ./lastword.toml if present",
-    ]
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            annotation = field.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                walk(annotation, f"{prefix}{name.upper()}__")
-                continue
-            if field.is_required():
-                platform = prefix.removeprefix(ENV_PREFIX).removesuffix("__").lower()
-                lines.append(f"  {prefix + name.upper():<36} required when platform is {platform}")
-                continue
-            default = field.get_default(call_default_factory=True)
-            shown = "unset" if default is None else default
-            lines.append(f"  {prefix + name.upper():<36} default: {shown}")
-
-    walk(settings_tree(PLATFORM_SECTIONS), ENV_PREFIX)
-    lines += [
-        "",
-        f"{ENV_PREFIX}REDIS_URL: redis://host:port/db, rediss:// (TLS) or unix:///path; a Redis",
-        "  Cluster node is detected and used as a cluster; redis+sentinel://[user:pw@]host:port",
-        "  [,host:port...]/<master-name> (or rediss+sentinel://) follows a Sentinel-watched",
-        "  primary; unset starts the embedded server.",
-        f"{ENV_PREFIX}DURABILITY: fast (no wait), local (AOF fsync before acknowledging), or",
-        "  replicated (and one replica); lastword doctor says whether the server honours it.",
-    ]
-    return "\n".join(lines)
 
 
 def version() -> str:
@@ -110,27 +69,18 @@ def add_unit_view(command: argparse.ArgumentParser) -> None:
     )
 
 
-# Stands for `settings_help()` in an epilog until help is shown.
-SETTINGS_HELP = "<settings>"
-
-
-class Parser(argparse.ArgumentParser):
-    """Writes the settings into help only when help is shown: listing them loads every
-    installed platform, which no other command needs."""
-
-    def format_help(self) -> str:
-        if self.epilog == SETTINGS_HELP:
-            self.epilog = settings_help()
-        return super().format_help()
+# Under every help screen: where the settings are, rather than all of them (a hundred lines
+# that pushed the commands off the screen).
+SETTINGS_POINTER = (
+    "settings: environment variables (LASTWORD_*, '__' between a group and its setting), "
+    "./.env, systemd credentials or a TOML file. `lastword settings` lists every one with its "
+    "default and meaning; docs/settings.md says where each is read from and which wins; "
+    "`lastword doctor` checks them."
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    top = Parser(
-        prog="lastword",
-        description=DESCRIPTION,
-        epilog=SETTINGS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    top = argparse.ArgumentParser(prog="lastword", description=DESCRIPTION, epilog=SETTINGS_POINTER)
     top.add_argument("--version", action="version", version=f"lastword {version()}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
@@ -139,8 +89,7 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION
         + "\n\nStart the bot: on the console when no platform is set, with the embedded store "
         "when LASTWORD_REDIS_URL is unset and the echo model when no LLM is configured.",
-        epilog=SETTINGS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SETTINGS_POINTER,
     )
     status = commands.add_parser(
         "status",
@@ -165,6 +114,13 @@ def parser() -> argparse.ArgumentParser:
         "exit 1 on any failure. Use --unit to check what a systemd unit would run with.",
     )
     add_unit_view(doctor)
+    commands.add_parser(
+        "settings",
+        help="list every setting with its default and meaning (no settings are read)",
+        description="List every setting (the core's and each installed platform's) as its "
+        "environment variable, with its default and what it means: the table of "
+        "docs/settings.md. Nothing is read or checked; `lastword doctor` checks what is set.",
+    )
     commands.add_parser(
         "migrate-shards",
         help="move the conversations of a store made before the 64 shards to them (stop every "
@@ -197,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def command(args: argparse.Namespace) -> int:
     """Run the subcommand `args` names, with the environment as it is now."""
+    if args.command == "settings":
+        from bot import settings_list
+
+        print(settings_list.render(), end="")
+        return 0
     if args.command == "doctor":
         import adapters
         from bot import doctor

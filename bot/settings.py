@@ -118,16 +118,59 @@ def _listen_address(value: str | None) -> str | None:
     return value
 
 
+# How the docs write a key or token to fill in (`sk-…`, `123456:ABC…`, `sk-...`): no real
+# credential holds an ellipsis.
+PLACEHOLDER = re.compile(r"…|\.\.\.")
+
+
 def _secret_text(value: SecretStr | None) -> SecretStr | None:
-    # A pasted key with a space or a newline inside would only fail at the first request.
-    if value is not None and any(c.isspace() for c in value.get_secret_value().strip()):
+    """`value` without the blanks around it, refused when it cannot be a credential: such a
+    key or token would only fail at the first request, as an error that names a header or
+    an encoding rather than the setting. No message quotes any of it."""
+    if value is None:
+        return None
+    text = value.get_secret_value().strip()
+    # A pasted key with a space or a newline inside.
+    if any(c.isspace() for c in text):
         raise ValueError("expected one word without spaces or line breaks")
-    if value is not None and value.get_secret_value() != value.get_secret_value().strip():
-        return SecretStr(value.get_secret_value().strip())
-    return value
+    if PLACEHOLDER.search(text):
+        raise ValueError(
+            "this is the README's placeholder (as in sk-… or 123456:ABC…), not a key or token: "
+            "set your own"
+        )
+    if not text.isascii():
+        # An HTTP header carries ASCII only: the client would fail at every request.
+        at = next(i for i, c in enumerate(text) if not c.isascii()) + 1
+        raise ValueError(
+            f"character {at} is not ASCII, which no key or token holds (a typographic quote or "
+            "dash picked up on the way?): paste it again"
+        )
+    return SecretStr(text) if text != value.get_secret_value() else value
+
+
+def _ascii_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Headers an HTTP client can send: each value ASCII (the error names the header, never
+    its value: it may be a credential)."""
+    for name, value in headers.items():
+        if not value.isascii():
+            raise ValueError(
+                f"the value of the header {name!r} is not ASCII, which no HTTP header carries"
+            )
+    return headers
+
+
+def _required_secret(value: SecretStr) -> SecretStr:
+    """A platform's token: `_secret_text`, and never empty (`LASTWORD_DISCORD__TOKEN=` left
+    blank would be tried, and refused, at every retry)."""
+    checked = _secret_text(value)
+    if checked is None or not checked.get_secret_value():
+        raise ValueError("expected the token, not an empty value")
+    return checked
 
 
 WebUrl = Annotated[str, AfterValidator(_web_url)]
+# HTTP headers to send, as a JSON object of names and values.
+Headers = Annotated[dict[str, str], AfterValidator(_ascii_headers)]
 OptionalWebUrl = Annotated[str | None, AfterValidator(_web_url)]
 # An MCP server's URL may carry basic auth: its client sends no credential of its own.
 CredentialedWebUrl = Annotated[str | None, AfterValidator(partial(_web_url, credentials=True))]
@@ -136,12 +179,16 @@ OptionalListenAddress = Annotated[str | None, AfterValidator(_listen_address)]
 WebSocketUrl = Annotated[str, AfterValidator(partial(_web_url, schemes=("ws", "wss")))]
 Secret = Annotated[SecretStr | None, AfterValidator(_secret_text)]
 # A secret a platform cannot start without (its token): required when that platform is chosen.
-RequiredSecret = Annotated[SecretStr, AfterValidator(_secret_text)]
+RequiredSecret = Annotated[SecretStr, AfterValidator(_required_secret)]
 # A model id: what the provider calls it, never blank.
 ModelId = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 
 
 def _default_data_dir() -> Path:
+    """`$STATE_DIRECTORY` under systemd (the unit's StateDirectory=), else
+    `$XDG_STATE_HOME/lastword` (`~/.local/state/lastword`).
+
+    Computed where lastword runs, so help and the docs show this text, not the value."""
     # Under systemd, StateDirectory= is the one writable place (ProtectSystem=strict).
     systemd_state = os.environ.get("STATE_DIRECTORY")
     if systemd_state:
@@ -151,6 +198,9 @@ def _default_data_dir() -> Path:
 
 
 def _default_replica_id() -> str:
+    """`<hostname>-<pid>` of the process.
+
+    Computed where lastword runs, so help and the docs show this text, not the value."""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -183,55 +233,150 @@ class ModelChoice(Group):
 
 class LLMSettings(Group):
     # None means "not configured": openai when a base URL or key is given, else echo.
-    provider: Literal["openai", "echo"] | None = None
-    # Unset here, OPENAI_BASE_URL and OPENAI_API_KEY are used, as every OpenAI client does.
-    base_url: OptionalWebUrl = None
-    api_key: Secret = None
-    model: ModelId = "gpt-4o-mini"
-    # {date} and {time} become the current UTC date and time when each prompt is built.
-    system_prompt: str = (
-        "You are a helpful assistant in a direct-message chat. Be concise. Today is {date}."
+    provider: Literal["openai", "echo"] | None = Field(
+        default=None,
+        description=(
+            "`openai` or `echo`; unset means `openai` if a base URL or key is set, else `echo`"
+        ),
     )
-    timeout_s: float = Field(default=60.0, gt=0)
+    # Unset here, OPENAI_BASE_URL and OPENAI_API_KEY are used, as every OpenAI client does.
+    base_url: OptionalWebUrl = Field(
+        default=None,
+        description=(
+            "an OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, LM Studio…), `http://` "
+            "or `https://` (unset: `OPENAI_BASE_URL` if set)"
+        ),
+    )
+    api_key: Secret = Field(
+        default=None,
+        description=(
+            "the endpoint's key; never logged; `lastword doctor` says which variable it came from "
+            "(unset: `OPENAI_API_KEY` if set)"
+        ),
+    )
+    model: ModelId = Field(default="gpt-4o-mini", description="the provider's id of the model")
+    # {date} and {time} become the current UTC date and time when each prompt is built.
+    system_prompt: str = Field(
+        default=(
+            "You are a helpful assistant in a direct-message chat. Be concise. Today is {date}."
+        ),
+        description="the system prompt; `{date}` and `{time}` are filled in (UTC)",
+    )
+    timeout_s: float = Field(default=60.0, gt=0, description="per-request timeout")
     # Attempts after the first for transient failures, with jittered exponential backoff.
-    retries: int = Field(default=3, ge=0)
-    retry_base_s: float = Field(default=0.5, ge=0)
+    retries: int = Field(
+        default=3, ge=0, description="retries of a transient failure before apologising"
+    )
+    retry_base_s: float = Field(
+        default=0.5, ge=0, description="first backoff; doubles each retry, jittered"
+    )
     # The echo model's artificial thinking time; lets demos and tests see a generation in flight.
-    echo_delay_ms: int = Field(default=0, ge=0)
+    echo_delay_ms: int = Field(
+        default=0, ge=0, description="the echo model's thinking time, for demos"
+    )
     # The echo model streams its answer a word at a time, this far apart, so the live draft
     # shows offline too (0: all at once).
-    echo_word_ms: int = Field(default=40, ge=0, le=2000)
+    echo_word_ms: int = Field(
+        default=40,
+        ge=0,
+        le=2000,
+        description=(
+            "the echo model streams its answer a word at a time, this far apart, so the "
+            "live draft shows offline (`0`: at once)"
+        ),
+    )
     # Every attempt and backoff for one reply together end by this deadline, then apologise.
-    deadline_s: float = Field(default=120.0, gt=0)
+    deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="every attempt and wait for one reply ends by then; then the apology",
+    )
     # Cycles in a row whose reply could not be written (an error other than the provider's
     # own: a file, a command, a bug) before the burst is answered with an apology that says
     # so, committed like any reply, so that no input can silence a conversation for good.
-    attempts: int = Field(default=3, ge=1, le=20)
+    attempts: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description=(
+            "cycles in a row whose reply could not be written (any error but an outage of"
+            " Redis or the platform) before the burst is answered with an apology that "
+            "says what failed"
+        ),
+    )
     # Stream the completion, so a cancelled generation stops costing tokens at once.
-    stream: bool = True
+    stream: bool = Field(
+        default=True, description="stream completions, so an interrupt stops generation at once"
+    )
     # Cancel a generation as soon as a newer message arrives, then wait for the window again.
-    interrupt: bool = True
+    interrupt: bool = Field(
+        default=True, description="cancel a generation when a newer message arrives"
+    )
     # How often a generating replica looks for a newer message: one pipelined read of all
     # its generating conversations' versions. At 100 tokens/s, 50 ms is about 5 tokens.
-    interrupt_poll_ms: int = Field(default=50, ge=10, le=250)
+    interrupt_poll_ms: int = Field(
+        default=50,
+        ge=10,
+        le=250,
+        description="how often a generating replica looks for a newer message, to interrupt",
+    )
     # The model's context window in tokens: system prompt, history and the unanswered
     # messages must fit in it, with `max_tokens` left for the reply.
-    context_tokens: int = Field(default=16_000, ge=256)
+    context_tokens: int = Field(
+        default=16_000, ge=256, description="the model's context window: prompt plus reply"
+    )
     # The longest reply asked for; also the room kept free for it in the context.
-    max_tokens: int = Field(default=1024, ge=16)
-    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int = Field(
+        default=1024, ge=16, description="longest reply asked for; kept free in the context"
+    )
+    temperature: float | None = Field(
+        default=None, ge=0, le=2, description="sampling temperature; unset: the provider's default"
+    )
     # Provider quirks: sent with every request (for example {"HTTP-Referer": "..."}, or
     # {"top_k": 40} for a server that takes it). JSON in the environment.
-    extra_headers: dict[str, str] = Field(default_factory=dict)
-    extra_body: Annotated[dict[str, Any], AfterValidator(_finite)] = Field(default_factory=dict)
+    extra_headers: Headers = Field(
+        default_factory=dict,
+        description=(
+            "HTTP headers sent with every request, as a JSON object (e.g. OpenRouter's "
+            "`HTTP-Referer`); every value is kept out of logs and errors, as a credential"
+            " may be one"
+        ),
+    )
+    extra_body: Annotated[dict[str, Any], AfterValidator(_finite)] = Field(
+        default_factory=dict,
+        description=(
+            "fields added to every request's JSON body, for a provider's own options "
+            '(e.g. `{"top_k": 40}`)'
+        ),
+    )
     # Tokens (prompt + completion) one user may spend per UTC day, across replicas; 0: no limit.
-    daily_tokens_per_user: int = Field(default=0, ge=0)
+    daily_tokens_per_user: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "weighted tokens per person per UTC day, across replicas and every place they"
+            " write in (their DM, every group and topic: one budget); each token times "
+            "its model's `cost`, equal to tokens when every cost is 1"
+        ),
+    )
     # The longest /persona a user may set, in characters (their instructions, added to the
     # system prompt of their conversation); 0 turns /persona off.
-    persona_chars: int = Field(default=1000, ge=0, le=10_000)
+    persona_chars: int = Field(
+        default=1000,
+        ge=0,
+        le=10_000,
+        description="the longest `/persona` a user may set; `0` turns the command off",
+    )
     # Models users may pick with /model (JSON in the environment: [{"name": "smart",
     # "model": "gpt-4o", "cost": 10}, ...]); empty: everyone gets `model`.
-    models: list[ModelChoice] = Field(default_factory=list)
+    models: list[ModelChoice] = Field(
+        default_factory=list,
+        description=(
+            'models users may pick with `/model`, JSON: `[{"name": "smart", "model": '
+            '"gpt-4o", "cost": 10}]` (cost: how much each token counts against the daily '
+            "budget)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _room_for_the_prompt(self) -> LLMSettings:
@@ -255,74 +400,166 @@ class MediaSettings(Group):
 
     # Whether the model is shown images: auto (when llm.model matches one of vision_models),
     # on, off. A model that cannot see them is told what was sent instead.
-    vision: Literal["auto", "on", "off"] = "auto"
+    vision: Literal["auto", "on", "off"] = Field(
+        default="auto", description="show images to the model: `auto`, `on`, `off`"
+    )
     # Models that read images, as shell patterns matched against llm.model (comma-separated).
     # A setting, not a list in the code, so a new model needs no release.
-    vision_models: Names = [
-        "gpt-4o*",
-        "gpt-4.1*",
-        "gpt-5*",
-        "o3*",
-        "o4*",
-        "*claude*",
-        "*gemini*",
-        "*vision*",
-        "*-vl*",
-        "*llava*",
-        "*pixtral*",
-    ]
+    vision_models: Names = Field(
+        default=[
+            "gpt-4o*",
+            "gpt-4.1*",
+            "gpt-5*",
+            "o3*",
+            "o4*",
+            "*claude*",
+            "*gemini*",
+            "*vision*",
+            "*-vl*",
+            "*llava*",
+            "*pixtral*",
+        ],
+        description="models that read images (shell patterns, comma-separated), for `auto`",
+    )
     # Images are scaled down to this longest edge and re-encoded as JPEG before they are sent
     # (1,568 px: the largest that vision models take without scaling down again themselves).
-    max_edge_px: int = Field(default=1568, ge=64, le=8192)
-    jpeg_quality: int = Field(default=85, ge=30, le=95)
+    max_edge_px: int = Field(
+        default=1568,
+        ge=64,
+        le=8192,
+        description="images are scaled to this longest edge and re-encoded",
+    )
+    jpeg_quality: int = Field(
+        default=85,
+        ge=30,
+        le=95,
+        description="the JPEG quality images are re-encoded at: lower is smaller and blurrier",
+    )
     # Pixels an image may have once decoded (a JPEG is decoded at 1/2..1/8 of its size when
     # that still covers max_edge_px): past this it is refused before it is decoded. 24 MP is
     # a 6000x4000 photo or a long screenshot; a vision model is shown 1568 px at most anyway,
     # and a PNG of a few hundred kB can claim far more (each pixel costs 4 bytes decoded).
-    max_image_pixels: int = Field(default=24_000_000, ge=1_000_000, le=100_000_000)
+    max_image_pixels: int = Field(
+        default=24_000_000,
+        ge=1_000_000,
+        le=100_000_000,
+        description="pixels an image may decode to; larger ones are refused unread",
+    )
     # PDF text and image encoding run in worker processes of the replica's own: this many at
     # once (the rest wait), each try killed past work_timeout_s (tried once more in a fresh
     # worker, then the file becomes a note), each worker within worker_memory_mb of address
     # space. workers needs a restart.
-    workers: int = Field(default=2, ge=1, le=16)
-    work_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    worker_memory_mb: int = Field(default=1024, ge=256, le=16384)
+    workers: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="worker processes reading PDFs and images, per replica (restart to change)",
+    )
+    work_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "time for one try at reading a file; past it the worker is killed and the job"
+            " tried once more in a fresh worker, then the file noted (not remembered)"
+        ),
+    )
+    worker_memory_mb: int = Field(
+        default=1024, ge=256, le=16384, description="address space of each worker"
+    )
     # Bounds on what is fetched: per file (Telegram's bots may fetch up to 20 MB), files per
     # burst (later ones are noted, not read) and bytes per burst.
-    max_file_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
-    max_files: int = Field(default=10, ge=0)
-    max_burst_bytes: int = Field(default=50 * 1024 * 1024, ge=1024)
+    max_file_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, description="bytes per file")
+    max_files: int = Field(
+        default=10, ge=0, description="files read per burst; later ones are noted, not read"
+    )
+    max_burst_bytes: int = Field(default=50 * 1024 * 1024, ge=1024, description="bytes per burst")
     # Characters of a text file's or a PDF's text the model is shown; the rest is cut, noted.
-    max_document_chars: int = Field(default=20_000, ge=100)
+    max_document_chars: int = Field(
+        default=20_000, ge=100, description="characters of a file's, a PDF's or a transcript's text"
+    )
     # One fetch, and one transcription, may take this long.
-    fetch_timeout_s: float = Field(default=30.0, gt=0)
-    transcription_timeout_s: float = Field(default=60.0, gt=0)
+    fetch_timeout_s: float = Field(
+        default=30.0, gt=0, description="time for one download of a user's file"
+    )
+    transcription_timeout_s: float = Field(
+        default=60.0, gt=0, description="time for one transcription of a voice note or audio file"
+    )
     # Voice notes and audio go to an OpenAI-compatible /audio/transcriptions endpoint: the
     # LLM's base URL and key unless these are set (a self-hosted Whisper server, say). Empty
     # model: voice is not transcribed, and the model is told a voice note came.
-    transcription_model: Annotated[str, Field(pattern=r"^\S*$")] = "whisper-1"
-    transcription_base_url: OptionalWebUrl = None
-    transcription_api_key: Secret = None
+    transcription_model: Annotated[str, Field(pattern=r"^\S*$")] = Field(
+        default="whisper-1", description="the speech-to-text model; empty: voice is not transcribed"
+    )
+    transcription_base_url: OptionalWebUrl = Field(
+        default=None,
+        description=(
+            "another OpenAI-compatible endpoint for speech (unset: the LLM's); the key is"
+            " never logged. The LLM's key goes with transcriptions only to the LLM's own "
+            "origin (scheme, host and port): a transcription server elsewhere without a "
+            "key of its own is sent none, and a warning at start says so"
+        ),
+    )
+    transcription_api_key: Secret = Field(
+        default=None,
+        description=(
+            "the key of `LASTWORD_MEDIA__TRANSCRIPTION_BASE_URL` (unset: the LLM's, sent "
+            "only to the LLM's own origin); never logged"
+        ),
+    )
 
 
 class DebounceSettings(Group):
-    quiet_ms: int = Field(default=2000, ge=0)
-    max_wait_ms: int = Field(default=8000, ge=0)
+    quiet_ms: int = Field(
+        default=2000,
+        ge=0,
+        description="the window closes after this much quiet from the user (or at the cap)",
+    )
+    max_wait_ms: int = Field(
+        default=8000,
+        ge=0,
+        description="the cap: the window closes this long after it opened at the latest",
+    )
     # Speculation: once the user has been quiet this long, start generating although the
     # window is still open; the reply is held until the window closes on the server's clock,
     # and a newer message cancels it as any interrupt does. 0, or not below the quiet window
     # (learned or not): off, the generation starts when the window closes.
-    speculate_ms: int = Field(default=400, ge=0)
+    speculate_ms: int = Field(
+        default=400,
+        ge=0,
+        description=(
+            "start generating once the user has been quiet this long, with the window "
+            "still open; the reply waits for the window to close, and a newer message "
+            "cancels it ([speculation](design.md#how-a-burst-becomes-one-reply)); needs "
+            "`LASTWORD_LLM__INTERRUPT`; `0` turns it off"
+        ),
+    )
     # The quiet window learns the user: `floor_ms` for one whose last 16 messages had no
     # follow-up within `quiet_ms`, `quiet_ms` for anyone who followed up even once;
     # `max_wait_ms` caps it as always.
-    learn: bool = True
-    floor_ms: int = Field(default=600, ge=0)
+    learn: bool = Field(
+        default=True,
+        description=(
+            "let the quiet window learn each user: `…__FLOOR_MS` for one whose last 16 "
+            "messages had no follow-up, `…__QUIET_MS` for anyone who follows up"
+        ),
+    )
+    floor_ms: int = Field(default=600, ge=0, description="the shortest window learning may reach")
     # Where the platform reports a user typing (Discord DMs, the console on a terminal), each
     # typing signal holds the window open this long (Discord's signal lasts about 10 s), until
     # the next message, and never past `max_wait_ms`; the window after a message is then the
     # floor from the first message on. 0: typing is ignored.
-    typing_ms: int = Field(default=10_000, ge=0)
+    typing_ms: int = Field(
+        default=10_000,
+        ge=0,
+        description=(
+            "Where the platform reports a user typing (Discord DMs, the console on a "
+            "terminal), each typing signal holds the window open this long (Discord's "
+            "signal lasts about 10 s), until the next message, and never past "
+            "`max_wait_ms`; the window after a message is then the floor from the first "
+            "message on. 0: typing is ignored."
+        ),
+    )
 
     @model_validator(mode="after")
     def _cap_covers_quiet(self) -> DebounceSettings:
@@ -335,7 +572,9 @@ class DebounceSettings(Group):
 
 
 class LeaseSettings(Group):
-    ttl_ms: int = Field(default=30000, ge=300)
+    ttl_ms: int = Field(
+        default=30000, ge=300, description="lease lifetime; renewed every third of it"
+    )
 
 
 class ToolRule(Group):
@@ -359,7 +598,7 @@ class McpServer(Group):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     url: CredentialedWebUrl = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: Headers = Field(default_factory=dict)
     # Some clients name the transport; it follows from `command` or `url` all the same.
     type: Literal["stdio", "http", "streamable-http", "streamableHttp"] | None = None
     # Whether this server's tools change anything, overriding their `readOnlyHint` (None: the
@@ -387,20 +626,43 @@ def _servers(value: object) -> object:
 class ToolsSettings(Group):
     # MCP servers, started once per replica: name -> McpServer.
     mcp_servers: Annotated[dict[str, McpServer], BeforeValidator(_servers)] = Field(
-        default_factory=dict
+        default_factory=dict,
+        description=(
+            "MCP servers, in the `mcpServers` shape (see [Tools](tools.md)); a whole "
+            '`{"mcpServers": …}` object is accepted too'
+        ),
     )
     # Model steps in one reply that may call tools; the step after the last is asked for text.
-    step_limit: int = Field(default=5, ge=1, le=50)
+    step_limit: int = Field(
+        default=5, ge=1, le=50, description="model steps of one reply that may call tools"
+    )
     # One call, from asking the tool to its result; past it, the model is told it timed out.
-    call_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    call_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="one call, from asking the tool to its result"
+    )
     # A result longer than this is cut, with a note saying so, before the model sees it.
-    output_chars: int = Field(default=4000, ge=100, le=100_000)
+    output_chars: int = Field(
+        default=4000,
+        ge=100,
+        le=100_000,
+        description="a result longer than this is cut, with a note",
+    )
     # Starting an MCP server and listing its tools.
-    start_timeout_s: float = Field(default=20.0, gt=0, le=300)
+    start_timeout_s: float = Field(
+        default=20.0, gt=0, le=300, description="starting an MCP server and listing its tools"
+    )
     # One message from an MCP server over stdio (a line of JSON), in bytes: a server that
     # writes a longer one is stopped and started again, and the call it answered is an error.
     # Parsing a message holds the replica's loop up for about 5 ms a MiB, hence the maximum.
-    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=8 * 1024 * 1024)
+    max_message_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=8 * 1024 * 1024,
+        description=(
+            "one message from an MCP server over stdio; a longer one stops"
+            " and restarts the server, and its call is an error"
+        ),
+    )
 
 
 class OutboundSettings(Group):
@@ -408,11 +670,28 @@ class OutboundSettings(Group):
     # budget every replica draws on, in the store; replica, each replica's own (as if it ran
     # alone: several replicas together may then break the limits); off, none kept (429s are
     # only waited out). The limits themselves are the platform's settings.
-    budget: Literal["shared", "replica", "off"] = "shared"
+    budget: Literal["shared", "replica", "off"] = Field(
+        default="shared",
+        description=(
+            "how the platform's limits on what the bot sends are kept: `shared`, one "
+            "budget every replica draws on, in the store; `replica`, each replica's own "
+            "(together they may break the limits); `off`, none (429s are only waited "
+            "out). See [operating.md](operating.md#outbound-limits)"
+        ),
+    )
     # A reply still waiting for its turn this long after it was written (the platform holding
     # the bot after a 429, for hours) is dropped, with one log line, rather than sent that
     # late; a newer message from the user is answered as usual. 0: never dropped.
-    max_reply_age_s: float = Field(default=86_400.0, ge=0)
+    max_reply_age_s: float = Field(
+        default=86_400.0,
+        ge=0,
+        description=(
+            "a reply still waiting for its turn this long after it was written (the "
+            "platform holding the bot after a 429) is dropped, with one log line, rather "
+            "than sent that late; `0`: never. See [operating.md](operating.md#outbound-"
+            "limits)"
+        ),
+    )
 
 
 # What the settings say of a user: an admin (always let in, whatever was changed in chat), or
@@ -424,11 +703,32 @@ Verdict = Literal["admin", "allowed", "refused"]
 class AccessSettings(Group):
     # Platform user ids allowed to talk to the bot (comma-separated); empty: everyone. The
     # starting point: admins change it in chat with /allow and /deny.
-    allowed_users: Names = []
+    allowed_users: Names = Field(
+        default=[],
+        description=(
+            "comma-separated platform user ids allowed to talk to the bot; others get one"
+            " polite refusal a day and never reach the model; admins change it in chat "
+            "(`/allow`, `/deny`) (empty: everyone)"
+        ),
+    )
     # Platform user ids that may use /allow, /deny, /budget and /stats in a DM.
-    admins: Names = []
+    admins: Names = Field(
+        default=[],
+        description=(
+            "comma-separated platform user ids that may use `/allow`, `/deny`, `/budget` "
+            "and `/stats` in a DM; always let in (empty: none)"
+        ),
+    )
     # Messages one user may send per minute; more are dropped with one notice. 0: no limit.
-    rate_per_minute: int = Field(default=30, ge=0)
+    rate_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description=(
+            "messages per person per minute, counted in Redis across replicas and every "
+            "place they write in (their DM, every group and topic); more are dropped with"
+            " one notice (`0`: no limit)"
+        ),
+    )
 
     def verdict(self, user_id: str) -> Verdict:
         if user_id in self.admins:
@@ -442,18 +742,51 @@ class GroupsSettings(Group):
     # The groups the bot answers in: platform group ids (Telegram's negative chat ids; a
     # Discord channel or thread id), comma-separated, or * for every group it is added to.
     # Empty: none (DMs only). Admins also /allow or /deny a group from inside it.
-    allowed: Names = []
+    allowed: Names = Field(
+        default=[],
+        description=(
+            "The groups the bot answers in: platform group ids (Telegram's negative chat "
+            "ids; a Discord channel or thread id), comma-separated, or * for every group "
+            "it is added to. Empty: none (DMs only). Admins also /allow or /deny a group "
+            "from inside it."
+        ),
+    )
     # Words that address the bot in a group as a mention does (whole words, any case).
-    wake_words: Names = []
+    wake_words: Names = Field(
+        default=[],
+        description=(
+            "Words that address the bot in a group as a mention does (whole words, any case)."
+        ),
+    )
     # Messages said in a group's room (topic) to others, kept as the model's context: at most
     # this many. 0: none kept. The prompt shows the newest that fit in a quarter of its budget
     # (bot.prompt.ROOM_SHARE); the bounds keep the whole room, read at every reply, within a
     # quarter of a large model's context (100 x 1,000 characters: 25,000 tokens of English).
-    context_messages: int = Field(default=30, ge=0, le=100)
+    context_messages: int = Field(
+        default=30,
+        ge=0,
+        le=100,
+        description=(
+            "Messages said in a group's room (topic) to others, kept as the model's "
+            "context: at most this many, each cut to context_chars, none older than "
+            "context_minutes. 0: none kept. A request shows the newest of them that fit "
+            "in a quarter of its prompt budget, after the person's own history."
+        ),
+    )
     # Each message in a room's context is cut to this many characters.
-    context_chars: int = Field(default=500, ge=50, le=1000)
+    context_chars: int = Field(
+        default=500,
+        ge=50,
+        le=1000,
+        description="Each message in a room's context is cut to this many characters.",
+    )
     # A room's context holds no message older than this many minutes.
-    context_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
+    context_minutes: int = Field(
+        default=60,
+        ge=1,
+        le=7 * 24 * 60,
+        description="A room's context holds no message older than this many minutes.",
+    )
 
     def allows(self, chat: str) -> bool:
         """Whether these settings let the bot answer in group `chat` (an admin's /allow or
@@ -473,13 +806,31 @@ class Settings(BaseSettings):
     # A platform installed in the `lastword.adapters` entry point group: console, telegram,
     # discord or a plug-in's. Which ones are installed is only known where they are loaded,
     # so a name none answers to is refused there, naming those that are.
-    platform: str = "console"
+    platform: str = Field(
+        default="console",
+        description=(
+            "an installed platform: built in are `console`, `telegram` and `discord` "
+            "(others: [Writing an adapter](platforms.md#writing-an-adapter))"
+        ),
+    )
     # redis:// or rediss:// (a cluster when the node named has cluster mode on), unix://, or
     # redis+sentinel://host:port[,host:port...]/<primary name> (rediss+sentinel: TLS); unset:
     # the embedded store. See bot/connect.py.
-    redis_url: str | None = None
+    redis_url: str | None = Field(
+        default=None,
+        description=(
+            "`redis://…`, `rediss://…` or `unix://…` (a Redis Cluster node is detected "
+            "and used as a cluster); "
+            "`redis+sentinel://[user:pw@]host:port[,host:port…]/<master-name>` (or "
+            "`rediss+sentinel://`) follows a Sentinel-watched primary; unset starts the "
+            "embedded server. See [Scaling out](operating.md#scaling-out)"
+        ),
+    )
     # Where the embedded store keeps its socket and append-only file.
-    data_dir: Path = Field(default_factory=_default_data_dir)
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="the embedded server's socket and append-only file",
+    )
     llm: LLMSettings = LLMSettings()
     media: MediaSettings = MediaSettings()
     debounce: DebounceSettings = DebounceSettings()
@@ -489,42 +840,101 @@ class Settings(BaseSettings):
     outbound: OutboundSettings = OutboundSettings()
     groups: GroupsSettings = GroupsSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
-    history_cap: int = Field(default=200, ge=2)
+    history_cap: int = Field(default=200, ge=2, description="history entries kept per conversation")
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and
     # its next message starts afresh. Fractions are allowed (tests use seconds).
-    retention_days: float = Field(default=30.0, gt=0)
+    retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "a conversation idle this long (no message, no reply) expires whole from "
+            "Redis; its next message starts afresh"
+        ),
+    )
     # Longer messages are cut, with a note, before they are stored.
-    max_message_chars: int = Field(default=8000, ge=100)
+    max_message_chars: int = Field(
+        default=8000, ge=100, description="longer messages are cut, with a note"
+    )
     # The starvation guard: once the oldest unanswered message has waited this long, the next
     # reply goes out even if newer messages arrived while it was generated (0: off). Well
     # above max_wait plus a generation, so a user typing at a human pace is never answered
     # mid-thought; see docs/guarantees.md.
-    starvation_age_ms: int = Field(default=30_000, ge=0)
+    starvation_age_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description=(
+            "once the oldest unanswered message has waited this long, the next reply goes"
+            " out even if newer ones arrived (`0`: off)"
+        ),
+    )
     # Its backstop: replies discarded in a row as stale before the next one goes out anyway.
-    starvation_limit: int = Field(default=10, ge=0)
+    starvation_limit: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "the guard's backstop: stale replies discarded in a row before one goes out anyway"
+        ),
+    )
     # How often each replica scans the durable due-index for orphaned conversations.
-    sweep_interval_ms: int = Field(default=1000, ge=50)
+    sweep_interval_ms: int = Field(
+        default=1000, ge=50, description="how often each replica sweeps the due-index"
+    )
     # Unset: INFO, or WARNING on the console where logs share the terminal with the chat.
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = Field(
+        default=None, description="log level; unset: `INFO` (`WARNING` on the console)"
+    )
     # text for a terminal; logfmt or json for the journal and log collectors: one line per
     # event, with the replica and the conversation on every line of a cycle.
-    log_format: LogStyle = "text"
+    log_format: LogStyle = Field(
+        default="text",
+        description=(
+            "`text`, `logfmt` or `json`: one line per event, with the replica and the conversation"
+        ),
+    )
     # Names this process in logs, leases and `lastword status`; unique per replica.
-    replica_id: str = Field(default_factory=_default_replica_id, pattern=r"^[A-Za-z0-9._@:-]+$")
+    replica_id: str = Field(
+        default_factory=_default_replica_id,
+        pattern=r"^[A-Za-z0-9._@:-]+$",
+        description="names this replica in logs, leases and `lastword status`",
+    )
     # On SIGTERM, a cycle that is generating may finish within this; then its conversation is
     # handed back (lease released, messages kept) for another replica.
-    shutdown_grace_s: float = Field(default=8.0, ge=0, le=60)
+    shutdown_grace_s: float = Field(
+        default=8.0,
+        ge=0,
+        le=60,
+        description=(
+            "on SIGTERM, how long generating cycles may take to finish before they are handed back"
+        ),
+    )
     # host:port serving /healthz and /metrics (Prometheus); unset: off.
-    metrics_listen: OptionalListenAddress = None
+    metrics_listen: OptionalListenAddress = Field(
+        default=None, description="`host:port` serving `/healthz` and `/metrics` (unset: off)"
+    )
     # What the platform is told "stored" after, and a reply waits for before it goes out
     # (bot/store/durability.py): fast (no wait: up to ~1 s of acknowledged writes lost in a
     # crash with appendfsync everysec), local (the AOF fsynced), replicated (and one replica).
-    durability: Literal["fast", "local", "replicated"] = "fast"
+    durability: Literal["fast", "local", "replicated"] = Field(
+        default="fast",
+        description=(
+            "what ingest, acquire, pre-send and commit wait for before the platform is "
+            "acknowledged or a reply goes out: `fast`, `local` (the AOF fsync) or "
+            "`replicated` (and one replica); see [Scaling out](operating.md#scaling-out)"
+        ),
+    )
     # How long a step waits for that fsync or replica before it counts as a store outage (as
     # bot.store.durability.DEFAULT_WAIT_MS). At least 100 ms: WAIT and WAITAOF with 0 never
     # time out, and much less refuses writes on a sound disk. At most 4 s: under the Redis
     # client's 5 s command timeout, so the wait's own answer arrives rather than a timeout.
-    durability_wait_ms: int = Field(default=2000, ge=100, le=4000)
+    durability_wait_ms: int = Field(
+        default=2000,
+        ge=100,
+        le=4000,
+        description=(
+            "the longest a durable step waits for the fsync or the replica; "
+            "one that falls short is an outage, and the message is delivered again"
+        ),
+    )
 
     @field_validator("platform")
     @classmethod
@@ -1140,7 +1550,9 @@ def displayed(path: tuple[str, ...], value: object, limit: int = 200) -> str | N
     None: nothing of it may be shown."""
     setting, field = _setting(path)
     if field is not None and "SecretStr" in str(field.annotation):
-        return MASK
+        # An empty one hides nothing, and showing it empty says what is wrong.
+        given = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return MASK if given != "" else ""
     if field is not None and spelling._opens_keys(field.annotation):
         if path[-1] == "url" and setting == ("tools", "mcp_servers") and isinstance(value, str):
             text = masked_url(value)
