@@ -36,7 +36,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import aiohttp
@@ -47,6 +47,7 @@ from bot.credentials import Credential
 from bot.prompt import Prompt
 from bot.settings import LLMSettings, given_as
 from bot.tokens import estimate
+from bot.tool_refusals import Refusals, refusal
 from bot.tools import ToolCall
 
 if TYPE_CHECKING:
@@ -98,6 +99,10 @@ MAX_ARGUMENT_BYTES = 64 << 10
 MAX_TOOL_NAME_CHARS = 256
 # A call's id is echoed back to the provider and stored with its result: a sane length only.
 MAX_CALL_ID_CHARS = 256
+# Refusals of a request's tools one completion takes (each leaves a tool, or all, out); past
+# them it is asked without tools, so a provider that names one bad tool after another costs
+# a bounded number of requests.
+MAX_TOOL_REFUSALS = 3
 
 
 def strip_reasoning(text: str) -> str:
@@ -236,6 +241,8 @@ class OpenAILLM:
         self.settings = settings
         # Ask for the usage at the end of a stream until the provider says it cannot.
         self._stream_usage = True
+        # What each model refused of the tools: left out of its requests for a while.
+        self.refusals = Refusals()
         api_key = settings.api_key.get_secret_value() if settings.api_key else "unset"
         # Retries are ours (see `generate`), so that every attempt counts against one policy.
         self.client: AsyncOpenAI = AsyncOpenAI(
@@ -306,32 +313,69 @@ class OpenAILLM:
             await response.aclose()
 
     async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
+        """One completion. A request the provider refuses for a field it does not take
+        (`stream_options`) or for its tools (`bot.tool_refusals`) is asked again at once
+        without them: nothing was generated, and the reply is still owed. Each such refusal
+        takes something out of the request, and the tools are let go of after
+        `MAX_TOOL_REFUSALS`, so the requests of one completion are bounded."""
         import openai
 
-        attempt = usage.start()
-        try:
-            if self.settings.stream:
-                answer = await self._streamed(prompt, attempt, usage.on_text)
-            else:
-                answer = await self._whole(prompt, attempt)
-        except openai.APIStatusError as exc:
-            if self._refuses_stream_options(exc):
-                # Nothing was generated: ask again at once, without it, from now on.
-                usage.attempts.remove(attempt)
-                self._stream_usage = False
-                log.warning(
-                    "the provider does not take stream_options; tokens are counted by chunk"
-                )
-                return await self.complete(prompt, usage)
-            raise self._status_error(exc) from None
-        except openai.APIConnectionError as exc:
-            raise LLMError(
-                f"cannot reach the provider: {type(exc).__name__}", kind="transient"
-            ) from None
+        refusals = 0
+        while True:
+            asked = self._with_tools_taken(prompt, bare=refusals >= MAX_TOOL_REFUSALS)
+            attempt = usage.start()
+            try:
+                if self.settings.stream:
+                    answer = await self._streamed(asked, attempt, usage.on_text)
+                else:
+                    answer = await self._whole(asked, attempt)
+            except openai.APIStatusError as exc:
+                if self._refuses_stream_options(exc):
+                    usage.attempts.remove(attempt)
+                    self._stream_usage = False
+                    log.warning(
+                        "the provider does not take stream_options; tokens are counted by chunk"
+                    )
+                    continue
+                if self._refuses_tools(asked, exc):
+                    usage.attempts.remove(attempt)
+                    refusals += 1
+                    continue
+                raise self._status_error(exc) from None
+            except openai.APIConnectionError as exc:
+                raise LLMError(
+                    f"cannot reach the provider: {type(exc).__name__}", kind="transient"
+                ) from None
+            break
         self.key.accepted()
         if not answer.text and not answer.calls:
             raise LLMError("the provider returned an empty reply", kind="transient")
         return Answer(well_formed(answer.text), answer.calls)
+
+    def _with_tools_taken(self, prompt: Prompt, *, bare: bool) -> Prompt:
+        """`prompt` offering only the tools its model takes, as far as this replica knows
+        (none when `bare`); no `tool_choice` without tools, as providers insist."""
+        if not prompt.tools:
+            return prompt
+        every, refused = self.refusals.refused(prompt.model or self.settings.model)
+        if bare or every:
+            return replace(prompt, tools=(), tool_choice=None)
+        taken = tuple(tool for tool in prompt.tools if _tool_name(tool) not in refused)
+        if len(taken) == len(prompt.tools):
+            return prompt
+        return replace(prompt, tools=taken, tool_choice=prompt.tool_choice if taken else None)
+
+    def _refuses_tools(self, asked: Prompt, exc: openai.APIStatusError) -> bool:
+        """Whether the provider refused `asked` for its tools; if so, what it refused is
+        remembered for the model (`Refusals.learn`, one WARNING)."""
+        sent = [_tool_name(tool) for tool in asked.tools]
+        param = getattr(exc, "param", None)
+        words = self._scrub(_provider_words(exc))
+        found = refusal(exc.status_code, words, param if isinstance(param, str) else None, sent)
+        if found is None:
+            return False
+        self.refusals.learn(asked.model or self.settings.model, found)
+        return True
 
     async def _whole(self, prompt: Prompt, attempt: Attempt) -> Answer:
         # Read raw, as streams are: the client's models take whatever shape came (a proxy's
@@ -744,6 +788,21 @@ def _token_count(value: object) -> int | None:
     if count is None or not 0 <= count <= MAX_REPORTED_TOKENS:
         return None
     return count
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    """The name of a Chat Completions `tools` entry."""
+    function = tool.get("function")
+    return str(function.get("name", "")) if isinstance(function, dict) else ""
+
+
+def _provider_words(exc: openai.APIStatusError) -> str:
+    """What the provider said, without the client's "Error code: 400 - " before it: its
+    error's message, or its body when that is text (Ollama's own API answers
+    `{"error": "... does not support tools"}`, which the client leaves out of the message)."""
+    said = re.sub(r"^Error code: \d+(?: - )?", "", exc.message)
+    body = exc.body
+    return f"{said} {body}".strip() if isinstance(body, str) and body not in said else said
 
 
 def _error_message(error: object) -> str:

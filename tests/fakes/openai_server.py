@@ -35,6 +35,10 @@ finish_reason "tool_calls")::
 
 Servers that apply a strict chat template (vLLM, llama.cpp) are played with `strict_roles`: a
 request whose turns do not start with the user's and alternate is refused with their 400.
+Models that take no tools are played with `refuse_tools` (400 "does not support tools", as
+Ollama's small models answer), providers that take a subset of JSON schema with
+`refuse_format` (a tool whose parameters use that `format` refused, by name or not); what they
+refuse is kept in `rejected`, not in `requests`.
 
 `ToolPolicy` is a reply function that plays a model using a tool on its own, call -> result ->
 text, for tests whose bot runs unattended. The fake always lives in the test's process; bots in
@@ -557,6 +561,14 @@ class FakeOpenAI(LoopbackServer):
         # Answer a request carrying `stream_options` with a 400, as servers that predate it do
         # (older Azure OpenAI API versions, vLLM and Ollama).
         self.refuse_stream_options = False
+        # Refuse (400) any request that offers tools, as a model without tool support does
+        # (Ollama's small models: "<model> does not support tools").
+        self.refuse_tools = False
+        # Refuse (400) a request offering a tool whose parameters use this `format` anywhere
+        # (e.g. "date-time"), as providers that take a subset of JSON schema do; the message
+        # names the function and its place in `tools` when `schema_refusal_names_tool`.
+        self.refuse_format: str | None = None
+        self.schema_refusal_names_tool = True
         # Refuse (400) a request whose turns a strict chat template would refuse, as vLLM and
         # llama.cpp do with such templates (`strict_turns`): off, as OpenAI takes any order.
         self.strict_roles = False
@@ -794,6 +806,8 @@ class FakeOpenAI(LoopbackServer):
         problem = _validate(body)
         if problem is None and self.refuse_stream_options and "stream_options" in body:
             problem = _Invalid("Unrecognized request argument supplied: stream_options")
+        if problem is None and body.get("tools"):
+            problem = self._refused_tools(body)
         if problem is None and self.strict_roles:
             problem = strict_turns(body["messages"])
         if problem is not None:
@@ -820,6 +834,29 @@ class FakeOpenAI(LoopbackServer):
         self.requests.append(recorded)
         self._notify()
         return await self._tracked(recorded, self._answer(request, recorded))
+
+    def _refused_tools(self, body: dict[str, Any]) -> _Invalid | None:
+        """The 400 a request's tools get from a provider that takes none
+        (`refuse_tools`), or not one of their schemas (`refuse_format`)."""
+        if self.refuse_tools:
+            return _Invalid(f"registry.ollama.ai/library/{body['model']} does not support tools")
+        if self.refuse_format is None:
+            return None
+        for index, tool in enumerate(body["tools"]):
+            function = tool["function"]
+            if self.refuse_format not in _formats(function.get("parameters")):
+                continue
+            if not self.schema_refusal_names_tool:
+                return _Invalid(
+                    f"Invalid schema: 'format' {self.refuse_format!r} is not supported in "
+                    "function parameters."
+                )
+            return _Invalid(
+                f"Invalid schema for function '{function['name']}': 'format' "
+                f"{self.refuse_format!r} is not supported.",
+                param=f"tools[{index}].function.parameters",
+            )
+        return None
 
     async def _tracked(
         self, recorded: _Outcome, answer: Coroutine[Any, Any, web.StreamResponse]
@@ -1189,6 +1226,16 @@ def _transcript_response(recorded: TranscriptionRequest, text: str) -> web.Respo
 
 
 # -- chat request validation -------------------------------------------------------------------
+
+
+def _formats(schema: Any) -> set[str]:
+    """Every `format` a JSON schema uses, however deep."""
+    if isinstance(schema, list):
+        return {found for item in schema for found in _formats(item)}
+    if not isinstance(schema, dict):
+        return set()
+    found = {schema["format"]} if isinstance(schema.get("format"), str) else set()
+    return found | {f for key, value in schema.items() if key != "format" for f in _formats(value)}
 
 
 def _validate(body: Any) -> _Invalid | None:
