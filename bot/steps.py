@@ -56,7 +56,7 @@ UNKNOWN = (
 MAX_CALLS_PER_STEP = 16
 NOT_OFFERED = "error: there is no tool named {name!r} available to this user"
 # What the reply says if the last step allowed still asked for tools rather than answering.
-STEP_LIMIT = "(I stopped there: this reply used all the tool steps, or the time, it may.)"
+STEP_LIMIT = "(I stopped there: this reply has used all the tool steps or time it is allowed.)"
 # What the model reads for a call not run because the reply's time for tools is spent.
 OUT_OF_TIME = (
     "error: not run: this reply has used all its time for tools; answer with what you have"
