@@ -22,6 +22,10 @@ or answered twice:
   catches up: for each recently active conversation, it reads the history after the last
   message it took in. Live DMs wait from the moment the new session is asked for until the
   catch-up has read their conversation, so the gap is stored first;
+- a RESUME that fails (its address unreachable, or the socket closed before Discord said
+  RESUMED) is tried again, by the same holder, `RESUME_ATTEMPTS` times in a row at most, then
+  the session is dropped and a new one asked for, which catches up; a close code with which
+  Discord says the session is over gives it up at once. One line says so, no traceback;
 - the queue in memory is capped: beyond the cap, newer DMs are dropped from memory, and the
   sequence kept in the store stays before them; once the queue is stored, the holder reconnects
   and RESUMEs from there, so Discord delivers them again;
@@ -74,7 +78,7 @@ import aiohttp
 import discord
 import discord.client
 import yarl
-from discord.gateway import DiscordWebSocket
+from discord.gateway import DiscordWebSocket, ReconnectWebSocket
 from discord.http import Route
 from pydantic import BaseModel, Field
 
@@ -156,6 +160,23 @@ INBOX_CAP = 10_000
 # catch up on.
 RETRY_FIRST_S = 0.2
 RETRY_CAP_S = 5.0
+# RESUMEs that fail in a row (the resume address unreachable, or the socket closed before
+# Discord said RESUMED) before the session is dropped and a new one asked for. Resuming is
+# worth a second and third try: it replays everything since the kept sequence (a guild's
+# messages too, which no catch-up reads, and DMs past the catch-up's bounds), and a resume
+# host restarting or a network blip passes within seconds. More is not: Discord keeps a
+# session resumable only briefly, nothing is received meanwhile, and a new session's
+# catch-up reads the DMs sent in the gap. Three tries, 1 and 2 s apart, each bounded by
+# `RESUME_CONNECT_TIMEOUT_S`, give up within about half a minute at worst.
+RESUME_ATTEMPTS = 3
+RESUME_RETRY_FIRST_S = 1.0
+RESUME_RETRY_CAP_S = 4.0
+# A RESUME's connection, up to Discord's HELLO (sub-second when it answers), is given this
+# long: discord.py allows a connection a minute, three of which would hold up every DM.
+RESUME_CONNECT_TIMEOUT_S = 10.0
+# Close codes with which Discord says a session cannot be resumed and a new one is needed
+# (invalid sequence, session timed out): no second try.
+SESSION_OVER_CLOSES = frozenset({4007, 4009})
 # DMs and their text, nothing else: no guild events, no presences, no member lists. Message
 # content is a privileged intent: it must be switched on in the Developer Portal.
 INTENTS = discord.Intents.none()
@@ -516,8 +537,13 @@ class DiscordAdapter:
 
     async def _listen(self, sink: Sink) -> None:
         """Hold the gateway: runs on one replica at a time, restarted on another if it dies."""
+        log.info("this replica holds the Discord gateway")
         # Between rounds whose gateway refused the token: the REST login may still pass.
         refusals = Backoff(REFUSED_RETRY_FIRST_S, REFUSED_RETRY_CAP_S)
+        # Between RESUMEs that failed in a row; its count says when to give the session up.
+        resumes = Backoff(RESUME_RETRY_FIRST_S, RESUME_RETRY_CAP_S)
+        # The kept session is given up: the next connection asks for a new one.
+        fresh = False
         while True:
             intents = GROUP_INTENTS if self.groups else INTENTS
             if self.dm_typing:
@@ -527,11 +553,18 @@ class DiscordAdapter:
             )
             self._gateway = gateway
             refused = False
+            retry_in: float | None = None
             try:
-                gateway.take_over(await _recall(sink))
-                log.info("this replica holds the Discord gateway")
+                gateway.take_over(None if fresh else await _recall(sink))
+                fresh = False
                 await gateway.hold()
                 return
+            except _ResumeFailed as exc:
+                if gateway.was_live:
+                    # A session was open since the last failure: this one starts a new run.
+                    resumes.reset()
+                retry_in = await _resume_failed(sink, resumes, exc)
+                fresh = retry_in is None
             except _Overflowed as exc:
                 log.warning("%s; resuming the Discord session to receive them again", exc)
             except discord.ConnectionClosed as exc:
@@ -551,6 +584,8 @@ class DiscordAdapter:
                 await gateway.close()
             if refused:
                 await asyncio.sleep(refusals.next_delay())
+            if retry_in is not None:
+                await asyncio.sleep(retry_in)
 
     # Sending
 
@@ -719,6 +754,36 @@ def _throttled(exc: discord.RateLimited, scope: str) -> Throttled:
     return Throttled(exc.retry_after, HEARD_SCOPE.get() or scope)
 
 
+async def _resume_failed(sink: Sink, resumes: Backoff, exc: _ResumeFailed) -> float | None:
+    """After a RESUME that did not take: how long to wait before resuming again (one INFO
+    line), or None once the session is given up (`RESUME_ATTEMPTS` in a row, or Discord said
+    it is over): then it is dropped from the store, so that no holder resumes it again, and
+    one WARNING says so. Never a traceback: a dead address is no bug."""
+    delay = resumes.next_delay()
+    if not exc.over and resumes.failures < RESUME_ATTEMPTS:
+        log.info(
+            "cannot resume the Discord session (%s); trying again in %.0fs (%d of %d)",
+            exc,
+            delay,
+            resumes.failures,
+            RESUME_ATTEMPTS,
+        )
+        return delay
+    resumes.reset()
+    log.warning(
+        "cannot resume the Discord session (%s%s): dropping it and logging in afresh; a "
+        "catch-up reads the DMs sent meanwhile",
+        exc,
+        "" if exc.over else f", {RESUME_ATTEMPTS} tries in a row",
+    )
+    try:
+        # Best effort: the new session replaces it within a second of opening anyway.
+        await sink.remember(SESSION_KEY, None, SESSION_TTL_S)
+    except Unavailable as exc_store:
+        log.warning("cannot drop the Discord session from the store: %s", exc_store)
+    return None
+
+
 async def _recall(sink: Sink) -> _Session | None:
     """The session the last holder kept, waiting for the store: without it, the DMs that
     Discord would replay could not be stored anyway."""
@@ -774,24 +839,62 @@ class _Overflowed(Exception):
         )
 
 
+class _ResumeFailed(Exception):
+    """A RESUME did not take: its connection failed, or the socket closed before Discord said
+    RESUMED. `over`: Discord said the session cannot be resumed at all."""
+
+    def __init__(self, reason: str, *, over: bool = False) -> None:
+        super().__init__(reason)
+        self.over = over
+
+
 class _GatewaySocket(DiscordWebSocket):
     """discord.py's gateway socket, but a `_Gateway` with a session to take over opens its
-    first connection with RESUME, at that session's resume URL, instead of IDENTIFY.
+    first connection with RESUME, at that session's resume URL, instead of IDENTIFY; and a
+    RESUME that does not take (the first one or a reconnect's) ends the connection with
+    `_ResumeFailed`, for `DiscordAdapter._listen` to try again or give the session up.
 
     `Client.connect` starts every client with IDENTIFY and keeps what it would resume in a
     local variable; it opens each connection by calling this class method through its module's
     name for the class, which `_point_at` sets to this subclass: the one seam before the first
-    IDENTIFY. Everything else, a refused RESUME included (op 9 false: a new IDENTIFY), is the
-    library's own.
+    IDENTIFY, and before each reconnect. Left to itself, discord.py would resume a dead address
+    for ever (a traceback each time), or, on the first connection, fail on a socket it never
+    had. A RESUME Discord answers with op 9 false is discord.py's own: a new IDENTIFY.
     """
 
     @classmethod
     async def from_client(cls, client: discord.Client, **params: Any) -> Self:
-        if isinstance(client, _Gateway) and (session := client.pop_takeover()) is not None:
+        if not isinstance(client, _Gateway):
+            return await super().from_client(client, **params)
+        if (session := client.pop_takeover()) is not None:
             params.update(
                 resume=True, session=session.id, sequence=session.seq, gateway=yarl.URL(session.url)
             )
-        return await super().from_client(client, **params)
+        if client.resuming:
+            # The last RESUME's socket closed before Discord said RESUMED.
+            client.resuming = False
+            if params.get("resume"):
+                code = client.ws.socket.close_code if client.ws is not None else None
+                raise _ResumeFailed(
+                    f"the gateway closed the RESUME with {code}", over=code in SESSION_OVER_CLOSES
+                )
+        if not params.get("resume"):
+            return await super().from_client(client, **params)
+        client.resuming = True
+        try:
+            async with asyncio.timeout(RESUME_CONNECT_TIMEOUT_S):
+                return await super().from_client(client, **params)
+        except (
+            OSError,
+            aiohttp.ClientError,
+            TimeoutError,
+            discord.GatewayNotFound,
+            discord.ConnectionClosed,
+            ReconnectWebSocket,
+        ) as exc:
+            client.resuming = False
+            where = yarl.URL(str(params.get("gateway") or cls.DEFAULT_GATEWAY))
+            raise _ResumeFailed(f"{type(exc).__name__} at {where.with_query(None)}") from None
 
 
 class _Gateway(discord.Client):
@@ -821,6 +924,10 @@ class _Gateway(discord.Client):
         self._takeover: _Session | None = None
         # A session is open (READY or RESUMED, until a disconnect).
         self._live = asyncio.Event()
+        # A session was open at some point: a RESUME failing later is a new run of failures.
+        self.was_live = False
+        # A RESUME was sent and Discord has not said RESUMED yet (`_GatewaySocket`).
+        self.resuming = False
         # While a catch-up is owed, live DMs of the conversations whose history it has yet to
         # read wait here, so that none is stored ahead of an older one from the gap. None: no
         # catch-up; `_unread` None: which conversations it reads is not known yet (all wait).
@@ -911,6 +1018,8 @@ class _Gateway(discord.Client):
                 self._typed(args[0])
             elif event in ("connect", "resumed"):
                 self._live.set()
+                self.was_live = True
+                self.resuming = False
             elif event == "disconnect":
                 self._live.clear()
         except Exception:

@@ -35,7 +35,10 @@ What Discord does and this fake copies (checked against discord.py 2.7 and the A
   sequence number the client sends, on any connection (another process may resume it),
   followed by a ``RESUMED`` dispatch. An unknown or invalidated session gets op 9 ``false``.
 - READY names a ``resume_gateway_url`` of its own (``/resume`` here), where a RESUME should go;
-  as on Discord, one sent to the main URL works too. Each heartbeat carries the sequence number
+  as on Discord, one sent to the main URL works too. A test can have READY name another
+  (:attr:`FakeDiscord.resume_url`: a resume host that is down), or have every RESUME refused
+  by a close code (:attr:`FakeDiscord.resume_close`: 4009 "Session timed out", after which
+  Discord wants a new IDENTIFY). Each heartbeat carries the sequence number
   of the last event the client received, which the fake records.
 - DMs carry their content whether or not the session asked for the message content intent;
   guild messages that do not mention the bot (a reply's ping counts) are blanked for a
@@ -112,6 +115,7 @@ __all__ = [
     "CDN_GONE",
     "CHANNEL_GUILD_TEXT",
     "CHANNEL_PUBLIC_THREAD",
+    "CLOSE_SESSION_TIMED_OUT",
     "DEFAULT_TOKEN",
     "DISCORD_EPOCH_MS",
     "MESSAGE_FLAG_IS_VOICE_MESSAGE",
@@ -175,6 +179,7 @@ CLOSE_DECODE_ERROR = 4002
 CLOSE_NOT_AUTHENTICATED = 4003
 CLOSE_AUTHENTICATION_FAILED = 4004
 CLOSE_ALREADY_AUTHENTICATED = 4005
+CLOSE_SESSION_TIMED_OUT = 4009
 CLOSE_INVALID_INTENTS = 4013
 CLOSE_DISALLOWED_INTENTS = 4014
 # After these Discord wants a fresh IDENTIFY: the session is gone.
@@ -473,6 +478,12 @@ class FakeDiscord(LoopbackServer):
         # RESUME replays every event of the session, not just those after its seq: plays
         # Discord re-sending events the client already saw.
         self.replay_from_start_on_resume = False
+        # The ``resume_gateway_url`` READY names instead of the fake's own ``/resume`` (None:
+        # its own): an address nothing answers at plays a resume host that is down.
+        self.resume_url: str | None = None
+        # A RESUME is answered by closing the socket with this code, its session ended (None:
+        # resumed as usual): Discord's refusal of a session it will not resume.
+        self.resume_close: int | None = None
         # Off: MESSAGE_CREATE/UPDATE go to every identified session whatever its intents. On:
         # as Discord, DMs only to sessions with DIRECT_MESSAGES, guild messages only to those
         # with GUILD_MESSAGES.
@@ -1870,7 +1881,7 @@ class FakeDiscord(LoopbackServer):
             "guilds": [{"id": str(g.id), "unavailable": True} for g in guilds],
             "session_id": session.id,
             "session_type": "normal",
-            "resume_gateway_url": self.resume_gateway_url,
+            "resume_gateway_url": self.resume_url or self.resume_gateway_url,
             "private_channels": [],
             "presences": [],
             "relationships": [],
@@ -1897,6 +1908,12 @@ class FakeDiscord(LoopbackServer):
             return False
         self.resume_count += 1
         session = self._sessions.get(str(d.get("session_id")))
+        if self.resume_close is not None:
+            if session is not None:
+                session.invalidated = True
+            self._notify()
+            await conn.ws.close(code=self.resume_close, message=b"Session cannot be resumed.")
+            return False
         if session is None or session.invalidated:
             await conn.send({"op": OP_INVALID_SESSION, "d": False, "s": None, "t": None})
             self._notify()
