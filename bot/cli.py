@@ -145,10 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         view = unit.read_view(unit_name, args.root, env_files)
     except unit.UnitError as exc:
         return ended(2, str(exc))
-    # Before the report: an operator must see what was checked.
-    print(view.summary, file=sys.stderr, flush=True)
+    if args.command != "doctor":
+        # Before the report: an operator must see what was checked.
+        print(view.summary, file=sys.stderr, flush=True)
+        with unit.applied(view):
+            return command(args)
+    # Doctor reports what keeps the unit from working as failed checks of its own, first.
+    print(view.read, file=sys.stderr, flush=True)
+    if view.problems:
+        from bot.doctor import render
+
+        print(render(view.problems), flush=True)
     with unit.applied(view):
-        return command(args)
+        code = command(args)
+    return max(code, 1) if view.problems else code
 
 
 def command(args: argparse.Namespace) -> int:

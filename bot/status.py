@@ -44,6 +44,10 @@ SCAN_COUNT = 1000
 TOP_CONVERSATIONS = 10
 # Fields the heartbeat script owns; the rest of the hash is the replica's own information.
 _OWN_FIELDS = ("pid", "host", "platform", "started_at", "last_beat")
+# Of that information, what status reads from its own source instead: the roles a replica
+# holds are the role leases (the ROLES column, the roles section). Its heartbeat's list is
+# written once a beat and said `-` beside a ROLES column naming the role it had just taken.
+_READ_ELSEWHERE = ("roles",)
 
 
 def holder_of(token: str) -> str | None:
@@ -513,7 +517,7 @@ def _replica(key: str, raw: Mapping[Any, Any], pttl: int, now: int) -> Replica:
         last_beat_ms=last_beat,
         beat_age_ms=None if last_beat is None else now - last_beat,
         expires_in_ms=pttl,
-        info={k: v for k, v in sorted(fields.items()) if k not in _OWN_FIELDS},
+        info={k: v for k, v in sorted(fields.items()) if k not in _OWN_FIELDS + _READ_ELSEWHERE},
     )
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
+from bot.check import Check
 from bot.plural import counted
 from bot.settings import PLATFORM_SECTIONS, ConfigError, load_settings, written_in
 from bot.unit_root import glob, inside, read_regular, under, why_not_read
@@ -103,10 +104,20 @@ class View:
     environment: dict[str, str]
     credentials: dict[str, bytes]
     working_directory: Path | None
-    summary: str
+    # What was read, and the notes on what was not (one line each).
+    read: str
     # Where each variable of `environment` was written, as a settings error names it after
     # the variable: " (in /etc/lastword/lastword.env)".
     origins: dict[str, str] = field(default_factory=dict)
+    # Why the unit, given these, would not work as a service (`unit_checks`): ✗ lines of
+    # `doctor --unit`, warnings of `status --unit`.
+    problems: list[Check] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """What was read, then a `warning:` line per problem."""
+        warnings = (f"\nwarning: {check.detail} ({check.fix})" for check in self.problems)
+        return self.read + "".join(warnings)
 
     def __post_init__(self) -> None:
         # Each name becomes a file in the credentials folder: a name that is no plain file
@@ -539,26 +550,50 @@ def build_view(config: UnitConfig | None, root: Path, env_files: list[Path]) -> 
     summary = f"{what}: {'; '.join(parts)}" + "".join(f"\nnote: {note}" for note in notes)
     view = View(environment, credentials, working, summary, origins)
     if config is not None:
-        view.summary += _console_warning(view, config.name)
+        view.problems = unit_checks(view, config)
     return view
 
 
-def _console_warning(view: View, name: str) -> str:
-    """A warning line when the unit would run the console platform: nothing it is given sets
-    the platform, so it would read a terminal a service does not have. Empty otherwise, and
-    when the settings do not load (doctor reports why)."""
+def unit_checks(view: View, config: UnitConfig) -> list[Check]:
+    """What would keep the unit `config` from working as a service though its settings are
+    valid, each a failed check with its fix: it would run the console platform (nothing sets
+    LASTWORD_PLATFORM; a service has no terminal), or it is an instance of a template with no
+    LASTWORD_REDIS_URL (each replica would keep an embedded store of its own, and a person's
+    messages would be split between them). None when the settings do not load: doctor says
+    why."""
     try:
         with applied(view):
-            platform = load_settings().platform
+            settings = load_settings()
     except (ConfigError, OSError):
-        return ""
-    if platform != "console":
-        return ""
-    others = ", ".join(section for section in PLATFORM_SECTIONS if section != platform)
-    return (
-        f"\nwarning: {name} would run the console platform, which needs a terminal: nothing "
-        f"it reads sets LASTWORD_PLATFORM (set it in its env file to one of: {others})"
-    )
+        return []
+    # Where a fix goes: the unit's first env file, as the unit names it.
+    env_file = config.env_files[0][0] if config.env_files else "an EnvironmentFile= of the unit"
+    problems: list[Check] = []
+    if settings.platform == "console":
+        others = ", ".join(section for section in PLATFORM_SECTIONS if section != "console")
+        problems.append(
+            Check(
+                "unit",
+                False,
+                f"{config.name} would run the console platform, which needs a terminal: "
+                "nothing it reads sets LASTWORD_PLATFORM",
+                f"set LASTWORD_PLATFORM in {env_file} to one of: {others}",
+            )
+        )
+    template, at, instance = config.name.partition(".")[0].partition("@")
+    if at and instance and settings.redis_url is None:
+        problems.append(
+            Check(
+                "unit",
+                False,
+                f"{config.name} is one replica of {template}@.service, but nothing it reads "
+                "sets LASTWORD_REDIS_URL: each replica would keep a store of its own, and a "
+                "person's messages would be split between them",
+                f"set LASTWORD_REDIS_URL in {env_file} to the Redis every replica shares (or "
+                f"run {template}.service, one process with its embedded store)",
+            )
+        )
+    return problems
 
 
 def _state_directories(config: UnitConfig, root: Path, notes: list[str]) -> list[str]:
