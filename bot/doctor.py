@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -56,6 +57,10 @@ MIN_REDIS_VERSION = (5, 0)
 # A platform's check bounds itself, with advice only it can give; doctor waits this much
 # longer before giving up on one that does not.
 PLATFORM_BACKSTOP_S = 1.0
+# What a failed check's line adds about the checks that depend on it, rather than a ✗ line
+# of their own each.
+NOT_CHECKED_ON_STORE = "so the scripts, memory and durability were not checked"
+NOT_CHECKED_TOOLS = "so whether it takes the tools was not checked"
 
 
 class Caution(Check):
@@ -117,10 +122,17 @@ async def run_checks(
             Check("platform", False, f"{settings.platform}: no answer within {backstop_s:g} s"),
         )
     )
-    checks.append(await _llm_check(settings, timeout_s))
-    tools: list[Tool] = []
-    checks += await _mcp_checks(settings, tools)
+    llm = await _llm_check(settings, timeout_s)
+    checks.append(llm)
+    mcp_tools: list[Tool] = []
+    checks += await _mcp_checks(settings, mcp_tools)
+    tools = _all_tools(mcp_tools)
     checks += _schema_checks(settings, tools)
+    if tools and settings.llm_provider == "openai":
+        if llm.ok:
+            checks.append(await _tools_check(settings, tools, timeout_s))
+        else:
+            checks[checks.index(llm)] = replace(llm, detail=f"{llm.detail} ({NOT_CHECKED_TOOLS})")
     return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
 
 
@@ -134,13 +146,8 @@ async def _store_checks(settings: Settings, timeout_s: float) -> list[Check]:
         Check("store", False, silence, "start Redis or fix LASTWORD_REDIS_URL"),
     )
     if not store.ok:
-        return [
-            store,
-            *(
-                Check(name, False, "not checked: the store is not usable", "fix the store first")
-                for name in ("scripts", "memory", "durability")
-            ),
-        ]
+        # What runs on the store is not checked: one ✗, the store's, says so once.
+        return [replace(store, detail=f"{store.detail} ({NOT_CHECKED_ON_STORE})")]
     server = await _server_checks(settings, timeout_s)
     durability = await guarded(
         durability_check(settings, timeout_s),
@@ -729,8 +736,32 @@ def _bytes(count: int) -> str:
 # 5. LLM
 
 
+# Base URLs as OpenAI-compatible servers want them: the API's root, its prefix included.
+BASE_URL_EXAMPLES = (
+    "OpenAI https://api.openai.com/v1, Ollama http://localhost:11434/v1, "
+    "LM Studio http://localhost:1234/v1, OpenRouter https://openrouter.ai/api/v1"
+)
+# The prefix most OpenAI-compatible servers serve their API under.
+API_PREFIX = "/v1"
+
+
 def _llm_url(settings: Settings) -> str:
     return redact(settings.llm.base_url or "https://api.openai.com/v1")
+
+
+def _llm_client(settings: Settings, timeout_s: float) -> openai.AsyncOpenAI:
+    """A client of the LLM endpoint as the settings name it, with no retries: doctor reports
+    what it finds at once."""
+    import openai
+
+    llm = settings.llm
+    return openai.AsyncOpenAI(
+        base_url=llm.base_url,
+        api_key=llm.api_key.get_secret_value() if llm.api_key else "unset",
+        timeout=timeout_s,
+        max_retries=0,
+        default_headers=llm.extra_headers or None,
+    )
 
 
 async def _llm_check(settings: Settings, timeout_s: float) -> Check:
@@ -753,15 +784,11 @@ async def _llm_answer(settings: Settings, timeout_s: float) -> Check:
 
     llm = settings.llm
     shown = _llm_url(settings)
-    client = openai.AsyncOpenAI(
-        base_url=llm.base_url,
-        api_key=llm.api_key.get_secret_value() if llm.api_key else "unset",
-        timeout=timeout_s,
-        max_retries=0,
-        default_headers=llm.extra_headers or None,
-    )
+    client = _llm_client(settings, timeout_s)
     try:
         listed = await _models_listed(client, settings)
+    except openai.NotFoundError as exc:
+        return await _not_found(client, exc, settings)
     except openai.APIError as exc:
         return _llm_failure(exc, settings, timeout_s)
     finally:
@@ -798,6 +825,60 @@ async def _models_listed(client: openai.AsyncOpenAI, settings: Settings) -> list
     return sorted(model.id for model in page.data)
 
 
+async def _not_found(
+    client: openai.AsyncOpenAI, exc: openai.NotFoundError, settings: Settings
+) -> Check:
+    """/models and the one-token chat request both answered 404. A 404 that speaks of the
+    model is about the model; otherwise the base URL is the likelier culprit, most often
+    written without its API prefix (Ollama's `http://localhost:11434`, whose API is under
+    `/v1`): said so for sure when the prefixed URL answers /models."""
+    import openai
+
+    from bot.llm import provider_words
+
+    llm, shown, source = settings.llm, _llm_url(settings), settings.base_url_source
+    said = provider_words(exc)
+    if exc.code == "model_not_found" or "model" in said.lower():
+        return Check(
+            "llm",
+            False,
+            f"{shown} does not know model {llm.model}",
+            "set LASTWORD_LLM__MODEL to a model the provider serves",
+        )
+    examples = f"the API's root, its prefix included: {BASE_URL_EXAMPLES}"
+    base = str(client.base_url).rstrip("/")
+    if not base.endswith(API_PREFIX):
+        try:
+            await client.with_options(base_url=base + API_PREFIX).models.list()
+        except openai.APIError:
+            pass
+        else:
+            return Check(
+                "llm",
+                False,
+                f"{shown} answers 404 to /models and /chat/completions, and "
+                f"{redact(base + API_PREFIX)} answers: the base URL lacks its API prefix "
+                f"{API_PREFIX}",
+                f"set {source} to {redact(base + API_PREFIX)} ({examples})",
+            )
+    if not urlsplit(base).path.strip("/"):
+        return Check(
+            "llm",
+            False,
+            f"{shown} answers 404 to /models and /chat/completions: the base URL has no API "
+            f"prefix (OpenAI-compatible servers serve theirs under one, most under "
+            f"{API_PREFIX})",
+            f"set {source} to {examples}",
+        )
+    return Check(
+        "llm",
+        False,
+        f"{shown} answers 404 to /models and to a chat request for model {llm.model}: the "
+        "base URL's path or the model is wrong",
+        f"check {source} ({examples}) and LASTWORD_LLM__MODEL",
+    )
+
+
 def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
     """What the endpoint's refusal or silence means, and what to fix."""
     import openai
@@ -817,11 +898,6 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
         found = (
             f"{shown} refused the API key access (403)",
             f"fix {settings.key_source}, or its permissions at the provider",
-        )
-    elif isinstance(exc, openai.NotFoundError):
-        found = (
-            f"{shown} does not know model {llm.model}",
-            "set LASTWORD_LLM__MODEL to a model the provider serves",
         )
     elif isinstance(exc, openai.APITimeoutError):
         found = (
@@ -919,14 +995,18 @@ async def _mcp_check(name: str, config: McpServer, settings: Settings, found: li
 SCHEMA_SHARE = 4
 
 
-def _schema_checks(settings: Settings, mcp_tools: list[Tool]) -> list[Check]:
-    """A warning when the schemas of every tool (the Python tools and each MCP server's that
-    started) take more than a quarter of the model's context, counted as the cycle counts
-    them in a request; nothing otherwise."""
-    from bot.tokens import Counter
+def _all_tools(mcp_tools: list[Tool]) -> list[Tool]:
+    """Every tool configured: the Python tools, and each MCP server's that started."""
     from bot.tools.python import python_tools
 
-    tools = [tool for tool, _ in python_tools()] + mcp_tools
+    return [tool for tool, _ in python_tools()] + mcp_tools
+
+
+def _schema_checks(settings: Settings, tools: list[Tool]) -> list[Check]:
+    """A warning when the schemas of every tool take more than a quarter of the model's
+    context, counted as the cycle counts them in a request; nothing otherwise."""
+    from bot.tokens import Counter
+
     if not tools:
         return []
     total = Counter().count(json.dumps([tool.spec() for tool in tools]))
@@ -948,3 +1028,85 @@ def _schema_checks(settings: Settings, mcp_tools: list[Tool]) -> list[Check]:
             ),
         )
     ]
+
+
+# 7. The model and the tools
+
+# Requests the tools check makes at most: each leaves out a tool the model refused, so that
+# the next names another.
+TOOL_PROBES = 4
+
+
+async def _tools_check(settings: Settings, tools: list[Tool], timeout_s: float) -> Check:
+    """Does the model take the configured tools? As `_llm_check`, the library is loaded
+    before the clock starts."""
+    importlib.import_module("openai")
+    model = settings.llm.model
+    silent = Caution(
+        "llm tools",
+        True,
+        f"could not check whether model {model} takes the tools: no answer within {timeout_s:g} s",
+        "run doctor again",
+    )
+    return await guarded(_tools_answer(settings, tools, timeout_s), timeout_s, silent)
+
+
+async def _tools_answer(settings: Settings, tools: list[Tool], timeout_s: float) -> Check:
+    """One small request (max_tokens 1) offering every tool, as a reply offers them; a tool
+    the model refuses is named and left out, and the rest asked again (`TOOL_PROBES` at
+    most). A ✗ names each tool refused, or says the model takes none."""
+    import openai
+
+    from bot.llm import tool_name, tools_refused
+    from bot.tool_refusals import NO_TOOLS_FIX, TOOL_FIX
+
+    llm = settings.llm
+    offered = [tool.spec() for tool in tools]
+    refused: list[str] = []
+    client = _llm_client(settings, timeout_s)
+    try:
+        for _ in range(TOOL_PROBES):
+            try:
+                await client.chat.completions.create(
+                    model=llm.model,
+                    messages=[{"role": "user", "content": "ping"}],
+                    max_tokens=1,
+                    tools=offered,  # type: ignore[arg-type]
+                    extra_body=llm.extra_body or None,
+                )
+            except openai.APIStatusError as exc:
+                found = tools_refused(exc, [tool_name(tool) for tool in offered])
+                if found is None:
+                    return Caution(
+                        "llm tools",
+                        True,
+                        f"could not check whether model {llm.model} takes the tools: it "
+                        f"answered {exc.status_code}: {exc.message[:200]}",
+                        "run doctor again",
+                    )
+                if not found.tool:
+                    return Check(
+                        "llm tools",
+                        False,
+                        f"model {llm.model} does not take tools ({found.reason}): replies go "
+                        "without them",
+                        NO_TOOLS_FIX,
+                    )
+                refused.append(f"{found.tool} ({found.reason})")
+                offered = [tool for tool in offered if tool_name(tool) != found.tool]
+                if offered:
+                    continue
+            break
+        else:
+            refused.append("perhaps more")
+    finally:
+        await client.close()
+    if refused:
+        return Check(
+            "llm tools",
+            False,
+            f"model {llm.model} refuses {'tool' if len(refused) == 1 else 'tools'} "
+            f"{'; '.join(refused)}: replies go without {'it' if len(refused) == 1 else 'them'}",
+            TOOL_FIX,
+        )
+    return Check("llm tools", True, f"model {llm.model} takes the {counted(len(tools), 'tool')}")

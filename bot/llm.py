@@ -35,7 +35,7 @@ import re
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -47,7 +47,7 @@ from bot.credentials import Credential
 from bot.prompt import Prompt
 from bot.settings import LLMSettings, given_as
 from bot.tokens import estimate
-from bot.tool_refusals import Refusals, refusal
+from bot.tool_refusals import Refusal, Refusals, refusal
 from bot.tools import ToolCall
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ class OpenAILLM:
         every, refused = self.refusals.refused(prompt.model or self.settings.model)
         if bare or every:
             return replace(prompt, tools=(), tool_choice=None)
-        taken = tuple(tool for tool in prompt.tools if _tool_name(tool) not in refused)
+        taken = tuple(tool for tool in prompt.tools if tool_name(tool) not in refused)
         if len(taken) == len(prompt.tools):
             return prompt
         return replace(prompt, tools=taken, tool_choice=prompt.tool_choice if taken else None)
@@ -368,10 +368,8 @@ class OpenAILLM:
     def _refuses_tools(self, asked: Prompt, exc: openai.APIStatusError) -> bool:
         """Whether the provider refused `asked` for its tools; if so, what it refused is
         remembered for the model (`Refusals.learn`, one WARNING)."""
-        sent = [_tool_name(tool) for tool in asked.tools]
-        param = getattr(exc, "param", None)
-        words = self._scrub(_provider_words(exc))
-        found = refusal(exc.status_code, words, param if isinstance(param, str) else None, sent)
+        sent = [tool_name(tool) for tool in asked.tools]
+        found = tools_refused(exc, sent, self._scrub)
         if found is None:
             return False
         self.refusals.learn(asked.model or self.settings.model, found)
@@ -790,13 +788,23 @@ def _token_count(value: object) -> int | None:
     return count
 
 
-def _tool_name(tool: dict[str, Any]) -> str:
+def tool_name(tool: dict[str, Any]) -> str:
     """The name of a Chat Completions `tools` entry."""
     function = tool.get("function")
     return str(function.get("name", "")) if isinstance(function, dict) else ""
 
 
-def _provider_words(exc: openai.APIStatusError) -> str:
+def tools_refused(
+    exc: openai.APIStatusError, sent: Sequence[str], scrub: Callable[[str], str] = str
+) -> Refusal | None:
+    """What of the tools `sent` (their names, in order) the provider's error refused
+    (`bot.tool_refusals.refusal`), its words `scrub`bed; None if it is no refusal of them."""
+    param = getattr(exc, "param", None)
+    words = scrub(provider_words(exc))
+    return refusal(exc.status_code, words, param if isinstance(param, str) else None, sent)
+
+
+def provider_words(exc: openai.APIStatusError) -> str:
     """What the provider said, without the client's "Error code: 400 - " before it: its
     error's message, or its body when that is text (Ollama's own API answers
     `{"error": "... does not support tools"}`, which the client leaves out of the message)."""
