@@ -105,6 +105,41 @@ class LogsIn(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who the bot is on its platform and how people reach it, as the platform said at login:
+    what the start-up log names, so that an operator sees at once which bot runs, and where
+    to talk to it."""
+
+    name: str  # "@lastword_bot on Telegram"
+    reach: str  # "chat with it at https://t.me/lastword_bot"
+
+
+@runtime_checkable
+class Introduces(Protocol):
+    """What an adapter adds to `Adapter` to say who the bot is. Optional: the start-up log of
+    a plug-in without it names only its platform."""
+
+    def identity(self) -> Identity | None:
+        """Who the bot is, once the platform has said (after `LogsIn.login`); None while it
+        has not (it could not be reached at start)."""
+        ...
+
+
+def introduction(adapter: Adapter) -> str:
+    """The start-up log's line naming the bot and where to reach it, said once by the core
+    for every platform alike."""
+    if not isinstance(adapter, Introduces):
+        return f"lastword is on {adapter.platform}"
+    who = adapter.identity()
+    if who is None:
+        return (
+            f"lastword is on {adapter.platform}; which bot is not known yet "
+            f"({adapter.platform} did not say at start)"
+        )
+    return f"lastword is {who.name}: {who.reach}"
+
+
 async def login(adapter: Adapter) -> None:
     """The adapter's start-up check of its credentials (`LogsIn.login`), if it has one."""
     if isinstance(adapter, LogsIn):

@@ -84,6 +84,7 @@ from pydantic import BaseModel, Field
 
 from adapters import Platform
 from adapters.base import (
+    Identity,
     MenuEntry,
     Sink,
     describe,
@@ -216,6 +217,15 @@ CLOSE_AUTHENTICATION_FAILED = 4004
 # cap: it may be given back, but asking more often changes nothing.
 REFUSED_RETRY_FIRST_S = 2.0
 REFUSED_RETRY_CAP_S = 60.0
+# What the invite link asks for in a server: to see its channels, to answer in them and their
+# threads, and to read their history (a reply to a message needs it). DMs need none of it.
+INVITE_PERMISSIONS = discord.Permissions(
+    view_channel=True,
+    send_messages=True,
+    send_messages_in_threads=True,
+    read_message_history=True,
+)
+INVITE_SCOPES = ("bot", "applications.commands")
 # Discord's limit on a command's and an option's description.
 COMMAND_DESCRIPTION_CHARS = 100
 # The one option of a command that takes arguments: what follows "/name" when typed.
@@ -451,6 +461,21 @@ class DiscordAdapter:
 
     def refused(self) -> str | None:
         return self.token.reason
+
+    def identity(self) -> Identity | None:
+        """The bot's name and id, and the link that invites it to a server (its application
+        id, read by the login): who shares a server with the bot can DM it."""
+        user = self.rest.user
+        application = self.rest.application_id
+        if user is None or application is None:
+            return None
+        invite = discord.utils.oauth_url(
+            application, permissions=INVITE_PERMISSIONS, scopes=INVITE_SCOPES
+        )
+        return Identity(
+            f"{user} (id {user.id}) on Discord",
+            f"invite it to a server with {invite}, then message it there",
+        )
 
     def sees_typing(self, place: Place) -> bool:
         # Guild typing would need an intent that sends every guild member's typing.

@@ -87,6 +87,7 @@ from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 from adapters import Platform
 from adapters.base import (
+    Identity,
     MenuEntry,
     Sink,
     describe,
@@ -480,6 +481,15 @@ class TelegramAdapter:
 
     def refused(self) -> str | None:
         return self.token.reason
+
+    def identity(self) -> Identity | None:
+        """The bot's @username and its t.me link, as getMe (at `login`) said."""
+        me = self._me()
+        if me is None or not me.username:
+            return None
+        return Identity(
+            f"@{me.username} on Telegram", f"chat with it at https://t.me/{me.username}"
+        )
 
     def _api_url(self) -> str:
         return self.settings.api_url.rstrip("/")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import adapters
-from adapters.base import Adapter, login, refused
+from adapters.base import Adapter, introduction, login, refused
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.connect import Client, NotRedis, open_client
@@ -68,6 +68,8 @@ async def serve(settings: Settings) -> int:
     # The platform first: a configuration error must not start (and stop) a server for nothing.
     adapter = adapters.create(settings)
     await _log_in(adapter, settings.platform)
+    # Among the first lines: which bot this is, and where people talk to it.
+    log.info("%s", introduction(adapter))
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
         url = settings.redis_url
