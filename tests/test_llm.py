@@ -17,13 +17,23 @@ from typing import Any, Literal
 import pytest
 
 from bot.cycle import APOLOGY
-from bot.llm import Answer, EchoLLM, LLMError, OpenAILLM, Usage, generate, sse_events
+from bot.llm import (
+    DRAIN_S,
+    TAIL_S,
+    Answer,
+    EchoLLM,
+    LLMError,
+    OpenAILLM,
+    Usage,
+    generate,
+    sse_events,
+)
 from bot.prompt import FOLD_HEADER, Image, Prompt, Turn
 from bot.runtime import Runtime
 from bot.settings import LLMSettings
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
-from tests.fakes.openai_server import FakeOpenAI, ScriptedError
+from tests.fakes.openai_server import FakeOpenAI, RawReply, ScriptedError
 from tests.fakes.outbound import RecordingOutbound
 from tests.fakes.tcp_proxy import TcpProxy
 
@@ -240,6 +250,43 @@ async def test_a_provider_that_refuses_stream_options_still_streams(
         assert not attempt.reported and attempt.completion_tokens == request.pieces_streamed
     [warning] = [r for r in caplog.records if r.name == "bot.llm"]
     assert "stream_options" in warning.getMessage()
+
+
+async def test_a_provider_that_refused_stream_options_is_not_waited_on_for_usage(
+    fake: FakeOpenAI,
+) -> None:
+    # Usage was not asked for, so the answer is whole at its finishing chunk, even from a
+    # stream held open after it, with usage coming anyway: the reply never waits for it.
+    # Each piece comes after a pause that ends after the client's read of what follows the
+    # answer (DRAIN_S) and before the wait for an asked-for usage would end (TAIL_S).
+    fake.refuse_stream_options = True
+    finishing = RawReply.chunk({}, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
+    counts = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    late_usage = RawReply.chunk({}, choices=[], usage=counts)
+    fake.answer_next(
+        RawReply.events(
+            RawReply.chunk({"content": "whole"}),
+            finishing,
+            late_usage,
+            done=False,
+            pause_s=(DRAIN_S + TAIL_S) / 2,
+            after="silent",
+        )
+    )
+    llm = openai_llm(fake)
+    usage = Usage()
+    try:
+        answer = await llm.complete(prompt("hi"), usage)
+        [request] = fake.requests
+        streamed = request.pieces_streamed
+    finally:
+        await llm.client.close()
+    assert answer.text == "whole"
+    assert "stream_options" in fake.rejected[0] and "stream_options" not in request.body
+    # Back at the finishing chunk: the usage after it was neither waited for nor read.
+    assert streamed == 2
+    [attempt] = usage.attempts
+    assert not attempt.reported and attempt.completion_tokens == 1
 
 
 @pytest.mark.parametrize("how", ["error", "drop"])
