@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from bot.check import Check
-from bot.doctor import BASE_URL_EXAMPLES, NOT_CHECKED_TOOLS, exit_code, render
+from bot.doctor import BASE_URL_EXAMPLES, NOT_CHECKED_TOOLS, Caution, exit_code, render
 from bot.tool_refusals import NO_TOOLS_FIX, TOOL_FIX
 from bot.tools.python import PythonTool
 from tests.conftest import SettingsFactory
@@ -112,6 +112,17 @@ async def test_a_base_url_with_no_api_at_all_is_named_too(make_settings: Setting
     assert "http://localhost:11434/v1" in llm.fix and "LASTWORD_LLM__BASE_URL" in llm.fix
 
 
+async def test_a_base_url_whose_path_serves_nothing_names_the_path_or_the_model(
+    make_settings: SettingsFactory,
+) -> None:
+    async with NotFound() as server:
+        values = {"provider": "openai", "base_url": server.origin + "/api", "api_key": API_KEY}
+        llm = by_name(await run_checks(make_settings(llm=values | {"model": FAKE_MODEL_ID})))["llm"]
+    assert not llm.ok
+    assert llm.detail.endswith("the base URL's path or the model is wrong")
+    assert BASE_URL_EXAMPLES in llm.fix and "LASTWORD_LLM__MODEL" in llm.fix
+
+
 async def test_a_404_that_speaks_of_the_model_names_the_model(
     make_settings: SettingsFactory,
 ) -> None:
@@ -189,3 +200,15 @@ async def test_the_tools_are_not_checked_past_a_failed_llm_check(
     llm = by_name(checks)["llm"]
     assert llm.detail == f"cannot connect to {base_url} ({NOT_CHECKED_TOOLS})"
     assert render(checks).count("✗") == 1
+
+
+async def test_a_tools_check_the_provider_did_not_answer_is_a_warning(
+    make_settings: SettingsFactory, openai_fake: FakeOpenAI, tools_installed: None
+) -> None:
+    openai_fake.fail_next(FakeOpenAI.server_error())
+    checks = await run_checks(make_settings(llm=llm_settings(openai_fake)))
+    found = tools_check(checks)
+    assert isinstance(found, Caution) and found.ok
+    assert found.detail.startswith(f"could not check whether model {FAKE_MODEL_ID} takes the tools")
+    assert "500" in found.detail
+    assert exit_code(checks) == 0
