@@ -11,7 +11,9 @@ too (their answers first, then the model's answer to the rest). A `/reset` empti
 when the reply is committed, and the messages of the burst before it are not answered. A
 `/stop` sent while the bot works moves the version, which cancels the generation under way
 (the interrupt watch, whichever replica holds it); the messages before it are then not
-answered either, and the reply is a short "Stopped." so the user knows it was heard.
+answered either (a `/retry` answers them after all), and the reply is a short "Stopped." so
+the user knows it was heard; a `/stop` with nothing before it to answer says there was
+nothing to stop.
 
 Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.admin`); anyone else who tries one is told it
 is for admins only. What a command changes (`Change`) is carried out only once its reply has
@@ -39,6 +41,7 @@ from bot.commands import chat
 from bot.commands.chat import (
     ECHO_MODEL_ANSWER,
     NOTHING_TO_RETRY,
+    NOTHING_TO_STOP,
     RESET,
     START,
     STOPPED,
@@ -55,6 +58,7 @@ from bot.store import Store
 __all__ = [
     "ECHO_MODEL_ANSWER",
     "NOTHING_TO_RETRY",
+    "NOTHING_TO_STOP",
     "RESET",
     "START",
     "STOPPED",
@@ -188,13 +192,15 @@ def plan(
 
     `unanswered[i]` has version `watermark + 1 + i`. Everything before the last /reset is
     dropped, as the user asked to start afresh; everything before the last /stop too, as the
-    user asked not to be answered. `admins` may use the admin commands.
+    user asked not to be answered. A /stop with nothing before it (since the last /reset or
+    /stop) stopped nothing, and says so. `admins` may use the admin commands.
     """
     reset = start = 0
-    stopped = False
+    stopped = skipped = False
     for index, message in enumerate(unanswered):
         effect = _effect(message)
         if effect in ("reset", "stop"):
+            skipped = skipped or (effect == "stop" and index > start)
             start, stopped = index + 1, effect == "stop"
             reset = watermark + 1 + index if effect == "reset" else reset
     answers: list[str | Ask] = [COMMANDS["reset"].text] if reset else []
@@ -209,7 +215,7 @@ def plan(
         else:
             answers.append(_answer(name, message, watermark + 1 + index, admins))
     if stopped and not answers and not for_model and not retry:
-        answers.append(COMMANDS["stop"].text)
+        answers.append(COMMANDS["stop"].text if skipped else NOTHING_TO_STOP)
     return Plan(reset, retry, tuple(answers), tuple(for_model))
 
 

@@ -19,6 +19,8 @@ START = (
 )
 RESET = "Done: I've forgotten our conversation so far."
 STOPPED = "Stopped."
+# /stop when no answer was owed: nothing was being written, so nothing was stopped.
+NOTHING_TO_STOP = "There was nothing to stop: I wasn't writing anything."
 NOTHING_TO_RETRY = "There is no answer of mine to write again yet."
 # /model where no model is configured: the offline echo model answers, whatever is listed.
 ECHO_MODEL_ANSWER = (
@@ -123,9 +125,12 @@ async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
 
 
 START_COMMAND = Command[object](name="start", help="what this bot does", text=START)
+# /retry after a /stop answers what the /stop skipped (`bot.history.last_reply`): their help
+# lines say so, since a user who stops an answer by mistake, or to have it written anew,
+# gets it back with /retry; what /stop skipped is never lost.
 STOP = Command[object](
     name="stop",
-    help="stop the answer I'm writing, and skip what you sent before it",
+    help="stop the answer I'm writing (/retry writes it after all)",
     text=STOPPED,
     effect="stop",
 )
@@ -136,7 +141,9 @@ MODEL = Command(
     shape="[name]",
     run=_model,
 )
-RETRY = Command[object](name="retry", help="write my last answer again", effect="retry")
+RETRY = Command[object](
+    name="retry", help="write my last answer again, or the one you stopped", effect="retry"
+)
 RESET_COMMAND = Command[object](
     name="reset",
     help="forget our conversation so far and start afresh",
