@@ -59,7 +59,7 @@ _TOOLS = re.compile(
 )
 _REFUSES = re.compile(
     r"not\s+support|n't\s+support|unsupported|unrecognized request argument|"
-    r"no endpoints found that support|requires\s+--|requires\s+the|"
+    r"no endpoints found that support|requires\s+--|"
     r"not\s+(?:be\s+)?(?:enabled|available|allowed)",
     re.IGNORECASE,
 )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bot.cycle import APOLOGY
-from bot.llm import MAX_TOOL_REFUSALS, OpenAILLM, Usage
+from bot.llm import MAX_TOOL_REFUSALS, LLMError, OpenAILLM, Usage
 from bot.prompt import Prompt
 from bot.tool_refusals import MAX_MODELS, NO_TOOLS_FIX, TOOL_FIX, Refusal, Refusals, refusal
 from bot.tools import Toolbox
@@ -23,7 +23,7 @@ from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
 from tests.chatting import CONV, fake, replica, say
 from tests.conftest import RuntimeFactory, settled
-from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI, ScriptedError
 from tests.test_provider_shapes import llm_settings
 
 __all__ = ["fake"]  # the fixture, imported for pytest
@@ -278,3 +278,22 @@ def test_other_errors_are_no_refusal_of_tools(status: int, message: str, param: 
     assert refusal(status, message, param, SENT) is None
     # And without tools sent nothing can be a refusal of them.
     assert refusal(400, "does not support tools", None, []) is None
+
+
+async def test_tools_too_long_for_the_context_are_no_refusal_of_them(fake: FakeOpenAI) -> None:
+    too_long = (
+        "This model's maximum context length is 8192 tokens. However, your messages resulted "
+        "in 9000 tokens (1000 in the messages, 8000 in the functions). Please reduce the "
+        "length of the messages or functions."
+    )
+    body = {"error": {"message": too_long, "type": "invalid_request_error", "param": None}}
+    fake.fail_next(ScriptedError(400, body | {"code": "context_length_exceeded"}))
+    llm = OpenAILLM(llm_settings(fake))
+    try:
+        with pytest.raises(LLMError) as caught:
+            await llm.complete(offering("echo"), Usage())
+    finally:
+        await llm.close()
+    # The prompt is shrunk for it (`generate`); the tools are still offered.
+    assert caught.value.kind == "context"
+    assert llm.refusals.refused(llm.settings.model) == (False, frozenset())
