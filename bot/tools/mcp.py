@@ -11,13 +11,14 @@ A source owns its server's session in one long-lived task, because the SDK's tra
 session are async context managers built on anyio cancel scopes, which must be entered and
 exited by the same task. Calls from other tasks only send requests over the session. The task
 starts the server (a child process over stdio, through lastword's own transport in
-`bot.tools.stdio`, or a streamable HTTP connection), lists its tools within the start timeout
-and offers them; when the session ends (the process exits, the connection closes, the server
-wrote a message over `max_message_bytes`) or will not start, it tries again after a backoff of
-1 s doubling to 60 s, and offers the tools as listed again. A call in flight when the server
-dies fails with an unknown outcome; one whose answer was over the limit fails with `TooLong`
-(it ran: it answered); a call made while the server restarts waits for it (the toolbox's call
-timeout bounds the wait).
+`bot.tools.stdio`, or a streamable HTTP connection through `bot.tools.http_limits`'s
+transport), lists its tools within the start timeout and offers them; when the session ends
+(the process exits, the connection closes, a stdio server wrote a message over
+`max_message_bytes`) or will not start, it tries again after a backoff of 1 s doubling to
+60 s, and offers the tools as listed again. A call in flight when the server dies fails with
+an unknown outcome; one whose answer was over the limit fails with `TooLong` (it ran: it
+answered), over either transport; a call made while the server restarts waits for it (the
+toolbox's call timeout bounds the wait).
 
 Each call carries its idempotency key in the request's `_meta`, under `KEY_META`, so a server
 that honours it can make a repeated call harmless.
@@ -302,12 +303,19 @@ async def _transport(
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from bot.tools.http_limits import BoundedTransport
+
+    url = str(config.url)
     timeout = httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S)
+    bounded = BoundedTransport(server, url, max_message_bytes)
+    # The SDK's own limit on an event, as a backstop only: the transport hands on events of
+    # at most the limit in bytes, which decode to at most three times as many.
+    backstop = 3 * max_message_bytes
     async with (
-        httpx2.AsyncClient(headers=config.headers, timeout=timeout) as http,
-        streamable_http_client(str(config.url), http_client=http) as (read, write),
+        httpx2.AsyncClient(headers=config.headers, timeout=timeout, transport=bounded) as http,
+        streamable_http_client(url, http_client=http, max_sse_event_size=backstop) as streams,
     ):
-        yield _Watched[Any](read, ending.end), write
+        yield _Watched[Any](streams[0], ending.end), streams[1]
 
 
 def _client(server: str, config: McpServer, ending: _Ending, max_message_bytes: int) -> Client:
@@ -424,11 +432,13 @@ class McpSource:
             meta = cast("RequestParamsMeta", {KEY_META: key})
             result = await client.call_tool(name, arguments, meta=meta)
         except MCPError as exc:
-            if exc.code == TOO_LONG and ending.overlong:
+            if exc.code == TOO_LONG:
+                # Over stdio the server is stopped (its pipe is left mid-message); over HTTP
+                # only that answer is dropped.
+                stopped = ", so the server was stopped and is restarted" if ending.overlong else ""
                 raise TooLong(
                     f"the answer of the MCP server {self.name} was over "
-                    f"{self.max_message_bytes} bytes, so the server was stopped and is "
-                    "restarted"
+                    f"{self.max_message_bytes} bytes{stopped}"
                 ) from None
             if exc.code != CONNECTION_CLOSED:
                 raise

@@ -15,9 +15,13 @@ the end of its stdin and ignores SIGTERM. With `LW_FAIL_ONCE` naming a file that
 exist yet, it creates the file and exits at once: its first start fails, the next succeeds.
 
 For the bounds on what a server may send: `flood` answers with as many bytes as asked in one
-message, `boom` fails with as long an error as asked, `complain` writes to its stderr (as many
-lines as asked, its environment's variables expanded), and `env_names` names the variables in
-its environment.
+message (over HTTP, as a JSON body, or with `sse` as one server-sent event, streamed a MiB at
+a time by `_flooding` ahead of the SDK), `boom` fails with as long an error as asked,
+`complain` writes to its stderr (as many lines as asked, its environment's variables
+expanded), and `env_names` names the variables in its environment. With `LW_MANY_TOOLS` set
+to a number, it offers that many more tools (`many_0001`, …), each with a schema of about
+`MANY_TOOL_BYTES` bytes as a Chat Completions request carries it: a toolbox bigger than a
+model's context.
 """
 
 from __future__ import annotations
@@ -36,12 +40,16 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The `_meta` key lastword puts each call's idempotency key under.
 KEY_META = "lastword/idempotency-key"
 
 server: MCPServer[Any] = MCPServer("lastword-append", version="1.0")
+# The size of each of the `LW_MANY_TOOLS` tools' schemas, as a request's `tools` entry.
+MANY_TOOL_BYTES = 992
+# Of a flood over HTTP, what is written at once.
+MIB = 2**20
 # The client's end of stdout, kept before the SDK's server moves it off fd 1 (see `_wire`).
 WIRE = 1
 
@@ -101,11 +109,11 @@ def read_only_echo(text: str, ctx: Context) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-def flood(n: int, ctx: Context) -> str:
+def flood(n: int, ctx: Context, sse: bool = False) -> str:
     """Answer with `n` bytes of text as one message, written straight to the client a MiB at
     a time as it goes (never held whole in memory), as a server streaming a huge result does.
     Meant for answers over the client's limit: the SDK's own answer follows, for an id
-    already answered."""
+    already answered. Over HTTP `_flooding` answers instead, as one event if `sse`."""
     request = json.dumps(ctx.request_context.request_id)
     _wire(
         b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
@@ -150,6 +158,84 @@ def die() -> str:
     os._exit(3)
 
 
+def _many(count: int) -> None:
+    """Offer `count` more tools, each with a schema of about `MANY_TOOL_BYTES` bytes."""
+
+    def many(text: str) -> str:
+        return text
+
+    overhead = len(json.dumps(_spec("many_0000", "")))
+    for i in range(1, count + 1):
+        name = f"many_{i:04d}"
+        about = f"Tool {i} of {count}: says its text back. " + "Padding. " * 120
+        server.add_tool(many, name=name, description=about[: MANY_TOOL_BYTES - overhead])
+
+
+def _spec(name: str, description: str) -> dict[str, Any]:
+    """A `many` tool as a Chat Completions request carries it."""
+    parameters = {
+        "properties": {"text": {"title": "Text", "type": "string"}},
+        "required": ["text"],
+        "title": "manyArguments",
+        "type": "object",
+    }
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
+def _flooding(app: ASGIApp) -> ASGIApp:
+    """`app`, but a call of `flood` over HTTP is answered here, streamed a MiB at a time as a
+    JSON body or as one server-sent event (its `sse` argument), never held whole."""
+
+    async def flooding(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        received: list[Message] = []
+        more = True
+        while more:
+            message = await receive()
+            received.append(message)
+            more = message.get("more_body", False)
+        body = b"".join(m.get("body", b"") for m in received)
+        try:
+            asked = json.loads(body)
+            call = asked["params"] if asked.get("method") == "tools/call" else {}
+        except (ValueError, AttributeError, KeyError):
+            call = {}
+        if call.get("name") == "flood":
+            arguments = call.get("arguments") or {}
+            await _flood(send, asked["id"], int(arguments["n"]), bool(arguments.get("sse")))
+            return
+        replay = iter(received)
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        await app(scope, replayed, send)
+
+    return flooding
+
+
+async def _flood(send: Send, request: object, n: int, sse: bool) -> None:
+    head = b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % (
+        json.dumps(request).encode()
+    )
+    tail = b'"}],"structuredContent":{"result":"flooded"},"isError":false,"resultType":"complete"}}'
+    kind = b"application/json"
+    if sse:
+        head, tail, kind = b"event: message\ndata: " + head, tail + b"\n\n", b"text/event-stream"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+    mib = b"x" * MIB
+    try:
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        for start in range(0, n, MIB):
+            await send({"type": "http.response.body", "body": mib[: n - start], "more_body": True})
+        await send({"type": "http.response.body", "body": tail})
+    except OSError:
+        pass  # the client hung up, as it should past its limit
+
+
 def _authorised(app: ASGIApp, token: str) -> ASGIApp:
     """`app`, answering 401 to an HTTP request without `Authorization: Bearer <token>`."""
 
@@ -171,7 +257,7 @@ def _serve_http() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    app = _authorised(server.streamable_http_app(), os.environ["LW_TOKEN"])
+    app = _authorised(_flooding(server.streamable_http_app()), os.environ["LW_TOKEN"])
     config = uvicorn.Config(app, log_level="warning")
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 
@@ -192,6 +278,7 @@ def main() -> None:
     if fail_once and not os.path.exists(fail_once):
         open(fail_once, "w").close()
         sys.exit("failing this first start, as asked")
+    _many(int(os.environ.get("LW_MANY_TOOLS") or 0))
     if "--http" in sys.argv[1:]:
         _serve_http()
     else:
