@@ -4,7 +4,8 @@ that offers a replica's tools and runs one call within its bounds.
 Tools come from two sources, each a module of its own: MCP servers (`bot.tools.mcp`, one
 client session per server per replica) and Python functions installed in the
 `lastword.tools` entry point group (`bot.tools.python`). The cycle sees neither: it asks the
-`Toolbox` which tools a user is offered and runs calls through it. Whether a call runs at all,
+`Toolbox` which tools a user is offered (as many as fit the context, `bot.tools.fit`) and runs
+calls through it. Whether a call runs at all,
 or reuses the result of an earlier generation of the same burst, is decided in the store
 (`bot.store.tools`), before the toolbox is asked.
 """
@@ -124,6 +125,13 @@ class Toolbox:
     # Masks the replica's secrets in a tool's text before a log line cuts it (a cut first
     # could leave part of a secret that the log's own masking no longer recognises).
     scrub: Callable[[str], str] = field(default=str)
+    # Tokens the schemas of the tools offered may take (`bot.tools.fit.room_for_tools`);
+    # None: no bound.
+    room: int | None = None
+    # What each user is offered (by whether they are an admin), as fitted at each `offer`.
+    fits: dict[bool, tuple[Tool, ...]] = field(default_factory=dict)
+    # What the last warning said was left out, so that it is said once, not per offer.
+    told: str = ""
 
     def offer(self, sources: Iterable[Iterable[tuple[Tool, Runner]]]) -> None:
         """Offer every source's tools afresh, in the order given, whichever started first. A
@@ -151,10 +159,36 @@ class Toolbox:
             taken.add(name)
             named[name] = (replace(tool, name=name, origin=tool.origin or tool.name), runner)
         self.tools = {tool.name: (tool, runner) for tool, runner in named.values()}
+        self._fit()
+
+    def _fit(self) -> None:
+        """Fit what admins and other users are offered to the room (each in the toolbox's
+        order), and warn once of what is left out, whenever that changes."""
+        # Here, not above: the module needs `Tool` from this one.
+        from bot.tools.fit import FIX, cost, fitted
+
+        everything = [tool for tool, _ in self.tools.values()]
+        users = [tool for tool in everything if not tool.admin_only]
+        if self.room is None:
+            self.fits = {True: tuple(everything), False: tuple(users)}
+            return
+        costs = {tool.name: cost(tool) for tool in everything}
+        for_admins, for_users = (
+            fitted(everything, self.room, costs),
+            fitted(users, self.room, costs),
+        )
+        self.fits = {True: for_admins.offered, False: for_users.offered}
+        told = for_admins.told()
+        if for_users.left_out and for_users.left_out != for_admins.left_out:
+            told += f" (to users who are not admins: {len(for_users.left_out)} left out)"
+        if told and told != self.told:
+            log.warning("%s; fix: %s", told, FIX)
+        self.told = told
 
     def offered(self, admin: bool) -> list[Tool]:
-        """The tools a user is offered: all of them for an admin, else those not admin-only."""
-        return [tool for tool, _ in self.tools.values() if admin or not tool.admin_only]
+        """The tools a user is offered: for an admin all of them, else those not admin-only;
+        of those, as many as fit the room, in the toolbox's order."""
+        return list(self.fits.get(admin, ()))
 
     def get(self, name: str) -> Tool | None:
         entry = self.tools.get(name)

@@ -6,8 +6,9 @@ in the background, and offers its tools to the same `Toolbox` object when it is 
 as listed afresh, after each restart): `Toolbox.tools` is refilled from every source's latest
 listing, in the configured order (`Toolbox.offer`). A reply is offered the tools as they are
 when it starts, each call bound to its tool's identity, so a tool added meanwhile, or a name
-that moves to a server that came up late, never changes what a call runs on. Every change is
-made on the event loop, between awaits, so no lock is needed.
+that moves to a server that came up late, never changes what a call runs on. What is offered
+is fitted to the context at each change (`bot.tools.fit`). Every change is made on the event
+loop, between awaits, so no lock is needed.
 """
 
 from __future__ import annotations
@@ -16,19 +17,25 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from bot.settings import ToolsSettings
+from bot.settings import LLMSettings, ToolsSettings
 from bot.tools import Runner, Tool, Toolbox
+from bot.tools.fit import room_for_tools
 
 log = logging.getLogger(__name__)
 
 
-async def load_toolbox(settings: ToolsSettings, scrub: Callable[[str], str] = str) -> Toolbox:
+async def load_toolbox(
+    settings: ToolsSettings, scrub: Callable[[str], str] = str, llm: LLMSettings | None = None
+) -> Toolbox:
     """The Python tools, and the tools of every MCP server that started within
     `settings.start_timeout_s`; the rest are added when they are up. `scrub` masks the
-    replica's secrets in what the toolbox logs. `Toolbox.close` stops the servers."""
+    replica's secrets in what the toolbox logs. Given the model's settings (`llm`), a user
+    is offered only as many tools as fit a quarter of its prompt's budget
+    (`bot.tools.fit`). `Toolbox.close` stops the servers."""
     from bot.tools.python import python_tools
 
-    toolbox = Toolbox(scrub=scrub)
+    room = room_for_tools(llm) if llm is not None else None
+    toolbox = Toolbox(scrub=scrub, room=room)
     python: list[tuple[Tool, Runner]] = list(python_tools())
     if not settings.mcp_servers:
         toolbox.offer([python])
