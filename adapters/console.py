@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from adapters import Platform
-from adapters.base import Sink, until_stored
+from adapters.base import Identity, Sink, until_stored
 from bot.cancel import cancel_and_wait
 from bot.check import Check
 from bot.message import InboundMessage, NoFiles, Place, Unavailable
@@ -100,6 +100,10 @@ class ConsoleAdapter(NoFiles):
 
     def connected(self) -> bool:
         return not self._output_gone.is_set()
+
+    def identity(self) -> Identity:
+        """The console is this terminal: the start-up log says so, and how to talk to it."""
+        return Identity("the console", "type in this terminal, each line a message")
 
     def sees_typing(self, place: Place) -> bool:
         # Keystrokes are seen at the prompt only: a pipe brings whole lines.

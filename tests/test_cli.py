@@ -80,9 +80,25 @@ def data_dir(short_dir: Path) -> Iterator[Path]:
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"]], ids=["top", "run"])
 @pytest.mark.parametrize("command", [MODULE, SCRIPT], ids=["python-m-bot", "lastword-script"])
-def test_help_lists_every_setting(data_dir: Path, args: list[str], command: list[str]) -> None:
+def test_help_names_the_commands_and_where_the_settings_are(
+    data_dir: Path, args: list[str], command: list[str]
+) -> None:
     # Help must work even when the configuration is broken: it is how one finds the fix.
     result = lastword(data_dir, *args, command=command, LASTWORD_REDIS_URL="http://x")
+    assert result.returncode == 0, result.stderr
+    assert "lastword settings" in result.stdout
+    assert "docs/settings.md" in result.stdout
+    # A screen, not a hundred setting lines: the commands do not scroll away.
+    assert len(result.stdout.splitlines()) < 40
+    if args == ["--help"]:
+        for name in ("run", "status", "doctor", "settings", "migrate-shards"):
+            assert f"    {name}" in result.stdout, name
+
+
+@pytest.mark.parametrize("command", [MODULE, SCRIPT], ids=["python-m-bot", "lastword-script"])
+def test_settings_lists_every_setting(data_dir: Path, command: list[str]) -> None:
+    # It reads no settings: it works when the configuration is broken.
+    result = lastword(data_dir, "settings", command=command, LASTWORD_REDIS_URL="http://x")
     assert result.returncode == 0, result.stderr
     for name in SPEC_NAMES:
         assert name in result.stdout, name

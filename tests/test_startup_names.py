@@ -76,4 +76,4 @@ async def test_a_platform_not_reached_at_start_leaves_the_bot_unknown(
 
 async def test_the_console_says_it_is_the_console(server: EmbeddedRedis, short_dir: Path) -> None:
     line = await introduced(run_env("console", server.url, short_dir))
-    assert "console" in line
+    assert "lastword is the console: type in this terminal" in line
