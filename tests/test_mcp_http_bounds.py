@@ -4,7 +4,8 @@ with `--http`) through the real `mcp` client:
 
 - a 100 MB answer, as a JSON body or as one server-sent event, is an error result with a known
   outcome, read no further than the limit: the loop's worst lag under 50 ms and the memory it
-  takes under 50 MB; the session stays up for the next call;
+  takes under 50 MB; the session stays up for the next call; one that declares its size is
+  refused unread, and a compressed one is refused;
 - an answer within the limit is whole (an event too, past the SDK's own 1 MiB), an event
   stream is handed on unchanged however its chunks and lines are cut, and a limit is the
   source's own;
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
@@ -107,6 +109,32 @@ async def test_a_100_mb_answer_is_an_error_within_the_bounds(
     echoed = await run(box, "read_only_echo", text="still here")
     assert (echoed.text, echoed.error) == ("still here", False)
     assert not any("is not running" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_answer_declared_over_the_limit_is_refused_unread(
+    boxes: Boxes, http_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    box = await boxes(mcp_servers={"web": web(http_server)})
+    with caplog.at_level(logging.WARNING, logger="bot.tools.mcp"), measured() as seen:
+        result = await run(box, "flood", timeout_s=20, n=HUNDRED_MB, declared=True)
+    assert (result.text, result.error, result.unknown) == (TOO_LONG_TEXT, True, False)
+    [said] = [r.getMessage() for r in caplog.records if r.name == "bot.tools.mcp"]
+    declared = re.search(r"MAX_MESSAGE_BYTES; it declared (\d+)\)", said)
+    assert declared is not None and int(declared.group(1)) > HUNDRED_MB, said
+    # Not a chunk of it read: less than the limit, let alone the answer.
+    assert seen.grew < MAX_MESSAGE_BYTES
+
+
+async def test_a_compressed_answer_is_refused(boxes: Boxes, http_server: str) -> None:
+    box = await boxes(mcp_servers={"web": web(http_server)})
+    result = await run(box, "flood", n=10, gzip=True)
+    assert (result.error, result.unknown) == (True, False)
+    assert result.text == (
+        "error: the tool failed: MCPError: the answer was compressed (gzip), though lastword "
+        "asked for none"
+    )
+    echoed = await run(box, "read_only_echo", text="plain")
+    assert (echoed.text, echoed.error) == ("plain", False)
 
 
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])

@@ -116,14 +116,9 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
                 extensions=response.extensions,
             )
         if asked is None:
-            # Never read as a message by the SDK; still never read past the limit.
-            capped = Capped(stream, self.limit, self.server)
-            return httpx2.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=capped,
-                extensions=response.extensions,
-            )
+            # An answer to no request (a notification's, a DELETE's): the SDK reads only its
+            # status, never its body.
+            return response
         body = await self._read(response, stream)
         if body is None:
             why = f"the answer was over {self.limit} bytes"
@@ -159,10 +154,10 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
     def _over(self, declared: int = 0) -> None:
         """Say that an answer was refused for its size."""
-        said = f" ({declared} bytes declared)" if declared else ""
+        said = f"; it declared {declared}" if declared else ""
         log.warning(
-            "MCP server %s answered with a message over %d bytes%s "
-            "(LASTWORD_TOOLS__MAX_MESSAGE_BYTES): refused, its call is an error",
+            "MCP server %s answered with a message over %d bytes "
+            "(LASTWORD_TOOLS__MAX_MESSAGE_BYTES%s): refused, its call is an error",
             self.server,
             self.limit,
             said,
@@ -181,27 +176,6 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
             content=_error(asked, code, why),
             extensions=response.extensions,
         )
-
-
-class Capped(httpx2.AsyncByteStream):
-    """A body handed on as it comes, until it passes `limit` bytes: then a read error."""
-
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, server: str) -> None:
-        self.inner = inner
-        self.limit = limit
-        self.server = server
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        size = 0
-        async for chunk in self.inner:
-            size += len(chunk)
-            if size > self.limit:
-                why = f"MCP server {self.server}: an answer over {self.limit} bytes"
-                raise httpx2.ReadError(why)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class Events(httpx2.AsyncByteStream):

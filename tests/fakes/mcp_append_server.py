@@ -27,6 +27,7 @@ model's context.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import signal
@@ -109,11 +110,14 @@ def read_only_echo(text: str, ctx: Context) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-def flood(n: int, ctx: Context, sse: bool = False) -> str:
+def flood(
+    n: int, ctx: Context, sse: bool = False, declared: bool = False, gzip: bool = False
+) -> str:
     """Answer with `n` bytes of text as one message, written straight to the client a MiB at
     a time as it goes (never held whole in memory), as a server streaming a huge result does.
     Meant for answers over the client's limit: the SDK's own answer follows, for an id
-    already answered. Over HTTP `_flooding` answers instead, as one event if `sse`."""
+    already answered. Over HTTP `_flooding` answers instead: as one event if `sse`, with its
+    `Content-Length` if `declared`, compressed (whole, so keep `n` small) if `gzip`."""
     request = json.dumps(ctx.request_context.request_id)
     _wire(
         b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
@@ -204,8 +208,7 @@ def _flooding(app: ASGIApp) -> ASGIApp:
         except (ValueError, AttributeError, KeyError):
             call = {}
         if call.get("name") == "flood":
-            arguments = call.get("arguments") or {}
-            await _flood(send, asked["id"], int(arguments["n"]), bool(arguments.get("sse")))
+            await _flood(send, asked["id"], call.get("arguments") or {})
             return
         replay = iter(received)
 
@@ -217,15 +220,25 @@ def _flooding(app: ASGIApp) -> ASGIApp:
     return flooding
 
 
-async def _flood(send: Send, request: object, n: int, sse: bool) -> None:
+async def _flood(send: Send, request: object, arguments: dict[str, Any]) -> None:
+    n = int(arguments["n"])
     head = b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % (
         json.dumps(request).encode()
     )
     tail = b'"}],"structuredContent":{"result":"flooded"},"isError":false,"resultType":"complete"}}'
     kind = b"application/json"
-    if sse:
+    if arguments.get("sse"):
         head, tail, kind = b"event: message\ndata: " + head, tail + b"\n\n", b"text/event-stream"
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+    headers = [(b"content-type", kind)]
+    if arguments.get("declared"):
+        headers.append((b"content-length", b"%d" % (len(head) + n + len(tail))))
+    if arguments.get("gzip"):
+        body = gzip.compress(head + b"x" * n + tail)
+        headers += [(b"content-encoding", b"gzip"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     mib = b"x" * MIB
     try:
         await send({"type": "http.response.body", "body": head, "more_body": True})
