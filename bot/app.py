@@ -250,7 +250,7 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     transcriber = make_transcriber(settings.media, settings.llm, settings.llm_provider)
     # Before READY: the MCP servers' tools are listed at start (bounded by their start timeout;
     # one still starting adds its tools when it is up).
-    toolbox = await load_toolbox(settings.tools, Scrub(secrets_of(settings)))
+    toolbox = await load_toolbox(settings.tools, Scrub(secrets_of(settings)), llm=settings.llm)
     runtime = Runtime(settings, store, llm, adapter, transcriber, toolbox)
     runtime.start()
     supervisor = Supervisor()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import re
 import shutil
 import tempfile
@@ -126,11 +125,15 @@ async def run_checks(
     checks.append(llm)
     mcp_tools: list[Tool] = []
     checks += await _mcp_checks(settings, mcp_tools)
-    tools = _all_tools(mcp_tools)
+    tools = _all_tools(settings, mcp_tools)
     checks += _schema_checks(settings, tools)
     if tools and settings.llm_provider == "openai":
         if llm.ok:
-            checks.append(await _tools_check(settings, tools, timeout_s))
+            # What a request offers: the tools that fit (a ✗ above names the rest).
+            from bot.tools.fit import toolbox_fit
+
+            offered = list(toolbox_fit(settings, tools).offered)
+            checks.append(await _tools_check(settings, offered, timeout_s))
         else:
             checks[checks.index(llm)] = replace(llm, detail=f"{llm.detail} ({NOT_CHECKED_TOOLS})")
     return [replace(check, detail=scrub(check.detail), fix=scrub(check.fix)) for check in checks]
@@ -990,44 +993,29 @@ async def _mcp_check(name: str, config: McpServer, settings: Settings, found: li
     return Check(f"mcp {name}", False, f"{shown}: {with_stderr(why, last_words, scrub)}", fix)
 
 
-# What the tools' schemas may take of the model's context before doctor warns: the rest is the
-# system prompt, the history, the user's messages, the tool results and the reply.
-SCHEMA_SHARE = 4
-
-
-def _all_tools(mcp_tools: list[Tool]) -> list[Tool]:
-    """Every tool configured: the Python tools, and each MCP server's that started."""
+def _all_tools(settings: Settings, mcp_tools: list[Tool]) -> list[Tool]:
+    """Every tool configured, in the toolbox's order: the Python tools, then each MCP server's
+    that started, the servers in the configured order (their checks end in any order), each
+    server's tools in its own (a stable sort)."""
     from bot.tools.python import python_tools
 
-    return [tool for tool, _ in python_tools()] + mcp_tools
+    servers = list(settings.tools.mcp_servers)
+
+    def server_of(tool: Tool) -> int:
+        name = tool.source.removeprefix("mcp:")
+        return servers.index(name) if name in servers else len(servers)
+
+    return [tool for tool, _ in python_tools()] + sorted(mcp_tools, key=server_of)
 
 
 def _schema_checks(settings: Settings, tools: list[Tool]) -> list[Check]:
-    """A warning when the schemas of every tool take more than a quarter of the model's
-    context, counted as the cycle counts them in a request; nothing otherwise."""
-    from bot.tokens import Counter
+    """A ✗ when the tools' schemas do not all fit the share of the prompt's budget a request
+    gives them (`bot.tools.fit`): the replicas leave the last ones out of every request, so
+    users never reach them; nothing otherwise."""
+    from bot.tools.fit import FIX, toolbox_fit
 
-    if not tools:
-        return []
-    total = Counter().count(json.dumps([tool.spec() for tool in tools]))
-    context = settings.llm.context_tokens
-    if total <= context // SCHEMA_SHARE:
-        return []
-    return [
-        Caution(
-            "tools",
-            True,
-            detail=(
-                f"the schemas of the {counted(len(tools), 'tool')} take about {total} tokens, "
-                f"over a quarter of LASTWORD_LLM__CONTEXT_TOKENS ({context}), in every request "
-                "that offers them"
-            ),
-            fix=(
-                "offer fewer tools (drop a server, or mark tools adminOnly), or raise "
-                "LASTWORD_LLM__CONTEXT_TOKENS if the model has the room"
-            ),
-        )
-    ]
+    fit = toolbox_fit(settings, tools)
+    return [] if fit.fits else [Check("tools", False, fit.told(), FIX)]
 
 
 # 7. The model and the tools

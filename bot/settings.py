@@ -659,8 +659,9 @@ class ToolsSettings(Group):
         ge=64 * 1024,
         le=8 * 1024 * 1024,
         description=(
-            "one message from an MCP server over stdio; a longer one stops"
-            " and restarts the server, and its call is an error"
+            "one message from an MCP server (a line over stdio, a JSON answer or an event"
+            " over HTTP); a longer one makes its call an error (a stdio server is also"
+            " stopped and restarted)"
         ),
     )
 

@@ -60,15 +60,25 @@ PLATFORMS = ("telegram", "discord")
 
 
 def docstrings(tree: ast.AST) -> set[int]:
-    """The lines where a docstring (a string that is a statement of its own) starts: prose,
-    which may give a platform as an example."""
-    return {
+    """The lines of prose, which may give a platform as an example: where a docstring (a
+    string that is a statement of its own) starts, and every line of a setting's
+    `description=` (what `lastword settings` and docs/settings.md show)."""
+    lines = {
         node.lineno
         for node in ast.walk(tree)
         if isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Constant)
         and isinstance(node.value.value, str)
     }
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.keyword)
+            and node.arg == "description"
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            lines.update(range(node.value.lineno, (node.value.end_lineno or node.lineno) + 1))
+    return lines
 
 
 def platform_names(path: Path) -> Iterator[tuple[int, str]]:
@@ -101,5 +111,13 @@ def test_the_check_sees_a_platform_named_in_code(tmp_path: Path) -> None:
         '    """The Discord token."""\n'
         "    return getattr(settings, 'discord')\n"
         "telegram_token = 1\n"
+        "token: str = Field(\n"
+        '    description=("the bot token from Telegram\'s "\n'
+        '    "@BotFather"),\n'
+        '    alias="telegram")\n'
     )
-    assert list(platform_names(source)) == [(5, "'discord'"), (6, "telegram_token")]
+    assert list(platform_names(source)) == [
+        (5, "'discord'"),
+        (6, "telegram_token"),
+        (10, '"telegram"'),
+    ]

@@ -255,23 +255,31 @@ async def test_doctor_masks_no_empty_or_short_value(
     )
 
 
-async def test_doctor_warns_of_tool_schemas_over_a_quarter_of_the_context(
+async def test_doctor_fails_a_toolbox_that_does_not_fit_the_context(
     make_settings: SettingsFactory, tmp_path: Path
 ) -> None:
+    """The replicas leave out of every request the tools that do not fit a quarter of the
+    prompt's budget (bot.tools.fit): users never reach those, so doctor says ✗ and names them,
+    in the toolbox's order."""
     settings = make_settings(
         llm={"context_tokens": 1024, "max_tokens": 256},
         tools={"mcp_servers": {"app": append_server(tmp_path)}},
     )
     checks = await run_checks(settings)
-    [warning] = [check for check in checks if check.name == "tools"]
-    assert isinstance(warning, Caution) and warning.ok
-    found = re.fullmatch(
-        r"the schemas of the 9 tools take about (\d+) tokens, over a quarter of "
-        r"LASTWORD_LLM__CONTEXT_TOKENS \(1024\), in every request that offers them",
-        warning.detail,
+    [failure] = [check for check in checks if check.name == "tools"]
+    assert not failure.ok and not isinstance(failure, Caution)
+    found = re.match(
+        r"(\d+) of the 9 tools are left out of every request: their schemas take about (\d+) "
+        r"tokens, and tools may take 192, a quarter of LASTWORD_LLM__CONTEXT_TOKENS less "
+        r"LASTWORD_LLM__MAX_TOKENS",
+        failure.detail,
     )
-    assert found is not None, warning.detail
-    assert int(found.group(1)) > 1024 // 4
-    # A warning, not a failure.
-    assert exit_code(checks) == 0, render(checks)
-    assert f"! tools: {warning.detail}\n    fix: offer fewer tools" in render(checks)
+    assert found is not None, failure.detail
+    assert 0 < int(found.group(1)) < 9 and int(found.group(2)) > 192
+    assert exit_code(checks) == 1, render(checks)
+    assert f"✗ tools: {failure.detail}\n    fix: offer fewer tools" in render(checks)
+    # Fitting the context, the same toolbox is no failure.
+    roomy = make_settings(
+        llm={"context_tokens": 128_000}, tools={"mcp_servers": {"app": append_server(tmp_path)}}
+    )
+    assert "tools" not in {check.name for check in await run_checks(roomy)}
