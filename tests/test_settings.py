@@ -337,7 +337,8 @@ def test_example_env_loads_as_shipped_and_as_edited(cwd: Path) -> None:
     assert dump(load_settings()) == dump(Settings())
     text = EXAMPLE_ENV.read_text().replace("# LASTWORD_DISCORD__TOKEN=", "# not: ")
     (cwd / ".env").write_text(
-        re.sub(r"^# (LASTWORD_\w+=)", r"\1", text, flags=re.M).replace("AA...", "AAx")
+        re.sub(r"^# (LASTWORD_\w+=)", r"\1", text, flags=re.M)
+        .replace("AA...", "AAx")
         .replace("sk-...", "sk-x")
     )
     edited = load_settings()
