@@ -131,15 +131,47 @@ logs.irrelevant("discord.state", "Guilds intent seems to be disabled")
 class DiscordSettings(BaseModel):
     """`LASTWORD_DISCORD__*`, the `[discord]` table: read when the platform is discord."""
 
-    token: RequiredSecret
-    api_url: WebUrl = "https://discord.com/api/v10"
-    gateway_url: WebSocketUrl = "wss://gateway.discord.gg"
-    # After a gateway gap, read the DM history of conversations active this recently (0: off).
-    catch_up_minutes: int = Field(default=60, ge=0, le=60)
-    # Discord's limits for one bot, shared by every replica: requests a second bot-wide (all
-    # routes), and messages per 5 s in one channel.
-    requests_per_second: int = Field(default=50, ge=1, le=10_000)
-    channel_messages_per_5s: int = Field(default=5, ge=1, le=1000)
+    token: RequiredSecret = Field(
+        description="the bot token from the Developer Portal; required for `discord`"
+    )
+    api_url: WebUrl = Field(
+        default="https://discord.com/api/v10",
+        description=(
+            "the base URL of Discord's REST API, through which replies are sent and history "
+            "read (tests point it at a fake)"
+        ),
+    )
+    gateway_url: WebSocketUrl = Field(
+        default="wss://gateway.discord.gg",
+        description=(
+            "the websocket URL of Discord's gateway, `wss://`, where incoming messages and "
+            "typing arrive (tests point it at a fake)"
+        ),
+    )
+    catch_up_minutes: int = Field(
+        default=60,
+        ge=0,
+        le=60,
+        description=(
+            "after a gateway gap, read back the DMs of conversations active this recently "
+            "(`0`: off)"
+        ),
+    )
+    # Discord's limits for one bot, shared by every replica.
+    requests_per_second: int = Field(
+        default=50,
+        ge=1,
+        le=10_000,
+        description=(
+            "Discord's bot-wide limit: requests a second over all routes, shared by every replica"
+        ),
+    )
+    channel_messages_per_5s: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Discord's per-channel limit: messages per 5 s in one channel",
+    )
 
 
 PLATFORM = "discord"

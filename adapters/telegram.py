@@ -138,24 +138,81 @@ class TelegramSettings(BaseModel):
     """`LASTWORD_TELEGRAM__*`, the `[telegram]` table: read when the platform is telegram."""
 
     # As @BotFather gives it: the bot's number, a colon, then letters, digits, "_" and "-".
-    token: RequiredSecret
-    api_url: WebUrl = "https://api.telegram.org"
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_listen: ListenAddress = "127.0.0.1:8443"
-    webhook_path: str = Field(default="/telegram", pattern=r"^/\S*$")
-    webhook_url: OptionalWebUrl = None
+    token: RequiredSecret = Field(
+        description="the bot token from @BotFather (`123456:ABC-def…`); required for `telegram`"
+    )
+    api_url: WebUrl = Field(
+        default="https://api.telegram.org",
+        description=(
+            "the Bot API's base URL: Telegram's, a local Bot API server, or the tests' fake"
+        ),
+    )
+    mode: Literal["polling", "webhook"] = Field(
+        default="polling",
+        description=(
+            "how updates arrive: `polling` (the bot asks with `getUpdates`; no public address "
+            "needed) or `webhook` (Telegram posts them to the webhook endpoint)"
+        ),
+    )
+    webhook_listen: ListenAddress = Field(
+        default="127.0.0.1:8443",
+        description="`host:port` the webhook endpoint binds, in webhook mode",
+    )
+    webhook_path: str = Field(
+        default="/telegram",
+        pattern=r"^/\S*$",
+        description="the path the webhook endpoint takes Telegram's posts on",
+    )
+    webhook_url: OptionalWebUrl = Field(
+        default=None,
+        description=(
+            "the endpoint's public URL, registered with `setWebhook` on start-up (unset: not "
+            "registered; call `setWebhook` yourself)"
+        ),
+    )
     # Telegram takes 1-256 characters of A-Z, a-z, 0-9, "_" and "-" as the secret token.
-    webhook_secret: Secret = None
-    # Show the reply as it is written, as an ephemeral draft in the chat (sendMessageDraft),
-    # updated at most this often; a 429 slows it down further.
-    drafts: bool = True
-    draft_interval_ms: int = Field(default=1000, ge=200, le=10_000)
-    # Telegram's limits for one bot (its Bot API FAQ), shared by every replica: calls a second
-    # bot-wide (raise it with paid broadcasts, up to 1000), messages a second in one chat,
-    # messages a minute in one group.
-    messages_per_second: int = Field(default=30, ge=1, le=1000)
-    chat_messages_per_second: int = Field(default=1, ge=1, le=100)
-    group_messages_per_minute: int = Field(default=20, ge=1, le=6000)
+    webhook_secret: Secret = Field(
+        default=None,
+        description=(
+            "the secret Telegram sends with each webhook post (1 to 256 of A-Z, a-z, 0-9, `_` "
+            "and `-`); required in webhook mode; a post not carrying it gets 401"
+        ),
+    )
+    drafts: bool = Field(
+        default=True,
+        description=(
+            "show the reply as it is written, as an ephemeral draft in the chat "
+            "(`sendMessageDraft`)"
+        ),
+    )
+    draft_interval_ms: int = Field(
+        default=1000,
+        ge=200,
+        le=10_000,
+        description="the shortest time between two updates of a draft; a 429 slows them further",
+    )
+    # Telegram's limits for one bot (its Bot API FAQ), shared by every replica.
+    messages_per_second: int = Field(
+        default=30,
+        ge=1,
+        le=1000,
+        description=(
+            "Telegram's bot-wide limit: calls a second (replies, drafts, typing), shared by "
+            "every replica; raise it only with paid broadcasts (up to 1000)"
+        ),
+    )
+    chat_messages_per_second: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Telegram's per-chat limit: messages a second in one chat",
+    )
+    group_messages_per_minute: int = Field(
+        default=20,
+        ge=1,
+        le=6000,
+        description="Telegram's per-group limit: messages a minute in one group",
+    )
 
     @field_validator("token")
     @classmethod

@@ -2,16 +2,17 @@
 
 The columns a reader relies on to be exact (the variable, its default, what it accepts) come
 from the model itself, so they cannot drift from the code; so does the meaning, the field's
-description (what `lastword settings` prints too). A field without one (a platform's model
-that gives none yet) keeps the meaning the page has, else starts with the comment above the
-field as a first draft. `tests/test_docs.py` compares the page with `table()`, and rewrites it
-when `LASTWORD_WRITE_DOCS=1`; `tests/test_settings_meanings.py` refuses two settings that
-share a meaning.
+description (what `lastword settings` prints too). Every setting of the core and of the
+built-in platforms must have one: `table()` refuses a field without it rather than keep a
+hand-written meaning that nothing checks against the code. Third-party plug-ins' settings are
+not in the table (their own docs describe them), so nothing here falls back to the page.
+`tests/test_docs.py` compares the page with `table()`, and rewrites it when
+`LASTWORD_WRITE_DOCS=1`; `tests/test_settings_meanings.py` refuses two settings that share a
+meaning.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Iterator
 from enum import Enum
@@ -44,18 +45,18 @@ def _group(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def settings() -> Iterator[tuple[str, FieldInfo, type[BaseModel]]]:
-    """Every setting as (environment variable, field, the model declaring it), in the model's
-    order, groups walked into. A platform section with no model of its own (the console's
-    free-form one) has no settings."""
+def settings() -> Iterator[tuple[str, FieldInfo]]:
+    """Every setting as (environment variable, field), in the model's order, groups walked
+    into. A platform section with no model of its own (the console's free-form one) has no
+    settings."""
 
-    def walk(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo, type]]:
+    def walk(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo]]:
         for name, field in model.model_fields.items():
             group = _group(field.annotation)
             if group is not None:
                 yield from walk(group, f"{prefix}{name.upper()}__")
             elif name not in builtin_platforms():
-                yield f"{prefix}{name.upper()}", field, model
+                yield f"{prefix}{name.upper()}", field
 
     yield from walk(settings_tree(builtin_platforms()), ENV_PREFIX)
 
@@ -145,31 +146,14 @@ def accepted(field: FieldInfo) -> str:
     return text + (" or unset" if optional and field.default is None else "")
 
 
-def _comment_above(model: type, name: str) -> str:
-    """The comment lines right above `name`'s declaration in the class that declares it."""
-    for owner in model.__mro__:
-        if name not in getattr(owner, "__annotations__", {}):
-            continue
-        try:
-            source = inspect.getsource(owner)
-        except (OSError, TypeError):
-            continue
-        comment: list[str] = []
-        lines = source.splitlines()
-        for line in lines:
-            stripped = line.strip()
-            if stripped.startswith("#"):
-                comment.append(stripped.lstrip("# "))
-            elif re.match(rf"{re.escape(name)}\s*:", stripped):
-                return " ".join(comment)
-            else:
-                comment = []
-    return ""
+class Undescribed(ValueError):
+    """Settings whose field has no description, so the table has no meaning to give them."""
 
 
-def first_draft(model: type[BaseModel], name: str, field: FieldInfo) -> str:
-    """A meaning for a setting the page does not describe yet."""
-    return field.description or _comment_above(model, name)
+def undescribed_settings() -> list[str]:
+    """The variables of the settings (core and built-in platforms) whose field gives no
+    description."""
+    return [variable for variable, field in settings() if not field.description]
 
 
 def meanings(page: str) -> dict[str, str]:
@@ -189,13 +173,21 @@ def _table_lines(page: str) -> list[str]:
 
 
 def table(page: str) -> str:
-    """The generated table, its meanings kept from `page` where it has them."""
-    known = meanings(page)
+    """The generated table, every meaning its field's description.
+
+    A setting without a description is refused (`Undescribed`), naming each such variable
+    with the meaning `page` gives it today, if any, as a draft to move into its field."""
+    missing = undescribed_settings()
+    if missing:
+        known = meanings(page)
+        drafts = "; ".join(
+            f"{variable} (the page says: {known[variable]!r})" if known.get(variable) else variable
+            for variable in missing
+        )
+        raise Undescribed(f"give these settings' fields a description=: {drafts}")
     rows = [HEADER]
-    for variable, field, model in settings():
-        name = variable.rsplit("__", 1)[-1].removeprefix(ENV_PREFIX).lower()
-        meaning = field.description or known.get(variable) or first_draft(model, name, field)
-        cells = [f"`{variable}`", default(field), accepted(field), meaning]
+    for variable, field in settings():
+        cells = [f"`{variable}`", default(field), accepted(field), field.description or ""]
         rows.append("| " + " | ".join(cell.replace("\n", " ") for cell in cells) + " |")
     return "\n".join(rows)
 
