@@ -139,6 +139,7 @@ async def test_metrics_count_the_budgets_store_calls_by_script(replicas: list[Re
         return next((replica for replica in replicas if replica.outbound.sent), None)
 
     replica = await eventually(sender, within_s=10, what="the reply, from either replica")
+    assert replica is not None
     runtime = replica.runtime
     await settled(runtime, "console:1")
     calls = runtime.outbound.stats.calls
