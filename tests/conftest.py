@@ -126,6 +126,17 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
+def root(short_dir: Path) -> Path:
+    """A machine's root with the shipped units installed and an empty /etc/lastword."""
+    path = short_dir / "root"
+    (path / "etc/systemd/system").mkdir(parents=True)
+    for shipped in (Path(__file__).resolve().parent.parent / "systemd").glob("*.service"):
+        shutil.copy(shipped, path / "etc/systemd/system" / shipped.name)
+    (path / "etc/lastword").mkdir()
+    return path
+
+
+@pytest.fixture
 def server(short_dir: Path) -> Iterator[EmbeddedRedis]:
     embedded = EmbeddedRedis(short_dir / "redis")
     embedded.start()

@@ -155,17 +155,6 @@ def test_the_openai_conventions_are_read_from_credentials_below_every_setting(
     assert settings.key_source == "LASTWORD_LLM__API_KEY (in ./.env)"
 
 
-@pytest.fixture
-def root(short_dir: Path) -> Path:
-    """A machine's root with the shipped units installed and an empty /etc/lastword."""
-    path = short_dir / "root"
-    (path / "etc/systemd/system").mkdir(parents=True)
-    for shipped in (PROJECT / "systemd").glob("*.service"):
-        shutil.copy(shipped, path / "etc/systemd/system" / shipped.name)
-    (path / "etc/lastword").mkdir()
-    return path
-
-
 async def test_a_misspelt_name_in_a_units_env_file_names_the_file(
     root: Path, short_dir: Path
 ) -> None:

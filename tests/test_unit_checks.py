@@ -42,17 +42,6 @@ NO_REDIS = (
 
 
 @pytest.fixture
-def root(short_dir: Path) -> Path:
-    """A machine's root with the shipped units installed and an empty /etc/lastword."""
-    path = short_dir / "root"
-    (path / "etc/systemd/system").mkdir(parents=True)
-    for shipped in (PROJECT / "systemd").glob("*.service"):
-        shutil.copy(shipped, path / "etc/systemd/system" / shipped.name)
-    (path / "etc/lastword").mkdir()
-    return path
-
-
-@pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(TOKEN, bot_username="checked_bot") as fake:
         yield fake

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import stat
 import sys
@@ -32,17 +31,6 @@ pytestmark = pytest.mark.timeout(60)
 SCRIPT = str(Path(sys.executable).parent / "lastword")
 UNITS = Path(__file__).resolve().parent.parent / "systemd"
 TOKEN = "777000111:SECRET-unit-token-Pq4w"
-
-
-@pytest.fixture
-def root(short_dir: Path) -> Path:
-    """A machine's root with the shipped units installed and an empty /etc/lastword."""
-    path = short_dir / "root"
-    (path / "etc/systemd/system").mkdir(parents=True)
-    for shipped in UNITS.glob("*.service"):
-        shutil.copy(shipped, path / "etc/systemd/system" / shipped.name)
-    (path / "etc/lastword").mkdir()
-    return path
 
 
 @pytest.fixture
