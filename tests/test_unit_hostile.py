@@ -24,9 +24,8 @@ import pytest
 from bot.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.test_console import clean_env
-from tests.test_unit_view import SCRIPT, lastword, root
+from tests.test_unit_view import SCRIPT, lastword
 
-__all__ = ["root"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.timeout(60)
 
 CONSOLE_UNIT = "✗ unit: lastword.service would run the console platform"
