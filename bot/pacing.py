@@ -166,6 +166,11 @@ class Paced:
         self._seen = False
         self._told: set[str] = set()
 
+    @property
+    def waiting(self) -> int:
+        """How many of this replica's replies wait their turn now."""
+        return len(self._waiting)
+
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         if not self.paced:
             return ()

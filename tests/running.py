@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bot.settings import ToolsSettings
+from tests.forked import Forked, spawn
 
 T = TypeVar("T")
 
@@ -35,21 +36,30 @@ def clean_environ() -> dict[str, str]:
 def run_env(platform: str, redis_url: str, data_dir: Path) -> dict[str, str]:
     """The environment of a `lastword run` on `platform` with the echo model and short timings,
     over the server at `redis_url`; the platform's own settings go on top."""
-    return clean_environ() | {
-        "LASTWORD_PLATFORM": platform,
-        "LASTWORD_REDIS_URL": redis_url,
-        "LASTWORD_DATA_DIR": str(data_dir),
-        "LASTWORD_DEBOUNCE__QUIET_MS": "300",
-        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
-        "LASTWORD_LEASE__TTL_MS": "1500",
-        "LASTWORD_SWEEP_INTERVAL_MS": "200",
-        "LASTWORD_LLM__PROVIDER": "echo",
-        # The fakes enforce no limits unless a test asks them to (tests/test_outbound_budget.py
-        # does, with the platforms' own): a test of something else need not wait a second
-        # between two replies in one chat.
-        "LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND": "20",
-        "LASTWORD_DISCORD__CHANNEL_MESSAGES_PER_5S": "100",
-    }
+    return (
+        clean_environ()
+        | {
+            "LASTWORD_PLATFORM": platform,
+            "LASTWORD_REDIS_URL": redis_url,
+            "LASTWORD_DATA_DIR": str(data_dir),
+            "LASTWORD_DEBOUNCE__QUIET_MS": "300",
+            "LASTWORD_DEBOUNCE__MAX_WAIT_MS": "1500",
+            "LASTWORD_LEASE__TTL_MS": "1500",
+            "LASTWORD_SWEEP_INTERVAL_MS": "200",
+            "LASTWORD_LLM__PROVIDER": "echo",
+        }
+        | FAKES_LIMITS.get(platform, {})
+    )
+
+
+# The fakes enforce no limits unless a test asks them to (tests/test_outbound_budget.py does,
+# with the platforms' own): a test of something else need not wait a second between two
+# replies in one chat. Only the platform's own: a variable of another platform's loads that
+# plug-in, and its library, to check the name (0.26 s of CPU for a replica's start).
+FAKES_LIMITS = {
+    "telegram": {"LASTWORD_TELEGRAM__CHAT_MESSAGES_PER_SECOND": "20"},
+    "discord": {"LASTWORD_DISCORD__CHANNEL_MESSAGES_PER_5S": "100"},
+}
 
 
 def start_within_s(env: dict[str, str]) -> float:
@@ -64,24 +74,31 @@ def start_within_s(env: dict[str, str]) -> float:
 
 
 class Running:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process | Forked) -> None:
         self.process = process
         self.log: list[str] = []
         assert process.stderr is not None
         self._reader = asyncio.create_task(self._read(process.stderr))
 
     @classmethod
-    async def start(cls, env: dict[str, str], cwd: Path | None = None) -> Running:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "run",
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=cwd,
-        )
+    async def start(
+        cls, env: dict[str, str], cwd: Path | None = None, *, fresh: bool = False
+    ) -> Running:
+        """`lastword run`: forked from the test process's zygote (`tests.forked`), or, `fresh`,
+        `python -m bot run` itself, as an operator starts it."""
+        if fresh:
+            process: asyncio.subprocess.Process | Forked = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bot",
+                "run",
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=cwd,
+            )
+        else:
+            process = await spawn("run", env=env, cwd=cwd, stderr=asyncio.subprocess.PIPE)
         return cls(process)
 
     async def _read(self, stream: asyncio.StreamReader) -> None:

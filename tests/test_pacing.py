@@ -144,9 +144,14 @@ async def test_a_long_hold_is_waited_out_asking_once_or_twice(store: Store) -> N
     await paced.throttled("bot", 2.0)
     began = time.monotonic()
     turns = [asyncio.create_task(paced.turn(f"telegram:{n}", 1000 + n)) for n in range(waiting)]
-    await asyncio.sleep(0.3)
-    # Meanwhile their conversations' typing indicators are shed without asking the store: a
-    # reply waits here for the bot's scope.
+
+    async def all_told_to_wait() -> bool:
+        return paced.waiting == waiting
+
+    # Once every reply has asked and been told to wait (not after a guessed pause: a loaded
+    # machine may take longer than any), their conversations' typing indicators are shed
+    # without asking the store: a reply waits here for the bot's scope.
+    assert await eventually(all_told_to_wait, within_s=10)
     for n in range(waiting):
         await paced.typing(f"telegram:{n}")
     assert paced.stats.calls["take_typing"] == 0

@@ -103,7 +103,7 @@ class Reader:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Running]:
-        bot = await Running.start(self.env, cwd=self.home)
+        bot = await Running.start(self.env, cwd=self.home, fresh=True)
         try:
             yield bot
         finally:

@@ -35,11 +35,11 @@ from pydantic import BaseModel
 from bot import spelling
 from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, settings_tree
 from tests.fakes.loopback import free_port
+from tests.forked import spawn
 from tests.test_bad_settings import setting_fields
 
 pytestmark = pytest.mark.timeout(300)
 
-LASTWORD = str(Path(sys.executable).parent / "lastword")
 # What a replica logs once it accepts messages.
 RUNNING = "lastword is running"
 # Processes at once: each starts an embedded store and a Python interpreter. The suite runs
@@ -304,8 +304,7 @@ async def output_of(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[in
     """Run `lastword *argv` to its end (a bot that runs on a platform is stopped with SIGTERM
     once it says it runs: by then it has logged in and started everything); its exit status
     and everything it wrote on stdout and stderr."""
-    process = await asyncio.create_subprocess_exec(
-        LASTWORD,
+    process = await spawn(
         *argv,
         env=env,
         cwd=cwd,

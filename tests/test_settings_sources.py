@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from bot.settings import ConfigError, load_settings
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update
+from tests.forked import spawn
 from tests.running import Running, clean_environ
 from tests.test_settings import cwd
 
@@ -34,7 +34,6 @@ __all__ = ["cwd"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
 
-SCRIPT = str(Path(sys.executable).parent / "lastword")
 PROJECT = Path(__file__).resolve().parent.parent
 KEY = "sk-from-the-dotenv-file"
 CHAT = 4242
@@ -50,8 +49,7 @@ def without_llm_settings(**extra: str) -> dict[str, str]:
 
 async def doctor(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
     """`lastword doctor` run to completion (bounded) in `cwd`."""
-    process = await asyncio.create_subprocess_exec(
-        SCRIPT,
+    process = await spawn(
         "doctor",
         *args,
         cwd=cwd,

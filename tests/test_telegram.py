@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import random
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from bot.store import Keys
 from tests.conftest import eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update
+from tests.forked import Forked, spawn
 from tests.running import START_S, Running, run_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,7 +39,7 @@ def bot_env(
 class Webhook:
     """A bot in webhook mode, and where to post updates to it."""
 
-    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+    def __init__(self, process: asyncio.subprocess.Process | Forked, url: str) -> None:
         self.process = process
         self.url = url
 
@@ -63,9 +63,7 @@ async def webhook_bot(
         **extra,
     )
     registered = len(fake.calls_to("setWebhook"))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", env=env, stdin=asyncio.subprocess.DEVNULL
-    )
+    process = await spawn("run", env=env)
     try:
         # Ready once it has registered its webhook with the (fake) Bot API.
         await fake.wait_for_calls("setWebhook", registered + 1, timeout=START_S)

@@ -24,6 +24,7 @@ import pytest
 from bot import cli, unit, unit_syntax
 from bot.embedded import EmbeddedRedis
 from tests.fakes.telegram_server import FakeTelegram
+from tests.forked import spawn
 from tests.test_console import clean_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,8 +55,7 @@ def shell(monkeypatch: pytest.MonkeyPatch, short_dir: Path) -> Iterator[None]:
 async def lastword(*args: str, tmp: Path, **env: str) -> tuple[int, str, str]:
     """The installed script to completion (bounded), with the runner's LASTWORD_* replaced
     by `env` and TMPDIR at `tmp`, so what it leaves there can be seen."""
-    process = await asyncio.create_subprocess_exec(
-        SCRIPT,
+    process = await spawn(
         *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
