@@ -107,12 +107,17 @@ def _rewrite_test_modules_once(tests: Path) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the slow tests `slow` in one place, so the line between the parts stays visible,
-    and run them first: xdist hands tests out in this order, and a slow test handed out last
-    would run alone at the end while the other workers sit idle (the quick ones fill the gaps
-    instead)."""
+    and run them first: xdist shares the tests out in this order (idle workers then steal
+    from busy ones), and a slow test started last would run alone at the end while the other
+    workers sit idle; the quick ones fill the gaps instead."""
     for item in items:
         module = _module(item)
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
+        if (
+            SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or module in SLOW_MODULES
+            or module in LONGEST
+            or module.startswith("tests.test_benchmarks_")
+        ):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_order)
 
