@@ -278,11 +278,12 @@ async def spawn(
     stdout: Std = None,
     stderr: Std = None,
     start_new_session: bool = False,
+    fork: bool = True,
 ) -> asyncio.subprocess.Process | Forked:
-    """`python -m bot *argv`, forked from the zygote where it can be; each of stdin, stdout
-    and stderr as `asyncio.create_subprocess_exec` takes them (PIPE, DEVNULL, None, a file,
-    and STDOUT for stderr; stdin no PIPE)."""
-    address = _ZYGOTE.address() if _same_interpreter(env) else None
+    """`python -m bot *argv`, forked from the zygote where it can be (unless `fork` is
+    false); each of stdin, stdout and stderr as `asyncio.create_subprocess_exec` takes them
+    (PIPE, DEVNULL, None, a file, and STDOUT for stderr; stdin no PIPE)."""
+    address = _ZYGOTE.address() if fork and _same_interpreter(env) else None
     if address is not None:
         try:
             return await _forked(

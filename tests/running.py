@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -86,19 +85,9 @@ class Running:
     ) -> Running:
         """`lastword run`: forked from the test process's zygote (`tests.forked`), or, `fresh`,
         `python -m bot run` itself, as an operator starts it."""
-        if fresh:
-            process: asyncio.subprocess.Process | Forked = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bot",
-                "run",
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-            )
-        else:
-            process = await spawn("run", env=env, cwd=cwd, stderr=asyncio.subprocess.PIPE)
+        process = await spawn(
+            "run", env=env, cwd=cwd, stderr=asyncio.subprocess.PIPE, fork=not fresh
+        )
         return cls(process)
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
