@@ -151,6 +151,10 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
             await stampede(fake, [(chat, doomed) for chat in doomed_users])
             await refusals(fake, 3)
             await eventually(lambda: waited(doomed, rate + rate // 5), within_s=60, what="a queue")
+            # And every call it made answered and counted: the calls granted before the hold
+            # may still be on their way when the queue is there (a replica forked in a blink
+            # gets that far fast), and one in flight at its death rightly holds its slots.
+            await eventually(lambda: all_counted(fake, doomed), within_s=30, what="none in flight")
         finally:
             for replica in survivors:
                 replica.bot.process.send_signal(signal.SIGCONT)
@@ -172,6 +176,21 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
         dead_s = max(lease_s, IN_FLIGHT_MS / 1000)
         await answered(fake, doomed_users, within_s=dead_s + SLACK_S * 4)
         assert one_answer_each(fake, [*doomed_users, *later_users]) == {}
+
+
+async def all_counted(fake: FakeTelegram, replica: Replica) -> bool:
+    """Whether the replica has recorded the answer of every paced call the fake has seen (the
+    others paused, all are its own): none of its calls is in flight."""
+    url = f"http://127.0.0.1:{replica.metrics}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    found = re.search(r'^lastword_budget_calls_total{call="done"} (\S+)$', text, re.M)
+    made = sum(len(fake.calls_to(method)) for method in PACED_METHODS)
+    return found is not None and float(found.group(1)) >= made
+
+
+# What the outbound budget paces on Telegram.
+PACED_METHODS = ("sendMessage", "sendMessageDraft", "sendChatAction")
 
 
 async def waited(replica: Replica, count: int) -> bool:
