@@ -181,12 +181,8 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
 async def all_counted(fake: FakeTelegram, replica: Replica) -> bool:
     """Whether the replica has recorded the answer of every paced call the fake has seen (the
     others paused, all are its own): none of its calls is in flight."""
-    url = f"http://127.0.0.1:{replica.metrics}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        text = await response.text()
-    found = re.search(r'^lastword_budget_calls_total{call="done"} (\S+)$', text, re.M)
     made = sum(len(fake.calls_to(method)) for method in PACED_METHODS)
-    return found is not None and float(found.group(1)) >= made
+    return await counter(replica, 'lastword_budget_calls_total{call="done"}') >= made
 
 
 # What the outbound budget paces on Telegram.
@@ -195,11 +191,16 @@ PACED_METHODS = ("sendMessage", "sendMessageDraft", "sendChatAction")
 
 async def waited(replica: Replica, count: int) -> bool:
     """Whether `count` of the replica's replies have waited their turn bot-wide (its /metrics)."""
+    return await counter(replica, 'lastword_outbound_waits_total{scope="bot"}') >= count
+
+
+async def counter(replica: Replica, series: str) -> float:
+    """The value of `series` (name and labels) in the replica's /metrics; -1 while absent."""
     url = f"http://127.0.0.1:{replica.metrics}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         text = await response.text()
-    found = re.search(r'^lastword_outbound_waits_total{scope="bot"} (\S+)$', text, re.M)
-    return found is not None and float(found.group(1)) >= count
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found is not None else -1.0
 
 
 async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second_generation(
