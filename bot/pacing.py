@@ -13,9 +13,11 @@ break limits none of them sees, so before each call a replica asks the store
   holds them. A reply waits once it has passed the pre-send check, in its outbox
   (`Paced.turn`): a wait, a hold, a store outage or a restart never throws it away, and a
   newer message still supersedes it (the cycle checks again after a wait). Waiting is cheap:
-  a waiting reply sleeps until its slot can come, and one call a replica keeps the places of
-  all its waiting replies (their tickets); a reply that stops waiting gives its place back at
-  once, and a dead replica's places lapse within `TICKET_TTL_MS`.
+  one task a replica (the pacer) asks for all of its waiting replies in one store call, when
+  the first of them is told its slot can come, when a slot is given back early on any
+  replica, or when a new reply might go at once; between asks, one call keeps all their
+  places (their tickets) alive. A reply that stops waiting gives its place back at once, and
+  a dead replica's places lapse within `TICKET_TTL_MS`.
 - A preview (a live draft, a typing indicator) goes now or never: it is shed when the budget
   runs short, before any reply would wait, and never while a reply waits.
 - In a group, the group's limits (every scope with a subject: its chat's, its minute) are
@@ -65,7 +67,7 @@ from bot.message import (
     Unavailable,
     kind_of,
 )
-from bot.store import BudgetKeys, Store, Taken
+from bot.store import Ask, BudgetKeys, Store, Taken
 from bot.store.budget import IN_FLIGHT_MS, TICKET_TTL_MS
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,14 @@ OUTAGE_S = 20.0
 MAX_SLEEP_S = 60.0
 # How often a replica keeps the tickets of its waiting replies alive: well within their TTL.
 KEEP_EVERY_S = TICKET_TTL_MS / 1000 / 3
+# The most waiting replies asked for in one store call, the first in line (the script's time
+# grows with them, and the server serves nothing else meanwhile); the others' places are kept
+# alive meanwhile, and they are asked for once those ahead have gone.
+ASK_AT_MOST = 128
+# Previews a replica has heard are shed in a scope, by scope: no more are asked for there
+# until the store said the scope may have room again. Past this many scopes remembered, the
+# ones whose time has passed are forgotten.
+SHED_REMEMBERED = 1024
 # Leaving the queue is bounded: a store out of reach lets the ticket lapse instead.
 LEAVE_TIMEOUT_S = 2.0
 # A retry_after outside these bounds is the platform's mistake (or a hostile proxy's): a hold
@@ -125,14 +135,21 @@ class Slot:
     waited: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Waiting:
-    """A reply of this replica waiting its turn: its place (`order_ms`), the scope it waits
-    for, and what wakes it early."""
+    """A reply of this replica waiting its turn: its ask, where its slot is handed over, when
+    the pacer asks for it next (monotonic; 0.0: at once), the scope that stopped it last and
+    what it waited on, whether the store holds its place (a ticket to give back if it stops
+    waiting) and whether its last ask's answer was lost (it may have been granted)."""
 
-    order_ms: int
+    ask: Ask
+    slot: asyncio.Future[Slot]
+    began: float = field(default_factory=time.monotonic)
+    due: float = 0.0
     scope: str = ""
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    waited_on: set[str] = field(default_factory=set)
+    placed: bool = False
+    unsure: bool = False
 
 
 class Paced:
@@ -152,15 +169,18 @@ class Paced:
         self.typing_interval_s = inner.typing_interval_s
         drafts = drafts_of(inner)
         self.draft_interval_s: float | None = drafts.draft_interval_s if drafts else None
-        # This replica's replies waiting their turn, by ticket; the task that keeps their
-        # tickets alive runs while there are any.
+        # This replica's replies waiting their turn, by grant; the task that asks for them
+        # runs while there are any, and is woken early by `_nudge`.
         self._waiting: dict[str, _Waiting] = {}
-        self._keeper: asyncio.Task[None] | None = None
+        self._pacer: asyncio.Task[None] | None = None
+        self._nudge = asyncio.Event()
         # Places given back and answers recorded in tasks of their own (`_leave`, `_done`),
         # which `stop` waits for.
         self._leaving: set[asyncio.Task[None]] = set()
-        # The store's count of places and slots given back early, as last seen (`_keep`).
+        # The store's count of places and slots given back early, as last seen.
         self._freed: int | None = None
+        # Until when (monotonic) previews are shed in a scope without asking, by scope.
+        self._shed_until: dict[str, float] = {}
         # Whether this replica has used the budget yet (a budget found without its epoch
         # afterwards lost its keys: bot.store.budget).
         self._seen = False
@@ -168,8 +188,8 @@ class Paced:
 
     @property
     def waiting(self) -> int:
-        """How many of this replica's replies wait their turn now."""
-        return len(self._waiting)
+        """How many of this replica's replies have been told to wait their turn, now."""
+        return sum(1 for waiting in self._waiting.values() if waiting.placed)
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         if not self.paced:
@@ -183,68 +203,35 @@ class Paced:
         """Wait until a message may go out in `conversation`, behind the replies whose window
         closed before `order_ms` (server clock); the slot goes to `send(..., slot=)`. None
         when the platform is not paced. However long a hold lasts, it waits; through a store
-        outage it asks again, backed off, and raises `Unavailable` once it has lasted
-        OUTAGE_S. Cancelled or failing, it gives its place in the queue back."""
+        outage it is asked for again, backed off, and raises `Unavailable` once the outage has
+        lasted OUTAGE_S. Cancelled or failing, it gives its place in the queue back."""
         scopes = self.scopes(conversation, "message")
         if not scopes:
             return None
         person, fair = shared_fairly(conversation, scopes)
-        # The conversation's own: one reply of a conversation waits at a time.
-        ticket = conversation
-        began = time.monotonic()
-        waited_on: set[str] = set()
-        outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
-        down_since: float | None = None
-        waiting = _Waiting(order_ms)
-        # One id for every ask of this turn: an ask made again after its answer was lost is
-        # granted the slot the lost answer may have granted, not a second one.
+        # The ticket is the conversation's own (one reply of a conversation waits at a time);
+        # one grant id for every ask of this turn: an ask made again after its answer was lost
+        # is granted the slot the lost answer may have granted, not a second one.
         grant = secrets.token_hex(8)
+        ask = Ask(scopes, "message", conversation, order_ms, grant, person, fair)
+        waiting = _Waiting(ask, asyncio.get_running_loop().create_future())
+        waiting.due = self._known_wait(waiting)
+        self._waiting[grant] = waiting
+        if not waiting.due:
+            self._nudge.set()
+        if self._pacer is None or self._pacer.done():
+            self._pacer = asyncio.create_task(self._pace(), name="outbound budget pacer")
         try:
-            while True:
-                try:
-                    taken = await self._take(
-                        scopes,
-                        call="message",
-                        ticket=ticket,
-                        order_ms=order_ms,
-                        grant=grant,
-                        person=person,
-                        fair=fair,
-                    )
-                except Unavailable as exc:
-                    now = time.monotonic()
-                    down_since = down_since or now
-                    if now - down_since >= OUTAGE_S:
-                        raise
-                    log.info("the outbound budget is out of reach (%s); asking again", exc)
-                    await asyncio.sleep(outage.next_delay())
-                    continue
-                down_since = None
-                outage.reset()
-                if taken.status == "granted":
-                    for kind in waited_on:
-                        self.stats.wait_s[kind] += time.monotonic() - began
-                    return Slot(grant, scopes, waited=bool(waited_on))
-                # Places given back from now on may let this reply come sooner (`_keep`).
-                self._freed = max(self._freed or 0, taken.freed)
-                waiting.scope = taken.scope
-                kind = kind_of(taken.scope)
-                if kind not in waited_on:
-                    waited_on.add(kind)
-                    self.stats.waits[kind] += 1
-                self._wait_in(ticket, waiting)
-                await self._sleep(waiting, min(taken.wait_ms / 1000, MAX_SLEEP_S))
+            return await waiting.slot
         except BaseException:
-            if self._waiting.get(ticket) is waiting:
-                del self._waiting[ticket]
-                self._leave(ticket, scopes)
-            if down_since is not None:
+            if waiting.placed:
+                self._leave(conversation, scopes)
+            if waiting.unsure:
                 # An ask whose answer was lost may have been granted: its slot given back.
                 self._done_in_background(Slot(grant, scopes), used=False)
             raise
         finally:
-            if self._waiting.get(ticket) is waiting:
-                del self._waiting[ticket]
+            self._waiting.pop(grant, None)
 
     async def give_back(self, slot: Slot | None) -> None:
         """A slot `turn` gave that no message will use (the reply was found stale)."""
@@ -346,9 +333,13 @@ class Paced:
         return (await self.store.held(self.keys)).get(BOT_SCOPE, 0) / 1000
 
     async def stop(self) -> None:
-        """Give up the places of every reply still waiting, and stop keeping them."""
-        if self._keeper is not None:
-            await cancel_and_wait(self._keeper)
+        """Stop asking for the replies still waiting (they fail as `Unavailable`, and give
+        their places back), and wait for the places and answers being given back."""
+        if self._pacer is not None:
+            await cancel_and_wait(self._pacer)
+        self._fail(list(self._waiting.values()), Unavailable("this replica is stopping"))
+        # Their turns run their clean-up (giving their places back) before it is waited for.
+        await asyncio.sleep(0)
         if self._leaving:
             _, late = await asyncio.wait(set(self._leaving), timeout=LEAVE_TIMEOUT_S)
             for task in late:
@@ -373,75 +364,147 @@ class Paced:
                 )
         return held_s
 
-    async def _take(
-        self,
-        scopes: tuple[Scope, ...],
-        *,
-        call: Call,
-        ticket: str,
-        order_ms: int,
-        grant: str,
-        person: str = "",
-        fair: frozenset[str] = frozenset(),
-    ) -> Taken:
-        # A preview's ask is counted apart: it comes with the previews, not the messages.
-        self.stats.calls["take" if call == "message" else f"take_{call}"] += 1
-        taken = await self.store.take(
-            self.keys,
-            scopes,
-            call=call,
-            ticket=ticket,
-            order_ms=order_ms,
-            grant=grant,
-            person=person,
-            fair=fair,
-            seen=self._seen,
+    def _known_wait(self, waiting: _Waiting) -> float:
+        """When a new reply is worth asking for, by what this replica already knows (0.0: at
+        once): not before a reply here that is ahead of it and stopped by a scope it needs
+        too (it cannot pass that one there). A scope shared fairly may place the one ahead
+        behind it, so it does not count."""
+        names = {scope.name for scope in waiting.ask.scopes}
+        return min(
+            (
+                other.due
+                for other in self._waiting.values()
+                if other.scope in names
+                and other.scope not in other.ask.fair
+                and other.ask.order_ms <= waiting.ask.order_ms
+            ),
+            default=0.0,
         )
-        self._seen = True
-        return taken
 
-    def _wait_in(self, ticket: str, waiting: _Waiting) -> None:
-        """`ticket` waits on this replica: its place is kept alive until it stops."""
-        self._waiting[ticket] = waiting
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.create_task(self._keep(), name="outbound budget tickets")
-
-    async def _sleep(self, waiting: _Waiting, seconds: float) -> None:
-        """Sleep `seconds`, or less if a slot is given back on this replica meanwhile."""
-        waiting.woken.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await waiting.woken.wait()
-
-    def _wake(self, count: int) -> None:
-        """`count` places or slots were given back early, on any replica (`_keep` hears of
-        it): as many of the replies waiting here as that, the first in line, ask again now
-        rather than when they were told (the others' turns are no sooner than theirs)."""
-        first = sorted(self._waiting.values(), key=lambda waiting: waiting.order_ms)
-        for waiting in first[:count]:
-            waiting.woken.set()
-
-    async def _keep(self) -> None:
-        """Keep the tickets of this replica's waiting replies alive, in one store call however
-        many wait, while any do; and when places were given back early on any replica since
-        the last call, wake as many of the first waiting here. Never dies of a failure: a
-        ticket not kept for a while only loses its place, and it takes one again when it next
-        asks."""
+    async def _pace(self) -> None:
+        """Ask for this replica's waiting replies, in one store call, whenever the first of
+        them may be granted (told so by the store, a slot given back early, a new reply that
+        may go at once); between asks, keep their places alive in one call every
+        KEEP_EVERY_S, and place the new ones in the queue. Through a store outage it asks
+        again, backed off, and a reply whose wait has met OUTAGE_S of it fails `Unavailable`.
+        It never dies of a failure: an unexpected one fails the replies asked for (their
+        cycles try again, backed off)."""
+        outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
+        down_since: float | None = None
+        kept_at = time.monotonic()
         while self._waiting:
-            await asyncio.sleep(KEEP_EVERY_S)
-            tickets = list(self._waiting)
-            if not tickets:
-                return
+            now = time.monotonic()
+            waiting = [one for one in self._waiting.values() if not one.slot.done()]
+            if not waiting:
+                await asyncio.sleep(0)  # their turns are ending: they leave the queue
+                continue
+            keep_now = now - kept_at >= KEEP_EVERY_S
+            if all(one.due > now for one in waiting):
+                if not keep_now:
+                    await self._sleep(min(one.due for one in waiting), kept_at + KEEP_EVERY_S)
+                    continue
+                if all(one.placed for one in waiting):
+                    kept_at = now
+                    await self._keep(waiting)
+                    continue
+            # The first in line, those due (or new) before the others; the rest wait their
+            # places meanwhile.
+            waiting.sort(key=lambda one: (one.placed and one.due > now, one.ask.order_ms))
+            asked, rest = waiting[:ASK_AT_MOST], waiting[ASK_AT_MOST:]
+            if keep_now and rest:
+                await self._keep([one for one in rest if one.placed])
             try:
-                self.stats.calls["keep"] += 1
-                freed = await self.store.keep(self.keys, tickets)
-                if self._freed is not None and freed > self._freed:
-                    self._wake(freed - self._freed)
-                self._freed = freed
+                self.stats.calls["take"] += 1
+                answers = await self.store.take_all(
+                    self.keys, [one.ask for one in asked], seen=self._seen
+                )
             except Unavailable as exc:
-                log.debug("could not keep the waiting replies' places: %s", exc)
-            except Exception:
-                log.exception("keeping the waiting replies' places failed")
+                now = time.monotonic()
+                down_since = down_since or now
+                for one in asked:
+                    one.unsure = True
+                self._fail(
+                    [one for one in waiting if now - max(down_since, one.began) >= OUTAGE_S], exc
+                )
+                log.info("the outbound budget is out of reach (%s); asking again", exc)
+                await asyncio.sleep(outage.next_delay())
+                continue
+            except Exception as exc:
+                log.exception("asking the budget for %d waiting replies failed", len(asked))
+                self._fail(asked, exc)
+                await asyncio.sleep(outage.next_delay())
+                continue
+            self._seen = True
+            down_since = None
+            outage.reset()
+            now = time.monotonic()
+            if keep_now or not rest:
+                kept_at = now
+            for one, taken in zip(asked, answers, strict=True):
+                self._answered(one, taken, now)
+
+    def _answered(self, waiting: _Waiting, taken: Taken, now: float) -> None:
+        """The store's answer for one waiting reply: its slot handed over, or when to ask
+        again. A reply that stopped waiting meanwhile gives back a slot granted to it."""
+        self._freed = max(self._freed or 0, taken.freed)
+        waiting.unsure = False
+        if waiting.slot.done():
+            # It stopped waiting (cancelled, or failed by an outage) while asked for.
+            if taken.status == "granted":
+                self._done_in_background(Slot(waiting.ask.grant, waiting.ask.scopes), used=False)
+            return
+        if taken.status == "granted":
+            for kind in waiting.waited_on:
+                self.stats.wait_s[kind] += now - waiting.began
+            slot = Slot(waiting.ask.grant, waiting.ask.scopes, waited=waiting.placed)
+            waiting.slot.set_result(slot)
+            waiting.placed = False
+            # Not asked for again before its turn has taken the slot.
+            del self._waiting[waiting.ask.grant]
+            return
+        waiting.placed = True
+        waiting.scope = taken.scope
+        waiting.due = now + min(taken.wait_ms / 1000, MAX_SLEEP_S)
+        kind = kind_of(taken.scope)
+        if kind not in waiting.waited_on:
+            waiting.waited_on.add(kind)
+            self.stats.waits[kind] += 1
+
+    def _fail(self, waiting: Sequence[_Waiting], exc: BaseException) -> None:
+        """`waiting` stop waiting, failing with `exc` (their turns give their places back)."""
+        for one in waiting:
+            if not one.slot.done():
+                one.slot.set_exception(exc)
+            self._waiting.pop(one.ask.grant, None)
+
+    async def _sleep(self, until: float, keep_at: float) -> None:
+        """Sleep until the first waiting reply is due or their places need keeping, or until
+        nudged (a new reply that may go at once)."""
+        self._nudge.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, min(until, keep_at) - time.monotonic())):
+                await self._nudge.wait()
+
+    async def _keep(self, waiting: Sequence[_Waiting]) -> None:
+        """Keep the places of `waiting` alive, in one store call however many; when places
+        or slots were given back early on any replica since the last call, those waiting may
+        come sooner than told: they are asked for at once. A failure only loses places for a
+        while: they are taken again at the next ask."""
+        if not waiting:
+            return
+        try:
+            self.stats.calls["keep"] += 1
+            freed = await self.store.keep(self.keys, [one.ask.ticket for one in waiting])
+        except Unavailable as exc:
+            log.debug("could not keep the waiting replies' places: %s", exc)
+            return
+        except Exception:
+            log.exception("keeping the waiting replies' places failed")
+            return
+        if self._freed is not None and freed > self._freed:
+            for one in waiting:
+                one.due = 0.0
+        self._freed = freed
 
     def _leave(self, ticket: str, scopes: Sequence[Scope]) -> None:
         """Give `ticket`'s place back now, in a task of its own: its turn is being cancelled,
@@ -466,17 +529,17 @@ class Paced:
         scopes = self.scopes(conversation, call)
         if not scopes:
             return None, None
-        # A reply of this replica waits for one of them: the store would shed it (no preview
-        # while a reply waits), so it is shed here, without asking, however many wait.
-        waited_for = {waiting.scope for waiting in self._waiting.values()}
-        waited_for &= {scope.name for scope in scopes}
-        if waited_for:
+        shed = self._shed_here(scopes)
+        if shed is not None:
             self.stats.shed[call] += 1
-            return None, Taken("shed", 0, waited_for.pop(), False)
+            return None, shed
         grant = secrets.token_hex(8)
+        ask = Ask(scopes, call, "-", 0, grant)
         try:
             async with asyncio.timeout(PREVIEW_TIMEOUT_S):
-                taken = await self._take(scopes, call=call, ticket="-", order_ms=0, grant=grant)
+                self.stats.calls[f"take_{call}"] += 1
+                (taken,) = await self.store.take_all(self.keys, [ask], seen=self._seen)
+            self._seen = True
         except (Unavailable, TimeoutError):
             # The ask may have been granted and only its answer lost: its slot given back once
             # the store answers, rather than left in flight.
@@ -485,7 +548,34 @@ class Paced:
         if taken.status == "granted":
             return Slot(grant, scopes), None
         self.stats.shed[call] += 1
+        self._shed_for(taken)
         return None, taken
+
+    def _shed_here(self, scopes: Sequence[Scope]) -> Taken | None:
+        """A preview shed without asking the store, or None: the store would shed it, as a
+        reply of this replica waits for one of its scopes (no preview while a reply waits),
+        or it shed a preview in one of them lately and said when there may be room again."""
+        names = {scope.name for scope in scopes}
+        for waiting in self._waiting.values():
+            if waiting.placed and waiting.scope in names:
+                return Taken("shed", 0, waiting.scope, False)
+        now = time.monotonic()
+        for name in names:
+            until = self._shed_until.get(name, 0.0)
+            if until > now:
+                return Taken("shed", round((until - now) * 1000), name, False)
+        return None
+
+    def _shed_for(self, taken: Taken) -> None:
+        """Remember until when the store sheds previews in the scope that shed this one."""
+        now = time.monotonic()
+        if len(self._shed_until) >= SHED_REMEMBERED:
+            self._shed_until = {
+                name: until for name, until in self._shed_until.items() if until > now
+            }
+            if len(self._shed_until) >= SHED_REMEMBERED:
+                self._shed_until.clear()
+        self._shed_until[taken.scope] = now + taken.wait_ms / 1000
 
     async def _previewed(self, slot: Slot | None, call: Awaitable[None]) -> None:
         """Make a preview's call in its slot; a 429 holds previews alone, for every replica

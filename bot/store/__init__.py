@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
-from bot.store.budget import Budget, Taken
+from bot.store.budget import Ask, Budget, Taken
 from bot.store.config import (
     CLOCK_SLACK_MS,
     DAY_KEEP_MS,
@@ -126,6 +126,7 @@ __all__ = [
     "TYPING_EVERY_MS",
     "USAGE",
     "AccessRecord",
+    "Ask",
     "Begun",
     "BudgetKeys",
     "DayTotals",

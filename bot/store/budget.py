@@ -1,8 +1,9 @@
-"""The outbound budget of a platform's bot, shared by every replica: may a call go out now,
-and if not, when (`budget_take`); a call answered or never made (`budget_done`); a 429 heard
-(`budget_hold`); the tickets of a replica's waiting replies kept alive (`budget_keep`), or
-given up (`budget_leave`). All of a platform's budget keys share one hash tag (`BudgetKeys`),
-so one script sees the bot-wide limit and the chat's together, on a Cluster too.
+"""The outbound budget of a platform's bot, shared by every replica: may calls go out now,
+and if not, when (`budget_take`, for any number of calls at once); a call answered or never
+made (`budget_done`); a 429 heard (`budget_hold`); the tickets of a replica's waiting replies
+kept alive (`budget_keep`), or given up (`budget_leave`). All of a platform's budget keys share
+one hash tag (`BudgetKeys`), so one script sees the bot-wide limit and the chat's together, on
+a Cluster too.
 
 A scope that several people's replies draw on (a group's) may be shared fairly between them:
 each person takes its slots at most at their share of its rate, and a person who has had their
@@ -51,10 +52,9 @@ KEEP_FREE_PCT = {"message": 0, "draft": 34, "typing": 50}
 
 @dataclass(frozen=True)
 class Taken:
-    """budget_take.lua's answer. `status`: granted, wait (a message: ask again in
+    """budget_take.lua's answer to one ask. `status`: granted, wait (a message: ask again in
     `wait_ms`) or shed (a preview); `scope` and `held`: what stopped the call, and whether
-    a 429's hold did; `freed`, for a wait: how many places were given back early so far
-    (`Budget.keep`)."""
+    a 429's hold did; `freed`: how many places were given back early so far (`Budget.keep`)."""
 
     status: Literal["granted", "wait", "shed"]
     wait_ms: int
@@ -63,7 +63,86 @@ class Taken:
     freed: int = 0
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One call asking for its turn (`Budget.take_all`): `call` under every scope in `scopes`,
+    recorded as `grant` if granted. A message that must wait joins the queue under `ticket`,
+    placed by `order_ms` (server clock: when its window closed; 0 for a part already
+    promised), and keeps its place while its ticket is kept alive (`keep`). The scopes named
+    in `fair` are shared fairly between people, the message being for `person`."""
+
+    scopes: tuple[Scope, ...]
+    call: Literal["message", "draft", "typing"]
+    ticket: str
+    order_ms: int
+    grant: str
+    person: str = ""
+    fair: Collection[str] = ()
+
+
 class Budget(Calls):
+    async def take_all(
+        self,
+        keys: BudgetKeys,
+        asks: Sequence[Ask],
+        *,
+        burst: int = FAIR_BURST,
+        seen: bool = False,
+    ) -> list[Taken]:
+        """May each of `asks` go out now? In one call however many there are, in their order
+        (each sees the slots the ones before it took): the waiting replies of a replica are
+        asked for together. A person may run `burst` slots ahead of their pace in a scope
+        shared fairly. `seen`: the caller has used this budget before, so a budget without
+        its epoch lost its keys, and starts cautiously."""
+        script = scripts.BUDGET_TAKE
+        named = {
+            "tickets": keys.tickets,
+            "holds": keys.holds,
+            "epoch": keys.epoch,
+            "previews_hold": keys.scope(PREVIEWS_SCOPE)[2],
+            "freed": keys.freed,
+        }
+        args = {
+            "in_flight_ms": IN_FLIGHT_MS,
+            "ticket_ttl_ms": TICKET_TTL_MS,
+            "poll_ms": POLL_MS,
+            "fair_burst": burst,
+            "epoch_keep_ms": EPOCH_KEEP_MS,
+            "seen": int(seen),
+        }
+        rest: list[str | int] = []
+        scope_keys: list[str] = []
+        for ask in asks:
+            rest += (
+                "reply" if ask.call == "message" else "preview",
+                ask.ticket,
+                ask.order_ms,
+                ask.grant,
+                ask.person,
+                KEEP_FREE_PCT[ask.call],
+                len(ask.scopes),
+            )
+            for scope in ask.scopes:
+                rest += (
+                    scope.name,
+                    scope.count,
+                    max(1, round(scope.per_s * 1000)),
+                    int(scope.name in ask.fair),
+                )
+                scope_keys += (*keys.scope(scope.name), keys.people(scope.name))
+        reply = decoded(await self._run(script, named, args, rest, scope_keys))
+        freed = int(reply["freed"])
+        return [
+            Taken(
+                answer["status"],
+                int(answer["wait_ms"]),
+                str(answer["scope"]),
+                bool(answer["held"]),
+                freed,
+            )
+            for answer in reply["answers"]
+        ]
+
     async def take(
         self,
         keys: BudgetKeys,
@@ -78,58 +157,10 @@ class Budget(Calls):
         burst: int = FAIR_BURST,
         seen: bool = False,
     ) -> Taken:
-        """May `call` go out now under every scope in `scopes`? Granted, it is recorded as
-        `grant` in each (in flight until `done`). A message that must wait joins the queue
-        under `ticket`, placed by `order_ms` (server clock: when its window closed; 0 for a
-        part already promised), and keeps its place while its ticket is kept alive (`keep`).
-        The scopes named in `fair` are shared fairly between people, a message being for
-        `person`, who may run `burst` slots ahead of their pace. `seen`: the caller has used
-        this budget before, so a budget without its epoch lost its keys, and starts
-        cautiously."""
-        script = scripts.BUDGET_TAKE
-        named = {
-            "tickets": keys.tickets,
-            "holds": keys.holds,
-            "epoch": keys.epoch,
-            "previews_hold": keys.scope(PREVIEWS_SCOPE)[2],
-            "freed": keys.freed,
-        }
-        scope_keys = [
-            key for scope in scopes for key in (*keys.scope(scope.name), keys.people(scope.name))
-        ]
-        args = {
-            "kind": "reply" if call == "message" else "preview",
-            "ticket": ticket,
-            "order_ms": order_ms,
-            "grant": grant,
-            "person": person,
-            "in_flight_ms": IN_FLIGHT_MS,
-            "ticket_ttl_ms": TICKET_TTL_MS,
-            "poll_ms": POLL_MS,
-            "keep_free_pct": KEEP_FREE_PCT[call],
-            "fair_burst": burst,
-            "epoch_keep_ms": EPOCH_KEEP_MS,
-            "seen": int(seen),
-        }
-        rest = [
-            value
-            for scope in scopes
-            for value in (
-                scope.name,
-                scope.count,
-                max(1, round(scope.per_s * 1000)),
-                int(scope.name in fair),
-            )
-        ]
-        raw = await self._run(script, named, args, rest, scope_keys)
-        reply = decoded(raw)
-        return Taken(
-            reply["status"],
-            int(reply["wait_ms"]),
-            str(reply["scope"]),
-            bool(reply["held"]),
-            int(reply["freed"]),
-        )
+        """May one call go out now (`Ask`, `take_all`)?"""
+        ask = Ask(tuple(scopes), call, ticket, order_ms, grant, person, fair)
+        (taken,) = await self.take_all(keys, [ask], burst=burst, seen=seen)
+        return taken
 
     async def done(
         self, keys: BudgetKeys, scopes: Sequence[Scope], grant: str, *, used: bool

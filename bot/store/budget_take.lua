@@ -1,6 +1,8 @@
--- May the bot make one platform call now, under every scope it falls under (the bot as a
--- whole, a chat, a group)? The outbound budget every replica shares: a scope allows `count`
--- calls in any sliding `per_ms`, counted from the server's clock.
+-- May the bot make these platform calls now, each under every scope it falls under (the bot as
+-- a whole, a chat, a group)? The outbound budget every replica shares: a scope allows `count`
+-- calls in any sliding `per_ms`, counted from the server's clock. One call asks for all of a
+-- replica's waiting replies at once (bot/pacing.py), in their order, each seeing the slots the
+-- ones before it took; a preview asks alone.
 -- A call granted is recorded under each scope as in flight (counted from `in_flight_ms` ahead,
 -- so it fills a slot until budget_done.lua stamps the moment it was answered: the platform saw
 -- it before that, so nothing sent later can land in its window too early).
@@ -22,37 +24,36 @@
 -- and counts towards it.
 -- A scope held after a 429 (budget_hold.lua) grants nothing until the hold ends; a preview is
 -- also stopped by the hold of the previews' own scope (a 429 on a preview holds only that).
--- A waiting reply keeps its place while its ticket lives: its replica refreshes the tickets of
--- all its waiting replies at once (budget_keep.lua), and one that stops waiting leaves at once
--- (budget_leave.lua), so a dead replica's places are gone within `ticket_ttl_ms`.
+-- A waiting reply keeps its place while its ticket lives: its replica asks again, or refreshes
+-- the tickets of all its waiting replies at once (budget_keep.lua), well within
+-- `ticket_ttl_ms`, and one that stops waiting leaves at once (budget_leave.lua), so a dead
+-- replica's places are gone within `ticket_ttl_ms`.
 -- A budget found without its epoch by a replica that has `seen` it lost its keys (a flush, a
 -- failover that lost recent writes): it starts as if each scope's last period had been full,
 -- its calls leaving the window evenly, rather than let a burst through that the platform would
 -- refuse. A budget no replica has seen yet (a first start) starts free.
--- Returns {status, wait_ms, scope, held, freed}: status 'granted', 'wait' (a reply: ask again in
--- wait_ms) or 'shed' (a preview); scope, the one that stopped the call; held, whether a hold
--- did; freed, the count of places given back early so far (budget_keep.lua returns it too).
+-- ARGV past the named ones: each ask's (kind, ticket, order_ms, grant, person, keep_free_pct,
+-- scope count), then each of its scopes' (name, count, per_ms, fair); KEYS past the named
+-- ones: each ask's scopes' (sent, queue, hold, people), in the same order.
+-- Returns {freed, answers}: freed, the count of places given back early so far
+-- (budget_keep.lua returns it too); an answer an ask, in order: {status, wait_ms, scope,
+-- held}, status 'granted', 'wait' (a reply: ask again in wait_ms) or 'shed' (a preview);
+-- scope, the one that stopped the call; held, whether a hold did.
 local tickets = KEYS[1]
 local holds = KEYS[2]
 local epoch = KEYS[3] -- when the budget's keys were first written
 local previews_hold = KEYS[4] -- the hold of the previews' own scope
 local freed = KEYS[5] -- places and slots given back early so far (budget_leave.lua)
-local kind = ARGV[1] -- 'reply' or 'preview'
-local ticket = ARGV[2] -- the waiting reply's, unique to it
-local order_ms = tonumber(ARGV[3])
-local grant = ARGV[4] -- the call's id in each scope, if granted
-local person = ARGV[5] -- whom the call is for, in the scopes shared fairly ('' for no one)
-local in_flight_ms = tonumber(ARGV[6])
-local ticket_ttl_ms = tonumber(ARGV[7]) -- a waiter not heard from for this long is gone
-local poll_ms = tonumber(ARGV[8]) -- a fair bound on how long a platform takes to answer
-local keep_free_pct = tonumber(ARGV[9])
+local in_flight_ms = tonumber(ARGV[1])
+local ticket_ttl_ms = tonumber(ARGV[2]) -- a waiter not heard from for this long is gone
+local poll_ms = tonumber(ARGV[3]) -- a fair bound on how long a platform takes to answer
 -- In a scope shared fairly, how many slots a person may take ahead of their pace: a quick
 -- exchange in a quiet group is not spread out, while a flood still fills the scope no faster
 -- than its rate once the few are spent.
-local fair_burst = tonumber(ARGV[10])
-local epoch_keep_ms = tonumber(ARGV[11]) -- how long the epoch outlives the budget's last call
-local seen = ARGV[12] -- '1': the caller has found this budget's epoch before
-local NAMED = 12
+local fair_burst = tonumber(ARGV[4])
+local epoch_keep_ms = tonumber(ARGV[5]) -- how long the epoch outlives the budget's last call
+local seen = ARGV[6] -- '1': the caller has found this budget's epoch before
+local NAMED = 6
 local KEYED = 5
 
 local now = now_ms()
@@ -70,13 +71,13 @@ local function alive(waiter)
   return tonumber(redis.call('ZSCORE', tickets, waiter) or '0') > now
 end
 
--- How many live waiters come before this reply (placed at `place`) in `queue`, counting up to
+-- How many live waiters come before `ask` (placed at `place`) in `queue`, counting up to
 -- `limit`; the gone ones met on the way are dropped.
-local function ahead(queue, place, limit)
+local function ahead(ask, queue, place, limit)
   local found = 0
   local first = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. place, 'LIMIT', 0, limit + 16)
   for _, waiter in ipairs(first) do
-    if waiter ~= ticket then
+    if waiter ~= ask.ticket then
       if alive(waiter) then
         found = found + 1
         if found >= limit then
@@ -130,10 +131,10 @@ local function assumed(count, per_ms)
   return count - left, math.max(math.ceil(began + (left + 1) * per_ms / count - now), 1)
 end
 
--- This person's share of a scope shared fairly: when they may take its next slot (their due; 0
+-- `person`'s share of a scope shared fairly: when they may take its next slot (their due; 0
 -- for someone not heard from within a period), and how far one slot taken pushes it. Asking
 -- counts as being heard from: a person waiting is one of those the scope is shared between.
-local function share_of(scope)
+local function share_of(scope, person)
   redis.call('ZREMRANGEBYSCORE', scope.people, '-inf', now - scope.per_ms)
   local due = tonumber(redis.call('ZSCORE', scope.people, person) or '0')
   local active = redis.call('ZCARD', scope.people)
@@ -149,111 +150,129 @@ local function share_of(scope)
   return due, math.ceil(scope.per_ms * active / scope.count)
 end
 
--- An ask made again after its answer was lost (a timeout, a connection cut by a restart) that
--- had been granted: granted again, rather than take a second slot and leave the first in flight
--- for in_flight_ms.
-if #ARGV > NAMED and redis.call('ZSCORE', KEYS[KEYED + 1], grant) then
-  redis.call('ZREM', tickets, ticket)
-  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false, freed = 0})
-end
+local GRANTED = {status = 'granted', wait_ms = 0, scope = '', held = false}
 
-local scopes = {}
-local wait, stopped_by, held = 0, '', false
-for i = 1, (#ARGV - NAMED) / 4 do
-  local scope = {
-    sent = KEYS[KEYED + 4 * i - 3], queue = KEYS[KEYED + 4 * i - 2],
-    hold = KEYS[KEYED + 4 * i - 1], people = KEYS[KEYED + 4 * i],
-    name = ARGV[NAMED + 4 * i - 3], count = tonumber(ARGV[NAMED + 4 * i - 2]),
-    per_ms = tonumber(ARGV[NAMED + 4 * i - 1]), wait = 0, place = order_ms,
-  }
-  scope.fair = ARGV[NAMED + 4 * i] == '1' and kind == 'reply' and person ~= ''
-  if scope.fair then
-    scope.due, scope.spacing = share_of(scope)
-    -- When this person may take a slot: their due, less the slots they may run ahead.
-    scope.from = scope.due - (fair_burst - 1) * scope.spacing
-    -- A person who has had their share is placed where it comes back (behind everyone whose
-    -- window closed before it); a promised part is not kept back.
-    scope.kept = order_ms > 0 and scope.from > now
-    if scope.kept then
-      scope.place = math.max(order_ms, scope.from)
-    end
+-- One ask: granted (recorded in each scope), or told to wait (queued where it is stopped) or
+-- shed.
+local function take(ask)
+  -- An ask made again after its answer was lost (a timeout, a connection cut by a restart)
+  -- that had been granted: granted again, rather than take a second slot and leave the first
+  -- in flight for in_flight_ms.
+  if #ask.scopes > 0 and redis.call('ZSCORE', ask.scopes[1].sent, ask.grant) then
+    redis.call('ZREM', tickets, ask.ticket)
+    return GRANTED
   end
-  local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
-  if kind ~= 'reply' then
-    hold_until = math.max(hold_until, tonumber(redis.call('GET', previews_hold) or '0'))
-  end
-  if hold_until > now then
-    scope.wait = hold_until - now
-  else
-    redis.call('ZREMRANGEBYSCORE', scope.sent, '-inf', now - scope.per_ms)
-    local before, next_leaves = assumed(scope.count, scope.per_ms)
-    local free = scope.count - redis.call('ZCARD', scope.sent) - before
-    local needed = 1
-    if kind == 'reply' then
-      -- Replies ahead (some may be gone): each takes a slot first.
-      local queued = redis.call('ZCOUNT', scope.queue, '-inf', '(' .. scope.place)
-      needed = math.max(queued - free, 0) + 1
-      if free > 0 and queued > 0 then
-        free = free - ahead(scope.queue, scope.place, free)
-      end
-    elseif anyone_waiting(scope.queue) then
-      free = 0
-    else
-      free = free - math.ceil(scope.count * keep_free_pct / 100)
-    end
-    if free <= 0 and before > 0 then
-      scope.wait = next_leaves
-    elseif free <= 0 then
-      scope.wait = frees_in(scope.sent, scope.count, scope.per_ms, needed)
-    end
-    if scope.kept then
-      -- This person has had their share for now.
-      scope.wait = math.max(scope.wait, scope.from - now)
-    end
-  end
-  if scope.wait > wait then
-    wait, stopped_by, held = scope.wait, scope.name, hold_until > now
-  end
-  scopes[i] = scope
-end
-
-if wait == 0 then
-  for _, scope in ipairs(scopes) do
-    redis.call('ZADD', scope.sent, now + in_flight_ms, grant)
-    redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms)
-    redis.call('ZREM', scope.queue, ticket)
+  local wait, stopped_by, held = 0, '', false
+  for _, scope in ipairs(ask.scopes) do
+    scope.fair = scope.fair and ask.kind == 'reply' and ask.person ~= ''
     if scope.fair then
-      local due = math.max(scope.due, now) + scope.spacing
-      redis.call('ZADD', scope.people, due, person)
-      if redis.call('PTTL', scope.people) < due - now + scope.per_ms then
-        redis.call('PEXPIRE', scope.people, due - now + scope.per_ms)
+      scope.due, scope.spacing = share_of(scope, ask.person)
+      -- When this person may take a slot: their due, less the slots they may run ahead.
+      scope.from = scope.due - (fair_burst - 1) * scope.spacing
+      -- A person who has had their share is placed where it comes back (behind everyone
+      -- whose window closed before it); a promised part is not kept back.
+      scope.kept = ask.order_ms > 0 and scope.from > now
+      if scope.kept then
+        scope.place = math.max(ask.order_ms, scope.from)
       end
     end
-  end
-  redis.call('ZREM', tickets, ticket)
-  return cjson.encode({status = 'granted', wait_ms = 0, scope = '', held = false, freed = 0})
-end
-if kind ~= 'reply' then
-  return cjson.encode({status = 'shed', wait_ms = wait, scope = stopped_by, held = held, freed = 0})
-end
--- In the queue of each scope that stops it, and out of the others: a reply kept back by its
--- chat reserves nothing bot-wide meanwhile.
--- A queue outlives by far the wait of the last reply placed in it, which asks again by then:
--- its waiters' tickets are kept alive meanwhile by their replicas, and the gone ones in it are
--- dropped as they are met.
-for _, scope in ipairs(scopes) do
-  if scope.wait > 0 then
-    redis.call('ZADD', scope.queue, scope.place, ticket)
-    if redis.call('PTTL', scope.queue) < wait + in_flight_ms then
-      redis.call('PEXPIRE', scope.queue, wait + in_flight_ms)
+    local hold_until = tonumber(redis.call('GET', scope.hold) or '0')
+    if ask.kind ~= 'reply' then
+      hold_until = math.max(hold_until, tonumber(redis.call('GET', previews_hold) or '0'))
     end
-  else
-    redis.call('ZREM', scope.queue, ticket)
+    if hold_until > now then
+      scope.wait = hold_until - now
+    else
+      redis.call('ZREMRANGEBYSCORE', scope.sent, '-inf', now - scope.per_ms)
+      local before, next_leaves = assumed(scope.count, scope.per_ms)
+      local free = scope.count - redis.call('ZCARD', scope.sent) - before
+      local needed = 1
+      if ask.kind == 'reply' then
+        -- Replies ahead (some may be gone): each takes a slot first.
+        local queued = redis.call('ZCOUNT', scope.queue, '-inf', '(' .. scope.place)
+        needed = math.max(queued - free, 0) + 1
+        if free > 0 and queued > 0 then
+          free = free - ahead(ask, scope.queue, scope.place, free)
+        end
+      elseif anyone_waiting(scope.queue) then
+        free = 0
+      else
+        free = free - math.ceil(scope.count * ask.keep_free_pct / 100)
+      end
+      if free <= 0 and before > 0 then
+        scope.wait = next_leaves
+      elseif free <= 0 then
+        scope.wait = frees_in(scope.sent, scope.count, scope.per_ms, needed)
+      end
+      if scope.kept then
+        -- This person has had their share for now.
+        scope.wait = math.max(scope.wait, scope.from - now)
+      end
+    end
+    if scope.wait > wait then
+      wait, stopped_by, held = scope.wait, scope.name, hold_until > now
+    end
   end
+
+  if wait == 0 then
+    for _, scope in ipairs(ask.scopes) do
+      redis.call('ZADD', scope.sent, now + in_flight_ms, ask.grant)
+      redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms)
+      redis.call('ZREM', scope.queue, ask.ticket)
+      if scope.fair then
+        local due = math.max(scope.due, now) + scope.spacing
+        redis.call('ZADD', scope.people, due, ask.person)
+        if redis.call('PTTL', scope.people) < due - now + scope.per_ms then
+          redis.call('PEXPIRE', scope.people, due - now + scope.per_ms)
+        end
+      end
+    end
+    redis.call('ZREM', tickets, ask.ticket)
+    return GRANTED
+  end
+  if ask.kind ~= 'reply' then
+    return {status = 'shed', wait_ms = wait, scope = stopped_by, held = held}
+  end
+  -- In the queue of each scope that stops it, and out of the others: a reply kept back by its
+  -- chat reserves nothing bot-wide meanwhile.
+  -- A queue outlives by far the wait of the last reply placed in it, which asks again by then:
+  -- its waiters' tickets are kept alive meanwhile by their replicas, and the gone ones in it
+  -- are dropped as they are met.
+  for _, scope in ipairs(ask.scopes) do
+    if scope.wait > 0 then
+      redis.call('ZADD', scope.queue, scope.place, ask.ticket)
+      if redis.call('PTTL', scope.queue) < wait + in_flight_ms then
+        redis.call('PEXPIRE', scope.queue, wait + in_flight_ms)
+      end
+    else
+      redis.call('ZREM', scope.queue, ask.ticket)
+    end
+  end
+  redis.call('ZADD', tickets, now + ticket_ttl_ms, ask.ticket)
+  if redis.call('PTTL', tickets) < ticket_ttl_ms then
+    redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+  end
+  return {status = 'wait', wait_ms = wait, scope = stopped_by, held = held}
 end
-redis.call('ZADD', tickets, now + ticket_ttl_ms, ticket)
-if redis.call('PTTL', tickets) < ticket_ttl_ms then
-  redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+
+local answers = {}
+local arg, key = NAMED + 1, KEYED + 1
+while arg <= #ARGV do
+  local ask = {
+    kind = ARGV[arg], ticket = ARGV[arg + 1], order_ms = tonumber(ARGV[arg + 2]),
+    grant = ARGV[arg + 3], person = ARGV[arg + 4], keep_free_pct = tonumber(ARGV[arg + 5]),
+    scopes = {},
+  }
+  local count = tonumber(ARGV[arg + 6])
+  arg = arg + 7
+  for i = 1, count do
+    ask.scopes[i] = {
+      sent = KEYS[key], queue = KEYS[key + 1], hold = KEYS[key + 2], people = KEYS[key + 3],
+      name = ARGV[arg], count = tonumber(ARGV[arg + 1]), per_ms = tonumber(ARGV[arg + 2]),
+      fair = ARGV[arg + 3] == '1', wait = 0, place = ask.order_ms,
+    }
+    arg, key = arg + 4, key + 4
+  end
+  answers[#answers + 1] = take(ask)
 end
-return cjson.encode({status = 'wait', wait_ms = wait, scope = stopped_by, held = held,
-  freed = tonumber(redis.call('GET', freed) or '0')})
+return cjson.encode({freed = tonumber(redis.call('GET', freed) or '0'), answers = answers})

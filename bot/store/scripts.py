@@ -288,28 +288,16 @@ TOOL_END = Script(
     args=("token", "turn", "call", "status", "text", "error", "retention_ms"),
 )
 
-# The shared outbound budget (bot/store/budget.py): KEYS past the named ones are each scope's
-# (sent, queue, hold, people) in turn; ARGV past the named ones, each scope's (name, count,
-# per_ms, fair).
+# The shared outbound budget (bot/store/budget.py). budget_take: ARGV past the named ones are
+# each ask's (kind, ticket, order_ms, grant, person, keep_free_pct, scope count), then its
+# scopes' (name, count, per_ms, fair); KEYS past the named ones, each ask's scopes' (sent,
+# queue, hold, people) in turn.
 BUDGET_TAKE = Script(
     "budget_take",
     keys=("tickets", "holds", "epoch", "previews_hold", "freed"),
-    args=(
-        "kind",
-        "ticket",
-        "order_ms",
-        "grant",
-        "person",
-        "in_flight_ms",
-        "ticket_ttl_ms",
-        "poll_ms",
-        "keep_free_pct",
-        "fair_burst",
-        "epoch_keep_ms",
-        "seen",
-    ),
-    rest="scope_count_per_ms_fair_fours",
-    rest_keys="sent_queue_hold_people_fours",
+    args=("in_flight_ms", "ticket_ttl_ms", "poll_ms", "fair_burst", "epoch_keep_ms", "seen"),
+    rest="asks_each_then_its_scopes",
+    rest_keys="sent_queue_hold_people_of_each_asks_scopes",
 )
 BUDGET_DONE = Script(
     "budget_done",
