@@ -105,7 +105,7 @@ async def test_a_turn_cancelled_while_asked_for_gives_back_the_slot_it_is_grante
     sent = paced.keys.scope("bot")[0]
     # The server holds every script call a while: the replica's ask is on its way when a
     # newer message cuts the reply short, and is granted once the server goes on.
-    await redis.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+    await redis.client_pause(1000, all=False)  # writes (and scripts) only
     cut_short = asyncio.create_task(paced.turn("telegram:1", 1000))
 
     async def asked() -> bool:
