@@ -43,7 +43,8 @@ from bot.llm import LLM, LLMError, Usage
 from bot.media import UNSEEN_NOTE, Media
 from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
 from bot.others import TOOL_DATA, Others
-from bot.pacing import Paced, Slot
+from bot.pacer import Slot
+from bot.pacing import Paced
 from bot.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
 from bot.race import NOTHING, Next, Race
 from bot.settings import ModelChoice, Settings

@@ -19,7 +19,8 @@ from prometheus_client.registry import Collector
 
 from bot.loop_lag import TICK_S, LoopWatch, watch
 from bot.message import Unavailable
-from bot.pacing import HELD_LONG_S, PacingStats
+from bot.pacer import PacingStats
+from bot.pacing import HELD_LONG_S
 from bot.runtime import Runtime
 from bot.stats import Buckets, Stats
 from bot.status import bot_held
@@ -192,6 +193,18 @@ PACING = (
         "Store calls this replica made for the outbound budget, by script",
         "call",
         "calls",
+    ),
+    (
+        "budget_asks",
+        "Calls this replica asked the outbound budget for, by call",
+        "call",
+        "asked",
+    ),
+    (
+        "budget_answers_recorded",
+        "Platform calls whose answer this replica recorded in the outbound budget",
+        "outcome",
+        "recorded",
     ),
 )
 

@@ -142,8 +142,15 @@ async def test_metrics_count_the_budgets_store_calls_by_script(replicas: list[Re
     assert replica is not None
     runtime = replica.runtime
     await settled(runtime, "console:1")
-    calls = runtime.outbound.stats.calls
-    assert calls["take"] >= 1 and calls["done"] >= 1, calls
+    stats = runtime.outbound.stats
+    calls = stats.calls
+
+    async def recorded() -> bool:
+        """The reply's answer recorded in the budget (with the next store call)."""
+        return stats.recorded["used"] >= 1
+
+    assert await eventually(recorded, what="the reply's answer recorded")
+    assert calls["take"] >= 1, calls
 
     async def exported() -> dict[str, float]:
         """The counter's samples, by call."""

@@ -182,7 +182,7 @@ async def all_counted(fake: FakeTelegram, replica: Replica) -> bool:
     """Whether the replica has recorded the answer of every paced call the fake has seen (the
     others paused, all are its own): none of its calls is in flight."""
     made = sum(len(fake.calls_to(method)) for method in PACED_METHODS)
-    return await counter(replica, 'lastword_budget_calls_total{call="done"}') >= made
+    return await counter(replica, 'lastword_budget_answers_recorded_total{outcome="used"}') >= made
 
 
 # What the outbound budget paces on Telegram.

@@ -118,7 +118,7 @@ async def test_a_turn_cancelled_while_asked_for_gives_back_the_slot_it_is_grante
 
     async def given_back() -> bool:
         # The slot granted to no one is given back, not left in flight for IN_FLIGHT_MS.
-        return paced.stats.calls["done"] == 1 and await redis.zcard(sent) == 0
+        return paced.stats.recorded["given back"] == 1 and await redis.zcard(sent) == 0
 
     assert await eventually(given_back, within_s=5)
 
@@ -131,11 +131,11 @@ async def test_an_unexpected_store_error_fails_the_turn_and_pacing_goes_on(
     # once, told, rather than wait for ever on a pacer that died of it.
     await redis.set(paced.keys.tickets, "not a sorted set")
     with (
-        caplog.at_level(logging.ERROR, logger="bot.pacing"),
+        caplog.at_level(logging.ERROR, logger="bot.pacer"),
         pytest.raises(Exception, match="WRONGTYPE"),
     ):
         await asyncio.wait_for(paced.turn("telegram:1", 1000), timeout=5)
-    assert any("asking the budget for" in r.getMessage() for r in caplog.records)
+    assert any("a call to the outbound budget failed" in r.getMessage() for r in caplog.records)
     await redis.delete(paced.keys.tickets)
     slot = await asyncio.wait_for(paced.turn("telegram:2", 2000), timeout=5)
     assert slot is not None
@@ -176,7 +176,11 @@ async def test_waiting_costs_a_few_store_calls_a_message(store: Store) -> None:
     await asyncio.gather(*(reply(n) for n in range(messages)))
     assert len(platform.sent) == messages
     calls = paced.stats.calls
-    assert calls["done"] == messages
+
+    async def recorded() -> bool:
+        return paced.stats.recorded["used"] == messages
+
+    assert await eventually(recorded)
     # The replica asks for all its waiting replies in one call, when the first of them may
     # go: a few asks in all (one a round of the bot-wide limit), not one or more a reply.
     assert calls["take"] <= messages / 3, dict(calls)
@@ -207,7 +211,7 @@ async def test_a_long_hold_is_waited_out_asking_once_or_twice(store: Store) -> N
     assert await eventually(all_told_to_wait, within_s=10)
     for n in range(waiting):
         await paced.typing(f"telegram:{n}")
-    assert paced.stats.calls["take_typing"] == 0
+    assert paced.stats.asked["typing"] == 0
     assert platform.typing_calls == [] and paced.stats.shed["typing"] == waiting
     slots = await asyncio.gather(*turns)
     assert all(slot is not None for slot in slots)
@@ -269,7 +273,7 @@ async def test_a_shed_draft_is_not_asked_again_before_the_next_draft_would_be(
     with pytest.raises(Throttled) as again:
         await paced.draft("telegram:3", 1, "so far")
     assert again.value.scope == "bot" and again.value.retry_after_s >= 0.7
-    assert paced.stats.calls["take_draft"] == 1
+    assert paced.stats.asked["draft"] == 1
     # With the store down it is shed too (on a replica that has not heard it is full), and
     # not asked again sooner either.
     await asyncio.to_thread(server.stop)

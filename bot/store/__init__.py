@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
-from bot.store.budget import Ask, Budget, Taken
+from bot.store.budget import Ask, Budget, Stamp, Taken
 from bot.store.config import (
     CLOCK_SLACK_MS,
     DAY_KEEP_MS,
@@ -145,6 +145,7 @@ __all__ = [
     "Record",
     "Recorded",
     "Spending",
+    "Stamp",
     "Store",
     "StoreSettings",
     "StoreUnavailable",

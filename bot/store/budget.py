@@ -1,6 +1,6 @@
 """The outbound budget of a platform's bot, shared by every replica: may calls go out now,
-and if not, when (`budget_take`, for any number of calls at once); a call answered or never
-made (`budget_done`); a 429 heard (`budget_hold`); the tickets of a replica's waiting replies
+and if not, when, and which calls were answered or never made (`budget_take`, for any number
+of each at once); a 429 heard (`budget_hold`); the tickets of a replica's waiting replies
 kept alive (`budget_keep`), or given up (`budget_leave`). All of a platform's budget keys share
 one hash tag (`BudgetKeys`), so one script sees the bot-wide limit and the chat's together, on
 a Cluster too.
@@ -80,20 +80,32 @@ class Ask:
     fair: Collection[str] = ()
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """The answer of a call granted as `grant` (`Budget.take_all`): `used`, it was made, and
+    counts from now in each of its scopes' windows; else it never was, its slots given back."""
+
+    grant: str
+    scopes: tuple[Scope, ...]
+    used: bool
+
+
 class Budget(Calls):
     async def take_all(
         self,
         keys: BudgetKeys,
         asks: Sequence[Ask],
         *,
+        stamps: Sequence[Stamp] = (),
         burst: int = FAIR_BURST,
         seen: bool = False,
     ) -> list[Taken]:
-        """May each of `asks` go out now? In one call however many there are, in their order
-        (each sees the slots the ones before it took): the waiting replies of a replica are
-        asked for together. A person may run `burst` slots ahead of their pace in a scope
-        shared fairly. `seen`: the caller has used this budget before, so a budget without
-        its epoch lost its keys, and starts cautiously."""
+        """Record `stamps` (answers of calls granted before), then: may each of `asks` go out
+        now? In one call however many there are, in their order (each sees the slots the ones
+        before it took): a replica's waiting replies, previews and answers go together. A
+        person may run `burst` slots ahead of their pace in a scope shared fairly. `seen`: the
+        caller has used this budget before, so a budget without its epoch lost its keys, and
+        starts cautiously."""
         script = scripts.BUDGET_TAKE
         named = {
             "tickets": keys.tickets,
@@ -110,8 +122,11 @@ class Budget(Calls):
             "epoch_keep_ms": EPOCH_KEEP_MS,
             "seen": int(seen),
         }
-        rest: list[str | int] = []
+        rest: list[str | int] = [len(stamps)]
         scope_keys: list[str] = []
+        for stamp in stamps:
+            rest += (stamp.grant, int(stamp.used), len(stamp.scopes))
+            scope_keys += (keys.scope(scope.name)[0] for scope in stamp.scopes)
         for ask in asks:
             rest += (
                 "reply" if ask.call == "message" else "preview",
@@ -165,16 +180,8 @@ class Budget(Calls):
     async def done(
         self, keys: BudgetKeys, scopes: Sequence[Scope], grant: str, *, used: bool
     ) -> None:
-        """The call granted as `grant` was answered (`used`), counting from now in each
-        scope's window; or never made, its slots given back."""
-        script = scripts.BUDGET_DONE
-        sent = [keys.scope(scope.name)[0] for scope in scopes]
-        args: dict[str, str | int] = {
-            "grant": grant,
-            "used": int(used),
-            "freed_keep_ms": EPOCH_KEEP_MS,
-        }
-        await self._run(script, {"freed": keys.freed}, args, rest_keys=sent)
+        """The call granted as `grant` was answered (`used`), or never made (`Stamp`)."""
+        await self.take_all(keys, [], stamps=[Stamp(grant, tuple(scopes), used)], seen=True)
 
     async def hold(
         self, keys: BudgetKeys, scope: str, hold_ms: int, *, spread: bool = False

@@ -32,9 +32,16 @@
 -- failover that lost recent writes): it starts as if each scope's last period had been full,
 -- its calls leaving the window evenly, rather than let a burst through that the platform would
 -- refuse. A budget no replica has seen yet (a first start) starts free.
--- ARGV past the named ones: each ask's (kind, ticket, order_ms, grant, person, keep_free_pct,
--- scope count), then each of its scopes' (name, count, per_ms, fair); KEYS past the named
--- ones: each ask's scopes' (sent, queue, hold, people), in the same order.
+-- First, the same call records the answers of calls granted before (stamps): a call answered
+-- (used '1') counts from now, the server's clock, in each scope's window, since the platform
+-- saw it before this; a call never made (used '0': a reply found stale after waiting its turn,
+-- an answer lost) gives its slot back, and `freed` counts it, so every replica's waiting
+-- replies learn that a slot came free early (budget_keep.lua). An id no longer recorded (its
+-- window passed) is left alone.
+-- ARGV past the named ones: the stamps' count, each stamp's (grant, used, scope count); then
+-- each ask's (kind, ticket, order_ms, grant, person, keep_free_pct, scope count), then each of
+-- its scopes' (name, count, per_ms, fair). KEYS past the named ones: each stamp's scopes'
+-- sent, then each ask's scopes' (sent, queue, hold, people), in the same order.
 -- Returns {freed, answers}: freed, the count of places given back early so far
 -- (budget_keep.lua returns it too); an answer an ask, in order: {status, wait_ms, scope,
 -- held}, status 'granted', 'wait' (a reply: ask again in wait_ms) or 'shed' (a preview);
@@ -57,6 +64,23 @@ local NAMED = 6
 local KEYED = 5
 
 local now = now_ms()
+local arg, key = NAMED + 2, KEYED + 1
+for _ = 1, tonumber(ARGV[NAMED + 1]) do
+  local grant, used, count = ARGV[arg], ARGV[arg + 1], tonumber(ARGV[arg + 2])
+  for i = key, key + count - 1 do
+    if used == '1' then
+      redis.call('ZADD', KEYS[i], 'XX', now, grant)
+    else
+      redis.call('ZREM', KEYS[i], grant)
+    end
+  end
+  if used ~= '1' then
+    redis.call('INCR', freed)
+    redis.call('PEXPIRE', freed, epoch_keep_ms)
+  end
+  arg, key = arg + 3, key + count
+end
+
 local began = tonumber(redis.call('GET', epoch) or '0')
 if began == 0 or began > now then
   began = seen == '1' and now or now - epoch_keep_ms
@@ -256,7 +280,6 @@ local function take(ask)
 end
 
 local answers = {}
-local arg, key = NAMED + 1, KEYED + 1
 while arg <= #ARGV do
   local ask = {
     kind = ARGV[arg], ticket = ARGV[arg + 1], order_ms = tonumber(ARGV[arg + 2]),

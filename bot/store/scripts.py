@@ -289,21 +289,16 @@ TOOL_END = Script(
 )
 
 # The shared outbound budget (bot/store/budget.py). budget_take: ARGV past the named ones are
-# each ask's (kind, ticket, order_ms, grant, person, keep_free_pct, scope count), then its
-# scopes' (name, count, per_ms, fair); KEYS past the named ones, each ask's scopes' (sent,
+# the stamps' count and each stamp's (grant, used, scope count), then each ask's (kind, ticket,
+# order_ms, grant, person, keep_free_pct, scope count) and its scopes' (name, count, per_ms,
+# fair); KEYS past the named ones, each stamp's scopes' sent, then each ask's scopes' (sent,
 # queue, hold, people) in turn.
 BUDGET_TAKE = Script(
     "budget_take",
     keys=("tickets", "holds", "epoch", "previews_hold", "freed"),
     args=("in_flight_ms", "ticket_ttl_ms", "poll_ms", "fair_burst", "epoch_keep_ms", "seen"),
-    rest="asks_each_then_its_scopes",
-    rest_keys="sent_queue_hold_people_of_each_asks_scopes",
-)
-BUDGET_DONE = Script(
-    "budget_done",
-    keys=("freed",),
-    args=("grant", "used", "freed_keep_ms"),
-    rest_keys="sent_of_each_scope",
+    rest="stamps_then_asks_each_with_its_scopes",
+    rest_keys="stamps_sent_then_asks_sent_queue_hold_people",
 )
 BUDGET_HOLD = Script(
     "budget_hold",
@@ -356,7 +351,6 @@ ALL: dict[str, Script] = {
         TOOL_BEGIN,
         TOOL_END,
         BUDGET_TAKE,
-        BUDGET_DONE,
         BUDGET_HOLD,
         BUDGET_KEEP,
         BUDGET_LEAVE,
