@@ -3,7 +3,7 @@
 -- ticket already gone (granted, left, or expired) is not brought back; one that lapsed (its
 -- replica died) is dropped here, and counted as a place given back.
 -- Returns how many places have been given back early so far (`freed`: budget_leave.lua,
--- budget_done.lua, lapsed tickets), so the replica can tell its first waiting replies that
+-- budget_take.lua's answers of calls never made, lapsed tickets), so the replica can tell its first waiting replies that
 -- theirs may come sooner than they were told.
 local tickets = KEYS[1]
 local freed = KEYS[2]

@@ -4,7 +4,7 @@
 -- replica's waiting replies at once (bot/pacing.py), in their order, each seeing the slots the
 -- ones before it took; a preview asks alone.
 -- A call granted is recorded under each scope as in flight (counted from `in_flight_ms` ahead,
--- so it fills a slot until budget_done.lua stamps the moment it was answered: the platform saw
+-- so it fills a slot until a later call stamps the moment it was answered: the platform saw
 -- it before that, so nothing sent later can land in its window too early).
 -- A reply waits its turn: it joins the queue of each scope that stops it, ordered by
 -- `order_ms` (when its window closed), and replies earlier in a queue are served first,

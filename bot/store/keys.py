@@ -152,7 +152,7 @@ under a hash tag of its own, since it belongs to no conversation's slot:
                                              (ms), plus whatever the replica adds (e.g.
                                              cycles, roles)
 
-The outbound budget of a platform's bot (`budget_take`, `budget_done`, `budget_hold`), shared
+The outbound budget of a platform's bot (`budget_take`, `budget_hold`), shared
 by every replica, in one slot per platform, {O} = `{lw:out:<platform>}` (with
 LASTWORD_OUTBOUND__BUDGET=replica, `{lw:out:<platform>:<replica id>}`: each replica's own).
 A scope is one limit's subject, e.g. `bot`, `chat:42`, `group:-100123`:
@@ -330,7 +330,7 @@ class BudgetKeys:
         # hold the bot).
         self.recent = f"{self.base}:recent"
         # How many places and slots were given back early (budget_leave.lua,
-        # budget_done.lua): replicas' waiting replies may then come sooner than told.
+        # budget_take.lua's answers of calls never made): replicas' waiting replies may then come sooner than told.
         self.freed = f"{self.base}:freed"
 
     def scope(self, name: str) -> tuple[str, str, str]:
