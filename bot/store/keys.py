@@ -329,8 +329,8 @@ class BudgetKeys:
         # The scopes a 429 named lately, each with when (budget_hold.lua: several at once
         # hold the bot).
         self.recent = f"{self.base}:recent"
-        # How many places and slots were given back early (budget_leave.lua,
-        # budget_take.lua's answers of calls never made): replicas' waiting replies may then come sooner than told.
+        # How many places and slots were given back early (budget_leave.lua, budget_take.lua's
+        # answers of calls never made): replicas' waiting replies may then come sooner than told.
         self.freed = f"{self.base}:freed"
 
     def scope(self, name: str) -> tuple[str, str, str]:
