@@ -50,6 +50,9 @@ _QUOTE = re.compile(r"^ {0,3}> ?(.*)$")
 _FENCE = re.compile(r"^\s*(`{3,})(.*)$")
 # Only tidy language names go into the class attribute; others leave the block untagged.
 _LANGUAGE = re.compile(r"[\w#+.-]{1,32}")
+# Where inline markup may start: an escape, code, a link, emphasis, a bare URL ("h"). What
+# lies between two of these is plain text, taken as one run (`_parse_inline`).
+_INLINE_START = re.compile(r"[\\`\[*_~h]")
 
 
 @dataclass
@@ -388,7 +391,11 @@ def _parse_inline(text: str, links: bool = True) -> _Pieces:
             literal.append(text[i:end])
             i = end
         else:
-            literal.append(ch)
-            i += 1
+            # This character starts nothing, nor does any before the next that may: one run,
+            # not a character at a time (the bulk of a reply's rendering).
+            found = _INLINE_START.search(text, i + 1)
+            end = found.start() if found else len(text)
+            literal.append(text[i:end])
+            i = end
     emit()
     return out

@@ -556,11 +556,16 @@ async def _until_finished(
     tail_until: float | None = None
     got_usage = False
     while True:
-        try:
-            async with asyncio.timeout_at(tail_until):
-                chunk = await anext(events, None)
-        except TimeoutError:
-            return
+        if tail_until is None:
+            # No deadline before the finishing chunk: a timeout context per chunk (one object
+            # and two calls into the loop) would bound nothing.
+            chunk = await anext(events, None)
+        else:
+            try:
+                async with asyncio.timeout_at(tail_until):
+                    chunk = await anext(events, None)
+            except TimeoutError:
+                return
         if chunk is None:
             return
         yield chunk

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -27,6 +28,8 @@ class Calls:
     def __init__(self, redis: Client, settings: StoreSettings, layout: Layout = LAYOUT) -> None:
         self.redis = redis
         self.settings = settings
+        # Keys of different slots may lie on different nodes: a call's keys share one slot.
+        self.clustered = isinstance(redis, RedisCluster)
         # How conversations are spread over shards, hence every key name a call uses: this
         # version's, or another for a store that reads one (the legacy layout, in tests).
         self.layout = layout
@@ -75,6 +78,37 @@ class Calls:
         ordered_args = script.ordered_args(args, rest)
         async with self._reaching():
             return await self._scripts[script.name](keys=ordered_keys, args=ordered_args)
+
+    async def _run_each(
+        self, calls: Sequence[tuple[Script, Mapping[str, str], Mapping[str, str | int]]]
+    ) -> list[Any]:
+        """Run each of `calls` (a script, its keys and its arguments by name), each on the
+        keys of its own slot; their replies, in order. On one server, in one pipeline: one
+        round trip for them all. On a cluster, their slots may lie on different nodes: each
+        is a call of its own, all at once."""
+        if self.clustered:
+            return list(await asyncio.gather(*(self._run(*call) for call in calls)))
+        ordered = [
+            (self._scripts[script.name], script.ordered_keys(keys), script.ordered_args(args))
+            for script, keys, args in calls
+        ]
+        async with self._reaching():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for registered, keys, args in ordered:
+                    # Plain EVALSHA (a Script object in a pipeline adds a SCRIPT EXISTS round
+                    # trip); each refused with NOSCRIPT did not run, and runs again below.
+                    pipe.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+                results: list[Any] = await pipe.execute(raise_on_error=False)
+            for index, result in enumerate(results):
+                if isinstance(result, NoScriptError):
+                    # An empty script cache (after a restart): AsyncScript loads it itself.
+                    registered, keys, args = ordered[index]
+                    results[index] = await registered(keys=keys, args=args)
+            # Raised once every call has run, as a failed call among several at once is.
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+        return results
 
     async def _run_durable(
         self, script: Script, keys: Mapping[str, str], args: Mapping[str, str | int]

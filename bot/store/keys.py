@@ -173,6 +173,7 @@ A scope is one limit's subject, e.g. `bot`, `chat:42`, `group:-100123`:
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from datetime import date
@@ -267,11 +268,11 @@ class Layout:
 
     def keys(self, conversation: str) -> Keys:
         """The names of `conversation`'s keys in this layout."""
-        return Keys(conversation, self)
+        return _keys(conversation, self)
 
     def person_keys(self, platform: str, user: str) -> PersonKeys:
         """The names of a person's keys (one user of `platform`) in this layout."""
-        return PersonKeys(platform, user, self)
+        return _person_keys(platform, user, self)
 
 
 # This version's layout, which the store records (`META_KEY`), and the legacy one.
@@ -411,3 +412,11 @@ class PersonKeys:
 
     def month(self, when: date) -> str:
         return f"{self.base}:month:{when.strftime('%Y-%m')}"
+
+
+# The names of the conversations and people at work lately, made once: every step of a
+# reply names its keys again (about a dozen f-strings and a hash of the id each time), and
+# the names of an id never change. Read-only by every caller.
+NAMES_CACHED = 4096
+_keys = functools.lru_cache(maxsize=NAMES_CACHED)(Keys)
+_person_keys = functools.lru_cache(maxsize=NAMES_CACHED)(PersonKeys)

@@ -99,7 +99,8 @@ class Usage(Calls):
         """Count the tokens a reply cost, in the conversation (with its shard's day) and in
         its person's day and month; returns what the person spent today, weighed. `cost`
         weighs them for the person's budget (a dearer model's tokens count for more); the
-        tokens as spent are kept beside the weighed ones. Two scripts, one per slot, at once."""
+        tokens as spent are kept beside the weighed ones. Two scripts, one per slot
+        (`Calls._run_each`: one round trip on one server)."""
         k = self.layout.keys(conversation)
         today = utc_today()
         totals, ranking = self.layout.usage_day_keys(k.shard, today)
@@ -129,29 +130,36 @@ class Usage(Calls):
             "day_keep_ms": DAY_KEEP_MS,
             "month_keep_ms": MONTH_KEEP_MS,
         }
-        _, today_spent = await asyncio.gather(
-            self._run(scripts.USAGE, keys, args),
-            self._run(scripts.PERSON_USAGE, theirs, spent),
+        _, today_spent = await self._run_each(
+            [(scripts.USAGE, keys, args), (scripts.PERSON_USAGE, theirs, spent)]
         )
         return int(today_spent)
 
     async def spending(self, conversation: str, user: str) -> Spending:
         """Tokens the person `user` of the conversation's platform has spent today and this
         month (UTC), in every place and in this one, weighed and as spent, and the daily
-        budget an admin set for them: one round trip to each of two slots, at once (the
-        conversation's, with the budget's copy in its shard; the person's). On a cluster the
-        person's slot may be on another node: if it cannot be reached, the place's own counts
-        stand for the person's (the budget then holds per place until it is back), so a node
-        down does not stop replies in conversations that are not its own."""
+        budget an admin set for them, from two slots (the conversation's, with the budget's
+        copy in its shard; the person's): on one server, in one round trip. On a cluster, one
+        round trip to each slot, at once: the person's slot may be on another node, and if it
+        cannot be reached, the place's own counts stand for the person's (the budget then
+        holds per place until it is back), so a node down does not stop replies in
+        conversations that are not its own."""
         k = self.layout.keys(conversation)
         person = self.layout.person_keys(Place.of(conversation).platform, user)
         today = utc_today()
-        here, theirs = await asyncio.gather(
-            self._read(k.day(today), k.month(today), k.access, user),
-            self._theirs(person.day(today), person.month(today)),
-        )
-        place_day, place_month, record = here
-        (day_weighed, *day_tokens), (month_weighed, *month_tokens) = (theirs or here)[:2]
+        place = [k.day(today), k.month(today)]
+        theirs = [person.day(today), person.month(today)]
+        if self.clustered:
+            (place_counts, record), their_counts = await asyncio.gather(
+                self._read(place, k.access, user), self._theirs(theirs)
+            )
+            place_day, place_month = place_counts
+            day, month = their_counts or place_counts
+        else:
+            (place_day, place_month, day, month), record = await self._read(
+                place + theirs, k.access, user
+            )
+        (day_weighed, *day_tokens), (month_weighed, *month_tokens) = day, month
         budget = None if record is None else AccessRecord.from_json(user, record).budget
         return Spending(
             int(day_weighed or 0),
@@ -163,24 +171,28 @@ class Usage(Calls):
             Tokens.read(*place_month[1:]),
         )
 
-    async def _theirs(self, day: str, month: str) -> list[Any] | None:
-        """The person's day and month (`_read`); None if their slot cannot be reached."""
+    async def _theirs(self, counts: list[str]) -> list[Any] | None:
+        """The person's day and month counts (`_read`); None if their slot cannot be
+        reached."""
         try:
-            return await self._read(day, month)
+            found, _ = await self._read(counts)
         except StoreUnavailable as exc:
             log.warning("a person's spending was read from the place alone: %s", exc)
             return None
+        return found
 
-    async def _read(self, day: str, month: str, access: str = "", user: str = "") -> list[Any]:
-        """A day's and a month's counts (`SPENT_FIELDS`), and `user`'s access record from
-        `access` if named (None if not): one round trip to their slot."""
+    async def _read(
+        self, counts: list[str], access: str = "", user: str = ""
+    ) -> tuple[list[Any], Any]:
+        """Each of the `counts` hashes' counts (`SPENT_FIELDS`), and `user`'s access record
+        from `access` if named (None if not): one round trip."""
         async with self._reaching(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(day, SPENT_FIELDS)
-            pipe.hmget(month, SPENT_FIELDS)
+            for key in counts:
+                pipe.hmget(key, SPENT_FIELDS)
             if access:
                 pipe.hget(access, user)
             found: list[Any] = await pipe.execute()
-        return found if access else [*found, None]
+        return (found[:-1], found[-1]) if access else (found, None)
 
     async def today(self) -> DayTotals:
         """What every replica did today (UTC), summed over the shards: one round trip (on a
