@@ -602,16 +602,19 @@ def rows(o: Outcome) -> list[list[str]]:
 def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
     """Each budget's acknowledgement p50 and p99 (ms), run by run and their medians; then
     each budget's against the first one's: run by run (in the order they were made) and the
-    ratio of the medians. With each run, the cores other work kept busy meanwhile: a run
-    starved by the machine shows it."""
+    ratio of the medians. With each run, the bot's CPU a message acknowledged (what the
+    budget costs it) and the cores other work kept busy meanwhile: a run starved by the
+    machine shows it."""
     by_budget: dict[str | None, list[tuple[int, int]]] = {}
     others_by_budget: dict[str | None, list[float]] = {}
+    cpu_by_budget: dict[str | None, list[float]] = {}
     for budget, outcome in runs:
         latencies = ack_ms(outcome) or [0]
         by_budget.setdefault(budget, []).append(
             (percentile(latencies, 50), percentile(latencies, 99))
         )
         others_by_budget.setdefault(budget, []).append(other_cores(outcome))
+        cpu_by_budget.setdefault(budget, []).append(outcome.cpu_s / max(len(latencies), 1) * 1000)
     out = []
     medians = {}
     for budget, figures in by_budget.items():
@@ -624,6 +627,7 @@ def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
                 ", ".join(map(str, p99s)),
                 f"{medians[budget][0]:g}",
                 f"{medians[budget][1]:g}",
+                ", ".join(f"{ms:.2f}" for ms in cpu_by_budget[budget]),
                 ", ".join(f"{cores:.2f}" for cores in others_by_budget[budget]),
             ]
         )
@@ -637,6 +641,10 @@ def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
                 ", ".join(f"{a[1] / max(b[1], 1):.2f}x" for a, b in pairs),
                 f"{medians[budget][0] / max(medians[base][0], 1):.2f}x",
                 f"{medians[budget][1] / max(medians[base][1], 1):.2f}x",
+                ", ".join(
+                    f"{a / max(b, 0.001):.2f}x"
+                    for a, b in zip(cpu_by_budget[budget], cpu_by_budget[base], strict=True)
+                ),
                 "-",
             ]
         )
@@ -680,6 +688,7 @@ async def run(args: argparse.Namespace) -> None:
             "p99 by run",
             "p50 median",
             "p99 median",
+            "bot CPU ms a message by run",
             "other work (cores) by run",
         ]
         print_table(headers, compared(runs))
