@@ -3,9 +3,10 @@ calls at once (`bot.pacing.Paced` is what the cycle sees).
 
 Each store call carries whatever is pending when it goes: the answers of calls made since the
 last one (stamps), the previews asking to go now, and the waiting replies that are due, the
-first in line first (`bot.store.budget`'s `budget_take`). While a call is on its way the next
-ones gather, so a replica makes about one call a round trip however busy it is, and a quiet
-one answers each at once. A waiting reply is asked for again when the store said its slot can
+first in line first (`bot.store.budget`'s `budget_take`). A call goes at once, unless the last
+went less than GATHER_S ago or is still on its way: then what comes meanwhile gathers, so a
+busy replica makes at most one call each GATHER_S however many platform calls it makes, and a
+quiet one waits for nothing. A waiting reply is asked for again when the store said its slot can
 come, when a slot was given back early on any replica, or when a new reply might go at once;
 none of them polls. Between asks one call keeps all the waiting replies' places (their
 tickets) alive, so a dead replica's places lapse within `TICKET_TTL_MS`.
@@ -54,6 +55,10 @@ KEEP_EVERY_S = TICKET_TTL_MS / 1000 / 3
 ASK_AT_MOST = 128
 # The most answers recorded in one store call (the rest go in the next).
 STAMP_AT_MOST = 256
+# A store call goes at once when the last one went at least this long ago; else what comes
+# meanwhile gathers until then: a busy replica makes at most one call this often, however
+# many calls of the platform it makes, and a quiet one waits for nothing.
+GATHER_S = 0.02
 # Giving a place back is bounded: a store out of reach lets the ticket lapse instead.
 LEAVE_TIMEOUT_S = 2.0
 
@@ -240,6 +245,7 @@ class Pacer:
         outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
         down_since: float | None = None
         kept_at = time.monotonic()
+        called_at = 0.0
         while self._waiting or self._previews or self._stamps:
             now = time.monotonic()
             waiting = [one for one in self._waiting.values() if not one.slot.done()]
@@ -256,6 +262,10 @@ class Pacer:
                 else:
                     await self._sleep(min(one.due for one in waiting), kept_at + KEEP_EVERY_S)
                 continue
+            if now - called_at < GATHER_S:
+                await asyncio.sleep(called_at + GATHER_S - now)
+                continue
+            called_at = now
             asked: list[_Waiting] = []
             if replies_due:
                 # The first in line, those due (or new) before the others; the rest wait their
