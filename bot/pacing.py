@@ -105,8 +105,9 @@ class Paced:
         self.typing_interval_s = inner.typing_interval_s
         drafts = drafts_of(inner)
         self.draft_interval_s: float | None = drafts.draft_interval_s if drafts else None
-        # Until when (monotonic) previews are shed in a scope without asking, by scope.
-        self._shed_until: dict[str, float] = {}
+        # Until when (monotonic) previews of a kind are shed in a scope without asking, by
+        # kind and scope (drafts may use more of a scope than typing indicators).
+        self._shed_until: dict[tuple[Call, str], float] = {}
         self._told: set[str] = set()
 
     @property
@@ -268,7 +269,7 @@ class Paced:
         scopes = self.scopes(conversation, call)
         if not scopes:
             return None, None
-        shed = self._shed_here(scopes)
+        shed = self._shed_here(call, scopes)
         if shed is not None:
             self.stats.shed[call] += 1
             return None, shed
@@ -277,33 +278,35 @@ class Paced:
         if taken.status == "granted":
             return Slot(grant, scopes), None
         self.stats.shed[call] += 1
-        self._shed_for(taken)
+        self._shed_for(call, taken)
         return None, taken
 
-    def _shed_here(self, scopes: tuple[Scope, ...]) -> Taken | None:
+    def _shed_here(self, call: Call, scopes: tuple[Scope, ...]) -> Taken | None:
         """A preview shed without asking the store, or None: the store would shed it, as a
         reply of this replica waits for one of its scopes (no preview while a reply waits),
-        or it shed a preview in one of them lately and said when there may be room again."""
+        or it shed a preview of its kind in one of them lately and said when there may be
+        room again."""
         waited_for = self.pacer.waited_for(scopes)
         if waited_for is not None:
             return Taken("shed", 0, waited_for, False)
         now = time.monotonic()
         for scope in scopes:
-            until = self._shed_until.get(scope.name, 0.0)
+            until = self._shed_until.get((call, scope.name), 0.0)
             if until > now:
                 return Taken("shed", round((until - now) * 1000), scope.name, False)
         return None
 
-    def _shed_for(self, taken: Taken) -> None:
-        """Remember until when the store sheds previews in the scope that shed this one."""
+    def _shed_for(self, call: Call, taken: Taken) -> None:
+        """Remember until when the store sheds previews of this kind in the scope that shed
+        this one."""
         now = time.monotonic()
         if len(self._shed_until) >= SHED_REMEMBERED:
             self._shed_until = {
-                name: until for name, until in self._shed_until.items() if until > now
+                shed: until for shed, until in self._shed_until.items() if until > now
             }
             if len(self._shed_until) >= SHED_REMEMBERED:
                 self._shed_until.clear()
-        self._shed_until[taken.scope] = now + taken.wait_ms / 1000
+        self._shed_until[call, taken.scope] = now + taken.wait_ms / 1000
 
     async def _previewed(self, slot: Slot | None, call: Awaitable[None]) -> None:
         """Make a preview's call in its slot; a 429 holds previews alone, for every replica

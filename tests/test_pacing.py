@@ -312,3 +312,18 @@ async def test_an_answer_heard_while_the_store_is_away_is_recorded_once_it_is_ba
 
     await eventually(stamped, within_s=5, what="the answer recorded once the store is back")
     await paced.stop()
+
+
+async def test_a_typing_indicator_shed_does_not_shed_a_draft_without_asking(
+    store: Store,
+) -> None:
+    # Ten calls a second: a typing indicator must leave five free, a draft four (drafts rank
+    # above typing indicators), and five are taken.
+    platform = Platform(per_second=10)
+    paced = replica(store, platform)
+    await fill(paced, 5)
+    await paced.typing("telegram:1")
+    assert platform.typing_calls == [] and paced.stats.shed["typing"] == 1
+    # What the store said of the typing indicator is not taken to hold for the draft.
+    await paced.draft("telegram:1", 1, "so far")
+    assert platform.drafted == ["so far"]
