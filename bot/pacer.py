@@ -133,6 +133,8 @@ class Pacer:
         self._leaving: set[asyncio.Task[None]] = set()
         # The store's count of places and slots given back early, as last seen.
         self._freed: int | None = None
+        # When the last store call went (monotonic): the next gathers until GATHER_S after.
+        self._called_at = 0.0
         # Whether this replica has used the budget yet (a budget found without its epoch
         # afterwards lost its keys: bot.store.budget).
         self._seen = False
@@ -245,7 +247,6 @@ class Pacer:
         outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
         down_since: float | None = None
         kept_at = time.monotonic()
-        called_at = 0.0
         while self._waiting or self._previews or self._stamps:
             now = time.monotonic()
             waiting = [one for one in self._waiting.values() if not one.slot.done()]
@@ -262,10 +263,10 @@ class Pacer:
                 else:
                     await self._sleep(min(one.due for one in waiting), kept_at + KEEP_EVERY_S)
                 continue
-            if now - called_at < GATHER_S:
-                await asyncio.sleep(called_at + GATHER_S - now)
+            if now - self._called_at < GATHER_S:
+                await asyncio.sleep(self._called_at + GATHER_S - now)
                 continue
-            called_at = now
+            self._called_at = now
             asked: list[_Waiting] = []
             if replies_due:
                 # The first in line, those due (or new) before the others; the rest wait their

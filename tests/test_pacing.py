@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from bot.embedded import EmbeddedRedis
 from bot.message import PREVIEWS_SCOPE, Call, Scope, Throttled
+from bot.pacer import GATHER_S
 from bot.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
 from bot.store import Store
 from tests.conftest import eventually, server_ms
@@ -327,3 +328,26 @@ async def test_a_typing_indicator_shed_does_not_shed_a_draft_without_asking(
     # What the store said of the typing indicator is not taken to hold for the draft.
     await paced.draft("telegram:1", 1, "so far")
     assert platform.drafted == ["so far"]
+
+
+async def test_a_busy_replica_gathers_its_budget_calls(store: Store) -> None:
+    platform = Platform(per_second=1000)
+    paced = replica(store, platform)
+    conversations, rounds = 10, 10
+
+    async def showing(n: int) -> None:
+        # A conversation's typing indicator, again and again: ten of them, each a few
+        # milliseconds apart, come faster than the store's round trips are long.
+        await asyncio.sleep(n * 0.001)
+        for _ in range(rounds):
+            await paced.typing(f"telegram:{n}")
+            await asyncio.sleep(0.01)
+
+    began = time.monotonic()
+    await asyncio.gather(*(showing(n) for n in range(conversations)))
+    took = time.monotonic() - began
+    assert len(platform.typing_calls) == conversations * rounds
+    # Asks and answers gathered into one store call each GATHER_S (plus the last answers'),
+    # not one call each (two hundred).
+    assert paced.stats.calls["take"] <= took / GATHER_S + 2, (dict(paced.stats.calls), took)
+    assert paced.stats.calls["take"] <= conversations * rounds / 4, dict(paced.stats.calls)
