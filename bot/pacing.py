@@ -74,9 +74,9 @@ THROTTLED_ATTEMPTS = 5
 # A slot taken by `turn` and not used within this long is given back rather than trusted:
 # the store stops counting a call in flight after IN_FLIGHT_MS.
 SLOT_FRESH_S = IN_FLIGHT_MS / 1000 / 2
-# Previews a replica has heard are shed in a scope, by scope: no more are asked for there
-# until the store said the scope may have room again. Past this many scopes remembered, the
-# ones whose time has passed are forgotten.
+# Previews of a kind a replica has heard are shed in a scope: no more of that kind are asked
+# for there until the store said the scope may have room again. Past this many remembered,
+# the ones whose time has passed are forgotten.
 SHED_REMEMBERED = 1024
 # A retry_after outside these bounds is the platform's mistake (or a hostile proxy's): a hold
 # is at least a second (0 or less would let the next call straight into the same 429) and at
