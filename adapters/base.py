@@ -95,7 +95,7 @@ class LogsIn(Protocol):
 
     async def login(self) -> None:
         """Check that the platform accepts the credentials, before `run`. Raises
-        `bot.settings.ConfigError`, naming the setting and never quoting its value, when the
+        `bot.config.settings.ConfigError`, naming the setting and never quoting its value, when the
         platform refuses them; returns when it accepts them, and also when it cannot be
         reached (`run` keeps trying then). The caller bounds it in time."""
 

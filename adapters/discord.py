@@ -93,11 +93,10 @@ from adapters.base import (
     replying,
     until_stored,
 )
-from bot import logs
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.check import Check, guarded
-from bot.credentials import Credential
+from bot.config.credentials import Credential
+from bot.config.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
 from bot.message import (
     BOT_SCOPE,
     PREVIEWS_SCOPE,
@@ -115,7 +114,8 @@ from bot.message import (
     edited_id,
     platform_id,
 )
-from bot.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
+from bot.ops.check import Check, guarded
+from bot.service import logs
 
 log = logging.getLogger(__name__)
 

@@ -97,11 +97,19 @@ from adapters.base import (
     until_stored,
 )
 from adapters.telegram_html import plain_text, render_draft, render_part
-from bot import logs
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.check import Check, guarded
-from bot.credentials import Credential
+from bot.config.credentials import Credential
+from bot.config.settings import (
+    ENV_PREFIX,
+    ConfigError,
+    ListenAddress,
+    OptionalWebUrl,
+    RequiredSecret,
+    Secret,
+    Settings,
+    WebUrl,
+)
 from bot.message import (
     BOT_SCOPE,
     Attachment,
@@ -117,16 +125,8 @@ from bot.message import (
     Unreachable,
     edited_id,
 )
-from bot.settings import (
-    ENV_PREFIX,
-    ConfigError,
-    ListenAddress,
-    OptionalWebUrl,
-    RequiredSecret,
-    Secret,
-    Settings,
-    WebUrl,
-)
+from bot.ops.check import Check, guarded
+from bot.service import logs
 
 log = logging.getLogger(__name__)
 

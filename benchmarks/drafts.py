@@ -28,12 +28,12 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.llm import OpenAILLM
+from bot.config.settings import DebounceSettings, LLMSettings, Settings
+from bot.core.runtime import Runtime
+from bot.llm.base import OpenAILLM
 from bot.message import InboundMessage
-from bot.runtime import Runtime
-from bot.settings import DebounceSettings, LLMSettings, Settings
+from bot.service.app import make_store
+from bot.store.connect import make_client
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.fakes.telegram_server import FakeTelegram
 

@@ -72,11 +72,11 @@ import aiohttp
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis
-from bot.settings import DebounceSettings, Settings
+from bot.config.settings import DebounceSettings, Settings
+from bot.service.app import make_store
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.fakes.telegram_server import FakeTelegram

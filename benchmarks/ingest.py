@@ -4,7 +4,7 @@
 
 One real server (the embedded one, unix socket, no append-only file). Each row runs 1 or 2
 separate OS processes (this module with ``--worker``), each with the client the bot builds
-(`bot.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
+(`bot.store.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
 in flight, sharing `--messages` messages between them, round-robin over `--users`
 conversations (so both processes write to the same conversations, as replicas behind a load
 balancer do):
@@ -61,11 +61,11 @@ from redis.exceptions import ResponseError
 from benchmarks.command_line import reap, timed_run
 from benchmarks.roundtrips import CLIENT_COMMANDS
 from benchmarks.wakeup import print_table
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis, server_binary
+from bot.config.settings import Settings
 from bot.message import InboundMessage
-from bot.settings import Settings
 from bot.store import Store, StoreSettings
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis, server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = "telegram"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table
-from bot.settings import DebounceSettings
+from bot.config.settings import DebounceSettings
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.running import clean_environ
 

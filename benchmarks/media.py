@@ -26,12 +26,12 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.media import Media, Timings
+from bot.config.settings import LLMSettings, MediaSettings, Settings
+from bot.llm.media import Media, Timings
+from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, InboundMessage
-from bot.settings import LLMSettings, MediaSettings, Settings
-from bot.transcribe import OpenAITranscriber
+from bot.service.app import make_store
+from bot.store.connect import make_client
 from tests.fakes import files
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram

@@ -96,11 +96,11 @@ async def closed(media: Any) -> None:
 
 async def stall(folder: Path, window_s: float) -> None:
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_store
-    from bot.connect import make_client
-    from bot.media import Media
+    from bot.config.settings import MediaSettings, Settings
+    from bot.llm.media import Media
     from bot.message import Attachment
-    from bot.settings import MediaSettings, Settings
+    from bot.service.app import make_store
+    from bot.store.connect import make_client
 
     pdfs = {f"r{i}": (folder / f"hostile-{i}.pdf").read_bytes() for i in range(HOSTILE)}
     loop = asyncio.get_running_loop()
@@ -152,13 +152,13 @@ async def stall(folder: Path, window_s: float) -> None:
 
 
 def image_function(data: bytes) -> Callable[[], object]:
-    """The tree's image encoding, on `data`: bot.media's own (before) or bot.heavy's (after).
-    Told apart by bot.media, not by importing bot.heavy: the editable install would find this
-    tree's bot.heavy for a tree that has none."""
-    media = importlib.import_module("bot.media")
+    """The tree's image encoding, on `data`: bot.llm.media's own (before) or bot.llm.heavy's (after).
+    Told apart by bot.llm.media, not by importing bot.llm.heavy: the editable install would find this
+    tree's bot.llm.heavy for a tree that has none."""
+    media = importlib.import_module("bot.llm.media")
     if hasattr(media, "encode_image"):
         return partial(media.encode_image, data, 1568, 85)
-    heavy = importlib.import_module("bot.heavy")
+    heavy = importlib.import_module("bot.llm.heavy")
     return partial(heavy.encode_image, data, 1568, 85, 24_000_000)
 
 
@@ -186,12 +186,12 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_store
-    from bot.connect import make_client
-    from bot.media import Media
+    from bot.config.settings import LLMSettings, MediaSettings, Settings
+    from bot.llm.media import Media
+    from bot.llm.transcribe import OpenAITranscriber
     from bot.message import Attachment
-    from bot.settings import LLMSettings, MediaSettings, Settings
-    from bot.transcribe import OpenAITranscriber
+    from bot.service.app import make_store
+    from bot.store.connect import make_client
     from tests.fakes.openai_server import FakeOpenAI
 
     voice = (folder / "voice.ogg").read_bytes()

@@ -84,11 +84,11 @@ from redis.asyncio import Redis
 from benchmarks.command_line import timed_run
 from benchmarks.flood import model_env, ready, scrape
 from benchmarks.wakeup import bench_settings, percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis
 from bot.message import BOT_SCOPE, Scope
+from bot.service.app import make_store
 from bot.store import Ask, BudgetKeys, Stamp
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.limits import Limits
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI

@@ -62,7 +62,7 @@ says "DON'T", when it answers in text and calls nothing.
    step and no start of its call, and the window's deadline is more than `VETO_MARGIN_MS`
    ahead on the server's clock) and the user at once writes "wait, DON'T book it", inside the
    window. The newest word governs: the held call never runs, the next generation tells the
-   model it was not run (`bot.steps.NOT_RUN`), and the model, reading the veto, answers
+   model it was not run (`bot.core.steps.NOT_RUN`), and the model, reading the veto, answers
    without calling. Per row: requested calls; vetoed (the veto sent while the call was held);
    told "not run" (users whose model read `NOT_RUN` for the held call); side-effect runs of
    vetoed calls (their lines in the file) and per vetoed call (0.00); replies per user (1);
@@ -146,12 +146,12 @@ from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.flood import LAG_RECENT, LagWatch, ready, scrape, settle
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import Client, make_client
-from bot.embedded import EmbeddedRedis
-from bot.settings import DebounceSettings, Settings, ToolsSettings
-from bot.steps import NOT_RUN
+from bot.config.settings import DebounceSettings, Settings, ToolsSettings
+from bot.core.steps import NOT_RUN
+from bot.service.app import make_store
 from bot.store import Store
+from bot.store.connect import Client, make_client
+from bot.store.embedded import EmbeddedRedis
 from bot.store.replies import as_text
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy

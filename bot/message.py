@@ -399,7 +399,7 @@ def kind_of(scope: str) -> str:
 class Limited(Protocol):
     """What an outbound whose platform limits how fast the bot may call it adds to
     `Outbound`: the limits each call falls under. The core paces every call by them, across
-    every replica (`bot.pacing`). Optional: an outbound without it (the console) is not paced."""
+    every replica (`bot.outbound.pacing`). Optional: an outbound without it (the console) is not paced."""
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         """The limits a `call` in `conversation` counts against, e.g. the bot's and the

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bot.runtime import Runtime
+from bot.core.runtime import Runtime
 from bot.tools import Toolbox
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled

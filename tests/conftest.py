@@ -22,13 +22,13 @@ from typing import Any, Protocol, TypeVar
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.connect import Client
-from bot.embedded import EmbeddedRedis
-from bot.llm import LLM, EchoLLM, OpenAILLM
-from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.config.settings import Settings
+from bot.core.runtime import Runtime
+from bot.llm.base import LLM, EchoLLM, OpenAILLM
+from bot.service.app import make_store
 from bot.store import Keys, Store
+from bot.store.connect import Client
+from bot.store.embedded import EmbeddedRedis
 from bot.tools import Toolbox
 from tests.fakes.outbound import RecordingOutbound
 

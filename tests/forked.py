@@ -37,7 +37,13 @@ from typing import IO
 
 # What the zygote imports before it forks: lastword's CLI, its app and every built-in
 # platform, so a child finds them all loaded.
-PRELOADED = ("bot.cli", "bot.app", "adapters.console", "adapters.telegram", "adapters.discord")
+PRELOADED = (
+    "bot.service.cli",
+    "bot.service.app",
+    "adapters.console",
+    "adapters.telegram",
+    "adapters.discord",
+)
 # How long a test waits for the zygote to listen, or to answer a spawn, before it gives up
 # on it and execs `python -m bot` instead.
 ZYGOTE_START_S = 30.0
@@ -148,7 +154,7 @@ def _become(request: dict[str, object], fds: list[int], connection: socket.socke
         sys.argv = ["lastword", *argv]
         connection.sendall(f"pid {os.getpid()}\n".encode())
         connection.close()
-        from bot.cli import main
+        from bot.service.cli import main
 
         code = main(argv)
     except SystemExit as exc:

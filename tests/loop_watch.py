@@ -11,7 +11,7 @@ is not the code's:
   `held_s`, the longest the code held the loop, computing or blocked. How late the ticks
   ran (`late_s`, what `bot.loop_lag` reports in production) is printed beside it. Where the
   kernel keeps no such count, `held_s` is the lateness itself.
-- **The test process's heap.** `lastword run` freezes its heap once it is up (`bot.app`:
+- **The test process's heap.** `lastword run` freezes its heap once it is up (`bot.service.app`:
   `gc.freeze()`), so the collector never walks the libraries and clients again; a pytest
   worker has no such moment, and by its few hundredth test a full collection of what it holds
   takes 200-700 ms of a loaded runner. So a watch starts as a replica does: everything made so

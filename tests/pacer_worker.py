@@ -1,6 +1,6 @@
 """One replica's outbound and nothing else, as its own OS process: the real Telegram adapter
 (python-telegram-bot, against the fake Bot API) paced by the shared outbound budget
-(`bot.pacing.Paced`), sending messages into one conversation all at once.
+(`bot.outbound.pacing.Paced`), sending messages into one conversation all at once.
 
 For the budget's tests where no `lastword run` can reach the conversation yet (a group: the
 adapters take DMs only). Run as ``python -m tests.pacer_worker <conversation> <count>`` with
@@ -14,10 +14,10 @@ import asyncio
 import sys
 
 from adapters.telegram import TelegramAdapter, TelegramSettings
-from bot.app import make_store
-from bot.connect import make_client
-from bot.pacing import Paced
-from bot.settings import load_settings
+from bot.config.settings import load_settings
+from bot.outbound.pacing import Paced
+from bot.service.app import make_store
+from bot.store.connect import make_client
 
 
 async def main(conversation: str, count: int) -> int:

@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.connect import make_client
-from bot.llm import make_llm
+from bot.config.settings import Settings, load_settings
+from bot.core.runtime import Runtime
+from bot.llm.base import make_llm
 from bot.message import InboundMessage, NoFiles, SendFailed, Unavailable
-from bot.runtime import Runtime
-from bot.settings import Settings, load_settings
+from bot.service.app import make_store
+from bot.store.connect import make_client
 
 log = logging.getLogger("tests.replica")
 

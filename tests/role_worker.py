@@ -1,7 +1,7 @@
 """One replica competing for a role, as its own OS process, for the multi-process role test.
 
 Run as ``python -m tests.role_worker <redis url> <role name> <ttl ms>``. It runs the real
-`bot.roles.run_exclusively` against the server, with work that prints ``working <pid>`` to
+`bot.core.roles.run_exclusively` against the server, with work that prints ``working <pid>`` to
 stdout every `BEAT_S` for as long as it runs (after one ``ready <pid>`` line at start). It
 exits when its stdin closes, so an orphaned worker never outlives its test.
 """
@@ -16,7 +16,7 @@ import sys
 from redis.asyncio import Redis
 
 from bot.cancel import cancel_and_wait
-from bot.roles import run_exclusively
+from bot.core.roles import run_exclusively
 from bot.store import Store, StoreSettings
 
 # How often the work says it is running.

@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
-from bot.settings import ToolsSettings
+from bot.config.settings import ToolsSettings
 from tests.forked import Forked, spawn
 
 T = TypeVar("T")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from redis import Redis as SyncRedis
 
-from bot.embedded import EmbeddedRedis
 from bot.message import Attachment
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.test_cli import closed_port

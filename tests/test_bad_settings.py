@@ -26,9 +26,10 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from bot import cli, spelling
-from bot.embedded import EmbeddedRedis
-from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, load_settings, settings_tree
+from bot.config import spelling
+from bot.config.settings import ENV_PREFIX, PLATFORM_SECTIONS, load_settings, settings_tree
+from bot.service import cli
+from bot.store.embedded import EmbeddedRedis
 from tests.test_settings import cwd
 
 __all__ = ["cwd"]  # the fixture, imported for pytest
@@ -422,7 +423,7 @@ def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
         "import logging\n"
         "import adapters.discord  # its library's irrelevant warning is named there\n"
         "from bot import logs\n"
-        "from bot.settings import Settings\n"
+        "from bot.config.settings import Settings\n"
         "logs.setup(Settings(log_format='logfmt'), 'INFO')\n"
         "logging.getLogger('lastword').error('the store is gone')\n"
         "logging.getLogger('lastword').info('still here')\n"

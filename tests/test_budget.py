@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.message import PREVIEWS_SCOPE, Call, Scope
-from bot.pacing import shared_fairly
+from bot.outbound.pacing import shared_fairly
 from bot.store import BudgetKeys, Store, Taken
 from bot.store.budget import FAIR_BURST, POLL_MS, TICKET_TTL_MS
 from tests.conftest import server_ms

@@ -22,13 +22,13 @@ from redis.exceptions import (
 )
 
 import adapters
-from bot import doctor
-from bot.app import make_store
-from bot.cli import show_status
-from bot.connect import mode_of, open_client
 from bot.message import Scope
-from bot.status import collect
+from bot.ops import doctor
+from bot.ops.status import collect
+from bot.service.app import make_store
+from bot.service.cli import show_status
 from bot.store import BudgetKeys, Keys, StoreUnavailable, lease_token, reaching_redis
+from bot.store.connect import mode_of, open_client
 from tests.builders import message
 from tests.clusters import (
     Cluster,

@@ -20,10 +20,10 @@ from redis import Redis as SyncRedis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from bot.connect import open_client
-from bot.doctor import durability_check
 from bot.message import InboundMessage
+from bot.ops.doctor import durability_check
 from bot.store import Keys, Store, StoreSettings, StoreUnavailable, lease_token
+from bot.store.connect import open_client
 from bot.store.durability import NO_AOF_FIX, Durability, Refused
 from tests.builders import message
 from tests.clusters import (

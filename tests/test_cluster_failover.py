@@ -36,10 +36,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import MovedError
 
-from bot.connect import Client, open_client
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.connect import Client, open_client
 from bot.store.durability import Level, Refused, probe, waits_for
+from bot.store.embedded import EmbeddedRedis
 from tests.clusters import (
     MASTER_NAME,
     Cluster,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually, settled
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.telegram_server import FakeTelegram

@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-from bot import admin
-from bot.command import Change
 from bot.commands import (
     HELP,
     NOTHING_TO_RETRY,
@@ -20,18 +18,20 @@ from bot.commands import (
     START,
     STOPPED,
     Ask,
+    admin,
     command_of,
     decoded,
     encoded,
     plan,
     unknown,
 )
+from bot.commands.base import Change
 from bot.commands.chat import ModelPick
 from bot.commands.forget import Asked, Erase
 from bot.commands.persona import Persona
+from bot.config.settings import Settings
+from bot.core.runtime import Runtime
 from bot.message import Attachment
-from bot.runtime import Runtime
-from bot.settings import Settings
 from tests.builders import message
 from tests.conftest import RuntimeFactory, SettingsFactory, settled
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI

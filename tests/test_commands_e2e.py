@@ -17,7 +17,7 @@ import pytest
 
 from bot.commands import ECHO_MODEL_ANSWER, unknown
 from bot.commands.forget import CONFIRM, FORGOTTEN
-from bot.prompt import PERSONA_INTRO
+from bot.llm.prompt import PERSONA_INTRO
 from bot.store import HistoryEntry, Keys
 from tests.conftest import settled
 from tests.fakes import files

@@ -1,4 +1,4 @@
-"""The adapter conformance suite (`adapters.conformance`) run against the built-in platforms,
+"""The adapter conformance suite (`bot.testing.conformance`) run against the built-in platforms,
 each on its loopback fake (Telegram's Bot API, Discord's REST API and gateway) or a fake
 terminal (the console), with the real runtime and store in this process."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.conformance import USER_TYPING, AdapterConformance, FakePlatform
+from bot.testing.conformance import USER_TYPING, AdapterConformance, FakePlatform
 from tests.fakes.platforms import ConsolePlatform, DiscordPlatform, TelegramPlatform
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import HistoryEntry, Keys
+from bot.store.embedded import EmbeddedRedis
 
 CONVERSATION = "console:local"
 # Both ways of starting the bot: the module and the console script installed next to python.

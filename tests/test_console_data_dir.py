@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.embedded import in_use
+from bot.store.embedded import in_use
 from tests.fakes.telegram_server import FakeTelegram
 from tests.running import Running, clean_environ
 from tests.test_console import Bot, assert_no_server, run_bot, server_pids

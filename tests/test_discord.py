@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.commands import HELP, REFUSAL
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.conftest import settled as conversation_settled
 from tests.fakes.discord_server import FakeDiscord, ScriptedError

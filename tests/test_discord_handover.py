@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord
 from tests.running import Running
@@ -52,7 +52,7 @@ async def start_with_inbox_cap(env: dict[str, str], cap: int) -> Running:
         sys.executable,
         "-c",
         f"import adapters.discord; adapters.discord.INBOX_CAP = {cap}\n"
-        "from bot.cli import main\nraise SystemExit(main(['run']))",
+        "from bot.service.cli import main\nraise SystemExit(main(['run']))",
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.discord import RESUME_ATTEMPTS
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.discord_server import CLOSE_SESSION_TIMED_OUT, FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.running import Running

@@ -22,11 +22,11 @@ from redis.asyncio import Redis
 
 import adapters
 import bot.store
-from bot import doctor
-from bot.check import Check
-from bot.doctor import MemoryPolicy, exit_code, memory_verdict, render, store_scripts
-from bot.embedded import EmbeddedRedis
-from bot.settings import load_settings
+from bot.config.settings import load_settings
+from bot.ops import doctor
+from bot.ops.check import Check
+from bot.ops.doctor import MemoryPolicy, exit_code, memory_verdict, render, store_scripts
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import SettingsFactory
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.loopback import LoopbackServer

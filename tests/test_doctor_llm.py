@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.check import Check
-from bot.doctor import BASE_URL_EXAMPLES, NOT_CHECKED_TOOLS, Caution, exit_code, render
-from bot.tool_refusals import NO_TOOLS_FIX, TOOL_FIX
+from bot.llm.tool_refusals import NO_TOOLS_FIX, TOOL_FIX
+from bot.ops.check import Check
+from bot.ops.doctor import BASE_URL_EXAMPLES, NOT_CHECKED_TOOLS, Caution, exit_code, render
 from bot.tools.python import PythonTool
 from tests.conftest import SettingsFactory
 from tests.fakes.loopback import LoopbackServer

@@ -22,9 +22,9 @@ from telegram import Update
 from adapters.telegram import TelegramAdapter, TelegramSettings, normalize
 from adapters.telegram_html import well_formed
 from bot.commands import STOPPED
-from bot.drafts import Drafter, drafting
 from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
-from bot.typing_indicator import Typing
+from bot.outbound.drafts import Drafter, drafting
+from bot.outbound.typing_indicator import Typing
 from tests.conftest import counters, eventually, settled
 from tests.fakes.telegram_server import STOP_PRESSED, FakeTelegram, RecordedCall, ScriptedError
 from tests.running import Running, run_env

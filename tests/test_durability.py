@@ -22,11 +22,10 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.discord import NONCE_CHARS, nonce
-from bot.app import _check_durability
-from bot.cycle import idempotency_key
-from bot.doctor import durability_check
-from bot.embedded import EmbeddedRedis
-from bot.settings import ConfigError, Settings
+from bot.config.settings import ConfigError, Settings
+from bot.core.cycle import idempotency_key
+from bot.ops.doctor import durability_check
+from bot.service.app import _check_durability
 from bot.store import Ingested, Keys, Store, StoreSettings, StoreUnavailable, lease_token
 from bot.store import durability as durability_module
 from bot.store.durability import (
@@ -36,6 +35,7 @@ from bot.store.durability import (
     Server,
     waits_for,
 )
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import eventually
 from tests.fakes.loopback import free_port

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from bot import admin
-from bot.cycle import CAUSE
-from bot.llm import EchoLLM
+from bot.commands import admin
+from bot.core.cycle import CAUSE
+from bot.llm.base import EchoLLM
 from bot.store import Keys
 from bot.store.keys import ACCESS_KEY
 from tests.builders import message
@@ -45,7 +45,7 @@ async def test_a_reply_that_fails_every_time_ends_in_one_apology_and_the_next_is
     # The day's token count in the wrong type: reading the user's spending fails each time.
     await redis.set(day_key(), "not a hash")
     runtime, outbound = await runtime_factory()
-    caplog.set_level(logging.WARNING, logger="bot.cycle")
+    caplog.set_level(logging.WARNING, logger="bot.core.cycle")
     await runtime.ingest(message(n=1))
     await runtime.ingest(message(n=2))
     [apology] = await outbound.wait_for(1, timeout=20)
@@ -219,7 +219,7 @@ async def test_a_commit_that_fails_for_good_is_logged_once_and_the_conversation_
     # however often it is retried, while the lease would renew for ever.
     await redis.set(Keys(CONV).tools, "damaged by hand")
     runtime, outbound = await runtime_factory()
-    caplog.set_level(logging.WARNING, logger="bot.cycle")
+    caplog.set_level(logging.WARNING, logger="bot.core.cycle")
     await runtime.ingest(message(n=1))
     await outbound.wait_for(1)
     await settled(runtime, CONV, version=1)

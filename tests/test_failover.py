@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.connect import Client, make_client
-from bot.embedded import EmbeddedRedis
+from bot.service.app import make_store
 from bot.store import StoreUnavailable
+from bot.store.connect import Client, make_client
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.loopback import free_port

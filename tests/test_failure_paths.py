@@ -23,10 +23,10 @@ from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from bot.app import make_store
-from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
+from bot.service.app import make_store
 from bot.store import Keys, classify
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI

@@ -163,7 +163,7 @@ async def test_status_without_a_running_bot_ends_at_error_priority(short_dir: Pa
 # A platform plug-in with a bug: making its adapter fails, saying the LLM's key.
 CRASHING_PLUGIN = """
 from adapters import Platform
-from bot.check import Check
+from bot.ops.check import Check
 
 
 def create(settings):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.commands.forget import CONFIRM, FORGOTTEN
-from bot.connect import open_client
-from bot.prompt import PERSONA_INTRO
+from bot.llm.prompt import PERSONA_INTRO
+from bot.service.app import make_store
 from bot.store import FORGET_CONFIRM_MS, Keys
+from bot.store.connect import open_client
 from tests.builders import message
 from tests.chatting import CONV, fake, replica, say
 from tests.clusters import Cluster, cluster, conversations_on_each_primary

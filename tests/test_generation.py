@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.cycle import APOLOGY
-from bot.runtime import Runtime
+from bot.core.cycle import APOLOGY
+from bot.core.runtime import Runtime
 from bot.store import Keys
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled

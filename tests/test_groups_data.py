@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from redis.asyncio import Redis
 
+from bot.core.runtime import Runtime
+from bot.llm.others import TOOL_DATA, encoded, entry
 from bot.message import InboundMessage, Quote, Said, edited_id
-from bot.others import TOOL_DATA, encoded, entry
-from bot.runtime import Runtime
 from bot.store import Keys
 from bot.tokens import Counter
 from tests.chatting import fake

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.message import Place
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI

@@ -1,7 +1,7 @@
 """What is addressed to the bot, and who is a person, at the edges (issue 46): the adapters'
 `normalize` on the platforms' own payloads (Telegram's as the fake Bot API builds them), a
 reply target the platform cannot take, a group's move to a supergroup, and the core's choices
-(`bot.groups`, the Runtime over a real store) for the lines people actually write."""
+(`bot.core.groups`, the Runtime over a real store) for the lines people actually write."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from telegram import Bot, Update, User
 from adapters.discord import DiscordAdapter, DiscordSettings
 from adapters.telegram import TelegramAdapter, TelegramSettings, migration, normalize
 from bot.cancel import cancel_and_wait
-from bot.groups import addressed, group_switch
+from bot.core.groups import addressed, group_switch
 from bot.message import InboundMessage, Place
 from bot.store import Keys, Store
 from bot.store.keys import ACCESS_KEY

@@ -2,7 +2,7 @@
 fake Bot API enforcing Telegram's limits (20 messages a minute in a group, one a second in a
 chat). One member mentions the bot once a second, within the per-person rate; on a budget
 served first come, first served her replies would spend the group's minute within 20 s and
-the next person to ask would wait for it to pass. Shared fairly (bot/pacing.py), she gets the
+the next person to ask would wait for it to pass. Shared fairly (bot/outbound/pacing.py), she gets the
 group's slots at her share of its rate, her newer messages fold into fewer replies, and the
 other member is answered at once.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.message import Place
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
 from tests.test_outbound_budget import described, fleet, post

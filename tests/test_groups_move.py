@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.commands.forget import CONFIRM, forgotten
-from bot.connect import open_client
+from bot.core.runtime import Runtime
 from bot.message import InboundMessage, Place
-from bot.runtime import Runtime
+from bot.service.app import make_store
 from bot.store import Keys
+from bot.store.connect import open_client
 from bot.store.keys import PersonKeys
 from bot.store.replies import as_text
 from tests.chatting import fake

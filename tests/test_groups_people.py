@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.openai_server import RecordedRequest
 from tests.fakes.telegram_server import ANONYMOUS_ADMIN, SERVICE_ACCOUNT
 from tests.test_groups_telegram import (
@@ -97,7 +97,7 @@ async def test_edits_people_replies_and_a_migration_in_a_group(
         assert len(fake.bot_replies_in(GROUP)) == 2
 
         # Bob replies to the bot's answer to Ann: the model sees that answer, as data.
-        # NEEDS the quoted message's rendering (bot/others.py, another part of issue 46) as
+        # NEEDS the quoted message's rendering (bot/llm/others.py, another part of issue 46) as
         # well as the adapter's `quoted`.
         bob_asks = fake.group_text_update(
             GROUP, BOB, "is that right?", first_name="Bob", reply_to=answer.result["message_id"]

@@ -14,10 +14,10 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.commands import admins_only
-from bot.groups import ALLOWED, DENIED, addressed
+from bot.core.groups import ALLOWED, DENIED, addressed
+from bot.core.runtime import Runtime
+from bot.llm.others import entry
 from bot.message import InboundMessage, Place, Quote
-from bot.others import entry
-from bot.runtime import Runtime
 from bot.store import Keys
 from bot.tools import Toolbox
 from tests.chatting import fake

@@ -16,10 +16,10 @@ from redis.asyncio import Redis
 
 from bot.commands import STOPPED
 from bot.commands.forget import FORGOTTEN
-from bot.embedded import EmbeddedRedis
+from bot.llm.others import ROOM_CLOSE, entry
 from bot.message import Place
-from bot.others import ROOM_CLOSE, entry
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI, RecordedRequest
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall

@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.embedded import EmbeddedRedis
+from bot.core.runtime import Runtime
 from bot.message import BOT_SCOPE, Call, Scope
-from bot.metrics import PING_TIMEOUT_S, HealthServer
-from bot.pacing import HELD_LONG_S
-from bot.runtime import Runtime
+from bot.outbound.pacing import HELD_LONG_S
+from bot.service.metrics import PING_TIMEOUT_S, HealthServer
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import RuntimeFactory, eventually, settled
 from tests.fakes.loopback import free_port

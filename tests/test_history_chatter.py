@@ -17,9 +17,9 @@ import pytest
 
 from bot.commands import HELP, RESET, START, STOPPED
 from bot.commands.forget import CONFIRM, FORGOTTEN
-from bot.cycle import APOLOGY
-from bot.history import conversation_of, last_reply
-from bot.prompt import FOLD_HEADER, Image, Prompt, Turn, Used
+from bot.core.cycle import APOLOGY
+from bot.core.history import conversation_of, last_reply
+from bot.llm.prompt import FOLD_HEADER, Image, Prompt, Turn, Used
 from bot.store import HistoryEntry
 from tests.conftest import settled
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, strict_turns

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from bot.history import conversation_of
-from bot.llm import OpenAILLM, Usage
-from bot.prompt import Prompt, Turn, used_of
+from bot.core.history import conversation_of
+from bot.llm.base import OpenAILLM, Usage
+from bot.llm.prompt import Prompt, Turn, used_of
 from bot.store import HistoryEntry
 from tests.chatting import fake
 from tests.fakes.openai_server import FakeOpenAI, strict_turns

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bot import unit
-from bot.embedded import EmbeddedRedis
+from bot.ops import unit
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_console import clean_env
 

@@ -1,5 +1,5 @@
 """The hexagon's walls, read from the source: the core knows no platform, and no platform
-knows the store. Only the composition root (bot/app.py, bot/cli.py) sees both sides."""
+knows the store. Only the composition root (bot/service/app.py, bot/service/cli.py) sees both sides."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSITION_ROOT = {Path("bot/app.py"), Path("bot/cli.py")}
+COMPOSITION_ROOT = {Path("bot/service/app.py"), Path("bot/service/cli.py")}
 # Each package, with the modules none of its files may import.
 FORBIDDEN = {
     "bot": ("telegram", "discord", "adapters"),

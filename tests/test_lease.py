@@ -1,4 +1,4 @@
-"""The lease keeper (`bot.lease`), against a real server: it keeps a lease past its TTL, stops
+"""The lease keeper (`bot.core.lease`), against a real server: it keeps a lease past its TTL, stops
 the work it guards once the lease is lost (taken over, or not confirmed in time, however the
 renewal fails), tells a deliberate hand-back from a loss, and confirms the lease before a side
 effect when it may be stale."""
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.embedded import EmbeddedRedis
-from bot.lease import LeaseKeeper, LeaseLost
+from bot.core.lease import LeaseKeeper, LeaseLost
+from bot.service.app import make_store
 from bot.store import Lease, Store, lease_token
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually
 from tests.test_roles import Work

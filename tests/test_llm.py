@@ -16,8 +16,10 @@ from typing import Any, Literal
 
 import pytest
 
-from bot.cycle import APOLOGY
-from bot.llm import (
+from bot.config.settings import LLMSettings
+from bot.core.cycle import APOLOGY
+from bot.core.runtime import Runtime
+from bot.llm.base import (
     DRAIN_S,
     TAIL_S,
     Answer,
@@ -28,9 +30,7 @@ from bot.llm import (
     generate,
     sse_events,
 )
-from bot.prompt import FOLD_HEADER, Image, Prompt, Turn
-from bot.runtime import Runtime
-from bot.settings import LLMSettings
+from bot.llm.prompt import FOLD_HEADER, Image, Prompt, Turn
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI, RawReply, ScriptedError
@@ -248,7 +248,7 @@ async def test_a_provider_that_refuses_stream_options_still_streams(
     for usage, request in ((first, fake.requests[0]), (second, fake.requests[1])):
         [attempt] = usage.attempts
         assert not attempt.reported and attempt.completion_tokens == request.pieces_streamed
-    [warning] = [r for r in caplog.records if r.name == "bot.llm"]
+    [warning] = [r for r in caplog.records if r.name == "bot.llm.base"]
     assert "stream_options" in warning.getMessage()
 
 
@@ -307,7 +307,7 @@ async def test_a_stream_that_breaks_midway_is_retried(
     broken, whole = usage.attempts
     assert not broken.reported and broken.completion_tokens == first.pieces_streamed > 0
     assert whole.reported
-    [retried] = [r for r in caplog.records if r.name == "bot.llm"]
+    [retried] = [r for r in caplog.records if r.name == "bot.llm.base"]
     assert ("overloaded" if how == "error" else "the stream broke") in retried.getMessage()
 
 
@@ -438,7 +438,9 @@ async def test_transient_failures_are_retried_with_backoff(
     # Jitter takes at most half off base * 2**attempt, so each wait is at least half of that.
     assert starts[1] - starts[0] >= base_s * 0.5
     assert starts[2] - starts[1] >= base_s * 2 * 0.5
-    retried = [r for r in caplog.records if r.name == "bot.llm" and r.levelno == logging.WARNING]
+    retried = [
+        r for r in caplog.records if r.name == "bot.llm.base" and r.levelno == logging.WARNING
+    ]
     assert len(retried) == 2
     assert_key_not_logged(caplog)
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from bot.llm import (
+from bot.llm.base import (
     MAX_ARGUMENT_BYTES,
     MAX_CALLS,
     Answer,
@@ -26,7 +26,7 @@ from bot.llm import (
     Usage,
     generate,
 )
-from bot.prompt import Prompt
+from bot.llm.prompt import Prompt
 from bot.tools import Tool, ToolCall
 from tests.chatting import fake
 from tests.fakes.openai_server import FakeOpenAI, RawReply, ToolCalls, ToolPolicy

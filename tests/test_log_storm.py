@@ -1,5 +1,5 @@
 """Quiet logs in a storm: a warning repeated within a minute is written once, then counted
-(`bot.logs.Collapse`), for every log format, and through `lastword run` while Redis is down."""
+(`bot.service.logs.Collapse`), for every log format, and through `lastword run` while Redis is down."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import logs
-from bot.embedded import EmbeddedRedis
-from bot.logs import TIMES, Collapse, LogStyle
+from bot.service import logs
+from bot.service.logs import TIMES, Collapse, LogStyle
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import SettingsFactory
 from tests.test_console import Bot
 
@@ -175,7 +175,7 @@ def test_every_log_format_collapses_repeats(
     try:
         logs.setup(make_settings(log_format=style), "INFO")
         for _ in range(4):
-            logging.getLogger("bot.timers").warning("sweep skipped: %s", OSError("down"))
+            logging.getLogger("bot.core.timers").warning("sweep skipped: %s", OSError("down"))
         root.handlers[0].close()
     finally:
         root.handlers[:], root.level = saved

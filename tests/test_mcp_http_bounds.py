@@ -28,7 +28,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from bot.settings import McpServer, ToolsSettings
+from bot.config.settings import McpServer, ToolsSettings
 from bot.tools.http_limits import Events
 from bot.tools.load import load_toolbox
 from bot.tools.mcp import McpSource, TooLong

@@ -13,11 +13,11 @@ import pytest
 from PIL import Image as Pillow
 from redis.asyncio import Redis
 
-from bot.heavy import Unreadable, encode_image, pdf_text
-from bot.media import Media, decode_text, image_tokens
+from bot.config.settings import MediaSettings
+from bot.llm.heavy import Unreadable, encode_image, pdf_text
+from bot.llm.media import Media, decode_text, image_tokens
+from bot.llm.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
 from bot.message import GROUP_FIELDS, Attachment, InboundMessage
-from bot.prompt import FOLD_HEADER, Image, Turn, estimated_tokens, fit
-from bot.settings import MediaSettings
 from bot.store import HistoryEntry, Keys, Store
 from bot.tokens import Counter
 from tests.fakes import files

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import settled
 from tests.fakes import files
 from tests.fakes.discord_server import FakeDiscord

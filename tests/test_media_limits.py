@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.media import Media
+from bot.config.settings import MediaSettings
+from bot.llm.media import Media
 from bot.message import Attachment, InboundMessage
-from bot.settings import MediaSettings
 from bot.store import Store
 from tests.fakes.files import Shelf
 

@@ -81,7 +81,6 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage, Place, Said
 from bot.store import (
     CLOCK_SLACK_MS,
@@ -97,6 +96,7 @@ from bot.store import (
     StoreSettings,
     lease_token,
 )
+from bot.store.embedded import EmbeddedRedis
 from bot.tools import ToolCall
 from tests.conftest import eventually
 

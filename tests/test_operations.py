@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.loopback import free_port
@@ -463,7 +463,7 @@ def test_the_event_loop_lag_is_exported_and_a_stall_shows_in_it(
 async def test_status_json_shows_a_held_lease_and_an_unanswered_conversation(
     server: EmbeddedRedis, make_settings: SettingsFactory, redis: Redis, short_dir: Path
 ) -> None:
-    from bot.app import make_store
+    from bot.service.app import make_store
 
     # A lease that outlives both status runs, however slow the machine starts them.
     settings = make_settings(debounce={"quiet_ms": 0, "max_wait_ms": 0}, lease={"ttl_ms": 60_000})

@@ -2,7 +2,7 @@
 against the fake Bot API enforcing Telegram's limits (at most N calls in any sliding second,
 bot-wide and per chat; a call past them is refused with a 429 and counted as a violation).
 
-Each replica paces its calls by the budget they share in Redis (bot/pacing.py): a stampede of
+Each replica paces its calls by the budget they share in Redis (bot/outbound/pacing.py): a stampede of
 replies goes out at the bot-wide rate without one violation, previews are shed before a reply
 waits, a 429 that one replica hears holds the others, and a Redis outage lets nothing through
 blind.
@@ -24,8 +24,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bot.embedded import EmbeddedRedis
 from bot.store.budget import SPREAD_COUNT
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord, discord_limits
 from tests.fakes.limits import Violation

@@ -23,9 +23,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import BudgetKeys
 from bot.store.budget import IN_FLIGHT_MS, SPREAD_MS
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits

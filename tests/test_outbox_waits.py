@@ -1,5 +1,5 @@
 """A written reply waits in its outbox (SPEC I9): a runtime against the fake provider, its
-platform limited and held by a 429, over the real store (bot/cycle.py `_turn`).
+platform limited and held by a 429, over the real store (bot/core/cycle.py `_turn`).
 
 Through a hold the reply is kept and generated once; a newer message from the user still
 supersedes it (one new reply covers both); a reply that waited longer than
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.runtime import Runtime
+from bot.core.runtime import Runtime
 from bot.store import Keys
 from tests.builders import message
 from tests.chatting import CONV

@@ -1,4 +1,4 @@
-"""`Paced` on its own (bot/pacing.py): replicas' outbounds drawing on one budget in a real
+"""`Paced` on its own (bot/outbound/pacing.py): replicas' outbounds drawing on one budget in a real
 server, in front of a platform stand-in that declares its limits and answers as told.
 
 A wait that ends leaves nothing behind, a store restart is ridden out, waiting costs a few
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.message import PREVIEWS_SCOPE, Call, Scope, Throttled
-from bot.pacer import GATHER_S
-from bot.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
+from bot.outbound.pacer import GATHER_S
+from bot.outbound.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
 from bot.store import Store
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually, server_ms
 from tests.fakes.outbound import RecordingOutbound
 
@@ -132,7 +132,7 @@ async def test_an_unexpected_store_error_fails_the_turn_and_pacing_goes_on(
     # once, told, rather than wait for ever on a pacer that died of it.
     await redis.set(paced.keys.tickets, "not a sorted set")
     with (
-        caplog.at_level(logging.ERROR, logger="bot.pacer"),
+        caplog.at_level(logging.ERROR, logger="bot.outbound.pacer"),
         pytest.raises(Exception, match="WRONGTYPE"),
     ):
         await asyncio.wait_for(paced.turn("telegram:1", 1000), timeout=5)
@@ -229,7 +229,7 @@ async def test_a_retry_after_out_of_bounds_is_clamped_and_told_once(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     paced = replica(store, Platform())
-    with caplog.at_level(logging.WARNING, logger="bot.pacing"):
+    with caplog.at_level(logging.WARNING, logger="bot.outbound.pacing"):
         await paced.throttled("chat:1", 10**9)
         await paced.throttled("chat:2", 0)
         await paced.throttled("chat:3", -1)

@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 
 from bot.commands import OVER_BUDGET, RATE_LIMITED
 from bot.commands.forget import CONFIRM, forgotten
+from bot.core.runtime import Runtime
 from bot.message import InboundMessage, Place, Said
-from bot.runtime import Runtime
 from bot.store import (
     DAY_KEEP_MS,
     MONTH_KEEP_MS,

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.commands.persona import NONE, TURNED_OFF
-from bot.prompt import PERSONA_INTRO
+from bot.llm.prompt import PERSONA_INTRO
 from bot.store import Keys
 from tests.chatting import CONV, fake, replica, say
 from tests.conftest import RuntimeFactory

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.running import Running, run_env
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"

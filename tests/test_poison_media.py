@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from bot.heavy import Unreadable, Workers, encode_image
+from bot.config.settings import LLMSettings, MediaSettings
+from bot.llm.heavy import Unreadable, Workers, encode_image
+from bot.llm.media import Media, Prepared
+from bot.llm.transcribe import OpenAITranscriber
 from bot.loop_lag import LoopWatch
-from bot.media import Media, Prepared
 from bot.message import Attachment, InboundMessage
-from bot.settings import LLMSettings, MediaSettings
 from bot.store import Store
-from bot.transcribe import OpenAITranscriber
 from tests.fakes import files
 from tests.fakes.openai_server import FakeOpenAI
 

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.llm import OpenAILLM
+from bot.core.runtime import Runtime
+from bot.llm.base import OpenAILLM
+from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, FetchFailed, InboundMessage
-from bot.runtime import Runtime
-from bot.transcribe import OpenAITranscriber
+from bot.service.app import make_store
 from tests.builders import message
 from tests.conftest import SettingsFactory, settled
 from tests.fakes import files

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from bot.llm import strip_reasoning
-from bot.others import (
+from bot.llm.base import strip_reasoning
+from bot.llm.others import (
     QUOTED_CLOSE,
     ROOM_CLOSE,
     ROOM_INTRO,
@@ -16,7 +16,7 @@ from bot.others import (
     Others,
     entry,
 )
-from bot.prompt import FOLD_HEADER, ROOM_SHARE, Turn, estimated_tokens, fit, system_prompt
+from bot.llm.prompt import FOLD_HEADER, ROOM_SHARE, Turn, estimated_tokens, fit, system_prompt
 from bot.tokens import MAX_FACTOR, PER_MESSAGE, Counter, estimate
 
 

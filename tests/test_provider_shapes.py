@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.llm import (
+from bot.config.settings import LLMSettings
+from bot.llm.base import (
     JUNK_LIMIT,
     MAX_TOOL_NAME_CHARS,
     TAIL_S,
@@ -25,8 +26,7 @@ from bot.llm import (
     Usage,
     generate,
 )
-from bot.prompt import Prompt
-from bot.settings import LLMSettings
+from bot.llm.prompt import Prompt
 from bot.tools import ToolCall
 from tests.fakes.openai_server import AfterDone, FakeOpenAI, RawReply
 

@@ -6,7 +6,7 @@ that died while idle is replaced without costing the job its try. In process aga
 and Media with a real server; the mid-job kill end to end through `lastword run`.
 
 The workers are found the way an operator would find them: in the process tree, as the
-children running `python -m bot.heavy`; one burning CPU is mid-job (a worker costs ~0.1 s of
+children running `python -m bot.llm.heavy`; one burning CPU is mid-job (a worker costs ~0.1 s of
 CPU to start, then waits for work)."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.heavy import Workers
-from bot.media import DOCUMENT_PREFIX, Media
+from bot.config.settings import MediaSettings
+from bot.llm.heavy import Workers
+from bot.llm.media import DOCUMENT_PREFIX, Media
 from bot.message import Attachment, InboundMessage
-from bot.settings import MediaSettings
 from bot.store import Keys, Store
 from tests.conftest import eventually, settled
 from tests.fakes import files
@@ -49,7 +49,7 @@ class Reader:
 
 
 def readers(parent: int | None = None) -> list[Reader]:
-    """The live (not zombie) `python -m bot.heavy` children of `parent` (of this process,
+    """The live (not zombie) `python -m bot.llm.heavy` children of `parent` (of this process,
     unless given)."""
     parent = os.getpid() if parent is None else parent
     found = []
@@ -64,7 +64,7 @@ def readers(parent: int | None = None) -> list[Reader]:
         # After the command name (in parentheses, which may hold spaces): state, ppid, ...
         fields = stat.rsplit(")", 1)[1].split()
         state, ppid, utime, stime = fields[0], int(fields[1]), int(fields[11]), int(fields[12])
-        if ppid == parent and state != "Z" and b"bot.heavy" in cmdline:
+        if ppid == parent and state != "Z" and b"bot.llm.heavy" in cmdline:
             found.append(Reader(int(entry.name), (utime + stime) / CLOCK_TICKS))
     return found
 

@@ -36,9 +36,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.connect import REDIS_TIMEOUT_S
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.connect import REDIS_TIMEOUT_S
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.fakes.tcp_proxy import TcpProxy

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from adapters.conformance import check_refused_credentials, running_bot
-from bot.embedded import EmbeddedRedis
-from bot.llm import OpenAILLM
-from bot.settings import LLMSettings, MediaSettings
-from bot.transcribe import OpenAITranscriber
+from bot.config.settings import LLMSettings, MediaSettings
+from bot.llm.base import OpenAILLM
+from bot.llm.transcribe import OpenAITranscriber
+from bot.store.embedded import EmbeddedRedis
+from bot.testing.conformance import check_refused_credentials, running_bot
 from tests.fakes.discord_server import CLOSE_AUTHENTICATION_FAILED, FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI

@@ -40,12 +40,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.commands import OVER_BUDGET
-from bot.embedded import EmbeddedRedis
+from bot.core.timers import Timers
 from bot.message import InboundMessage
+from bot.service.app import make_store
 from bot.store import Keys
-from bot.timers import Timers
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message as build_message
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
@@ -406,7 +406,7 @@ async def check_conversation(
     keys = [e["key"] for e in sent]
     assert len(keys) == len(set(keys)), f"{conversation}: a reply part went out twice: {keys}"
     for event in sorted(sent, key=lambda e: float(e["t"])):
-        # <conversation>:<version>:<part>:<fence>:<token salt> (bot.cycle.idempotency_key)
+        # <conversation>:<version>:<part>:<fence>:<token salt> (bot.core.cycle.idempotency_key)
         conv, version, part, fence, _ = str(event["key"]).rsplit(":", 4)
         assert conv == conversation
         # Replies here are far below the platform limit, so each is exactly one part.

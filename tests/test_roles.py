@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.embedded import EmbeddedRedis
-from bot.llm import EchoLLM
-from bot.roles import run_exclusively
-from bot.runtime import Runtime
-from bot.settings import ConfigError
+from bot.config.settings import ConfigError
+from bot.core.roles import run_exclusively
+from bot.core.runtime import Runtime
+from bot.llm.base import EchoLLM
+from bot.service.app import make_store
 from bot.store import Store
+from bot.store.embedded import EmbeddedRedis
 from bot.store.keys import role_key
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.outbound import RecordingOutbound

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
 from bot.message import Attachment, InboundMessage
+from bot.service.app import make_store
 from bot.store import ACCESS_COPY, Ended, Grant, Lease, PreSend, Store, scripts
 from bot.store.keys import (
     HEARTBEAT_PATTERN,

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from bot import spelling
-from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, settings_tree
+from bot.config import spelling
+from bot.config.settings import ENV_PREFIX, PLATFORM_SECTIONS, settings_tree
 from tests.fakes.loopback import free_port
 from tests.forked import spawn
 from tests.test_bad_settings import setting_fields

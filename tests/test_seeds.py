@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.config.settings import Settings
+from bot.core.runtime import Runtime
+from bot.service.app import make_store
 from bot.store import Grant, Keys, Store
 from tests.builders import message
 from tests.conftest import RuntimeFactory, SettingsFactory, eventually, server_ms, settled

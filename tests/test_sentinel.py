@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 import adapters
-from bot import doctor
-from bot.connect import mode_of
 from bot.message import Unavailable
+from bot.ops import doctor
+from bot.store.connect import mode_of
 from tests.builders import message
 from tests.clusters import MASTER_NAME, SentinelSetup, runtime_on, sentinel
 from tests.conftest import SettingsFactory, eventually, settled

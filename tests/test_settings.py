@@ -20,9 +20,7 @@ from pydantic import BaseModel
 
 import adapters
 from adapters.telegram import TelegramSettings
-from bot.check import Check
-from bot.logs import secrets_of
-from bot.settings import (
+from bot.config.settings import (
     ENV_PREFIX,
     PLATFORM_SECTIONS,
     ConfigError,
@@ -31,6 +29,8 @@ from bot.settings import (
     platform_model,
     settings_tree,
 )
+from bot.ops.check import Check
+from bot.service.logs import secrets_of
 from bot.store.durability import DEFAULT_WAIT_MS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -374,7 +374,7 @@ def test_examples_name_no_setting_the_code_does_not_have() -> None:
 PLUGIN = """
 from adapters import Platform
 from adapters.console import ConsoleAdapter
-from bot.check import Check
+from bot.ops.check import Check
 
 
 async def check(settings, timeout_s):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import unit
-from bot.embedded import EmbeddedRedis
-from bot.settings import ConfigError, load_settings
+from bot.config.settings import ConfigError, load_settings
+from bot.ops import unit
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, post_update

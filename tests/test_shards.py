@@ -19,8 +19,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from bot.app import make_store
 from bot.message import InboundMessage
+from bot.service.app import make_store
 from bot.store import Store, StoreSettings
 from bot.store.keys import (
     LAYOUT,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import Grant, Keys, Store, StoreSettings
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.test_model import integers
 

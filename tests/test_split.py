@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from bot.split import FENCE, split_message
+from bot.outbound.split import FENCE, split_message
 
 # Runs of visible characters, each with the code block it renders in (see classify).
 Classified = list[tuple[str, str | None]]

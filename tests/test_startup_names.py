@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.loopback import free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import settled
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_telegram import CHAT, CONVERSATION, webhook_bot

@@ -15,12 +15,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool, UnixDomainSocketConnection
 
-from bot.app import make_store
-from bot.embedded import EmbeddedRedis
-from bot.heartbeat import Heartbeat
+from bot.core.heartbeat import Heartbeat
 from bot.message import InboundMessage
-from bot.status import Replica, Spender, Status, collect, duration, render
+from bot.ops.status import Replica, Spender, Status, collect, duration, render
+from bot.service.app import make_store
 from bot.store import BudgetKeys, Store
+from bot.store.embedded import EmbeddedRedis
 from bot.store.keys import Keys, heartbeat_key, shard_of
 from tests.conftest import SettingsFactory, eventually, server_ms
 
@@ -111,7 +111,7 @@ async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(
 async def test_heartbeat_rides_out_an_outage_warning_once(
     redis: Redis, store: Store, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bot.heartbeat")
+    caplog.set_level(logging.INFO, logger="bot.core.heartbeat")
     heartbeat = Heartbeat(store, "r3", ttl_ms=150)
     heartbeat.start()
     try:

@@ -119,7 +119,7 @@ class HeldOutbound(RecordingOutbound):
 async def test_a_reply_whose_commit_is_refused_for_want_of_replicas_is_sent_once(
     redis: Redis, runtime_factory: RuntimeFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="bot.cycle")
+    caplog.set_level(logging.WARNING, logger="bot.core.cycle")
     outbound = HeldOutbound()
     # A lease long enough that the refusal is lifted before it would run out: the cycle
     # cannot renew it while writes are refused.

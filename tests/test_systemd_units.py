@@ -9,7 +9,7 @@ separate test pins the ExecStart= of the files themselves. verify exits 0 even w
 a key it cannot parse, so its output must also be free of complaints about the unit.
 
 The other checks read the unit files and compare them with the settings lastword really has
-(bot.settings), so a renamed setting or a new secret shows up here.
+(bot.config.settings), so a renamed setting or a new secret shows up here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import ENV_PREFIX, PLATFORM_SECTIONS, Settings, settings_tree
+from bot.config.settings import ENV_PREFIX, PLATFORM_SECTIONS, Settings, settings_tree
 
 # The settings with every installed platform's own, as its plug-in declares them.
 TREE = settings_tree(PLATFORM_SECTIONS)
@@ -304,7 +304,7 @@ def test_restarts_on_failure_with_back_off_and_stops_gracefully(name: str) -> No
     burst = int(last(unit, "StartLimitBurst", "Unit"))
     # Else restarts RestartSec apart never fill the window and a crash loop runs forever.
     assert burst >= 3 and interval_s > burst * restart_s
-    # Status 2 is a configuration error (bot/cli.py): a restart cannot fix it.
+    # Status 2 is a configuration error (bot/service/cli.py): a restart cannot fix it.
     assert "2" in last(unit, "RestartPreventExitStatus").split()
     # SIGTERM only to lastword, which stops its embedded store after handing leases back.
     assert last(unit, "KillMode") == "mixed"

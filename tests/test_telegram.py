@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.commands import RESET
-from bot.embedded import EmbeddedRedis
 from bot.store import Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update

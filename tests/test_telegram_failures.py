@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.embedded import EmbeddedRedis
+from bot.service.app import make_store
 from bot.store import BudgetKeys, Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import SettingsFactory, eventually, settled
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, RecordedCall, WebhookConfig, post_update

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 import pytest
 
 from adapters.telegram_html import plain_text, render_part, to_telegram_html, utf16_len
-from bot.split import split_message
+from bot.outbound.split import split_message
 
 ALLOWED = {"b", "i", "s", "u", "code", "pre", "a", "blockquote"}
 # Tags Telegram does not let contain other entities (except <pre><code>).

@@ -24,11 +24,11 @@ from redis.asyncio import Redis
 
 from adapters.discord import DiscordAdapter, DiscordSettings, _scope_of_429
 from adapters.telegram import TelegramAdapter, TelegramSettings
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.llm import EchoLLM
+from bot.core.runtime import Runtime
+from bot.llm.base import EchoLLM
 from bot.message import BOT_SCOPE, PREVIEWS_SCOPE, Place, Throttled
-from bot.runtime import Runtime
+from bot.service.app import make_store
 from bot.store import BudgetKeys
 from tests.conftest import SettingsFactory, eventually
 from tests.fakes.discord_server import FakeDiscord

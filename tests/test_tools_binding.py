@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import ToolsSettings
+from bot.config.settings import ToolsSettings
 from bot.tools.load import load_toolbox
 from tests.builders import message
 from tests.chatting import CONV, fake, replica

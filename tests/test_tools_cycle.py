@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.steps import MAX_CALLS_PER_STEP, NOT_RUN, OUT_OF_TIME
+from bot.core.steps import MAX_CALLS_PER_STEP, NOT_RUN, OUT_OF_TIME
 from bot.store import Keys
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.steps import NOT_RUN
+from bot.core.steps import NOT_RUN
 from bot.store import Keys
 from bot.store.replies import as_text
 from tests.conftest import eventually, settled

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bot.settings import ToolsSettings
+from bot.config.settings import ToolsSettings
 from bot.tools import Runner, Tool, Toolbox
 from bot.tools.fit import TOOLS_SHARE, cost, room_for_tools, toolbox_fit
 from bot.tools.load import load_toolbox

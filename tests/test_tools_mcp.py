@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bot.settings import ToolsSettings
+from bot.config.settings import ToolsSettings
 from bot.tools import CUT_NOTE, Toolbox, ToolCall, ToolResult
 from bot.tools.load import load_toolbox
 from bot.tools.mcp import KEY_META
@@ -320,8 +320,8 @@ async def test_close_ends_a_server_that_ignores_the_end_of_its_input(
 
 
 def test_an_mcp_servers_headers_and_credential_env_are_never_logged() -> None:
-    from bot.logs import secrets_of
-    from bot.settings import Settings, ToolsSettings
+    from bot.config.settings import Settings, ToolsSettings
+    from bot.service.logs import secrets_of
 
     servers = {
         "remote": {"url": "https://mcp.example/mcp", "headers": {"Authorization": "Bearer s3cr3t"}},

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.doctor import Caution, exit_code, render
-from bot.settings import McpServer
+from bot.config.settings import McpServer
+from bot.ops.doctor import Caution, exit_code, render
 from bot.tools.mcp import McpSource, TooLong
 from bot.tools.stdio import CHATTER_PER_S, MAX_MESSAGE_BYTES
 from tests.conftest import SettingsFactory, eventually

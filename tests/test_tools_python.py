@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import ToolsSettings
+from bot.config.settings import ToolsSettings
 from bot.tools import Toolbox, ToolCall
 from bot.tools.load import load_toolbox
 from bot.tools.python import Threads, python_tools

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from bot.cycle import APOLOGY
-from bot.llm import MAX_TOOL_REFUSALS, LLMError, OpenAILLM, Usage
-from bot.prompt import Prompt
-from bot.tool_refusals import MAX_MODELS, NO_TOOLS_FIX, TOOL_FIX, Refusal, Refusals, refusal
+from bot.core.cycle import APOLOGY
+from bot.llm.base import MAX_TOOL_REFUSALS, LLMError, OpenAILLM, Usage
+from bot.llm.prompt import Prompt
+from bot.llm.tool_refusals import MAX_MODELS, NO_TOOLS_FIX, TOOL_FIX, Refusal, Refusals, refusal
 from bot.tools import Toolbox
 from bot.tools.python import PythonRunner, PythonTool
 from tests.builders import message
@@ -68,7 +68,7 @@ def seen(fake: FakeOpenAI) -> int:
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bot.tool_refusals"]
+    return [r.getMessage() for r in caplog.records if r.name == "bot.llm.tool_refusals"]
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:

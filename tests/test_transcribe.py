@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from bot.settings import LLMSettings, MediaSettings
-from bot.transcribe import OpenAITranscriber, transcription_key
+from bot.config.settings import LLMSettings, MediaSettings
+from bot.llm.transcribe import OpenAITranscriber, transcription_key
 from tests.fakes.openai_server import FakeOpenAI
 
 LLM_KEY = "sk-the-llm-key"

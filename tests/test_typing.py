@@ -6,9 +6,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from bot.llm import EchoLLM
+from bot.llm.base import EchoLLM
 from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
-from bot.typing_indicator import Typing
+from bot.outbound.typing_indicator import Typing
 from tests.builders import message
 from tests.conftest import RuntimeFactory, eventually, settled
 from tests.fakes.outbound import RecordingOutbound

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.embedded import EmbeddedRedis
 from bot.store import INGEST, TYPING, Keys
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.conftest import settled as conversation_settled
 from tests.fakes.discord_server import FakeDiscord, RecordedPost

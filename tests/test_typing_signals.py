@@ -1,11 +1,11 @@
-"""Which typing signals a replica passes on to the store (`bot.typing_signals`): one a second
+"""Which typing signals a replica passes on to the store (`bot.core.typing_signals`): one a second
 per person, the first after each of their messages, and a bounded memory under a flood."""
 
 from __future__ import annotations
 
 import time
 
-from bot.typing_signals import TypingSignals
+from bot.core.typing_signals import TypingSignals
 
 
 def test_a_flood_is_one_signal_a_second_per_person() -> None:

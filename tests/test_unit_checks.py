@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.embedded import EmbeddedRedis
 from bot.store import Store
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_console import SCRIPT, clean_env
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.embedded import EmbeddedRedis
+from bot.store.embedded import EmbeddedRedis
 from tests.conftest import eventually
 from tests.test_console import clean_env
 from tests.test_unit_view import SCRIPT, lastword

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli, unit, unit_syntax
-from bot.embedded import EmbeddedRedis
+from bot.ops import unit, unit_syntax
+from bot.service import cli
+from bot.store.embedded import EmbeddedRedis
 from tests.fakes.telegram_server import FakeTelegram
 from tests.forked import spawn
 from tests.test_console import clean_env

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.embedded import EmbeddedRedis
+from bot.core.watch import VersionWatch
 from bot.store import Store
-from bot.watch import VersionWatch
+from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI

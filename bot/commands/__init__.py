@@ -15,7 +15,7 @@ answered either (a `/retry` answers them after all), and the reply is a short "S
 the user knows it was heard; a `/stop` with nothing before it to answer says there was
 nothing to stop.
 
-Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.admin`); anyone else who tries one is told it
+Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.commands.admin`); anyone else who tries one is told it
 is for admins only. What a command changes (`Change`) is carried out only once its reply has
 passed the pre-send check, and travels in the outbox with it (`encoded`, `decoded`).
 """
@@ -27,8 +27,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bot import admin
-from bot.command import (
+from bot.commands import admin, chat
+from bot.commands.base import (
     AnyCommand,
     Ask,
     Change,
@@ -37,7 +37,6 @@ from bot.command import (
     Turn,
     command_of,
 )
-from bot.commands import chat
 from bot.commands.chat import (
     ECHO_MODEL_ANSWER,
     NOTHING_TO_RETRY,

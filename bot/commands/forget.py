@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.command import Ask, Command, Decision, Turn, no_words
+from bot.commands.base import Ask, Command, Decision, Turn, no_words
 from bot.plural import counted
 from bot.store import Store
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.command import Ask, Command, Decision, Turn, any_words
+from bot.commands.base import Ask, Command, Decision, Turn, any_words
 from bot.store import Store
 
 OFF = "off"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.command import Ask, Command, Decision, Turn, no_words
+from bot.commands.base import Ask, Command, Decision, Turn, no_words
 from bot.tools import Tool
 
 NONE = "I have no tools: I answer from what I know."

@@ -53,7 +53,7 @@ from bot.store.transcripts import Transcripts
 from bot.store.usage import MONTH_KEEP_MS, DayTotals, Spending, Usage
 
 # Each script's source, by its file's name in capitals: what `lastword doctor` loads on the
-# server to check it (`bot.doctor.store_scripts`), and the benchmarks load ahead.
+# server to check it (`bot.ops.doctor.store_scripts`), and the benchmarks load ahead.
 ACCESS_COPY = _scripts.ACCESS_COPY.source
 ACCESS_SET = _scripts.ACCESS_SET.source
 ACQUIRE = _scripts.ACQUIRE.source

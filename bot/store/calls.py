@@ -12,9 +12,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from bot.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.store import scripts
 from bot.store.config import StoreSettings
+from bot.store.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.store.durability import Durability
 from bot.store.errors import StoreUnavailable, reaching_redis
 from bot.store.keys import LAYOUT, Layout

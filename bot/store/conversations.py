@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from bot.config.settings import Verdict
 from bot.message import Attachment, InboundMessage, Said
-from bot.settings import Verdict
 from bot.store import scripts
 from bot.store.config import (
     CLOCK_SLACK_MS,
@@ -122,7 +122,7 @@ class HistoryEntry:
     # A user message's files, by reference: the prompt shows a past one as a short
     # placeholder (a voice note as its transcript), never its bytes again.
     attachments: tuple[Attachment, ...] = ()
-    # A reply's tool calls and what they gave, as JSON (`bot.steps.Done.tools`).
+    # A reply's tool calls and what they gave, as JSON (`bot.core.steps.Done.tools`).
     tools: str = ""
     # A reply's turn: the id of its tool record (0: an entry from before turns had ids).
     turn: int = 0
@@ -320,7 +320,7 @@ class Conversations(People):
     ) -> Ingested:
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
-        group, `heard` says how the message reached the bot (`bot.groups.heard`). `typing`:
+        group, `heard` says how the message reached the bot (`bot.core.groups.heard`). `typing`:
         the platform reports this user's typing (typing.lua), so the window learns with it.
 
         The rate limit is the person's, across every place they write in. In their home DM

@@ -98,7 +98,7 @@ if not current then
   status = 'forced'
 end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
--- of them, so a resend repeats them and nothing else can (bot/cycle.py).
+-- of them, so a resend repeats them and nothing else can (bot/core/cycle.py).
 redis.call('HSET', outbox, 'text', text, 'version', version, 'fence', fence, 'reset', reset,
   'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes, 'tools', tools, 'turn', turn)
 keep_alive(retention_ms, outbox)

@@ -1,4 +1,4 @@
-"""The built-in platforms as the conformance suite drives them (`adapters.conformance`): one
+"""The built-in platforms as the conformance suite drives them (`bot.testing.conformance`): one
 `FakePlatform` each, over the loopback fakes of Telegram and Discord and a fake terminal for
 the console."""
 
@@ -20,7 +20,9 @@ import discord.gateway
 import discord.http
 
 from adapters.base import Adapter, Sink
-from adapters.conformance import (
+from adapters.console import ConsoleAdapter
+from adapters.discord import SESSION_KEY
+from bot.testing.conformance import (
     ACKNOWLEDGEMENT,
     PERMANENT_SEND_ERROR,
     REDELIVERY,
@@ -28,8 +30,6 @@ from adapters.conformance import (
     USER_TYPING,
     Reply,
 )
-from adapters.console import ConsoleAdapter
-from adapters.discord import SESSION_KEY
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.loopback import free_port
 from tests.fakes.telegram_server import FakeTelegram, post_update
