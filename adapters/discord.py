@@ -85,14 +85,13 @@ from pydantic import BaseModel, Field
 from adapters import Platform
 from adapters.base import (
     Identity,
-    MenuEntry,
     Sink,
     describe,
-    menu,
     register_menu,
     replying,
     until_stored,
 )
+from bot import log_lines
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.config.credentials import Credential
@@ -104,6 +103,7 @@ from bot.message import (
     Call,
     FetchFailed,
     InboundMessage,
+    MenuEntry,
     Place,
     Quote,
     Scope,
@@ -115,7 +115,6 @@ from bot.message import (
     platform_id,
 )
 from bot.ops.check import Check, guarded
-from bot.service import logs
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +122,9 @@ AnyClient = TypeVar("AnyClient", bound=discord.Client)
 
 # discord.py logs every request and gateway event at INFO, and warns at every start about
 # voice and the guilds intent, which a DM bot never uses.
-logs.quiet("discord.http", "discord.gateway")
-logs.irrelevant("discord.client", "voice will NOT be supported")
-logs.irrelevant("discord.state", "Guilds intent seems to be disabled")
+log_lines.quiet("discord.http", "discord.gateway")
+log_lines.irrelevant("discord.client", "voice will NOT be supported")
+log_lines.irrelevant("discord.state", "Guilds intent seems to be disabled")
 
 
 class DiscordSettings(BaseModel):
@@ -573,7 +572,8 @@ class DiscordAdapter:
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
             # Beside receiving: a menu Discord is slow to take must not hold up messages.
             registering = asyncio.create_task(
-                register_menu(PLATFORM, self._set_menu, _rate_limit_wait), name="discord menu"
+                register_menu(PLATFORM, partial(self._set_menu, sink), _rate_limit_wait),
+                name="discord menu",
             )
             await sink.run_exclusively(GATEWAY_ROLE, lambda: self._listen(sink))
         finally:
@@ -584,11 +584,12 @@ class DiscordAdapter:
             if self._downloads is not None:
                 await self._downloads.close()
 
-    async def _set_menu(self) -> None:
+    async def _set_menu(self, sink: Sink) -> None:
         # The login read the application's id (GET /oauth2/applications/@me).
         application = self.rest.application_id
         assert application is not None
-        await self.rest.http.bulk_upsert_global_commands(application, application_commands(menu()))
+        commands = application_commands(sink.menu())
+        await self.rest.http.bulk_upsert_global_commands(application, commands)
 
     # Receiving
 

@@ -4,10 +4,10 @@
 
 One real server (the embedded one, unix socket, no append-only file). Each row runs 1 or 2
 separate OS processes (this module with ``--worker``), each with the client the bot builds
-(`bot.store.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
-in flight, sharing `--messages` messages between them, round-robin over `--users`
-conversations (so both processes write to the same conversations, as replicas behind a load
-balancer do):
+(`bot.store.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency`
+ingests in flight, sharing `--messages` messages between them, round-robin over `--users`
+conversations (so both processes write to the same conversations, as replicas behind a load balancer
+do):
 
 - lastword: the real `Store.ingest`, the call the runtime makes for every platform message
   (dedupe, rate limit, V, pending, window, due-index, in one script);

@@ -152,9 +152,9 @@ async def stall(folder: Path, window_s: float) -> None:
 
 
 def image_function(data: bytes) -> Callable[[], object]:
-    """The tree's image encoding, on `data`: bot.llm.media's own (before) or bot.llm.heavy's (after).
-    Told apart by bot.llm.media, not by importing bot.llm.heavy: the editable install would find this
-    tree's bot.llm.heavy for a tree that has none."""
+    """The tree's image encoding, on `data`: bot.llm.media's own (before) or bot.llm.heavy's
+    (after). Told apart by bot.llm.media, not by importing bot.llm.heavy: the editable install would
+    find this tree's bot.llm.heavy for a tree that has none."""
     media = importlib.import_module("bot.llm.media")
     if hasattr(media, "encode_image"):
         return partial(media.encode_image, data, 1568, 85)

@@ -399,7 +399,8 @@ def kind_of(scope: str) -> str:
 class Limited(Protocol):
     """What an outbound whose platform limits how fast the bot may call it adds to
     `Outbound`: the limits each call falls under. The core paces every call by them, across
-    every replica (`bot.outbound.pacing`). Optional: an outbound without it (the console) is not paced."""
+    every replica (`bot.outbound.pacing`). Optional: an outbound without it (the console) is not
+    paced."""
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         """The limits a `call` in `conversation` counts against, e.g. the bot's and the
@@ -427,3 +428,21 @@ class NoFiles:
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         raise FetchFailed("this platform cannot fetch files")
+
+
+@dataclass(frozen=True)
+class MenuEntry:
+    """One command as a platform's command menu offers it, from the registry that `/help`
+    is made from (the core hands adapters the menu: `adapters.base.Sink.menu`), so the menu
+    and `/help` never differ."""
+
+    name: str
+    help: str
+    arguments: str  # as /help shows them, e.g. "<user id>" ("": none)
+    admin: bool  # for LASTWORD_ACCESS__ADMINS only
+
+    def description(self, limit: int) -> str:
+        """What the menu says of it, as /help does after "/name ", cut to the platform's
+        `limit` with an ellipsis."""
+        text = f"{self.arguments}: {self.help}" if self.arguments else self.help
+        return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

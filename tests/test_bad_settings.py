@@ -422,7 +422,7 @@ def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
     script = (
         "import logging\n"
         "import adapters.discord  # its library's irrelevant warning is named there\n"
-        "from bot import logs\n"
+        "from bot.service import logs\n"
         "from bot.config.settings import Settings\n"
         "logs.setup(Settings(log_format='logfmt'), 'INFO')\n"
         "logging.getLogger('lastword').error('the store is gone')\n"

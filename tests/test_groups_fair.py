@@ -2,8 +2,8 @@
 fake Bot API enforcing Telegram's limits (20 messages a minute in a group, one a second in a
 chat). One member mentions the bot once a second, within the per-person rate; on a budget
 served first come, first served her replies would spend the group's minute within 20 s and
-the next person to ask would wait for it to pass. Shared fairly (bot/outbound/pacing.py), she gets the
-group's slots at her share of its rate, her newer messages fold into fewer replies, and the
+the next person to ask would wait for it to pass. Shared fairly (bot/outbound/pacing.py), she gets
+the group's slots at her share of its rate, her newer messages fold into fewer replies, and the
 other member is answered at once.
 
 The budget's rules on their own are tested against a real server in tests/test_budget.py.

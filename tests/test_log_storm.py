@@ -1,5 +1,6 @@
 """Quiet logs in a storm: a warning repeated within a minute is written once, then counted
-(`bot.service.logs.Collapse`), for every log format, and through `lastword run` while Redis is down."""
+(`bot.service.logs.Collapse`), for every log format, and through `lastword run` while Redis is
+down."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.log_lines import LogStyle
 from bot.service import logs
-from bot.service.logs import TIMES, Collapse, LogStyle
+from bot.service.logs import TIMES, Collapse
 from bot.store.embedded import EmbeddedRedis
 from tests.conftest import SettingsFactory
 from tests.test_console import Bot

@@ -2,10 +2,9 @@
 against the fake Bot API enforcing Telegram's limits (at most N calls in any sliding second,
 bot-wide and per chat; a call past them is refused with a 429 and counted as a violation).
 
-Each replica paces its calls by the budget they share in Redis (bot/outbound/pacing.py): a stampede of
-replies goes out at the bot-wide rate without one violation, previews are shed before a reply
-waits, a 429 that one replica hears holds the others, and a Redis outage lets nothing through
-blind.
+Each replica paces its calls by the budget they share in Redis (bot/outbound/pacing.py): a stampede
+of replies goes out at the bot-wide rate without one violation, previews are shed before a reply
+waits, a 429 that one replica hears holds the others, and a Redis outage lets nothing through blind.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 import adapters
 from adapters.telegram import TelegramSettings
+from bot.config.secrets import secrets_of
 from bot.config.settings import (
     ENV_PREFIX,
     PLATFORM_SECTIONS,
@@ -30,7 +31,6 @@ from bot.config.settings import (
     settings_tree,
 )
 from bot.ops.check import Check
-from bot.service.logs import secrets_of
 from bot.store.durability import DEFAULT_WAIT_MS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"

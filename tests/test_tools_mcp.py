@@ -320,8 +320,8 @@ async def test_close_ends_a_server_that_ignores_the_end_of_its_input(
 
 
 def test_an_mcp_servers_headers_and_credential_env_are_never_logged() -> None:
+    from bot.config.secrets import secrets_of
     from bot.config.settings import Settings, ToolsSettings
-    from bot.service.logs import secrets_of
 
     servers = {
         "remote": {"url": "https://mcp.example/mcp", "headers": {"Authorization": "Bearer s3cr3t"}},

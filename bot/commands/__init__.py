@@ -15,8 +15,8 @@ answered either (a `/retry` answers them after all), and the reply is a short "S
 the user knows it was heard; a `/stop` with nothing before it to answer says there was
 nothing to stop.
 
-Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.commands.admin`); anyone else who tries one is told it
-is for admins only. What a command changes (`Change`) is carried out only once its reply has
+Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.commands.admin`); anyone else who tries one is told
+it is for admins only. What a command changes (`Change`) is carried out only once its reply has
 passed the pre-send check, and travels in the outbox with it (`encoded`, `decoded`).
 """
 

@@ -50,7 +50,9 @@ from pydantic_settings import (
 )
 
 from bot.config import spelling
-from bot.service.logs import MASK, LogStyle, masked_url, redact, store_url
+from bot.config.redis_url import parse_sentinel
+from bot.log_lines import LogStyle
+from bot.masking import MASK, masked_url, redact, store_url
 from bot.tokens import estimate
 
 ENV_PREFIX = "LASTWORD_"
@@ -967,8 +969,6 @@ class Settings(BaseSettings):
                 "(as %2F, %3F, %23 and %40)"
             )
         if parts.scheme in ("redis+sentinel", "rediss+sentinel"):
-            from bot.store.connect import parse_sentinel
-
             parse_sentinel(value)  # its errors never quote the URL
             return value
         if parts.scheme not in ("redis", "rediss", "unix"):

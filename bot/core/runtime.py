@@ -11,8 +11,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from bot import log_lines
 from bot.cancel import cancel_and_wait
-from bot.commands import RATE_LIMITED, REFUSAL
+from bot.commands import COMMANDS, RATE_LIMITED, REFUSAL
 from bot.config.settings import Settings, reloaded
 from bot.core.cycle import Cycle
 from bot.core.groups import ALLOWED, DENIED, group_switch, heard
@@ -26,6 +27,7 @@ from bot.llm.transcribe import Transcriber
 from bot.loop_lag import watch
 from bot.message import (
     InboundMessage,
+    MenuEntry,
     Outbound,
     Place,
     SeesTyping,
@@ -34,7 +36,6 @@ from bot.message import (
 )
 from bot.outbound.pacing import Paced
 from bot.outbound.typing_indicator import Typing
-from bot.service import logs
 from bot.stats import Stats
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.tools import Toolbox
@@ -123,7 +124,7 @@ class Runtime:
         message = message.cleaned(self.settings.max_message_chars)
         if not message.text.strip() and not message.attachments:
             return False
-        with logs.about(message.conversation):
+        with log_lines.about(message.conversation):
             return await self._ingest(message)
 
     async def _ingest(self, message: InboundMessage) -> bool:
@@ -248,7 +249,7 @@ class Runtime:
         conversation = place.conversation
         if not self._signals.due(conversation):
             return
-        with logs.about(conversation):
+        with log_lines.about(conversation):
             try:
                 typed = await self.store.typing(conversation, hold_ms)
             except Unavailable as exc:
@@ -303,7 +304,7 @@ class Runtime:
         self._running[conversation] = task
 
     async def _cycle(self, conversation: str) -> None:
-        with logs.about(conversation):
+        with log_lines.about(conversation):
             await self._cycle_logged(conversation)
 
     async def _cycle_logged(self, conversation: str) -> None:
@@ -353,6 +354,15 @@ class Runtime:
 
     async def throttled(self, scope: str, retry_after_s: float) -> None:
         await self.outbound.throttled(scope, retry_after_s)
+
+    def menu(self, *, admins: bool = False) -> tuple[MenuEntry, ...]:
+        """The commands of a platform's menu, in /help's order: everyone's, and with `admins`
+        the admin ones after them (what an admin's /help lists)."""
+        return tuple(
+            MenuEntry(c.name, c.help, c.shape, c.admin)
+            for c in COMMANDS.values()
+            if admins or not c.admin
+        )
 
     async def run_exclusively(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` only while this replica holds the role `name`, one replica at a time

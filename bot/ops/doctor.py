@@ -32,10 +32,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from bot.config.secrets import secrets_of, server_secrets
 from bot.config.settings import ConfigError, McpServer, Settings, displayed, load_settings
+from bot.masking import MASK, Scrub, redact, store_url
 from bot.ops.check import Check, PlatformCheck, guarded
 from bot.plural import counted
-from bot.service.logs import MASK, Scrub, redact, secrets_of, server_secrets, store_url
 from bot.store.connect import make_client, not_redis
 from bot.store.embedded import store_dir
 

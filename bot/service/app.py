@@ -15,12 +15,14 @@ from adapters.base import Adapter, introduction, login, refused
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.config.credentials import REPORT_EVERY_S
+from bot.config.secrets import secrets_of
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.core.runtime import Runtime
 from bot.llm.base import LLM, OpenAILLM, make_llm
 from bot.llm.transcribe import OpenAITranscriber, Transcriber, make_transcriber
+from bot.masking import Scrub, store_url
 from bot.message import Unavailable
-from bot.service.logs import Scrub, secrets_of, store_url, write_counts
+from bot.service.logs import write_counts
 from bot.service.metrics import HealthServer
 from bot.service.supervisor import Supervisor
 from bot.service.systemd import notify, under_systemd, watchdog_interval_s

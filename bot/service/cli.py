@@ -13,11 +13,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bot.config.secrets import secrets_of
 from bot.config.settings import (
     ConfigError,
     Settings,
     load_settings,
 )
+from bot.masking import Scrub, store_url
 from bot.ops import unit
 from bot.service import logs
 from bot.store.embedded import EmbeddedError
@@ -215,7 +217,7 @@ def ended(code: int, message: str, settings: Settings | None = None) -> int:
     the format the unit asks for (`LASTWORD_LOG_FORMAT=logfmt` in the shipped units), if
     they say it right."""
     if settings is not None:
-        scrub = logs.Scrub(logs.secrets_of(settings))
+        scrub = Scrub(secrets_of(settings))
         logs.fatal(message, scrub, settings.log_format, settings.replica_id)
         return code
     logs.fatal(message, style=logs.style_named(os.environ.get("LASTWORD_LOG_FORMAT", "")))
@@ -251,7 +253,7 @@ async def show_status(settings: Settings, *, as_json: bool) -> int:
             "the store of a running bot (set LASTWORD_REDIS_URL for a shared one)",
         )
     url = settings.redis_url or embedded.url
-    where = "LASTWORD_REDIS_URL=" + logs.store_url(url) if settings.redis_url else url
+    where = "LASTWORD_REDIS_URL=" + store_url(url) if settings.redis_url else url
     try:
         client = await _open(url, where)
         try:
@@ -279,7 +281,7 @@ async def migrate_shards(settings: Settings) -> int:
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
         url = settings.redis_url
-        where = "LASTWORD_REDIS_URL=" + logs.store_url(url)
+        where = "LASTWORD_REDIS_URL=" + store_url(url)
     else:
         embedded = EmbeddedRedis(store_dir(settings))
         try:

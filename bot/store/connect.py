@@ -19,14 +19,13 @@ on, an idle connection is checked with a PING after `REDIS_HEALTH_CHECK_S`, and 
 up to `POOL_WAIT_S` for a free connection; redis-py's cluster client cannot wait, so there a
 call beyond the bound fails at once (a retryable `StoreUnavailable`).
 
-Nothing here imports the rest of lastword: settings validate URLs with `parse_sentinel`.
+What a Sentinel URL names is read by `bot.config.redis_url`, which the settings validate with.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from redis import Redis as SyncRedis
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -36,6 +35,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
+
+from bot.config.redis_url import SENTINEL_SCHEMES, SentinelTarget, parse_sentinel
 
 # Every Redis call ends within this, answered or not. A primary that vanishes without a reset
 # (a moving virtual IP, a partition) would otherwise block a call for the kernel's TCP
@@ -52,9 +53,6 @@ POOL_WAIT_S = 10
 # still ends soon (as a `StoreUnavailable`) and the caller's own backoff takes over.
 CLUSTER_RETRIES = 3
 
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
-
 
 class NotRedis(ValueError):
     """The URL reaches a server, but not one lastword can use: it speaks another protocol
@@ -65,62 +63,6 @@ class NotRedis(ValueError):
 # What lastword talks to: one server (or a Sentinel-managed primary), or a cluster.
 Client = Redis | RedisCluster
 Mode = Literal["standalone", "cluster", "sentinel"]
-
-
-@dataclass(frozen=True)
-class SentinelTarget:
-    """What a `redis+sentinel://` URL names."""
-
-    sentinels: tuple[tuple[str, int], ...]
-    master: str
-    tls: bool
-    # Options for the data nodes' connections (user, password, db, TLS options...).
-    options: dict[str, Any]
-    # Options for the Sentinels' connections (their own user and password).
-    sentinel_options: dict[str, Any]
-
-
-def is_sentinel(url: str) -> bool:
-    return urlparse(url).scheme in SENTINEL_SCHEMES
-
-
-def parse_sentinel(url: str) -> SentinelTarget:
-    """Raises ValueError, without quoting the URL (it may carry a password)."""
-    parts = urlparse(url)
-    if parts.scheme not in SENTINEL_SCHEMES:
-        raise ValueError("must start with redis+sentinel:// or rediss+sentinel://")
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
-    sentinels: list[tuple[str, int]] = []
-    for entry in hostlist.split(","):
-        host, colon, port = entry.strip().rpartition(":")
-        if not colon:
-            host, port = port, "26379"
-        host = host.strip("[]")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("each Sentinel must be host:port, the port a number up to 65535")
-        sentinels.append((host, int(port)))
-    master = unquote(parts.path.strip("/"))
-    if not master or "/" in master:
-        raise ValueError("the path must name the primary: redis+sentinel://host:port/<name>")
-    tls = parts.scheme == "rediss+sentinel"
-    query: dict[str, str] = {}
-    for pair in filter(None, parts.query.split("&")):
-        name, _, value = pair.partition("=")
-        query[name] = value
-    sentinel_options: dict[str, Any] = {}
-    for name in ("sentinel_username", "sentinel_password"):
-        if name in query:
-            sentinel_options[name.removeprefix("sentinel_")] = unquote(query.pop(name))
-    # redis-py parses the rest as it would for one server's URL: credentials, db, TLS
-    # options. (The host is a placeholder: the Sentinels name the primary.)
-    rest = "&".join(f"{k}={v}" for k, v in query.items())
-    plain = f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}"
-    options: dict[str, Any] = dict(parse_url(f"{plain}localhost?{rest}"))
-    for name in ("host", "port"):
-        options.pop(name, None)
-    if options.pop("connection_class", None) is SSLConnection:
-        options["ssl"] = True
-    return SentinelTarget(tuple(sentinels), master, tls, options, sentinel_options)
 
 
 def _bounds(url: str, timeout_s: float | None = None) -> dict[str, Any]:
@@ -190,14 +132,25 @@ def make_client(
     return Redis.from_pool(pool)
 
 
+def _data_options(target: SentinelTarget) -> dict[str, Any]:
+    """The data nodes' connection options, as redis-py reads them from one server's URL."""
+    options: dict[str, Any] = dict(parse_url(target.data_url))
+    for name in ("host", "port"):
+        options.pop(name, None)
+    if options.pop("connection_class", None) is SSLConnection:
+        options["ssl"] = True
+    return options
+
+
 def _sentinel_client(target: SentinelTarget, bounds: dict[str, Any]) -> Redis:
+    options = _data_options(target)
     sentinel_options = {
         k: v for k, v in bounds.items() if k not in ("health_check_interval", "retry")
     }
     sentinel_options |= target.sentinel_options
     if target.tls:
         sentinel_options["ssl"] = True
-        for name, value in target.options.items():
+        for name, value in options.items():
             if name.startswith("ssl_"):
                 sentinel_options[name] = value
     # Untyped before redis 8.2, typed since: either way mypy must pass.
@@ -209,7 +162,7 @@ def _sentinel_client(target: SentinelTarget, bounds: dict[str, Any]) -> Redis:
         timeout=POOL_WAIT_S,
         # A PING on every new connection, so one to a dead address fails before it is used.
         check_connection=True,
-        **(target.options | bounds),
+        **(options | bounds),
     )
     return client
 

@@ -54,8 +54,9 @@ every other test runs.
 This module imports pytest and pytest-asyncio, and so needs them installed: only test code
 imports it, and the bot never does, so they stay test-only dependencies (the `test` extra).
 It sits in `adapters/` so that platform packages can import it; it builds its store as the
-bot does, from a client (`bot.store.connect`) and the composition root (`bot.service.app.make_store`), and
-never imports `redis` or `bot.store` itself, as the layering test requires of `adapters/`.
+bot does, from a client (`bot.store.connect`) and the composition root
+(`bot.service.app.make_store`), and never imports `redis` or `bot.store` itself, as the layering
+test requires of `adapters/`.
 """
 
 from __future__ import annotations
@@ -81,7 +82,15 @@ from bot.cancel import cancel_and_wait
 from bot.config.settings import ConfigError, Settings
 from bot.core.runtime import Runtime
 from bot.llm.base import EchoLLM
-from bot.message import Attachment, InboundMessage, Place, SeesTyping, SendFailed, Unavailable
+from bot.message import (
+    Attachment,
+    InboundMessage,
+    MenuEntry,
+    Place,
+    SeesTyping,
+    SendFailed,
+    Unavailable,
+)
 from bot.service.app import make_store
 from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis
@@ -278,6 +287,9 @@ class RecordingSink:
 
     async def settled(self, conversation: str) -> None:
         await self.runtime.settled(conversation)
+
+    def menu(self, *, admins: bool = False) -> tuple[MenuEntry, ...]:
+        return self.runtime.menu(admins=admins)
 
     async def group_moved(self, platform: str, old_chat: str, new_chat: str) -> None:
         await self.runtime.group_moved(platform, old_chat, new_chat)
