@@ -53,10 +53,10 @@ every other test runs.
 
 This module imports pytest and pytest-asyncio, and so needs them installed: only test code
 imports it, and the bot never does, so they stay test-only dependencies (the `test` extra).
-It sits in `adapters/` so that platform packages can import it; it builds its store as the
-bot does, from a client (`bot.store.connect`) and the composition root
-(`bot.service.app.make_store`), and never imports `redis` or `bot.store` itself, as the layering
-test requires of `adapters/`.
+It sits in `bot/testing/`, the top layer, so that it may build a replica as `lastword run`
+does: its store from a client (`bot.store.connect`) and the composition root
+(`bot.service.app.make_store`), beside the adapter under test. Platform packages import it
+from their tests; nothing else imports it.
 """
 
 from __future__ import annotations
