@@ -74,7 +74,7 @@ class Turn:
     store: Store
     settings: Settings
     conversation: str
-    echo: bool  # the offline echo model answers: there is no model to pick
+    picks_models: bool  # the model lets a person pick one of the configured models (`LLM`)
     model: str  # the model the user picked ("": the default)
     persona: str  # the user's own instructions ("": none)
     # A /forget earlier in this burst asked for its confirmation.

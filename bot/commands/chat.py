@@ -109,7 +109,7 @@ async def _usage(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
 
 async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
     llm = turn.settings.llm
-    if turn.echo:
+    if not turn.picks_models:
         return Decision(ECHO_MODEL_ANSWER)
     if not ask.argument:
         return Decision(models_answer(llm, turn.model))

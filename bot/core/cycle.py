@@ -232,7 +232,7 @@ class Cycle:
             outbound,
             store,
             transcriber,
-            can_see=llm.name != "echo",
+            can_see=llm.sees_images,
         )
 
     def configure(self, settings: Settings) -> None:
@@ -240,7 +240,7 @@ class Cycle:
         interval (`llm.interrupt_poll_ms` needs a restart)."""
         self.settings = settings
         self.llm.configure(settings.llm)
-        self.media.configure(settings.media, settings.llm.model, can_see=self.llm.name != "echo")
+        self.media.configure(settings.media, settings.llm.model, can_see=self.llm.sees_images)
 
     async def run(self, conversation: str) -> Next:
         """Do what is owed for `conversation`, and say when to look at it again."""
@@ -679,7 +679,7 @@ class Cycle:
             self.store,
             self.settings,
             conversation,
-            echo=self.llm.name == "echo",
+            picks_models=self.llm.picks_models,
             model=grant.model,
             persona=grant.persona,
             toolbox=self.toolbox,

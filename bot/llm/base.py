@@ -171,7 +171,14 @@ class LLMError(Exception):
 
 
 class LLM(Protocol):
+    """A model the core asks for replies. What it can do it declares (the core never tells
+    models apart by name): `sees_images`, whether photos reach it as images (or are only
+    described in words); `picks_models`, whether a person may pick one of the configured
+    models with /model (the offline echo has no model to pick)."""
+
     name: str
+    sees_images: bool
+    picks_models: bool
 
     async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
         """One completion for `prompt`, recording its tokens in `usage` as it goes."""
@@ -197,6 +204,8 @@ class EchoLLM:
     seen without a real endpoint."""
 
     name = "echo"
+    sees_images = False
+    picks_models = False
 
     def __init__(self, delay_ms: int = 0, word_ms: int = 0) -> None:
         self.delay_s = delay_ms / 1000
@@ -233,6 +242,8 @@ class OpenAILLM:
     """Chat Completions through the official client; any OpenAI-compatible server works."""
 
     name = "openai"
+    sees_images = True
+    picks_models = True
 
     def __init__(self, settings: LLMSettings) -> None:
         # Imported here: the client library costs half a second of start-up, wasted with echo.
