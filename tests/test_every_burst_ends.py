@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
+from bot.blame import SOMETHING
 from bot.commands import admin
-from bot.core.cycle import CAUSE
 from bot.llm.base import EchoLLM
 from bot.store import Keys
 from bot.store.keys import ACCESS_KEY
@@ -51,7 +51,7 @@ async def test_a_reply_that_fails_every_time_ends_in_one_apology_and_the_next_is
     [apology] = await outbound.wait_for(1, timeout=20)
     await settled(runtime, CONV, version=2)
     assert apology.text.startswith("Sorry, I couldn't answer your last messages")
-    assert CAUSE in apology.text and "WRONGTYPE" not in apology.text
+    assert SOMETHING in apology.text and "WRONGTYPE" not in apology.text
     stats = runtime.stats
     assert (stats.given_up, stats.failed) == (1, 2)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

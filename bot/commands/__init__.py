@@ -27,6 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bot.blame import COMMAND, blamed
 from bot.commands import admin, chat
 from bot.commands.base import (
     AnyCommand,
@@ -137,7 +138,8 @@ def admins_only(name: str) -> str:
 
 async def decide(turn: Turn, ask: Ask) -> Decision:
     """The answer to one command of the burst, with what it will change."""
-    return await COMMANDS[ask.command].decide(turn, ask)
+    with blamed(COMMAND):
+        return await COMMANDS[ask.command].decide(turn, ask)
 
 
 def encoded(changes: Sequence[Change]) -> str:

@@ -15,12 +15,12 @@ import functools
 import json
 import logging
 import time
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 from bot.backoff import Backoff
+from bot.blame import cause_of
 from bot.cancel import cancel_and_wait
 from bot.commands import (
     NOTHING_TO_RETRY,
@@ -80,16 +80,6 @@ GAVE_UP = (
     "Sorry, I couldn't answer your last message{s}: {cause}. I've set {them} aside, so "
     "anything you write now gets a fresh answer."
 )
-# What went wrong, by the module the error came from; the log has the details.
-CAUSES = (
-    ("bot.llm.media", "one of the files you sent could not be read"),
-    ("bot.llm.transcribe", "a voice note could not be transcribed"),
-    ("bot.llm.base", "the AI service sent an answer I could not read"),
-    ("openai", "the AI service sent an answer I could not read"),
-    ("bot.commands.admin", "a command could not be carried out"),
-    ("bot.commands", "a command could not be carried out"),
-)
-CAUSE = "something went wrong on my side"
 
 # A reply whose sending failed this many times in a row (a transient platform error each
 # time, backed off 1, 2, 4... s across replicas: about two minutes) is given up, so one broken
@@ -119,18 +109,6 @@ def idempotency_key(conversation: str, version: int, index: int, fence: int, tok
     the same version again, and the same fence, but never the same token."""
     salt = token.rpartition("/")[2][:KEY_SALT_CHARS]
     return f"{conversation}:{version}:{index}:{fence}:{salt}"
-
-
-def cause_of(exc: BaseException) -> str:
-    """What went wrong, for the user: where the error was raised, in plain words."""
-    modules = [
-        frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)
-    ]
-    for module in reversed(modules):
-        for prefix, words in CAUSES:
-            if module == prefix or module.startswith(prefix + "."):
-                return words
-    return CAUSE
 
 
 @dataclass(frozen=True)

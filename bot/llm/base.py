@@ -43,6 +43,7 @@ import aiohttp
 import httpx2
 
 from bot.backoff import Backoff
+from bot.blame import MODEL, blames
 from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings, given_as
 from bot.llm.prompt import Prompt
@@ -323,6 +324,7 @@ class OpenAILLM:
         finally:
             await response.aclose()
 
+    @blames(MODEL)
     async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
         """One completion. A request the provider refuses for a field it does not take
         (`stream_options`) or for its tools (`bot.llm.tool_refusals`) is asked again at once

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
+from bot.blame import FILES, blames
 from bot.config.settings import MediaSettings
 from bot.llm.heavy import NONSENSE, ReaderUnavailable, Unreadable, Workers
 from bot.llm.prompt import Image, Turn, used_of
@@ -176,6 +177,7 @@ class Media:
         """Stop the worker processes (they also exit on their own when the replica does)."""
         await self.workers.close()
 
+    @blames(FILES)
     async def prepare(self, conversation: str, messages: Sequence[InboundMessage]) -> Prepared:
         """Each message's text with what its files said, and its images, in order. A file
         that cannot be read, for whatever reason, becomes a note: this never raises but for
@@ -212,6 +214,7 @@ class Media:
             )
         return Prepared(tuple(texts), tuple(images) if any(images) else (), unseen, timings)
 
+    @blames(FILES)
     async def history(self, conversation: str, entries: Sequence[HistoryEntry]) -> list[Turn]:
         """History turns: a past image as its label ("[photo] the caption"), never its bytes
         again; a past voice note as its transcript, when it is still cached."""

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from bot.blame import VOICE, blames
 from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings, MediaSettings
 from bot.llm.base import KEY_SETTING, OPENAI_BASE_URL, key_fix, probe_key
@@ -93,6 +94,7 @@ class OpenAITranscriber:
         """Whether the service takes the key, into `self.key` (`bot.llm.base.probe_key`)."""
         await probe_key(self.client, self.key, timeout_s, level=level)
 
+    @blames(VOICE)
     async def transcribe(self, audio: bytes, name: str, mime: str) -> str:
         import openai
 
