@@ -34,8 +34,8 @@ from bot.commands.base import (
     Ask,
     Change,
     Command,
+    CommandContext,
     Decision,
-    Turn,
     command_of,
 )
 from bot.commands.chat import (
@@ -63,8 +63,8 @@ __all__ = [
     "START",
     "STOPPED",
     "Ask",
+    "CommandContext",
     "Decision",
-    "Turn",
     "budget_of",
     "command_of",
     "model_named",
@@ -81,7 +81,7 @@ RATE_LIMITED = (
 )
 
 
-async def _help(turn: Turn, ask: Ask, words: object) -> Decision:
+async def _help(turn: CommandContext, ask: Ask, words: object) -> Decision:
     if ask.by in turn.settings.access.admins:
         return Decision(f"{HELP}\n\n{ADMIN_HELP}")
     return Decision(HELP)
@@ -136,7 +136,7 @@ def admins_only(name: str) -> str:
     return f"Only the bot's admins can use /{name}."
 
 
-async def decide(turn: Turn, ask: Ask) -> Decision:
+async def decide(turn: CommandContext, ask: Ask) -> Decision:
     """The answer to one command of the burst, with what it will change."""
     with blamed(COMMAND):
         return await COMMANDS[ask.command].decide(turn, ask)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from bot.commands.base import Ask, Command, Decision, Turn, no_words
+from bot.commands.base import Ask, Command, CommandContext, Decision, no_words
 from bot.plural import counted
 from bot.store import DayTotals, Store
 from bot.tokens import spent
@@ -74,12 +74,12 @@ def _user_and_budget(words: Sequence[str]) -> tuple[str, int | None] | None:
     return words[0], int(words[1])
 
 
-async def _allow(turn: Turn, ask: Ask, user: str) -> Decision:
+async def _allow(turn: CommandContext, ask: Ask, user: str) -> Decision:
     change = Change(user, "access", "allow", ask.by)
     return Decision(f"Done: {user} may talk to me from now on.", (change,))
 
 
-async def _deny(turn: Turn, ask: Ask, user: str) -> Decision:
+async def _deny(turn: CommandContext, ask: Ask, user: str) -> Decision:
     if user in turn.settings.access.admins:
         return Decision(
             f"{user} is an admin, and admins are always let in: take them out of "
@@ -89,7 +89,7 @@ async def _deny(turn: Turn, ask: Ask, user: str) -> Decision:
     return Decision(f"Done: I refuse {user}'s messages from now on.", (change,))
 
 
-async def _budget(turn: Turn, ask: Ask, args: tuple[str, int | None]) -> Decision:
+async def _budget(turn: CommandContext, ask: Ask, args: tuple[str, int | None]) -> Decision:
     user, tokens = args
     if tokens is None:
         return Decision(
@@ -105,7 +105,7 @@ async def _budget(turn: Turn, ask: Ask, args: tuple[str, int | None]) -> Decisio
     )
 
 
-async def _stats(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _stats(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     return Decision(stats_answer(await turn.store.today()))
 
 

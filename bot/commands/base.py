@@ -1,5 +1,5 @@
 """What a command is: its declaration (`Command`), a use of it in a burst (`Ask`), the
-context its answer is worked out in (`Turn`), and what it answers and changes (`Decision`,
+context its answer is worked out in (`CommandContext`), and what it answers and changes (`Decision`,
 `Change`). The registry itself, and how a burst is sorted, are in `bot.commands`."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Decision:
 
 
 @dataclass
-class Turn:
+class CommandContext:
     """What a burst's commands are answered with. A command that picks something for the
     rest of the burst (/model, /persona) sets it here, so the model's answer to the same burst
     already follows it; the store learns of it only once the reply passes the pre-send
@@ -84,7 +84,7 @@ class Turn:
 
 
 Parse = Callable[[Sequence[str]], Args | None]
-Run = Callable[[Turn, Ask, Args], Awaitable[Decision]]
+Run = Callable[[CommandContext, Ask, Args], Awaitable[Decision]]
 
 
 def any_words(words: Sequence[str]) -> Sequence[str]:
@@ -97,7 +97,7 @@ def no_words(words: Sequence[str]) -> Sequence[str] | None:
     return None if words else words
 
 
-async def fixed(turn: Turn, ask: Ask, args: object) -> Decision:
+async def fixed(turn: CommandContext, ask: Ask, args: object) -> Decision:
     """Never run: a command with a `text` is answered without the store."""
     raise AssertionError(f"/{ask.command} has a fixed answer")
 
@@ -119,7 +119,7 @@ class Command(Generic[Args]):
     admin: bool = False  # for LASTWORD_ACCESS__ADMINS only; listed in their /help alone
     effect: Effect = ""
 
-    async def decide(self, turn: Turn, ask: Ask) -> Decision:
+    async def decide(self, turn: CommandContext, ask: Ask) -> Decision:
         """Its answer to `ask`, and what it will change; nothing is changed yet."""
         args = self.parse(ask.argument.split())
         if args is None:

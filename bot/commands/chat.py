@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.commands.base import Ask, Command, Decision, Turn
+from bot.commands.base import Ask, Command, CommandContext, Decision
 from bot.config.settings import LLMSettings, ModelChoice, Settings
 from bot.store import Spending, Store
 from bot.tokens import WEIGHTED, spent
@@ -100,14 +100,14 @@ class ModelPick:
         await store.pick_model(conversation, self.name)
 
 
-async def _usage(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _usage(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     spending = await turn.store.spending(turn.conversation, ask.by)
     budget = budget_of(turn.settings, spending)
     weighted = weighs(turn.settings.llm, spending)
     return Decision(usage_answer(spending, budget, weighted))
 
 
-async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _model(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     llm = turn.settings.llm
     if not turn.picks_models:
         return Decision(ECHO_MODEL_ANSWER)

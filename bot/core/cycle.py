@@ -34,7 +34,7 @@ from bot.commands import (
     model_named,
     plan,
 )
-from bot.commands.base import Change, Turn
+from bot.commands.base import Change, CommandContext
 from bot.config.settings import ModelChoice, Settings
 from bot.core.groups import in_room, replied
 from bot.core.history import Retry, conversation_of, last_reply
@@ -648,12 +648,12 @@ class Cycle:
         words = "" if generation.apology else generation.text
         return replace(said, text=text, spent=generation.spent, tools=generation.tools, words=words)
 
-    async def _commands(self, grant: Grant, burst: Plan) -> tuple[Turn, Reply]:
+    async def _commands(self, grant: Grant, burst: Plan) -> tuple[CommandContext, Reply]:
         """The answers to the burst's commands, and the context they leave for the model's
         answer (a model or persona the burst picked)."""
         assert grant.lease is not None
         conversation = grant.lease.conversation
-        turn = Turn(
+        turn = CommandContext(
             self.store,
             self.settings,
             conversation,
