@@ -62,7 +62,7 @@ from benchmarks.command_line import reap, timed_run
 from benchmarks.wakeup import print_table
 from bot.config.settings import DebounceSettings, LLMSettings, Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles, Unavailable
 from bot.service.app import make_store
 from bot.store import HistoryEntry, Keys

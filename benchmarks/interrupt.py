@@ -113,7 +113,7 @@ from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
 from bot.config.settings import DebounceSettings, LLMSettings, Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import OpenAILLM
+from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage, NoFiles, Place, Unavailable
 from bot.service.app import make_store
 from bot.stats import Stats

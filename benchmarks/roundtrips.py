@@ -41,7 +41,7 @@ from benchmarks.wakeup import (
 )
 from bot.config.settings import LLMSettings
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.service.app import make_store
 from bot.store import (
     ACQUIRE,

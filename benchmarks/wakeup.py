@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 from benchmarks.command_line import timed_run
 from bot.config.settings import DebounceSettings, LeaseSettings, LLMSettings, Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles
 from bot.service.app import make_store
 from bot.store import Store

@@ -40,7 +40,7 @@ from redis.retry import Retry
 
 from bot.config.settings import Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.service.app import make_store
 from bot.store import Keys
 from bot.store.connect import open_client

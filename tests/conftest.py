@@ -24,7 +24,9 @@ from redis.asyncio import Redis
 
 from bot.config.settings import Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import LLM, EchoLLM, OpenAILLM
+from bot.llm.base import LLM
+from bot.llm.echo import EchoLLM
+from bot.llm.openai import OpenAILLM
 from bot.service.app import make_store
 from bot.store import Keys, Store
 from bot.store.connect import Client

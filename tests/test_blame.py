@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 
 from bot.blame import COMMAND, FILES, MODEL, SOMETHING, VOICE, blamed, cause_of
 from bot.config.settings import LLMSettings, MediaSettings
-from bot.llm.base import OpenAILLM, Usage
+from bot.llm.base import Usage
+from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import Prompt
 from bot.llm.transcribe import OpenAITranscriber
 from bot.store.keys import Keys

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.store import Keys
 from tests.builders import message
 from tests.conftest import RuntimeFactory, SettingsFactory, eventually, server_ms, settled

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from bot.blame import SOMETHING
 from bot.commands import admin
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.store import Keys
 from bot.store.keys import ACCESS_KEY
 from tests.builders import message

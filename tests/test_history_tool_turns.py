@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 from bot.core.history import conversation_of
-from bot.llm.base import OpenAILLM, Usage
+from bot.llm.base import Usage
+from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import Prompt, Turn, used_of
 from bot.store import HistoryEntry
 from tests.chatting import fake

@@ -19,18 +19,11 @@ import pytest
 from bot.config.settings import LLMSettings
 from bot.core.cycle import APOLOGY
 from bot.core.runtime import Runtime
-from bot.llm.base import (
-    DRAIN_S,
-    TAIL_S,
-    Answer,
-    EchoLLM,
-    LLMError,
-    OpenAILLM,
-    Usage,
-    generate,
-    sse_events,
-)
+from bot.llm.base import Answer, LLMError, Usage, generate
+from bot.llm.echo import EchoLLM
+from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import FOLD_HEADER, Image, Prompt, Turn
+from bot.llm.wire import DRAIN_S, TAIL_S, sse_events
 from tests.builders import message
 from tests.conftest import RuntimeFactory, settled
 from tests.fakes.openai_server import FakeOpenAI, RawReply, ScriptedError
@@ -248,7 +241,7 @@ async def test_a_provider_that_refuses_stream_options_still_streams(
     for usage, request in ((first, fake.requests[0]), (second, fake.requests[1])):
         [attempt] = usage.attempts
         assert not attempt.reported and attempt.completion_tokens == request.pieces_streamed
-    [warning] = [r for r in caplog.records if r.name == "bot.llm.base"]
+    [warning] = [r for r in caplog.records if r.name == "bot.llm.openai"]
     assert "stream_options" in warning.getMessage()
 
 

@@ -17,16 +17,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from bot.llm.base import (
-    MAX_ARGUMENT_BYTES,
-    MAX_CALLS,
-    Answer,
-    LLMError,
-    OpenAILLM,
-    Usage,
-    generate,
-)
+from bot.llm.base import Answer, LLMError, Usage, generate
+from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import Prompt
+from bot.llm.wire import MAX_ARGUMENT_BYTES, MAX_CALLS
 from bot.tools import Tool, ToolCall
 from tests.chatting import fake
 from tests.fakes.openai_server import FakeOpenAI, RawReply, ToolCalls, ToolPolicy

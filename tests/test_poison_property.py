@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from bot.core.runtime import Runtime
-from bot.llm.base import OpenAILLM
+from bot.llm.openai import OpenAILLM
 from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, FetchFailed, InboundMessage
 from bot.service.app import make_store

@@ -17,16 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.config.settings import LLMSettings
-from bot.llm.base import (
-    JUNK_LIMIT,
-    MAX_TOOL_NAME_CHARS,
-    TAIL_S,
-    LLMError,
-    OpenAILLM,
-    Usage,
-    generate,
-)
+from bot.llm.base import LLMError, Usage, generate
+from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import Prompt
+from bot.llm.wire import JUNK_LIMIT, MAX_TOOL_NAME_CHARS, TAIL_S
 from bot.tools import ToolCall
 from tests.fakes.openai_server import AfterDone, FakeOpenAI, RawReply
 

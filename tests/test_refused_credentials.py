@@ -21,7 +21,7 @@ import pytest
 from pydantic import SecretStr
 
 from bot.config.settings import LLMSettings, MediaSettings
-from bot.llm.base import OpenAILLM
+from bot.llm.openai import OpenAILLM
 from bot.llm.transcribe import OpenAITranscriber
 from bot.store.embedded import EmbeddedRedis
 from bot.testing.conformance import check_refused_credentials, running_bot

@@ -19,7 +19,7 @@ from bot.cancel import cancel_and_wait
 from bot.config.settings import ConfigError
 from bot.core.roles import run_exclusively
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.service.app import make_store
 from bot.store import Store
 from bot.store.embedded import EmbeddedRedis

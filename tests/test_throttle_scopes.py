@@ -26,7 +26,7 @@ from adapters.discord import DiscordAdapter, DiscordSettings, _scope_of_429
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from bot.cancel import cancel_and_wait
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.message import BOT_SCOPE, PREVIEWS_SCOPE, Place, Throttled
 from bot.service.app import make_store
 from bot.store import BudgetKeys

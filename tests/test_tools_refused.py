@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from bot.core.cycle import APOLOGY
-from bot.llm.base import MAX_TOOL_REFUSALS, LLMError, OpenAILLM, Usage
+from bot.llm.base import LLMError, Usage
+from bot.llm.openai import MAX_TOOL_REFUSALS, OpenAILLM
 from bot.llm.prompt import Prompt
 from bot.llm.tool_refusals import MAX_MODELS, NO_TOOLS_FIX, TOOL_FIX, Refusal, Refusals, refusal
 from bot.tools import Toolbox

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.loop_lag import SHED_LAG_S, SHED_MIN_PREVIEWS, watch
 from bot.outbound.typing_indicator import Typing
 from tests.builders import message

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from bot.blame import VOICE, blames
 from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings, MediaSettings
-from bot.llm.base import KEY_SETTING, OPENAI_BASE_URL, key_fix, probe_key
+from bot.llm.openai import KEY_SETTING, OPENAI_BASE_URL, key_fix, probe_key
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

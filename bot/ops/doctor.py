@@ -838,7 +838,7 @@ async def _not_found(
     `/v1`): said so for sure when the prefixed URL answers /models."""
     import openai
 
-    from bot.llm.base import provider_words
+    from bot.llm.openai import provider_words
 
     llm, shown, source = settings.llm, _llm_url(settings), settings.base_url_source
     said = provider_words(exc)
@@ -1046,7 +1046,7 @@ async def _tools_answer(settings: Settings, tools: list[Tool], timeout_s: float)
     most). A ✗ names each tool refused, or says the model takes none."""
     import openai
 
-    from bot.llm.base import tool_name, tools_refused
+    from bot.llm.openai import tool_name, tools_refused
     from bot.llm.tool_refusals import NO_TOOLS_FIX, TOOL_FIX
 
     llm = settings.llm

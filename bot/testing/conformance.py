@@ -81,7 +81,7 @@ from adapters.base import Adapter, Sink, login, refused
 from bot.cancel import cancel_and_wait
 from bot.config.settings import ConfigError, Settings
 from bot.core.runtime import Runtime
-from bot.llm.base import EchoLLM
+from bot.llm.echo import EchoLLM
 from bot.message import (
     Attachment,
     InboundMessage,
