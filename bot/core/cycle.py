@@ -40,7 +40,7 @@ from bot.core.groups import in_room, replied
 from bot.core.history import Retry, conversation_of, last_reply
 from bot.core.lease import LeaseKeeper, LeaseLost
 from bot.core.race import NOTHING, Next, Race
-from bot.core.steps import Steps
+from bot.core.steps import ModelUse, Steps, ToolUse, TurnRecord
 from bot.core.watch import VersionWatch
 from bot.llm.base import LLM, LLMError, Usage
 from bot.llm.media import UNSEEN_NOTE, Media
@@ -737,19 +737,11 @@ class Cycle:
         assert grant.lease is not None
         llm = self.settings.llm
         return Steps(
-            self.llm,
-            llm,
-            self.settings.tools,
-            self.toolbox,
-            self.store,
-            grant.lease,
-            turn_of(grant, request.target),
-            grant.version,
-            offered,
+            ModelUse(self.llm, llm, self.counter, llm.context_tokens - llm.max_tokens),
+            ToolUse(self.settings.tools, self.toolbox, offered),
+            TurnRecord(self.store, grant.lease, turn_of(grant, request.target), grant.version),
             race,
-            self.counter,
-            llm.context_tokens - llm.max_tokens,
-            usage.on_text,
+            on_text=usage.on_text,
         )
 
     def _apologise(self, request: Request, exc: LLMError) -> None:

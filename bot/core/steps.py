@@ -94,25 +94,47 @@ class Done:
     tools: str = ""
 
 
+@dataclass(frozen=True)
+class ModelUse:
+    """The model a reply's steps ask, and what a request to it may hold."""
+
+    llm: LLM
+    settings: LLMSettings
+    counter: Counter
+    budget: int  # tokens the whole request may take (the context less the answer's room)
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools a reply may call, and the bounds of each call."""
+
+    settings: ToolsSettings
+    toolbox: Toolbox
+    tools: tuple[Tool, ...]  # those its person is offered
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """Where a reply's calls are recorded, under which lease."""
+
+    store: Store
+    lease: Lease
+    burst: int  # the turn's id: its record's name (the first version of its burst)
+    version: int  # the version the prompt covers: no call starts once V has moved past it
+
+
 @dataclass
 class Steps:
     """One reply's tool loop under one lease. `race` runs what a newer message cancels (the
     model's steps, a wait for the window) and, before and after each tool call, says whether
     a newer message arrived meanwhile (`Race.steered`); either way `Next` ends the loop."""
 
-    llm: LLM
-    settings: LLMSettings
-    tools: ToolsSettings
-    toolbox: Toolbox
-    store: Store
-    lease: Lease
-    burst: int  # the turn's id: its record's name (the first version of its burst)
-    version: int  # the version the prompt covers: no call starts once V has moved past it
-    offered: tuple[Tool, ...]
+    model: ModelUse
+    offer: ToolUse
+    turn: TurnRecord
     race: Race
-    counter: Counter
-    budget: int  # tokens the whole request may take (the context less the answer's room)
-    on_status: Callable[[str], None] | None = None
+    # Told what the reply is doing while a tool runs ("calling get_time…"): the live draft.
+    on_text: Callable[[str], None] | None = None
     calls_run: int = 0
     calls_reused: int = 0
     # When the reply's time for tools ends (`time.monotonic()`): `LASTWORD_LLM__DEADLINE_S`
@@ -127,20 +149,22 @@ class Steps:
     async def answer(self, prompt: Prompt, usage: Usage) -> Done | Next:
         """The reply's text after as many steps as it takes; `Next` if a newer message cut
         it short."""
-        if not self.offered:
-            answered = await self.race(generate(self.llm, prompt, self.settings, usage))
+        if not self.offer.tools:
+            answered = await self.race(generate(self.model.llm, prompt, self.model.settings, usage))
             return answered if isinstance(answered, Next) else Done(answered.text)
-        self.until = time.monotonic() + self.settings.deadline_s
-        asked = replace(prompt, tools=tuple(tool.spec() for tool in self.offered))
+        self.until = time.monotonic() + self.model.settings.deadline_s
+        asked = replace(prompt, tools=tuple(tool.spec() for tool in self.offer.tools))
         used: list[Used] = []
         resumed = await self._resume(asked, used)
         if isinstance(resumed, Next):
             return resumed
         asked, k = resumed
         while True:
-            last = self.closed or k >= self.tools.step_limit or time.monotonic() >= self.until
+            last = (
+                self.closed or k >= self.offer.settings.step_limit or time.monotonic() >= self.until
+            )
             asked = replace(asked, tool_choice="none" if last else "auto")
-            answered = await self.race(generate(self.llm, asked, self.settings, usage))
+            answered = await self.race(generate(self.model.llm, asked, self.model.settings, usage))
             if isinstance(answered, Next):
                 return answered
             if not answered.calls or last:
@@ -153,18 +177,18 @@ class Steps:
                 log.warning(
                     "no room in the context of %s for the results of %d tool calls; the model "
                     "is asked for its answer",
-                    self.lease.conversation,
+                    self.turn.lease.conversation,
                     len(calls),
                 )
                 self.closed = True
                 continue
             bound = tuple(self._offered(call.name) for call in calls)
             identities = tuple(tool.identity if tool else "" for tool in bound)
-            record = await self.store.record_step(
-                self.lease, self.burst, k, calls, self.version, identities
+            record = await self.turn.store.record_step(
+                self.turn.lease, self.turn.burst, k, calls, self.turn.version, identities
             )
             if not record:
-                raise LeaseLost(self.lease.conversation)
+                raise LeaseLost(self.turn.lease.conversation)
             self.record = record
             ran = await self._run_step(k, calls, bound, Record(), step, share, used)
             if isinstance(ran, Next):
@@ -176,7 +200,7 @@ class Steps:
         """Take up the steps an earlier generation of the turn recorded (its calls reused,
         run if never started and still asked for, never run if the user wrote since): the
         prompt with them, and how many there were; or `Next`."""
-        record = await self.store.tool_record(self.lease.conversation, self.burst)
+        record = await self.turn.store.tool_record(self.turn.lease.conversation, self.turn.burst)
         self.record = record.id
         for k, calls in enumerate(record.steps):
             step = replace(asked, steps=(*asked.steps, _assistant("", calls)))
@@ -193,16 +217,16 @@ class Steps:
 
     def _offered(self, name: str) -> Tool | None:
         """The offered tool a call names, if any: what the call is bound to."""
-        return next((tool for tool in self.offered if tool.name == name), None)
+        return next((tool for tool in self.offer.tools if tool.name == name), None)
 
     def _bound(self, identity: str) -> Tool | None:
         """The offered tool a recorded call was bound to, if this user is offered it here."""
-        return next((tool for tool in self.offered if tool.identity == identity), None)
+        return next((tool for tool in self.offer.tools if tool.identity == identity), None)
 
     def _share(self, step: Prompt, calls: int) -> int:
         """Tokens each of a step's `calls` results may take, for the request to stay within
         the budget (less a margin for the estimate's error)."""
-        room = int(self.budget * (1 - MARGIN)) - estimated_tokens(step, self.counter)
+        room = int(self.model.budget * (1 - MARGIN)) - estimated_tokens(step, self.model.counter)
         return room // max(calls, 1)
 
     def _bounded(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
@@ -211,7 +235,7 @@ class Steps:
             log.warning(
                 "the model asked for %d tool calls in one step for %s; the first %d are run",
                 len(calls),
-                self.lease.conversation,
+                self.turn.lease.conversation,
                 MAX_CALLS_PER_STEP,
             )
         return calls[:MAX_CALLS_PER_STEP]
@@ -252,13 +276,13 @@ class Steps:
 
     def _fitted(self, text: str, tokens: int) -> str:
         """`text` within `tokens` (as counted), cut with a note if it must be."""
-        if self.counter.count(text) <= tokens:
+        if self.model.counter.count(text) <= tokens:
             return text
         kept = len(text)
         while kept > 0:
             kept = int(kept * 0.8)
             fitted = text[:kept] + ROOM_NOTE.format(kept=kept, total=len(text))
-            if self.counter.count(fitted) <= tokens:
+            if self.model.counter.count(fitted) <= tokens:
                 return fitted
         return ROOM_NOTE.format(kept=0, total=len(text)).strip()
 
@@ -279,8 +303,8 @@ class Steps:
         if left <= 0:
             return ToolResult(OUT_OF_TIME, error=True)
         for _ in range(HOLDS):
-            begun = await self.store.begin_call(
-                self.lease, self.burst, k, j, tool.side_effects, self.version
+            begun = await self.turn.store.begin_call(
+                self.turn.lease, self.turn.burst, k, j, tool.side_effects, self.turn.version
             )
             if begun.status != "hold":
                 break
@@ -288,9 +312,9 @@ class Steps:
             if isinstance(waited, Next):
                 return waited
         else:
-            raise RuntimeError(f"the window of {self.lease.conversation} is still open")
+            raise RuntimeError(f"the window of {self.turn.lease.conversation} is still open")
         if begun.status == "lost":
-            raise LeaseLost(self.lease.conversation)
+            raise LeaseLost(self.turn.lease.conversation)
         if begun.status == "done":
             self.calls_reused += 1
             return ToolResult(begun.text, begun.error)
@@ -299,7 +323,7 @@ class Steps:
                 "tool %s for %s was started before and never finished; the model is told its "
                 "outcome is unknown",
                 tool.name,
-                self.lease.conversation,
+                self.turn.lease.conversation,
             )
             return ToolResult(UNKNOWN, error=True)
         if begun.status == "moved":
@@ -312,25 +336,27 @@ class Steps:
             log.info(
                 "tool %s for %s was asked for before the user wrote again; not run",
                 tool.name,
-                self.lease.conversation,
+                self.turn.lease.conversation,
             )
             return ToolResult(NOT_RUN, error=True)
-        if self.on_status is not None:
-            self.on_status(f"{tool.shown()}…")
-        key = f"{self.lease.conversation}:{self.record}:{k}:{j}"
-        timeout = min(self.tools.call_timeout_s, max(left, MIN_CALL_S))
-        result = await self.toolbox.run(call, key, timeout, self.tools.output_chars, tool)
+        if self.on_text is not None:
+            self.on_text(f"{tool.shown()}…")
+        key = f"{self.turn.lease.conversation}:{self.record}:{k}:{j}"
+        timeout = min(self.offer.settings.call_timeout_s, max(left, MIN_CALL_S))
+        result = await self.offer.toolbox.run(
+            call, key, timeout, self.offer.settings.output_chars, tool
+        )
         self.calls_run += 1
         unknown = result.unknown and tool.side_effects
-        await self.store.end_call(
-            self.lease, self.burst, k, j, result.text, result.error, unknown=unknown
+        await self.turn.store.end_call(
+            self.turn.lease, self.turn.burst, k, j, result.text, result.error, unknown=unknown
         )
         if unknown:
             log.warning(
                 "tool %s for %s may or may not have run (%s); the model is told its outcome "
                 "is unknown",
                 tool.name,
-                self.lease.conversation,
+                self.turn.lease.conversation,
                 result.text[:200],
             )
             return ToolResult(UNKNOWN, error=True)

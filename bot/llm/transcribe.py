@@ -91,7 +91,7 @@ class OpenAITranscriber:
         )
 
     async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
-        """Whether the service takes the key, into `self.key` (`bot.llm.base.probe_key`)."""
+        """Whether the service takes the key, into `self.key` (`bot.llm.openai.probe_key`)."""
         await probe_key(self.client, self.key, timeout_s, level=level)
 
     @blames(VOICE)
