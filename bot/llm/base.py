@@ -20,16 +20,12 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from bot.backoff import Backoff
 from bot.config.settings import LLMSettings
 from bot.llm.prompt import Prompt
 from bot.tools import ToolCall
-
-if TYPE_CHECKING:
-    pass
-
 
 log = logging.getLogger(__name__)
 

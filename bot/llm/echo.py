@@ -6,15 +6,11 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import TYPE_CHECKING
 
 from bot.config.settings import LLMSettings
+from bot.llm.base import Answer, Usage
 from bot.llm.prompt import Prompt
 from bot.tokens import estimate
-
-if TYPE_CHECKING:
-    pass
-from bot.llm.base import Answer, Usage
 
 # The most pauses the echo model's streamed answer takes, whatever its length.
 ECHO_STEPS = 25

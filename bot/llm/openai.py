@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import httpx2
+from pydantic import SecretStr
 
 from bot.blame import MODEL, blames
 from bot.config.credentials import Credential
@@ -67,6 +68,35 @@ KEY_SETTING = "LASTWORD_LLM__API_KEY"
 MAX_TOOL_REFUSALS = 3
 
 
+# The key the client sends where none is configured: it will not start without one, and a
+# server that wants none ignores it.
+NO_KEY = "unset"
+
+
+def openai_client(
+    base_url: str | None,
+    key: SecretStr | None,
+    timeout_s: float,
+    *,
+    retries: int = 0,
+    headers: dict[str, str] | None = None,
+) -> AsyncOpenAI:
+    """An OpenAI-compatible client, as the bot, transcription and doctor all make it: over
+    lastword's transport (`bot.llm.transport`), with `retries` of the client's own (the bot's
+    model has none: its retries are `generate`'s) and `headers` on every request."""
+    # Imported here: the client library costs half a second of start-up, wasted with echo.
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(
+        base_url=base_url,
+        api_key=key.get_secret_value() if key else NO_KEY,
+        timeout=timeout_s,
+        max_retries=retries,
+        default_headers=headers or None,
+        http_client=http_client(timeout_s),
+    )
+
+
 class OpenAILLM:
     """Chat Completions through the official client; any OpenAI-compatible server works."""
 
@@ -75,23 +105,13 @@ class OpenAILLM:
     picks_models = True
 
     def __init__(self, settings: LLMSettings) -> None:
-        # Imported here: the client library costs half a second of start-up, wasted with echo.
-        from openai import AsyncOpenAI
-
         self.settings = settings
         # Ask for the usage at the end of a stream until the provider says it cannot.
         self._stream_usage = True
         # What each model refused of the tools: left out of its requests for a while.
         self.refusals = Refusals()
-        api_key = settings.api_key.get_secret_value() if settings.api_key else "unset"
         # Retries are ours (see `generate`), so that every attempt counts against one policy.
-        self.client: AsyncOpenAI = AsyncOpenAI(
-            base_url=settings.base_url,
-            api_key=api_key,
-            timeout=settings.timeout_s,
-            max_retries=0,
-            http_client=http_client(settings.timeout_s),
-        )
+        self.client = openai_client(settings.base_url, settings.api_key, settings.timeout_s)
         where = settings.base_url or OPENAI_BASE_URL
         # Named as the operator gave it: a refused OPENAI_API_KEY from ./.env is reported so.
         configured = settings.api_key is not None

@@ -16,10 +16,10 @@ from pydantic import SecretStr
 from bot.blame import VOICE, blames
 from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings, MediaSettings
-from bot.llm.openai import KEY_SETTING, OPENAI_BASE_URL, key_fix, probe_key
+from bot.llm.openai import KEY_SETTING, OPENAI_BASE_URL, key_fix, openai_client, probe_key
 
 if TYPE_CHECKING:
-    from openai import AsyncOpenAI
+    pass
 
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,6 @@ class OpenAITranscriber:
     """`/audio/transcriptions` through the official client (multipart, auth, retries)."""
 
     def __init__(self, media: MediaSettings, llm: LLMSettings) -> None:
-        # Imported here, as the LLM client is: it costs start-up time that echo never needs.
-        from openai import AsyncOpenAI
-
         key = transcription_key(media, llm)
         if key is None and llm.api_key is not None:
             log.warning(
@@ -83,12 +80,7 @@ class OpenAITranscriber:
             f"the transcription service at {base_url or OPENAI_BASE_URL}",
             configured=key is not None,
         )
-        self.client: AsyncOpenAI = AsyncOpenAI(
-            base_url=base_url,
-            api_key=key.get_secret_value() if key else "unset",
-            timeout=media.transcription_timeout_s,
-            max_retries=2,
-        )
+        self.client = openai_client(base_url, key, media.transcription_timeout_s, retries=2)
 
     async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
         """Whether the service takes the key, into `self.key` (`bot.llm.openai.probe_key`)."""

@@ -8,14 +8,9 @@ from __future__ import annotations
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import aiohttp
 import httpx2
-
-if TYPE_CHECKING:
-    pass
-
 
 # Connections to the provider at most, as the OpenAI client's own pool allows: one per
 # generation in flight.

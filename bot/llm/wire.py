@@ -19,13 +19,10 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bot.tools import ToolCall
-
-if TYPE_CHECKING:
-    pass
 from bot.llm.base import Attempt, LLMError, T
+from bot.tools import ToolCall
 
 # Content parts that are the answer; every other type (thinking, reference, image) is not.
 TEXT_PARTS = ("text", "output_text")

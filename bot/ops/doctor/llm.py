@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from bot.config.settings import Settings
+from bot.llm.openai import openai_client
 from bot.masking import redact
 from bot.ops.check import Check, guarded
 
@@ -32,18 +33,10 @@ def llm_url(settings: Settings) -> str:
 
 
 def llm_client(settings: Settings, timeout_s: float) -> openai.AsyncOpenAI:
-    """A client of the LLM endpoint as the settings name it, with no retries: doctor reports
-    what it finds at once."""
-    import openai
-
+    """The client the bot makes of the LLM endpoint (`bot.llm.openai.openai_client`), with no
+    retries: doctor reports what it finds at once."""
     llm = settings.llm
-    return openai.AsyncOpenAI(
-        base_url=llm.base_url,
-        api_key=llm.api_key.get_secret_value() if llm.api_key else "unset",
-        timeout=timeout_s,
-        max_retries=0,
-        default_headers=llm.extra_headers or None,
-    )
+    return openai_client(llm.base_url, llm.api_key, timeout_s, headers=llm.extra_headers)
 
 
 async def llm_check(settings: Settings, timeout_s: float) -> Check:

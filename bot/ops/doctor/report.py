@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from bot.ops.check import Check
-
-if TYPE_CHECKING:
-    pass
-
 
 # What a failed check's line adds about the checks that depend on it, rather than a ✗ line
 # of their own each.

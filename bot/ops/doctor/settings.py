@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from bot.config.settings import ConfigError, Settings, displayed
 from bot.masking import MASK, store_url
 from bot.ops.check import Check
-from bot.store.embedded import store_dir
-
-if TYPE_CHECKING:
-    pass
 from bot.ops.doctor.llm import llm_url
+from bot.store.embedded import store_dir
 
 
 def check_settings(source: Settings | Callable[[], Settings]) -> tuple[Check, Settings | None]:
