@@ -38,7 +38,7 @@ from typing import Any
 from bot.cancel import cancel_and_wait
 from bot.config.settings import Settings, load_settings
 from bot.core.runtime import Runtime
-from bot.llm import make_llm
+from bot.llm.factory import make_llm
 from bot.message import InboundMessage, NoFiles, SendFailed, Unavailable
 from bot.service.app import make_store
 from bot.store.connect import make_client

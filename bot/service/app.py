@@ -18,8 +18,8 @@ from bot.config.credentials import REPORT_EVERY_S
 from bot.config.secrets import secrets_of
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.core.runtime import Runtime
-from bot.llm import make_llm
 from bot.llm.base import LLM
+from bot.llm.factory import make_llm
 from bot.llm.openai import OpenAILLM
 from bot.llm.transcribe import OpenAITranscriber, Transcriber, make_transcriber
 from bot.masking import Scrub, store_url
