@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx2
 from pydantic import SecretStr
@@ -71,6 +71,53 @@ MAX_TOOL_REFUSALS = 3
 # The key the client sends where none is configured: it will not start without one, and a
 # server that wants none ignores it.
 NO_KEY = "unset"
+
+
+# What a provider's error means, read one way for the bot's replies and for doctor alike:
+# "key" (401), "access" (403), "missing" (404: the model or the endpoint), "context" (the
+# prompt is too long), "images" (the model takes none), "busy" (worth another try: 5xx, 408,
+# 409, 429), "rejected" (any other refusal), "timeout", "unreachable", "other".
+Failure = Literal[
+    "key",
+    "access",
+    "missing",
+    "context",
+    "images",
+    "busy",
+    "rejected",
+    "timeout",
+    "unreachable",
+    "other",
+]
+
+
+def failure_of(exc: Exception) -> Failure:
+    """What the provider's error `exc` means (see `Failure`)."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "unreachable"
+    if not isinstance(exc, openai.APIStatusError):
+        return "other"
+    status, code, message = exc.status_code, _error_code(exc), exc.message.lower()
+    if status == 401:
+        return "key"
+    if status == 403:
+        return "access"
+    if status == 404 or code == "model_not_found":
+        return "missing"
+    if status == 400 and (
+        code == "context_length_exceeded" or any(w in message for w in CONTEXT_WORDS)
+    ):
+        return "context"
+    if status == 400 and "image" in message:
+        return "images"
+    # 408, 409 and 429 are worth another try, as the client library itself treats them.
+    if status >= 500 or status in (408, 409, 429):
+        return "busy"
+    return "rejected"
 
 
 def openai_client(
@@ -333,33 +380,31 @@ class OpenAILLM:
 
     def _status_error(self, exc: openai.APIStatusError) -> LLMError:
         status = exc.status_code
-        code = _error_code(exc)
         message = self._scrub(exc.message)
-        if status in (401, 403):
-            self.key.refused(f"{status} to a completion", key_fix(self.key))
-            return LLMError(f"{self.key.reason} ({status})", kind="key")
-        if status == 404 or code == "model_not_found":
-            return LLMError(
-                f"model or endpoint not found (check LASTWORD_LLM__MODEL={self.settings.model!r}"
-                f" and {given_as(('llm', 'base_url'))})",
-                kind="permanent",
-            )
-        if status == 400 and (
-            code == "context_length_exceeded" or any(w in message.lower() for w in CONTEXT_WORDS)
-        ):
-            return LLMError(f"the prompt is too long for the model: {message}", kind="context")
-        if status == 400 and "image" in message.lower():
-            return LLMError(f"the model refused the images: {message}", kind="images")
-        # 408, 409 and 429 are worth another try, as the client library itself treats them.
-        if status >= 500 or status in (408, 409, 429):
-            return LLMError(
-                f"provider answered {status}", kind="transient", retry_after=_retry_after(exc)
-            )
-        return LLMError(
-            f"the provider rejected the request (check LASTWORD_LLM__MODEL="
-            f"{self.settings.model!r}): {status} {message}",
-            kind="permanent",
-        )
+        match failure_of(exc):
+            case "key" | "access":
+                self.key.refused(f"{status} to a completion", key_fix(self.key))
+                return LLMError(f"{self.key.reason} ({status})", kind="key")
+            case "missing":
+                return LLMError(
+                    f"model or endpoint not found (check LASTWORD_LLM__MODEL="
+                    f"{self.settings.model!r} and {given_as(('llm', 'base_url'))})",
+                    kind="permanent",
+                )
+            case "context":
+                return LLMError(f"the prompt is too long for the model: {message}", kind="context")
+            case "images":
+                return LLMError(f"the model refused the images: {message}", kind="images")
+            case "busy":
+                return LLMError(
+                    f"provider answered {status}", kind="transient", retry_after=_retry_after(exc)
+                )
+            case _:
+                return LLMError(
+                    f"the provider rejected the request (check LASTWORD_LLM__MODEL="
+                    f"{self.settings.model!r}): {status} {message}",
+                    kind="permanent",
+                )
 
     def _scrub(self, text: str) -> str:
         """A provider's own words, fit for logs: some echo the key they were given."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from bot.config.settings import Settings
-from bot.llm.openai import openai_client
+from bot.llm.openai import failure_of, openai_client
 from bot.masking import redact
 from bot.ops.check import Check, guarded
 
@@ -155,11 +155,13 @@ async def _not_found(
 
 
 def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
-    """What the endpoint's refusal or silence means, and what to fix."""
+    """What the endpoint's refusal or silence means, and what to fix: the provider's error
+    read as the bot reads it (`bot.llm.openai.failure_of`), said for an operator."""
     import openai
 
     llm, shown = settings.llm, llm_url(settings)
-    if isinstance(exc, openai.AuthenticationError):
+    failure = failure_of(exc)
+    if failure == "key":
         if llm.api_key is None:
             return Check(
                 "llm",
@@ -169,17 +171,17 @@ def _llm_failure(exc: Exception, settings: Settings, timeout_s: float) -> Check:
             )
         return Check("llm", False, f"{shown} refused the API key", f"fix {settings.key_source}")
     found: tuple[str, str]
-    if isinstance(exc, openai.PermissionDeniedError):
+    if failure == "access":
         found = (
             f"{shown} refused the API key access (403)",
             f"fix {settings.key_source}, or its permissions at the provider",
         )
-    elif isinstance(exc, openai.APITimeoutError):
+    elif failure == "timeout":
         found = (
             f"no answer within {timeout_s:g} s from {shown}",
             f"check {settings.base_url_source} and that the server is up",
         )
-    elif isinstance(exc, openai.APIConnectionError):
+    elif failure == "unreachable":
         found = (
             f"cannot connect to {shown}",
             f"fix {settings.base_url_source}, or start the server it names",
