@@ -6,6 +6,7 @@ import itertools
 import time
 
 from bot.message import Attachment, InboundMessage
+from bot.store import Acquired, Grant
 
 _next_id = itertools.count(1)
 
@@ -42,3 +43,8 @@ def message(
         timestamp=time.time() if timestamp is None else timestamp,
         attachments=attachments,
     )
+
+
+def window_ms(grant: Grant) -> int:
+    """How much longer a speculative grant's window stays open (ms); 0 for any other."""
+    return grant.window.ms if isinstance(grant, Acquired) and grant.window else 0

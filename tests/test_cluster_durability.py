@@ -22,7 +22,7 @@ from redis.crc import key_slot
 
 from bot.message import InboundMessage
 from bot.ops.doctor import durability_check
-from bot.store import Keys, Store, StoreSettings, StoreUnavailable, lease_token
+from bot.store import Acquired, Keys, Store, StoreSettings, StoreUnavailable, lease_token
 from bot.store.connect import open_client
 from bot.store.durability import NO_AOF_FIX, Durability, Refused
 from tests.builders import message
@@ -108,7 +108,7 @@ async def test_each_step_waits_for_the_replica_of_its_primary(
         assert (await store.ingest(home_dm(2, conversation))).version == 2
         assert on_replica(durable, conversation, "v") == b"2"
         grant = await store.acquire(conversation, lease_token("r"))
-        assert grant.lease is not None
+        assert isinstance(grant, Acquired), grant
         assert (await store.presend(grant.lease, grant.version, "hello")).status == "ok"
         with readonly(durable.replicas[primary_of(conversation)]) as replica:
             assert replica.exists(Keys(conversation).outbox)

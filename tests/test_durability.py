@@ -26,7 +26,7 @@ from bot.config.settings import ConfigError, Settings
 from bot.core.cycle import idempotency_key
 from bot.ops.doctor import durability_check
 from bot.service.app import _check_durability
-from bot.store import Ingested, Keys, Store, StoreSettings, StoreUnavailable, lease_token
+from bot.store import Acquired, Ingested, Keys, Store, StoreSettings, StoreUnavailable, lease_token
 from bot.store import durability as durability_module
 from bot.store.durability import (
     NO_WAITAOF_FIX,
@@ -187,7 +187,7 @@ async def test_local_waits_for_the_fsync_on_the_scripts_connection(
         # A DM whose chat is its user (Telegram's): one script per ingest.
         assert (await store.ingest(message("hi", n=n, user="1"))).accepted
         grant = await store.acquire("test:1", lease_token("r"))
-        assert grant.lease is not None
+        assert isinstance(grant, Acquired), grant
         assert (await store.presend(grant.lease, grant.version, "hello")).status == "ok"
         assert (await store.commit(grant.lease)).ok
 
@@ -345,7 +345,7 @@ async def test_replicated_acknowledges_nothing_until_a_replica_has_it(
     assert second.accepted and second.version == 2
     assert await replica.hget(Keys("test:1").state, "v") == b"2"
     grant = await store.acquire("test:1", lease_token("r"))
-    assert grant.lease is not None
+    assert isinstance(grant, Acquired), grant
     assert (await store.presend(grant.lease, 2, "hello")).status == "ok"
     assert (await store.commit(grant.lease)).ok
     assert await replica.hget(Keys("test:1").state, "w") == b"2"
@@ -381,7 +381,7 @@ async def test_nothing_acknowledged_at_local_is_lost_when_the_server_is_killed(
                 ingested = await store.ingest(msg)
                 acknowledged.append((conversation, msg.message_id))
                 grant = await store.acquire(conversation, lease_token(f"w{n}"))
-                if grant.lease is None:
+                if not isinstance(grant, Acquired):
                     continue
                 if (await store.presend(grant.lease, grant.version, f"r{i}")).status != "ok":
                     continue
@@ -436,14 +436,16 @@ async def test_a_resend_repeats_the_key_of_the_crashed_holder(redis: Redis) -> N
     store = Store(redis, StoreSettings(0, 0, 300, 200, 3))
     await store.ingest(message("hi", n=1))
     first = await store.acquire("test:1", lease_token("a"))
-    assert first.lease is not None
+    assert isinstance(first, Acquired), first
     assert (await store.presend(first.lease, first.version, "hello")).status == "ok"
     # The holder dies after its pre-send check; another takes over once the lease expires.
     await asyncio.sleep(0.4)
     second = await store.acquire("test:1", lease_token("b"))
-    assert second.lease is not None and second.resend == ("hello", 1)
+    assert isinstance(second, Acquired), second
+    assert second.resend is not None
+    assert (second.resend.text, second.resend.version) == ("hello", 1)
     assert second.lease.fence > first.lease.fence
-    assert second.resend_lease == (first.lease.fence, first.lease.token)
+    assert (second.resend.fence, second.resend.token) == (first.lease.fence, first.lease.token)
     original = idempotency_key("test:1", 1, 0, first.lease.fence, first.lease.token)
-    resent = idempotency_key("test:1", 1, 0, *second.resend_lease)
+    resent = idempotency_key("test:1", 1, 0, second.resend.fence, second.resend.token)
     assert resent == original

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from bot.cancel import cancel_and_wait
 from bot.core.lease import LeaseKeeper, LeaseLost
 from bot.service.app import make_store
-from bot.store import Lease, Store, lease_token
+from bot.store import Acquired, Lease, Store, lease_token
 from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually
@@ -104,14 +104,14 @@ async def hold_conversation(store: Store) -> Held:
     async def acquired() -> tuple[float, Lease] | None:
         sent_at = time.monotonic()
         grant = await store.acquire("test:1", lease_token("us"))
-        return None if grant.lease is None else (sent_at, grant.lease)
+        return (sent_at, grant.lease) if isinstance(grant, Acquired) else None
 
     taken = await eventually(acquired, what="the conversation's lease")
     assert taken is not None
     sent_at, ours = taken
 
     async def take_over() -> bool:
-        return (await store.acquire("test:1", lease_token("thief"))).lease is not None
+        return isinstance(await store.acquire("test:1", lease_token("thief")), Acquired)
 
     return Held("lease on test:1", functools.partial(store.renew, ours), take_over, sent_at)
 

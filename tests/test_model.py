@@ -85,12 +85,14 @@ from bot.message import InboundMessage, Place, Said
 from bot.store import (
     CLOCK_SLACK_MS,
     RETRY_AFTER_ERROR_CAP_MS,
+    Acquired,
     Ended,
     Failed,
     Grant,
     Heard,
     HistoryEntry,
     Keys,
+    Lease,
     PreSend,
     Store,
     StoreSettings,
@@ -98,6 +100,7 @@ from bot.store import (
 )
 from bot.store.embedded import EmbeddedRedis
 from bot.tools import ToolCall
+from tests.builders import window_ms
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -148,7 +151,7 @@ class Holder:
     """A replica holding, or believing it holds, a conversation's lease."""
 
     replica: int
-    grant: Grant
+    grant: Acquired
     stage: Literal["acquired", "presented", "sent", "ended"]
     version: int  # what its reply covers: the grant's V, or the outbox's version on a resend
     text: str = ""
@@ -156,11 +159,10 @@ class Holder:
     @property
     def speculative(self) -> bool:
         """Whether its lease took the window while still open."""
-        return self.grant.window_ms > 0
+        return window_ms(self.grant) > 0
 
     @property
-    def lease(self) -> Any:
-        assert self.grant.lease is not None
+    def lease(self) -> Lease:
         return self.grant.lease
 
     def __repr__(self) -> str:
@@ -533,12 +535,12 @@ class Protocol(RuleBasedStateMachine):
         self._took(conv)
         if grant.resend is not None:
             # I3: a crashed holder's reply goes out as it was recorded, never regenerated.
-            assert grant.resend == self.outbox[conv]
-            text, version = grant.resend
+            text, version = grant.resend.text, grant.resend.version
+            assert (text, version) == self.outbox[conv]
             self.holders.append(Holder(replica, grant, "presented", version, text))
             return
         assert conv not in self.outbox
-        if grant.window_ms:
+        if window_ms(grant):
             self.seen["speculated"] += 1
         else:
             self.opened.pop(conv, None)  # the window is consumed
@@ -573,16 +575,16 @@ class Protocol(RuleBasedStateMachine):
             assert conv not in self.outbox, "a resend waited for a window"
             assert now < deadline, f"{conv}: early, yet its deadline {deadline} passed at {now}"
             assert grant.look_in_ms is not None and grant.look_in_ms <= deadline - now
-        if grant.status == "acquired" and grant.window_ms:
+        if grant.status == "acquired" and window_ms(grant):
             assert 0 < speculate_at <= after, f"{conv}: speculated before its time: {window}"
             assert not starved(now), f"{conv}: speculated on a burst the guard forces out"
-            assert now < deadline and grant.window_ms <= deadline - now, (window, now)
+            assert now < deadline and window_ms(grant) <= deadline - now, (window, now)
         ahead = after + 5 < deadline <= now + DEADLINE_BOUND_MS - 5
         may_speculate = 0 < speculate_at <= after and not starved(now)
         if only_the_window and ahead and not may_speculate:
             assert grant.status == "early", f"{conv} was {grant.status} before its deadline"
         if only_the_window and ahead and 0 < speculate_at <= now and not starved(after):
-            assert grant.window_ms, f"{conv} was {grant.status}, not speculated on: {window}"
+            assert window_ms(grant), f"{conv} was {grant.status}, not speculated on: {window}"
 
     @rule(n=pick)
     def expire(self, n: int) -> None:

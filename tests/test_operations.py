@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from bot.store import Keys
+from bot.store import Acquired, Keys
 from bot.store.embedded import EmbeddedRedis
 from tests.builders import message
 from tests.conftest import SettingsFactory, eventually, settled
@@ -471,7 +471,7 @@ async def test_status_json_shows_a_held_lease_and_an_unanswered_conversation(
     for n in (1, 2):
         await store.ingest(message(f"hi {n}", n=n, conversation="telegram:77", user="u77"))
     grant = await store.acquire("telegram:77", "replica-9/abc")
-    assert grant.lease is not None
+    assert isinstance(grant, Acquired), grant
     await store.ingest(message("waiting", n=1, conversation="telegram:78", user="u78"))
 
     env = clean_env(short_dir / "s", LASTWORD_REDIS_URL=server.url)

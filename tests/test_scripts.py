@@ -22,7 +22,16 @@ from redis.asyncio import Redis
 
 from bot.message import Attachment, InboundMessage
 from bot.service.app import make_store
-from bot.store import ACCESS_COPY, Ended, Grant, Lease, PreSend, Store, scripts
+from bot.store import (
+    ACCESS_COPY,
+    Acquired,
+    Ended,
+    Lease,
+    NotAcquired,
+    PreSend,
+    Store,
+    scripts,
+)
 from bot.store.keys import (
     HEARTBEAT_PATTERN,
     LEGACY_SHARDS,
@@ -104,21 +113,20 @@ async def acquire_when_ready(
     conversation: str,
     token: str,
     timeout: float = 3.0,  # noqa: ASYNC109
-) -> Grant:
+) -> Acquired:
     """Poll acquire until it grants the lease; only 'early' and 'busy' may come before."""
     async with asyncio.timeout(timeout):
         while True:
             grant = await store.acquire(conversation, token)
-            if grant.status == "acquired":
+            if isinstance(grant, Acquired):
                 return grant
             assert grant.status in ("early", "busy") and grant.look_in_ms is not None, grant
             await asyncio.sleep(min(max(grant.look_in_ms, 1), 20) / 1000)
 
 
-async def cycle_once(store: Store, conversation: str, reply: str) -> Grant:
+async def cycle_once(store: Store, conversation: str, reply: str) -> Acquired:
     """A whole successful cycle at the store level: acquire, pre-send check, commit."""
     grant = await acquire_when_ready(store, conversation, f"token-{reply}")
-    assert grant.lease is not None
     assert await store.presend(grant.lease, grant.version, reply) == PreSend("ok")
     assert (await store.commit(grant.lease)).ok
     return grant
@@ -182,7 +190,7 @@ async def test_redelivery_after_the_reply_is_still_dropped(
     again = await store.ingest(message(1))
     assert not again.accepted
     assert await store.counters(CONV) == (1, 1)
-    assert await store.acquire(CONV, "late") == Grant("idle")
+    assert await store.acquire(CONV, "late") == NotAcquired("idle")
 
 
 # -- ingest: the window --------------------------------------------------------------------------
@@ -329,7 +337,6 @@ async def test_scripts_write_only_keys_of_the_conversations_slot(
         await store.ingest(message(2, chat=chat))
     await cycle_once(store, "test:1", "reply")
     grant = await acquire_when_ready(store, "test:2", "holder")
-    assert grant.lease is not None
     await store.ingest(message(3, chat="2"))
     assert (await store.presend(grant.lease, grant.version, "stale")).status == "stale"
 
@@ -385,8 +392,7 @@ async def test_acquire_is_early_before_the_deadline_then_acquired(
     before = await server_ms(redis)
     early = await store.acquire(CONV, "too-soon")
     after = await server_ms(redis)
-    assert early.status == "early"
-    assert early.lease is None
+    assert isinstance(early, NotAcquired) and early.status == "early"
     assert early.look_in_ms is not None
     assert deadline - after <= early.look_in_ms <= deadline - before
     assert not await redis.exists(k.lease)
@@ -408,7 +414,6 @@ async def test_fence_rises_on_every_acquisition(
     for n in range(1, 5):
         await store.ingest(message(n))
         grant = await acquire_when_ready(store, CONV, f"holder-{n}")
-        assert grant.lease is not None
         fences.append(grant.lease.fence)
         # Alternate endings: a release without reply, or a full commit.
         if n % 2:
@@ -432,8 +437,7 @@ async def test_acquire_is_busy_while_leased(redis: Redis, make_settings: Setting
     busy = await store.acquire(CONV, "other")
     after = await server_ms(redis)
     left_after = await redis.pttl(k.lease)
-    assert busy.status == "busy"
-    assert busy.lease is None
+    assert isinstance(busy, NotAcquired) and busy.status == "busy"
     assert busy.look_in_ms is not None
     assert left_after <= busy.look_in_ms <= left_before <= 1500
     assert await hash_of(redis, k.lease) == held
@@ -442,7 +446,6 @@ async def test_acquire_is_busy_while_leased(redis: Redis, make_settings: Setting
     assert score is not None
     # 1 ms of slack: TIME and key expiry read the clock at slightly different moments.
     assert before + left_after - 1 <= score <= after + left_before + 1
-    assert holder.lease is not None
     assert (await store.release(holder.lease)).ok
 
 
@@ -451,7 +454,7 @@ async def test_acquire_is_idle_when_everything_is_answered(
 ) -> None:
     store = build(make_settings, redis)
     k = Keys(CONV)
-    assert await store.acquire("test:never", "anyone") == Grant("idle")
+    assert await store.acquire("test:never", "anyone") == NotAcquired("idle")
 
     await store.ingest(message(1))
     await cycle_once(store, CONV, "done")
@@ -459,7 +462,7 @@ async def test_acquire_is_idle_when_everything_is_answered(
     await redis.zadd(k.due, {CONV: await server_ms(redis)})
     before = await snapshot(redis, CONV)
 
-    assert await store.acquire(CONV, "stale-wakeup") == Grant("idle")
+    assert await store.acquire(CONV, "stale-wakeup") == NotAcquired("idle")
     assert await due_score(redis, CONV) is None
     assert not await redis.exists(k.lease)
     after = await snapshot(redis, CONV)
@@ -489,7 +492,6 @@ async def test_acquire_returns_pending_in_order_and_the_history(
         ("assistant", 2, "first reply"),
     ]
     assert grant.resend is None
-    assert grant.lease is not None
     await store.release(grant.lease)
 
     # Only the newest history_cap entries come back.
@@ -516,7 +518,7 @@ async def test_acquire_takes_a_flood_of_unanswered_messages(
     await redis.hset(k.state, "v", count)
 
     grant = await store.acquire(CONV, "owner")
-    assert grant.status == "acquired" and grant.lease is not None
+    assert grant.status == "acquired"
     assert [m.text for m in grant.unanswered] == [f"text {n}" for n in range(1, count + 1)]
     assert (await store.presend(grant.lease, grant.version, "one reply")).status == "ok"
     assert (await store.commit(grant.lease)).ok
@@ -540,7 +542,6 @@ async def test_lease_is_taken_by_compare_and_swap(
     winners = [g for g in grants if g.status == "acquired"]
     assert len(winners) == 1
     assert sorted(g.status for g in grants if g is not winners[0]) == ["busy"] * 7
-    assert winners[0].lease is not None
     token = winners[0].lease.token
     assert await hash_of(redis, Keys(CONV).lease) == {"token": token, "fence": "1", "ttl": "1500"}
 
@@ -562,7 +563,6 @@ async def test_lease_expires_on_its_own(redis: Redis, make_settings: SettingsFac
     after = await server_ms(redis)
     assert statuses and set(statuses) == {"busy"}
     assert after - before >= ttl
-    assert crashed.lease is not None and grant.lease is not None
     assert grant.lease.fence == crashed.lease.fence + 1
     assert grant.version == 1 and [m.text for m in grant.unanswered] == ["text 1"]
 
@@ -604,7 +604,6 @@ async def test_release_by_a_non_owner_changes_nothing(
     k = Keys(CONV)
     await store.ingest(message(1))
     grant = await acquire_when_ready(store, CONV, "owner")
-    assert grant.lease is not None
     before = await snapshot(redis, CONV)
 
     assert await store.release(Lease(CONV, "intruder", grant.lease.fence)) == Ended(False, None)
@@ -630,7 +629,6 @@ async def test_stale_fence_is_rejected_after_expiry(
     await slow.ingest(message(1))
     a = await acquire_when_ready(slow, CONV, "token-a")
     b = await acquire_when_ready(fresh, CONV, "token-b")
-    assert a.lease is not None and b.lease is not None
     assert b.lease.fence == a.lease.fence + 1
     held = await hash_of(redis, k.lease)
     assert held == {"token": "token-b", "fence": str(b.lease.fence), "ttl": "5000"}
@@ -668,7 +666,6 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
     await store.ingest(message(1))
     await store.ingest(message(2))
     grant = await acquire_when_ready(store, CONV, "owner")
-    assert grant.lease is not None
     verdict = await store.presend(
         grant.lease,
         grant.version,
@@ -706,7 +703,6 @@ async def test_presend_rejects_a_changed_version(
     k = Keys(CONV)
     await store.ingest(message(1))
     grant = await acquire_when_ready(store, CONV, "owner")
-    assert grant.lease is not None
     await store.ingest(message(2))  # arrives during generation: opens a new window
     window = await hash_of(redis, k.window)
     deadline = int(window["deadline"])
@@ -738,7 +734,6 @@ async def test_presend_rejects_a_lost_lease(redis: Redis, make_settings: Setting
     k = Keys(CONV)
     await store.ingest(message(1))
     expired = await acquire_when_ready(store, CONV, "expired")
-    assert expired.lease is not None
 
     async def gone() -> bool:
         return not await redis.exists(k.lease)
@@ -749,7 +744,6 @@ async def test_presend_rejects_a_lost_lease(redis: Redis, make_settings: Setting
     assert await snapshot(redis, CONV) == before
 
     released = await acquire_when_ready(store, CONV, "released")
-    assert released.lease is not None
     assert (await store.release(released.lease)).ok
     assert await store.presend(released.lease, released.version, "late") == PreSend("lost")
     assert not await redis.exists(k.outbox)
@@ -767,7 +761,6 @@ async def test_starvation_guard_forces_a_reply_after_limit_discards(
     verdicts = []
     for _ in range(limit + 1):
         grant = await acquire_when_ready(store, CONV, f"holder-{n}")
-        assert grant.lease is not None
         n += 1
         await store.ingest(message(n))  # the user keeps typing during every generation
         verdicts.append(await store.presend(grant.lease, grant.version, f"reply to {n - 1}"))
@@ -777,7 +770,6 @@ async def test_starvation_guard_forces_a_reply_after_limit_discards(
     assert await int_field(redis, k.outbox, "version") == n - 1
 
     # The forced reply commits what it covered; the newest message stays owed.
-    assert grant.lease is not None
     ended = await store.commit(grant.lease)
     assert ended.ok and ended.look_in_ms is not None
     assert await store.counters(CONV) == (n, n - 1)
@@ -785,7 +777,6 @@ async def test_starvation_guard_forces_a_reply_after_limit_discards(
 
     # The count starts over after a commit.
     grant = await acquire_when_ready(store, CONV, "after-commit")
-    assert grant.lease is not None
     await store.ingest(message(n + 1))
     verdict = await store.presend(grant.lease, grant.version, "again")
     assert verdict.status == ("stale" if limit else "ok")
@@ -802,7 +793,7 @@ async def test_starvation_guard_forces_a_reply_once_the_oldest_message_waited_it
     await store.ingest(message(2))
     assert await int_field(redis, k.state, "since") == first  # the oldest one's arrival
     grant = await acquire_when_ready(store, CONV, "young")
-    assert grant.lease is not None and 0 <= grant.waited_ms < 5_000
+    assert 0 <= grant.waited_ms < 5_000
     await store.ingest(message(3))
     # Younger than the age: a stale reply is discarded, however many came before.
     assert (await store.presend(grant.lease, grant.version, "too soon")).status == "stale"
@@ -811,7 +802,7 @@ async def test_starvation_guard_forces_a_reply_once_the_oldest_message_waited_it
     # passing would move the server's clock forward).
     await redis.hset(k.state, "since", first - 6_000)
     grant = await acquire_when_ready(store, CONV, "old")
-    assert grant.lease is not None and grant.waited_ms >= 6_000
+    assert grant.waited_ms >= 6_000
     await store.ingest(message(4))  # arrives after the lease was taken: opens a new window
     opened = await int_field(redis, k.window, "opened")
     verdict = await store.presend(grant.lease, grant.version, "as it is")
@@ -837,7 +828,6 @@ async def test_commit_moves_everything_in_one_step(
     for n in (1, 2, 3):
         await quick.ingest(message(n))
     grant = await acquire_when_ready(quick, CONV, "owner")
-    assert grant.lease is not None
     assert await quick.presend(grant.lease, grant.version, "reply to three") == PreSend("ok")
     # A message after the pre-send check, with a long window: the commit must leave it be.
     await store.ingest(message(4))
@@ -892,7 +882,6 @@ async def test_commit_with_a_wrong_token_changes_nothing(
     await store.ingest(message(1))
     await store.ingest(message(2))
     grant = await acquire_when_ready(store, CONV, "owner")
-    assert grant.lease is not None
     assert (await store.presend(grant.lease, grant.version, "reply")).status == "ok"
     before = await snapshot(redis, CONV)
     assert all(before[name] is not None for name in (k.lease, k.outbox, k.pending, k.state))
@@ -948,7 +937,7 @@ async def test_every_call_survives_an_empty_script_cache(
     assert CONV in await store.due()
     await flushed()
     grant = await store.acquire(CONV, "owner")
-    assert grant.status == "acquired" and grant.lease is not None
+    assert grant.status == "acquired"
     await flushed()
     assert await store.renew(grant.lease)
     await flushed()
@@ -957,7 +946,7 @@ async def test_every_call_survives_an_empty_script_cache(
     assert (await store.commit(grant.lease)).ok
     await store.ingest(message(2))
     again = await store.acquire(CONV, "second")
-    assert again.lease is not None
+    assert isinstance(again, Acquired), again
     await flushed()
     assert (await store.release(again.lease)).ok
     assert await store.counters(CONV) == (2, 1)
@@ -975,14 +964,15 @@ async def test_outbox_left_by_a_crashed_holder_is_resent_not_regenerated(
     await crashing.ingest(message(1))
     await crashing.ingest(message(2))
     first = await acquire_when_ready(crashing, CONV, "crashes")
-    assert first.lease is not None
     assert await crashing.presend(first.lease, first.version, "the draft") == PreSend("ok")
     # The holder dies here, between the pre-send check and the commit.
 
     grant = await acquire_when_ready(survivor, CONV, "survivor")
-    assert grant.lease is not None
     assert grant.lease.fence == first.lease.fence + 1
-    assert grant.resend == ("the draft", 2)
+    assert grant.resend is not None and (grant.resend.text, grant.resend.version) == (
+        "the draft",
+        2,
+    )
     assert grant.unanswered == ()  # nothing to generate
 
     assert (await survivor.commit(grant.lease)).ok
@@ -993,7 +983,7 @@ async def test_outbox_left_by_a_crashed_holder_is_resent_not_regenerated(
         ("assistant", "the draft"),
     ]
     assert not await redis.exists(k.outbox)
-    assert await survivor.acquire(CONV, "after") == Grant("idle")
+    assert await survivor.acquire(CONV, "after") == NotAcquired("idle")
 
 
 async def test_resend_covers_only_its_version_when_more_arrived(
@@ -1003,19 +993,22 @@ async def test_resend_covers_only_its_version_when_more_arrived(
     survivor = build(make_settings, redis, ttl=5000)
     await crashing.ingest(message(1))
     first = await acquire_when_ready(crashing, CONV, "crashes")
-    assert first.lease is not None
     checked = await crashing.presend(first.lease, first.version, "reply to one", changes="[c]")
     assert checked.status == "ok"
     await crashing.ingest(message(2))  # after the check passed: not covered by that reply
 
     grant = await acquire_when_ready(survivor, CONV, "survivor")
-    assert grant.lease is not None
-    assert (grant.resend, grant.resend_changes) == (("reply to one", 1), "[c]")
+    assert grant.resend is not None
+    assert (grant.resend.text, grant.resend.version, grant.resend.changes) == (
+        "reply to one",
+        1,
+        "[c]",
+    )
     assert (await survivor.commit(grant.lease)).ok
     assert await survivor.counters(CONV) == (2, 1)
 
     follow_up = await acquire_when_ready(survivor, CONV, "follow-up")
-    assert (follow_up.resend, follow_up.resend_changes) == (None, "")
+    assert follow_up.resend is None
     assert [m.text for m in follow_up.unanswered] == ["text 2"]
 
 
@@ -1113,7 +1106,7 @@ async def test_acquire_brings_the_persona_kept_only_on_a_live_conversation(
     await store.keep_persona(CONV, "Be brief.")
     grant = await acquire_when_ready(store, CONV, "one")
     assert grant.persona == "Be brief."
-    assert grant.lease is not None and (await store.release(grant.lease)).ok
+    assert (await store.release(grant.lease)).ok
     await store.keep_persona(CONV, "")
     assert (await acquire_when_ready(store, CONV, "two")).persona == ""
     assert await redis.hget(k.state, "persona") is None

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from bot.message import InboundMessage
 from bot.service.app import make_store
-from bot.store import Store, StoreSettings
+from bot.store import Acquired, Store, StoreSettings
 from bot.store.keys import (
     LAYOUT,
     LEGACY,
@@ -117,7 +117,7 @@ def message(chat: str, n: int) -> InboundMessage:
 
 async def answer(store: Store, conversation: str, reply: str) -> None:
     grant = await store.acquire(conversation, "writer/1")
-    assert grant.lease is not None, grant
+    assert isinstance(grant, Acquired), grant
     assert (await store.presend(grant.lease, grant.version, reply)).status == "ok"
     assert (await store.commit(grant.lease)).ok
 

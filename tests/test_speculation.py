@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.store import Grant, Keys, Store, StoreSettings
+from bot.store import Acquired, Keys, NotAcquired, Store, StoreSettings
 from bot.store.embedded import EmbeddedRedis
-from tests.builders import message
+from tests.builders import message, window_ms
 from tests.test_model import integers
 
 pytestmark = pytest.mark.timeout(30)
@@ -59,13 +59,13 @@ async def window(redis: Redis) -> dict[str, int]:
     return integers(await redis.hgetall(Keys(CONV).window))
 
 
-async def speculative_grant(store: Store, token: str = "t1") -> Grant:
+async def speculative_grant(store: Store, token: str = "t1") -> Acquired:
     """The lease taken at speculate_at, with the window still open."""
     async with asyncio.timeout(3):
         while True:
             grant = await store.acquire(CONV, token)
-            if grant.status == "acquired":
-                assert grant.window_ms > 0, "taken after the window closed: not speculative"
+            if isinstance(grant, Acquired):
+                assert window_ms(grant) > 0, "taken after the window closed: not speculative"
                 return grant
             assert grant.status == "early" and grant.look_in_ms is not None, grant
             await asyncio.sleep(grant.look_in_ms / 1000)
@@ -79,18 +79,19 @@ async def test_the_lease_is_taken_at_speculate_at_and_the_reply_held_until_the_d
     # The first look is when speculation may start, not at the deadline.
     assert ingested.look_in_ms is not None and ingested.look_in_ms <= SPECULATE_MS
     early = await store.acquire(CONV, "t0")
+    assert isinstance(early, NotAcquired), early
     assert early.status == "early" and early.look_in_ms is not None
     assert early.look_in_ms <= SPECULATE_MS
 
     grant = await speculative_grant(store)
-    assert grant.lease is not None and grant.version == 1
-    assert QUIET_MS - SPECULATE_MS - 50 <= grant.window_ms < QUIET_MS - SPECULATE_MS + 5
+    assert grant.version == 1
+    assert QUIET_MS - SPECULATE_MS - 50 <= window_ms(grant) < QUIET_MS - SPECULATE_MS + 5
     opened = await window(redis)
     assert opened["leased"] == grant.lease.fence, "the window is leased, not consumed"
 
     held = await store.presend(grant.lease, grant.version, "the answer")
     assert held.status == "hold" and held.look_in_ms is not None
-    assert 0 < held.look_in_ms <= grant.window_ms
+    assert 0 < held.look_in_ms <= window_ms(grant)
     assert not await redis.exists(Keys(CONV).outbox), "a held reply is not recorded"
 
     await asyncio.sleep(held.look_in_ms / 1000)
@@ -107,7 +108,6 @@ async def test_a_message_in_the_open_window_restarts_the_generation_without_a_di
     store = stores()
     await store.ingest(message("one", n=1))
     first = await speculative_grant(store, "t1")
-    assert first.lease is not None
     await store.ingest(message("two", n=2))
     # The window was extended, still leased to the speculative holder.
     assert (await window(redis))["leased"] == first.lease.fence
@@ -120,7 +120,7 @@ async def test_a_message_in_the_open_window_restarts_the_generation_without_a_di
     assert b"leased" not in await redis.hgetall(Keys(CONV).window)
 
     second = await speculative_grant(store, "t2")
-    assert second.lease is not None and second.version == 2
+    assert second.version == 2
     assert [m.text for m in second.unanswered] == ["one", "two"]
     # The pre-send check sees it the same way, for a holder that did not interrupt.
     await store.ingest(message("three", n=3))
@@ -135,9 +135,8 @@ async def test_a_message_after_the_window_closed_opens_the_next_and_makes_the_re
     store = stores(quiet_ms=200, speculate_ms=50)
     await store.ingest(message("one", n=1))
     grant = await speculative_grant(store)
-    assert grant.lease is not None
     before = await window(redis)
-    await asyncio.sleep(grant.window_ms / 1000 + 0.02)
+    await asyncio.sleep(window_ms(grant) / 1000 + 0.02)
     # Past the deadline: the burst is the holder's; this message opens a fresh window.
     await store.ingest(message("two", n=2))
     after = await window(redis)
@@ -163,11 +162,10 @@ async def test_a_released_lease_gives_the_window_back(stores: StoreFactory, redi
     store = stores()
     await store.ingest(message("one", n=1))
     grant = await speculative_grant(store)
-    assert grant.lease is not None
     assert (await store.release(grant.lease)).ok
     assert "leased" not in await window(redis)
     again = await speculative_grant(store, "t2")
-    assert again.lease is not None and again.lease.fence > grant.lease.fence
+    assert again.lease.fence > grant.lease.fence
 
 
 async def test_without_speculation_the_lease_waits_for_the_deadline(

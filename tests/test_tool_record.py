@@ -16,9 +16,9 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from bot.store import Grant, Keys, Lease, Store
+from bot.store import Acquired, Keys, Lease, Store
 from bot.tools import ToolCall
-from tests.builders import message
+from tests.builders import message, window_ms
 from tests.test_speculation import StoreFactory, stores
 
 __all__ = ["stores"]  # the fixture, imported for pytest
@@ -32,12 +32,12 @@ FLOW = {"quiet_ms": QUIET_MS, "speculate_ms": 0}
 CALLS = (ToolCall("call_a", "append", '{"line": "x"}'), ToolCall("call_b", "now", "{}"))
 
 
-async def granted(store: Store, token: str) -> Grant:
+async def granted(store: Store, token: str) -> Acquired:
     """The lease, once the window lets it be taken."""
     async with asyncio.timeout(5):
         while True:
             grant = await store.acquire(CONV, token)
-            if grant.status == "acquired":
+            if isinstance(grant, Acquired):
                 return grant
             assert grant.look_in_ms is not None, grant
             await asyncio.sleep(grant.look_in_ms / 1000)
@@ -47,7 +47,6 @@ async def first_holder(store: Store, text: str) -> tuple[Lease, int]:
     """A message taken in and its burst leased by "replica-a": the lease and the burst."""
     await store.ingest(message(text, n=1))
     grant = await granted(store, "replica-a")
-    assert grant.lease is not None
     return grant.lease, grant.watermark + 1
 
 
@@ -56,13 +55,13 @@ async def speculative_step(store: Store) -> tuple[Lease, int]:
     generation), and the calls recorded as its step: the lease and the burst."""
     await store.ingest(message("book it", n=1))
     grant = await granted(store, "replica-a")
-    assert grant.lease is not None and grant.window_ms > 0, "not speculative"
+    assert window_ms(grant) > 0, "not speculative"
     burst = grant.watermark + 1
     assert await store.record_step(grant.lease, burst, 0, CALLS, grant.version)
     return grant.lease, burst
 
 
-async def taken_over(store: Store, lease: Lease, token: str) -> Grant:
+async def taken_over(store: Store, lease: Lease, token: str) -> Acquired:
     """Another holder's lease of the same burst, as after a crash: the first lease released
     (the TTL would do the same, later)."""
     await store.release(lease)
@@ -85,7 +84,7 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
     assert await store.end_call(first, burst, 0, 1, "12:00", error=False)
 
     second = await taken_over(store, first, "replica-b")
-    assert second.lease is not None and second.watermark + 1 == burst
+    assert second.watermark + 1 == burst
     record = await store.tool_record(CONV, burst)
     assert record.steps == (CALLS,)
     assert record.calls[0, 0].status == "started"
@@ -99,7 +98,6 @@ async def test_a_finished_call_is_reused_and_a_started_one_with_side_effects_is_
     # The first runner's late result does not overwrite what the model was told.
     assert not await store.end_call(first, burst, 0, 0, "appended", error=False)
     third = await taken_over(store, second.lease, "replica-c")
-    assert third.lease is not None
     assert (
         await store.begin_call(third.lease, burst, 0, 0, side_effects=True, version=1)
     ).status == ("unknown")
@@ -113,7 +111,6 @@ async def test_a_started_call_without_side_effects_runs_again(stores: StoreFacto
         await store.begin_call(first, burst, 0, 0, side_effects=False, version=1)
     ).status == "run"
     second = await taken_over(store, first, "replica-b")
-    assert second.lease is not None
     assert (
         await store.begin_call(second.lease, burst, 0, 0, side_effects=False, version=1)
     ).status == "run"
@@ -129,7 +126,6 @@ async def test_a_holder_that_lost_its_lease_records_and_starts_nothing(
     store = stores(**FLOW)
     first, burst = await first_holder(store, "do it")
     second = await taken_over(store, first, "replica-b")
-    assert second.lease is not None
     assert not await store.record_step(first, burst, 0, CALLS, 1)
     assert await store.record_step(second.lease, burst, 0, CALLS, 1)
     assert (
@@ -144,7 +140,6 @@ async def test_the_record_keeps_the_newest_turns_and_a_reset_closes_older_ones(
     store = stores(**FLOW)
     await store.ingest(message("first", n=1))
     grant = await granted(store, "replica-a")
-    assert grant.lease is not None
     assert await store.record_step(grant.lease, 1, 0, CALLS, 1)
     assert await store.presend(grant.lease, grant.version, "done", tools="[]", turn=1)
     assert (await store.commit(grant.lease)).ok
@@ -158,7 +153,7 @@ async def test_the_record_keeps_the_newest_turns_and_a_reset_closes_older_ones(
     # there for a /retry; once it is answered, only its own turn is left.
     await store.ingest(message("/reset", n=2))
     grant = await granted(store, "replica-a")
-    assert grant.lease is not None and grant.watermark + 1 == 2
+    assert grant.watermark + 1 == 2
     assert await store.record_step(grant.lease, 2, 0, CALLS[1:], 2)
     assert (await store.tool_record(CONV, 1)).steps == (CALLS,)
     assert await store.presend(grant.lease, grant.version, "reset", reset=2, turn=2)
@@ -168,7 +163,6 @@ async def test_the_record_keeps_the_newest_turns_and_a_reset_closes_older_ones(
     # Bounded: the newest four turns are kept, and the last sent reply's (a /retry's) too.
     await store.ingest(message("third", n=3))
     grant = await granted(store, "replica-a")
-    assert grant.lease is not None
     for turn in range(3, 7):
         assert await store.record_step(grant.lease, turn, 0, CALLS, 3)
     assert (await store.tool_record(CONV, 3)).steps == ()
@@ -216,7 +210,7 @@ async def test_no_call_starts_once_the_user_has_written_since_its_step(
     # The next generation reads the newer message: the old step's queued call never starts,
     # the finished one is reused, and only a call the model asks for now may run.
     second = await taken_over(store, first, "replica-b")
-    assert second.lease is not None and second.version == 2
+    assert second.version == 2
     dropped = await store.begin_call(second.lease, burst, 0, 0, side_effects=True, version=2)
     assert dropped.status == "dropped"
     reused = await store.begin_call(second.lease, burst, 0, 1, side_effects=False, version=2)

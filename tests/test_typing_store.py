@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.store import TYPING_EVERY_MS, Keys, Store, StoreSettings
-from tests.builders import message
+from bot.store import TYPING_EVERY_MS, Keys, NotAcquired, Store, StoreSettings
+from tests.builders import message, window_ms
 from tests.test_model import integers
 from tests.test_speculation import speculative_grant
 
@@ -110,7 +110,7 @@ async def test_a_signal_with_no_window_open_changes_nothing_but_its_time(redis: 
     await store.ingest(message("one", n=1), typing=True)
     await asyncio.sleep(FLOOR_MS / 1000 + 0.05)
     grant = await store.acquire(CONV, "t1")
-    assert grant.status == "acquired" and grant.window_ms == 0
+    assert grant.status == "acquired" and window_ms(grant) == 0
     typed = await store.typing(CONV, HOLD_MS)
     assert not typed.held
     assert not await redis.exists(Keys(CONV).window)
@@ -137,7 +137,6 @@ async def test_a_signal_cuts_the_speculative_generation(redis: Redis) -> None:
     store = store_on(redis, learn_floor_ms=QUIET_MS)
     await store.ingest(message("one", n=1), typing=True)
     grant = await speculative_grant(store)
-    assert grant.lease is not None
     typed = await store.typing(CONV, HOLD_MS)
     assert typed.held and typed.cut == grant.lease.fence
     assert await store.versions([CONV]) == [(1, grant.lease.fence)]
@@ -149,11 +148,12 @@ async def test_a_signal_cuts_the_speculative_generation(redis: Redis) -> None:
     assert int(state.get(b"discards", 0)) == 0
     # Held until the signal lapses; the next holder's fence is not the one cut.
     again = await store.acquire(CONV, "t2")
+    assert isinstance(again, NotAcquired), again
     assert again.status == "early" and again.look_in_ms is not None
     assert again.look_in_ms > HOLD_MS - 300
     await store.ingest(message("two", n=2), typing=True)
     second = await speculative_grant(store, "t3")
-    assert second.lease is not None and second.lease.fence != grant.lease.fence
+    assert second.lease.fence != grant.lease.fence
     assert [m.text for m in second.unanswered] == ["one", "two"]
     held = await store.presend(second.lease, second.version, "the answer")
     assert held.status == "hold", "a cut for an earlier fence must not touch this one"
@@ -163,7 +163,6 @@ async def test_a_holder_that_hands_back_when_cut_is_restarted(redis: Redis) -> N
     store = store_on(redis, learn_floor_ms=QUIET_MS)
     await store.ingest(message("one", n=1), typing=True)
     grant = await speculative_grant(store)
-    assert grant.lease is not None
     await store.typing(CONV, HOLD_MS)
     handed = await store.interrupt(grant.lease)
     assert handed.status == "stale" and handed.restarted

@@ -55,13 +55,15 @@ from bot.outbound.split import split_message
 from bot.stats import Stats
 from bot.store import (
     RETRY_AFTER_ERROR_MS,
+    Acquired,
     Ended,
     Failed,
-    Grant,
     HistoryEntry,
     Lease,
+    NotAcquired,
     Outcome,
     PreSend,
+    Resend,
     Store,
     StoreUnavailable,
     lease_token,
@@ -128,7 +130,7 @@ class Reply:
     words: str = ""
 
 
-def turn_of(grant: Grant, target: Retry | None) -> int:
+def turn_of(grant: Acquired, target: Retry | None) -> int:
     """The id of the turn a reply answers, and of its tool record: a /retry's is the turn of
     the reply it writes again; any other's, the first version of its burst."""
     return target.turn if target is not None else grant.watermark + 1
@@ -233,20 +235,18 @@ class Cycle:
             # token-checked, so it is a no-op if the lease is not ours.
             self._hand_back(Lease(conversation, token, 0))
             raise
-        if grant.status == "early":
+        if isinstance(grant, NotAcquired):
+            if grant.status == "idle":
+                self.stats.noop += 1
+                return NOTHING
             self.stats.deferred += 1
-            return Next(grant.look_in_ms, working=True)
-        if grant.status in ("busy", "backoff"):
-            self.stats.deferred += 1
-            # Another replica holds it and shows typing, or a failed attempt is backed off:
-            # look again then.
-            return Next(grant.look_in_ms, working=False)
-        if grant.lease is None:
-            self.stats.noop += 1
-            return NOTHING
+            # Early: the window is open, and this replica shows typing meanwhile. Busy or
+            # backed off: another replica holds it and shows typing, or a failed attempt is
+            # backed off. Either way, look again then.
+            return Next(grant.look_in_ms, working=grant.status == "early")
         lease = grant.lease
         self.stats.cycles += 1
-        self.stats.speculated += grant.window_ms > 0
+        self.stats.speculated += grant.window is not None
         keeper = LeaseKeeper(
             f"lease on {conversation}",
             functools.partial(self.store.renew, lease),
@@ -302,14 +302,13 @@ class Cycle:
             return Next(RETRY_AFTER_ERROR_MS, working=False)
         return Next(ended.look_in_ms, working=False)
 
-    async def _work(self, grant: Grant, keeper: LeaseKeeper, began: float) -> Next:
-        assert grant.lease is not None
+    async def _work(self, grant: Acquired, keeper: LeaseKeeper, began: float) -> Next:
         lease = grant.lease
         slot: Slot | None = None
         if grant.resend is not None:
-            text, version = await self._resend(grant, keeper)
+            text, version = await self._resend(grant.resend, grant.lease.conversation, keeper)
             # Whose pre-send check the reply passed: the crashed holder's.
-            sent_by = grant.resend_lease
+            sent_by = (grant.resend.fence, grant.resend.token)
         else:
             written = await self._write(grant, keeper, began)
             if isinstance(written, Next):
@@ -330,7 +329,7 @@ class Cycle:
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
 
     async def _turn(
-        self, grant: Grant, keeper: LeaseKeeper, written: Written
+        self, grant: Acquired, keeper: LeaseKeeper, written: Written
     ) -> Slot | Next | Literal["expired"] | None:
         """The reply's turn in the outbound budget, its slot (None: not paced), waited for in
         its outbox, behind the replies whose window closed first: however long a hold lasts,
@@ -339,7 +338,6 @@ class Cycle:
         starvation guard forces it out; one that came just before the turn did is caught by
         the pre-send check, made again after any wait. "expired": it waited longer than
         `outbound.max_reply_age_s`."""
-        assert grant.lease is not None
         conversation = grant.lease.conversation
         max_age_s = self.settings.outbound.max_reply_age_s
 
@@ -381,22 +379,22 @@ class Cycle:
         ended = await self._commit(lease, "abandoned")
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
 
-    async def _resend(self, grant: Grant, keeper: LeaseKeeper) -> tuple[str, int]:
+    async def _resend(
+        self, resend: Resend, conversation: str, keeper: LeaseKeeper
+    ) -> tuple[str, int]:
         """A holder crashed after its pre-send check: the same text goes out again, never a
         freshly generated one. First make sure the lease is still ours: a pause after the
         acquire may have let another replica resend and commit it."""
-        assert grant.lease is not None and grant.resend is not None
         await keeper.ensure_fresh(always=True)
         self.stats.resent += 1
-        log.info("resending the reply left in the outbox of %s", grant.lease.conversation)
+        log.info("resending the reply left in the outbox of %s", conversation)
         # What its commands change: carried out again, as its holder may have died first.
-        await apply(self.store, grant.lease.conversation, decoded(grant.resend_changes))
-        return grant.resend
+        await apply(self.store, conversation, decoded(resend.changes))
+        return resend.text, resend.version
 
-    async def _write(self, grant: Grant, keeper: LeaseKeeper, began: float) -> Written | Next:
+    async def _write(self, grant: Acquired, keeper: LeaseKeeper, began: float) -> Written | Next:
         """The reply to the burst, once it has passed the pre-send check (it is in the outbox);
         `Next` if it was interrupted or found stale."""
-        assert grant.lease is not None
         lease = grant.lease
         self.stats.lateness_ms.append(grant.lateness_ms)
         self.stats.lateness.observe(grant.lateness_ms)
@@ -436,10 +434,11 @@ class Cycle:
             log.info("starvation guard: sending a reply for %s as it is", lease.conversation)
         return Written(reply, presend, forced=verdict.forced)
 
-    def _not_sent(self, grant: Grant, keeper: LeaseKeeper, reply: Reply, verdict: PreSend) -> Next:
+    def _not_sent(
+        self, grant: Acquired, keeper: LeaseKeeper, reply: Reply, verdict: PreSend
+    ) -> Next:
         """The pre-send check refused the reply: the lease is gone (`LeaseLost`), or newer
         messages came and the check released it (`Next`)."""
-        assert grant.lease is not None
         if verdict.status == "lost":
             raise LeaseLost(grant.lease.conversation)
         keeper.released()
@@ -453,12 +452,11 @@ class Cycle:
         return Next(verdict.look_in_ms, working=True)
 
     async def _when_closed(
-        self, grant: Grant, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
+        self, grant: Acquired, keeper: LeaseKeeper, presend: Callable[[], Awaitable[PreSend]]
     ) -> PreSend | Next:
         """The pre-send check, once the burst's window has closed: a speculative reply (its
         lease taken with the window open) is held by the check until then, and waits here; a
         newer message meanwhile cuts the wait short as it would the generation (`Next`)."""
-        assert grant.lease is not None
         for hold in range(HOLDS):
             verdict = await presend()
             if verdict.status != "hold":
@@ -479,7 +477,7 @@ class Cycle:
         version: int,
         sent_by: tuple[int, str],
         keeper: LeaseKeeper,
-        grant: Grant,
+        grant: Acquired,
         slot: Slot | None = None,
     ) -> Outcome:
         """Send the reply (its first part in `slot`, if its turn was taken), and say what
@@ -576,7 +574,7 @@ class Cycle:
                 await asyncio.sleep(delay)
 
     async def _reply_or_give_up(
-        self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
+        self, grant: Acquired, burst: Plan, keeper: LeaseKeeper, target: Retry | None
     ) -> Reply | Next:
         """`_reply`; or, once writing it has failed `llm.attempts` times in a row, the
         apology that ends the burst. An outage (the store, the platform) is not counted: it
@@ -591,8 +589,7 @@ class Cycle:
                 raise
             return self._gave_up(grant, exc, attempts)
 
-    def _gave_up(self, grant: Grant, exc: Exception, attempts: int) -> Reply:
-        assert grant.lease is not None
+    def _gave_up(self, grant: Acquired, exc: Exception, attempts: int) -> Reply:
         self.stats.given_up += 1
         cause = cause_of(exc)
         log.error(
@@ -612,12 +609,11 @@ class Cycle:
         )
 
     async def _reply(
-        self, grant: Grant, burst: Plan, keeper: LeaseKeeper, target: Retry | None
+        self, grant: Acquired, burst: Plan, keeper: LeaseKeeper, target: Retry | None
     ) -> Reply | Next:
         """The one reply to the burst: command answers first, then the model's answer to
         everything else (no model call when the burst is only commands, or its user is over
         the daily budget). `Next` instead if a newer message interrupted the generation."""
-        assert grant.lease is not None
         conversation = grant.lease.conversation
         turn, said = await self._commands(grant, burst)
         if not burst.for_model and target is None:
@@ -648,10 +644,9 @@ class Cycle:
         words = "" if generation.apology else generation.text
         return replace(said, text=text, spent=generation.spent, tools=generation.tools, words=words)
 
-    async def _commands(self, grant: Grant, burst: Plan) -> tuple[CommandContext, Reply]:
+    async def _commands(self, grant: Acquired, burst: Plan) -> tuple[CommandContext, Reply]:
         """The answers to the burst's commands, and the context they leave for the model's
         answer (a model or persona the burst picked)."""
-        assert grant.lease is not None
         conversation = grant.lease.conversation
         turn = CommandContext(
             self.store,
@@ -675,7 +670,9 @@ class Cycle:
             reset = answer.version if decision.reset else reset
         return turn, Reply("\n\n".join(answers), 0, tuple(changes), reset)
 
-    async def _generation(self, grant: Grant, request: Request, keeper: LeaseKeeper) -> Generation:
+    async def _generation(
+        self, grant: Acquired, request: Request, keeper: LeaseKeeper
+    ) -> Generation:
         """The model's answer, with a live draft where the platform shows one; the apology if
         the model failed."""
         usage = Usage()
@@ -683,7 +680,7 @@ class Cycle:
         # generation started after an interrupt replaces the old preview.
         draft_id = grant.watermark + 1
         # A speculative generation is not previewed while the user may still be typing.
-        hold_until = grant.closes_at if grant.window_ms else None
+        hold_until = grant.window.closes_at if grant.window is not None else None
         drafts = drafts_of(self.outbound)
         async with drafting(drafts, request.conversation, draft_id, hold_until) as drafter:
             if drafter is not None:
@@ -696,7 +693,7 @@ class Cycle:
         return generation
 
     async def _generate(
-        self, grant: Grant, request: Request, usage: Usage, keeper: LeaseKeeper
+        self, grant: Acquired, request: Request, usage: Usage, keeper: LeaseKeeper
     ) -> Generation:
         """Read the burst's files, build the prompt and ask the model, all of it cancelled
         on the spot if a newer message arrives meanwhile (and interrupting is on)."""
@@ -730,11 +727,10 @@ class Cycle:
         return generation
 
     def _steps(
-        self, grant: Grant, request: Request, race: Race, usage: Usage, offered: tuple[Tool, ...]
+        self, grant: Acquired, request: Request, race: Race, usage: Usage, offered: tuple[Tool, ...]
     ) -> Steps:
         """The reply's tool loop: the tools its user is offered, and the record of its turn
         (a /retry's: the turn of the reply it replaces, so its calls are not run again)."""
-        assert grant.lease is not None
         llm = self.settings.llm
         return Steps(
             ModelUse(self.llm, llm, self.counter, llm.context_tokens - llm.max_tokens),
@@ -821,14 +817,13 @@ class Cycle:
 
     @contextlib.asynccontextmanager
     async def _interruptible(
-        self, grant: Grant, keeper: LeaseKeeper, *, follow: bool = True, waiting: bool = False
+        self, grant: Acquired, keeper: LeaseKeeper, *, follow: bool = True, waiting: bool = False
     ) -> AsyncIterator[Race]:
         """What runs the generation's steps: each is cancelled if a newer message arrives
         meanwhile, the lease handed back, and `Next` returned instead of its result. Not if
         `follow` is false (the reply goes out whatever comes). `waiting`: the step is a wait
         that costs nothing (a turn in the outbound budget), so the version is read less often
         (`VersionWatch`)."""
-        assert grant.lease is not None
         race = Race(grant.lease, keeper, self.store)
         # At the starvation limit the pre-send check forces this reply out whatever arrives,
         # so it is not worth interrupting.
@@ -847,7 +842,7 @@ class Cycle:
             if race.newer is not None:
                 await cancel_and_wait(race.newer)
 
-    def _starved(self, grant: Grant) -> bool:
+    def _starved(self, grant: Acquired) -> bool:
         """Whether the pre-send check will send this reply whatever arrives meanwhile."""
         age = self.settings.starvation_age_ms
         by_age = age > 0 and grant.waited_ms >= age

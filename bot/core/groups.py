@@ -22,7 +22,7 @@ from bot.commands.base import command_of
 from bot.config.settings import GroupsSettings
 from bot.llm.others import in_group
 from bot.message import InboundMessage, Place, Said, platform_id
-from bot.store import Grant, Heard
+from bot.store import Acquired, Heard
 
 # What the bot says when an admin allows or denies a group from inside it.
 ALLOWED = "I answer in this group now: mention me, reply to me, or use a command."
@@ -81,7 +81,7 @@ def group_switch(message: InboundMessage, wake_words: Sequence[str]) -> bool | N
     return name == "allow"
 
 
-def replied(grant: Grant) -> str | None:
+def replied(grant: Acquired) -> str | None:
     """The message a group reply answers: its burst's last (the person's newest taken in, for
     a resend). None in a DM, where a reply needs no pointer."""
     if not Place.of(grant.lease.conversation if grant.lease else "").group:

@@ -163,84 +163,116 @@ def _last_bytes(text: str, count: int) -> str:
 
 
 @dataclass(frozen=True)
-class Grant:
-    """What a wake-up got. Only `acquired` carries a lease and the work to do."""
+class NotAcquired:
+    """A wake-up that got no lease, and when to look again (`look_in_ms`): another replica
+    holds it ("busy"), its window is still open ("early"), a failed attempt is backed off
+    ("backoff"), or nothing is owed ("idle")."""
 
-    status: Literal["acquired", "busy", "early", "backoff", "idle"]
-    look_in_ms: int | None = None  # for busy, early and backoff: when to look again
-    lease: Lease | None = None
-    version: int = 0  # V when the lease was taken
-    watermark: int = 0  # W when the lease was taken
-    lateness_ms: int = 0  # how long after the window's deadline the lease was taken
+    status: Literal["busy", "early", "backoff", "idle"]
+    look_in_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Resend:
+    """An outbox a crashed holder left: its reply, the version the reply covers, the lease
+    (`fence`, `token`) that passed its pre-send check, and the admin changes it announces, as
+    `Store.presend` got them."""
+
+    text: str
+    version: int
+    fence: int
+    token: str
+    changes: str
+
+
+@dataclass(frozen=True)
+class Window:
+    """A lease taken speculatively: the window is still open `ms` longer (server clock), so
+    the reply waits for it to close (`PreSend.status` "hold"); by this replica's clock it
+    closes at `closes_at` (`time.monotonic()`), counted from the answer's arrival, so never
+    before the server's deadline."""
+
+    ms: int
+    closes_at: float
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A wake-up that got the lease, and the work to do under it."""
+
+    lease: Lease
+    version: int  # V when the lease was taken
+    watermark: int  # W when the lease was taken
+    lateness_ms: int  # how long after the window's deadline the lease was taken
     # Replies discarded in a row as stale: at the starvation limit, this one goes out as it is.
-    discards: int = 0
-    resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
-    unanswered: tuple[InboundMessage, ...] = ()
-    history: tuple[HistoryEntry, ...] = ()
+    discards: int
+    unanswered: tuple[InboundMessage, ...]
+    history: tuple[HistoryEntry, ...]
     # Attempts in a row that failed (a platform or store error) before this one.
-    failures: int = 0
-    # With `resend`: the fence and token of the lease that passed its pre-send check.
-    resend_lease: tuple[int, str] = (0, "")
+    failures: int
     # How long the oldest unanswered message has waited (server clock): at the starvation
     # age, this reply goes out whatever arrives meanwhile.
-    waited_ms: int = 0
+    waited_ms: int
     # The model the user picked with /model ("": the default).
-    model: str = ""
-    # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
-    resend_changes: str = ""
+    model: str
     # The user's own instructions, set with /persona ("": none).
-    persona: str = ""
-    # > 0: the lease was taken speculatively, the window still open this much longer (server
-    # clock); the reply waits for it to close (`PreSend.status` "hold").
-    window_ms: int = 0
-    # With `window_ms`: when the window closes by this replica's clock (`time.monotonic()`),
-    # counted from the answer's arrival, so never before the server's deadline.
-    closes_at: float = 0.0
+    persona: str
     # When the window closed, or will (ms, server clock; 0 for a resend): the reply's place in
     # the queue for the outbound budget.
-    closes_at_ms: int = 0
+    closes_at_ms: int
     # The platform id of the last message taken in; in a group, what the reply answers.
-    last: str = ""
+    last: str
     # In a group: what was said in the room to others lately, oldest first (`Said`).
-    room: tuple[Said, ...] = ()
+    room: tuple[Said, ...]
+    resend: Resend | None = None  # an outbox left by a crashed holder, to send as it is
+    window: Window | None = None  # taken speculatively, the window still open
 
-    @classmethod
-    def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
-        """From acquire.lua's answer to `token`'s attempt."""
-        reply = decoded(raw)
-        status = reply["status"]
-        if status != "acquired":
-            return cls(status, look_in_ms=reply.get("look_in_ms"))
-        resend = reply.get("resend")
-        return cls(
-            "acquired",
-            lease=Lease(conversation, token, int(reply["fence"])),
-            version=int(reply["version"]),
-            watermark=int(reply["watermark"]),
-            lateness_ms=int(reply["lateness_ms"]),
-            discards=int(reply["discards"]),
-            unanswered=tuple(InboundMessage.from_json(m) for m in listed(reply["unanswered"]) if m),
-            history=tuple(HistoryEntry.from_json(h) for h in listed(reply["history"])),
-            failures=int(reply["failures"]),
-            waited_ms=int(reply["waited_ms"]),
-            model=str(reply["model"]),
-            persona=str(reply["persona"]),
-            window_ms=int(reply["window_ms"]),
-            closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
-            closes_at_ms=int(reply["closes_at_ms"]),
-            last=str(reply["last"]),
-            room=tuple(Said.from_json(e) for e in listed(reply["room"])),
-            **(_resent(resend) if resend else {}),
-        )
+    @property
+    def status(self) -> Literal["acquired"]:
+        return "acquired"
 
 
-def _resent(outbox: dict[str, Any]) -> dict[str, Any]:
-    """The `Grant` fields of an outbox left by a crashed holder, from acquire.lua's answer."""
-    return {
-        "resend": (str(outbox["text"]), int(outbox["version"])),
-        "resend_lease": (int(outbox["fence"]), str(outbox["token"])),
-        "resend_changes": str(outbox["changes"]),
-    }
+# What a wake-up got (`Store.acquire`): the lease and the work, or when to look again.
+Grant = Acquired | NotAcquired
+
+
+def granted(raw: bytes | str, conversation: str, token: str) -> Grant:
+    """From acquire.lua's answer to `token`'s attempt."""
+    reply = decoded(raw)
+    status = reply["status"]
+    if status != "acquired":
+        return NotAcquired(status, look_in_ms=reply.get("look_in_ms"))
+    outbox = reply.get("resend")
+    window_ms = int(reply["window_ms"])
+    return Acquired(
+        lease=Lease(conversation, token, int(reply["fence"])),
+        version=int(reply["version"]),
+        watermark=int(reply["watermark"]),
+        lateness_ms=int(reply["lateness_ms"]),
+        discards=int(reply["discards"]),
+        unanswered=tuple(InboundMessage.from_json(m) for m in listed(reply["unanswered"]) if m),
+        history=tuple(HistoryEntry.from_json(h) for h in listed(reply["history"])),
+        failures=int(reply["failures"]),
+        waited_ms=int(reply["waited_ms"]),
+        model=str(reply["model"]),
+        persona=str(reply["persona"]),
+        closes_at_ms=int(reply["closes_at_ms"]),
+        last=str(reply["last"]),
+        room=tuple(Said.from_json(e) for e in listed(reply["room"])),
+        resend=_resent(outbox) if outbox else None,
+        window=Window(window_ms, time.monotonic() + window_ms / 1000) if window_ms > 0 else None,
+    )
+
+
+def _resent(outbox: dict[str, Any]) -> Resend:
+    """An outbox left by a crashed holder, from acquire.lua's answer."""
+    return Resend(
+        str(outbox["text"]),
+        int(outbox["version"]),
+        int(outbox["fence"]),
+        str(outbox["token"]),
+        str(outbox["changes"]),
+    )
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -442,7 +474,7 @@ class Conversations(People):
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
         # as safe as a pre-send's (the wait covers every write before this one).
         raw = await self._run_durable(scripts.ACQUIRE, keys, args)
-        return Grant.from_reply(raw, conversation, token)
+        return granted(raw, conversation, token)
 
     async def renew(self, lease: Lease) -> bool:
         keys = _own_keys(scripts.RENEW, self.layout.keys(lease.conversation))
