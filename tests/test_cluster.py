@@ -24,10 +24,10 @@ from redis.exceptions import (
 import adapters
 from bot.message import Scope
 from bot.ops import doctor
-from bot.ops.status import collect
 from bot.service.app import make_store
 from bot.service.cli import show_status
 from bot.store import BudgetKeys, Keys, StoreUnavailable, lease_token, reaching_redis
+from bot.store.census import collect
 from bot.store.connect import mode_of, open_client
 from tests.builders import message
 from tests.clusters import (

@@ -17,9 +17,10 @@ from redis.asyncio.connection import ConnectionPool, UnixDomainSocketConnection
 
 from bot.core.heartbeat import Heartbeat
 from bot.message import InboundMessage
-from bot.ops.status import Replica, Spender, Status, collect, duration, render
+from bot.ops.status import duration, render
 from bot.service.app import make_store
 from bot.store import BudgetKeys, Store
+from bot.store.census import Replica, Spender, Status, collect
 from bot.store.embedded import EmbeddedRedis
 from bot.store.keys import Keys, heartbeat_key, shard_of
 from tests.conftest import SettingsFactory, eventually, server_ms

@@ -14,7 +14,6 @@ from redis.exceptions import RedisError
 
 from bot.cancel import cancel_and_wait
 from bot.store import Store, StoreUnavailable
-from bot.store.keys import heartbeat_key
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,6 @@ class Heartbeat:
     ) -> None:
         self.store = store
         self.replica_id = replica_id
-        self.key = heartbeat_key(replica_id)  # named in the logs
         self.ttl_ms = ttl_ms
         self.interval_s = ttl_ms / 3000
         self.platform = platform
@@ -71,7 +69,11 @@ class Heartbeat:
             async with asyncio.timeout(max(self.interval_s, 0.5)):
                 await self.store.remove_beat(self.replica_id)
         except _FAILURES as exc:
-            log.warning("could not remove heartbeat %s (it will expire): %s", self.key, exc)
+            log.warning(
+                "could not remove the heartbeat of replica %s (it will expire): %s",
+                self.replica_id,
+                exc,
+            )
 
     async def run(self) -> None:
         """Beat until cancelled. Never raises anything but the cancellation."""
@@ -103,9 +105,9 @@ class Heartbeat:
             self.failures += 1
             if not self._down:
                 self._down = True
-                log.warning("heartbeat %s failed, retrying: %r", self.key, exc)
+                log.warning("heartbeat of replica %s failed, retrying: %r", self.replica_id, exc)
             return
         self.beats += 1
         if self._down:
             self._down = False
-            log.info("heartbeat %s restored", self.key)
+            log.info("heartbeat of replica %s restored", self.replica_id)

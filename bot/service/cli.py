@@ -241,8 +241,9 @@ async def _open(url: str, where: str) -> Client:
 
 async def show_status(settings: Settings, *, as_json: bool) -> int:
     """Print `lastword status`: what Redis says about every replica of the deployment."""
-    from bot.ops.status import collect, render
+    from bot.ops.status import render
     from bot.store import StoreUnavailable
+    from bot.store.census import collect
     from bot.store.embedded import EmbeddedRedis, store_dir
 
     embedded = EmbeddedRedis(store_dir(settings))
@@ -275,8 +276,7 @@ async def migrate_shards(settings: Settings) -> int:
     started for it, as `run` would (and refused if a bot runs on it)."""
     from bot.store import StoreUnavailable, reaching_redis
     from bot.store.embedded import EmbeddedRedis, store_dir
-    from bot.store.keys import LAYOUT
-    from bot.store.migrate import LayoutError, migrate
+    from bot.store.migrate import SHARDS, LayoutError, migrate
 
     embedded: EmbeddedRedis | None = None
     if settings.redis_url:
@@ -303,12 +303,12 @@ async def migrate_shards(settings: Settings) -> int:
         if embedded is not None:
             embedded.stop()
     if done.nothing:
-        print(f"nothing to migrate: the store is laid out in {LAYOUT.shards} shards (recorded)")
+        print(f"nothing to migrate: the store is laid out in {SHARDS} shards (recorded)")
     else:
         print(
             f"migrated {done.conversations} conversations ({done.keys} keys), "
             f"{done.index_entries} index entries and {done.usage_keys} usage keys "
-            f"to the {LAYOUT.shards} shards; the layout is recorded"
+            f"to the {SHARDS} shards; the layout is recorded"
         )
     for key in done.skipped:
         print(f"left in place, not understood: {key}", file=sys.stderr)

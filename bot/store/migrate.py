@@ -30,6 +30,9 @@ from redis.asyncio.cluster import RedisCluster
 from bot.store.keys import HEARTBEAT_PATTERN, LAYOUT, LEGACY, META_KEY
 from bot.store.replies import as_text
 
+# The shards this version lays the conversations out in.
+SHARDS = LAYOUT.shards
+
 # Keys moved per round trip.
 BATCH = 500
 
