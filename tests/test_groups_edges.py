@@ -16,7 +16,7 @@ from telegram import Bot, Update, User
 from adapters.discord import DiscordAdapter, DiscordSettings
 from adapters.telegram import TelegramAdapter, TelegramSettings, migration, normalize
 from bot.cancel import cancel_and_wait
-from bot.core.groups import addressed, group_switch
+from bot.core.admission import addressed, group_switch
 from bot.message import InboundMessage, Place
 from bot.store import Keys, Store
 from bot.store.keys import ACCESS_KEY

@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.commands import admins_only
-from bot.core.groups import ALLOWED, DENIED, addressed
+from bot.core.admission import ALLOWED, DENIED, addressed
 from bot.core.runtime import Runtime
 from bot.llm.others import entry
 from bot.message import InboundMessage, Place, Quote

@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable
 from bot import log_lines
 from bot.cancel import cancel_and_wait
 from bot.commands import COMMANDS, RATE_LIMITED, REFUSAL
-from bot.config.settings import Settings, reloaded
+from bot.config.settings import Settings
+from bot.core.admission import ALLOWED, DENIED, group_allowed, group_switch, heard, verdict
 from bot.core.cycle import Cycle
-from bot.core.groups import ALLOWED, DENIED, group_switch, heard
 from bot.core.heartbeat import Heartbeat
 from bot.core.race import Next
+from bot.core.reload import reloaded
 from bot.core.roles import HANDOVER_S, run_exclusively
 from bot.core.timers import Timers
 from bot.core.typing_signals import TypingSignals
@@ -130,15 +131,15 @@ class Runtime:
     async def _ingest(self, message: InboundMessage) -> bool:
         conversation = message.conversation
         stats = self.stats
-        verdict = self.settings.access.verdict(message.user_id)
+        who = verdict(self.settings.access, message.user_id)
         groups = self.settings.groups
         switch = group_switch(message, groups.wake_words)
-        if switch is not None and verdict == "admin":
+        if switch is not None and who == "admin":
             await self.store.allow_group(conversation, switch, message.user_id)
             self._notify(conversation, ALLOWED if switch else DENIED, message)
             return False
         typing = self._typing_ms(message.place) > 0
-        result = await self.store.ingest(message, verdict, heard(message, groups), typing=typing)
+        result = await self.store.ingest(message, who, heard(message, groups), typing=typing)
         if result.silent or result.overheard:
             stats.overheard += result.overheard
             return False
@@ -175,7 +176,7 @@ class Runtime:
         The adoption never raises: it runs in the background, awaited here for
         `ADOPT_WAIT_S` at most so that the messages the adapter takes in after the move
         usually find it done, and once per move in this process unless it failed."""
-        by_settings = self.settings.groups.allows(old_chat)
+        by_settings = group_allowed(self.settings.groups, old_chat)
         carried = await self.store.move_group(platform, old_chat, new_chat, by_settings=by_settings)
         if carried is not None:
             log.info(
