@@ -261,10 +261,10 @@ class InboundMessage:
         """The message as text: its words, with each attachment's label where it was sent."""
         return self.text_with(a.label() for a in self.attachments)
 
-    def text_with(self, said: Iterable[str]) -> str:
+    def text_with(self, pieces: Iterable[str]) -> str:
         """The message's words with what its attachments said (labels, a file's text, a
         transcript) before them, or after them where the platform puts text first."""
-        pieces = [p for p in said if p]
+        pieces = [p for p in pieces if p]
         if not pieces:
             return self.text
         first = any(a.text_first for a in self.attachments)

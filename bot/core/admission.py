@@ -78,7 +78,7 @@ def heard(message: InboundMessage, settings: GroupsSettings) -> Heard:
     return Heard(
         group="allowed" if group_allowed(settings, message.chat_id) else "ask",
         addressed=addressed(message, settings.wake_words),
-        said=Said.of(message, settings.context_chars).to_json(),
+        room_entry=Said.of(message, settings.context_chars).to_json(),
     )
 
 

@@ -421,7 +421,7 @@ class Cycle:
                 worked_ms=int((time.monotonic() - began) * 1000),
                 tools=reply.tools,
                 turn=turn_of(grant, target),
-                said=reply.words,
+                words=reply.words,
             )
 
         verdict = await self._when_closed(grant, keeper, presend)
@@ -615,18 +615,18 @@ class Cycle:
         everything else (no model call when the burst is only commands, or its user is over
         the daily budget). `Next` instead if a newer message interrupted the generation."""
         conversation = grant.lease.conversation
-        turn, said = await self._commands(grant, burst)
+        turn, answers = await self._commands(grant, burst)
         if not burst.for_model and target is None:
-            return said
+            return answers
         user = grant.unanswered[-1].user_id
         spending = await self.store.spending(conversation, user)
         budget = budget_of(self.settings, spending)
         if budget and spending.today >= budget:
             self.stats.over_budget += 1
             log.info("%s is over its daily token budget; no model call", conversation)
-            return replace(said, text=_joined(said.text, OVER_BUDGET))
+            return replace(answers, text=_joined(answers.text, OVER_BUDGET))
         # After a /reset or a /forget the model starts afresh: the history is about to go.
-        keeps = burst.keeps_history and not said.reset
+        keeps = burst.keeps_history and not answers.reset
         request = Request(
             conversation,
             burst.for_model,
@@ -640,9 +640,11 @@ class Cycle:
         await self._account(conversation, user, generation)
         if generation.interrupted is not None:
             return generation.interrupted
-        text = _joined(said.text, generation.text)
+        text = _joined(answers.text, generation.text)
         words = "" if generation.apology else generation.text
-        return replace(said, text=text, spent=generation.spent, tools=generation.tools, words=words)
+        return replace(
+            answers, text=text, spent=generation.spent, tools=generation.tools, words=words
+        )
 
     async def _commands(self, grant: Acquired, burst: Plan) -> tuple[CommandContext, Reply]:
         """The answers to the burst's commands, and the context they leave for the model's
@@ -790,10 +792,10 @@ class Cycle:
         history = request.history
         system = with_persona(system_prompt(llm.system_prompt), request.persona)
         system = in_room(system, conversation, request.messages)
-        said = await self.media.prepare(conversation, request.messages)
-        if said.unseen:
+        prepared = await self.media.prepare(conversation, request.messages)
+        if prepared.unseen:
             system += "\n\n" + UNSEEN_NOTE
-        texts, images = list(said.texts), list(said.images)
+        texts, images = list(prepared.texts), list(prepared.images)
         if request.target is not None:
             # /retry: the messages the last reply answered are asked again, with the history
             # as it was before them.

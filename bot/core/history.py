@@ -43,7 +43,7 @@ class Exchange:
         reply = self.reply
         return reply is not None and (reply.words is None or bool(reply.words or reply.tools))
 
-    def said(self) -> tuple[HistoryEntry, ...]:
+    def shown(self) -> tuple[HistoryEntry, ...]:
         """The exchange as the model is shown it: the messages, then its own words."""
         assert self.reply is not None
         words = self.reply.words
@@ -86,7 +86,7 @@ def conversation_of(history: Sequence[HistoryEntry]) -> tuple[HistoryEntry, ...]
 
 def shown(found: Sequence[Exchange]) -> tuple[HistoryEntry, ...]:
     """The exchanges the model answered, as it is shown them (`conversation_of`)."""
-    return tuple(e for x in found if x.answered for e in x.said())
+    return tuple(e for x in found if x.answered for e in x.shown())
 
 
 def last_reply(history: Sequence[HistoryEntry]) -> Retry | None:

@@ -192,15 +192,15 @@ class Media:
         images: list[tuple[Image, ...]] = []
         unseen = False
         for message in messages:
-            said: list[str] = []
+            pieces: list[str] = []
             shown: list[Image] = []
             for attachment in message.attachments:
                 outcome = await self._read(conversation, attachment, budget, timings, cached)
-                said.append(outcome.piece)
+                pieces.append(outcome.piece)
                 if outcome.image is not None:
                     shown.append(outcome.image)
                 unseen = unseen or not outcome.seen
-            texts.append(message.text_with(said))
+            texts.append(message.text_with(pieces))
             images.append(tuple(shown))
         if any(m.attachments for m in messages):
             log.info(

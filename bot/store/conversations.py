@@ -50,11 +50,11 @@ class Heard:
     """How a message reached the bot, for ingest: in a DM (the defaults), or in a group:
     `group` "allowed" (by the settings) or "ask" (the store knows: an admin's /allow),
     `addressed` "1" (to the bot), "0" (a follow-up if its sender's burst is open, else said to
-    the room) or "never" (another bot's), and `said`, the room's entry for it (`Said`)."""
+    the room) or "never" (another bot's), and `room_entry`, the room's entry for it (`Said`)."""
 
     group: Literal["", "allowed", "ask"] = ""
     addressed: Literal["1", "0", "never"] = "1"
-    said: str = ""
+    room_entry: str = ""
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class HistoryEntry:
                 words=message.text,
             )
         text = str(data["text"])
-        said = data.get("said")
+        said = data.get("said")  # the stored name: how many bytes of `text` are the model's
         return cls(
             "assistant",
             int(data["v"]),
@@ -428,7 +428,7 @@ class Conversations(People):
             "learn_floor_ms": self.settings.learn_floor_ms,
             "in_group": heard.group,
             "addressed": heard.addressed,
-            "said": heard.said,
+            "said": heard.room_entry,
             "room_messages": self.settings.room_messages,
             "room_keep_ms": self.settings.room_keep_ms,
             "typing": int(typing),
@@ -515,15 +515,15 @@ class Conversations(People):
         worked_ms: int = 0,
         tools: str = "",
         turn: int = 0,
-        said: str | None = None,
+        words: str | None = None,
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
         /retry, `replaces` is the version of the reply this one takes the place of in the
         history, and `unsaid` the /retry message's, which the history does not keep.
-        `said`: the model's own words, the end of `text` (command answers and notices come
+        `words`: the model's own words, the end of `text` (command answers and notices come
         before them; "" when there are none), which the history tells apart so the model is
-        never shown the rest as its own; None takes all of the text as said.
+        never shown the rest as its own; None takes all of the text as the model's.
         `changes`: the admin changes the reply announces, kept with it in the outbox until
         the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
         long the cycle has worked since its acquire (reading files, generating), by the
@@ -541,7 +541,7 @@ class Conversations(People):
             "retention_ms": self.settings.retention_ms,
             "starvation_age_ms": self.settings.starvation_age_ms,
             "replaces": replaces,
-            "unsaid": unsaid if said is None else _unsaid(unsaid, text, said),
+            "unsaid": unsaid if words is None else _unsaid(unsaid, text, words),
             "totals_keep_ms": DAY_KEEP_MS,
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
@@ -619,13 +619,13 @@ class Conversations(People):
         return [HistoryEntry.from_json(as_text(h)) for h in raw]
 
 
-def _unsaid(message: int, text: str, said: str) -> str:
+def _unsaid(message: int, text: str, words: str) -> str:
     """What the outbox's `unsaid` holds when the reply's own words are known: the message the
     history leaves out (a /retry's, or 0), and how many bytes at the end of the text the
     model said (commit.lua). An outbox written before this held the message's version alone."""
-    if not text.endswith(said):
+    if not text.endswith(words):
         raise ValueError("the model's words must end the reply")
-    return json.dumps({"message": message, "said": len(said.encode())})
+    return json.dumps({"message": message, "said": len(words.encode())})
 
 
 def _own_keys(script: Script, k: Keys) -> dict[str, str]:
