@@ -42,7 +42,7 @@ like any DM (its id is the interaction's, so a replay is dropped). Once it is st
 interaction is answered at once with a short ephemeral note, which only its user sees and
 Discord forgets; the command's answer comes as an ordinary DM like every reply, from whichever
 replica runs the cycle (an interaction's follow-up could only come through its token, which
-only the holder has, and only for 15 minutes). Typed commands work as before.
+only the holder has, and only for 15 minutes). Typed commands work as in any chat.
 
 Send errors are classified for the core: a user who does not take DMs from the bot is
 `Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a

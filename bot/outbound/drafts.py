@@ -3,8 +3,8 @@
 Telegram's `sendMessageDraft` streams an ephemeral preview into a private chat; it vanishes
 unless the bot sends the final message. That fits the design: the preview is best effort and
 holds no promise, while the one reply still goes out through the outbox, after the pre-send
-check, as before. A cycle that is interrupted simply stops drafting; the next one drafts under
-the same id (the first unanswered version), so its preview replaces the old one.
+check, like every reply. A cycle that is interrupted simply stops drafting; the next one drafts
+under the same id (the first unanswered version), so its preview replaces the old one.
 
 A `Drafter` sends the first, empty draft at once (Telegram shows "Thinking…"), then the text
 so far at most once per interval. A 429 slows it down; any other failure is logged and
