@@ -172,7 +172,9 @@ def server(short_dir: Path) -> Iterator[EmbeddedRedis]:
     embedded = EmbeddedRedis(short_dir / "redis")
     embedded.start()
     yield embedded
-    embedded.stop()
+    # Killed, not stopped: nothing of a finished test's server is read again, and a graceful
+    # stop (its append-only file flushed) took 114 ms of the suite's 576 server-backed tests.
+    embedded.kill()
 
 
 @pytest.fixture
