@@ -60,7 +60,7 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import reap, timed_run
 from benchmarks.wakeup import print_table
-from bot.config.settings import DebounceSettings, LLMSettings, Settings
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings
 from bot.core.runtime import Runtime
 from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles, Unavailable
@@ -214,7 +214,7 @@ async def worker(args: argparse.Namespace) -> None:
         finally:
             await redis.aclose()
     else:
-        settings = Settings(
+        settings = InstalledSettings(
             platform="console",
             redis_url=args.url,
             data_dir=Path(tempfile.gettempdir()) / "lw-baseline",

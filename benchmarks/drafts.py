@@ -28,7 +28,7 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.config.settings import DebounceSettings, LLMSettings, Settings
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings
 from bot.core.runtime import Runtime
 from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage
@@ -64,7 +64,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         )
         # A platform's section is the plug-in's, untyped in `Settings`: given as its values.
         platform: dict[str, Any] = {"telegram": telegram_settings.model_dump()}
-        settings = Settings(
+        settings = InstalledSettings(
             platform="telegram",
             **platform,
             redis_url=server.url,

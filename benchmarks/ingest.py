@@ -61,7 +61,7 @@ from redis.exceptions import ResponseError
 from benchmarks.command_line import reap, timed_run
 from benchmarks.roundtrips import CLIENT_COMMANDS
 from benchmarks.wakeup import print_table
-from bot.config.settings import Settings
+from bot.config.settings import InstalledSettings
 from bot.message import InboundMessage
 from bot.store import Store, StoreSettings
 from bot.store.connect import make_client
@@ -185,7 +185,7 @@ async def worker(url: str, concurrency: int) -> None:
     """Runs the jobs its parent sends on stdin, one JSON line each: build the messages, warm
     up, say "ready", wait for "go", run, say "done" with the span and the count."""
     redis = make_client(url)
-    settings = Settings(platform="console", redis_url=url, log_level="WARNING")
+    settings = InstalledSettings(platform="console", redis_url=url, log_level="WARNING")
     base = StoreSettings.of(settings)
     store = Store(redis, base)
     raw_script = redis.register_script(RAW_SCRIPT)

@@ -111,7 +111,7 @@ from pydantic import SecretStr
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.config.settings import DebounceSettings, LLMSettings, Settings
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings, Settings
 from bot.core.runtime import Runtime
 from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage, NoFiles, Place, Unavailable
@@ -537,7 +537,7 @@ def rows_of(args: argparse.Namespace) -> dict[str, Row]:
 def mode_settings(
     server: EmbeddedRedis, base_url: str, args: argparse.Namespace, row: Row
 ) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,

@@ -26,7 +26,7 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.config.settings import LLMSettings, MediaSettings, Settings
+from bot.config.settings import InstalledSettings, LLMSettings, MediaSettings
 from bot.llm.media import Media, Timings
 from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, InboundMessage
@@ -69,7 +69,7 @@ async def measure(args: argparse.Namespace) -> list[tuple[Case, Measured]]:
         llm = LLMSettings(
             provider="openai", base_url=provider.base_url, api_key=SecretStr("sk-bench")
         )
-        settings = Settings(platform="console", redis_url=server.url, llm=llm)
+        settings = InstalledSettings(platform="console", redis_url=server.url, llm=llm)
         redis = make_client(server.url)
         store = make_store(settings, redis)
         adapter = TelegramAdapter(

@@ -48,7 +48,13 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.config.settings import AccessSettings, DebounceSettings, LLMSettings, Settings
+from bot.config.settings import (
+    AccessSettings,
+    DebounceSettings,
+    InstalledSettings,
+    LLMSettings,
+    Settings,
+)
 from bot.message import InboundMessage
 from bot.ops.doctor import store_scripts
 from bot.service.app import make_store
@@ -83,7 +89,7 @@ ISSUE_BIG_BYTES = 117_000
 
 
 def settings_for(server: EmbeddedRedis, retention_s: float) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,

@@ -96,7 +96,7 @@ async def closed(media: Any) -> None:
 
 async def stall(folder: Path, window_s: float) -> None:
     from benchmarks.wakeup import temporary_server
-    from bot.config.settings import MediaSettings, Settings
+    from bot.config.settings import InstalledSettings, MediaSettings
     from bot.llm.media import Media
     from bot.message import Attachment
     from bot.service.app import make_store
@@ -121,7 +121,7 @@ async def stall(folder: Path, window_s: float) -> None:
 
     async with temporary_server() as server:
         redis = make_client(server.url)
-        store = make_store(Settings(platform="console", redis_url=server.url), redis)
+        store = make_store(InstalledSettings(platform="console", redis_url=server.url), redis)
         media = Media(MediaSettings(), "gpt-4o", stand_in(pdfs), store, None)
         watchers = [asyncio.create_task(tick()), asyncio.create_task(lookup())]
         began = time.monotonic()
@@ -186,7 +186,7 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from benchmarks.wakeup import temporary_server
-    from bot.config.settings import LLMSettings, MediaSettings, Settings
+    from bot.config.settings import InstalledSettings, LLMSettings, MediaSettings
     from bot.llm.media import Media
     from bot.llm.transcribe import OpenAITranscriber
     from bot.message import Attachment
@@ -202,7 +202,9 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
             provider="openai", base_url=provider.base_url, api_key=SecretStr("sk-bench")
         )
         redis = make_client(server.url)
-        store = make_store(Settings(platform="console", redis_url=server.url, llm=llm), redis)
+        store = make_store(
+            InstalledSettings(platform="console", redis_url=server.url, llm=llm), redis
+        )
         shelf = stand_in({"v": voice})
         media = Media(
             MediaSettings(), "gpt-4o", shelf, store, OpenAITranscriber(MediaSettings(), llm)

@@ -146,7 +146,7 @@ from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.flood import LAG_RECENT, LagWatch, ready, scrape, settle
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.config.settings import DebounceSettings, Settings, ToolsSettings
+from bot.config.settings import DebounceSettings, InstalledSettings, ToolsSettings
 from bot.core.steps import NOT_RUN
 from bot.service.app import make_store
 from bot.store import Store
@@ -766,7 +766,7 @@ async def held(store: Store, user: int) -> bool:
 @contextlib.asynccontextmanager
 async def store_of(server: EmbeddedRedis) -> AsyncIterator[Store]:
     """The store on a row's server, for the benchmark's own reads."""
-    settings = Settings(platform="console", redis_url=server.url, data_dir=server.data_dir)
+    settings = InstalledSettings(platform="console", redis_url=server.url, data_dir=server.data_dir)
     redis = make_client(server.url)
     try:
         yield make_store(settings, redis)

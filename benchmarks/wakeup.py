@@ -35,7 +35,13 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
-from bot.config.settings import DebounceSettings, LeaseSettings, LLMSettings, Settings
+from bot.config.settings import (
+    DebounceSettings,
+    InstalledSettings,
+    LeaseSettings,
+    LLMSettings,
+    Settings,
+)
 from bot.core.runtime import Runtime
 from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles
@@ -91,7 +97,7 @@ def bench_settings(
     echo_delay_ms: int = 0,
     interrupt: bool = True,
 ) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,

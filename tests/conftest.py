@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 from redis.asyncio import Redis
 
-from bot.config.settings import Settings
+from bot.config.settings import InstalledSettings, Settings
 from bot.core.runtime import Runtime
 from bot.llm.base import LLM
 from bot.llm.echo import EchoLLM
@@ -213,7 +213,7 @@ def make_settings(
             "access": {"rate_per_minute": 0},
         }
         values.update(overrides)
-        return Settings(**values)
+        return InstalledSettings(**values)
 
     return build
 

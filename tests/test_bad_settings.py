@@ -27,7 +27,12 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from bot.config import spelling
-from bot.config.settings import ENV_PREFIX, PLATFORM_SECTIONS, load_settings, settings_tree
+from bot.config.settings import (
+    ENV_PREFIX,
+    PLATFORM_SECTIONS,
+    load_settings,
+    settings_tree,
+)
 from bot.service import cli
 from bot.store.embedded import EmbeddedRedis
 from tests.test_settings import cwd
@@ -423,8 +428,8 @@ def test_journal_lines_start_with_their_syslog_priority(tmp_path: Path) -> None:
         "import logging\n"
         "import adapters.discord  # its library's irrelevant warning is named there\n"
         "from bot.service import logs\n"
-        "from bot.config.settings import Settings\n"
-        "logs.setup(Settings(log_format='logfmt'), 'INFO')\n"
+        "from bot.config.settings import InstalledSettings\n"
+        "logs.setup(InstalledSettings(log_format='logfmt'), 'INFO')\n"
         "logging.getLogger('lastword').error('the store is gone')\n"
         "logging.getLogger('lastword').info('still here')\n"
         "logging.getLogger('discord.client').warning("

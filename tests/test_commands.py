@@ -29,7 +29,7 @@ from bot.commands.base import Change
 from bot.commands.chat import ModelPick
 from bot.commands.forget import Asked, Erase
 from bot.commands.persona import Persona
-from bot.config.settings import Settings
+from bot.config.settings import InstalledSettings
 from bot.core.runtime import Runtime
 from bot.message import Attachment
 from tests.builders import message
@@ -203,7 +203,7 @@ def test_allowed_users_read_from_a_comma_separated_variable(
     make_settings()  # clears LASTWORD_* from the environment for this test
     monkeypatch.setenv("LASTWORD_ACCESS__ALLOWED_USERS", "12, 34,,56")
     monkeypatch.setenv("LASTWORD_ACCESS__RATE_PER_MINUTE", "0")
-    access = Settings().access
+    access = InstalledSettings().access
     assert access.allowed_users == ["12", "34", "56"]
     assert access.rate_per_minute == 0
 

@@ -22,7 +22,7 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.discord import NONCE_CHARS, nonce
-from bot.config.settings import ConfigError, Settings
+from bot.config.settings import ConfigError, InstalledSettings, Settings
 from bot.core.cycle import idempotency_key
 from bot.ops.doctor import durability_check
 from bot.service.app import _check_durability
@@ -96,7 +96,7 @@ def settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., S
             "durability_wait_ms": TIMEOUT_MS,
         }
         values.update(overrides)
-        return Settings(**values)  # type: ignore[arg-type]
+        return InstalledSettings(**values)  # type: ignore[arg-type]
 
     return build
 

@@ -25,6 +25,7 @@ from bot.config.settings import (
     ENV_PREFIX,
     PLATFORM_SECTIONS,
     ConfigError,
+    InstalledSettings,
     Settings,
     load_settings,
     platform_model,
@@ -75,7 +76,7 @@ REQUIRED_VALUE = "123:abc"
 
 
 def test_defaults(cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings()
+    settings = InstalledSettings()
     assert settings.platform == "console"
     assert settings.redis_url is None
     assert settings.debounce.quiet_ms == 2000
@@ -99,15 +100,15 @@ def test_priority_env_over_dotenv_over_toml_over_defaults(
         "history_cap = 10\nstarvation_limit = 7\n\n[debounce]\nquiet_ms = 100\nmax_wait_ms = 5000\n"
         '\n[llm]\nmodel = "toml-model"\n'
     )
-    toml_only = Settings()
+    toml_only = InstalledSettings()
     assert (toml_only.history_cap, toml_only.debounce.quiet_ms) == (10, 100)
 
     (cwd / ".env").write_text("LASTWORD_HISTORY_CAP=20\nLASTWORD_DEBOUNCE__QUIET_MS=200\n")
-    with_dotenv = Settings()
+    with_dotenv = InstalledSettings()
     assert (with_dotenv.history_cap, with_dotenv.debounce.quiet_ms) == (20, 200)
 
     monkeypatch.setenv("LASTWORD_HISTORY_CAP", "30")
-    settings = Settings()
+    settings = InstalledSettings()
     assert settings.history_cap == 30  # environment
     assert settings.debounce.quiet_ms == 200  # .env
     # A nested group set partly in .env keeps the rest of what the TOML file says.
@@ -138,7 +139,7 @@ def test_nested_names_use_double_underscore(cwd: Path, monkeypatch: pytest.Monke
 
 def test_nested_names_work_in_dotenv(cwd: Path) -> None:
     (cwd / ".env").write_text("LASTWORD_LLM__MODEL=from-dotenv\nLASTWORD_LEASE__TTL_MS=999\n")
-    settings = Settings()
+    settings = InstalledSettings()
     assert settings.llm.model == "from-dotenv"
     assert settings.lease.ttl_ms == 999
 
@@ -147,7 +148,7 @@ def test_lastword_config_chooses_the_toml_file(
     cwd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (cwd / "lastword.toml").write_text("history_cap = 11\n")
-    assert Settings().history_cap == 11  # ./lastword.toml when nothing says otherwise
+    assert InstalledSettings().history_cap == 11  # ./lastword.toml when nothing says otherwise
     chosen = tmp_path / "elsewhere.toml"
     chosen.write_text("history_cap = 42\n[lease]\nttl_ms = 1234\n")
     monkeypatch.setenv("LASTWORD_CONFIG", str(chosen))
@@ -285,7 +286,7 @@ def assert_platform_defaults(settings: Settings) -> None:
 def test_example_toml_loads_and_holds_the_defaults(
     cwd: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    defaults = dump(Settings())
+    defaults = dump(InstalledSettings())
     monkeypatch.setenv("LASTWORD_CONFIG", str(EXAMPLE_TOML))
     loaded = load_settings()
     assert dump(loaded) == defaults
@@ -334,7 +335,7 @@ def test_example_env_loads_as_shipped_and_as_edited(cwd: Path) -> None:
     """Unedited it is the defaults (a unit made from it is warned of as a console bot, see
     tests/test_settings_sources.py); each line uncommented as it stands, a bot on Telegram."""
     shutil.copy(EXAMPLE_ENV, cwd / ".env")
-    assert dump(load_settings()) == dump(Settings())
+    assert dump(load_settings()) == dump(InstalledSettings())
     text = EXAMPLE_ENV.read_text().replace("# LASTWORD_DISCORD__TOKEN=", "# not: ")
     (cwd / ".env").write_text(
         re.sub(r"^# (LASTWORD_\w+=)", r"\1", text, flags=re.M)

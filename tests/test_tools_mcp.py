@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bot.config.settings import ToolsSettings
+from bot.config.settings import InstalledSettings, ToolsSettings
 from bot.tools import CUT_NOTE, Toolbox, ToolCall, ToolResult
 from bot.tools.load import load_toolbox
 from bot.tools.mcp import KEY_META
@@ -321,12 +321,14 @@ async def test_close_ends_a_server_that_ignores_the_end_of_its_input(
 
 def test_an_mcp_servers_headers_and_credential_env_are_never_logged() -> None:
     from bot.config.secrets import secrets_of
-    from bot.config.settings import Settings, ToolsSettings
+    from bot.config.settings import ToolsSettings
 
     servers = {
         "remote": {"url": "https://mcp.example/mcp", "headers": {"Authorization": "Bearer s3cr3t"}},
         "local": {"command": "srv", "env": {"GITHUB_TOKEN": "ghp_abcdef", "TZ": "Europe/Paris"}},
     }
-    hidden = secrets_of(Settings(tools=ToolsSettings.model_validate({"mcp_servers": servers})))
+    hidden = secrets_of(
+        InstalledSettings(tools=ToolsSettings.model_validate({"mcp_servers": servers}))
+    )
     assert "Bearer s3cr3t" in hidden and "ghp_abcdef" in hidden
     assert "Europe/Paris" not in hidden

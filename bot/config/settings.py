@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from functools import cache, partial
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlparse, urlsplit
 
 from pydantic import (
@@ -1040,15 +1040,19 @@ def _sections() -> tuple[str, ...]:
 
 
 PLATFORM_SECTIONS = _sections()
-if not TYPE_CHECKING:
-    # Each installed platform's section is a field, so that every source (environment, .env,
-    # credentials, TOML) reads it as it reads the core's groups.
-    Settings = create_model(
-        "Settings",
-        __base__=Settings,
-        __module__=__name__,
-        **{name: (RawSection, Field(default_factory=dict)) for name in PLATFORM_SECTIONS},
-    )
+
+
+def with_platform_sections(core: type[Settings], names: tuple[str, ...]) -> type[Settings]:
+    """`core` with a field for each installed platform's section, so that every source (the
+    environment, .env, credentials, TOML) reads a section as it reads the core's groups. A
+    platform's own model validates it when its plug-in is loaded (`platform_model`)."""
+    sections: dict[str, Any] = {name: (RawSection, Field(default_factory=dict)) for name in names}
+    return create_model("Settings", __base__=core, __module__=__name__, **sections)
+
+
+# The settings as this installation reads them: what is constructed (`load_settings`, the
+# tests); `Settings` is their type. The one place the installed platforms' sections join it.
+InstalledSettings = with_platform_sections(Settings, PLATFORM_SECTIONS)
 
 
 @cache
@@ -1317,7 +1321,7 @@ def load_settings() -> Settings:
         tree = settings_tree(_mentioned(_given_names(), table))
         _check_names(tree, table, where)
         _check_json(tree)
-        return Settings()
+        return InstalledSettings()
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except ValidationError as exc:
@@ -1357,7 +1361,7 @@ def settings_tree(platforms: tuple[str, ...]) -> type[BaseModel]:
     sections: dict[str, Any] = {
         name: (platform_model(name) or _NoSettings, None) for name in platforms
     }
-    return create_model("Settings", __base__=Settings, __module__=__name__, **sections)
+    return create_model("Settings", __base__=InstalledSettings, __module__=__name__, **sections)
 
 
 def _check_names(tree: type[BaseModel], table: Mapping[str, Any], where: str) -> None:

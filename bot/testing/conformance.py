@@ -79,7 +79,7 @@ import pytest_asyncio
 import adapters
 from adapters.base import Adapter, Sink, login, refused
 from bot.cancel import cancel_and_wait
-from bot.config.settings import ConfigError, Settings
+from bot.config.settings import ConfigError, InstalledSettings, Settings
 from bot.core.runtime import Runtime
 from bot.llm.echo import EchoLLM
 from bot.message import (
@@ -472,7 +472,7 @@ def _settings(platform: FakePlatform, redis_url: str, folder: Path) -> Settings:
         "max_message_chars": 4 * platform.message_limit + 1000,
     }
     values.update(platform.settings())
-    return Settings(**values)
+    return InstalledSettings(**values)
 
 
 @contextlib.asynccontextmanager
