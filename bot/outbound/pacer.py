@@ -287,6 +287,7 @@ class Pacer:
                     stamps=[stamp for stamp, _ in stamps],
                     seen=self._seen,
                 )
+                self._took(asked, previews, [stamp for stamp, _ in stamps], answers)
             except Unavailable as exc:
                 log.info("the outbound budget is out of reach (%s); asking again", exc)
                 now = time.monotonic()
@@ -311,29 +312,40 @@ class Pacer:
                     len(stamps),
                 )
                 self._fail(asked, exc)
-                self._shed(previews)
+                # Those already answered (an answer that failed to be taken in) keep theirs.
+                self._shed([preview for preview in previews if not preview.answer.done()])
                 await asyncio.sleep(outage.next_delay())
                 continue
-            self._seen = True
             down_since = None
             outage.reset()
-            now = time.monotonic()
             if replies_due and (keep_now or len(asked) == len(waiting)):
-                kept_at = now
-            for stamp, _ in stamps:
-                self.stats.recorded["used" if stamp.used else "given back"] += 1
-                if not stamp.used:
-                    self._soon()
-            for one, taken in zip(asked, answers[: len(asked)], strict=True):
-                self._answered(one, taken, now)
-            for preview, taken in zip(previews, answers[len(asked) :], strict=True):
-                if preview.answer.done():
-                    if taken.status == "granted":  # too late: given back
-                        self.stamp(Slot(preview.ask.grant, preview.ask.scopes), used=False)
-                else:
-                    preview.answer.set_result(taken)
-            if answers:
-                self._heard(answers[-1].freed)
+                kept_at = time.monotonic()
+
+    def _took(
+        self,
+        asked: Sequence[_Waiting],
+        previews: Sequence[_Preview],
+        stamps: Sequence[Stamp],
+        answers: Sequence[Taken],
+    ) -> None:
+        """The store's answers to one call, taken in: inside the call's `try`, so whatever
+        goes wrong here too fails only what was asked, logged, and the pacer goes on."""
+        self._seen = True
+        now = time.monotonic()
+        for stamp in stamps:
+            self.stats.recorded["used" if stamp.used else "given back"] += 1
+            if not stamp.used:
+                self._soon()
+        for one, taken in zip(asked, answers[: len(asked)], strict=True):
+            self._answered(one, taken, now)
+        for preview, taken in zip(previews, answers[len(asked) :], strict=True):
+            if preview.answer.done():
+                if taken.status == "granted":  # too late: given back
+                    self.stamp(Slot(preview.ask.grant, preview.ask.scopes), used=False)
+            else:
+                preview.answer.set_result(taken)
+        if answers:
+            self._heard(answers[-1].freed)
 
     def _answered(self, waiting: _Waiting, taken: Taken, now: float) -> None:
         """The store's answer for one waiting reply: its slot handed over, or when to ask
