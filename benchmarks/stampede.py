@@ -89,7 +89,7 @@ from bot.service.app import make_store
 from bot.store import Ask, BudgetKeys, Stamp
 from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis
-from tests.fakes.limits import Limits
+from tests.fakes.limits import Limits, Violation
 from tests.fakes.loopback import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import (
@@ -540,7 +540,24 @@ async def stampede(
         messages=len(sent),
         budget_calls=budget_after - budget_before,
         redis_commands=redis_commands,
-        note="" if fault is None or first is None else fault.said(w, chats, first),
+        note="; ".join(
+            part
+            for part in (
+                "" if fault is None or first is None else fault.said(w, chats, first),
+                refusals(case, limits.violations_after(began), start),
+            )
+            if part
+        ),
+    )
+
+
+def refusals(case: str, violations: Sequence[Violation], start: float) -> str:
+    """Each 429 the fake answered: the limit and key it broke, the method, and when, from the
+    first reply (so a refusal the budget should have prevented can be told apart)."""
+    if not violations:
+        return ""
+    return f"{case}: " + ", ".join(
+        f"429 {v.limit} {v.key} {v.method} at {v.at - start:+.2f} s" for v in violations
     )
 
 
