@@ -894,6 +894,23 @@ class Protocol(RuleBasedStateMachine):
             self._tool_call(self.holders[-1], 0, finish=True)
 
     @rule(replica=replica_, conv=conversation_)
+    def newer_message_after_a_tool_step(self, replica: int, conv: str) -> None:
+        """A generation records its tool step, and its holder is lost; a newer message comes,
+        and the next holder's generation finds the step asked for before it: dropped, never
+        run. (Random steps reach this only now and then; this rule reaches it directly.)"""
+        before = len(self.holders)
+        self.acquire(replica, conv, on_time=True)
+        if len(self.holders) == before or self.holders[-1].stage != "acquired":
+            return
+        self._tool_call(self.holders[-1], 1, finish=True)
+        self._expire(self.holders[-1])
+        self.deliver(replica, conv, 1)
+        before = len(self.holders)
+        self.acquire(replica, conv, on_time=True)
+        if len(self.holders) > before and self.holders[-1].stage == "acquired":
+            self._tool_call(self.holders[-1], 0, finish=True)
+
+    @rule(replica=replica_, conv=conversation_)
     def retry_after_reset(self, replica: int, conv: str) -> None:
         """A burst that began with a /reset calls a tool and is answered; then the user's
         /retry, whose generation finds the turn's record (not the first answered message's)."""
