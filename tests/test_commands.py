@@ -253,7 +253,7 @@ async def test_retry_writes_the_last_reply_again_and_replaces_it_in_the_history(
     assert await runtime.store.counters(CONV) == (4, 4)
 
 
-def test_changes_travel_in_the_outbox_by_kind_and_old_ones_are_an_admins() -> None:
+def test_changes_travel_in_the_outbox_by_kind() -> None:
     changes: tuple[Change, ...] = (
         admin.Change("42", "budget", "100", "7"),
         ModelPick("smart"),
@@ -264,6 +264,3 @@ def test_changes_travel_in_the_outbox_by_kind_and_old_ones_are_an_admins() -> No
     )
     assert decoded(encoded(changes)) == changes
     assert encoded(()) == "" and decoded("") == ()
-    # As the outbox kept an admin's change before there were other kinds.
-    old = '[{"user": "42", "field": "access", "value": "deny", "by": "7"}]'
-    assert decoded(old) == (admin.Change("42", "access", "deny", "7"),)

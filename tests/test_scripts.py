@@ -682,7 +682,8 @@ async def test_presend_ok_writes_the_outbox(redis: Redis, make_settings: Setting
         "reset": "0",  # no /reset among the covered messages
         "token": grant.lease.token,  # with the fence, in the reply parts' idempotency keys
         "replaces": "0",  # not a /retry
-        "unsaid": "0",
+        # No /retry message left out; all of the text is the model's (9 bytes).
+        "unsaid": '{"message": 0, "said": 9}',
         "changes": "[change]",  # the admin changes it announces, for a resend to apply
         "tools": 'now() -> "12:00"',  # the tool calls it made, for the history
         "turn": str(grant.watermark + 1),  # its turn, which the history keeps for a /retry

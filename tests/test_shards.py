@@ -22,6 +22,7 @@ from redis.crc import key_slot
 from bot.message import InboundMessage
 from bot.service.app import make_store
 from bot.store import Acquired, Store, StoreSettings
+from bot.store.format import FORMAT
 from bot.store.keys import (
     LAYOUT,
     LEGACY,
@@ -161,6 +162,10 @@ async def snapshot(redis: Redis, layout: Layout = LAYOUT) -> dict[str, Any]:
     return seen
 
 
+# What the store records: the layout, and the stored format (bot/store/format.py).
+RECORD = {b"shards": b"64", b"tags": TAGS_DIGEST.encode(), b"format": str(FORMAT).encode()}
+
+
 async def legacy_left(redis: Redis) -> list[str]:
     found = []
     for n in range(LEGACY_SHARDS):
@@ -170,7 +175,7 @@ async def legacy_left(redis: Redis) -> list[str]:
 
 async def test_a_fresh_store_records_the_layout_and_accepts_only_it(redis: Redis) -> None:
     await check_layout(redis)
-    assert await redis.hgetall(META_KEY) == {b"shards": b"64", b"tags": TAGS_DIGEST.encode()}
+    assert await redis.hgetall(META_KEY) == RECORD
     await check_layout(redis)  # again: the same layout
 
     await redis.hset(META_KEY, "shards", "128")
@@ -230,7 +235,7 @@ async def test_migration_moves_everything_and_a_runtime_answers(
 
     assert await legacy_left(redis) == []
     assert await snapshot(redis) == before
-    assert await redis.hgetall(META_KEY) == {b"shards": b"64", b"tags": TAGS_DIGEST.encode()}
+    assert await redis.hgetall(META_KEY) == RECORD
     await check_layout(redis)
     # The day's usage: legacy shard N's totals under new shard N; ranking entries per shard.
     assert await redis.hgetall(usage_day_keys(1, today())[0]) == legacy_usage

@@ -150,10 +150,9 @@ def encoded(changes: Sequence[Change]) -> str:
 
 
 def decoded(raw: str) -> tuple[Change, ...]:
-    """The changes an outbox kept (`encoded`). One without a kind is an admin's, as every
-    change was before there were others."""
+    """The changes an outbox kept (`encoded`)."""
     found: list[dict[str, Any]] = json.loads(raw) if raw else []
-    return tuple(CHANGES[c.pop("kind", admin.Change.kind)](**c) for c in found)
+    return tuple(CHANGES[c.pop("kind")](**c) for c in found)
 
 
 async def apply(store: Store, conversation: str, changes: Sequence[Change]) -> None:

@@ -54,7 +54,7 @@ def exchanges(history: Sequence[HistoryEntry]) -> list[Exchange]:
     """The history as exchanges, in the order of their replies. A reply answers the messages
     from its turn (the first version of its burst) to its own version: a /retry's reply
     comes last in the history, after any exchange since, yet answers what it answered before
-    (a reply kept before turns had ids answers what came before it). Messages no reply
+    (a reply of turn 0 answers every message before it). Messages no reply
     answered are an exchange without one at the end if they came after every reply (a
     /retry asks them again), and are left out otherwise (a reply never delivered)."""
     found: list[Exchange] = []

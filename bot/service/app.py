@@ -158,12 +158,14 @@ async def _check_durability(store: Store, settings: Settings, *, embedded: bool)
 
 async def _check_layout(store: Store) -> None:
     """Refuse to start on a store whose conversations are laid out in other shards (legacy
-    data: `lastword migrate-shards` moves it). Exit 2, so systemd does not restart into it."""
+    data), or written in another stored format (`lastword migrate-shards` brings an older
+    store up to this version). Exit 2, so systemd does not restart into it."""
+    from bot.store.format import FormatError
     from bot.store.migrate import LayoutError
 
     try:
         await store.check_layout()
-    except LayoutError as exc:
+    except (LayoutError, FormatError) as exc:
         raise ConfigError(str(exc)) from None
     except Unavailable as exc:
         raise StartupError(f"cannot check the store's shard layout: {exc}") from None

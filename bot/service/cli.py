@@ -126,12 +126,13 @@ def parser() -> argparse.ArgumentParser:
     )
     commands.add_parser(
         "migrate-shards",
-        help="move the conversations of a store made before the 64 shards to them (stop every "
-        "replica first); safe to run again",
+        help="bring a store made by an earlier version up to this one: its 64 shards and "
+        "stored format (stop every replica first); safe to run again",
         description="Move the conversations, indexes and usage counters of a store made "
-        "before the 64 shards (the legacy 16-shard layout) to this version's shards, and "
-        "record the layout. Stop every replica first; it refuses while one runs. Safe to "
-        "run again: a store already laid out so is left as it is.",
+        "before the 64 shards (the legacy 16-shard layout) to this version's shards, rewrite "
+        "what an earlier version kept in this version's stored format, and record both. Stop "
+        "every replica first; it refuses while one runs. Safe to run again: a store already "
+        "so is left as it is.",
     )
     return top
 
@@ -276,6 +277,7 @@ async def migrate_shards(settings: Settings) -> int:
     started for it, as `run` would (and refused if a bot runs on it)."""
     from bot.store import StoreUnavailable, reaching_redis
     from bot.store.embedded import EmbeddedRedis, store_dir
+    from bot.store.format import FORMAT, FormatError
     from bot.store.migrate import SHARDS, LayoutError, migrate
 
     embedded: EmbeddedRedis | None = None
@@ -295,7 +297,7 @@ async def migrate_shards(settings: Settings) -> int:
                 done = await migrate(client, lambda line: print(line, file=sys.stderr))
         finally:
             await client.aclose()
-    except LayoutError as exc:
+    except (LayoutError, FormatError) as exc:
         return ended(1, str(exc), settings)
     except StoreUnavailable as exc:
         return ended(1, f"cannot migrate the store at {where}: {exc}", settings)
@@ -310,6 +312,13 @@ async def migrate_shards(settings: Settings) -> int:
             f"{done.index_entries} index entries and {done.usage_keys} usage keys "
             f"to the {SHARDS} shards; the layout is recorded"
         )
+    upgraded = done.upgraded
+    if upgraded.histories or upgraded.outboxes:
+        print(
+            f"rewrote {upgraded.histories} histories and {upgraded.outboxes} outboxes in "
+            f"stored format {FORMAT}"
+        )
+    print(f"the store is in stored format {FORMAT} (recorded)")
     for key in done.skipped:
         print(f"left in place, not understood: {key}", file=sys.stderr)
     return 0

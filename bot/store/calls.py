@@ -127,7 +127,8 @@ class Calls:
 
     async def check_layout(self) -> None:
         """At start-up: record the shard layout at the first start, and refuse a store laid
-        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`)."""
+        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`), or written in
+        another stored format (`bot.store.format.FormatError`)."""
         from bot.store.migrate import check_layout
 
         async with self._reaching():

@@ -42,7 +42,7 @@ _READ_ELSEWHERE = ("roles",)
 
 def holder_of(token: str) -> str | None:
     """The replica that holds a lease or role: tokens are `"<replica id>/<random hex>"`.
-    None for a token without a replica id (written by an older version)."""
+    None for a token that names none (the store is read as it is, whoever wrote it)."""
     holder, slash, _ = token.partition("/")
     return holder if slash else None
 

@@ -124,12 +124,13 @@ class HistoryEntry:
     attachments: tuple[Attachment, ...] = ()
     # A reply's tool calls and what they gave, as JSON (`bot.core.steps.Done.tools`).
     tools: str = ""
-    # A reply's turn: the id of its tool record (0: an entry from before turns had ids).
+    # A reply's turn: the id of its tool record, the first version of the burst it answers
+    # (0: every message before it not yet answered).
     turn: int = 0
     # What its author wrote and nothing added: a message's own text, without its files'
     # labels (a command is told by it); a reply's words from the model, without the command
-    # answers and notices the user saw with them ("" for none). None: not known, as for a
-    # reply kept before the two were told apart (all of its text is then taken as said).
+    # answers and notices the user saw with them ("" for none). None, for an entry made in
+    # code: all of its text.
     words: str | None = None
 
     @classmethod
@@ -145,14 +146,14 @@ class HistoryEntry:
                 words=message.text,
             )
         text = str(data["text"])
-        said = data.get("said")  # the stored name: how many bytes of `text` are the model's
         return cls(
             "assistant",
             int(data["v"]),
             text,
-            tools=str(data.get("tools", "")),
-            turn=int(data.get("turn", 0)),
-            words=None if said is None else _last_bytes(text, int(said)),
+            tools=str(data.get("tools", "")),  # written only for a reply that called tools
+            turn=int(data["turn"]),
+            # The stored `said`: how many bytes at the end of `text` are the model's.
+            words=_last_bytes(text, int(data["said"])),
         )
 
 
@@ -541,7 +542,7 @@ class Conversations(People):
             "retention_ms": self.settings.retention_ms,
             "starvation_age_ms": self.settings.starvation_age_ms,
             "replaces": replaces,
-            "unsaid": unsaid if words is None else _unsaid(unsaid, text, words),
+            "unsaid": _unsaid(unsaid, text, text if words is None else words),
             "totals_keep_ms": DAY_KEEP_MS,
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
@@ -620,9 +621,8 @@ class Conversations(People):
 
 
 def _unsaid(message: int, text: str, words: str) -> str:
-    """What the outbox's `unsaid` holds when the reply's own words are known: the message the
-    history leaves out (a /retry's, or 0), and how many bytes at the end of the text the
-    model said (commit.lua). An outbox written before this held the message's version alone."""
+    """What the outbox's `unsaid` holds: the message the history leaves out (a /retry's, or
+    0), and how many bytes at the end of the text the model said (commit.lua)."""
     if not text.endswith(words):
         raise ValueError("the model's words must end the reply")
     return json.dumps({"message": message, "said": len(words.encode())})

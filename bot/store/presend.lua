@@ -27,8 +27,8 @@ local reset = ARGV[7] -- the version of the last /reset among the covered messag
 local retention_ms = tonumber(ARGV[8])
 local starvation_age_ms = tonumber(ARGV[9]) -- 0: off
 -- The version of the reply a /retry replaces in the history (0: none); and what the history
--- leaves out: the /retry message's version alone, or {"message": that version, "said": how
--- many bytes at the end of the text the model said} (commit.lua).
+-- leaves out: {"message": the /retry message's version (0: none), "said": how many bytes at the
+-- end of the text the model said} (commit.lua).
 local replaces = ARGV[10]
 local unsaid = ARGV[11]
 local totals_keep_ms = tonumber(ARGV[12])
