@@ -20,9 +20,10 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from bot.backoff import Backoff
+from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings
 from bot.llm.prompt import Prompt
 from bot.tools import ToolCall
@@ -103,6 +104,21 @@ class LLMError(Exception):
     @property
     def permanent(self) -> bool:
         return self.kind != "transient"
+
+
+@runtime_checkable
+class Keyed(Protocol):
+    """A client of a service that takes a key (the model's provider, the transcription
+    service): the key as configured, with why the service refuses it now (`key`), where it is
+    sent (`base_url`), and a check that the service takes it (`probe`), which the replica runs
+    at start and while a key is refused, so `/healthz` can say so."""
+
+    key: Credential
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None: ...
 
 
 class LLM(Protocol):

@@ -171,6 +171,10 @@ class OpenAILLM:
     async def close(self) -> None:
         await self.client.close()
 
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url)
+
     async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
         """Whether the provider takes the key, into `self.key` (`probe_key`)."""
         headers = self.settings.extra_headers

@@ -16,7 +16,6 @@ from pydantic import SecretStr
 from bot.blame import VOICE, blames
 from bot.config.credentials import Credential
 from bot.config.settings import LLMSettings, MediaSettings
-from bot.llm.openai import KEY_SETTING, OPENAI_BASE_URL, key_fix, openai_client, probe_key
 
 if TYPE_CHECKING:
     pass
@@ -44,6 +43,8 @@ def transcription_key(media: MediaSettings, llm: LLMSettings) -> SecretStr | Non
     """The key to send with transcriptions: their own, else the LLM's, but only to the LLM's
     own origin (scheme, host, port). A transcription server elsewhere without a key of its
     own gets none: the LLM's key belongs to the LLM's provider, never to another host."""
+    from bot.llm.openai import OPENAI_BASE_URL
+
     if media.transcription_api_key is not None:
         return media.transcription_api_key
     if media.transcription_base_url is None:
@@ -67,6 +68,10 @@ class OpenAITranscriber:
     """`/audio/transcriptions` through the official client (multipart, auth, retries)."""
 
     def __init__(self, media: MediaSettings, llm: LLMSettings) -> None:
+        # The OpenAI-compatible side is imported only when transcriptions are made: with its
+        # HTTP stack, a sixth of the start of a replica that makes none (the offline echo).
+        from bot.llm.openai import KEY_SETTING, OPENAI_BASE_URL, openai_client
+
         key = transcription_key(media, llm)
         if key is None and llm.api_key is not None:
             log.warning(
@@ -82,13 +87,21 @@ class OpenAITranscriber:
         )
         self.client = openai_client(base_url, key, media.transcription_timeout_s, retries=2)
 
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url)
+
     async def probe(self, timeout_s: float, *, level: int = logging.ERROR) -> None:
         """Whether the service takes the key, into `self.key` (`bot.llm.openai.probe_key`)."""
+        from bot.llm.openai import probe_key
+
         await probe_key(self.client, self.key, timeout_s, level=level)
 
     @blames(VOICE)
     async def transcribe(self, audio: bytes, name: str, mime: str) -> str:
         import openai
+
+        from bot.llm.openai import key_fix
 
         try:
             result = await self.client.audio.transcriptions.create(

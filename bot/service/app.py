@@ -18,10 +18,9 @@ from bot.config.credentials import REPORT_EVERY_S
 from bot.config.secrets import secrets_of
 from bot.config.settings import ConfigError, Settings, load_settings
 from bot.core.runtime import Runtime
-from bot.llm.base import LLM
+from bot.llm.base import LLM, Keyed
 from bot.llm.factory import make_llm
-from bot.llm.openai import OpenAILLM
-from bot.llm.transcribe import OpenAITranscriber, Transcriber, make_transcriber
+from bot.llm.transcribe import Transcriber, make_transcriber
 from bot.masking import Scrub, store_url
 from bot.message import Unavailable
 from bot.service.logs import write_counts
@@ -309,12 +308,12 @@ async def _serve(settings: Settings, store: Store, adapter: Adapter) -> int:
     return 0
 
 
-def _keyed(llm: LLM, transcriber: Transcriber | None) -> dict[str, OpenAILLM | OpenAITranscriber]:
+def _keyed(llm: LLM, transcriber: Transcriber | None) -> dict[str, Keyed]:
     """The clients that send a key, by the `/healthz` check that reports it."""
-    keyed: dict[str, OpenAILLM | OpenAITranscriber] = {}
-    if isinstance(llm, OpenAILLM):
+    keyed: dict[str, Keyed] = {}
+    if isinstance(llm, Keyed):
         keyed["llm"] = llm
-    if isinstance(transcriber, OpenAITranscriber):
+    if isinstance(transcriber, Keyed):
         keyed["transcription"] = transcriber
     return keyed
 
@@ -338,9 +337,9 @@ async def _watch_keys(llm: LLM, transcriber: Transcriber | None) -> None:
     While one is refused, it is checked again each minute, so `/healthz` recovers by itself
     once the key is fixed, even with nobody writing."""
     # A transcriber sending the LLM's key to the LLM's server learns nothing new from it.
-    probes: dict[tuple[str, str], OpenAILLM | OpenAITranscriber] = {}
+    probes: dict[tuple[str, str], Keyed] = {}
     for client in _keyed(llm, transcriber).values():
-        probes.setdefault((str(client.client.base_url), client.key.setting), client)
+        probes.setdefault((client.base_url, client.key.setting), client)
     keyed = list(probes.values())
     for client in keyed:
         await _probe(client, logging.WARNING)
@@ -351,7 +350,7 @@ async def _watch_keys(llm: LLM, transcriber: Transcriber | None) -> None:
                 await _probe(client, logging.ERROR)
 
 
-async def _probe(client: OpenAILLM | OpenAITranscriber, level: int) -> None:
+async def _probe(client: Keyed, level: int) -> None:
     """One key check, bounded in time whatever the client does; an error nobody expected
     (a provider's odd answer) is logged and the checks go on, rather than end unseen."""
     try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -24,6 +24,9 @@ from bot.ops.status import bot_held
 from bot.outbound.pacer import PacingStats
 from bot.outbound.pacing import HELD_LONG_S
 from bot.stats import Buckets, Stats
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +260,10 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        # Imported here: aiohttp builds its TLS context at import, a sixth of the start of a
+        # replica that serves no health endpoint.
+        from aiohttp import web
+
         self.collector.lag = watch()
         app = web.Application()
         app.router.add_get("/healthz", self._health)
@@ -274,6 +281,8 @@ class HealthServer:
             self._runner = None
 
     async def _health(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         """Every check, "ok" or what is wrong with it. 503 ("unhealthy") when any check but a
         DEGRADING one fails; else 200, "ok" or "degraded"."""
         # Both read the store, at once: the answer comes within PING_TIMEOUT_S however it hangs.
@@ -322,5 +331,7 @@ class HealthServer:
         return bot_held(held_s * 1000) if held_s > HELD_LONG_S else "ok"
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
