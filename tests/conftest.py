@@ -85,8 +85,13 @@ def _rewrite_test_modules_once(tests: Path) -> None:
     """Write pytest's cache of the test modules with their asserts rewritten (see
     tests/support/assert_cache.py), so that each xdist worker reads it instead of rewriting all of
     them at its collection: about 7 s of CPU per worker where `PYTHONDONTWRITEBYTECODE` is
-    set. Two processes share the files; should they fail, the workers rewrite as before."""
-    sources = sorted(map(str, [*tests.rglob("test_*.py"), *tests.rglob("conftest.py")]))
+    set. The support modules' asserts are rewritten too (tests/support/__init__.py), so their
+    files are written with the tests'. Two processes share the files; should they fail, the
+    workers rewrite as before."""
+    support = [
+        path for path in (tests / "support").rglob("*.py") if path != tests / "support/__init__.py"
+    ]
+    sources = sorted(map(str, [*tests.rglob("test_*.py"), *tests.rglob("conftest.py"), *support]))
     writers = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.support.assert_cache", *sources[n::REWRITERS]],
