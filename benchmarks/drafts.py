@@ -34,8 +34,8 @@ from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage
 from bot.service.app import make_store
 from bot.store.connect import make_client
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 def answer(seed: int) -> tuple[str, float]:

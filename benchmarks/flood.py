@@ -77,10 +77,10 @@ from bot.config.settings import DebounceSettings, InstalledSettings
 from bot.service.app import make_store
 from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis
-from tests.fakes.loopback import free_port
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.fakes.telegram_server import FakeTelegram
-from tests.running import clean_environ
+from tests.support.fakes.loopback import free_port
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.running import clean_environ
 
 SECRET = "flood-webhook-secret"
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"

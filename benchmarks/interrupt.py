@@ -120,7 +120,7 @@ from bot.stats import Stats
 from bot.store import Store
 from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis, server_binary
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
 
 PLATFORM = "bench"
 # Three-letter words: with the separating space, four characters, which the fake's usage

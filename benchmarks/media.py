@@ -32,9 +32,9 @@ from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, InboundMessage
 from bot.service.app import make_store
 from bot.store.connect import make_client
-from tests.fakes import files
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.fakes import files
+from tests.support.fakes.openai_server import FakeOpenAI
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 @dataclass

@@ -8,8 +8,8 @@ a reply (issue 31).
 
 `--before` is another checkout of lastword (`git worktree add /tmp/before 8aad770`): each
 measurement runs in a fresh process with that tree's `bot` on its path, then with this one's,
-on the same files (made here, by tests/fakes/files.py). Media is driven in process as a cycle
-drives it (`Media.prepare`, cancelled for an interrupt), with a real server for the caches and
+on the same files (made here, by tests/support/fakes/files.py). Media is driven in process as a
+cycle drives it (`Media.prepare`, cancelled for an interrupt), with a real server for the caches and
 the fake provider for transcriptions; the files come from a stand-in platform at once.
 
 - stall: six `prepare`s of six users' hostile PDFs at once (a few kB each, one content stream
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.fakes.openai_server import AfterDone
+    from tests.support.fakes.openai_server import AfterDone
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -67,7 +67,7 @@ HELD_SECRET = "poison-webhook-secret"
 
 def stand_in(shelved: dict[str, bytes]) -> Any:
     """A platform that holds files: RecordingOutbound (both trees have it) that can fetch."""
-    from tests.fakes.outbound import RecordingOutbound
+    from tests.support.fakes.outbound import RecordingOutbound
 
     @dataclass
     class Shelf(RecordingOutbound):
@@ -192,7 +192,7 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
     from bot.message import Attachment
     from bot.service.app import make_store
     from bot.store.connect import make_client
-    from tests.fakes.openai_server import FakeOpenAI
+    from tests.support.fakes.openai_server import FakeOpenAI
 
     voice = (folder / "voice.ogg").read_bytes()
     note = Attachment("voice", "v", "audio/ogg", len(voice), "voice.ogg", "uniq-v")
@@ -260,7 +260,7 @@ IMAGES = [Images("huge.png", 7000, 7000), Images("big.png", 4800, 4800)]
 
 
 def make_files(folder: Path) -> dict[str, int]:
-    from tests.fakes import files
+    from tests.support.fakes import files
 
     made = {f"hostile-{i}.pdf": files.hostile_pdf(seed=i) for i in range(HOSTILE)}
     made |= {i.name: files.huge_png(i.width, i.height) for i in IMAGES}
@@ -334,10 +334,10 @@ async def held_stream(tree: Path, folder: Path, after: AfterDone) -> dict[str, A
     """Replies of `tree`'s `lastword run` to a provider that holds its streams open after
     `[DONE]` as `after` says ("keep-alive" or "silent"); this tree's fakes and server."""
     from benchmarks.wakeup import temporary_server
-    from tests.fakes.loopback import free_port
-    from tests.fakes.openai_server import FakeOpenAI
-    from tests.fakes.telegram_server import FakeTelegram, post_update
-    from tests.running import Running, run_env
+    from tests.support.fakes.loopback import free_port
+    from tests.support.fakes.openai_server import FakeOpenAI
+    from tests.support.fakes.telegram_server import FakeTelegram, post_update
+    from tests.support.running import Running, run_env
 
     async with temporary_server() as server, FakeTelegram() as telegram, FakeOpenAI() as provider:
         provider.after_done = after

@@ -22,10 +22,11 @@ from bot.llm.openai import OpenAILLM
 from bot.llm.prompt import Prompt
 from bot.llm.transcribe import OpenAITranscriber
 from bot.store.keys import Keys
-from tests.builders import message
-from tests.chatting import fake
-from tests.conftest import RuntimeFactory, settled
-from tests.fakes.openai_server import FakeOpenAI, ScriptedError
+from tests.support.builders import message
+from tests.support.chatting import fake
+from tests.support.factories import RuntimeFactory
+from tests.support.fakes.openai_server import FakeOpenAI, ScriptedError
+from tests.support.waits import settled
 
 __all__ = ["fake"]  # the fixture, imported for pytest
 

@@ -5,7 +5,9 @@
   among a package's modules), indirect imports included;
 - docs/design.md's table of layers is the tree's and the contract's, so it cannot go stale;
 - no module sits in `bot/` itself but the ground floor's and `__main__`;
-- the core names no platform, even in a string.
+- the core names no platform, even in a string;
+- no module under tests/ imports a test module: what two of them share is in tests/support/
+  (fixtures in a conftest.py).
 """
 
 from __future__ import annotations
@@ -143,3 +145,31 @@ def test_the_check_sees_a_platform_named_in_code(tmp_path: Path) -> None:
         (6, "telegram_token"),
         (10, '"telegram"'),
     ]
+
+
+def imported_test_modules(path: Path) -> Iterator[tuple[int, str]]:
+    """The test modules (`test_*`) the module at `path` imports, with the line of each import:
+    `import tests.x.test_y`, `from tests.x.test_y import ...`, `from tests.x import test_y`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "tests" and name.split(".")[-1].startswith("test_"):
+                yield node.lineno, name
+
+
+def test_no_test_module_imports_another() -> None:
+    """Each test module stands on its own: helpers live in tests/support/, shared fixtures in
+    the nearest conftest.py, so that a test module can be moved, split or deleted alone."""
+    tests = ROOT / "tests"
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(tests.rglob("*.py"))
+        if "plugins" not in path.relative_to(tests).parts
+        for line, name in imported_test_modules(path)
+    ]
+    assert not found, "a module under tests/ imports a test module:\n" + "\n".join(found)

@@ -188,7 +188,7 @@ SHARDS = 64
 # The hash tag of each shard. Shard N's is `{lw:N.<nonce>}` with the smallest nonce (counting
 # from 0) whose CRC16 slot, as Redis Cluster computes it, is N * 256 + 128: the midpoint of the
 # N-th 64th of the slot space. Computed once and kept as they are (a deployment's data lives
-# under them); tests/test_shards.py checks the spacing. Never `{lw:<digits>}`: those are the
+# under them); tests/store/test_shards.py checks the spacing. Never `{lw:<digits>}`: those are the
 # legacy tags.
 # fmt: off
 TAGS: tuple[str, ...] = (
