@@ -304,21 +304,24 @@ async def migrate_shards(settings: Settings) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
-    if done.nothing:
-        print(f"nothing to migrate: the store is laid out in {SHARDS} shards (recorded)")
-    else:
+    upgraded = done.upgraded
+    rewrote = upgraded.histories or upgraded.outboxes
+    if done.nothing and not rewrote:
+        print(
+            f"nothing to migrate: the store is laid out in {SHARDS} shards, in stored format "
+            f"{FORMAT} (recorded)"
+        )
+    if not done.nothing:
         print(
             f"migrated {done.conversations} conversations ({done.keys} keys), "
             f"{done.index_entries} index entries and {done.usage_keys} usage keys "
             f"to the {SHARDS} shards; the layout is recorded"
         )
-    upgraded = done.upgraded
-    if upgraded.histories or upgraded.outboxes:
+    if rewrote:
         print(
             f"rewrote {upgraded.histories} histories and {upgraded.outboxes} outboxes in "
-            f"stored format {FORMAT}"
+            f"stored format {FORMAT}; the format is recorded"
         )
-    print(f"the store is in stored format {FORMAT} (recorded)")
     for key in done.skipped:
         print(f"left in place, not understood: {key}", file=sys.stderr)
     return 0

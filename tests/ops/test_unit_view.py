@@ -425,5 +425,5 @@ def test_migrate_shards_on_an_empty_store_is_one_line(
     captured = capsys.readouterr()
     assert captured.err == ""
     assert captured.out.splitlines() == [
-        "nothing to migrate: the store is laid out in 64 shards (recorded)"
+        "nothing to migrate: the store is laid out in 64 shards, in stored format 2 (recorded)"
     ]

@@ -43,6 +43,13 @@ PRELOADED = (
     "adapters.console",
     "adapters.telegram",
     "adapters.discord",
+    # What a replica imports only when it needs it: the OpenAI-compatible client (most
+    # tests' replicas talk to the fake provider), the health server, the MCP client.
+    "bot.llm.openai",
+    "openai",
+    "aiohttp.web",
+    "mcp.client",
+    "mcp.client.stdio",
 )
 # How long a test waits for the zygote to listen, or to answer a spawn, before it gives up
 # on it and execs `python -m bot` instead.

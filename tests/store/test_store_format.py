@@ -33,9 +33,10 @@ from bot.store.format import (
 )
 from bot.store.keys import ACCESS_KEY, META_KEY, Keys
 from bot.store.migrate import check_layout, migrate
-from tests.conftest import RuntimeFactory, SettingsFactory, settled
-from tests.test_console import clean_env
-from tests.test_scripts import acquire_when_ready
+from tests.support.console import clean_env
+from tests.support.factories import RuntimeFactory, SettingsFactory
+from tests.support.scripts import acquire_when_ready
+from tests.support.waits import settled
 
 pytestmark = pytest.mark.timeout(60)
 
