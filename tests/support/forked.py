@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -50,7 +52,12 @@ PRELOADED = (
     "aiohttp.web",
     "mcp.client",
     "mcp.client.stdio",
+    # The multi-process tests' replica (`python -m tests.support.replica`).
+    "tests.support.replica",
 )
+# The repository: the zygote imports from it, so a PYTHONPATH naming it alone (what a test
+# gives a process started in another folder) changes nothing in a fork.
+ROOT = Path(__file__).resolve().parents[2]
 # How long a test waits for the zygote to listen, or to answer a spawn, before it gives up
 # on it and execs `python -m bot` instead.
 ZYGOTE_START_S = 30.0
@@ -157,13 +164,19 @@ def _become(request: dict[str, object], fds: list[int], connection: socket.socke
         # Read from the environment once and kept: read again from the child's own.
         tempfile.tempdir = None
         argv = request["argv"]
-        assert isinstance(argv, list)
-        sys.argv = ["lastword", *argv]
+        module = request.get("module", "bot")
+        assert isinstance(argv, list) and isinstance(module, str)
+        sys.argv = ["lastword" if module == "bot" else module, *argv]
         connection.sendall(f"pid {os.getpid()}\n".encode())
         connection.close()
-        from bot.service.cli import main
+        if module == "bot":
+            from bot.service.cli import main
 
-        code = main(argv)
+            code = main(argv)
+        else:
+            # As `python -m module` runs it: its imports are the zygote's already.
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -189,11 +202,13 @@ class Forked:
         pid: int,
         status: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        stdin: asyncio.StreamWriter | None,
         stdout: asyncio.StreamReader | None,
         stderr: asyncio.StreamReader | None,
     ) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self.stdin = stdin
         self.stdout = stdout
         self.stderr = stderr
         self._status = status
@@ -251,7 +266,7 @@ class _Zygote:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.forked", self.path],
                 stdin=subprocess.PIPE,
-                cwd=Path(__file__).resolve().parents[2],
+                cwd=ROOT,
             )
             atexit.register(self.end)
         return self.path
@@ -275,9 +290,14 @@ _ZYGOTE = _Zygote()
 
 def _same_interpreter(env: dict[str, str]) -> bool:
     """Whether a fork of this interpreter behaves as `python` with `env` would start."""
-    ours = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
-    theirs = {k: v for k, v in env.items() if k.startswith("PYTHON")}
-    return ours == theirs
+
+    def python(environ: Mapping[str, str]) -> dict[str, str]:
+        found = {k: v for k, v in environ.items() if k.startswith("PYTHON")}
+        if found.get("PYTHONPATH") == str(ROOT):
+            del found["PYTHONPATH"]
+        return found
+
+    return python(os.environ) == python(env)
 
 
 Std = int | IO[bytes] | None
@@ -292,15 +312,17 @@ async def spawn(
     stderr: Std = None,
     start_new_session: bool = False,
     fork: bool = True,
+    module: str = "bot",
 ) -> asyncio.subprocess.Process | Forked:
-    """`python -m bot *argv`, forked from the zygote where it can be (unless `fork` is
-    false); each of stdin, stdout and stderr as `asyncio.create_subprocess_exec` takes them
-    (PIPE, DEVNULL, None, a file, and STDOUT for stderr; stdin no PIPE)."""
+    """`python -m <module> *argv` (`bot`: lastword), forked from the zygote where it can be
+    (unless `fork` is false); each of stdin, stdout and stderr as
+    `asyncio.create_subprocess_exec` takes them (PIPE, DEVNULL, None, a file, and STDOUT for
+    stderr)."""
     address = _ZYGOTE.address() if fork and _same_interpreter(env) else None
     if address is not None:
         try:
             return await _forked(
-                address, argv, env, cwd, (stdin, stdout, stderr), start_new_session
+                address, module, argv, env, cwd, (stdin, stdout, stderr), start_new_session
             )
         except ChildProcessError:
             pass  # this child's own trouble: exec says it as `python -m bot` would
@@ -309,7 +331,7 @@ async def spawn(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bot",
+        module,
         *argv,
         env=env,
         cwd=cwd,
@@ -322,6 +344,7 @@ async def spawn(
 
 async def _forked(
     address: str,
+    module: str,
     argv: tuple[str, ...],
     env: dict[str, str],
     cwd: Path | str | None,
@@ -329,8 +352,6 @@ async def _forked(
     start_new_session: bool,
 ) -> Forked:
     loop = asyncio.get_running_loop()
-    if files[0] == asyncio.subprocess.PIPE:
-        raise ValueError("a forked child's stdin is no pipe")
     theirs: list[int] = []
     ours: list[int | None] = []
     to_close: list[int] = []
@@ -340,9 +361,11 @@ async def _forked(
             ours.append(None)
         elif given == asyncio.subprocess.PIPE:
             read, write = os.pipe()
-            theirs.append(write)
-            to_close.append(write)
-            ours.append(read)
+            # The child's end, and ours: it reads its stdin, and writes its stdout and stderr.
+            child_end, our_end = (read, write) if n == 0 else (write, read)
+            theirs.append(child_end)
+            to_close.append(child_end)
+            ours.append(our_end)
         elif given == asyncio.subprocess.DEVNULL:
             fd = os.open(os.devnull, os.O_RDWR)
             theirs.append(fd)
@@ -355,6 +378,7 @@ async def _forked(
             ours.append(None)
     request = json.dumps(
         {
+            "module": module,
             "argv": list(argv),
             "env": env,
             "cwd": str(cwd or os.getcwd()),
@@ -372,8 +396,20 @@ async def _forked(
         for child in to_close:
             os.close(child)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
+    stdin = await _writing(ours[0])
     stdout, stderr = [await _reading(ours[n]) for n in (1, 2)]
-    return Forked(pid, reader, writer, stdout, stderr)
+    return Forked(pid, reader, writer, stdin, stdout, stderr)
+
+
+async def _writing(fd: int | None) -> asyncio.StreamWriter | None:
+    """A stream writing to the pipe `fd`, if there is one."""
+    if fd is None:
+        return None
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0)
+    )
+    return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
 async def _reading(fd: int | None) -> asyncio.StreamReader | None:
