@@ -19,6 +19,10 @@ import pyte
 from tests.support.console import MODULE, Collected, clean_env
 
 COLUMNS = 80
+# How long a wait for what the terminal shows may take before the test fails: a bound on a
+# hang, not a speed (a bot's start, a prompt, a reply): a loaded laptop took more than 10 s to
+# show the first prompt. What a test claims of time it checks by events.
+HANG_S = 30.0
 
 
 ROWS = 24
@@ -109,22 +113,22 @@ class Terminal(Collected):
         with self._changed:
             return self._lines()[self._screen.cursor.y]
 
-    def wait_for(self, done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    def wait_for(self, done: Callable[[], bool], what: str, timeout: float = HANG_S) -> None:
         self._wait_until(done, timeout, what)
 
-    def wait_for_bytes(self, wanted: bytes, timeout: float = 10.0) -> bytes:
+    def wait_for_bytes(self, wanted: bytes, timeout: float = HANG_S) -> bytes:
         """Everything received, once it contains `wanted`."""
         self._wait_until(lambda: wanted in self.output, timeout, repr(wanted))
         with self._changed:
             return self.output
 
-    def wait_exit(self, timeout: float = 10.0) -> int:
+    def wait_exit(self, timeout: float = HANG_S) -> int:
         try:
             return self.process.wait(timeout)
         finally:
             self.kill()
 
-    def close(self, timeout: float = 10.0) -> tuple[int, bytes]:
+    def close(self, timeout: float = HANG_S) -> tuple[int, bytes]:
         """End of input (Ctrl-D), then the exit status and everything received."""
         self.type(b"\x04")
         return self.wait_exit(timeout), self.output

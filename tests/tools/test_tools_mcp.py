@@ -160,9 +160,9 @@ async def test_a_server_that_does_not_start_is_a_warning_and_is_retried_calmly(
 ) -> None:
     missing = {"command": str(tmp_path / "no-such-server"), "env": {"TOKEN": TOKEN}}
     with caplog.at_level(logging.INFO, logger="bot.tools.mcp"):
-        began = time.monotonic()
         box = await boxes(mcp_servers={"gone": missing})
-        assert time.monotonic() - began < 2
+        # Back before the server's next attempt (1 s later): the start does not wait for it.
+        assert len([r for r in caplog.records if r.name == "bot.tools.mcp"]) <= 1
         assert box.offered(admin=True) == []
         result = await run(box, "anything")
         assert result.error
