@@ -14,8 +14,8 @@ from importlib.metadata import entry_points
 from pydantic import BaseModel
 
 from adapters.base import Adapter
-from bot.check import Check, PlatformCheck
-from bot.settings import ConfigError, Settings
+from bot.config.settings import ConfigError, Settings
+from bot.ops.check import Check, PlatformCheck
 
 GROUP = "lastword.adapters"
 

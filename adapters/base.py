@@ -14,14 +14,26 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bot.backoff import Backoff
-from bot.commands import COMMANDS
-from bot.message import InboundMessage, Outbound, Place, SendFailed, Unavailable, Unreachable
+from bot.message import (
+    InboundMessage,
+    MenuEntry,
+    Outbound,
+    Place,
+    SendFailed,
+    Unavailable,
+    Unreachable,
+)
 
 log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):
     async def ingest(self, message: InboundMessage) -> bool: ...
+
+    def menu(self, *, admins: bool = False) -> tuple[MenuEntry, ...]:
+        """The commands of a platform's menu, in /help's order: everyone's, and with `admins`
+        the admin ones after them (what an admin's /help lists)."""
+        ...
 
     async def settled(self, conversation: str) -> None: ...
 
@@ -95,7 +107,7 @@ class LogsIn(Protocol):
 
     async def login(self) -> None:
         """Check that the platform accepts the credentials, before `run`. Raises
-        `bot.settings.ConfigError`, naming the setting and never quoting its value, when the
+        `bot.config.settings.ConfigError`, naming the setting and never quoting its value, when the
         platform refuses them; returns when it accepts them, and also when it cannot be
         reached (`run` keeps trying then). The caller bounds it in time."""
 
@@ -224,33 +236,6 @@ async def until_stored(
             delay = broken.next_delay()
             log.exception("%s could not be stored; retrying in %.1fs", what, delay)
         await asyncio.sleep(delay)
-
-
-@dataclass(frozen=True)
-class MenuEntry:
-    """One command as a platform's command menu offers it, from the registry that `/help`
-    is made from, so the menu and `/help` never differ."""
-
-    name: str
-    help: str
-    arguments: str  # as /help shows them, e.g. "<user id>" ("": none)
-    admin: bool  # for LASTWORD_ACCESS__ADMINS only
-
-    def description(self, limit: int) -> str:
-        """What the menu says of it, as /help does after "/name ", cut to the platform's
-        `limit` with an ellipsis."""
-        text = f"{self.arguments}: {self.help}" if self.arguments else self.help
-        return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def menu(*, admins: bool = False) -> tuple[MenuEntry, ...]:
-    """The commands of a platform's menu, in /help's order: everyone's, and with `admins`
-    the admin ones after them (what an admin's /help lists)."""
-    return tuple(
-        MenuEntry(c.name, c.help, c.shape, c.admin)
-        for c in COMMANDS.values()
-        if admins or not c.admin
-    )
 
 
 # A menu is registered at most this many times in a row, each call bounded in time, backed

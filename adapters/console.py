@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 from adapters import Platform
 from adapters.base import Identity, Sink, until_stored
 from bot.cancel import cancel_and_wait
-from bot.check import Check
+from bot.config.settings import Settings
 from bot.message import InboundMessage, NoFiles, Place, Unavailable
-from bot.settings import Settings
+from bot.ops.check import Check
 
 if TYPE_CHECKING:
     from prompt_toolkit.buffer import Buffer

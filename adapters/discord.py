@@ -42,7 +42,7 @@ like any DM (its id is the interaction's, so a replay is dropped). Once it is st
 interaction is answered at once with a short ephemeral note, which only its user sees and
 Discord forgets; the command's answer comes as an ordinary DM like every reply, from whichever
 replica runs the cycle (an interaction's follow-up could only come through its token, which
-only the holder has, and only for 15 minutes). Typed commands work as before.
+only the holder has, and only for 15 minutes). Typed commands work as in any chat.
 
 Send errors are classified for the core: a user who does not take DMs from the bot is
 `Unreachable`; a request Discord rejects (unknown channel, missing access, any other 4xx but a
@@ -85,19 +85,17 @@ from pydantic import BaseModel, Field
 from adapters import Platform
 from adapters.base import (
     Identity,
-    MenuEntry,
     Sink,
     describe,
-    menu,
     register_menu,
     replying,
     until_stored,
 )
-from bot import logs
+from bot import log_lines
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.check import Check, guarded
-from bot.credentials import Credential
+from bot.config.credentials import Credential
+from bot.config.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
 from bot.message import (
     BOT_SCOPE,
     PREVIEWS_SCOPE,
@@ -105,6 +103,7 @@ from bot.message import (
     Call,
     FetchFailed,
     InboundMessage,
+    MenuEntry,
     Place,
     Quote,
     Scope,
@@ -115,7 +114,7 @@ from bot.message import (
     edited_id,
     platform_id,
 )
-from bot.settings import ConfigError, RequiredSecret, Settings, WebSocketUrl, WebUrl
+from bot.ops.check import Check, guarded
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +122,9 @@ AnyClient = TypeVar("AnyClient", bound=discord.Client)
 
 # discord.py logs every request and gateway event at INFO, and warns at every start about
 # voice and the guilds intent, which a DM bot never uses.
-logs.quiet("discord.http", "discord.gateway")
-logs.irrelevant("discord.client", "voice will NOT be supported")
-logs.irrelevant("discord.state", "Guilds intent seems to be disabled")
+log_lines.quiet("discord.http", "discord.gateway")
+log_lines.irrelevant("discord.client", "voice will NOT be supported")
+log_lines.irrelevant("discord.state", "Guilds intent seems to be disabled")
 
 
 class DiscordSettings(BaseModel):
@@ -573,7 +572,8 @@ class DiscordAdapter:
             log.info("logged in to Discord as %s (id %s)", self.rest.user, self.rest.user.id)
             # Beside receiving: a menu Discord is slow to take must not hold up messages.
             registering = asyncio.create_task(
-                register_menu(PLATFORM, self._set_menu, _rate_limit_wait), name="discord menu"
+                register_menu(PLATFORM, partial(self._set_menu, sink), _rate_limit_wait),
+                name="discord menu",
             )
             await sink.run_exclusively(GATEWAY_ROLE, lambda: self._listen(sink))
         finally:
@@ -584,11 +584,12 @@ class DiscordAdapter:
             if self._downloads is not None:
                 await self._downloads.close()
 
-    async def _set_menu(self) -> None:
+    async def _set_menu(self, sink: Sink) -> None:
         # The login read the application's id (GET /oauth2/applications/@me).
         application = self.rest.application_id
         assert application is not None
-        await self.rest.http.bulk_upsert_global_commands(application, application_commands(menu()))
+        commands = application_commands(sink.menu())
+        await self.rest.http.bulk_upsert_global_commands(application, commands)
 
     # Receiving
 

@@ -88,36 +88,18 @@ from telegram.request import BaseRequest, HTTPXRequest, RequestData
 from adapters import Platform
 from adapters.base import (
     Identity,
-    MenuEntry,
     Sink,
     describe,
-    menu,
     register_menu,
     replying,
     until_stored,
 )
 from adapters.telegram_html import plain_text, render_draft, render_part
-from bot import logs
+from bot import log_lines
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
-from bot.check import Check, guarded
-from bot.credentials import Credential
-from bot.message import (
-    BOT_SCOPE,
-    Attachment,
-    Call,
-    FetchFailed,
-    InboundMessage,
-    Place,
-    Quote,
-    Scope,
-    SendFailed,
-    Throttled,
-    Unavailable,
-    Unreachable,
-    edited_id,
-)
-from bot.settings import (
+from bot.config.credentials import Credential
+from bot.config.settings import (
     ENV_PREFIX,
     ConfigError,
     ListenAddress,
@@ -127,11 +109,28 @@ from bot.settings import (
     Settings,
     WebUrl,
 )
+from bot.message import (
+    BOT_SCOPE,
+    Attachment,
+    Call,
+    FetchFailed,
+    InboundMessage,
+    MenuEntry,
+    Place,
+    Quote,
+    Scope,
+    SendFailed,
+    Throttled,
+    Unavailable,
+    Unreachable,
+    edited_id,
+)
+from bot.ops.check import Check, guarded
 
 log = logging.getLogger(__name__)
 
 # python-telegram-bot's INFO lines are one per request.
-logs.quiet("telegram.ext")
+log_lines.quiet("telegram.ext")
 
 
 class TelegramSettings(BaseModel):
@@ -585,7 +584,8 @@ class TelegramAdapter:
             self._connected = True
             # Beside receiving: a menu Telegram is slow to take must not hold up messages.
             registering = asyncio.create_task(
-                register_menu(PLATFORM, self._set_menu, _flood_wait), name="telegram menu"
+                register_menu(PLATFORM, partial(self._set_menu, sink), _flood_wait),
+                name="telegram menu",
             )
             if self.settings.mode == "webhook":
                 await self._serve_webhook(sink)
@@ -597,11 +597,11 @@ class TelegramAdapter:
             await self.downloads.shutdown()
             await self.bot.shutdown()
 
-    async def _set_menu(self) -> None:
+    async def _set_menu(self, sink: Sink) -> None:
         """The command menu: everyone's commands by default, and the admin ones too in each
         admin's private chat."""
-        await self.bot.set_my_commands(_bot_commands(menu()))
-        everything = _bot_commands(menu(admins=True))
+        await self.bot.set_my_commands(_bot_commands(sink.menu()))
+        everything = _bot_commands(sink.menu(admins=True))
         for chat_id in self.admin_chats:
             await self.bot.set_my_commands(everything, scope=BotCommandScopeChat(chat_id))
 

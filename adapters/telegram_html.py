@@ -19,13 +19,13 @@ snake_case names and 2*3*4 stay as written.
 `plain_text` is the same reply with the rendered markers removed and no HTML, for when
 Telegram still rejects the entities ("can't parse entities"): the reply is never lost.
 
-Length: the core splits a reply with `bot.split.split_message` BEFORE the adapter renders it,
-so these functions run per part, and a part's HTML is longer than its Markdown (tags,
-entities). `render_part` therefore sends HTML only when the HTML itself fits the limit (a
-conservative test: Telegram counts the text after entity parsing), and otherwise the part's
-plain text, which is never longer than its Markdown. Telegram counts UTF-16 code units
-(`utf16_len`) while `split_message` counts code points, so a part full of emoji can still be
-too long even as plain text; `render_part` raises ValueError then rather than truncating.
+Length: the core splits a reply with `bot.outbound.split.split_message` BEFORE the adapter renders
+it, so these functions run per part, and a part's HTML is longer than its Markdown (tags, entities).
+`render_part` therefore sends HTML only when the HTML itself fits the limit (a conservative test:
+Telegram counts the text after entity parsing), and otherwise the part's plain text, which is never
+longer than its Markdown. Telegram counts UTF-16 code units (`utf16_len`) while `split_message`
+counts code points, so a part full of emoji can still be too long even as plain text; `render_part`
+raises ValueError then rather than truncating.
 """
 
 from __future__ import annotations

@@ -60,14 +60,14 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import reap, timed_run
 from benchmarks.wakeup import print_table
-from bot.app import make_store
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis
-from bot.llm import EchoLLM
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings
+from bot.core.runtime import Runtime
+from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles, Unavailable
-from bot.runtime import Runtime
-from bot.settings import DebounceSettings, LLMSettings, Settings
+from bot.service.app import make_store
 from bot.store import HistoryEntry, Keys
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = "bench"
@@ -214,7 +214,7 @@ async def worker(args: argparse.Namespace) -> None:
         finally:
             await redis.aclose()
     else:
-        settings = Settings(
+        settings = InstalledSettings(
             platform="console",
             redis_url=args.url,
             data_dir=Path(tempfile.gettempdir()) / "lw-baseline",

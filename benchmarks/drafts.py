@@ -28,14 +28,14 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.llm import OpenAILLM
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings
+from bot.core.runtime import Runtime
+from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage
-from bot.runtime import Runtime
-from bot.settings import DebounceSettings, LLMSettings, Settings
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.fakes.telegram_server import FakeTelegram
+from bot.service.app import make_store
+from bot.store.connect import make_client
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 def answer(seed: int) -> tuple[str, float]:
@@ -64,7 +64,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         )
         # A platform's section is the plug-in's, untyped in `Settings`: given as its values.
         platform: dict[str, Any] = {"telegram": telegram_settings.model_dump()}
-        settings = Settings(
+        settings = InstalledSettings(
             platform="telegram",
             **platform,
             redis_url=server.url,

@@ -33,10 +33,10 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table
-from bot.embedded import EmbeddedRedis
 from bot.message import InboundMessage
 from bot.store import Store, StoreSettings
 from bot.store.durability import Level, Refused, describe
+from bot.store.embedded import EmbeddedRedis
 
 # Where the servers keep their files: on the disk the bot's data would be on.
 DATA_ROOT = Path(tempfile.gettempdir())

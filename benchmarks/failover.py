@@ -3,19 +3,19 @@
     python -m benchmarks.failover [--repeat 3] [--deployments cluster sentinel] [--seed 7]
 
 Two deployments, each started afresh for every repetition by the test suite's harness
-(`tests.clusters`, imported as `benchmarks/interrupt.py` imports the fake LLM), with its
+(`tests.support.clusters`, imported as `benchmarks/interrupt.py` imports the fake LLM), with its
 timings:
 
 - cluster: three primaries, each with a replica, node timeout `CLUSTER_NODE_TIMEOUT_MS`; the
   primary killed is a different one each repetition;
 - sentinel: a primary, its replica and three Sentinels, down-after `SENTINEL_DOWN_AFTER_MS`.
 
-Two replica processes (`tests/replica.py` through the suite's runner, `tests.test_replicas`,
-with its short timings: quiet 200 ms, max wait 600 ms, lease TTL 1500 ms, sweep 200 ms) are
-given the deployment's URL (one node's for the cluster, `redis+sentinel://` for Sentinel) and
-the suite's fake LLM, answering after `--llm-ms` (200 ms) with the ids of the messages it
-covers. A steady trickle (`--rate` messages/s, seeded) from `--users` users goes to either
-process at random; after `--warm-s`, once replies flow on the conversations the victim holds,
+Two replica processes (`tests/support/replica.py` through the suite's runner,
+`tests.e2e.test_replicas`, with its short timings: quiet 200 ms, max wait 600 ms, lease TTL
+1500 ms, sweep 200 ms) are given the deployment's URL (one node's for the cluster, `redis+sentinel://`
+for Sentinel) and the suite's fake LLM, answering after `--llm-ms` (200 ms) with the ids of the
+messages it covers. A steady trickle (`--rate` messages/s, seeded) from `--users` users goes to
+either process at random; after `--warm-s`, once replies flow on the conversations the victim holds,
 the primary is killed with SIGKILL. Measured from the kill, per repetition:
 
 - promoted: the replica reported as primary (the cluster: its INFO role; Sentinel: a majority
@@ -47,7 +47,7 @@ from pathlib import Path
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table
-from tests.clusters import (
+from tests.support.clusters import (
     CLUSTER_NODE_TIMEOUT_MS,
     SENTINEL_DOWN_AFTER_MS,
     Cluster,
@@ -58,9 +58,9 @@ from tests.clusters import (
     start_sentinel,
     wait_until,
 )
-from tests.fakes.openai_server import FakeOpenAI
-from tests.test_cluster_failover import bots, first_reply_after
-from tests.test_replicas import (
+from tests.support.failover import bots, first_reply_after
+from tests.support.fakes.openai_server import FakeOpenAI
+from tests.support.replica_fleet import (
     MAX_WAIT_MS,
     QUIET_MS,
     conversation_of,
@@ -68,7 +68,7 @@ from tests.test_replicas import (
     message,
     tokens,
 )
-from tests.test_replicas import Cluster as Bots
+from tests.support.replica_fleet import Cluster as Bots
 
 DEPLOYMENTS = ("cluster", "sentinel")
 REPLICAS = 2
@@ -243,7 +243,7 @@ def figure(values: list[float | None], within_s: float) -> list[str]:
 
 def report(results: list[Repetition], args: argparse.Namespace) -> None:
     print(
-        f"{REPLICAS} replica processes (tests/replica.py), quiet {QUIET_MS} ms, max wait "
+        f"{REPLICAS} replica processes (tests/support/replica.py), quiet {QUIET_MS} ms, max wait "
         f"{MAX_WAIT_MS} ms, fake LLM {args.llm_ms} ms; a trickle of {args.rate:g} messages/s "
         f"from {args.users} users (seed {args.seed}); the kill after {args.warm_s:g} s"
     )

@@ -72,15 +72,15 @@ import aiohttp
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
 from bot.cancel import cancel_and_wait
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis
-from bot.settings import DebounceSettings, Settings
-from tests.fakes.loopback import free_port
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.fakes.telegram_server import FakeTelegram
-from tests.running import clean_environ
+from bot.config.settings import DebounceSettings, InstalledSettings
+from bot.service.app import make_store
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
+from tests.support.fakes.loopback import free_port
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.running import clean_environ
 
 SECRET = "flood-webhook-secret"
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -388,7 +388,7 @@ async def flood(url: str, args: argparse.Namespace) -> list[Sent]:
 
 async def settle(server: EmbeddedRedis, users: set[int], timeout_s: float) -> int:
     """Wait until every conversation is answered (V == W); how many are not, at the end."""
-    settings = Settings(platform="console", redis_url=server.url, data_dir=server.data_dir)
+    settings = InstalledSettings(platform="console", redis_url=server.url, data_dir=server.data_dir)
     redis = make_client(server.url)
     store = make_store(settings, redis)
     deadline = time.monotonic() + timeout_s

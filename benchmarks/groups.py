@@ -44,8 +44,13 @@ from pathlib import Path
 from benchmarks import stampede
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.embedded import EmbeddedRedis
-from tests.fakes.telegram_server import FakeTelegram, RecordedCall, post_update, telegram_limits
+from bot.store.embedded import EmbeddedRedis
+from tests.support.fakes.telegram_server import (
+    FakeTelegram,
+    RecordedCall,
+    post_update,
+    telegram_limits,
+)
 
 GAP_S = 0.1  # between the lines of a burst
 FLOOD_GAP_S = 1.0  # between the flooder's mentions

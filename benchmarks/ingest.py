@@ -4,10 +4,10 @@
 
 One real server (the embedded one, unix socket, no append-only file). Each row runs 1 or 2
 separate OS processes (this module with ``--worker``), each with the client the bot builds
-(`bot.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency` ingests
-in flight, sharing `--messages` messages between them, round-robin over `--users`
-conversations (so both processes write to the same conversations, as replicas behind a load
-balancer do):
+(`bot.store.connect.make_client`: a blocking pool of up to 100 connections) and `--concurrency`
+ingests in flight, sharing `--messages` messages between them, round-robin over `--users`
+conversations (so both processes write to the same conversations, as replicas behind a load balancer
+do):
 
 - lastword: the real `Store.ingest`, the call the runtime makes for every platform message
   (dedupe, rate limit, V, pending, window, due-index, in one script);
@@ -61,11 +61,11 @@ from redis.exceptions import ResponseError
 from benchmarks.command_line import reap, timed_run
 from benchmarks.roundtrips import CLIENT_COMMANDS
 from benchmarks.wakeup import print_table
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis, server_binary
+from bot.config.settings import InstalledSettings
 from bot.message import InboundMessage
-from bot.settings import Settings
 from bot.store import Store, StoreSettings
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis, server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = "telegram"
@@ -185,7 +185,7 @@ async def worker(url: str, concurrency: int) -> None:
     """Runs the jobs its parent sends on stdin, one JSON line each: build the messages, warm
     up, say "ready", wait for "go", run, say "done" with the span and the count."""
     redis = make_client(url)
-    settings = Settings(platform="console", redis_url=url, log_level="WARNING")
+    settings = InstalledSettings(platform="console", redis_url=url, log_level="WARNING")
     base = StoreSettings.of(settings)
     store = Store(redis, base)
     raw_script = redis.register_script(RAW_SCRIPT)

@@ -111,16 +111,16 @@ from pydantic import SecretStr
 from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis, server_binary
-from bot.llm import OpenAILLM
+from bot.config.settings import DebounceSettings, InstalledSettings, LLMSettings, Settings
+from bot.core.runtime import Runtime
+from bot.llm.openai import OpenAILLM
 from bot.message import InboundMessage, NoFiles, Place, Unavailable
-from bot.runtime import Runtime
-from bot.settings import DebounceSettings, LLMSettings, Settings
+from bot.service.app import make_store
 from bot.stats import Stats
 from bot.store import Store
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis, server_binary
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
 
 PLATFORM = "bench"
 # Three-letter words: with the separating space, four characters, which the fake's usage
@@ -537,7 +537,7 @@ def rows_of(args: argparse.Namespace) -> dict[str, Row]:
 def mode_settings(
     server: EmbeddedRedis, base_url: str, args: argparse.Namespace, row: Row
 ) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,

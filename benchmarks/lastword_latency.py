@@ -34,9 +34,9 @@ from pathlib import Path
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table
-from bot.settings import DebounceSettings
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.running import clean_environ
+from bot.config.settings import DebounceSettings
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.running import clean_environ
 
 TOKEN = re.compile(r"\bb\d+m\d+\b")
 ROWS = ("today", "speculate", "learned", "both")

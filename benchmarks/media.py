@@ -26,15 +26,15 @@ from pydantic import SecretStr
 from adapters.telegram import TelegramAdapter, TelegramSettings
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.media import Media, Timings
+from bot.config.settings import InstalledSettings, LLMSettings, MediaSettings
+from bot.llm.media import Media, Timings
+from bot.llm.transcribe import OpenAITranscriber
 from bot.message import Attachment, InboundMessage
-from bot.settings import LLMSettings, MediaSettings, Settings
-from bot.transcribe import OpenAITranscriber
-from tests.fakes import files
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.telegram_server import FakeTelegram
+from bot.service.app import make_store
+from bot.store.connect import make_client
+from tests.support.fakes import files
+from tests.support.fakes.openai_server import FakeOpenAI
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 @dataclass
@@ -69,7 +69,7 @@ async def measure(args: argparse.Namespace) -> list[tuple[Case, Measured]]:
         llm = LLMSettings(
             provider="openai", base_url=provider.base_url, api_key=SecretStr("sk-bench")
         )
-        settings = Settings(platform="console", redis_url=server.url, llm=llm)
+        settings = InstalledSettings(platform="console", redis_url=server.url, llm=llm)
         redis = make_client(server.url)
         store = make_store(settings, redis)
         adapter = TelegramAdapter(

@@ -48,13 +48,19 @@ from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.doctor import store_scripts
-from bot.embedded import EmbeddedRedis
+from bot.config.settings import (
+    AccessSettings,
+    DebounceSettings,
+    InstalledSettings,
+    LLMSettings,
+    Settings,
+)
 from bot.message import InboundMessage
-from bot.settings import AccessSettings, DebounceSettings, LLMSettings, Settings
+from bot.ops.doctor import store_scripts
+from bot.service.app import make_store
 from bot.store import SEEN_CAP, SEEN_KEEP_MS, Keys, PreSend, Store
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
 
 # A conversation's own key: its shard's tag, "c", the conversation (which has a ":" itself),
 # and the kind; a day's usage key has the day after its kind.
@@ -83,7 +89,7 @@ ISSUE_BIG_BYTES = 117_000
 
 
 def settings_for(server: EmbeddedRedis, retention_s: float) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,

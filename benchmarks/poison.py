@@ -8,8 +8,8 @@ a reply (issue 31).
 
 `--before` is another checkout of lastword (`git worktree add /tmp/before 8aad770`): each
 measurement runs in a fresh process with that tree's `bot` on its path, then with this one's,
-on the same files (made here, by tests/fakes/files.py). Media is driven in process as a cycle
-drives it (`Media.prepare`, cancelled for an interrupt), with a real server for the caches and
+on the same files (made here, by tests/support/fakes/files.py). Media is driven in process as a
+cycle drives it (`Media.prepare`, cancelled for an interrupt), with a real server for the caches and
 the fake provider for transcriptions; the files come from a stand-in platform at once.
 
 - stall: six `prepare`s of six users' hostile PDFs at once (a few kB each, one content stream
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.fakes.openai_server import AfterDone
+    from tests.support.fakes.openai_server import AfterDone
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -67,7 +67,7 @@ HELD_SECRET = "poison-webhook-secret"
 
 def stand_in(shelved: dict[str, bytes]) -> Any:
     """A platform that holds files: RecordingOutbound (both trees have it) that can fetch."""
-    from tests.fakes.outbound import RecordingOutbound
+    from tests.support.fakes.outbound import RecordingOutbound
 
     @dataclass
     class Shelf(RecordingOutbound):
@@ -96,11 +96,11 @@ async def closed(media: Any) -> None:
 
 async def stall(folder: Path, window_s: float) -> None:
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_store
-    from bot.connect import make_client
-    from bot.media import Media
+    from bot.config.settings import InstalledSettings, MediaSettings
+    from bot.llm.media import Media
     from bot.message import Attachment
-    from bot.settings import MediaSettings, Settings
+    from bot.service.app import make_store
+    from bot.store.connect import make_client
 
     pdfs = {f"r{i}": (folder / f"hostile-{i}.pdf").read_bytes() for i in range(HOSTILE)}
     loop = asyncio.get_running_loop()
@@ -121,7 +121,7 @@ async def stall(folder: Path, window_s: float) -> None:
 
     async with temporary_server() as server:
         redis = make_client(server.url)
-        store = make_store(Settings(platform="console", redis_url=server.url), redis)
+        store = make_store(InstalledSettings(platform="console", redis_url=server.url), redis)
         media = Media(MediaSettings(), "gpt-4o", stand_in(pdfs), store, None)
         watchers = [asyncio.create_task(tick()), asyncio.create_task(lookup())]
         began = time.monotonic()
@@ -152,13 +152,13 @@ async def stall(folder: Path, window_s: float) -> None:
 
 
 def image_function(data: bytes) -> Callable[[], object]:
-    """The tree's image encoding, on `data`: bot.media's own (before) or bot.heavy's (after).
-    Told apart by bot.media, not by importing bot.heavy: the editable install would find this
-    tree's bot.heavy for a tree that has none."""
-    media = importlib.import_module("bot.media")
+    """The tree's image encoding, on `data`: bot.llm.media's own (before) or bot.llm.heavy's
+    (after). Told apart by bot.llm.media, not by importing bot.llm.heavy: the editable install would
+    find this tree's bot.llm.heavy for a tree that has none."""
+    media = importlib.import_module("bot.llm.media")
     if hasattr(media, "encode_image"):
         return partial(media.encode_image, data, 1568, 85)
-    heavy = importlib.import_module("bot.heavy")
+    heavy = importlib.import_module("bot.llm.heavy")
     return partial(heavy.encode_image, data, 1568, 85, 24_000_000)
 
 
@@ -186,13 +186,13 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from benchmarks.wakeup import temporary_server
-    from bot.app import make_store
-    from bot.connect import make_client
-    from bot.media import Media
+    from bot.config.settings import InstalledSettings, LLMSettings, MediaSettings
+    from bot.llm.media import Media
+    from bot.llm.transcribe import OpenAITranscriber
     from bot.message import Attachment
-    from bot.settings import LLMSettings, MediaSettings, Settings
-    from bot.transcribe import OpenAITranscriber
-    from tests.fakes.openai_server import FakeOpenAI
+    from bot.service.app import make_store
+    from bot.store.connect import make_client
+    from tests.support.fakes.openai_server import FakeOpenAI
 
     voice = (folder / "voice.ogg").read_bytes()
     note = Attachment("voice", "v", "audio/ogg", len(voice), "voice.ogg", "uniq-v")
@@ -202,7 +202,9 @@ async def transcriptions(folder: Path) -> dict[str, Any]:
             provider="openai", base_url=provider.base_url, api_key=SecretStr("sk-bench")
         )
         redis = make_client(server.url)
-        store = make_store(Settings(platform="console", redis_url=server.url, llm=llm), redis)
+        store = make_store(
+            InstalledSettings(platform="console", redis_url=server.url, llm=llm), redis
+        )
         shelf = stand_in({"v": voice})
         media = Media(
             MediaSettings(), "gpt-4o", shelf, store, OpenAITranscriber(MediaSettings(), llm)
@@ -258,7 +260,7 @@ IMAGES = [Images("huge.png", 7000, 7000), Images("big.png", 4800, 4800)]
 
 
 def make_files(folder: Path) -> dict[str, int]:
-    from tests.fakes import files
+    from tests.support.fakes import files
 
     made = {f"hostile-{i}.pdf": files.hostile_pdf(seed=i) for i in range(HOSTILE)}
     made |= {i.name: files.huge_png(i.width, i.height) for i in IMAGES}
@@ -332,10 +334,10 @@ async def held_stream(tree: Path, folder: Path, after: AfterDone) -> dict[str, A
     """Replies of `tree`'s `lastword run` to a provider that holds its streams open after
     `[DONE]` as `after` says ("keep-alive" or "silent"); this tree's fakes and server."""
     from benchmarks.wakeup import temporary_server
-    from tests.fakes.loopback import free_port
-    from tests.fakes.openai_server import FakeOpenAI
-    from tests.fakes.telegram_server import FakeTelegram, post_update
-    from tests.running import Running, run_env
+    from tests.support.fakes.loopback import free_port
+    from tests.support.fakes.openai_server import FakeOpenAI
+    from tests.support.fakes.telegram_server import FakeTelegram, post_update
+    from tests.support.running import Running, run_env
 
     async with temporary_server() as server, FakeTelegram() as telegram, FakeOpenAI() as provider:
         provider.after_done = after

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.command_line import timed_run
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.fakes.telegram_server import FakeTelegram
 
 SCRIPT = str(Path(sys.executable).parent / "lastword")
 

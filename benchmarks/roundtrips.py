@@ -39,11 +39,10 @@ from benchmarks.wakeup import (
     temporary_server,
     wait_for_replies,
 )
-from bot.app import make_store
-from bot.embedded import EmbeddedRedis
-from bot.llm import EchoLLM
-from bot.runtime import Runtime
-from bot.settings import LLMSettings
+from bot.config.settings import LLMSettings
+from bot.core.runtime import Runtime
+from bot.llm.echo import EchoLLM
+from bot.service.app import make_store
 from bot.store import (
     ACQUIRE,
     COMMIT,
@@ -55,6 +54,7 @@ from bot.store import (
     RENEW,
     USAGE,
 )
+from bot.store.embedded import EmbeddedRedis
 from bot.store.keys import LAYOUT
 
 SHARDS = LAYOUT.shards

@@ -15,9 +15,9 @@ delay as the fake LLM, an outbound that records each reply's time, ingests in ta
 own at the planned times. The deployments:
 
 - server: one real server (the embedded one, unix socket);
-- cluster: three primaries, each with a replica (`tests.clusters.start_cluster`, the test
+- cluster: three primaries, each with a replica (`tests.support.clusters.start_cluster`, the test
   suite's harness, imported as `benchmarks/interrupt.py` imports the fake LLM); the bots are
-  given one node's URL and find the cluster themselves (`bot.connect`).
+  given one node's URL and find the cluster themselves (`bot.store.connect`).
 
 Each run starts from an empty store (FLUSHALL on every primary). Per run the table shows:
 
@@ -61,9 +61,9 @@ from benchmarks.baseline import (
 )
 from benchmarks.command_line import timed_run
 from benchmarks.wakeup import print_table
-from bot.embedded import EmbeddedRedis
-from tests.clusters import start_cluster
-from tests.running import clean_environ
+from bot.store.embedded import EmbeddedRedis
+from tests.support.clusters import start_cluster
+from tests.support.running import clean_environ
 
 DEPLOYMENTS = ("server", "cluster")
 # Each delivery draws a lane; with n replicas it goes to lane % n, so that every replica count

@@ -84,22 +84,22 @@ from redis.asyncio import Redis
 from benchmarks.command_line import timed_run
 from benchmarks.flood import model_env, ready, scrape
 from benchmarks.wakeup import bench_settings, percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import make_client
-from bot.embedded import EmbeddedRedis
 from bot.message import BOT_SCOPE, Scope
+from bot.service.app import make_store
 from bot.store import Ask, BudgetKeys, Stamp
-from tests.fakes.limits import Limits, Violation
-from tests.fakes.loopback import free_port
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.telegram_server import (
+from bot.store.connect import make_client
+from bot.store.embedded import EmbeddedRedis
+from tests.support.fakes.limits import Limits, Violation
+from tests.support.fakes.loopback import free_port
+from tests.support.fakes.openai_server import FakeOpenAI
+from tests.support.fakes.telegram_server import (
     FakeTelegram,
     RecordedCall,
     ScriptedError,
     post_update,
     telegram_limits,
 )
-from tests.running import START_S, Running, clean_environ
+from tests.support.running import START_S, Running, clean_environ
 
 SECRET = "stampede-webhook-secret"
 # Replies still missing this long after the last one came are counted as not delivered (after

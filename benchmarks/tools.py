@@ -17,7 +17,7 @@ only their tables.
 Everything runs as in production, over loopback: `lastword run` processes (the real Telegram
 adapter in webhook mode, the real OpenAI client, the real MCP client) on an embedded server,
 the fake Bot API and the fake provider each in a child process of its own
-(`benchmarks/child.py`), and the test MCP server (`tests/fakes/mcp_append_server.py`) over
+(`benchmarks/child.py`), and the test MCP server (`tests/support/fakes/mcp_append_server.py`) over
 stdio, one per replica, as lastword starts it. The provider plays a model that uses one tool
 (`ToolPolicy`), its answers 0.2-0.6 s long (seeded by the prompt). In every row but the steps
 run, the model books: it calls `append` (a side effect, `--tool-s` long: one line in a file
@@ -62,7 +62,7 @@ says "DON'T", when it answers in text and calls nothing.
    step and no start of its call, and the window's deadline is more than `VETO_MARGIN_MS`
    ahead on the server's clock) and the user at once writes "wait, DON'T book it", inside the
    window. The newest word governs: the held call never runs, the next generation tells the
-   model it was not run (`bot.steps.NOT_RUN`), and the model, reading the veto, answers
+   model it was not run (`bot.core.steps.NOT_RUN`), and the model, reading the veto, answers
    without calling. Per row: requested calls; vetoed (the veto sent while the call was held);
    told "not run" (users whose model read `NOT_RUN` for the held call); side-effect runs of
    vetoed calls (their lines in the file) and per vetoed call (0.00); replies per user (1);
@@ -77,8 +77,8 @@ says "DON'T", when it answers in text and calls nothing.
    replies per user (1 + retries).
 5. A late admin-only server (row `late admin`). One replica, two MCP servers over stdio, both
    the test server, writing to two files: "admin" first, `"adminOnly": true`, started as
-   `sh -c '[ -f FLAG ] && exec python -m tests.fakes.mcp_append_server'`, so that every start
-   fails until FLAG exists; "public" second. While admin is down, public's tools keep their
+   `sh -c '[ -f FLAG ] && exec python -m tests.support.fakes.mcp_append_server'`, so that every
+   start fails until FLAG exists; "public" second. While admin is down, public's tools keep their
    names; once it is up, admin's `append` takes the name (the first server configured keeps a
    shared name) and public's is offered as `public_append`. `--admin-users` users, none of
    them an admin (`LASTWORD_ACCESS__ADMINS` names someone else), start over
@@ -146,17 +146,17 @@ from benchmarks.child import Child
 from benchmarks.command_line import timed_run
 from benchmarks.flood import LAG_RECENT, LagWatch, ready, scrape, settle
 from benchmarks.wakeup import percentile, print_table, temporary_server
-from bot.app import make_store
-from bot.connect import Client, make_client
-from bot.embedded import EmbeddedRedis
-from bot.settings import DebounceSettings, Settings, ToolsSettings
-from bot.steps import NOT_RUN
+from bot.config.settings import DebounceSettings, InstalledSettings, ToolsSettings
+from bot.core.steps import NOT_RUN
+from bot.service.app import make_store
 from bot.store import Store
+from bot.store.connect import Client, make_client
+from bot.store.embedded import EmbeddedRedis
 from bot.store.replies import as_text
-from tests.fakes.loopback import free_port
-from tests.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
-from tests.fakes.telegram_server import FakeTelegram
-from tests.running import Running, clean_environ
+from tests.support.fakes.loopback import free_port
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
+from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.running import Running, clean_environ
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "tools-webhook-secret"
@@ -381,7 +381,7 @@ def append_server(effects: Path, times: Path | None = None, **config: Any) -> di
         env["LW_TIMES_FILE"] = str(times)
     server = {
         "command": sys.executable,
-        "args": ["-m", "tests.fakes.mcp_append_server"],
+        "args": ["-m", "tests.support.fakes.mcp_append_server"],
         "cwd": str(ROOT),
         "env": env,
     }
@@ -766,7 +766,7 @@ async def held(store: Store, user: int) -> bool:
 @contextlib.asynccontextmanager
 async def store_of(server: EmbeddedRedis) -> AsyncIterator[Store]:
     """The store on a row's server, for the benchmark's own reads."""
-    settings = Settings(platform="console", redis_url=server.url, data_dir=server.data_dir)
+    settings = InstalledSettings(platform="console", redis_url=server.url, data_dir=server.data_dir)
     redis = make_client(server.url)
     try:
         yield make_store(settings, redis)
@@ -1203,7 +1203,7 @@ def admin_servers(folder: Path) -> dict[str, Any]:
     """ "admin" (admin-only, down until FLAG exists) first, so that it takes the shared names
     once it is up; "public" second, noting its runs' times."""
     flag, python = shlex.quote(str(folder / "FLAG")), shlex.quote(sys.executable)
-    script = f"[ -f {flag} ] && exec {python} -m tests.fakes.mcp_append_server"
+    script = f"[ -f {flag} ] && exec {python} -m tests.support.fakes.mcp_append_server"
     admin = append_server(folder / "admin.txt", command="sh", args=["-c", script], adminOnly=True)
     return {"admin": admin, "public": append_server(folder / "effects.txt", folder / "times.txt")}
 

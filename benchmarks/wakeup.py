@@ -35,14 +35,20 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from benchmarks.command_line import timed_run
-from bot.app import make_store
-from bot.connect import Client, make_client
-from bot.embedded import EmbeddedRedis, server_binary
-from bot.llm import EchoLLM
+from bot.config.settings import (
+    DebounceSettings,
+    InstalledSettings,
+    LeaseSettings,
+    LLMSettings,
+    Settings,
+)
+from bot.core.runtime import Runtime
+from bot.llm.echo import EchoLLM
 from bot.message import InboundMessage, NoFiles
-from bot.runtime import Runtime
-from bot.settings import DebounceSettings, LeaseSettings, LLMSettings, Settings
+from bot.service.app import make_store
 from bot.store import Store
+from bot.store.connect import Client, make_client
+from bot.store.embedded import EmbeddedRedis, server_binary
 
 # The whole benchmark must finish well within a minute; a phase that hangs is a failure.
 PHASE_TIMEOUT_S = 20.0
@@ -91,7 +97,7 @@ def bench_settings(
     echo_delay_ms: int = 0,
     interrupt: bool = True,
 ) -> Settings:
-    return Settings(
+    return InstalledSettings(
         platform="console",
         redis_url=server.url,
         data_dir=server.data_dir,
@@ -245,7 +251,7 @@ async def orphans(
 
 
 async def run(args: argparse.Namespace) -> None:
-    logging.getLogger("bot.runtime").addHandler(CYCLE_ERRORS)
+    logging.getLogger("bot.core.runtime").addHandler(CYCLE_ERRORS)
     async with temporary_server() as server:
         # The client the bot itself uses (a pool that waits for a free connection).
         redis = make_client(server.url)

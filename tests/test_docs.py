@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import settings_table
-from tests.running import clean_environ
+from tests.support import settings_table
+from tests.support.running import clean_environ
 
 PROJECT = Path(__file__).resolve().parent.parent
 PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
@@ -36,12 +36,12 @@ COVERED = {
         "README.md",
         "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/pytest",
     ): ".ci/run, verbatim",
-    ("README.md", "cat > .env <<'EOF'"): "tests/test_quickstart.py",
-    ("README.md", "cat >> .env <<'EOF'"): "tests/test_quickstart.py",
-    ("README.md", ".venv/bin/lastword doctor"): "tests/test_quickstart.py",
-    ("README.md", ".venv/bin/pip install mcp-server-time"): "tests/test_quickstart.py",
+    ("README.md", "cat > .env <<'EOF'"): "tests/e2e/test_quickstart.py",
+    ("README.md", "cat >> .env <<'EOF'"): "tests/e2e/test_quickstart.py",
+    ("README.md", ".venv/bin/lastword doctor"): "tests/e2e/test_quickstart.py",
+    ("README.md", ".venv/bin/pip install mcp-server-time"): "tests/e2e/test_quickstart.py",
     ("docs/operating.md", "sudo python3 -m venv /opt/lastword/.venv"): (
-        "tests/test_install_walkthrough.py"
+        "tests/e2e/test_install_walkthrough.py"
     ),
 }
 # Blocks this file runs itself, by (page, first line).

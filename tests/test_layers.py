@@ -1,58 +1,82 @@
-"""The hexagon's walls, read from the source: the core knows no platform, and no platform
-knows the store. Only the composition root (bot/app.py, bot/cli.py) sees both sides."""
+"""The house's shape, read from the source:
+
+- the layers hold: `lint-imports` runs the contracts in `pyproject.toml` (each layer imports
+  only those below it, the core knows no platform, platforms know no Redis, no import cycle
+  among a package's modules), indirect imports included;
+- docs/design.md's table of layers is the tree's and the contract's, so it cannot go stale;
+- no module sits in `bot/` itself but the ground floor's and `__main__`;
+- the core names no platform, even in a string;
+- no module under tests/ imports a test module: what two of them share is in tests/support/
+  (fixtures in a conftest.py).
+"""
 
 from __future__ import annotations
 
 import ast
 import io
+import re
+import subprocess
+import sys
 import tokenize
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSITION_ROOT = {Path("bot/app.py"), Path("bot/cli.py")}
-# Each package, with the modules none of its files may import.
-FORBIDDEN = {
-    "bot": ("telegram", "discord", "adapters"),
-    "adapters": ("redis", "bot.store"),
-}
+DESIGN = ROOT / "docs" / "design.md"
 
 
-def imported(path: Path) -> Iterator[tuple[int, str]]:
-    """Every module a file imports, anywhere in it, with the line: `from x import y` counts
-    as both `x` and `x.y`, since y may be a module; relative imports are made absolute."""
-    package = path.relative_to(ROOT).parent.parts
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else ()
-            module = ".".join((*base, *([node.module] if node.module else [])))
-            if module:
-                yield node.lineno, module
-            for alias in node.names:
-                yield node.lineno, f"{module}.{alias.name}" if module else alias.name
+def contract(name: str) -> dict[str, object]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [found] = [c for c in config["contracts"] if c["id"] == name]
+    return dict(found)
 
 
-def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
-    found: dict[tuple[Path, int], str] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        if path.relative_to(ROOT) in COMPOSITION_ROOT:
-            continue
-        for line, module in imported(path):
-            if any(module == name or module.startswith(name + ".") for name in forbidden):
-                # One report per import statement, naming the module it first matched.
-                found.setdefault((path.relative_to(ROOT), line), module)
-    return [f"{path}:{line} imports {module}" for (path, line), module in sorted(found.items())]
+def layers() -> list[set[str]]:
+    """The layers contract's layers, top first, each the set of its packages or modules."""
+    raw = contract("layers")["layers"]
+    assert isinstance(raw, list)
+    return [{part.strip() for part in re.split(r"[|:]", layer)} for layer in raw]
 
 
-@pytest.mark.parametrize(("package", "forbidden"), FORBIDDEN.items(), ids=FORBIDDEN.keys())
-def test_no_import_crosses_a_layer(package: str, forbidden: tuple[str, ...]) -> None:
-    found = violations(package, forbidden)
-    assert not found, f"{package}/ must not import {', '.join(forbidden)}:\n" + "\n".join(found)
+def test_the_layers_hold() -> None:
+    result = subprocess.run(
+        # import-linter's own command, installed beside this Python.
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout, result.stdout
+
+
+def test_the_ground_floor_is_all_bot_holds_itself() -> None:
+    ground = layers()[-1]
+    modules = {path.stem for path in (ROOT / "bot").glob("*.py")} - {"__init__", "__main__"}
+    assert modules == ground
+
+
+def test_every_package_of_bot_is_a_layer() -> None:
+    packages = {path.parent.name for path in (ROOT / "bot").glob("*/__init__.py")}
+    assert packages == set().union(*layers()[:-1])
+
+
+def design_table() -> list[tuple[int, str]]:
+    """docs/design.md's table of layers: (layer, what its package column names)."""
+    rows = re.findall(r"^\| (\d+) \| `bot/([\w/]*)`[^|]*\|", DESIGN.read_text(), re.M)
+    return [(int(layer), package.strip("/")) for layer, package in rows]
+
+
+def test_the_design_table_is_the_tree() -> None:
+    table = design_table()
+    numbers = sorted({layer for layer, _ in table})
+    rows = [{package or "ground" for layer, package in table if layer == n} for n in numbers]
+    assert rows == [*layers()[:-1], {"ground"}]
+    # The ground floor's row lists its modules.
+    [row] = [line for line in DESIGN.read_text().splitlines() if "(the ground floor)" in line]
+    assert set(re.findall(r"`(\w+)\.py`", row)) == layers()[-1]
 
 
 # The platforms that ship with lastword; the core must not know them, nor any other.
@@ -121,3 +145,31 @@ def test_the_check_sees_a_platform_named_in_code(tmp_path: Path) -> None:
         (6, "telegram_token"),
         (10, '"telegram"'),
     ]
+
+
+def imported_test_modules(path: Path) -> Iterator[tuple[int, str]]:
+    """The test modules (`test_*`) the module at `path` imports, with the line of each import:
+    `import tests.x.test_y`, `from tests.x.test_y import ...`, `from tests.x import test_y`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "tests" and name.split(".")[-1].startswith("test_"):
+                yield node.lineno, name
+
+
+def test_no_test_module_imports_another() -> None:
+    """Each test module stands on its own: helpers live in tests/support/, shared fixtures in
+    the nearest conftest.py, so that a test module can be moved, split or deleted alone."""
+    tests = ROOT / "tests"
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(tests.rglob("*.py"))
+        if "plugins" not in path.relative_to(tests).parts
+        for line, name in imported_test_modules(path)
+    ]
+    assert not found, "a module under tests/ imports a test module:\n" + "\n".join(found)

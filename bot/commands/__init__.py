@@ -15,8 +15,8 @@ answered either (a `/retry` answers them after all), and the reply is a short "S
 the user knows it was heard; a `/stop` with nothing before it to answer says there was
 nothing to stop.
 
-Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.admin`); anyone else who tries one is told it
-is for admins only. What a command changes (`Change`) is carried out only once its reply has
+Admins (LASTWORD_ACCESS__ADMINS) have more (`bot.commands.admin`); anyone else who tries one is told
+it is for admins only. What a command changes (`Change`) is carried out only once its reply has
 passed the pre-send check, and travels in the outbox with it (`encoded`, `decoded`).
 """
 
@@ -27,17 +27,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bot import admin
-from bot.command import (
+from bot.blame import COMMAND, blamed
+from bot.commands import admin, chat
+from bot.commands.base import (
     AnyCommand,
     Ask,
     Change,
     Command,
+    CommandContext,
     Decision,
-    Turn,
     command_of,
 )
-from bot.commands import chat
 from bot.commands.chat import (
     ECHO_MODEL_ANSWER,
     NOTHING_TO_RETRY,
@@ -63,8 +63,8 @@ __all__ = [
     "START",
     "STOPPED",
     "Ask",
+    "CommandContext",
     "Decision",
-    "Turn",
     "budget_of",
     "command_of",
     "model_named",
@@ -81,7 +81,7 @@ RATE_LIMITED = (
 )
 
 
-async def _help(turn: Turn, ask: Ask, words: object) -> Decision:
+async def _help(turn: CommandContext, ask: Ask, words: object) -> Decision:
     if ask.by in turn.settings.access.admins:
         return Decision(f"{HELP}\n\n{ADMIN_HELP}")
     return Decision(HELP)
@@ -136,9 +136,10 @@ def admins_only(name: str) -> str:
     return f"Only the bot's admins can use /{name}."
 
 
-async def decide(turn: Turn, ask: Ask) -> Decision:
+async def decide(turn: CommandContext, ask: Ask) -> Decision:
     """The answer to one command of the burst, with what it will change."""
-    return await COMMANDS[ask.command].decide(turn, ask)
+    with blamed(COMMAND):
+        return await COMMANDS[ask.command].decide(turn, ask)
 
 
 def encoded(changes: Sequence[Change]) -> str:
@@ -149,10 +150,9 @@ def encoded(changes: Sequence[Change]) -> str:
 
 
 def decoded(raw: str) -> tuple[Change, ...]:
-    """The changes an outbox kept (`encoded`). One without a kind is an admin's, as every
-    change was before there were others."""
+    """The changes an outbox kept (`encoded`)."""
     found: list[dict[str, Any]] = json.loads(raw) if raw else []
-    return tuple(CHANGES[c.pop("kind", admin.Change.kind)](**c) for c in found)
+    return tuple(CHANGES[c.pop("kind")](**c) for c in found)
 
 
 async def apply(store: Store, conversation: str, changes: Sequence[Change]) -> None:

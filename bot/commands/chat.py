@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.command import Ask, Command, Decision, Turn
-from bot.settings import LLMSettings, ModelChoice, Settings
+from bot.commands.base import Ask, Command, CommandContext, Decision
+from bot.config.settings import LLMSettings, ModelChoice, Settings
 from bot.store import Spending, Store
 from bot.tokens import WEIGHTED, spent
 
@@ -100,16 +100,16 @@ class ModelPick:
         await store.pick_model(conversation, self.name)
 
 
-async def _usage(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _usage(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     spending = await turn.store.spending(turn.conversation, ask.by)
     budget = budget_of(turn.settings, spending)
     weighted = weighs(turn.settings.llm, spending)
     return Decision(usage_answer(spending, budget, weighted))
 
 
-async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _model(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     llm = turn.settings.llm
-    if turn.echo:
+    if not turn.picks_models:
         return Decision(ECHO_MODEL_ANSWER)
     if not ask.argument:
         return Decision(models_answer(llm, turn.model))
@@ -125,7 +125,7 @@ async def _model(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
 
 
 START_COMMAND = Command[object](name="start", help="what this bot does", text=START)
-# /retry after a /stop answers what the /stop skipped (`bot.history.last_reply`): their help
+# /retry after a /stop answers what the /stop skipped (`bot.core.history.last_reply`): their help
 # lines say so, since a user who stops an answer by mistake, or to have it written anew,
 # gets it back with /retry; what /stop skipped is never lost.
 STOP = Command[object](

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.command import Ask, Command, Decision, Turn, no_words
+from bot.commands.base import Ask, Command, CommandContext, Decision, no_words
 from bot.plural import counted
 from bot.store import Store
 
@@ -64,7 +64,7 @@ class Erase:
         await store.forget(conversation, self.user)
 
 
-async def _forget(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _forget(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     if turn.forget_asked or await turn.store.forget_asked(turn.conversation):
         turn.model, turn.persona, turn.forget_asked = "", "", False
         places = await turn.store.places(turn.conversation, ask.by)

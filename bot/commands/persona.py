@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bot.command import Ask, Command, Decision, Turn, any_words
+from bot.commands.base import Ask, Command, CommandContext, Decision, any_words
 from bot.store import Store
 
 OFF = "off"
@@ -28,7 +28,7 @@ class Persona:
         await store.keep_persona(conversation, self.text)
 
 
-async def _persona(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _persona(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     limit = turn.settings.llm.persona_chars
     if not limit:
         return Decision(TURNED_OFF)

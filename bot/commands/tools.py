@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.command import Ask, Command, Decision, Turn, no_words
+from bot.commands.base import Ask, Command, CommandContext, Decision, no_words
 from bot.tools import Tool
 
 NONE = "I have no tools: I answer from what I know."
@@ -15,7 +15,7 @@ HEADER = "Tools I may use while I answer you:"
 DESCRIPTION_CHARS = 120
 
 
-async def _tools(turn: Turn, ask: Ask, words: Sequence[str]) -> Decision:
+async def _tools(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:
     offered = turn.toolbox.offered(admin=ask.by in turn.settings.access.admins)
     if not offered:
         return Decision(NONE)

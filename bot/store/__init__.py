@@ -25,6 +25,7 @@ from bot.store.conversations import (
     SEEN_CAP,
     SEEN_KEEP_MS,
     TYPING_EVERY_MS,
+    Acquired,
     Conversations,
     Ended,
     Failed,
@@ -34,9 +35,12 @@ from bot.store.conversations import (
     Ingested,
     Interrupt,
     Lease,
+    NotAcquired,
     Outcome,
     PreSend,
+    Resend,
     Typed,
+    Window,
     lease_token,
 )
 from bot.store.errors import StoreUnavailable, classify, reaching_redis
@@ -53,7 +57,7 @@ from bot.store.transcripts import Transcripts
 from bot.store.usage import MONTH_KEEP_MS, DayTotals, Spending, Usage
 
 # Each script's source, by its file's name in capitals: what `lastword doctor` loads on the
-# server to check it (`bot.doctor.store_scripts`), and the benchmarks load ahead.
+# server to check it (`bot.ops.doctor.store_scripts`), and the benchmarks load ahead.
 ACCESS_COPY = _scripts.ACCESS_COPY.source
 ACCESS_SET = _scripts.ACCESS_SET.source
 ACQUIRE = _scripts.ACQUIRE.source
@@ -126,6 +130,7 @@ __all__ = [
     "TYPING_EVERY_MS",
     "USAGE",
     "AccessRecord",
+    "Acquired",
     "Ask",
     "Begun",
     "BudgetKeys",
@@ -140,10 +145,12 @@ __all__ = [
     "Keys",
     "Layout",
     "Lease",
+    "NotAcquired",
     "Outcome",
     "PreSend",
     "Record",
     "Recorded",
+    "Resend",
     "Spending",
     "Stamp",
     "Store",
@@ -151,6 +158,7 @@ __all__ = [
     "StoreUnavailable",
     "Taken",
     "Typed",
+    "Window",
     "classify",
     "lease_token",
     "reaching_redis",

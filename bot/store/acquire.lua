@@ -85,7 +85,7 @@ if trusted_age_ms > 0 and (waited < 0 or waited > trusted_age_ms) then
 end
 
 -- When the burst's window closed (or will): its reply's place in the outbound budget's queue
--- (bot/pacing.py). A reply left in the outbox goes first.
+-- (bot/outbound/pacing.py). A reply left in the outbox goes first.
 local lateness, window_ms, closes_at = 0, 0, 0
 if not has_outbox then
   local times = redis.call('HMGET', window, 'deadline', 'speculate_at')

@@ -1,7 +1,7 @@
 -- May the bot make these platform calls now, each under every scope it falls under (the bot as
 -- a whole, a chat, a group)? The outbound budget every replica shares: a scope allows `count`
 -- calls in any sliding `per_ms`, counted from the server's clock. One call asks for all of a
--- replica's waiting replies at once (bot/pacing.py), in their order, each seeing the slots the
+-- replica's waiting replies at once (bot/outbound/pacing.py), in their order, each seeing the slots the
 -- ones before it took; a preview asks alone.
 -- A call granted is recorded under each scope as in flight (counted from `in_flight_ms` ahead,
 -- so it fills a slot until a later call stamps the moment it was answered: the platform saw

@@ -12,9 +12,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from bot.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.store import scripts
 from bot.store.config import StoreSettings
+from bot.store.connect import MAX_CONNECTIONS, Client, drop_connections
 from bot.store.durability import Durability
 from bot.store.errors import StoreUnavailable, reaching_redis
 from bot.store.keys import LAYOUT, Layout
@@ -127,7 +127,8 @@ class Calls:
 
     async def check_layout(self) -> None:
         """At start-up: record the shard layout at the first start, and refuse a store laid
-        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`)."""
+        out otherwise, or holding legacy data (`bot.store.migrate.LayoutError`), or written in
+        another stored format (`bot.store.format.FormatError`)."""
         from bot.store.migrate import check_layout
 
         async with self._reaching():

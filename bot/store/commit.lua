@@ -34,16 +34,12 @@ local reply = redis.call('HMGET', outbox, 'text', 'version', 'reset', 'replaces'
 local covered = tonumber(reply[2])
 local reset = tonumber(reply[3] or '0') or 0
 local replaces = tonumber(reply[4] or '0') or 0
--- The message the history leaves out (a /retry's), alone as written before replies told the
--- model's words apart; or with `said`, how many bytes at the end of the text the model said
--- (the command answers and notices before them are what the user saw, never the model's).
-local unsaid = tonumber(reply[5] or '0')
-local said = ''
-if unsaid == nil then
-  local told = cjson.decode(reply[5])
-  unsaid = tonumber(told.message) or 0
-  said = ',"said":' .. (tonumber(told.said) or 0)
-end
+-- The message the history leaves out (a /retry's, or 0), and `said`: how many bytes at the end
+-- of the text the model said (the command answers and notices before them are what the user
+-- saw, never the model's).
+local told = cjson.decode(reply[5] or '{}')
+local unsaid = tonumber(told.message) or 0
+local said = ',"said":' .. (tonumber(told.said) or 0)
 local w = tonumber(redis.call('HGET', state, 'w') or '0')
 if covered ~= nil and covered > w then
   if reset > w then
@@ -83,16 +79,14 @@ if covered ~= nil and covered > w then
     if reply[6] and reply[6] ~= '' then
       used = ',"tools":' .. cjson.encode(reply[6])
     end
-    local turn = ''
-    if tonumber(reply[7] or '') then
-      turn = ',"turn":' .. tonumber(reply[7])
-      -- What a /retry writes again: its turn's record is kept whatever newer turns record.
-      if redis.call('EXISTS', tools) == 1 then
-        redis.call('HSET', tools, 'kept', reply[7])
-      end
+    -- Its turn (0: every message before it not yet answered).
+    local turn = tonumber(reply[7] or '') or 0
+    -- What a /retry writes again: its turn's record is kept whatever newer turns record.
+    if turn > 0 and redis.call('EXISTS', tools) == 1 then
+      redis.call('HSET', tools, 'kept', turn)
     end
     redis.call('RPUSH', history, '{"role":"assistant","v":' .. covered .. ',"text":'
-      .. cjson.encode(reply[1]) .. used .. turn .. said .. '}')
+      .. cjson.encode(reply[1]) .. used .. ',"turn":' .. turn .. said .. '}')
   end
   redis.call('LTRIM', history, -history_cap, -1)
   answered_to(state, window, covered)

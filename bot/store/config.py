@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from bot.settings import Settings
+from bot.config.settings import Settings
 from bot.store.durability import DEFAULT_LEVEL, DEFAULT_WAIT_MS, Level
 
 # After a failed attempt at a conversation (a platform or store error), the next one waits

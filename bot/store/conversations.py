@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from bot.config.settings import Verdict
 from bot.message import Attachment, InboundMessage, Said
-from bot.settings import Verdict
 from bot.store import scripts
 from bot.store.config import (
     CLOCK_SLACK_MS,
@@ -50,11 +50,11 @@ class Heard:
     """How a message reached the bot, for ingest: in a DM (the defaults), or in a group:
     `group` "allowed" (by the settings) or "ask" (the store knows: an admin's /allow),
     `addressed` "1" (to the bot), "0" (a follow-up if its sender's burst is open, else said to
-    the room) or "never" (another bot's), and `said`, the room's entry for it (`Said`)."""
+    the room) or "never" (another bot's), and `room_entry`, the room's entry for it (`Said`)."""
 
     group: Literal["", "allowed", "ask"] = ""
     addressed: Literal["1", "0", "never"] = "1"
-    said: str = ""
+    room_entry: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,15 @@ class HistoryEntry:
     # A user message's files, by reference: the prompt shows a past one as a short
     # placeholder (a voice note as its transcript), never its bytes again.
     attachments: tuple[Attachment, ...] = ()
-    # A reply's tool calls and what they gave, as JSON (`bot.steps.Done.tools`).
+    # A reply's tool calls and what they gave, as JSON (`bot.core.steps.Done.tools`).
     tools: str = ""
-    # A reply's turn: the id of its tool record (0: an entry from before turns had ids).
+    # A reply's turn: the id of its tool record, the first version of the burst it answers
+    # (0: every message before it not yet answered).
     turn: int = 0
     # What its author wrote and nothing added: a message's own text, without its files'
     # labels (a command is told by it); a reply's words from the model, without the command
-    # answers and notices the user saw with them ("" for none). None: not known, as for a
-    # reply kept before the two were told apart (all of its text is then taken as said).
+    # answers and notices the user saw with them ("" for none). None, for an entry made in
+    # code: all of its text.
     words: str | None = None
 
     @classmethod
@@ -145,14 +146,14 @@ class HistoryEntry:
                 words=message.text,
             )
         text = str(data["text"])
-        said = data.get("said")
         return cls(
             "assistant",
             int(data["v"]),
             text,
-            tools=str(data.get("tools", "")),
-            turn=int(data.get("turn", 0)),
-            words=None if said is None else _last_bytes(text, int(said)),
+            tools=str(data.get("tools", "")),  # written only for a reply that called tools
+            turn=int(data["turn"]),
+            # The stored `said`: how many bytes at the end of `text` are the model's.
+            words=_last_bytes(text, int(data["said"])),
         )
 
 
@@ -163,84 +164,116 @@ def _last_bytes(text: str, count: int) -> str:
 
 
 @dataclass(frozen=True)
-class Grant:
-    """What a wake-up got. Only `acquired` carries a lease and the work to do."""
+class NotAcquired:
+    """A wake-up that got no lease, and when to look again (`look_in_ms`): another replica
+    holds it ("busy"), its window is still open ("early"), a failed attempt is backed off
+    ("backoff"), or nothing is owed ("idle")."""
 
-    status: Literal["acquired", "busy", "early", "backoff", "idle"]
-    look_in_ms: int | None = None  # for busy, early and backoff: when to look again
-    lease: Lease | None = None
-    version: int = 0  # V when the lease was taken
-    watermark: int = 0  # W when the lease was taken
-    lateness_ms: int = 0  # how long after the window's deadline the lease was taken
+    status: Literal["busy", "early", "backoff", "idle"]
+    look_in_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Resend:
+    """An outbox a crashed holder left: its reply, the version the reply covers, the lease
+    (`fence`, `token`) that passed its pre-send check, and the admin changes it announces, as
+    `Store.presend` got them."""
+
+    text: str
+    version: int
+    fence: int
+    token: str
+    changes: str
+
+
+@dataclass(frozen=True)
+class Window:
+    """A lease taken speculatively: the window is still open `ms` longer (server clock), so
+    the reply waits for it to close (`PreSend.status` "hold"); by this replica's clock it
+    closes at `closes_at` (`time.monotonic()`), counted from the answer's arrival, so never
+    before the server's deadline."""
+
+    ms: int
+    closes_at: float
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A wake-up that got the lease, and the work to do under it."""
+
+    lease: Lease
+    version: int  # V when the lease was taken
+    watermark: int  # W when the lease was taken
+    lateness_ms: int  # how long after the window's deadline the lease was taken
     # Replies discarded in a row as stale: at the starvation limit, this one goes out as it is.
-    discards: int = 0
-    resend: tuple[str, int] | None = None  # an outbox left by a crashed holder: (text, version)
-    unanswered: tuple[InboundMessage, ...] = ()
-    history: tuple[HistoryEntry, ...] = ()
+    discards: int
+    unanswered: tuple[InboundMessage, ...]
+    history: tuple[HistoryEntry, ...]
     # Attempts in a row that failed (a platform or store error) before this one.
-    failures: int = 0
-    # With `resend`: the fence and token of the lease that passed its pre-send check.
-    resend_lease: tuple[int, str] = (0, "")
+    failures: int
     # How long the oldest unanswered message has waited (server clock): at the starvation
     # age, this reply goes out whatever arrives meanwhile.
-    waited_ms: int = 0
+    waited_ms: int
     # The model the user picked with /model ("": the default).
-    model: str = ""
-    # With `resend`: the admin changes the reply announces, as `Store.presend` got them.
-    resend_changes: str = ""
+    model: str
     # The user's own instructions, set with /persona ("": none).
-    persona: str = ""
-    # > 0: the lease was taken speculatively, the window still open this much longer (server
-    # clock); the reply waits for it to close (`PreSend.status` "hold").
-    window_ms: int = 0
-    # With `window_ms`: when the window closes by this replica's clock (`time.monotonic()`),
-    # counted from the answer's arrival, so never before the server's deadline.
-    closes_at: float = 0.0
+    persona: str
     # When the window closed, or will (ms, server clock; 0 for a resend): the reply's place in
     # the queue for the outbound budget.
-    closes_at_ms: int = 0
+    closes_at_ms: int
     # The platform id of the last message taken in; in a group, what the reply answers.
-    last: str = ""
+    last: str
     # In a group: what was said in the room to others lately, oldest first (`Said`).
-    room: tuple[Said, ...] = ()
+    room: tuple[Said, ...]
+    resend: Resend | None = None  # an outbox left by a crashed holder, to send as it is
+    window: Window | None = None  # taken speculatively, the window still open
 
-    @classmethod
-    def from_reply(cls, raw: bytes | str, conversation: str, token: str) -> Grant:
-        """From acquire.lua's answer to `token`'s attempt."""
-        reply = decoded(raw)
-        status = reply["status"]
-        if status != "acquired":
-            return cls(status, look_in_ms=reply.get("look_in_ms"))
-        resend = reply.get("resend")
-        return cls(
-            "acquired",
-            lease=Lease(conversation, token, int(reply["fence"])),
-            version=int(reply["version"]),
-            watermark=int(reply["watermark"]),
-            lateness_ms=int(reply["lateness_ms"]),
-            discards=int(reply["discards"]),
-            unanswered=tuple(InboundMessage.from_json(m) for m in listed(reply["unanswered"]) if m),
-            history=tuple(HistoryEntry.from_json(h) for h in listed(reply["history"])),
-            failures=int(reply["failures"]),
-            waited_ms=int(reply["waited_ms"]),
-            model=str(reply["model"]),
-            persona=str(reply["persona"]),
-            window_ms=int(reply["window_ms"]),
-            closes_at=time.monotonic() + int(reply["window_ms"]) / 1000,
-            closes_at_ms=int(reply["closes_at_ms"]),
-            last=str(reply["last"]),
-            room=tuple(Said.from_json(e) for e in listed(reply["room"])),
-            **(_resent(resend) if resend else {}),
-        )
+    @property
+    def status(self) -> Literal["acquired"]:
+        return "acquired"
 
 
-def _resent(outbox: dict[str, Any]) -> dict[str, Any]:
-    """The `Grant` fields of an outbox left by a crashed holder, from acquire.lua's answer."""
-    return {
-        "resend": (str(outbox["text"]), int(outbox["version"])),
-        "resend_lease": (int(outbox["fence"]), str(outbox["token"])),
-        "resend_changes": str(outbox["changes"]),
-    }
+# What a wake-up got (`Store.acquire`): the lease and the work, or when to look again.
+Grant = Acquired | NotAcquired
+
+
+def granted(raw: bytes | str, conversation: str, token: str) -> Grant:
+    """From acquire.lua's answer to `token`'s attempt."""
+    reply = decoded(raw)
+    status = reply["status"]
+    if status != "acquired":
+        return NotAcquired(status, look_in_ms=reply.get("look_in_ms"))
+    outbox = reply.get("resend")
+    window_ms = int(reply["window_ms"])
+    return Acquired(
+        lease=Lease(conversation, token, int(reply["fence"])),
+        version=int(reply["version"]),
+        watermark=int(reply["watermark"]),
+        lateness_ms=int(reply["lateness_ms"]),
+        discards=int(reply["discards"]),
+        unanswered=tuple(InboundMessage.from_json(m) for m in listed(reply["unanswered"]) if m),
+        history=tuple(HistoryEntry.from_json(h) for h in listed(reply["history"])),
+        failures=int(reply["failures"]),
+        waited_ms=int(reply["waited_ms"]),
+        model=str(reply["model"]),
+        persona=str(reply["persona"]),
+        closes_at_ms=int(reply["closes_at_ms"]),
+        last=str(reply["last"]),
+        room=tuple(Said.from_json(e) for e in listed(reply["room"])),
+        resend=_resent(outbox) if outbox else None,
+        window=Window(window_ms, time.monotonic() + window_ms / 1000) if window_ms > 0 else None,
+    )
+
+
+def _resent(outbox: dict[str, Any]) -> Resend:
+    """An outbox left by a crashed holder, from acquire.lua's answer."""
+    return Resend(
+        str(outbox["text"]),
+        int(outbox["version"]),
+        int(outbox["fence"]),
+        str(outbox["token"]),
+        str(outbox["changes"]),
+    )
 
 
 # What became of a reply at commit: delivered, the user cannot be reached, or given up.
@@ -320,7 +353,7 @@ class Conversations(People):
     ) -> Ingested:
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
-        group, `heard` says how the message reached the bot (`bot.groups.heard`). `typing`:
+        group, `heard` says how the message reached the bot (`bot.core.groups.heard`). `typing`:
         the platform reports this user's typing (typing.lua), so the window learns with it.
 
         The rate limit is the person's, across every place they write in. In their home DM
@@ -396,7 +429,7 @@ class Conversations(People):
             "learn_floor_ms": self.settings.learn_floor_ms,
             "in_group": heard.group,
             "addressed": heard.addressed,
-            "said": heard.said,
+            "said": heard.room_entry,
             "room_messages": self.settings.room_messages,
             "room_keep_ms": self.settings.room_keep_ms,
             "typing": int(typing),
@@ -442,7 +475,7 @@ class Conversations(People):
         # Durable too: a resend goes out on this answer alone, so the outbox it reads must be
         # as safe as a pre-send's (the wait covers every write before this one).
         raw = await self._run_durable(scripts.ACQUIRE, keys, args)
-        return Grant.from_reply(raw, conversation, token)
+        return granted(raw, conversation, token)
 
     async def renew(self, lease: Lease) -> bool:
         keys = _own_keys(scripts.RENEW, self.layout.keys(lease.conversation))
@@ -483,15 +516,15 @@ class Conversations(People):
         worked_ms: int = 0,
         tools: str = "",
         turn: int = 0,
-        said: str | None = None,
+        words: str | None = None,
     ) -> PreSend:
         """The pre-send check. `reset` is the version of the last /reset among the covered
         messages (0: none): the commit then empties the history before appending. For a
         /retry, `replaces` is the version of the reply this one takes the place of in the
         history, and `unsaid` the /retry message's, which the history does not keep.
-        `said`: the model's own words, the end of `text` (command answers and notices come
+        `words`: the model's own words, the end of `text` (command answers and notices come
         before them; "" when there are none), which the history tells apart so the model is
-        never shown the rest as its own; None takes all of the text as said.
+        never shown the rest as its own; None takes all of the text as the model's.
         `changes`: the admin changes the reply announces, kept with it in the outbox until
         the commit, so a resend (`Grant.resend_changes`) can apply them too. `worked_ms`: how
         long the cycle has worked since its acquire (reading files, generating), by the
@@ -509,7 +542,7 @@ class Conversations(People):
             "retention_ms": self.settings.retention_ms,
             "starvation_age_ms": self.settings.starvation_age_ms,
             "replaces": replaces,
-            "unsaid": unsaid if said is None else _unsaid(unsaid, text, said),
+            "unsaid": _unsaid(unsaid, text, text if words is None else words),
             "totals_keep_ms": DAY_KEEP_MS,
             "changes": changes,
             "trusted_age_ms": trusted + worked_ms if trusted else 0,
@@ -587,13 +620,12 @@ class Conversations(People):
         return [HistoryEntry.from_json(as_text(h)) for h in raw]
 
 
-def _unsaid(message: int, text: str, said: str) -> str:
-    """What the outbox's `unsaid` holds when the reply's own words are known: the message the
-    history leaves out (a /retry's, or 0), and how many bytes at the end of the text the
-    model said (commit.lua). An outbox written before this held the message's version alone."""
-    if not text.endswith(said):
+def _unsaid(message: int, text: str, words: str) -> str:
+    """What the outbox's `unsaid` holds: the message the history leaves out (a /retry's, or
+    0), and how many bytes at the end of the text the model said (commit.lua)."""
+    if not text.endswith(words):
         raise ValueError("the model's words must end the reply")
-    return json.dumps({"message": message, "said": len(said.encode())})
+    return json.dumps({"message": message, "said": len(words.encode())})
 
 
 def _own_keys(script: Script, k: Keys) -> dict[str, str]:

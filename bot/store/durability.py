@@ -50,8 +50,8 @@ from bot.store.replies import as_text
 
 Level = Literal["fast", "local", "replicated"]
 LEVELS: tuple[Level, ...] = get_args(Level)
-# fast: a second of acknowledged writes at risk, as before, and no cost per message. See
-# docs/operating.md ("Durability") for why this is the default.
+# fast: up to a second of acknowledged writes at risk (appendfsync everysec), and no cost per
+# message. See docs/operating.md ("Durability") for why this is the default.
 DEFAULT_LEVEL: Level = "fast"
 # How long a step waits for the fsync or the replica before it counts as a store outage, unless
 # the store's settings say otherwise (`LASTWORD_DURABILITY_WAIT_MS`, whose default this is).

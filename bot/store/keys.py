@@ -16,7 +16,8 @@ shard count) is a value, `Layout`: this version's is `LAYOUT`, and the store, st
 migration name their keys through the one they are given, never a count of their own.
 
 The layout itself is recorded in the store, `{lw:meta}` (hash: shards, tags, the digest of
-`TAGS`), written at first start; a bot whose layout differs refuses to start. Deployments made
+`TAGS`; and format, the stored format: `bot.store.format`), written at first start; a bot
+whose layout or format differs refuses to start. Deployments made
 before it keep their data under 16 shards tagged `{lw:0}`..`{lw:15}` (`LEGACY`), with the
 same names after the tag: `lastword migrate-shards` moves it
 (`bot.store.migrate`).
@@ -187,7 +188,7 @@ SHARDS = 64
 # The hash tag of each shard. Shard N's is `{lw:N.<nonce>}` with the smallest nonce (counting
 # from 0) whose CRC16 slot, as Redis Cluster computes it, is N * 256 + 128: the midpoint of the
 # N-th 64th of the slot space. Computed once and kept as they are (a deployment's data lives
-# under them); tests/test_shards.py checks the spacing. Never `{lw:<digits>}`: those are the
+# under them); tests/store/test_shards.py checks the spacing. Never `{lw:<digits>}`: those are the
 # legacy tags.
 # fmt: off
 TAGS: tuple[str, ...] = (

@@ -13,7 +13,8 @@ each conversation's keys, and each person's, to its new shard's tag (DUMP, RESTO
 time to live kept, DEL: this works across cluster slots), then the shards' usage of the day
 and their due and activity indexes, rebuilt under the new tags, and last the record. Each step
 overwrites what a previous, interrupted run wrote and deletes the legacy key only once it is
-copied, so running it again finishes the job; on a migrated store it only says so.
+copied, so running it again finishes the job; on a migrated store it only says so. Then it
+rewrites what an older version kept in this version's stored format (`bot.store.format`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from bot.store.format import FIELD, FORMAT, Upgraded, check_format, upgrade
 from bot.store.keys import HEARTBEAT_PATTERN, LAYOUT, LEGACY, META_KEY
 from bot.store.replies import as_text
+
+# The shards this version lays the conversations out in.
+SHARDS = LAYOUT.shards
 
 # Keys moved per round trip.
 BATCH = 500
@@ -71,11 +76,12 @@ async def recorded_layout(redis: Client) -> dict[str, str] | None:
     return {as_text(k): as_text(v) for k, v in raw.items()} or None
 
 
-async def record_layout(redis: Client) -> dict[str, str]:
-    """Record this version's layout where none is (field by field, so two replicas starting
-    at once agree), and return what the store holds then. One round trip, one key."""
+async def record_layout(redis: Client, also: dict[str, str] | None = None) -> dict[str, str]:
+    """Record this version's layout (and the fields `also` gives) where none is (field by
+    field, so two replicas starting at once agree), and return what the store holds then. One
+    round trip, one key."""
     async with redis.pipeline(transaction=False) as pipe:
-        for field, value in expected_layout().items():
+        for field, value in {**expected_layout(), **(also or {})}.items():
             pipe.hsetnx(META_KEY, field, value)
         pipe.hgetall(META_KEY)
         replies: list[Any] = await pipe.execute()
@@ -111,7 +117,8 @@ async def legacy_keys(redis: Client, limit: int = 3) -> list[str]:
 
 async def check_layout(redis: Client) -> None:
     """Refuse (`LayoutError`) a store laid out otherwise than this version expects, or one
-    that holds legacy data; record the layout at the first start."""
+    that holds legacy data, and (`FormatError`) one of another stored format; record the
+    layout and the format at the first start."""
     recorded = await recorded_layout(redis)
     if recorded is None:
         found = await legacy_keys(redis)
@@ -121,9 +128,14 @@ async def check_layout(redis: Client) -> None:
                 f"shards (e.g. {', '.join(found)}), which this version no longer reads: stop "
                 f"every replica, run `{MIGRATE_COMMAND}` once, then start them again"
             )
-        recorded = await record_layout(redis)
-    if recorded != expected_layout():
+        recorded = await record_layout(redis, {FIELD: str(FORMAT)})
+    if not _same_layout(recorded):
         raise _mismatch(recorded)
+    check_format(recorded)
+
+
+def _same_layout(recorded: dict[str, str]) -> bool:
+    return all(recorded.get(name) == value for name, value in expected_layout().items())
 
 
 @dataclass
@@ -135,6 +147,7 @@ class Migrated:
     index_entries: int = 0  # due and activity index entries
     usage_keys: int = 0  # shard usage keys of a day (totals, ranking)
     skipped: list[str] = field(default_factory=list)  # legacy keys not understood, left be
+    upgraded: Upgraded = field(default_factory=Upgraded)  # rewritten in this stored format
 
     @property
     def nothing(self) -> bool:
@@ -263,8 +276,10 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
     (`LayoutError`) while any replica's heartbeat lives, or if the store records a layout
     other than this version's."""
     recorded = await recorded_layout(redis)
-    if recorded is not None and recorded != expected_layout():
+    if recorded is not None and not _same_layout(recorded):
         raise _mismatch(recorded)
+    if recorded is not None:
+        check_format(recorded, older=True)  # a newer version's store is never rewritten
     alive = [as_text(key) async for key in redis.scan_iter(match=HEARTBEAT_PATTERN, count=1000)]
     if alive:
         raise LayoutError(
@@ -288,7 +303,11 @@ async def migrate(redis: Client, progress: Callable[[str], None] = lambda _: Non
         await _move_index(redis, LEGACY.due_key(shard), LAYOUT.due_key, done)
         await _move_index(redis, LEGACY.active_key(shard), LAYOUT.active_key, done)
     done.conversations = len(conversations)
+    # Then the stored format: what was moved, and what was in place, rewritten as this
+    # version writes it. The format is recorded last, so a run cut short is refused at start
+    # until a run completes.
+    done.upgraded = await upgrade(redis)
     recorded = await record_layout(redis)
-    if recorded != expected_layout():
+    if not _same_layout(recorded):
         raise _mismatch(recorded)
     return done

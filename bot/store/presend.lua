@@ -27,8 +27,8 @@ local reset = ARGV[7] -- the version of the last /reset among the covered messag
 local retention_ms = tonumber(ARGV[8])
 local starvation_age_ms = tonumber(ARGV[9]) -- 0: off
 -- The version of the reply a /retry replaces in the history (0: none); and what the history
--- leaves out: the /retry message's version alone, or {"message": that version, "said": how
--- many bytes at the end of the text the model said} (commit.lua).
+-- leaves out: {"message": the /retry message's version (0: none), "said": how many bytes at the
+-- end of the text the model said} (commit.lua).
 local replaces = ARGV[10]
 local unsaid = ARGV[11]
 local totals_keep_ms = tonumber(ARGV[12])
@@ -98,7 +98,7 @@ if not current then
   status = 'forced'
 end
 -- The fence and token of this lease stay with the reply: its parts' idempotency keys are made
--- of them, so a resend repeats them and nothing else can (bot/cycle.py).
+-- of them, so a resend repeats them and nothing else can (bot/core/cycle.py).
 redis.call('HSET', outbox, 'text', text, 'version', version, 'fence', fence, 'reset', reset,
   'token', token, 'replaces', replaces, 'unsaid', unsaid, 'changes', changes, 'tools', tools, 'turn', turn)
 keep_alive(retention_ms, outbox)

@@ -3,7 +3,7 @@
 Every script file next to this module is one step; `prelude.lua` holds their shared helpers
 and is loaded in front of each. A script's header reads each key and argument into a local of
 the declared name, in the declared order (`local state = KEYS[1]`, `local ttl_ms =
-tonumber(ARGV[3])`), and tests/test_scripts.py holds every header to its declaration here: a
+tonumber(ARGV[3])`), and tests/store/test_scripts.py holds every header to its declaration here: a
 caller names what it passes (`Script.ordered_keys`, `Script.ordered_args`), so adding one
 touches the declaration, the script and the caller, nothing positional. A script with more
 than a scalar to say answers with a JSON object (`cjson.encode`) that `bot.store.replies`

@@ -5,7 +5,7 @@ Every request that offers tools carries all their schemas, counted in the prompt
 budget made every request too long for the model, and every reply an apology. So the tools
 offered take at most `1/TOOLS_SHARE` of it (by the offline estimate, `bot.tokens`): the rest is
 the system prompt's, the history's, the unanswered messages' and the tool results'. A quarter,
-as the room's lines in a group may take (`bot.prompt.ROOM_SHARE`): a model offered more tools
+as the room's lines in a group may take (`bot.llm.prompt.ROOM_SHARE`): a model offered more tools
 than a quarter of its context holds has little left to read the conversation with, and the
 prompt's budget stays positive whatever the estimate's correction (at most threefold) makes
 of the tools' share.
@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bot.settings import ENV_PREFIX, LLMSettings, Settings
+from bot.config.settings import ENV_PREFIX, LLMSettings, Settings
 from bot.tokens import PER_MESSAGE, estimate
 from bot.tools import Tool, cut
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from bot.settings import LLMSettings, ToolsSettings
+from bot.config.settings import LLMSettings, ToolsSettings
 from bot.tools import Runner, Tool, Toolbox
 from bot.tools.fit import room_for_tools
 

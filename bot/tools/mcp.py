@@ -25,7 +25,7 @@ that honours it can make a repeated call harmless.
 
 What a server says reaches the log cut to a few hundred characters, and masked: its URL is
 shown as scheme, host and port only, and its headers, its environment's credentials and its
-whole URL are masked wherever they appear (`bot.logs.server_secrets`).
+whole URL are masked wherever they appear (`bot.config.secrets.server_secrets`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import anyio
 
 from bot.backoff import Backoff
-from bot.logs import Scrub, masked_url, server_secrets
-from bot.settings import McpServer
+from bot.config.secrets import server_secrets
+from bot.config.settings import McpServer
+from bot.masking import Scrub, masked_url
 from bot.tools import OutcomeUnknown, Runner, Tool, cut, well_named
 from bot.tools.stdio import MAX_MESSAGE_BYTES, TOO_LONG, LastWords, stdio_client
 

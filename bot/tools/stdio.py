@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from bot.logs import Scrub, secret_args, secret_env
+from bot.masking import Scrub, secret_args, secret_env
 from bot.tools import LOG_CHARS
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from adapters import Platform
 from adapters.base import Sink
-from bot.check import Check
+from bot.config.settings import RequiredSecret, Settings, WebUrl
 from bot.message import NoFiles
-from bot.settings import RequiredSecret, Settings, WebUrl
+from bot.ops.check import Check
 
 log = logging.getLogger(__name__)
 

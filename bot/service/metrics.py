@@ -1,0 +1,337 @@
+"""Health and metrics over HTTP: `/healthz` for load balancers and systemd-minded admins,
+`/metrics` for Prometheus. Off unless `LASTWORD_METRICS_LISTEN` names an address.
+
+The numbers live in the runtime's `Stats`, which the core keeps anyway for its logs and tests;
+this module only translates them at scrape time, so the core does not depend on
+prometheus-client and a scrape costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from bot.core.runtime import Runtime
+from bot.loop_lag import TICK_S, LoopWatch, watch
+from bot.message import Unavailable
+from bot.ops.status import bot_held
+from bot.outbound.pacer import PacingStats
+from bot.outbound.pacing import HELD_LONG_S
+from bot.stats import Buckets, Stats
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+PREFIX = "lastword_"
+# A health check must answer even when Redis hangs.
+PING_TIMEOUT_S = 2.0
+# Checks that leave the replica serving, only slower: failing, they make /healthz say
+# "degraded" with a 200, so a load balancer keeps sending updates the replica keeps.
+DEGRADING = frozenset({"outbound"})
+
+# (metric name, help, Stats field)
+COUNTERS = (
+    ("messages_ingested", "Messages taken in (stored, new)", "ingested"),
+    (
+        "messages_deduplicated",
+        "Messages dropped as redeliveries of one already taken",
+        "duplicates",
+    ),
+    ("messages_rate_limited", "Messages dropped by the per-user rate limit", "rate_limited"),
+    ("messages_refused", "Messages from users outside the allow-list", "refused"),
+    ("messages_overheard", "Group messages said to others, kept as context only", "overheard"),
+    ("windows_opened", "Debounce windows opened", "windows_opened"),
+    ("windows_capped", "Messages whose window was held at its hard cap", "windows_capped"),
+    ("typing_signals", "Users' typing signals counted (one a second per person)", "typing_signals"),
+    ("typing_held", "Typing signals that held a user's open window", "typing_held"),
+    ("typing_cut", "Speculative generations cut by the user's typing", "typing_cut"),
+    ("cycles", "Cycles that took a conversation's lease", "cycles"),
+    ("cycles_noop", "Wake-ups with nothing owed", "noop"),
+    ("cycles_deferred", "Wake-ups too early, or with the lease held elsewhere", "deferred"),
+    ("cycles_discarded", "Replies discarded as stale by the pre-send check", "discarded"),
+    ("cycles_interrupted", "Generations cancelled because a newer message came", "interrupted"),
+    ("cycles_forced", "Stale replies sent anyway by the starvation guard", "forced"),
+    ("cycles_speculated", "Generations started while the window was still open", "speculated"),
+    (
+        "cycles_restarted",
+        "Speculative generations cut short by a message of the same burst",
+        "restarted",
+    ),
+    ("replies_held", "Speculative replies that waited for their window to close", "held"),
+    ("tool_calls", "Tool calls run", "tool_calls"),
+    (
+        "tool_calls_reused",
+        "Tool calls answered from the burst's record instead of running again",
+        "tool_calls_reused",
+    ),
+    ("replies", "Replies delivered", "replies"),
+    ("reply_parts", "Reply parts delivered (a long reply is split)", "parts"),
+    ("replies_resent", "Replies re-sent from the outbox after a crash", "resent"),
+    (
+        "replies_abandoned",
+        "Replies given up after a permanent platform error or too many failed sends",
+        "abandoned",
+    ),
+    (
+        "replies_unreachable",
+        "Replies to users who blocked the bot or closed their DMs",
+        "unreachable",
+    ),
+    ("cycles_failed", "Cycles that failed and were handed back, backed off", "failed"),
+    (
+        "commits_failed",
+        "Commits that failed for good after their reply was sent; the conversation moved on",
+        "commits_failed",
+    ),
+    ("apologies", "Apologies sent because the LLM failed", "apologies"),
+    (
+        "bursts_given_up",
+        "Bursts answered with an apology after their reply failed LASTWORD_LLM__ATTEMPTS times",
+        "given_up",
+    ),
+    ("over_budget", "Bursts answered with the daily-budget notice", "over_budget"),
+    ("drafts_shown", "Live drafts of replies shown while they were written", "drafts"),
+    ("lease_acquisitions", "Conversation leases taken", "cycles"),
+    ("lease_losses", "Conversation leases lost mid-cycle", "lost"),
+    ("lease_renewal_failures", "Lease renewals that could not reach Redis", "renewal_failures"),
+    ("llm_prompt_tokens", "Prompt tokens sent to the LLM", "prompt_tokens"),
+    ("llm_completion_tokens", "Completion tokens generated by the LLM", "completion_tokens"),
+    (
+        "llm_interrupted_tokens",
+        "Tokens generated before a generation was cancelled",
+        "interrupted_tokens",
+    ),
+    ("llm_discarded_tokens", "Tokens of finished replies discarded as stale", "discarded_tokens"),
+    (
+        "llm_restarted_tokens",
+        "Tokens of speculative generations restarted by the same burst's next message",
+        "restarted_tokens",
+    ),
+    (
+        "llm_saved_tokens",
+        "Tokens interrupts saved, estimated by the mean finished generation",
+        "saved_tokens",
+    ),
+)
+
+
+def _histogram(name: str, doc: str, buckets: Buckets, scale: float) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(PREFIX + name, doc)
+    bounds = zip(buckets.bounds, buckets.counts, strict=True)
+    pairs = [(f"{bound * scale:g}", count) for bound, count in bounds]
+    pairs.append(("+Inf", buckets.count))
+    family.add_metric([], pairs, buckets.total * scale)
+    return family
+
+
+class StatsCollector(Collector):
+    def __init__(self, stats: Callable[[], Stats], runtime: Runtime) -> None:
+        self.stats = stats
+        self.runtime = runtime
+        # The serving loop's watcher, once the server runs on it.
+        self.lag: LoopWatch | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        stats = self.stats()
+        for name, doc, attribute in COUNTERS:
+            family = CounterMetricFamily(PREFIX + name, doc)
+            family.add_metric([], getattr(stats, attribute))
+            yield family
+        yield _histogram(
+            "wakeup_lateness_seconds",
+            "From a window's deadline to its cycle taking the lease",
+            stats.lateness,
+            0.001,
+        )
+        yield _histogram(
+            "llm_latency_seconds", "From the LLM request to its answer", stats.llm_seconds, 1.0
+        )
+        yield _histogram(
+            "first_draft_seconds",
+            "From the LLM request to the first live draft of its reply shown",
+            stats.first_draft_seconds,
+            1.0,
+        )
+        yield from _pacing_metrics(self.runtime.outbound.stats)
+        running = GaugeMetricFamily(PREFIX + "cycles_running", "Cycles running on this replica")
+        running.add_metric([], self.runtime.cycles_running)
+        yield running
+        roles = GaugeMetricFamily(
+            PREFIX + "roles_held", "Roles this replica holds (1)", labels=["role"]
+        )
+        for role in sorted(self.runtime.roles):
+            roles.add_metric([role], 1)
+        yield roles
+        if self.lag is not None:
+            yield from _lag_metrics(self.lag)
+
+
+# (metric name, help, label, PacingStats field)
+PACING = (
+    ("outbound_waits", "Messages that waited their turn in the outbound budget", "scope", "waits"),
+    (
+        "outbound_wait_seconds",
+        "Time messages waited their turn in the outbound budget",
+        "scope",
+        "wait_s",
+    ),
+    (
+        "outbound_shed",
+        "Previews (drafts, typing) shed to keep the budget for replies",
+        "call",
+        "shed",
+    ),
+    ("outbound_throttled", "429s the platform answered", "scope", "throttled"),
+    ("outbound_held_seconds", "Time scopes were held after a 429, as told", "scope", "held_s"),
+    (
+        "budget_calls",
+        "Store calls this replica made for the outbound budget, by script",
+        "call",
+        "calls",
+    ),
+    (
+        "budget_asks",
+        "Calls this replica asked the outbound budget for, by call",
+        "call",
+        "asked",
+    ),
+    (
+        "budget_answers_recorded",
+        "Platform calls whose answer this replica recorded in the outbound budget",
+        "outcome",
+        "recorded",
+    ),
+)
+
+
+def _pacing_metrics(stats: PacingStats) -> Iterator[CounterMetricFamily]:
+    for name, doc, label, attribute in PACING:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=[label])
+        for value, count in sorted(getattr(stats, attribute).items()):
+            family.add_metric([value], count)
+        yield family
+
+
+def _lag_metrics(lag: LoopWatch) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
+    yield _histogram(
+        "event_loop_lag_seconds",
+        f"How late the event loop ran a timer, sampled every {TICK_S * 1000:g} ms",
+        lag.lags,
+        1.0,
+    )
+    recent = GaugeMetricFamily(
+        PREFIX + "event_loop_lag_recent_seconds",
+        "The event loop's worst recent lag, decaying in about a second: what sheds previews",
+    )
+    recent.add_metric([], lag.recent_s)
+    yield recent
+
+
+class HealthServer:
+    """Serves `/healthz` and `/metrics` on `listen` (host:port)."""
+
+    def __init__(
+        self,
+        listen: str,
+        runtime: Runtime,
+        connected: Callable[[], bool],
+        down: Callable[[], Collection[str]] = frozenset,
+        refused: Callable[[], Mapping[str, str | None]] = dict,
+    ) -> None:
+        self.listen = listen
+        self.runtime = runtime
+        self.connected = connected
+        # Long-running loops that ended with an error and wait for their restart.
+        self.down = down
+        # Per check ("adapter", "llm", "transcription"): why the service refuses its
+        # credential right now, or None while it takes it.
+        self.refused = refused
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.collector = StatsCollector(lambda: runtime.stats, runtime)
+        self.registry.register(self.collector)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        # Imported here: aiohttp builds its TLS context at import, a sixth of the start of a
+        # replica that serves no health endpoint.
+        from aiohttp import web
+
+        self.collector.lag = watch()
+        app = web.Application()
+        app.router.add_get("/healthz", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        host, _, port = self.listen.rpartition(":")
+        await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
+        self._runner = runner
+        log.info("health and metrics on http://%s/healthz and /metrics", self.listen)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        """Every check, "ok" or what is wrong with it. 503 ("unhealthy") when any check but a
+        DEGRADING one fails; else 200, "ok" or "degraded"."""
+        # Both read the store, at once: the answer comes within PING_TIMEOUT_S however it hangs.
+        redis, outbound = await asyncio.gather(self._redis(), self._outbound())
+        checks = {"redis": redis}
+        refused = dict(self.refused())
+        adapter = refused.pop("adapter", None)
+        checks["adapter"] = adapter or ("ok" if self.connected() else "not connected")
+        checks.update((name, reason or "ok") for name, reason in refused.items())
+        checks["accepting"] = "ok" if self.runtime.accepting else "shutting down"
+        down = self.down()
+        checks["loops"] = "ok" if not down else "restarting: " + ", ".join(sorted(down))
+        if outbound is None:
+            # Not read: when the store is down, the redis check already says why.
+            outbound = "could not be read" if redis == "ok" else "unknown: see redis"
+        checks["outbound"] = outbound
+        failing = {name for name, value in checks.items() if value != "ok"}
+        if not failing:
+            word = "ok"
+        elif failing <= DEGRADING:
+            word = "degraded"
+        else:
+            word = "unhealthy"
+        return web.json_response(
+            {"status": word, "checks": checks}, status=503 if word == "unhealthy" else 200
+        )
+
+    async def _redis(self) -> str:
+        """The redis check: the store answers a PING."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await self.runtime.store.ping()
+        except (Unavailable, TimeoutError) as exc:
+            # Its text, not the exception: one is true even when its text is empty (a timeout's).
+            return f"unreachable: {str(exc) or 'timed out'}"
+        return "ok"
+
+    async def _outbound(self) -> str | None:
+        """The outbound check: "ok", or how long the platform still holds the whole bot after
+        a 429, when longer than HELD_LONG_S; None when the store could not be read."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                held_s = await self.runtime.outbound.bot_held_s()
+        except (Unavailable, TimeoutError):
+            return None
+        return bot_held(held_s * 1000) if held_s > HELD_LONG_S else "ok"
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})

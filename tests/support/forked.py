@@ -1,0 +1,459 @@
+"""`lastword` processes forked from one that has imported lastword already.
+
+The suite starts hundreds of `lastword run` replicas. Each would spend about half a second of
+CPU importing lastword and its libraries before it does anything of its own; on the suite's
+two cores that is over a minute of the whole run. So each test process keeps one *zygote*:
+a process that has imported them once, and forks a child for each `spawn`. The child is a
+real process like any other (its own pid, its signals, kill -9, a pipe for its log); it sets
+the environment, working directory and standard files it is given, then runs `lastword`'s
+own `main` as `python -m bot` would.
+
+What a fork cannot give is a different interpreter: an environment whose `PYTHON*` variables
+differ from the zygote's (a plug-in put on `PYTHONPATH`) runs `python -m bot` as before, as
+does any call if the zygote cannot be reached.
+
+The protocol, on a Unix socket, one connection per child: the request (JSON: argv, env, cwd,
+new_session) with the child's stdin, stdout and stderr passed as file descriptors; the
+child answers `pid N` once it is set up, then the zygote, once it has exited, `exit N` (its
+status as `asyncio.subprocess.Process.returncode` gives it: -N for a signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+# What the zygote imports before it forks: lastword's CLI, its app and every built-in
+# platform, so a child finds them all loaded.
+PRELOADED = (
+    "bot.service.cli",
+    "bot.service.app",
+    "adapters.console",
+    "adapters.telegram",
+    "adapters.discord",
+    # What a replica imports only when it needs it: the OpenAI-compatible client (most
+    # tests' replicas talk to the fake provider), the health server, the MCP client.
+    "bot.llm.openai",
+    "openai",
+    "aiohttp.web",
+    "mcp.client",
+    "mcp.client.stdio",
+    # The multi-process tests' replica (`python -m tests.support.replica`).
+    "tests.support.replica",
+)
+# The repository: the zygote imports from it, so a PYTHONPATH naming it alone (what a test
+# gives a process started in another folder) changes nothing in a fork.
+ROOT = Path(__file__).resolve().parents[2]
+# How long a test waits for the zygote to listen, or to answer a spawn, before it gives up
+# on it and execs `python -m bot` instead.
+ZYGOTE_START_S = 30.0
+
+
+# -- the zygote ---------------------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    """Import lastword, listen on `path`, and fork a child for each request until stdin
+    closes (the test process that started it has gone)."""
+    import importlib
+
+    for module in PRELOADED:
+        importlib.import_module(module)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    reaped_r, reaped_w = os.pipe()
+    os.set_blocking(reaped_w, False)
+    signal.set_wakeup_fd(reaped_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, socket.socket] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(reaped_r, selectors.EVENT_READ, "reaped")
+    selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    while True:
+        for key, _ in selector.select():
+            if key.data == "parent":
+                if not os.read(sys.stdin.fileno(), 1):
+                    return
+            elif key.data == "reaped":
+                os.read(reaped_r, 4096)
+                _reap(children)
+            else:
+                connection, _ = listener.accept()
+                _fork(connection, children, listener, selector)
+        _reap(children)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        connection = children.pop(pid, None)
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+            connection.close()
+
+
+def _fork(
+    connection: socket.socket,
+    children: dict[int, socket.socket],
+    listener: socket.socket,
+    selector: selectors.BaseSelector,
+) -> None:
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+        request = json.loads(message)
+    except (OSError, ValueError):
+        connection.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        # The child: nothing of the zygote's but what was imported.
+        selector.close()
+        listener.close()
+        for other in children.values():
+            other.close()
+        _become(request, fds, connection)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = connection
+
+
+def _become(request: dict[str, object], fds: list[int], connection: socket.socket) -> None:
+    """Turn this fork into `lastword` with the request's argv, environment and files, and
+    say its pid on `connection` once it is set up (as `create_subprocess_exec` returns once
+    the new program runs: a signal sent then finds the child in its session, with its own
+    handlers to come)."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(
+                signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler
+            )
+        if request["new_session"]:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(str(request["cwd"]))
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update(env)
+        # Read from the environment once and kept: read again from the child's own.
+        tempfile.tempdir = None
+        argv = request["argv"]
+        module = request.get("module", "bot")
+        assert isinstance(argv, list) and isinstance(module, str)
+        sys.argv = ["lastword" if module == "bot" else module, *argv]
+        connection.sendall(f"pid {os.getpid()}\n".encode())
+        connection.close()
+        if module == "bot":
+            from bot.service.cli import main
+
+            code = main(argv)
+        else:
+            # As `python -m module` runs it: its imports are the zygote's already.
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)
+
+
+# -- the test's side ----------------------------------------------------------------------
+
+
+class Forked:
+    """A child of the zygote, with what tests use of `asyncio.subprocess.Process`."""
+
+    def __init__(
+        self,
+        pid: int,
+        status: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        stdin: asyncio.StreamWriter | None,
+        stdout: asyncio.StreamReader | None,
+        stderr: asyncio.StreamReader | None,
+    ) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self._status = status
+        self._writer = writer
+        self._ended: asyncio.Future[int] | None = None
+
+    async def wait(self) -> int:
+        if self._ended is None:
+            self._ended = asyncio.ensure_future(self._read_status())
+        return await asyncio.shield(self._ended)
+
+    async def _read_status(self) -> int:
+        line = await self._status.readline()
+        self._writer.close()
+        # No status at all: the zygote itself was killed, and the child with it.
+        self.returncode = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+        return self.returncode
+
+    async def communicate(self) -> tuple[bytes, bytes]:
+        """Everything it writes to the pipes it was given, once it has exited."""
+
+        async def read(stream: asyncio.StreamReader | None) -> bytes:
+            return await stream.read() if stream is not None else b""
+
+        out, err = await asyncio.gather(read(self.stdout), read(self.stderr))
+        await self.wait()
+        return out, err
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Zygote:
+    """This test process's zygote, started on first use, ended with the process."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.failed = False
+
+    def address(self) -> str | None:
+        if self.failed:
+            return None
+        if self.process is None:
+            folder = tempfile.mkdtemp(prefix="lw-zygote-", dir="/tmp")
+            self.path = str(Path(folder) / "socket")
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.forked", self.path],
+                stdin=subprocess.PIPE,
+                cwd=ROOT,
+            )
+            atexit.register(self.end)
+        return self.path
+
+    def end(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def give_up(self) -> None:
+        self.failed = True
+        self.end()
+
+
+_ZYGOTE = _Zygote()
+
+
+def _same_interpreter(env: dict[str, str]) -> bool:
+    """Whether a fork of this interpreter behaves as `python` with `env` would start."""
+
+    def python(environ: Mapping[str, str]) -> dict[str, str]:
+        found = {k: v for k, v in environ.items() if k.startswith("PYTHON")}
+        if found.get("PYTHONPATH") == str(ROOT):
+            del found["PYTHONPATH"]
+        return found
+
+    return python(os.environ) == python(env)
+
+
+Std = int | IO[bytes] | None
+
+
+async def spawn(
+    *argv: str,
+    env: dict[str, str],
+    cwd: Path | str | None = None,
+    stdin: Std = asyncio.subprocess.DEVNULL,
+    stdout: Std = None,
+    stderr: Std = None,
+    start_new_session: bool = False,
+    fork: bool = True,
+    module: str = "bot",
+) -> asyncio.subprocess.Process | Forked:
+    """`python -m <module> *argv` (`bot`: lastword), forked from the zygote where it can be
+    (unless `fork` is false); each of stdin, stdout and stderr as
+    `asyncio.create_subprocess_exec` takes them (PIPE, DEVNULL, None, a file, and STDOUT for
+    stderr)."""
+    address = _ZYGOTE.address() if fork and _same_interpreter(env) else None
+    if address is not None:
+        try:
+            return await _forked(
+                address, module, argv, env, cwd, (stdin, stdout, stderr), start_new_session
+            )
+        except ChildProcessError:
+            pass  # this child's own trouble: exec says it as `python -m bot` would
+        except (OSError, ValueError, TimeoutError):
+            _ZYGOTE.give_up()
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        *argv,
+        env=env,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=start_new_session,
+    )
+
+
+async def _forked(
+    address: str,
+    module: str,
+    argv: tuple[str, ...],
+    env: dict[str, str],
+    cwd: Path | str | None,
+    files: tuple[Std, Std, Std],
+    start_new_session: bool,
+) -> Forked:
+    loop = asyncio.get_running_loop()
+    theirs: list[int] = []
+    ours: list[int | None] = []
+    to_close: list[int] = []
+    for n, given in enumerate(files):
+        if n == 2 and given == asyncio.subprocess.STDOUT:
+            theirs.append(theirs[1])
+            ours.append(None)
+        elif given == asyncio.subprocess.PIPE:
+            read, write = os.pipe()
+            # The child's end, and ours: it reads its stdin, and writes its stdout and stderr.
+            child_end, our_end = (read, write) if n == 0 else (write, read)
+            theirs.append(child_end)
+            to_close.append(child_end)
+            ours.append(our_end)
+        elif given == asyncio.subprocess.DEVNULL:
+            fd = os.open(os.devnull, os.O_RDWR)
+            theirs.append(fd)
+            to_close.append(fd)
+            ours.append(None)
+        else:
+            theirs.append(
+                n if given is None else given if isinstance(given, int) else given.fileno()
+            )
+            ours.append(None)
+    request = json.dumps(
+        {
+            "module": module,
+            "argv": list(argv),
+            "env": env,
+            "cwd": str(cwd or os.getcwd()),
+            "new_session": start_new_session,
+        }
+    ).encode()
+    try:
+        sock, pid = await loop.run_in_executor(None, _ask, address, request, theirs)
+    except BaseException:
+        for mine in ours:
+            if mine is not None:
+                os.close(mine)
+        raise
+    finally:
+        for child in to_close:
+            os.close(child)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    stdin = await _writing(ours[0])
+    stdout, stderr = [await _reading(ours[n]) for n in (1, 2)]
+    return Forked(pid, reader, writer, stdin, stdout, stderr)
+
+
+async def _writing(fd: int | None) -> asyncio.StreamWriter | None:
+    """A stream writing to the pipe `fd`, if there is one."""
+    if fd is None:
+        return None
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0)
+    )
+    return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+async def _reading(fd: int | None) -> asyncio.StreamReader | None:
+    """A stream reading the pipe `fd`, if there is one."""
+    if fd is None:
+        return None
+    stream = asyncio.StreamReader(limit=1 << 20)
+    protocol = asyncio.StreamReaderProtocol(stream)
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: protocol, os.fdopen(fd, "rb", 0))
+    return stream
+
+
+def _ask(address: str, request: bytes, fds: list[int]) -> tuple[socket.socket, int]:
+    """Ask the zygote for a child (blocking, in a thread): the connection, and the child's
+    pid. Waits for the zygote to listen, within ZYGOTE_START_S."""
+    deadline = time.monotonic() + ZYGOTE_START_S
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ZYGOTE_START_S)
+    try:
+        while True:
+            try:
+                sock.connect(address)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the zygote does not listen") from None
+                time.sleep(0.02)
+        socket.send_fds(sock, [request], fds)
+        line = b""
+        while not line.endswith(b"\n"):
+            byte = sock.recv(1)
+            if not byte:
+                raise ValueError("the zygote hung up")
+            line += byte
+        if not line.startswith(b"pid "):
+            # It ended before it was set up (a working directory that does not exist).
+            raise ChildProcessError(f"the child could not start: {line.decode().strip()}")
+        sock.setblocking(False)
+        return sock, int(line.split()[1])
+    except BaseException:
+        sock.close()
+        raise
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
