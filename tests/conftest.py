@@ -179,11 +179,25 @@ def lent_server() -> Iterator[LentServer]:
 
 
 @pytest.fixture
-def server(lent_server: LentServer) -> Iterator[EmbeddedRedis]:
-    """A Redis server with nothing in it: the worker's, flushed. A test may stop, restart,
-    pause or reconfigure it; the next test then gets a new one."""
+def server(
+    request: pytest.FixtureRequest, lent_server: LentServer, short_dir: Path
+) -> Iterator[EmbeddedRedis]:
+    """A Redis server with nothing in it: the worker's, flushed. A test may stop, pause or
+    reconfigure it; the next test then gets a new one. A test that starts it again is marked
+    `fresh_server` and gets one of its own: a restart replays the append-only file, which for
+    the worker's server holds every earlier test's writes."""
+    if request.node.get_closest_marker("fresh_server") is not None:
+        own = EmbeddedRedis(short_dir / "redis")
+        own.start()
+        yield own
+        own.kill()
+        return
     yield lent_server.lend()
-    lent_server.take_back()
+    if lent_server.take_back() == "restarted":
+        pytest.fail(
+            "this test started the worker's Redis server again, which replays every earlier "
+            "test's writes: mark it @pytest.mark.fresh_server"
+        )
 
 
 @pytest.fixture

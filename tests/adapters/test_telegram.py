@@ -112,6 +112,7 @@ async def test_the_same_update_twice_gives_one_reply(
         await answered_once(fake, redis, "only once")
 
 
+@pytest.mark.fresh_server
 async def test_redis_down_gives_5xx_and_the_retry_is_answered(
     server: EmbeddedRedis, redis: Redis, fake: FakeTelegram, short_dir: Path
 ) -> None:

@@ -136,6 +136,7 @@ async def test_a_429_heard_by_one_replica_holds_every_replica(
         }
 
 
+@pytest.mark.fresh_server
 async def test_a_redis_outage_lets_nothing_past_the_limit_when_it_returns(
     server: EmbeddedRedis, short_dir: Path
 ) -> None:

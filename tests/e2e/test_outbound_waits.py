@@ -203,6 +203,7 @@ async def counter(replica: Replica, series: str) -> float:
     return float(found.group(1)) if found is not None else -1.0
 
 
+@pytest.mark.fresh_server
 async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second_generation(
     server: EmbeddedRedis, redis: Redis, short_dir: Path
 ) -> None:

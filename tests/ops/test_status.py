@@ -110,6 +110,7 @@ async def test_heartbeat_outlives_its_ttl_and_a_clean_stop_removes_it(
     assert await redis.exists(heartbeat_key("r2")) == 0
 
 
+@pytest.mark.fresh_server
 async def test_heartbeat_rides_out_an_outage_warning_once(
     redis: Redis, store: Store, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -105,6 +105,7 @@ async def test_an_unexpected_store_error_fails_the_turn_and_pacing_goes_on(
     await paced.give_back(slot)
 
 
+@pytest.mark.fresh_server
 async def test_a_turn_rides_out_a_store_restart(server: EmbeddedRedis, store: Store) -> None:
     platform = Platform(per_second=1)
     paced = replica(store, platform)
@@ -222,6 +223,7 @@ async def test_a_previews_429_holds_previews_and_never_replies(store: Store) -> 
     assert platform.drafted == []
 
 
+@pytest.mark.fresh_server
 async def test_a_shed_draft_is_not_asked_again_before_the_next_draft_would_be(
     server: EmbeddedRedis, store: Store
 ) -> None:
@@ -255,6 +257,7 @@ async def test_a_shed_draft_is_not_asked_again_before_the_next_draft_would_be(
     await eventually(drafted, within_s=5, what="a draft once the store is back")
 
 
+@pytest.mark.fresh_server
 async def test_an_answer_heard_while_the_store_is_away_is_recorded_once_it_is_back(
     server: EmbeddedRedis, store: Store, redis: Redis
 ) -> None:

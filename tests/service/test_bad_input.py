@@ -240,6 +240,7 @@ def redis_returns_and_input_ends(bot: Bot, server: EmbeddedRedis) -> None:
     assert "Traceback" not in bot.stderr()
 
 
+@pytest.mark.fresh_server
 def test_lines_typed_while_redis_is_down_are_answered_when_it_returns(
     data_dir: Path, server: EmbeddedRedis
 ) -> None:
@@ -261,6 +262,7 @@ def test_lines_typed_while_redis_is_down_are_answered_when_it_returns(
     assert_no_server(data_dir)  # an external Redis: the bot started none of its own
 
 
+@pytest.mark.fresh_server
 def test_accepted_message_survives_a_redis_restart(data_dir: Path, server: EmbeddedRedis) -> None:
     # The model takes 1 s, so no reply can reach the pre-send check before Redis is stopped:
     # the message is accepted (stored) but surely not answered when Redis goes.

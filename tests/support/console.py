@@ -11,11 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from redis import Redis
 
 from bot.store import HistoryEntry, Keys
 from bot.store.embedded import EmbeddedRedis
+from tests.support.forked import ForkedPopen, popen
 
 CONVERSATION = "console:local"
 
@@ -59,7 +61,7 @@ class Collected:
     `_read_output` (under `_changed`, notifying it) and says what it has so far in
     `_received`; stderr is collected here, line by line."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes] | ForkedPopen) -> None:
         """Start the readers: what `_read_output` fills must be set up before this."""
         self.process = process
         self._stderr: list[bytes] = []
@@ -133,19 +135,23 @@ class Bot(Collected):
         """`default_dir`: LASTWORD_DATA_DIR left unset, `data_dir` only where the bot runs."""
         self.data_dir = data_dir
         self._lines: list[str] = []
-        super().__init__(
-            subprocess.Popen(
-                command or MODULE,
+        environ = clean_env(None if default_dir else data_dir, **{**(env or {}), **more_env})
+        # Away from the repository: no ./.env or ./lastword.toml of the developer's; and its
+        # own process group if asked, so a test can signal the group as a terminal does.
+        where: dict[str, Any] = {"cwd": data_dir.parent, "start_new_session": new_session}
+        if command is None:
+            # `python -m bot run`, forked from the zygote (`tests.support.forked`).
+            process: subprocess.Popen[bytes] | ForkedPopen = popen("run", env=environ, **where)
+        else:
+            process = subprocess.Popen(
+                command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=clean_env(None if default_dir else data_dir, **{**(env or {}), **more_env}),
-                # Away from the repository: no ./.env or ./lastword.toml of the developer's.
-                cwd=data_dir.parent,
-                # Its own process group, so a test can signal the group the way a terminal does.
-                start_new_session=new_session,
+                env=environ,
+                **where,
             )
-        )
+        super().__init__(process)
 
     def _read_output(self) -> None:
         assert self.process.stdout is not None

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -340,6 +341,130 @@ async def spawn(
         stderr=stderr,
         start_new_session=start_new_session,
     )
+
+
+def popen(
+    *argv: str,
+    env: dict[str, str],
+    cwd: Path | str | None = None,
+    start_new_session: bool = False,
+) -> subprocess.Popen[bytes] | ForkedPopen:
+    """`python -m bot *argv` with its standard files as pipes, for a test that drives it from
+    threads (`subprocess.Popen`'s way): forked from the zygote where it can be."""
+    address = _ZYGOTE.address() if _same_interpreter(env) else None
+    if address is not None:
+        try:
+            return _forked_popen(address, argv, env, cwd, start_new_session)
+        except ChildProcessError:
+            pass  # this child's own trouble: exec says it as `python -m bot` would
+        except (OSError, ValueError, TimeoutError):
+            _ZYGOTE.give_up()
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=start_new_session,
+    )
+
+
+def _forked_popen(
+    address: str,
+    argv: tuple[str, ...],
+    env: dict[str, str],
+    cwd: Path | str | None,
+    start_new_session: bool,
+) -> ForkedPopen:
+    pipes = [os.pipe() for _ in range(3)]
+    # The child reads its stdin and writes its stdout and stderr; we hold the other ends.
+    theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+    ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+    request = json.dumps(
+        {
+            "module": "bot",
+            "argv": list(argv),
+            "env": env,
+            "cwd": str(cwd or os.getcwd()),
+            "new_session": start_new_session,
+        }
+    ).encode()
+    try:
+        sock, pid = _ask(address, request, theirs)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    sock.setblocking(True)
+    stdin, stdout, stderr = (
+        os.fdopen(ours[0], "wb"),
+        os.fdopen(ours[1], "rb"),
+        os.fdopen(ours[2], "rb"),
+    )
+    return ForkedPopen(pid, sock, stdin, stdout, stderr)
+
+
+class ForkedPopen:
+    """A child of the zygote, with what tests use of `subprocess.Popen`: its pipes, `poll`,
+    `wait` (with a timeout), signals. Its exit status comes from the zygote, on `status`."""
+
+    def __init__(
+        self,
+        pid: int,
+        status: socket.socket,
+        stdin: IO[bytes],
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+    ) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self._status = status
+        self._said = b""
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._ended_within(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not self._ended_within(timeout):
+            raise subprocess.TimeoutExpired(["python", "-m", "bot"], timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def _ended_within(self, timeout: float | None) -> bool:
+        """Whether the zygote says the child exited within `timeout` seconds (None: wait)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._said.endswith(b"\n"):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._status], [], [], left)[0]:
+                return False
+            chunk = self._status.recv(64)
+            if not chunk:
+                break  # the zygote itself was killed, and the child with it
+            self._said += chunk
+        self._status.close()
+        said = self._said.split()
+        self.returncode = int(said[1]) if said[:1] == [b"exit"] else -signal.SIGKILL
+        return True
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 async def _forked(

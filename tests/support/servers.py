@@ -2,9 +2,11 @@
 
 Starting a server for each test cost the suite ~600 server starts. A test that only reads and
 writes keys gets the worker's server, flushed. A test that does something to the server itself
-(stops, restarts or pauses it, changes its configuration or users) needs nothing special: when
+(stops or pauses it, changes its configuration or users) needs nothing special: when
 it gives the server back, a server that is not the one lent, not answering, or not configured
-as it was started is killed, and the next test gets a new one.
+as it was started is killed, and the next test gets a new one. A test that starts the server
+again is marked `fresh_server` instead (tests/conftest.py): a restart replays the append-only
+file, which here holds every earlier test's writes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -51,16 +54,19 @@ class LentServer:
             self.baseline = self._configuration(client)
         return self.embedded
 
-    def take_back(self) -> None:
+    def take_back(self) -> Literal["kept", "replaced", "restarted"]:
         """Keep the server for the next test only if it is the one lent, alive and answering,
-        with the configuration and users it started with."""
+        with the configuration and users it started with; else it is replaced. "restarted":
+        the test started it again (`EmbeddedRedis.start`), as a `fresh_server` test should
+        have done with a server of its own."""
         embedded = self.embedded
         if embedded is None:
-            return
+            return "replaced"
         process = embedded.process
-        if process is None or process is not self.process or process.poll() is not None:
+        restarted = process is not None and process is not self.process
+        if process is None or restarted or process.poll() is not None:
             self._discard()
-            return
+            return "restarted" if restarted else "replaced"
         try:
             with self._client() as client:
                 same = self._configuration(client) == self.baseline
@@ -68,6 +74,8 @@ class LentServer:
             same = False
         if not same:
             self._discard()
+            return "replaced"
+        return "kept"
 
     def close(self) -> None:
         self._discard()
