@@ -195,7 +195,25 @@ def _become(request: dict[str, object], fds: list[int], connection: socket.socke
 # -- the test's side ----------------------------------------------------------------------
 
 
-class Forked:
+class _Signalled:
+    """What a zygote's child answers as a process does: signals, by pid, until it has exited."""
+
+    pid: int
+    returncode: int | None
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Forked(_Signalled):
     """A child of the zygote, with what tests use of `asyncio.subprocess.Process`."""
 
     def __init__(
@@ -237,17 +255,6 @@ class Forked:
         out, err = await asyncio.gather(read(self.stdout), read(self.stderr))
         await self.wait()
         return out, err
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class _Zygote:
@@ -408,7 +415,7 @@ def _forked_popen(
     return ForkedPopen(pid, sock, stdin, stdout, stderr)
 
 
-class ForkedPopen:
+class ForkedPopen(_Signalled):
     """A child of the zygote, with what tests use of `subprocess.Popen`: its pipes, `poll`,
     `wait` (with a timeout), signals. Its exit status comes from the zygote, on `status`."""
 
@@ -454,17 +461,6 @@ class ForkedPopen:
         said = self._said.split()
         self.returncode = int(said[1]) if said[:1] == [b"exit"] else -signal.SIGKILL
         return True
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 async def _forked(
