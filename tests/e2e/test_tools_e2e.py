@@ -6,7 +6,7 @@ exactly once per call the model asked for, whatever the user and the fleet do me
 - an interrupt storm (a message every 300 ms while the tool runs), with the messages spread
   over two replicas: the tool's side effect happens once, the newer messages are folded into
   the turn, and one reply covers everything;
-- `kill -9` of the replica mid-call: the other replica takes over, never runs the call again,
+- `kill -9` of the replica mid-call: a replica started after it takes over, never runs the call again,
   and the model is told its outcome is unknown;
 - the step limit ends a model that would call tools for ever with one text reply;
 - a call with side effects held while the window is open never runs once the user, through
@@ -42,6 +42,8 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 STORM = 5
 STORM_GAP_S = 0.3
 TOOL_S = 2.0
+# The call the test kills its replica in the middle of.
+KILLED_TOOL_S = 30.0
 
 
 def append_calls(request: RecordedRequest) -> list[str]:
@@ -97,15 +99,17 @@ async def test_a_replica_killed_mid_call_is_not_run_again_and_the_model_hears_un
     effects = short_dir / "effects.txt"
     world.provider.reply = ToolPolicy(
         "append",
-        append_calls,
+        # Long enough that the kill lands mid-call however loaded the machine is.
+        lambda _: [json.dumps({"text": "booked", "delay_s": KILLED_TOOL_S})],
         answer="Outcome: {result}",
     )
     config = servers(booking=append_server(effects)) | {"LASTWORD_LEASE__TTL_MS": "1500"}
+    # `a` alone takes the burst in, so the call is surely its own; `b` starts once `a` is dead.
+    async with world.bot("a", **config) as a:
+        await a.post(world.telegram.private_text_update(CHAT, CHAT, "book a table"))
+        await appended(effects, 1)
+        await a.running.kill()
     async with world.bot("b", **config) as b:
-        async with world.bot("a", **config) as a:
-            await a.post(world.telegram.private_text_update(CHAT, CHAT, "book a table"))
-            await appended(effects, 1)
-            await a.running.kill()
         await settled(world.redis, CONVERSATION, version=1, within_s=20)
         assert b.running.said("outcome is unknown")
     assert len(lines(effects)) == 1, "the call ran again after the kill"
