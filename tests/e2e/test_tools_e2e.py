@@ -6,7 +6,7 @@ exactly once per call the model asked for, whatever the user and the fleet do me
 - an interrupt storm (a message every 300 ms while the tool runs), with the messages spread
   over two replicas: the tool's side effect happens once, the newer messages are folded into
   the turn, and one reply covers everything;
-- `kill -9` of the replica mid-call: a replica started after it takes over, never runs the call again,
+- `kill -9` of the replica mid-call: a replica started after it takes over, never runs the call
   and the model is told its outcome is unknown;
 - the step limit ends a model that would call tools for ever with one text reply;
 - a call with side effects held while the window is open never runs once the user, through

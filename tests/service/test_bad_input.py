@@ -193,13 +193,14 @@ def test_closed_stdout_ends_the_run_and_the_reply_waits_for_the_next(data_dir: P
 
 
 def test_redis_down_at_startup_is_one_clear_line(data_dir: Path) -> None:
-    started = time.monotonic()
     code, lines, stderr = run_bot(
         data_dir, "hello\n", LASTWORD_REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0"
     )
-    assert time.monotonic() - started < 5
     assert code == 1
     assert lines == []
+    # At a terminal the error comes at once: one line, no "waiting for Redis" before it (a
+    # service would wait up to a minute). Not a time bound: the interpreter's own start
+    # takes 1 to 6 s here, depending on the machine's load.
     errors = stderr.strip().splitlines()
     assert len(errors) == 1, stderr
     assert "LASTWORD_REDIS_URL" in errors[0]

@@ -280,6 +280,27 @@ class Protocol(RuleBasedStateMachine):
         leased = await self.redis.hget(Keys(holder.lease.conversation).window, "leased")
         return leased == str(holder.lease.fence).encode()
 
+    async def _before_presend(self, holder: Holder) -> tuple[bool, dict[str, int], bool, int, int]:
+        """What a pre-send check is judged against, read in one round trip (so the check
+        follows as soon as it can): whether the holder holds the lease, the state, whether
+        the window is leased to it, the window's deadline, and the server's clock."""
+        keys = Keys(holder.lease.conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(keys.lease, ["token", "fence"])
+            pipe.hgetall(keys.state)
+            pipe.hgetall(keys.window)
+            pipe.time()
+            lease, state, window, (seconds, micros) = await pipe.execute()
+        fence = str(holder.lease.fence).encode()
+        window = integers(window)
+        return (
+            tuple(lease) == (holder.lease.token.encode(), fence),
+            integers(state),
+            window.get("leased") == holder.lease.fence,
+            window.get("deadline", 0),
+            int(seconds) * 1000 + int(micros) // 1000,
+        )
+
     def _took(self, conv: str) -> None:
         """A lease was taken or renewed just now: remember when it would run out."""
         self.lease_until[conv] = self.run(self._now()) + TTL_MS
@@ -370,6 +391,28 @@ class Protocol(RuleBasedStateMachine):
 
         self.run(quiet())
         self.acquire(replica, conv, on_time=False)
+
+    @rule(replica=replica_, conv=conversation_)
+    def speculate_and_check_at_once(self, replica: int, conv: str) -> None:
+        """A speculative holder's pre-send check right after it took the window, while the
+        window is most likely still open: the path to "held". Left to the `presend` rule, it
+        comes a few steps later, and on a loaded machine the window (20 ms) has closed by
+        then in a whole run."""
+        holders = len(self.holders)
+        self.speculate(replica, conv)
+        if len(self.holders) > holders:
+            holder = self.holders[-1]
+            if holder.stage == "acquired" and window_ms(holder.grant):
+                self._presend(holder, newer=False)
+
+    @rule(replica=replica_, conv=conversation_, hold_ms=st.sampled_from([5, 30, 1000]))
+    def speculate_and_type_at_once(self, replica: int, conv: str, hold_ms: int) -> None:
+        """The user seen typing right after a replica took the window: the path to "cut by
+        typing", for the same reason as `speculate_and_check_at_once`."""
+        holders = len(self.holders)
+        self.speculate(replica, conv)
+        if len(self.holders) > holders and window_ms(self.holders[-1].grant):
+            self.types((replica + 1) % REPLICAS, conv, hold_ms)
 
     @rule(
         replica=replica_,
@@ -653,11 +696,7 @@ class Protocol(RuleBasedStateMachine):
         conv = holder.lease.conversation
         if newer:
             self.deliver((holder.replica + 1) % REPLICAS, conv, 1)
-        held = self.run(self._held(holder))
-        before = self.run(self._state(conv))
-        leased = self.run(self._leased(holder))
-        deadline = self.run(self._integers(Keys(conv).window)).get("deadline", 0)
-        since_before = self.run(self._now())
+        held, before, leased, deadline, since_before = self.run(self._before_presend(holder))
         text = f"reply by r{holder.replica} fence {holder.lease.fence} to v{holder.version}"
         turn = holder.grant.watermark + 1
         reset_at = turn if reset else 0

@@ -458,7 +458,8 @@ async def test_acquire_takes_a_flood_of_unanswered_messages(
     # Past ~8000 values Lua's unpack() fails; a script error after taking the lease would wedge
     # the conversation for good, every retry failing the same way.
     count = 9000
-    store = build(make_settings, redis)
+    # A lease that outlives taking 9000 messages in on a loaded machine (1.5 s did not).
+    store = build(make_settings, redis, ttl=30_000)
     k = Keys(CONV)
     await store.ingest(message(1))
     # The rest stored exactly as ingest stores them, in one command: 9000 round trips of
