@@ -79,3 +79,21 @@ def replies(fake: FakeTelegram) -> dict[int | str | None, list[str | None]]:
 
 def described(violations: list[Violation]) -> str:
     return ", ".join(f"{v.limit}:{v.key} {v.method}" for v in violations[:10])
+
+
+# What a timing assertion's message shows of each replica's log: its warnings and errors,
+# and any line that tells of a 429 or a hold, the last few of them.
+WAIT_WORDS = (" WARNING ", " ERROR ", "429", "retry", "hold", "held", "flood")
+WAIT_LINES = 15
+
+
+def why_late(fake: FakeTelegram, replicas: list[Replica]) -> str:
+    """For a reply that came late: the fake's limit violations, and each replica's lines of
+    waiting. The cause of a timing failure on a loaded machine, in the failure's message."""
+    violations = described(fake.limits.violations) if fake.limits is not None else "no limits"
+    told = [f"violations: {violations or 'none'}"]
+    for n, replica in enumerate(replicas):
+        lines = [line for line in replica.bot.log if any(w in line for w in WAIT_WORDS)]
+        told.append(f"replica {n}, {len(lines)} lines of waiting, the last:")
+        told.extend("  " + line.rstrip() for line in lines[-WAIT_LINES:])
+    return "\n".join(told)
