@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.console import SCRIPT, clean_env
+from tests.support import forked
+from tests.support.console import clean_env
 from tests.support.fakes.openai_server import FakeOpenAI, ScriptedError
 
 pytestmark = pytest.mark.timeout(90)
@@ -35,18 +36,10 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 async def lastword(
     *args: str, cwd: Path, stdin: str = "", **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """The installed script to completion (bounded) in `cwd` (where `./.env` is read), its
-    environment clean but for `env`; awaited, so the fake answers it meanwhile."""
+    """`lastword` to completion (bounded, forked from the zygote) in `cwd` (where `./.env` is
+    read), its environment clean but for `env`; awaited, so the fake answers it meanwhile."""
     return await asyncio.to_thread(
-        subprocess.run,
-        [*SCRIPT[:-1], *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=clean_env(cwd / "data", **env),
-        cwd=cwd,
-        timeout=60,
-        check=False,
+        forked.run, *args, env=clean_env(cwd / "data", **env), cwd=cwd, input=stdin, timeout=60
     )
 
 

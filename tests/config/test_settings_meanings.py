@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from adapters.discord import DiscordSettings
-from tests.support import settings_table
-from tests.support.console import SCRIPT, clean_env
+from tests.support import forked, settings_table
+from tests.support.console import clean_env
 
 PROJECT = Path(__file__).resolve().parents[2]
 PAGE = PROJECT / "docs" / "settings.md"
@@ -23,17 +23,8 @@ COMMANDS = ("run", "status", "doctor", "settings", "migrate-shards")
 
 
 def lastword(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The installed script to completion (bounded), in a clean environment."""
-    return subprocess.run(
-        [*SCRIPT[:-1], *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        env=clean_env(None),
-        cwd=cwd,
-        timeout=30,
-        check=False,
-    )
+    """`lastword` to completion (bounded, forked from the zygote), in a clean environment."""
+    return forked.run(*args, env=clean_env(None), cwd=cwd, timeout=30)
 
 
 def test_no_two_settings_share_a_meaning() -> None:

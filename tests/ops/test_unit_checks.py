@@ -21,7 +21,8 @@ import pytest
 
 from bot.store import Store
 from bot.store.embedded import EmbeddedRedis
-from tests.support.console import SCRIPT, clean_env
+from tests.support import forked
+from tests.support.console import clean_env
 from tests.support.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,18 +49,9 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 
 
 def lastword(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """The installed script to completion (bounded), its environment clean but for `env`
-    (the data directory left to the unit's StateDirectory)."""
-    return subprocess.run(
-        [*SCRIPT[:-1], *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        env=clean_env(None, **env),
-        cwd=cwd,
-        timeout=60,
-        check=False,
-    )
+    """`lastword` to completion (bounded, forked from the zygote), its environment clean but
+    for `env` (the data directory left to the unit's StateDirectory)."""
+    return forked.run(*args, env=clean_env(None, **env), cwd=cwd, timeout=60)
 
 
 async def alastword(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

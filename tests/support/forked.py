@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -374,6 +375,40 @@ def popen(
         env=env,
         cwd=cwd,
         start_new_session=start_new_session,
+    )
+
+
+def run(
+    *argv: str,
+    env: dict[str, str],
+    cwd: Path | str | None = None,
+    input: str = "",
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m bot *argv` to completion, `subprocess.run`'s way (text, both outputs
+    captured, `input` on stdin, killed and `TimeoutExpired` past `timeout`): forked from the
+    zygote where it can be. The suite runs the command line some hundred times; each would
+    spend about a second of CPU importing lastword and its libraries."""
+    process = popen(*argv, env=env, cwd=cwd)
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stderr is not None
+    with concurrent.futures.ThreadPoolExecutor(2) as readers:
+        out, err = readers.submit(process.stdout.read), readers.submit(process.stderr.read)
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(input.encode())
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        stdout, stderr = out.result(timeout), err.result(timeout)
+    process.stdout.close()
+    process.stderr.close()
+    return subprocess.CompletedProcess(
+        ["python", "-m", "bot", *argv], code, stdout.decode(), stderr.decode()
     )
 
 

@@ -1,19 +1,14 @@
-"""Running the `lastword` command line as an operator would, in a child process."""
+"""Running the `lastword` command line as an operator would, in a child process (forked from
+the zygote where it can be: `tests.support.forked`)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
+
+from tests.support import forked
 
 
 def lastword(
     *args: str, env: dict[str, str], timeout: float = 20
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return forked.run(*args, env=env, timeout=timeout)
