@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import forked
 from tests.support.console import MODULE, SCRIPT, clean_env, server_pids
 from tests.support.ports import closed_port
 
@@ -50,14 +51,17 @@ def lastword(
     env: Mapping[str, str] | None = None,
     **more_env: str,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to completion with empty stdin (bounded: a hang fails the test)."""
-    base = (command or SCRIPT)[:-1]  # without the "run" the helpers default to
+    """Run the CLI to completion with empty stdin (bounded: a hang fails the test): forked
+    from the zygote, unless `command` says how to start it (the tests of both ways)."""
+    environ = clean_env(data_dir, **{**(env or {}), **more_env})
+    if command is None:
+        return forked.run(*args, env=environ, cwd=data_dir.parent, timeout=20)
     return subprocess.run(
-        [*base, *args],
+        [*command[:-1], *args],  # without the "run" the helpers default to
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        env=clean_env(data_dir, **{**(env or {}), **more_env}),
+        env=environ,
         cwd=data_dir.parent,
         timeout=20,
         check=False,
