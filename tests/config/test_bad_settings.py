@@ -34,6 +34,7 @@ from bot.config.settings import (
 )
 from bot.service import cli
 from bot.store.embedded import EmbeddedRedis
+from tests.support import forked
 from tests.support.setting_fields import model_in
 
 SECRET = "sk-abc def-MUST-NOT-SHOW"  # a space inside: wrong, and must never be printed
@@ -481,14 +482,7 @@ def test_a_redis_url_at_the_wrong_server_is_one_line(
     assert store.startswith(f"✗ store: {url}: ") and reason in store, output
     assert "Traceback" not in output
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    ran = subprocess.run(
-        [sys.executable, "-m", "bot", "run"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    ran = forked.run("run", env=env, timeout=60)
     assert ran.returncode == 2, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if "WARNING" not in line]
     assert len(lines) == 1 and reason in lines[0], ran.stderr

@@ -10,7 +10,6 @@ moved by the command, then answered by a runtime with nothing lost.
 from __future__ import annotations
 
 import subprocess
-import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from bot.store.keys import (
     usage_day_keys,
 )
 from bot.store.migrate import LayoutError, check_layout, legacy_keys, migrate
+from tests.support import forked
 from tests.support.console import clean_env
 from tests.support.factories import RuntimeFactory, SettingsFactory
 from tests.support.scripts import keyslot
@@ -273,10 +273,9 @@ def test_the_command_refuses_while_a_replica_runs_then_migrates(
     client.zadd("{lw:7}:due", {"test:7": 1})
     client.hset(heartbeat_key("r1"), "pid", 1)
     env = clean_env(short_dir, LASTWORD_REDIS_URL=server.url)
-    command = [str(Path(sys.executable).parent / "lastword"), "migrate-shards"]
 
     def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=30)
+        return forked.run("migrate-shards", env=env, timeout=30)
 
     refused = run()
     assert refused.returncode == 1, refused

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from bot.store.format import (
 )
 from bot.store.keys import ACCESS_KEY, META_KEY, Keys
 from bot.store.migrate import check_layout, migrate
+from tests.support import forked
 from tests.support.console import clean_env
 from tests.support.factories import RuntimeFactory, SettingsFactory
 from tests.support.scripts import acquire_when_ready
@@ -163,17 +163,9 @@ async def test_a_format_1_store_is_refused_then_upgraded_and_answered_as_it_mean
     store = make_store(make_settings(), redis)
     await write_format_1(store, redis)
     env = clean_env(short_dir, LASTWORD_REDIS_URL=server.url)
-    lastword = str(Path(sys.executable).parent / "lastword")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [lastword, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
+        return forked.run(*args, env=env, timeout=30)
 
     refused = run("run")
     assert refused.returncode == 2, refused
