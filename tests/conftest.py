@@ -131,6 +131,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # first: handed out before all others.
 LONGEST = (
     "tests.store.test_model",
+    # mypy without its cache (a fresh clone, as CI's): 40-60 s.
+    "tests.test_lint",
     "tests.e2e.test_groups_fair",
     "tests.e2e.test_outbound_waits",
     "tests.benchmarks.test_benchmarks_latency",
