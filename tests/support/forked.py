@@ -56,6 +56,11 @@ PRELOADED = (
     "mcp.client.stdio",
     # The multi-process tests' replica (`python -m tests.support.replica`).
     "tests.support.replica",
+    # The test MCP server's libraries (lastword starts it itself: `started_by_others`); not
+    # the server, which runpy warns about when it runs a module already imported.
+    "mcp.server.mcpserver",
+    "uvicorn",
+    "starlette.responses",
 )
 # The repository: the zygote imports from it, so a PYTHONPATH naming it alone (what a test
 # gives a process started in another folder) changes nothing in a fork.
@@ -376,6 +381,18 @@ def popen(
         cwd=cwd,
         start_new_session=start_new_session,
     )
+
+
+def started_by_others(module: str, *args: str) -> dict[str, object]:
+    """The `command` and `args` (as `mcpServers` takes them) of `python -m module args`, for
+    a program that starts the process itself: forked from the zygote where it can be, through
+    a stand-in process (`tests.support.zygote_child`). The child's interpreter is the
+    zygote's (its `PYTHON*` settings, not the environment it is given)."""
+    address = _ZYGOTE.address()
+    if address is None:
+        return {"command": sys.executable, "args": ["-m", module, *args]}
+    stand_in = ["-m", "tests.support.zygote_child", address, module, *args]
+    return {"command": sys.executable, "args": stand_in}
 
 
 def run(

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from bot.tools import Toolbox, ToolCall, ToolResult
+from tests.support import forked
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVER = "tests.support.fakes.mcp_append_server"
 
 
 APPEND_TOOLS = {
@@ -33,13 +35,20 @@ TOKEN = "SECRET-mcp-token-Vq81nz"
 Boxes = Callable[..., Awaitable[Toolbox]]
 
 
+def _command(env: dict[str, str]) -> dict[str, object]:
+    """How lastword starts the append server: forked from the zygote, unless it is to
+    outlive its stdin (`LW_LINGER`), which only a process of its own can show."""
+    if "LW_LINGER" in env:
+        return {"command": sys.executable, "args": ["-m", SERVER]}
+    return forked.started_by_others(SERVER)
+
+
 def append_server(folder: Path, **extra: Any) -> dict[str, Any]:
     """The append server's entry in `mcpServers`, writing to files in `folder`."""
     folder.mkdir(exist_ok=True)
     env = {"LW_APPEND_FILE": str(folder / "appended"), "LW_STARTS_FILE": str(folder / "starts")}
     return {
-        "command": sys.executable,
-        "args": ["-m", "tests.support.fakes.mcp_append_server"],
+        **_command(extra.get("env", {})),
         # The server's environment is not ours: `python -m` finds tests/ from the directory.
         "cwd": str(ROOT),
         **extra,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from tests.support import forked
 from tests.support.waits import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVER = "tests.support.fakes.mcp_append_server"
 
 
 def servers(**named: object) -> dict[str, str]:
@@ -18,8 +19,7 @@ def servers(**named: object) -> dict[str, str]:
 def append_server(appended: Path, **env: str) -> dict[str, object]:
     """The test MCP server whose `append` tool writes a line to `appended` per run."""
     return {
-        "command": sys.executable,
-        "args": ["-m", "tests.support.fakes.mcp_append_server"],
+        **forked.started_by_others(SERVER),
         "cwd": str(ROOT),
         "env": {"LW_APPEND_FILE": str(appended), **env},
     }

@@ -1,0 +1,88 @@
+"""A process that stands in for a module forked from the test's zygote (`tests.support.forked`).
+
+Run as `python -m tests.support.zygote_child <zygote socket> <module> [args...]` by whoever
+starts a program itself and expects a process of its own: lastword starting an MCP server
+over stdio. It asks the zygote to fork `python -m <module> args` with this process's standard
+files, environment and working directory, then stays as the child's stand-in: a signal sent
+to it (or to its process group) is passed on, and it exits as the child did, by the same
+signal if one ended it. Its own start imports nothing of lastword's or of the child's
+libraries, which the zygote has already: the test MCP server, started some sixty times in a
+run, would otherwise spend about 1.2 s of CPU importing the `mcp` SDK each time.
+
+If the zygote cannot be reached, it becomes `python -m <module>` itself (exec).
+
+What it cannot stand in for: a child that outlives a SIGKILL sent to the stand-in (the child
+is the zygote's, in another session) while it still has its stdin open. The fake MCP server
+ends when its stdin does; one told to linger (`LW_LINGER`) is started as itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+
+# How long the zygote may take to answer with the child's pid.
+ANSWER_S = 30.0
+
+
+def main(address: str, module: str, *argv: str) -> None:
+    try:
+        connection, pid = _fork(address, module, argv)
+    except (OSError, ValueError):
+        os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+    # The child has the standard files now: this process keeps none of them open, so their
+    # ends (EOF on stdin, on stdout) are the child's alone.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, lambda number, _: _pass_on(pid, number))
+    said = b""
+    while not said.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:
+            break  # the zygote itself was killed, and the child with it
+        said += chunk
+    words = said.split()
+    code = int(words[1]) if words[:1] == [b"exit"] else -signal.SIGKILL
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _fork(address: str, module: str, argv: tuple[str, ...]) -> tuple[socket.socket, int]:
+    """Ask the zygote for the child: the connection its exit status comes on, and its pid."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(ANSWER_S)
+    connection.connect(address)
+    request = {
+        "module": module,
+        "argv": list(argv),
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "new_session": False,
+    }
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = connection.recv(1)
+        if not byte:
+            raise ValueError("the zygote hung up")
+        line += byte
+    connection.settimeout(None)
+    return connection, int(line.split()[1])
+
+
+def _pass_on(pid: int, number: int) -> None:
+    # Once it has exited there is no one to tell: its status is on its way.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, number)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
