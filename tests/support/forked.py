@@ -54,8 +54,10 @@ PRELOADED = (
     "aiohttp.web",
     "mcp.client",
     "mcp.client.stdio",
-    # The multi-process tests' replica (`python -m tests.support.replica`).
-    "tests.support.replica",
+    # What the multi-process tests' replica (`python -m tests.support.replica`) imports; not
+    # the replica itself, which runpy warns about when it runs a module already imported.
+    "bot.core.runtime",
+    "bot.llm.factory",
     # The test MCP server's libraries (lastword starts it itself: `started_by_others`); not
     # the server, which runpy warns about when it runs a module already imported.
     "mcp.server.mcpserver",

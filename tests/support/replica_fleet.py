@@ -8,7 +8,6 @@ import json
 import random
 import re
 import signal
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from bot.store import Keys
 from bot.store.embedded import EmbeddedRedis
 from tests.support.builders import message as build_message
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
-from tests.support.forked import Forked
+from tests.support.forked import Forked, spawn
 from tests.support.running import clean_environ
 from tests.support.waits import eventually
 
@@ -190,12 +189,10 @@ class Cluster:
     async def _spawn(self, name: str) -> None:
         log_path = self.workdir / f"{name}.log"
         with log_path.open("wb") as log_file:
-            # Its own interpreter, not a fork of the zygote: the Sentinel failover test missed
-            # its bound in 2 of 3 CI runs with forked replicas (not yet understood).
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tests.support.replica",
+            # Forked from the zygote (`tests.support.forked`): a replica's own start, not
+            # a second of CPU importing lastword and the OpenAI client again.
+            process = await spawn(
+                module="tests.support.replica",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
