@@ -452,7 +452,7 @@ def _forked_popen(
         }
     ).encode()
     try:
-        sock, pid = _ask(address, request, theirs)
+        sock, pid = ask(address, request, theirs)
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -561,7 +561,7 @@ async def _forked(
         }
     ).encode()
     try:
-        sock, pid = await loop.run_in_executor(None, _ask, address, request, theirs)
+        sock, pid = await loop.run_in_executor(None, ask, address, request, theirs)
     except BaseException:
         for mine in ours:
             if mine is not None:
@@ -598,7 +598,7 @@ async def _reading(fd: int | None) -> asyncio.StreamReader | None:
     return stream
 
 
-def _ask(address: str, request: bytes, fds: list[int]) -> tuple[socket.socket, int]:
+def ask(address: str, request: bytes, fds: list[int]) -> tuple[socket.socket, int]:
     """Ask the zygote for a child (blocking, in a thread): the connection, and the child's
     pid. Waits for the zygote to listen, within ZYGOTE_START_S."""
     deadline = time.monotonic() + ZYGOTE_START_S

@@ -5,9 +5,10 @@ starts a program itself and expects a process of its own: lastword starting an M
 over stdio. It asks the zygote to fork `python -m <module> args` with this process's standard
 files, environment and working directory, then stays as the child's stand-in: a signal sent
 to it (or to its process group) is passed on, and it exits as the child did, by the same
-signal if one ended it. Its own start imports nothing of lastword's or of the child's
-libraries, which the zygote has already: the test MCP server, started some sixty times in a
-run, would otherwise spend about 1.2 s of CPU importing the `mcp` SDK each time.
+signal if one ended it. Its own start imports the standard library only (through
+`tests.support.forked`, about 0.1 s), none of the child's libraries, which the zygote has
+already: the test MCP server, started some sixty times in a run, would otherwise spend
+about 1.2 s of CPU importing the `mcp` SDK each time.
 
 If the zygote cannot be reached, it becomes `python -m <module>` itself (exec).
 
@@ -25,14 +26,14 @@ import signal
 import socket
 import sys
 
-# How long the zygote may take to answer with the child's pid.
-ANSWER_S = 30.0
+from tests.support import forked
 
 
 def main(address: str, module: str, *argv: str) -> None:
     try:
         connection, pid = _fork(address, module, argv)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TimeoutError):
+        # No zygote (or a child that could not start): as itself, which says why.
         os.execv(sys.executable, [sys.executable, "-m", module, *argv])
     # The child has the standard files now: this process keeps none of them open, so their
     # ends (EOF on stdin, on stdout) are the child's alone.
@@ -57,9 +58,6 @@ def main(address: str, module: str, *argv: str) -> None:
 
 def _fork(address: str, module: str, argv: tuple[str, ...]) -> tuple[socket.socket, int]:
     """Ask the zygote for the child: the connection its exit status comes on, and its pid."""
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.settimeout(ANSWER_S)
-    connection.connect(address)
     request = {
         "module": module,
         "argv": list(argv),
@@ -67,15 +65,9 @@ def _fork(address: str, module: str, argv: tuple[str, ...]) -> tuple[socket.sock
         "cwd": os.getcwd(),
         "new_session": False,
     }
-    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = connection.recv(1)
-        if not byte:
-            raise ValueError("the zygote hung up")
-        line += byte
-    connection.settimeout(None)
-    return connection, int(line.split()[1])
+    connection, pid = forked.ask(address, json.dumps(request).encode(), [0, 1, 2])
+    connection.setblocking(True)
+    return connection, pid
 
 
 def _pass_on(pid: int, number: int) -> None:
