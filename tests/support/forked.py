@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -442,17 +442,8 @@ def _forked_popen(
     # The child reads its stdin and writes its stdout and stderr; we hold the other ends.
     theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
     ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
-    request = json.dumps(
-        {
-            "module": "bot",
-            "argv": list(argv),
-            "env": env,
-            "cwd": str(cwd or os.getcwd()),
-            "new_session": start_new_session,
-        }
-    ).encode()
     try:
-        sock, pid = ask(address, request, theirs)
+        sock, pid = ask(address, request("bot", argv, env, cwd, start_new_session), theirs)
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -551,17 +542,9 @@ async def _forked(
                 n if given is None else given if isinstance(given, int) else given.fileno()
             )
             ours.append(None)
-    request = json.dumps(
-        {
-            "module": module,
-            "argv": list(argv),
-            "env": env,
-            "cwd": str(cwd or os.getcwd()),
-            "new_session": start_new_session,
-        }
-    ).encode()
+    asked = request(module, argv, env, cwd, start_new_session)
     try:
-        sock, pid = await loop.run_in_executor(None, ask, address, request, theirs)
+        sock, pid = await loop.run_in_executor(None, ask, address, asked, theirs)
     except BaseException:
         for mine in ours:
             if mine is not None:
@@ -598,7 +581,27 @@ async def _reading(fd: int | None) -> asyncio.StreamReader | None:
     return stream
 
 
-def ask(address: str, request: bytes, fds: list[int]) -> tuple[socket.socket, int]:
+def request(
+    module: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path | str | None = None,
+    new_session: bool = False,
+) -> bytes:
+    """What the zygote is asked for: `python -m module argv` with this environment, in `cwd`
+    (here, if None), in a session of its own if `new_session`."""
+    return json.dumps(
+        {
+            "module": module,
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": str(cwd or os.getcwd()),
+            "new_session": new_session,
+        }
+    ).encode()
+
+
+def ask(address: str, asked: bytes, fds: list[int]) -> tuple[socket.socket, int]:
     """Ask the zygote for a child (blocking, in a thread): the connection, and the child's
     pid. Waits for the zygote to listen, within ZYGOTE_START_S."""
     deadline = time.monotonic() + ZYGOTE_START_S
@@ -613,7 +616,7 @@ def ask(address: str, request: bytes, fds: list[int]) -> tuple[socket.socket, in
                 if time.monotonic() > deadline:
                     raise TimeoutError("the zygote does not listen") from None
                 time.sleep(0.02)
-        socket.send_fds(sock, [request], fds)
+        socket.send_fds(sock, [asked], fds)
         line = b""
         while not line.endswith(b"\n"):
             byte = sock.recv(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ TOKEN = "SECRET-mcp-token-Vq81nz"
 Boxes = Callable[..., Awaitable[Toolbox]]
 
 
-def _command(env: dict[str, str]) -> dict[str, object]:
+def append_command(env: Mapping[str, str]) -> dict[str, object]:
     """How lastword starts the append server: forked from the zygote, unless it is to
     outlive its stdin (`LW_LINGER`), which only a process of its own can show."""
     if "LW_LINGER" in env:
@@ -48,7 +48,7 @@ def append_server(folder: Path, **extra: Any) -> dict[str, Any]:
     folder.mkdir(exist_ok=True)
     env = {"LW_APPEND_FILE": str(folder / "appended"), "LW_STARTS_FILE": str(folder / "starts")}
     return {
-        **_command(extra.get("env", {})),
+        **append_command(extra.get("env", {})),
         # The server's environment is not ours: `python -m` finds tests/ from the directory.
         "cwd": str(ROOT),
         **extra,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support import forked
+from tests.support.mcp import ROOT, append_command
 from tests.support.waits import eventually
-
-ROOT = Path(__file__).resolve().parents[2]
-SERVER = "tests.support.fakes.mcp_append_server"
 
 
 def servers(**named: object) -> dict[str, str]:
@@ -19,7 +16,7 @@ def servers(**named: object) -> dict[str, str]:
 def append_server(appended: Path, **env: str) -> dict[str, object]:
     """The test MCP server whose `append` tool writes a line to `appended` per run."""
     return {
-        **forked.started_by_others(SERVER),
+        **append_command(env),
         "cwd": str(ROOT),
         "env": {"LW_APPEND_FILE": str(appended), **env},
     }

@@ -20,7 +20,6 @@ ends when its stdin does; one told to linger (`LW_LINGER`) is started as itself.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -58,14 +57,7 @@ def main(address: str, module: str, *argv: str) -> None:
 
 def _fork(address: str, module: str, argv: tuple[str, ...]) -> tuple[socket.socket, int]:
     """Ask the zygote for the child: the connection its exit status comes on, and its pid."""
-    request = {
-        "module": module,
-        "argv": list(argv),
-        "env": dict(os.environ),
-        "cwd": os.getcwd(),
-        "new_session": False,
-    }
-    connection, pid = forked.ask(address, json.dumps(request).encode(), [0, 1, 2])
+    connection, pid = forked.ask(address, forked.request(module, argv, os.environ), [0, 1, 2])
     connection.setblocking(True)
     return connection, pid
 
