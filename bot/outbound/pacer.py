@@ -9,7 +9,9 @@ busy replica makes at most one call each GATHER_S however many platform calls it
 quiet one waits for nothing. A waiting reply is asked for again when the store said its slot can
 come, when a slot was given back early on any replica, or when a new reply might go at once;
 none of them polls. Between asks one call keeps all the waiting replies' places (their
-tickets) alive, so a dead replica's places lapse within `TICKET_TTL_MS`.
+tickets) alive, and the calls granted but not answered yet in flight, so a dead replica's
+places and calls lapse within `LAPSE_MS` (a call kept for IN_FLIGHT_MS, the longest a call may
+take, lapses too: a slot never answered is not held for ever).
 
 Through a store outage the pacer asks again, backed off: a reply waits (and fails
 `Unavailable` once the outage has lasted OUTAGE_S: it stays in its outbox, and the cycle
@@ -31,8 +33,8 @@ from dataclasses import dataclass, field
 from bot.backoff import Backoff
 from bot.cancel import cancel_and_wait
 from bot.message import Scope, Unavailable, kind_of
-from bot.store import Ask, BudgetKeys, Stamp, Store, Taken
-from bot.store.budget import TICKET_TTL_MS
+from bot.store import Ask, BudgetKeys, InFlight, Stamp, Store, Taken
+from bot.store.budget import IN_FLIGHT_MS, LAPSE_MS
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,9 @@ OUTAGE_CAP_S = 0.5
 OUTAGE_S = 20.0
 # A waiting reply is asked for at least this often, however long its wait (a hold of hours).
 MAX_SLEEP_S = 60.0
-# How often the waiting replies' tickets are kept alive: well within their TTL.
-KEEP_EVERY_S = TICKET_TTL_MS / 1000 / 3
+# How often the waiting replies' tickets, and the calls in flight, are kept alive: well within
+# the time they lapse in.
+KEEP_EVERY_S = LAPSE_MS / 1000 / 3
 # The most waiting replies asked for in one store call, the first in line (the script's time
 # grows with them, and the server serves nothing else meanwhile); the others' places are kept
 # alive meanwhile, and they are asked for once those ahead have gone.
@@ -109,6 +112,16 @@ class _Waiting:
 
 
 @dataclass(eq=False)
+class _Flying:
+    """A call granted and not answered yet: when it was granted, and when last kept in flight
+    (monotonic)."""
+
+    call: InFlight
+    granted: float
+    kept: float
+
+
+@dataclass(eq=False)
 class _Preview:
     """A preview asking to go now, and where its answer is handed over."""
 
@@ -127,6 +140,7 @@ class Pacer:
         self._waiting: dict[str, _Waiting] = {}  # by grant
         self._previews: list[_Preview] = []
         self._stamps: list[tuple[Stamp, float]] = []  # with when each was made
+        self._flying: dict[str, _Flying] = {}  # by grant
         self._task: asyncio.Task[None] | None = None
         self._nudge = asyncio.Event()
         # Places given back in tasks of their own (`_leave`), which `stop` waits for.
@@ -190,6 +204,7 @@ class Pacer:
     def stamp(self, slot: Slot, *, used: bool) -> None:
         """Record that the call granted as `slot` was answered (`used`), or never made, with
         the next store call (at once if none is on its way)."""
+        self._flying.pop(slot.grant, None)
         self._stamps.append((Stamp(slot.grant, slot.scopes, used), time.monotonic()))
         self._wake(now=True)
 
@@ -201,6 +216,8 @@ class Pacer:
         self._fail(list(self._waiting.values()), stopping)
         self._shed(self._previews)
         self._previews = []
+        # A call still on its way is not waited for: it lapses once no longer kept.
+        self._flying.clear()
         # Their turns run their clean-up (giving their places back) first.
         await asyncio.sleep(0)
         if self._task is not None:
@@ -242,39 +259,42 @@ class Pacer:
     async def _run(self) -> None:
         """While anything is pending: one store call with the answers to record, the previews
         and the waiting replies that are due (or new, or all of them when their places need
-        keeping and some have none yet); else a call keeping their places every KEEP_EVERY_S,
-        or sleep until the first is due or something new comes."""
+        keeping and some have none yet); else a call keeping their places every KEEP_EVERY_S
+        and the calls in flight alive, or sleep until the first is due or something new
+        comes."""
         outage = Backoff(OUTAGE_FIRST_S, OUTAGE_CAP_S, jitter=0.5)
         down_since: float | None = None
         kept_at = time.monotonic()
-        while self._waiting or self._previews or self._stamps:
+        while self._waiting or self._previews or self._stamps or self._flying:
             now = time.monotonic()
             waiting = [one for one in self._waiting.values() if not one.slot.done()]
-            keep_now = now - kept_at >= KEEP_EVERY_S
+            keep_now = bool(waiting) and now - kept_at >= KEEP_EVERY_S
+            flying = self._flying_due(now)
             replies_due = any(one.due <= now for one in waiting) or (
                 keep_now and not all(one.placed for one in waiting)
             )
             if not (replies_due or self._previews or self._stamps):
-                if not waiting:
-                    await asyncio.sleep(0)  # their turns are ending: they leave the queue
-                elif keep_now:
+                if keep_now or flying:
                     kept_at = now
-                    await self._keep(waiting)
+                    await self._keep(waiting, flying)
+                elif waiting or self._flying:
+                    await self._sleep(self._next_keep(waiting, kept_at))
                 else:
-                    await self._sleep(min(one.due for one in waiting), kept_at + KEEP_EVERY_S)
+                    await asyncio.sleep(0)  # their turns are ending: they leave the queue
                 continue
             if now - self._called_at < GATHER_S:
                 await asyncio.sleep(self._called_at + GATHER_S - now)
                 continue
             self._called_at = now
             asked: list[_Waiting] = []
+            rest: list[_Waiting] = []
             if replies_due:
                 # The first in line, those due (or new) before the others; the rest wait their
                 # places meanwhile.
                 waiting.sort(key=lambda one: (one.placed and one.due > now, one.ask.order_ms))
                 asked, rest = waiting[:ASK_AT_MOST], waiting[ASK_AT_MOST:]
-                if keep_now and rest:
-                    await self._keep([one for one in rest if one.placed])
+            if (keep_now and rest) or flying:
+                await self._keep([one for one in rest if one.placed] if keep_now else [], flying)
             previews, self._previews = self._previews, []
             stamps, self._stamps = self._stamps[:STAMP_AT_MOST], self._stamps[STAMP_AT_MOST:]
             self.stats.calls["take"] += 1
@@ -343,6 +363,8 @@ class Pacer:
                 if taken.status == "granted":  # too late: given back
                     self.stamp(Slot(preview.ask.grant, preview.ask.scopes), used=False)
             else:
+                if taken.status == "granted":
+                    self._flies(preview.ask)
                 preview.answer.set_result(taken)
         if answers:
             self._heard(answers[-1].freed)
@@ -360,6 +382,7 @@ class Pacer:
             for kind in waiting.waited_on:
                 self.stats.wait_s[kind] += now - waiting.began
             slot = Slot(waiting.ask.grant, waiting.ask.scopes, waited=waiting.placed)
+            self._flies(waiting.ask)
             waiting.slot.set_result(slot)
             waiting.placed = False
             # Not asked for again before its turn has taken the slot.
@@ -372,6 +395,40 @@ class Pacer:
         if kind not in waiting.waited_on:
             waiting.waited_on.add(kind)
             self.stats.waits[kind] += 1
+
+    def _flies(self, ask: Ask) -> None:
+        """`ask` was granted: its call is in flight until its answer is recorded (`stamp`),
+        counted from when the store call that granted it went."""
+        call = InFlight(ask.grant, ask.scopes)
+        self._flying[ask.grant] = _Flying(call, self._called_at, self._called_at)
+
+    def _flying_due(self, now: float) -> list[_Flying]:
+        """The calls in flight to keep alive now: all of them, once one has gone KEEP_EVERY_S
+        unkept (one store call keeps them all). One granted IN_FLIGHT_MS ago is no longer
+        kept: its answer is never coming (a call hung, a slot its turn never used), and its
+        slots lapse."""
+        for grant, one in list(self._flying.items()):
+            if now - one.granted >= IN_FLIGHT_MS / 1000:
+                del self._flying[grant]
+                log.info(
+                    "a call granted %.0fs ago was never answered; its slot lapses",
+                    now - one.granted,
+                )
+        if any(now - one.kept >= KEEP_EVERY_S for one in self._flying.values()):
+            return list(self._flying.values())
+        return []
+
+    def _next_keep(self, waiting: Sequence[_Waiting], kept_at: float) -> float:
+        """When the pacer has something to do next, with nothing new (monotonic): the first
+        waiting reply due, the waiting replies' places or a call in flight to keep."""
+        return min(
+            (
+                *(one.due for one in waiting),
+                *((kept_at + KEEP_EVERY_S,) if waiting else ()),
+                *(one.kept + KEEP_EVERY_S for one in self._flying.values()),
+            ),
+            default=time.monotonic(),
+        )
 
     def _heard(self, freed: int) -> None:
         """The store's count of places and slots given back early: if it grew since last
@@ -400,22 +457,27 @@ class Pacer:
                 preview.answer.set_result(Taken("shed", 0, "store", False))
             self.stamp(Slot(preview.ask.grant, preview.ask.scopes), used=False)
 
-    async def _sleep(self, until: float, keep_at: float) -> None:
-        """Sleep until the first waiting reply is due or their places need keeping, or until
-        nudged (something new to ask at once)."""
+    async def _sleep(self, until: float) -> None:
+        """Sleep until `until` (monotonic), or until nudged (something new to ask at once)."""
         self._nudge.clear()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, min(until, keep_at) - time.monotonic())):
+            async with asyncio.timeout(max(0.0, until - time.monotonic())):
                 await self._nudge.wait()
 
-    async def _keep(self, waiting: Sequence[_Waiting]) -> None:
-        """Keep the places of `waiting` alive, in one store call however many. A failure only
-        loses places for a while: they are taken again at the next ask."""
-        if not waiting:
+    async def _keep(self, waiting: Sequence[_Waiting], flying: Sequence[_Flying] = ()) -> None:
+        """Keep the places of `waiting` and the calls `flying` alive, in one store call however
+        many. A failure only loses them for a while: a place is taken again at the next ask,
+        and a call lapses (counted as made then) until kept again."""
+        if not waiting and not flying:
             return
+        now = time.monotonic()
+        for one in flying:
+            one.kept = now
         try:
             self.stats.calls["keep"] += 1
-            freed = await self.store.keep(self.keys, [one.ask.ticket for one in waiting])
+            freed = await self.store.keep(
+                self.keys, [one.ask.ticket for one in waiting], [one.call for one in flying]
+            )
         except Unavailable as exc:
             log.debug("could not keep the waiting replies' places: %s", exc)
             return

@@ -17,7 +17,7 @@ break limits none of them sees, so before each call a replica asks the store
   the first of them is told its slot can come, when a slot is given back early on any
   replica, or when a new reply might go at once; between asks, one call keeps all their
   places (their tickets) alive. A reply that stops waiting gives its place back at once, and
-  a dead replica's places lapse within `TICKET_TTL_MS`.
+  a dead replica's places, and its calls in flight, lapse within `LAPSE_MS`.
 - A preview (a live draft, a typing indicator) goes now or never: it is shed when the budget
   runs short, before any reply would wait, and never while a reply waits.
 - In a group, the group's limits (every scope with a subject: its chat's, its minute) are
@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 # off across replicas and tries again, a bounded number of times).
 THROTTLED_ATTEMPTS = 5
 # A slot taken by `turn` and not used within this long is given back rather than trusted:
-# the store stops counting a call in flight after IN_FLIGHT_MS.
+# the pacer stops keeping a call in flight after IN_FLIGHT_MS, and its slot lapses.
 SLOT_FRESH_S = IN_FLIGHT_MS / 1000 / 2
 # Previews of a kind a replica has heard are shed in a scope: no more of that kind are asked
 # for there until the store said the scope may have room again. Past this many remembered,

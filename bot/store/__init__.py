@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
-from bot.store.budget import Ask, Budget, Stamp, Taken
+from bot.store.budget import Ask, Budget, InFlight, Stamp, Taken
 from bot.store.config import (
     CLOCK_SLACK_MS,
     DAY_KEEP_MS,
@@ -140,6 +140,7 @@ __all__ = [
     "Grant",
     "Heard",
     "HistoryEntry",
+    "InFlight",
     "Ingested",
     "Interrupt",
     "Keys",

@@ -22,13 +22,14 @@ from bot.store.calls import Calls
 from bot.store.keys import BudgetKeys
 from bot.store.replies import as_text, decoded
 
-# A granted call counts as made this far ahead until it is answered: a call whose answer is
-# never recorded (its replica died) holds its slot this long, the longest a call may take.
+# The longest a call may take: its replica keeps a call granted in flight (`Budget.keep`) until
+# it is answered, for up to this long.
 IN_FLIGHT_MS = 30_000
-# A waiting reply not kept alive for this long (its replica died) no longer keeps its place in
-# the queue: its replica keeps the tickets of all its waiting replies alive more often than
-# this (`Budget.keep`), so only a dead replica's lapse.
-TICKET_TTL_MS = 2_000
+# A waiting reply's place, or a call in flight, not kept alive for this long (its replica
+# died) lapses: the place goes to those behind, and the call counts as made then (the platform
+# saw it before, if at all), so a dead replica holds others' replies about this long, not
+# IN_FLIGHT_MS. A replica keeps its places and calls alive more often than this.
+LAPSE_MS = 2_000
 # A fair bound on how long a platform takes to answer a call: a slot whose call is in flight
 # (or will be made by a reply ahead) is told to come this much after it could at the soonest.
 POLL_MS = 100
@@ -81,6 +82,14 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class InFlight:
+    """A call granted as `grant` under `scopes` and not answered yet (`Budget.keep`)."""
+
+    grant: str
+    scopes: tuple[Scope, ...]
+
+
+@dataclass(frozen=True)
 class Stamp:
     """The answer of a call granted as `grant` (`Budget.take_all`): `used`, it was made, and
     counts from now in each of its scopes' windows; else it never was, its slots given back."""
@@ -116,7 +125,7 @@ class Budget(Calls):
         }
         args = {
             "in_flight_ms": IN_FLIGHT_MS,
-            "ticket_ttl_ms": TICKET_TTL_MS,
+            "lapse_ms": LAPSE_MS,
             "poll_ms": POLL_MS,
             "fair_burst": burst,
             "epoch_keep_ms": EPOCH_KEEP_MS,
@@ -208,13 +217,21 @@ class Budget(Calls):
         }
         return bool(decoded(await self._run(script, named, args))["widened"])
 
-    async def keep(self, keys: BudgetKeys, tickets: Sequence[str]) -> int:
-        """The replies waiting under `tickets` still wait: their places are kept (and lapsed
-        ones dropped). Returns how many places and slots have been given back early, or
-        lapsed, so far (a count that only grows, but for a store that lost it)."""
+    async def keep(
+        self, keys: BudgetKeys, tickets: Sequence[str], calls: Sequence[InFlight] = ()
+    ) -> int:
+        """The replies waiting under `tickets` still wait, and `calls` are still on their way:
+        their places are kept and the calls kept in flight (and lapsed places dropped).
+        Returns how many places and slots have been given back early, or lapsed, so far (a
+        count that only grows, but for a store that lost it)."""
         named = {"tickets": keys.tickets, "freed": keys.freed}
-        args = {"ticket_ttl_ms": TICKET_TTL_MS, "freed_keep_ms": EPOCH_KEEP_MS}
-        return int(await self._run(scripts.BUDGET_KEEP, named, args, list(tickets)))
+        args = {"lapse_ms": LAPSE_MS, "freed_keep_ms": EPOCH_KEEP_MS}
+        rest: list[str | int] = [len(tickets), *tickets]
+        sent: list[str] = []
+        for call in calls:
+            rest += (call.grant, len(call.scopes))
+            sent += (keys.scope(scope.name)[0] for scope in call.scopes)
+        return int(await self._run(scripts.BUDGET_KEEP, named, args, rest, sent))
 
     async def leave(self, keys: BudgetKeys, scopes: Sequence[Scope], ticket: str) -> None:
         """The reply waiting under `ticket` stopped waiting: its place goes to those behind."""

@@ -3,9 +3,12 @@
 -- calls in any sliding `per_ms`, counted from the server's clock. One call asks for all of a
 -- replica's waiting replies at once (bot/outbound/pacing.py), in their order, each seeing the slots the
 -- ones before it took; a preview asks alone.
--- A call granted is recorded under each scope as in flight (counted from `in_flight_ms` ahead,
--- so it fills a slot until a later call stamps the moment it was answered: the platform saw
--- it before that, so nothing sent later can land in its window too early).
+-- A call granted is recorded under each scope as in flight, counted from `lapse_ms` ahead: it
+-- fills a slot until a later call stamps the moment it was answered (the platform saw it
+-- before that, so nothing sent later can land in its window too early). Its replica keeps it
+-- in flight meanwhile (budget_keep.lua), for up to `in_flight_ms`, the longest a call may
+-- take; a dead replica's calls stop being kept, and count as made when they lapse, since the
+-- platform saw them before then if at all.
 -- A reply waits its turn: it joins the queue of each scope that stops it, ordered by
 -- `order_ms` (when its window closed), and replies earlier in a queue are served first,
 -- whichever replica holds them. A preview (a draft, a typing indicator) never waits and never
@@ -26,8 +29,8 @@
 -- also stopped by the hold of the previews' own scope (a 429 on a preview holds only that).
 -- A waiting reply keeps its place while its ticket lives: its replica asks again, or refreshes
 -- the tickets of all its waiting replies at once (budget_keep.lua), well within
--- `ticket_ttl_ms`, and one that stops waiting leaves at once (budget_leave.lua), so a dead
--- replica's places are gone within `ticket_ttl_ms`.
+-- `lapse_ms`, and one that stops waiting leaves at once (budget_leave.lua), so a dead
+-- replica's places are gone within `lapse_ms`.
 -- A budget found without its epoch by a replica that has `seen` it lost its keys (a flush, a
 -- failover that lost recent writes): it starts as if each scope's last period had been full,
 -- its calls leaving the window evenly, rather than let a burst through that the platform would
@@ -51,8 +54,9 @@ local holds = KEYS[2]
 local epoch = KEYS[3] -- when the budget's keys were first written
 local previews_hold = KEYS[4] -- the hold of the previews' own scope
 local freed = KEYS[5] -- places and slots given back early so far (budget_leave.lua)
-local in_flight_ms = tonumber(ARGV[1])
-local ticket_ttl_ms = tonumber(ARGV[2]) -- a waiter not heard from for this long is gone
+local in_flight_ms = tonumber(ARGV[1]) -- the longest a replica keeps a call in flight
+-- A waiter, or a call in flight, not kept alive for this long is gone (its replica died).
+local lapse_ms = tonumber(ARGV[2])
 local poll_ms = tonumber(ARGV[3]) -- a fair bound on how long a platform takes to answer
 -- In a scope shared fairly, how many slots a person may take ahead of their pace: a quick
 -- exchange in a quiet group is not spread out, while a flood still fills the scope no faster
@@ -181,7 +185,7 @@ local GRANTED = {status = 'granted', wait_ms = 0, scope = '', held = false}
 local function take(ask)
   -- An ask made again after its answer was lost (a timeout, a connection cut by a restart)
   -- that had been granted: granted again, rather than take a second slot and leave the first
-  -- in flight for in_flight_ms.
+  -- in flight until it lapses.
   if #ask.scopes > 0 and redis.call('ZSCORE', ask.scopes[1].sent, ask.grant) then
     redis.call('ZREM', tickets, ask.ticket)
     return GRANTED
@@ -240,8 +244,8 @@ local function take(ask)
 
   if wait == 0 then
     for _, scope in ipairs(ask.scopes) do
-      redis.call('ZADD', scope.sent, now + in_flight_ms, ask.grant)
-      redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms)
+      redis.call('ZADD', scope.sent, now + lapse_ms, ask.grant)
+      redis.call('PEXPIRE', scope.sent, scope.per_ms + in_flight_ms + lapse_ms)
       redis.call('ZREM', scope.queue, ask.ticket)
       if scope.fair then
         local due = math.max(scope.due, now) + scope.spacing
@@ -272,9 +276,9 @@ local function take(ask)
       redis.call('ZREM', scope.queue, ask.ticket)
     end
   end
-  redis.call('ZADD', tickets, now + ticket_ttl_ms, ask.ticket)
-  if redis.call('PTTL', tickets) < ticket_ttl_ms then
-    redis.call('PEXPIRE', tickets, ticket_ttl_ms)
+  redis.call('ZADD', tickets, now + lapse_ms, ask.ticket)
+  if redis.call('PTTL', tickets) < lapse_ms then
+    redis.call('PEXPIRE', tickets, lapse_ms)
   end
   return {status = 'wait', wait_ms = wait, scope = stopped_by, held = held}
 end

@@ -296,7 +296,7 @@ TOOL_END = Script(
 BUDGET_TAKE = Script(
     "budget_take",
     keys=("tickets", "holds", "epoch", "previews_hold", "freed"),
-    args=("in_flight_ms", "ticket_ttl_ms", "poll_ms", "fair_burst", "epoch_keep_ms", "seen"),
+    args=("in_flight_ms", "lapse_ms", "poll_ms", "fair_burst", "epoch_keep_ms", "seen"),
     rest="stamps_then_asks_each_with_its_scopes",
     rest_keys="stamps_sent_then_asks_sent_queue_hold_people",
 )
@@ -308,8 +308,9 @@ BUDGET_HOLD = Script(
 BUDGET_KEEP = Script(
     "budget_keep",
     keys=("tickets", "freed"),
-    args=("ticket_ttl_ms", "freed_keep_ms"),
-    rest="tickets",
+    args=("lapse_ms", "freed_keep_ms"),
+    rest="tickets_then_calls_in_flight",
+    rest_keys="calls_in_flight_sent",
 )
 BUDGET_LEAVE = Script(
     "budget_leave",

@@ -24,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.store import BudgetKeys
-from bot.store.budget import IN_FLIGHT_MS, SPREAD_MS
+from bot.store.budget import IN_FLIGHT_MS, LAPSE_MS, SPREAD_MS
 from bot.store.embedded import EmbeddedRedis
 from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.support.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
@@ -141,9 +141,9 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
         doomed, *survivors = replicas
         # Its users' conversations all its own (the others paused, so that none is taken
         # over early), and its replies all waiting their turn, held by three chats' 429s
-        # (so that none is in flight when it dies: that one would hold its slots for
-        # IN_FLIGHT_MS, the longest a call may take). More of them than the limit lets out
-        # in a second: places they left in the queue would stop every reply behind them.
+        # (so that none is in flight when it dies: that one would hold its slots until it
+        # lapses). More of them than the limit lets out in a second: places they left in the
+        # queue would stop every reply behind them.
         fake.fail_next("sendMessage", *(fake.too_many_requests(hold_s) for _ in range(3)))
         for replica in survivors:
             replica.bot.process.send_signal(signal.SIGSTOP)
@@ -153,7 +153,8 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
             await eventually(lambda: waited(doomed, rate + rate // 5), within_s=60, what="a queue")
             # And every call it made answered and counted: the calls granted before the hold
             # may still be on their way when the queue is there (a replica forked in a blink
-            # gets that far fast), and one in flight at its death rightly holds its slots.
+            # gets that far fast), and one in flight at its death rightly holds its slots
+            # until it lapses.
             await eventually(lambda: all_counted(fake, doomed), within_s=30, what="none in flight")
         finally:
             for replica in survivors:
@@ -173,9 +174,49 @@ async def test_a_replica_killed_mid_backlog_costs_the_survivors_only_its_own_rep
         assert last - first <= floor_s * 1.3 + SLACK_S * 2, round(last - first, 2)
         # The dead replica's own, once its leases expire (and, for a call it had in flight if
         # the hold was over when it died, once that call's slots lapse: it may have landed).
-        dead_s = max(lease_s, IN_FLIGHT_MS / 1000)
+        dead_s = lease_s + LAPSE_MS / 1000
         await answered(fake, doomed_users, within_s=dead_s + SLACK_S * 4)
         assert one_answer_each(fake, [*doomed_users, *later_users]) == {}
+
+
+async def test_a_replica_killed_mid_call_holds_that_chat_until_the_call_lapses_not_longer(
+    server: EmbeddedRedis, short_dir: Path
+) -> None:
+    # The reply's call is on its way (the platform hangs) when its replica dies: the platform
+    # may have seen it, so its chat's slot stays taken until the call lapses, counted as made
+    # then. Another replica resends the reply once the lease expires, a lapse and a period
+    # later at most: not IN_FLIGHT_MS (the longest a live replica's call may take) later.
+    lease_s, chat = 3.0, 40_000
+    settings = backlog(LASTWORD_LEASE__TTL_MS=str(int(lease_s * 1000)))
+    async with (
+        FakeTelegram(limits=telegram_limits(per_second=RATE)) as fake,
+        fleet(server, fake, short_dir, each=lambda _: settings) as replicas,
+    ):
+        doomed, *survivors = replicas
+        for replica in survivors:
+            replica.bot.process.send_signal(signal.SIGSTOP)
+        fake.hang("sendMessage")
+        try:
+            await stampede(fake, [(chat, doomed)])
+
+            async def on_its_way() -> bool:
+                return any(call.chat_id == chat for call in fake.calls_to("sendMessage"))
+
+            await eventually(on_its_way, within_s=30, what="the reply's call")
+            await doomed.bot.kill()
+            killed_at = time.monotonic()
+        finally:
+            fake.hang("sendMessage", False)
+            for replica in survivors:
+                replica.bot.process.send_signal(signal.SIGCONT)
+        answered_at = await answered(fake, [chat], within_s=IN_FLIGHT_MS / 1000 + 30)
+        # Its lease, the call's lapse and the chat's period, with a loaded machine's slack:
+        # well short of IN_FLIGHT_MS.
+        bound_s = lease_s + LAPSE_MS / 1000 + 1 + SLACK_S * 4
+        late_s = answered_at - killed_at
+        assert late_s <= bound_s, f"{late_s:.1f} s\n{why_late(fake, survivors)}"
+        assert bound_s < IN_FLIGHT_MS / 1000 / 2
+        assert one_answer_each(fake, [chat]) == {}
 
 
 async def all_counted(fake: FakeTelegram, replica: Replica) -> bool:

@@ -18,9 +18,11 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.message import PREVIEWS_SCOPE, Throttled
+from bot.outbound import pacer
 from bot.outbound.pacer import GATHER_S
 from bot.outbound.pacing import MAX_HOLD_S, MIN_HOLD_S, Paced
 from bot.store import Store
+from bot.store.budget import LAPSE_MS
 from bot.store.embedded import EmbeddedRedis
 from tests.support.paced_platform import Platform
 from tests.support.waits import eventually, server_ms
@@ -80,7 +82,7 @@ async def test_a_turn_cancelled_while_asked_for_gives_back_the_slot_it_is_grante
         await cut_short
 
     async def given_back() -> bool:
-        # The slot granted to no one is given back, not left in flight for IN_FLIGHT_MS.
+        # The slot granted to no one is given back, not left in flight until it lapses.
         return paced.stats.recorded["given back"] == 1 and await redis.zcard(sent) == 0
 
     assert await eventually(given_back, within_s=5)
@@ -272,7 +274,7 @@ async def test_an_answer_heard_while_the_store_is_away_is_recorded_once_it_is_ba
     sent = paced.keys.scope("bot")[0]
 
     async def stamped() -> bool:
-        # Counted from its answer, not left in flight for IN_FLIGHT_MS.
+        # Counted from its answer, not left in flight until it lapses.
         score = await redis.zscore(sent, slot.grant)
         return score is not None and score <= await server_ms(redis)
 
@@ -316,3 +318,38 @@ async def test_a_busy_replica_gathers_its_budget_calls(store: Store) -> None:
     # not one call each (two hundred).
     assert paced.stats.calls["take"] <= took / GATHER_S + 2, (dict(paced.stats.calls), took)
     assert paced.stats.calls["take"] <= conversations * rounds / 4, dict(paced.stats.calls)
+
+
+async def test_a_call_slower_than_a_lapse_keeps_its_slot_until_answered(
+    store: Store, redis: Redis
+) -> None:
+    # A message takes twice as long to answer as a call not kept alive lasts (LAPSE_MS): its
+    # replica keeps it in flight, so no other replica's message to that chat goes before it
+    # is answered, however slowly.
+    platform = Platform(per_second=5, latency_s=2 * LAPSE_MS / 1000)
+    first, second = replica(store, platform, "a"), replica(store, platform, "b")
+    sending = asyncio.create_task(first.send("telegram:1", "slow", "k1"))
+
+    async def granted() -> bool:
+        return await redis.zcard(first.keys.scope("chat:1")[0]) == 1
+
+    assert await eventually(granted, within_s=5)
+    slot = await asyncio.wait_for(second.turn("telegram:1", 1000), timeout=30)
+    assert sending.done() and platform.texts() == ["slow"]
+    await second.give_back(slot)
+
+
+async def test_a_slot_never_answered_lapses_after_the_longest_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A turn whose slot is neither used nor given back (a bug's leak): kept in flight for the
+    # longest a call may take, then let lapse, so it holds its chat for a while, not for ever.
+    monkeypatch.setattr(pacer, "IN_FLIGHT_MS", 3_000)
+    platform = Platform(per_second=5)
+    first, second = replica(store, platform, "a"), replica(store, platform, "b")
+    assert await first.turn("telegram:1", 1000) is not None
+    began = time.monotonic()
+    slot = await asyncio.wait_for(second.turn("telegram:1", 2000), timeout=30)
+    assert time.monotonic() - began >= 3.0 - 0.1  # kept for the longest call meanwhile
+    await second.give_back(slot)
+    await first.stop()

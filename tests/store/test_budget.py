@@ -15,8 +15,8 @@ from redis.asyncio import Redis
 
 from bot.message import PREVIEWS_SCOPE, Call, Scope
 from bot.outbound.pacing import shared_fairly
-from bot.store import BudgetKeys, Store, Taken
-from bot.store.budget import FAIR_BURST, POLL_MS, TICKET_TTL_MS
+from bot.store import BudgetKeys, InFlight, Store, Taken
+from bot.store.budget import FAIR_BURST, IN_FLIGHT_MS, LAPSE_MS, POLL_MS
 from tests.support.waits import server_ms
 
 pytestmark = pytest.mark.timeout(30)
@@ -97,7 +97,7 @@ async def test_a_waiter_that_stops_asking_loses_its_place(store: Store) -> None:
     assert (await take(store, single, order=1000, n=10)).status == "granted"
     await store.done(KEYS, (single,), "g10", used=True)
     assert (await take(store, single, order=1000, n=11)).status == "wait"
-    # Ticket 11 never asks again (its replica died): after TICKET_TTL_MS, 20 goes.
+    # Ticket 11 never asks again (its replica died): after LAPSE_MS, 20 goes.
     await asyncio.sleep(0.25)
     assert (await take(store, single, order=2000, n=20)).status == "wait"
     await store.redis.zadd(KEYS.tickets, {"t11": 0})  # as if its ticket had expired
@@ -156,8 +156,10 @@ async def test_a_hold_stops_every_call_under_its_scope_until_it_ends(
 async def test_the_keys_expire_on_their_own(store: Store, redis: Redis) -> None:
     assert (await take(store, BOT, CHAT, n=1)).status == "granted"
     assert (await take(store, CHAT, n=2)).status == "wait"
+    # A period past the longest a call may be kept in flight, and its lapse.
+    longest = 1000 + IN_FLIGHT_MS + LAPSE_MS
     for key in (*KEYS.scope("bot")[:1], *KEYS.scope("chat:7")[:2], KEYS.tickets):
-        assert 0 < await redis.pttl(key) <= 32_000, key
+        assert 0 < await redis.pttl(key) <= longest, key
 
 
 async def test_a_reply_deep_in_the_queue_is_told_when_its_turn_comes(store: Store) -> None:
@@ -369,13 +371,33 @@ async def test_a_waiting_replys_place_lives_while_kept_and_lapses_soon_after(
     assert (await take(store, single, order=1000, n=10)).status == "wait"
     # Its replica keeps it alive past the ticket's TTL: 20 stays behind it.
     for _ in range(4):
-        await asyncio.sleep(TICKET_TTL_MS / 1000 / 3)
+        await asyncio.sleep(LAPSE_MS / 1000 / 3)
         await store.keep(KEYS, ["t10", "t-gone"])
     assert (await take(store, single, order=2000, n=20)).status == "wait"
     assert await redis.zscore(KEYS.tickets, "t-gone") is None  # a gone one is not brought back
     # Its replica died: within the TTL its place is gone, and 20 goes.
-    await asyncio.sleep(TICKET_TTL_MS / 1000 + 0.05)
+    await asyncio.sleep(LAPSE_MS / 1000 + 0.05)
     assert (await take(store, single, order=2000, n=20)).status == "granted"
+
+
+async def test_a_call_in_flight_lives_while_kept_and_lapses_soon_after(
+    store: Store, redis: Redis
+) -> None:
+    single, chat = Scope("bot", 1, 0.2), Scope("chat:9", 1, 0.2)
+    assert (await take(store, single, chat, n=1)).status == "granted"
+    # Its call takes long (a slow platform): its replica keeps it in flight past the lapse,
+    # in every scope it took, and nothing else goes meanwhile.
+    for _ in range(4):
+        await asyncio.sleep(LAPSE_MS / 1000 / 3)
+        await store.keep(KEYS, [], [InFlight("g1", (single, chat)), InFlight("g-gone", (chat,))])
+    assert (await take(store, single, n=2)).status == "wait"
+    assert (await take(store, chat, n=3)).status == "wait"
+    assert await redis.zscore(KEYS.scope("chat:9")[0], "g-gone") is None  # not brought back
+    # Its replica died mid-call: the call counts as made when it lapses, and its slots come
+    # back a period after that, not IN_FLIGHT_MS after it was granted.
+    await asyncio.sleep(LAPSE_MS / 1000 + 0.2 + 0.05)
+    assert (await take(store, single, n=2)).status == "granted"
+    assert (await take(store, chat, n=3)).status == "granted"
 
 
 async def test_a_budget_that_lost_its_keys_starts_as_if_its_last_period_were_full(
