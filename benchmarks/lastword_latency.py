@@ -25,7 +25,6 @@ import asyncio
 import random
 import re
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from benchmarks.command_line import timed_run
 from benchmarks.wakeup import percentile, print_table
 from bot.config.settings import DebounceSettings
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.forked import Forked, spawn
 from tests.support.running import clean_environ
 
 TOKEN = re.compile(r"\bb\d+m\d+\b")
@@ -75,17 +75,16 @@ class Session:
 class ConsoleBot:
     """`lastword run` with piped stdin and stdout: lines in, replies out, each with its time."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process | Forked) -> None:
         self.process = process
         self.replies: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
     async def start(cls, env: dict[str, str]) -> ConsoleBot:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
+        # Forked from a process that has imported lastword (`tests.support.forked`), as the
+        # other benchmarks' replicas are: a start costs a fork, not an interpreter's imports.
+        process = await spawn(
             "run",
             env=env,
             stdin=asyncio.subprocess.PIPE,

@@ -156,6 +156,7 @@ from bot.store.replies import as_text
 from tests.support.fakes.loopback import free_port
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.mcp import append_command
 from tests.support.running import Running, clean_environ
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -379,12 +380,8 @@ def append_server(effects: Path, times: Path | None = None, **config: Any) -> di
     env = {"LW_APPEND_FILE": str(effects)}
     if times is not None:
         env["LW_TIMES_FILE"] = str(times)
-    server = {
-        "command": sys.executable,
-        "args": ["-m", "tests.support.fakes.mcp_append_server"],
-        "cwd": str(ROOT),
-        "env": env,
-    }
+    # Forked from the suite's zygote, as the replicas are (`tests.support.mcp`).
+    server = {**append_command(env), "cwd": str(ROOT), "env": env}
     return server | config
 
 

@@ -18,9 +18,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from redis.asyncio import Redis
@@ -35,6 +36,7 @@ from bot.store import Store
 from bot.store.embedded import EmbeddedRedis
 from bot.tools import Toolbox
 from bot.tools.load import load_toolbox
+from tests.support import forked
 from tests.support.console import (
     server_pids,
 )
@@ -325,6 +327,12 @@ async def boxes() -> AsyncIterator[Boxes]:
         await box.close()
 
 
+def _pass_on(log: IO[bytes]) -> None:
+    """Copy a child's log to this process's stderr (where pytest captures it) as it comes."""
+    for chunk in iter(lambda: os.read(log.fileno(), 65536), b""):
+        os.write(2, chunk)
+
+
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[str]:
     """The append server over streamable HTTP on a loopback port: its URL."""
@@ -334,16 +342,18 @@ def http_server(tmp_path: Path) -> Iterator[str]:
         "LW_TOKEN": TOKEN,
         "PYTHONPATH": str(ROOT),
     }
-    with subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fakes.mcp_append_server", "--http"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as process:
-        try:
-            assert process.stdout is not None
-            line = process.stdout.readline()  # bounded by the test's timeout
-            assert line.startswith("PORT "), line
-            yield f"http://127.0.0.1:{line.split()[1]}/mcp"
-        finally:
-            process.kill()
+    process = forked.popen("--http", env=env, module="tests.support.fakes.mcp_append_server")
+    # Its log passed on as it comes: a pipe nobody read would fill and stop the server.
+    assert process.stderr is not None
+    threading.Thread(target=_pass_on, args=(process.stderr,), daemon=True).start()
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()  # bounded by the test's timeout
+        assert line.startswith("PORT "), line
+        yield f"http://127.0.0.1:{line.split()[1]}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()

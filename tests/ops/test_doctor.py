@@ -26,6 +26,7 @@ from bot.ops import doctor
 from bot.ops.check import Check
 from bot.ops.doctor import MemoryPolicy, exit_code, memory_verdict, render, store_scripts
 from bot.store.embedded import EmbeddedRedis
+from tests.support import forked
 from tests.support.doctor import (
     API_KEY,
     DISCORD_TOKEN,
@@ -590,8 +591,7 @@ MCP_SECRET = "SECRET-mcp-header-Wd40xq"
 
 def mcp_time_server() -> dict[str, Any]:
     return {
-        "command": sys.executable,
-        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        **forked.started_by_others("mcp_server_time", "--local-timezone", "UTC"),
         "env": {"SOME_TOKEN": MCP_SECRET},
     }
 

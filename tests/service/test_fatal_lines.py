@@ -8,15 +8,14 @@ there, so `journalctl -p err`, which the README recommends, shows why the unit s
 every other line it writes carries its own priority. Elsewhere the lines are as a person at a
 terminal reads them.
 
-Each test runs the real `lastword` with its stderr a file, `$JOURNAL_STREAM` naming that
-file as systemd would name its stream.
+Each test runs `lastword` (forked from the suite's zygote, `tests.support.forked`) with its
+stderr a file, `$JOURNAL_STREAM` naming that file as systemd would name its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,11 +23,11 @@ import pytest
 
 from tests.support.fakes.loopback import free_port
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.forked import spawn
 from tests.support.running import clean_environ
 
 pytestmark = pytest.mark.timeout(120)
 
-LASTWORD = str(Path(sys.executable).parent / "lastword")
 ERROR = "<3>"
 # A line of the journal: its priority first.
 PRIORITY_FIRST = tuple(f"<{n}>" for n in range(8))
@@ -56,8 +55,7 @@ async def lastword(
     with stderr.open("wb") as file:
         found = os.fstat(file.fileno())
         stream = f"{found.st_dev}:{found.st_ino}" if journal else "0:0"
-        process = await asyncio.create_subprocess_exec(
-            LASTWORD,
+        process = await spawn(
             *args,
             env=env | {"JOURNAL_STREAM": stream},
             cwd=work,

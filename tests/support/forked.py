@@ -363,19 +363,21 @@ def popen(
     env: dict[str, str],
     cwd: Path | str | None = None,
     start_new_session: bool = False,
+    module: str = "bot",
 ) -> subprocess.Popen[bytes] | ForkedPopen:
-    """`python -m bot *argv` with its standard files as pipes, for a test that drives it from
-    threads (`subprocess.Popen`'s way): forked from the zygote where it can be."""
+    """`python -m <module> *argv` (`bot`: lastword) with its standard files as pipes, for a
+    test that drives it from threads (`subprocess.Popen`'s way): forked from the zygote where
+    it can be."""
     address = _ZYGOTE.address() if _same_interpreter(env) else None
     if address is not None:
         try:
-            return _forked_popen(address, argv, env, cwd, start_new_session)
+            return _forked_popen(address, module, argv, env, cwd, start_new_session)
         except ChildProcessError:
             pass  # this child's own trouble: exec says it as `python -m bot` would
         except (OSError, ValueError, TimeoutError):
             _ZYGOTE.give_up()
     return subprocess.Popen(
-        [sys.executable, "-m", "bot", *argv],
+        [sys.executable, "-m", module, *argv],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -388,13 +390,14 @@ def popen(
 def started_by_others(module: str, *args: str) -> dict[str, object]:
     """The `command` and `args` (as `mcpServers` takes them) of `python -m module args`, for
     a program that starts the process itself: forked from the zygote where it can be, through
-    a stand-in process (`tests.support.zygote_child`). The child's interpreter is the
-    zygote's (its `PYTHON*` settings, not the environment it is given)."""
+    a stand-in process (`tests.support.zygote_child`, found from its `cwd`, the repository,
+    whatever environment the program gives it). The child's interpreter is the zygote's (its
+    `PYTHON*` settings, not the environment it is given)."""
     address = _ZYGOTE.address()
     if address is None:
         return {"command": sys.executable, "args": ["-m", module, *args]}
     stand_in = ["-m", "tests.support.zygote_child", address, module, *args]
-    return {"command": sys.executable, "args": stand_in}
+    return {"command": sys.executable, "args": stand_in, "cwd": str(ROOT)}
 
 
 def run(
@@ -433,6 +436,7 @@ def run(
 
 def _forked_popen(
     address: str,
+    module: str,
     argv: tuple[str, ...],
     env: dict[str, str],
     cwd: Path | str | None,
@@ -443,7 +447,7 @@ def _forked_popen(
     theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
     ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
     try:
-        sock, pid = ask(address, request("bot", argv, env, cwd, start_new_session), theirs)
+        sock, pid = ask(address, request(module, argv, env, cwd, start_new_session), theirs)
     except BaseException:
         for fd in ours:
             os.close(fd)

@@ -20,16 +20,14 @@ import pytest
 from bot.config.settings import InstalledSettings, ToolsSettings
 from bot.tools import CUT_NOTE, ToolResult
 from bot.tools.mcp import KEY_META
+from tests.support import forked
 from tests.support.mcp import APPEND_TOOLS, TOKEN, Boxes, append_server, lines, run
 
 pytestmark = pytest.mark.timeout(30)
 
 
 async def test_the_time_server_from_pypi_tells_the_time(boxes: Boxes) -> None:
-    time_server = {
-        "command": sys.executable,
-        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
-    }
+    time_server = forked.started_by_others("mcp_server_time", "--local-timezone", "UTC")
     box = await boxes(mcp_servers={"time": time_server})
     tool = box.get("get_current_time")
     assert tool is not None
