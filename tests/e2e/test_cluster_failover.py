@@ -60,6 +60,7 @@ from tests.support.replica_fleet import (
     SEED,
     SWEEP_MS,
     TTL_MS,
+    WORKLOAD_ENV,
     Event,
     Step,
     check_conversation,
@@ -294,7 +295,7 @@ async def test_bursts_on_every_primary_with_a_bot_killed(cluster: Cluster, short
     rng = random.Random(SEED + 13)
     async with (
         FakeOpenAI(reply=covering_reply) as fake,
-        bots(cluster.url, fake, short_dir) as replicas,
+        bots(cluster.url, fake, short_dir, env=WORKLOAD_ENV) as replicas,
         client_for(cluster.url) as redis,
     ):
         fake.delay_s = LLM_DELAY_S
@@ -474,7 +475,9 @@ async def test_a_cluster_primary_killed_mid_run(
     async with (
         FakeOpenAI(reply=covering_reply) as fake,
         # The bots' URL names the primary about to be killed, as an operator's might.
-        bots(running.url, fake, short_dir, env={"LASTWORD_DURABILITY": level}) as replicas,
+        bots(
+            running.url, fake, short_dir, env=WORKLOAD_ENV | {"LASTWORD_DURABILITY": level}
+        ) as replicas,
         # The test's own client starts from a node that stays up: redis-py's cluster client
         # reloads its slot map from the nodes it was given.
         client_for(f"redis://127.0.0.1:{running.primaries[1].port}") as redis,
@@ -567,7 +570,7 @@ async def sentinel_failover(sentinel: SentinelSetup, short_dir: Path) -> None:
     env = {"LASTWORD_DURABILITY": "replicated"}
     async with (
         FakeOpenAI(reply=covering_reply) as fake,
-        bots(sentinel.url, fake, short_dir, env=env) as replicas,
+        bots(sentinel.url, fake, short_dir, env=WORKLOAD_ENV | env) as replicas,
         client_for(sentinel.url) as redis,
     ):
         fake.delay_s = LLM_DELAY_S
@@ -643,7 +646,7 @@ async def test_script_flush_mid_run_changes_nothing(
     rng = random.Random(SEED + 4)
     async with (
         FakeOpenAI(reply=covering_reply) as fake,
-        bots(url, fake, short_dir) as replicas,
+        bots(url, fake, short_dir, env=WORKLOAD_ENV) as replicas,
         client_for(url) as redis,
     ):
         fake.delay_s = LLM_DELAY_S

@@ -47,6 +47,7 @@ from tests.support.replica_fleet import (
     SEED,
     SWEEP_MS,
     TTL_MS,
+    WORKLOAD_ENV,
     Cluster,
     Step,
     accepted_times,
@@ -79,7 +80,7 @@ async def test_random_bursts_across_replicas(
     rng = random.Random(SEED)
     async with (
         FakeOpenAI(reply=covering_reply) as fake,
-        Cluster(server, fake, short_dir, size=3) as cluster,
+        Cluster(server, fake, short_dir, size=3, env=WORKLOAD_ENV) as cluster,
     ):
         fake.delay_s = LLM_DELAY_S
         plans = plan_workload(rng, cluster.names, conversations=12)

@@ -508,6 +508,15 @@ class Step:
     targets: tuple[str, ...]  # replicas the platform delivers it to; more than one = redelivery
 
 
+# The replicas' settings for `plan_workload`: its bursts may follow each other 0.1 s apart, so
+# a user may never pause long enough for the reply to go between them, and each burst then
+# interrupts the last one's generation. I3's bound holds for such a user only through the
+# starvation guard, here at the window's cap plus a generation: at the default (30 s) the
+# reply waits for a pause, and a loaded machine, slower to generate, chained the interruptions
+# past the bound (CI: 16 messages over 4 s, the first answered after 4.2 s).
+WORKLOAD_ENV = {"LASTWORD_STARVATION_AGE_MS": str(MAX_WAIT_MS + LLM_TIME_MS)}
+
+
 def plan_workload(rng: random.Random, names: list[str], conversations: int) -> list[list[Step]]:
     """Bursts of 1-5 messages per conversation. Gaps inside a burst straddle `quiet` (some
     extend the window, some let it close); gaps between bursts straddle `max_wait`. One
