@@ -119,9 +119,9 @@ async def test_a_3_mb_error_makes_no_long_log_line(
 ) -> None:
     with caplog.at_level(logging.DEBUG):
         box = await boxes(mcp_servers={"app": append_server(tmp_path)})
-        # What is checked is the log, not the time: the fake server's library logs the 3 MB
-        # error (with rich, wrapped to 80 columns) before it answers, seconds of CPU that went
-        # past the helper's 5 s even on a quiet machine, and the call then ended as a timeout.
+        # What is checked is the log, not the time: the fake server logs the 3 MB error on
+        # its stderr, one line, before it answers (plainly: wrapped by rich, as its SDK would,
+        # it took seconds of CPU, past 30 s on a loaded machine).
         result = await run(box, "boom", timeout_s=30, pad=3_000_000)
         # Stopped, so that all it wrote on its stderr has been read.
         await box.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import os
 import signal
 import socket
@@ -47,6 +48,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 KEY_META = "lastword/idempotency-key"
 
 server: MCPServer[Any] = MCPServer("lastword-append", version="1.0")
+# The SDK logs through rich where rich is installed: wrapping `boom`'s 3 MB error to 80
+# columns took seconds of CPU before the call was answered, past 30 s on a loaded machine.
+# Plain lines, as a server without rich writes them, cost the server next to nothing.
+logging.basicConfig(
+    level=logging.INFO, format="%(message)s", handlers=[logging.StreamHandler()], force=True
+)
 # The size of each of the `LW_MANY_TOOLS` tools' schemas, as a request's `tools` entry.
 MANY_TOOL_BYTES = 992
 # Of a flood over HTTP, what is written at once.
