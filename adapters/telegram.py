@@ -126,6 +126,7 @@ from bot.message import (
     edited_id,
 )
 from bot.ops.check import Check, guarded
+from bot.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -500,6 +501,12 @@ def _flood_wait(exc: Exception) -> float | None:
     return _seconds(exc.retry_after) if isinstance(exc, RetryAfter) else None
 
 
+def _httpx_request(**options: Any) -> HTTPXRequest:
+    """python-telegram-bot's httpx request with the process's one TLS context (its own
+    would load the certificate store again, for each request object)."""
+    return HTTPXRequest(**options, httpx_kwargs={"verify": client_context()})
+
+
 class TelegramAdapter:
     platform = PLATFORM
     # Leaves room for the HTML that rendering adds; a part that still does not fit is sent
@@ -518,9 +525,9 @@ class TelegramAdapter:
             base_url=base_url,
             base_file_url=settings.api_url.rstrip("/") + "/file/bot",
             request=AiohttpRequest(API_CONNECTIONS),
-            get_updates_request=HTTPXRequest(read_timeout=10),
+            get_updates_request=_httpx_request(read_timeout=10),
         )
-        self.downloads = HTTPXRequest(
+        self.downloads = _httpx_request(
             connection_pool_size=DOWNLOAD_CONNECTIONS,
             pool_timeout=DOWNLOAD_WAIT_S,
             read_timeout=DOWNLOAD_WAIT_S,
@@ -993,8 +1000,8 @@ async def _check(settings: Settings, timeout_s: float) -> Check:
     bot = Bot(
         own.token.get_secret_value(),
         base_url=api_url + "/bot",
-        request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
-        get_updates_request=HTTPXRequest(connect_timeout=timeout_s, read_timeout=timeout_s),
+        request=_httpx_request(connect_timeout=timeout_s, read_timeout=timeout_s),
+        get_updates_request=_httpx_request(connect_timeout=timeout_s, read_timeout=timeout_s),
     )
     try:
         # initialize() is getMe, the token's own check.

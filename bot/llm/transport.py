@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import httpx2
 
+from bot.tls import client_context
+
 # Connections to the provider at most, as the OpenAI client's own pool allows: one per
 # generation in flight.
 MAX_CONNECTIONS = 1000
@@ -20,7 +22,7 @@ MAX_CONNECTIONS = 1000
 def http_client(timeout_s: float) -> httpx2.AsyncClient:
     """The OpenAI client's HTTP client, as its default one (redirects followed, the same
     certificates), sending over aiohttp (`AiohttpTransport`)."""
-    transport = AiohttpTransport(httpx2.create_ssl_context())
+    transport = AiohttpTransport(client_context())
     return httpx2.AsyncClient(transport=transport, timeout=timeout_s, follow_redirects=True)
 
 

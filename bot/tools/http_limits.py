@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 
 import httpx2
 
+from bot.tls import client_context
 from bot.tools.stdio import TOO_LONG
 
 # The logger of everything about MCP servers (`bot.tools.stdio`'s).
@@ -89,7 +90,7 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
     def __init__(self, server: str, url: str, limit: int) -> None:
         self.server = server
         self.limit = limit
-        self.inner = httpx2.AsyncHTTPTransport(proxy=proxy_for(url))
+        self.inner = httpx2.AsyncHTTPTransport(verify=client_context(), proxy=proxy_for(url))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

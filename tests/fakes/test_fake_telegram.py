@@ -15,7 +15,9 @@ from aiohttp import web
 from telegram import Bot, BotCommand, BotCommandScopeChat, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
+from telegram.request import HTTPXRequest
 
+from bot.tls import client_context
 from tests.support.fakes.telegram_server import (
     MAX_DOWNLOAD_SIZE,
     STOP_PRESSED,
@@ -32,10 +34,14 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 def make_bot(fake: FakeTelegram, token: str | None = None) -> Bot:
     # PTB appends the token to base_url, then "/{method}"; to base_file_url, "/{file_path}".
+    # Its requests share the process's TLS context, as the adapter's do (each would load the
+    # certificate store again).
     return Bot(
         token or fake.token,
         base_url=f"{fake.api_url}/bot",
         base_file_url=f"{fake.api_url}/file/bot",
+        request=HTTPXRequest(httpx_kwargs={"verify": client_context()}),
+        get_updates_request=HTTPXRequest(httpx_kwargs={"verify": client_context()}),
     )
 
 
