@@ -293,11 +293,19 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
     text and never a new generation. (Parts the first holder sent go out twice, as with any
     outbox resend: a platform that deduplicates, such as Discord with its nonce, shows them
     once. That is recovery as SPEC step 8 has it, not what is under test here.)"""
+    # The phase needs the holder to keep its lease until the partition. Beside busy loops a
+    # replica's renewal came later than a 1.5 s lease allows: the holder lost it while
+    # generating, took the conversation again and generated afresh, before the partition
+    # ("the reply was generated afresh"). So a longer lease here.
+    ttl_s = 4.5
     # Each part holds the send longer than TTL/3: the reply takes longer than a lease TTL.
-    hold_ms = 700
+    hold_ms = 1700
     (short_dir / "send-control").write_text(f"hold {hold_ms}")
-    send_control = {"REPLICA_SEND_CONTROL": str(short_dir / "send-control")}
-    async with cut_off_by_a_proxy(server, short_dir, long_reply, send_control) as (
+    env = {
+        "REPLICA_SEND_CONTROL": str(short_dir / "send-control"),
+        "LASTWORD_LEASE__TTL_MS": str(int(ttl_s * 1000)),
+    }
+    async with cut_off_by_a_proxy(server, short_dir, long_reply, env) as (
         proxy,
         fake,
         cluster,
@@ -310,12 +318,12 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
         partitioned_at = time.time()
         # Whatever renewal reached the server was sent before the partition: the lease
         # expires no later than this on the server.
-        expired_by = partitioned_at + TTL_S
+        expired_by = partitioned_at + ttl_s
         # Only now the other replica, so the first was sure to hold the lease until now.
         await cluster.add("r1")
         await cluster.wait_for(
             lambda: int(cluster.stats("r1").get("replies", 0)) >= 1,
-            timeout=TTL_S + 15,
+            timeout=ttl_s + 15,
             what="r1 to finish the reply",
         )
 
@@ -324,7 +332,7 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
         print(
             f"\ncut off mid-reply: {len(first)} of 4 parts sent, {len(after)} after the partition"
             + (f", the last {max(after) * 1000:.0f} ms after it" if after else "")
-            + f" (lease TTL {TTL_MS} ms)"
+            + f" (lease TTL {ttl_s * 1000:.0f} ms)"
         )
         late = [e["key"] for e in first if float(e["t"]) > expired_by]
         assert not late, f"{CUT_OFF} sent {late} after its lease had expired"
@@ -343,9 +351,9 @@ async def test_a_holder_cut_off_mid_reply_sends_no_part_after_its_lease_expired(
         # Healed, the cut-off replica sends nothing more (deliberate wait: a late part would
         # come within a lease TTL), and stops cleanly.
         proxy.heal()
-        await asyncio.sleep(TTL_S)
+        await asyncio.sleep(ttl_s)
         assert cluster.of("sent", CUT_OFF) == first
-        await eventually(lambda: quiescent(redis, [CONVERSATION]), within_s=TTL_S + 5)
+        await eventually(lambda: quiescent(redis, [CONVERSATION]), within_s=ttl_s + 5)
         await cluster.terminate_all()
         raw_v, raw_w = await redis.hmget(Keys(CONVERSATION).state, ["v", "w"])
         assert raw_v == raw_w == b"1"
