@@ -55,6 +55,15 @@ PRELOADED = (
     "aiohttp.web",
     "mcp.client",
     "mcp.client.stdio",
+    # What the clients import on first use: httpx's transport (python-telegram-bot's long
+    # poll and downloads) its connection pool and anyio's loop; the OpenAI client its
+    # resources; the store its format check; the toolbox its Python tools.
+    "httpcore",
+    "anyio._backends._asyncio",
+    "openai.resources.models",
+    "openai.resources.audio",
+    "bot.store.migrate",
+    "bot.tools.python",
     # What the multi-process tests' replica (`python -m tests.support.replica`) imports; not
     # the replica itself, which runpy warns about when it runs a module already imported.
     "bot.core.runtime",
