@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from pydantic import BaseModel
 
 from adapters.base import Adapter
 from bot.config.settings import ConfigError, Settings
 from bot.ops.check import Check, PlatformCheck
+from bot.plugins import entry_points
 
 GROUP = "lastword.adapters"
 

@@ -21,7 +21,6 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache, partial
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlparse, urlsplit
@@ -53,6 +52,7 @@ from bot.config import spelling
 from bot.config.redis_url import parse_sentinel
 from bot.log_lines import LogStyle
 from bot.masking import MASK, masked_url, redact, store_url
+from bot.plugins import entry_points
 from bot.tokens import estimate
 
 ENV_PREFIX = "LASTWORD_"

@@ -21,9 +21,10 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
+from bot.plugins import entry_points
 from bot.tools import Tool
 
 log = logging.getLogger(__name__)
