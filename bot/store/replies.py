@@ -33,6 +33,12 @@ def decoded(raw: bytes | str) -> dict[str, Any]:
     return found
 
 
+def decoded_each(raw: bytes | str) -> list[dict[str, Any]]:
+    """A script's reply of several objects (a list of them, as `decoded` reads one)."""
+    found: list[dict[str, Any]] = _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
+    return found
+
+
 def listed(value: Any) -> list[Any]:
     """A list field of a script's reply (`decoded`), empty when cjson wrote `{}` or left it out."""
     return value if isinstance(value, list) else []

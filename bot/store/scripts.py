@@ -199,7 +199,9 @@ SETTLE = Script(
     keys=("lease", "state", "pending", "outbox", "window", "due"),
     args=("conversation", "token", "fence"),
 )
-DUE = Script("due", keys=("due", "access"), args=("limit", "horizon_ms"))
+DUE = Script(
+    "due", keys=("due", "access"), args=("limit", "horizon_ms"), rest_keys="further_shards_pairs"
+)
 USAGE = Script(
     "usage",
     keys=("usage", "day", "totals", "ranking", "month"),

@@ -327,6 +327,35 @@ async def test_ingest_schedules_the_deadline_in_the_due_index(
     assert await server_ms(redis) >= deadline
 
 
+async def evalsha_calls(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_sweep_on_one_server_reads_every_shard_in_one_call(
+    redis: Redis, make_settings: SettingsFactory
+) -> None:
+    store = build(make_settings, redis)
+    # A conversation in each of eight shards, every one of them due at once (quiet 0).
+    chats: dict[int, str] = {}
+    for n in range(200):
+        chats.setdefault(shard_of(f"test:{n}"), str(n))
+        if len(chats) == 8:
+            break
+    for chat in chats.values():
+        await store.ingest(message(1, chat=chat))
+    wanted = {f"test:{chat}" for chat in chats.values()}
+
+    async def all_due() -> bool:
+        return set(await store.due()) >= wanted
+
+    await eventually(all_due, within_s=5)
+    before = await evalsha_calls(redis)
+    assert set(await store.due()) >= wanted
+    # One script call for the 64 shards (the GET of the access seq rides in the same pipeline).
+    assert await evalsha_calls(redis) - before == 1
+
+
 # -- acquire -------------------------------------------------------------------------------------
 
 
