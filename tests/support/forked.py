@@ -95,6 +95,11 @@ def serve(path: str) -> None:
     # The TLS context every replica makes with its first HTTPS client (about 30 ms of CPU):
     # made here once, so that no child pays for it.
     importlib.import_module("bot.tls").client_context()
+    # The entry points every replica reads as it starts (platforms, Python tools): read here
+    # once (`bot.plugins` keeps them for this import path, which a child keeps).
+    plugins = importlib.import_module("bot.plugins")
+    plugins.entry_points(importlib.import_module("bot.config.settings").PLATFORMS)
+    plugins.entry_points(importlib.import_module("bot.tools.python").GROUP)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
