@@ -281,9 +281,10 @@ class Protocol(RuleBasedStateMachine):
         return leased == str(holder.lease.fence).encode()
 
     async def _before_presend(self, holder: Holder) -> tuple[bool, dict[str, int], bool, int, int]:
-        """What a pre-send check is judged against, read in one round trip (so the check
-        follows as soon as it can): whether the holder holds the lease, the state, whether
-        the window is leased to it, the window's deadline, and the server's clock."""
+        """What a pre-send check (or a tool step) is judged against, read in one round trip
+        (so the check follows as soon as it can): whether the holder holds the lease, the
+        state, whether the window is leased to it, the window's deadline, and the server's
+        clock."""
         keys = Keys(holder.lease.conversation)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hmget(keys.lease, ["token", "fence"])
@@ -982,7 +983,11 @@ class Protocol(RuleBasedStateMachine):
         burst's, or a /retry's (`turn`)."""
         conv, store, lease = holder.lease.conversation, self.replicas[holder.replica], holder.lease
         burst, version = turn or holder.grant.watermark + 1, holder.grant.version
-        held = self.run(self._held(holder))
+        # Read at once, before the step: a call asked for while a speculative window is open
+        # is held, and beside two busy loops a round trip for each read let the window (20
+        # ms) close first in every try of a run ("tool held" never seen). Recording the step
+        # changes none of them.
+        held, state, leased, _, _ = self.run(self._before_presend(holder))
         if not self.run(store.tool_record(conv, burst)).steps:
             recorded = bool(self.run(store.record_step(lease, burst, 0, CALLS, version)))
             assert recorded == held, f"record_step said {recorded}; held: {held}"
@@ -990,8 +995,7 @@ class Protocol(RuleBasedStateMachine):
                 self._born(conv, burst)
                 self.step_version[conv, burst] = version
         key, side_effects = (conv, burst, index), index == 0
-        leased = self.run(self._leased(holder))
-        now = self.run(self._state(conv)).get("v", 0)
+        now = state.get("v", 0)
         begun = self.run(store.begin_call(lease, burst, 0, index, side_effects, version))
         known = self.calls.get(key)
         if not held or burst not in self.record_turns[conv]:
