@@ -10,6 +10,8 @@ a person's keys across places, heartbeats and the record of tool calls, on the b
 
 from __future__ import annotations
 
+import functools
+
 from bot.store import scripts as _scripts
 from bot.store.access import MEND_SHARDS_PER_SWEEP, Access, AccessRecord
 from bot.store.budget import Ask, Budget, InFlight, Stamp, Taken
@@ -166,6 +168,23 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=4)
+def _due_calls(layout: Layout, clustered: bool) -> tuple[tuple[str, ...], ...]:
+    """The KEYS of each call a sweep makes (`Store.due`), named once for the layout. A
+    call's keys share one slot on a cluster: one call a shard, pipelined by node. One server
+    holds every shard: one call reads them all (a call a shard, 64 a sweep, was half of an
+    idle replica's CPU and a third of its server's)."""
+    script = _scripts.DUE
+    pairs = [
+        {"due": layout.due_key(shard), "access": layout.access_key(shard)}
+        for shard in range(layout.shards)
+    ]
+    if clustered:
+        return tuple(tuple(script.ordered_keys(pair)) for pair in pairs)
+    further = [key for pair in pairs[1:] for key in script.ordered_keys(pair)]
+    return (tuple(script.ordered_keys(pairs[0], rest=further)),)
+
+
 class Store(
     Conversations,
     Roles,
@@ -189,21 +208,10 @@ class Store(
         are mended then (`MEND_SHARDS_PER_SWEEP`), the rest at the next sweep."""
         script = _scripts.DUE
         args = script.ordered_args({"limit": limit, "horizon_ms": self.settings.horizon_ms})
-        pairs = [
-            {"due": self.layout.due_key(shard), "access": self.layout.access_key(shard)}
-            for shard in range(self.layout.shards)
-        ]
-        # A call's keys share one slot on a cluster: one call a shard, pipelined by node. One
-        # server holds every shard: one call reads them all (a call a shard, 64 a sweep, was
-        # half of an idle replica's CPU and a third of its server's).
-        if self.clustered:
-            calls = [script.ordered_keys(pair) for pair in pairs]
-        else:
-            further = [key for pair in pairs[1:] for key in script.ordered_keys(pair)]
-            calls = [script.ordered_keys(pairs[0], rest=further)]
+        calls = _due_calls(self.layout, self.clustered)
         *replies, latest = await self._in_every_shard(
             script,
-            lambda n: (calls[n], args),
+            lambda n: (list(calls[n]), args),
             shards=range(len(calls)),
             also=[("GET", ACCESS_SEQ_KEY)],
         )
