@@ -45,13 +45,16 @@ from bot.commands.chat import (
     RESET,
     START,
     STOPPED,
+    WELCOME,
     ModelPick,
     budget_of,
     model_named,
 )
 from bot.commands.forget import FORGET, Asked, Erase
+from bot.commands.memory import MEMORY, REMEMBER, Forgot, MemorySwitch, Remember
 from bot.commands.persona import PERSONA, Persona
 from bot.commands.tools import TOOLS
+from bot.memory import Memory
 from bot.message import InboundMessage
 from bot.store import Store
 
@@ -62,6 +65,7 @@ __all__ = [
     "RESET",
     "START",
     "STOPPED",
+    "WELCOME",
     "Ask",
     "CommandContext",
     "Decision",
@@ -102,6 +106,8 @@ COMMANDS: dict[str, AnyCommand] = {
         chat.RESET_COMMAND,
         FORGET,
         PERSONA,
+        REMEMBER,
+        MEMORY,
         TOOLS,
         admin.ALLOW,
         admin.DENY,
@@ -111,7 +117,8 @@ COMMANDS: dict[str, AnyCommand] = {
 }
 # Every kind of change a reply can carry in the outbox, by its `kind`.
 CHANGES: dict[str, type[Change]] = {
-    c.kind: c for c in (admin.Change, ModelPick, Persona, Asked, Erase)
+    c.kind: c
+    for c in (admin.Change, ModelPick, Persona, Asked, Erase, Remember, Forgot, MemorySwitch)
 }
 
 
@@ -155,11 +162,11 @@ def decoded(raw: str) -> tuple[Change, ...]:
     return tuple(CHANGES[c.pop("kind")](**c) for c in found)
 
 
-async def apply(store: Store, conversation: str, changes: Sequence[Change]) -> None:
+async def apply(store: Store, conversation: str, changes: Sequence[Change], memory: Memory) -> None:
     """Carry the changes out, in order. Raises `Unavailable` if the store refused one; the
     reply is then not sent, and whoever re-sends it from the outbox applies them again."""
     for change in changes:
-        await change.apply(store, conversation)
+        await change.apply(store, conversation, memory)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from bot.commands.base import Ask, Command, CommandContext, Decision, no_words
+from bot.memory import Memory
 from bot.plural import counted
 from bot.store import DayTotals, Store
 from bot.tokens import spent
@@ -52,7 +53,7 @@ class Change:
     value: str  # "allow" / "deny", a budget in tokens, or "" to clear the field
     by: str
 
-    async def apply(self, store: Store, conversation: str) -> None:
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None:
         """Raises `Unavailable` if the store refused it; the reply is then not sent, and
         whoever re-sends it from the outbox applies it again."""
         await store.change_access(self.user, self.field, self.value, self.by)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from bot.config.settings import Settings
+from bot.memory import Memory
 from bot.store import Store
 from bot.tools import Toolbox
 
@@ -51,7 +52,7 @@ class Change(Protocol):
 
     kind: ClassVar[str]
 
-    async def apply(self, store: Store, conversation: str) -> None: ...
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class CommandContext:
     forget_asked: bool = False
     # The replica's tools (/tools lists those offered to the asker).
     toolbox: Toolbox = field(default_factory=Toolbox)
+    # Where people's facts are kept; None: the operator turned memory off.
+    memory: Memory | None = None
 
 
 Parse = Callable[[Sequence[str]], Args | None]

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from bot.commands.base import Ask, Command, CommandContext, Decision
 from bot.config.settings import LLMSettings, ModelChoice, Settings
+from bot.memory import Memory
 from bot.store import Spending, Store
 from bot.tokens import WEIGHTED, spent
 
@@ -17,6 +18,12 @@ START = (
     "want: I wait until you have finished, then answer everything at once. /help lists "
     "what else I understand."
 )
+# What /start adds where memory is on (LASTWORD_MEMORY__ENABLED).
+REMEMBERING = (
+    "I remember what you tell me about yourself, in every conversation: /memory shows what "
+    "I keep and lets you erase it, /memory off stops it."
+)
+WELCOME = f"{START}\n\n{REMEMBERING}"
 RESET = "Done: I've forgotten our conversation so far."
 STOPPED = "Stopped."
 # /stop when no answer was owed: nothing was being written, so nothing was stopped.
@@ -96,7 +103,7 @@ class ModelPick:
     kind: ClassVar[str] = "model"
     name: str
 
-    async def apply(self, store: Store, conversation: str) -> None:
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None:
         await store.pick_model(conversation, self.name)
 
 
@@ -124,7 +131,11 @@ async def _model(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decisi
     )
 
 
-START_COMMAND = Command[object](name="start", help="what this bot does", text=START)
+async def _start(turn: CommandContext, ask: Ask, words: object) -> Decision:
+    return Decision(WELCOME if turn.settings.memory.enabled else START)
+
+
+START_COMMAND = Command[object](name="start", help="what this bot does", run=_start)
 # /retry after a /stop answers what the /stop skipped (`bot.core.history.last_reply`): their help
 # lines say so, since a user who stops an answer by mistake, or to have it written anew,
 # gets it back with /retry; what /stop skipped is never lost.

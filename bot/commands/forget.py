@@ -1,10 +1,10 @@
 """/forget: erase what is kept about the person, everywhere they wrote to me (their DM, every
 group and topic), once they confirm (the same command again within a minute, in the same
 place, `bot.store.FORGET_CONFIRM_MS`): the histories, the messages they answer, the cached
-transcripts and documents, what they said in groups' rooms, the models and personas they
-picked. Counters without content stay: usage totals (the daily budget counts on today's, so a
-/forget never renews it) and the ids that keep a redelivered message from being answered
-twice. /reset, by contrast, forgets one place's conversation."""
+transcripts and documents, what they said in groups' rooms, their memory (`bot.memory`), the
+models and personas they picked. Counters without content stay: usage totals (the daily
+budget counts on today's, so a /forget never renews it) and the ids that keep a redelivered
+message from being answered twice. /reset, by contrast, forgets one place's conversation."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bot.commands.base import Ask, Command, CommandContext, Decision, no_words
+from bot.memory import Memory, Person
+from bot.message import Place
 from bot.plural import counted
 from bot.store import Store
 
 CONFIRM = (
     "This erases everything I keep about you, here and in every other chat, group and topic: "
-    "our conversations, what your files said, what you said in groups, and the models and "
-    "personas you picked (your usage totals stay). Send /forget again within a minute to "
-    "confirm."
+    "our conversations, what your files said, what you said in groups, what I remember "
+    "about you, and the models and personas you picked (your usage totals stay). Send /forget "
+    "again within a minute to confirm."
 )
 
 
@@ -28,13 +30,13 @@ def forgotten(places: int) -> str:
     """What a confirmed /forget answers, having erased what was kept in `places` places."""
     if places <= 1:
         return (
-            "Done: I've erased our conversation, what your files said, and the model and "
-            "persona you picked."
+            "Done: I've erased our conversation, what your files said, what I remembered "
+            "about you, and the model and persona you picked."
         )
     return (
         f"Done: I've erased what I kept about you in {counted(places, 'place')} (here and "
         "wherever else you wrote to me): our conversations, what your files said, what you "
-        "said in groups, and the models and personas you picked."
+        "said in groups, what I remembered about you, and the models and personas you picked."
     )
 
 
@@ -48,7 +50,7 @@ class Asked:
 
     kind: ClassVar[str] = "forget_asked"
 
-    async def apply(self, store: Store, conversation: str) -> None:
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None:
         await store.ask_forget(conversation)
 
 
@@ -60,8 +62,10 @@ class Erase:
     kind: ClassVar[str] = "forget"
     user: str = ""
 
-    async def apply(self, store: Store, conversation: str) -> None:
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None:
         await store.forget(conversation, self.user)
+        if self.user:
+            await memory.erase(Person(Place.of(conversation).platform, self.user))
 
 
 async def _forget(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Decision:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bot.commands.base import Ask, Command, CommandContext, Decision, any_words
+from bot.memory import Memory
 from bot.store import Store
 
 OFF = "off"
@@ -24,7 +25,7 @@ class Persona:
     kind: ClassVar[str] = "persona"
     text: str
 
-    async def apply(self, store: Store, conversation: str) -> None:
+    async def apply(self, store: Store, conversation: str, memory: Memory) -> None:
         await store.keep_persona(conversation, self.text)
 
 

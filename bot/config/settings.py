@@ -668,6 +668,46 @@ class ToolsSettings(Group):
     )
 
 
+# Where a memory provider declares its factory (bot/memory/__init__.py, which reads it).
+MEMORY_PROVIDERS = "lastword.memory"
+
+
+class MemorySettings(Group):
+    # Long-term memory per person (bot/memory/): facts they shared, kept across places,
+    # replicas and /reset, shown only in requests that answer them.
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "facts each person shares are kept and shown to the model in their requests; "
+            "see [Memory](memory.md)"
+        ),
+    )
+    facts: int = Field(default=50, ge=1, le=1000, description="the most facts kept per person")
+    fact_chars: int = Field(
+        default=300, ge=20, le=4000, description="the longest fact, in characters"
+    )
+    # The built-in one keeps facts in the store; another is a package's entry point in the
+    # `lastword.memory` group (bot/memory/__init__.py).
+    provider: str = Field(
+        default="redis",
+        description=(
+            "where facts are kept: `redis` (built in: the store) or an installed provider "
+            "(see [Memory](memory.md#another-provider))"
+        ),
+    )
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_installed(cls, value: str) -> str:
+        # Entry points are package metadata: checking them imports no provider.
+        names = sorted({"redis", *(entry.name for entry in entry_points(group=MEMORY_PROVIDERS))})
+        if value not in names:
+            raise ValueError(
+                f"no memory provider {value!r} is installed (installed: {', '.join(names)})"
+            )
+        return value
+
+
 class OutboundSettings(Group):
     # How the platform's limits on what the bot sends are kept (bot/outbound/pacing.py): shared, one
     # budget every replica draws on, in the store; replica, each replica's own (as if it ran
@@ -830,6 +870,7 @@ class Settings(BaseSettings):
     tools: ToolsSettings = ToolsSettings()
     outbound: OutboundSettings = OutboundSettings()
     groups: GroupsSettings = GroupsSettings()
+    memory: MemorySettings = MemorySettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2, description="history entries kept per conversation")
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and

@@ -40,12 +40,14 @@ from bot.core.groups import in_room, replied
 from bot.core.history import Retry, conversation_of, last_reply
 from bot.core.lease import LeaseKeeper, LeaseLost
 from bot.core.race import NOTHING, Next, Race
+from bot.core.remembering import FORGETFUL, Remembered, memory_of, remembered
 from bot.core.steps import ModelUse, Steps, ToolUse, TurnRecord
 from bot.core.watch import VersionWatch
 from bot.llm.base import LLM, LLMError, Usage
 from bot.llm.media import UNSEEN_NOTE, Media
 from bot.llm.others import TOOL_DATA, Others
 from bot.llm.prompt import Prompt, estimated_tokens, fit, system_prompt, with_persona
+from bot.llm.remembered import MEMORY_NOTE, fact_lines
 from bot.llm.transcribe import Transcriber
 from bot.message import InboundMessage, Said, SendFailed, Unavailable, Unreachable
 from bot.outbound.drafts import drafting, drafts_of
@@ -158,6 +160,8 @@ class Request:
     model: ModelChoice | None
     persona: str
     room: tuple[Said, ...] = ()  # in a group: what was said lately to others
+    # The person's facts this request shows, and the memory tool bound to them.
+    memory: Remembered = FORGETFUL
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,7 @@ class Cycle:
         self.llm = llm
         self.outbound = outbound
         self.toolbox = toolbox or Toolbox()
+        self.memory = memory_of(settings, store)
         self.stats = Stats()
         self.counter = Counter()
         self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
@@ -219,6 +224,7 @@ class Cycle:
         """Take on reloaded settings, the model's with them. The version watch keeps its
         interval (`llm.interrupt_poll_ms` needs a restart)."""
         self.settings = settings
+        self.memory = memory_of(settings, self.store)
         self.llm.configure(settings.llm)
         self.media.configure(settings.media, settings.llm.model, can_see=self.llm.sees_images)
 
@@ -319,7 +325,7 @@ class Cycle:
             if turn == "expired":
                 return await self._expired(lease)
             # Only now, about to go: a reply superseded while it waited changes nothing.
-            await apply(self.store, lease.conversation, written.reply.changes)
+            await apply(self.store, lease.conversation, written.reply.changes, self.memory)
             text, slot, version = written.reply.text, turn, grant.version
             sent_by = (lease.fence, lease.token)
         outcome = await self._deliver(lease, text, version, sent_by, keeper, grant, slot)
@@ -389,7 +395,7 @@ class Cycle:
         self.stats.resent += 1
         log.info("resending the reply left in the outbox of %s", conversation)
         # What its commands change: carried out again, as its holder may have died first.
-        await apply(self.store, conversation, decoded(resend.changes))
+        await apply(self.store, conversation, decoded(resend.changes), self.memory)
         return resend.text, resend.version
 
     async def _write(self, grant: Acquired, keeper: LeaseKeeper, began: float) -> Written | Next:
@@ -619,7 +625,13 @@ class Cycle:
         if not burst.for_model and target is None:
             return answers
         user = grant.unanswered[-1].user_id
-        spending = await self.store.spending(conversation, user)
+        # At once: the person's memory is read beside their spending, not after it.
+        spending, memory = await asyncio.gather(
+            self.store.spending(conversation, user),
+            remembered(self.memory, self.settings, conversation, user),
+        )
+        if not self.llm.calls_tools:
+            memory = replace(memory, tools=Toolbox())
         budget = budget_of(self.settings, spending)
         if budget and spending.today >= budget:
             self.stats.over_budget += 1
@@ -635,6 +647,7 @@ class Cycle:
             model_named(self.settings.llm, turn.model),
             turn.persona,
             grant.room,
+            memory,
         )
         generation = await self._generation(grant, request, keeper)
         await self._account(conversation, user, generation)
@@ -658,6 +671,7 @@ class Cycle:
             model=grant.model,
             persona=grant.persona,
             toolbox=self.toolbox,
+            memory=self.memory if self.settings.memory.enabled else None,
         )
         answers: list[str] = []
         changes: list[Change] = []
@@ -703,7 +717,10 @@ class Cycle:
         user = grant.unanswered[-1].user_id
         # The tools as they are now, each call bound to one of these: a tool added or renamed
         # meanwhile changes nothing for this reply.
-        offered = tuple(self.toolbox.offered(user in self.settings.access.admins))
+        offered = (
+            *self.toolbox.offered(user in self.settings.access.admins),
+            *(tool for tool, _ in request.memory.tools.tools.values()),
+        )
         async with self._interruptible(grant, keeper) as race:
             prompt = await race(self._prompt(request, offered))
             if isinstance(prompt, Next):
@@ -736,7 +753,7 @@ class Cycle:
         llm = self.settings.llm
         return Steps(
             ModelUse(self.llm, llm, self.counter, llm.context_tokens - llm.max_tokens),
-            ToolUse(self.settings.tools, self.toolbox, offered),
+            ToolUse(self.settings.tools, self.toolbox, offered, request.memory.tools),
             TurnRecord(self.store, grant.lease, turn_of(grant, request.target), grant.version),
             race,
             on_text=usage.on_text,
@@ -790,7 +807,11 @@ class Cycle:
         )
         conversation = request.conversation
         history = request.history
-        system = with_persona(system_prompt(llm.system_prompt), request.persona)
+        system = system_prompt(llm.system_prompt)
+        if request.memory.on:
+            # Before the persona: the user's own instructions come after the operator's.
+            system += "\n\n" + MEMORY_NOTE
+        system = with_persona(system, request.persona)
         system = in_room(system, conversation, request.messages)
         prepared = await self.media.prepare(conversation, request.messages)
         if prepared.unseen:
@@ -804,7 +825,9 @@ class Cycle:
             texts = asked + texts
             images = [()] * len(asked) + images if images else []
         turns = await self.media.history(conversation, history)
-        if offered or any(turn.used for turn in turns):
+        # The memory tool's results are lastword's own words; any other tool's are data.
+        theirs = [tool for tool in offered if not request.memory.tools.get(tool.name)]
+        if theirs or any(turn.used for turn in turns):
             system += "\n\n" + TOOL_DATA
         prompt = fit(
             system,
@@ -814,6 +837,7 @@ class Cycle:
             self.counter,
             images,
             Others.of(request.messages, request.room),
+            fact_lines(request.memory.facts),
         )
         return prompt if request.model is None else replace(prompt, model=request.model.model)
 

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.config.settings import LLMSettings, ToolsSettings
@@ -111,6 +111,14 @@ class ToolUse:
     settings: ToolsSettings
     toolbox: Toolbox
     tools: tuple[Tool, ...]  # those its person is offered
+    # Tools bound to the person the reply answers (their memory), run here rather than by
+    # the replica's toolbox.
+    personal: Toolbox = field(default_factory=Toolbox)
+
+    def box(self, tool: Tool) -> Toolbox:
+        """What runs a call bound to `tool`."""
+        mine = any(t.identity == tool.identity for t, _ in self.personal.tools.values())
+        return self.personal if mine else self.toolbox
 
 
 @dataclass(frozen=True)
@@ -343,7 +351,7 @@ class Steps:
             self.on_text(f"{tool.shown()}…")
         key = f"{self.turn.lease.conversation}:{self.record}:{k}:{j}"
         timeout = min(self.offer.settings.call_timeout_s, max(left, MIN_CALL_S))
-        result = await self.offer.toolbox.run(
+        result = await self.offer.box(tool).run(
             call, key, timeout, self.offer.settings.output_chars, tool
         )
         self.calls_run += 1

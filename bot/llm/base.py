@@ -125,11 +125,13 @@ class LLM(Protocol):
     """A model the core asks for replies. What it can do it declares (the core never tells
     models apart by name): `sees_images`, whether photos reach it as images (or are only
     described in words); `picks_models`, whether a person may pick one of the configured
-    models with /model (the offline echo has no model to pick)."""
+    models with /model (the offline echo has no model to pick); `calls_tools`, whether it may
+    call tools at all (the echo never does, so it is offered none of lastword's own)."""
 
     name: str
     sees_images: bool
     picks_models: bool
+    calls_tools: bool
 
     async def complete(self, prompt: Prompt, usage: Usage) -> Answer:
         """One completion for `prompt`, recording its tokens in `usage` as it goes."""

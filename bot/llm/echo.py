@@ -24,6 +24,7 @@ class EchoLLM:
 
     name = "echo"
     sees_images = False
+    calls_tools = False
     picks_models = False
 
     def __init__(self, delay_ms: int = 0, word_ms: int = 0) -> None:

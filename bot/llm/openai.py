@@ -149,6 +149,7 @@ class OpenAILLM:
 
     name = "openai"
     sees_images = True
+    calls_tools = True
     picks_models = True
 
     def __init__(self, settings: LLMSettings) -> None:

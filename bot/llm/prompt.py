@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from bot.llm.others import NOBODY, ROOM_CLOSE, ROOM_INTRO, ROOM_OPEN, Others
+from bot.llm.remembered import MEMORY_CLOSE, MEMORY_INTRO, MEMORY_OPEN, MEMORY_SHARE, shown
 from bot.tokens import PER_MESSAGE, Counter
 from bot.tools import well_named
 
@@ -99,6 +100,8 @@ class Prompt:
     tool_choice: Literal["auto", "none"] | None = None
     # What others said, as data: it opens the user turn (`Others.shown`).
     others: Others = NOBODY
+    # The person's facts, as data (`bot.llm.remembered`): before what others said.
+    memory: tuple[str, ...] = ()
 
     def messages(self) -> list[dict[str, Any]]:
         """Chat Completions messages as strict chat templates take them: the system prompt,
@@ -148,8 +151,8 @@ class Prompt:
 
     def _lines(self) -> list[str]:
         # A blank line between the data and the person's own words.
-        shown = self.others.shown()
-        lines = [shown + "\n"] if shown else []
+        data = [block for block in (shown(self.memory), self.others.shown()) if block]
+        lines = ["\n\n".join(data) + "\n"] if data else []
         if len(self.unanswered) == 1 and not self.left_out:
             return [*lines, self.unanswered[0]]
         lines.append(FOLD_HEADER)
@@ -239,11 +242,14 @@ def fit(
     counter: Counter,
     images: Sequence[tuple[Image, ...]] = (),
     others: Others = NOBODY,
+    memory: Sequence[str] = (),
 ) -> Prompt:
     """The prompt within `budget` tokens: the system prompt and the unanswered messages
     (with their images) first, newest kept first if even they do not fit; then what they
-    reply to, if it fits; then history from the newest back; then the room's newest lines,
-    within what is left and at most 1/ROOM_SHARE of the budget."""
+    reply to, if it fits; then history from the newest back; then the person's newest facts
+    (`memory`), within what is left and at most 1/MEMORY_SHARE of the budget, so the
+    conversation outranks old facts; then the room's newest lines, within what is left and
+    at most 1/ROOM_SHARE of the budget."""
     left = budget - counter.count(system) - counter.count(FOLD_HEADER)
     shown = list(images) or [()] * len(unanswered)
     kept: list[tuple[str, tuple[Image, ...]]] = []
@@ -269,19 +275,28 @@ def fit(
         turns.append(turn)
         left -= cost
     turns.reverse()
+    facts = _newest(memory, min(left, budget // MEMORY_SHARE), counter, MEMORY_FRAME)
+    left -= counter.count("\n".join(facts)) + (counter.count(MEMORY_FRAME) if facts else 0)
     return Prompt(
         system,
         tuple(turns),
         tuple(text for text, _ in kept),
         left_out=len(unanswered) - len(kept),
         images=tuple(its for _, its in kept) if any(shown) else (),
-        others=Others(quoted, _room_lines(others.room, min(left, budget // ROOM_SHARE), counter)),
+        others=Others(quoted, _newest(others.room, min(left, budget // ROOM_SHARE), counter)),
+        memory=facts,
     )
 
 
-def _room_lines(lines: Sequence[str], tokens: int, counter: Counter) -> tuple[str, ...]:
-    """The newest of the room's `lines` that fit in `tokens`, with their block's framing."""
-    left = tokens - counter.count("\n".join((ROOM_OPEN, ROOM_INTRO, ROOM_CLOSE)))
+ROOM_FRAME = "\n".join((ROOM_OPEN, ROOM_INTRO, ROOM_CLOSE))
+MEMORY_FRAME = "\n".join((MEMORY_OPEN, MEMORY_INTRO, MEMORY_CLOSE))
+
+
+def _newest(
+    lines: Sequence[str], tokens: int, counter: Counter, frame: str = ROOM_FRAME
+) -> tuple[str, ...]:
+    """The newest of a block's `lines` that fit in `tokens`, with the block's `frame`."""
+    left = tokens - counter.count(frame)
     kept: list[str] = []
     for line in reversed(lines):
         cost = counter.count(line)

@@ -1,5 +1,5 @@
-"""The command line: `lastword run`, `status`, `doctor`, `settings` and `migrate-shards` (and
-`python -m bot ...`)."""
+"""The command line: `lastword run`, `status`, `doctor`, `settings`, `migrate-shards` and
+`forget-user` (and `python -m bot ...`)."""
 
 from __future__ import annotations
 
@@ -134,6 +134,17 @@ def parser() -> argparse.ArgumentParser:
         "every replica first; it refuses while one runs. Safe to run again: a store already "
         "so is left as it is.",
     )
+    forget = commands.add_parser(
+        "forget-user",
+        help="erase everything kept about one person, memory included, without asking them "
+        "(a deletion request); says what it erased",
+        description="Erase one person everywhere, as their own /forget would but without "
+        "asking them: the conversations and files of every place they wrote in, what they "
+        "said in groups, the model and persona they picked, and what the bot remembers "
+        "about them. Usage totals stay. It says what it erased.",
+    )
+    forget.add_argument("platform", help="the platform, as LASTWORD_PLATFORM names it")
+    forget.add_argument("user", help="their user id on it")
     return top
 
 
@@ -186,6 +197,11 @@ def command(args: argparse.Namespace) -> int:
             return asyncio.run(show_status(settings, as_json=args.json))
         if args.command == "migrate-shards":
             return asyncio.run(migrate_shards(settings))
+        if args.command == "forget-user":
+            from bot.service.forget_user import forget_user
+
+            code, said = asyncio.run(forget_user(settings, args.platform, args.user))
+            return ended(code, said, settings) if code else printed(said)
     except ConfigError as exc:
         # Also what the store's first answer shows to be wrong (not Redis, no such DB index).
         return ended(2, f"configuration error: {exc}", settings)
@@ -209,6 +225,12 @@ def command(args: argparse.Namespace) -> int:
         logging.getLogger("lastword").critical("stopped by an unexpected error", exc_info=True)
         first = (str(exc).splitlines() or [""])[0]
         return ended(1, f"stopped by an unexpected error: {type(exc).__name__}: {first}", settings)
+
+
+def printed(said: str) -> int:
+    """0, once `said` is printed."""
+    print(said)
+    return 0
 
 
 def ended(code: int, message: str, settings: Settings | None = None) -> int:

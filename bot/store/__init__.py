@@ -4,8 +4,9 @@ The scripts and their arguments are declared in `bot.store.scripts`; every key n
 from `bot.store.keys`, which also describes the layout. `Store` is put together from one part
 per area: conversations (the flow's steps), roles, kept values, access, a group's move to a
 new chat, usage, the transcript cache, what a user chose or may take back (persona, /forget),
-a person's keys across places, heartbeats and the record of tool calls, on the base in
-`bot.store.calls`; `bot.store.errors` tells a failure worth a retry from a bug.
+a person's keys across places, their memory (`bot.store.memory`), heartbeats and the record
+of tool calls, on the base in `bot.store.calls`; `bot.store.errors` tells a failure worth a
+retry from a bug.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from bot.store.errors import StoreUnavailable, classify, reaching_redis
 from bot.store.heartbeats import Heartbeats
 from bot.store.kept import Kept
 from bot.store.keys import ACCESS_SEQ_KEY, BudgetKeys, Keys, Layout
+from bot.store.memory import Facts, RedisMemory
 from bot.store.moves import Moves
 from bot.store.person import PLACES_CAP, RATE_WINDOW_MS
 from bot.store.personal import FORGET_CONFIRM_MS, Personal
@@ -153,6 +155,7 @@ __all__ = [
     "PreSend",
     "Record",
     "Recorded",
+    "RedisMemory",
     "Resend",
     "Spending",
     "Stamp",
@@ -197,6 +200,7 @@ class Store(
     Heartbeats,
     Tools,
     Budget,
+    Facts,
 ):
     """Typed calls for the scripts. One instance per process, shared by all its tasks."""
 

@@ -392,9 +392,9 @@ class Keys:
 
 
 class PersonKeys:
-    """The names of one person's keys: their rate, their places and their days and months, in
-    the shard of their home (`home`, the id a DM with them has where a DM's chat is the user),
-    so a script touching them touches one slot."""
+    """The names of one person's keys: their rate, their places, their memory and their days
+    and months, in the shard of their home (`home`, the id a DM with them has where a DM's
+    chat is the user), so a script touching them touches one slot."""
 
     def __init__(self, platform: str, user: str, layout: Layout = LAYOUT) -> None:
         self.person = f"{platform}:{user}"
@@ -404,6 +404,8 @@ class PersonKeys:
         self.rate = f"{self.base}:rate"
         self.counted = f"{self.base}:counted"
         self.places = f"{self.base}:places"
+        # Their facts and memory switches (`bot.store.memory`).
+        self.memory = f"{self.base}:memory"
         # The shard's copy of the access records: the budget an admin set, read with the days.
         self.access = layout.access_key(shard)
         self.shard = shard

@@ -265,6 +265,13 @@ GROUP_ADOPT = Script(
     rest="history_entries",
 )
 PERSONA = Script("persona", keys=("state",), args=("persona",))
+MEMORY_SAVE = Script(
+    "memory_save",
+    keys=("memory",),
+    args=("text", "where", "key", "replace", "cap", "evict", "keep_ms"),
+)
+MEMORY_DROP = Script("memory_drop", keys=("memory",), args=("n", "erase"))
+MEMORY_SWITCH = Script("memory_switch", keys=("memory",), args=("name", "on", "keep_ms"))
 TOOL_STEP = Script(
     "tool_step",
     keys=("lease", "tools"),
@@ -350,6 +357,9 @@ ALL: dict[str, Script] = {
         TRANSCRIPT,
         FORGET,
         PERSONA,
+        MEMORY_SAVE,
+        MEMORY_DROP,
+        MEMORY_SWITCH,
         TOOL_STEP,
         TOOL_BEGIN,
         TOOL_END,

@@ -12,8 +12,8 @@ from bot.commands import (
     RATE_LIMITED,
     REFUSAL,
     RESET,
-    START,
     STOPPED,
+    WELCOME,
     Ask,
     admin,
     command_of,
@@ -61,7 +61,8 @@ def test_plan_drops_what_came_before_the_last_reset() -> None:
     assert result.answers == (RESET,)
     assert [m.text for m in result.for_model] == ["c"]
     keep = plan(watermark=0, unanswered=[message("/start", n=1), message("x", n=2)])
-    assert (keep.reset, keep.answers, [m.text for m in keep.for_model]) == (0, (START,), ["x"])
+    assert (keep.reset, [m.text for m in keep.for_model]) == (0, ["x"])
+    assert [a.command for a in keep.answers if isinstance(a, Ask)] == ["start"]
 
 
 def test_plan_drops_what_came_before_the_last_stop_and_says_so() -> None:
@@ -109,7 +110,7 @@ async def test_start_and_help_answer_without_the_model(bot: Start, fake: FakeOpe
     assert await runtime.ingest(message("/start", n=1))
     assert await runtime.ingest(message("/help", n=2))
     await settled(runtime, CONV)
-    assert outbound.texts() == [START + "\n\n" + HELP]
+    assert outbound.texts() == [WELCOME + "\n\n" + HELP]
     assert fake.requests == []
     assert await runtime.store.counters(CONV) == (2, 2)  # commands advance W too
 

@@ -19,7 +19,7 @@ from tests.support.console import clean_env
 
 PROJECT = Path(__file__).resolve().parents[2]
 PAGE = PROJECT / "docs" / "settings.md"
-COMMANDS = ("run", "status", "doctor", "settings", "migrate-shards")
+COMMANDS = ("run", "status", "doctor", "settings", "migrate-shards", "forget-user")
 
 
 def lastword(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

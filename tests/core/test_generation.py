@@ -54,9 +54,10 @@ Start = Callable[..., Awaitable[Bot]]
 
 @pytest.fixture
 def start(fake: FakeOpenAI, runtime_factory: RuntimeFactory) -> Start:
-    """Starts a runtime talking to the fake provider; keyword arguments set `llm` settings."""
+    """Starts a runtime talking to the fake provider; keyword arguments set `llm` settings.
+    `remember=False` turns memory off, for a test of the exact prompt or budget."""
 
-    async def build(starvation_limit: int = 3, **llm: Any) -> Bot:
+    async def build(starvation_limit: int = 3, remember: bool = True, **llm: Any) -> Bot:
         config: dict[str, Any] = {
             "provider": "openai",
             "base_url": fake.base_url,
@@ -67,7 +68,11 @@ def start(fake: FakeOpenAI, runtime_factory: RuntimeFactory) -> Start:
             "retry_base_s": 0.01,
         }
         config.update(llm)
-        return Bot(*await runtime_factory(llm=config, starvation_limit=starvation_limit))
+        return Bot(
+            *await runtime_factory(
+                llm=config, starvation_limit=starvation_limit, memory={"enabled": remember}
+            )
+        )
 
     return build
 
@@ -184,7 +189,7 @@ async def test_history_is_trimmed_to_the_budget_and_unanswered_messages_stay_who
     fake: FakeOpenAI, start: Start
 ) -> None:
     # A budget that holds a few short turns but not the long one from the start.
-    bot = await start(context_tokens=600, max_tokens=100, stream=False)
+    bot = await start(context_tokens=600, max_tokens=100, stream=False, remember=False)
     await bot.say(1, "old " * 300)
     await bot.settled()
     for n in range(2, 6):
@@ -207,7 +212,7 @@ async def test_history_is_trimmed_to_the_budget_and_unanswered_messages_stay_who
 async def test_a_burst_too_big_for_the_budget_keeps_its_newest_messages(
     fake: FakeOpenAI, start: Start
 ) -> None:
-    bot = await start(context_tokens=600, max_tokens=100, stream=False)
+    bot = await start(context_tokens=600, max_tokens=100, stream=False, remember=False)
     for n in range(1, 5):
         await bot.say(n, f"part{n} " + "y" * 700)
     await bot.settled()
@@ -296,6 +301,7 @@ async def test_settings_reach_the_provider_and_usage_is_counted(
         max_tokens=200,
         extra_headers={"X-Title": "lastword-tests"},
         extra_body={"top_k": 40},
+        remember=False,
     )
     await bot.say(1, "hello")
     await bot.settled()

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pytest
 
-from bot.commands import HELP, RESET, START, STOPPED
+from bot.commands import HELP, RESET, STOPPED, WELCOME
 from bot.commands.forget import CONFIRM, FORGOTTEN
 from bot.core.cycle import APOLOGY
 from bot.core.history import conversation_of, last_reply
@@ -242,7 +242,7 @@ async def test_command_replies_notices_and_commands_never_reach_the_model(world:
         await say(world, bot, 8, "/model", "/help", "tell me a joke")
         await say(world, bot, 9, "another one")
     sent = sent_texts(world)
-    assert sent[:5] == [APOLOGY, "answer 2", HELP, sent[3], START]
+    assert sent[:5] == [APOLOGY, "answer 2", HELP, sent[3], WELCOME]
     assert sent[3].startswith("Today:")
     # /model's answer, /help's, then the model's: one reply.
     assert "gpt-4o-mini" in sent[5] and sent[5].endswith(f"\n\n{HELP}\n\nanswer 3")

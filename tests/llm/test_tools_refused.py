@@ -89,7 +89,9 @@ async def test_a_model_that_takes_no_tools_answers_every_burst_and_is_told_once(
     # One refused request to learn it, then each burst asks once, without tools.
     assert seen(fake) == 3 + 1, [r.tool_names for r in fake.requests]
     [refused] = fake.rejected
-    assert [t["function"]["name"] for t in refused["tools"]] == ["echo", "remind", "shout"]
+    # The memory tool too: memory is on by default.
+    names = ["echo", "remind", "shout", "user_memory"]
+    assert [t["function"]["name"] for t in refused["tools"]] == names
     assert all(not r.tools and r.tool_choice is None for r in fake.requests)
     [warning] = warnings(caplog)
     assert f"model {FAKE_MODEL_ID} does not take tools" in warning
@@ -112,7 +114,7 @@ async def test_a_tool_whose_schema_is_refused_is_left_out_and_everyone_is_answer
     # Refused once; every request after offers the other two tools.
     [refused] = fake.rejected
     assert "remind" in [t["function"]["name"] for t in refused["tools"]]
-    assert [r.tool_names for r in fake.requests] == [["echo", "shout"]] * 3
+    assert [r.tool_names for r in fake.requests] == [["echo", "shout", "user_memory"]] * 3
     assert seen(fake) == 3 + 1
     [warning] = warnings(caplog)
     assert f"model {FAKE_MODEL_ID} refuses tool remind" in warning and TOOL_FIX in warning

@@ -1,0 +1,170 @@
+"""What memory costs a reply: `lastword run` on the console with memory on (each user's facts
+kept: 20 by default) and with memory off, on the same workload.
+
+    python -m benchmarks.facts [--facts 20] [--bursts 6] [--seed 7] [--quiet-ms 2000]
+        [--model-s 1.5]
+
+The workload and the bots are `benchmarks.lastword_latency`'s (two users at once, each to a
+bot process of its own, one sending single lines and one bursts; the loopback fake provider
+answering in `--model-s`), with speculation off, so the window is the same in both rows. With
+memory on, each user first saves `--facts` facts with /remember (answered and not counted), so
+every measured request carries them. Per row and user: the median and p95 from a burst's last
+line to its reply, and the prompt tokens per reply (the provider's count of each request that
+answered a measured burst), with their ratio to memory off: what the facts' block and the
+memory tool's schema add. Reading the facts is one store call per reply, made beside the
+spending read that every reply makes already (at once: it adds a call, not a wait).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.command_line import timed_run
+from benchmarks.lastword_latency import TOKEN, ConsoleBot, bursts, covering
+from benchmarks.wakeup import percentile, print_table
+from bot.config.settings import DebounceSettings
+from tests.support.fakes.openai_server import FakeOpenAI
+from tests.support.running import clean_environ
+
+ROWS = ("off", "on")
+# The longest a bot may take to start, or to answer the saving of the facts.
+START_S = 30.0
+
+
+@dataclass
+class Result:
+    """One user's run: latencies in ms, and the prompt tokens of each measured reply."""
+
+    row: str
+    kind: str
+    latencies_ms: list[int]
+    prompt_tokens: list[int]
+    problems: list[str]
+
+
+def bot_env(args: argparse.Namespace, base_url: str, data_dir: Path, row: str) -> dict[str, str]:
+    return clean_environ() | {
+        "LASTWORD_PLATFORM": "console",
+        "LASTWORD_DATA_DIR": str(data_dir),
+        "LASTWORD_LLM__PROVIDER": "openai",
+        "LASTWORD_LLM__BASE_URL": base_url,
+        "LASTWORD_LLM__API_KEY": "bench",
+        "LASTWORD_LLM__MODEL": "bench",
+        "LASTWORD_DEBOUNCE__QUIET_MS": str(args.quiet_ms),
+        "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(args.max_wait_ms),
+        "LASTWORD_DEBOUNCE__SPECULATE_MS": "0",
+        "LASTWORD_MEMORY__ENABLED": str(row == "on").lower(),
+        "LASTWORD_MEMORY__FACTS": str(max(args.facts, 1)),
+    }
+
+
+async def session(
+    args: argparse.Namespace, fake: FakeOpenAI, row: str, multi: bool, seed: str
+) -> Result:
+    """One user, one bot: the facts saved (memory on), then the measured bursts."""
+    rng = random.Random(seed)
+    kind = "bursts of 2-4" if multi else "single lines"
+    result = Result(row, kind, [], [], [])
+    timeout_s = args.max_wait_ms / 1000 + args.model_s + 10
+    with tempfile.TemporaryDirectory(prefix="lastword-facts-") as data_dir:
+        bot = await ConsoleBot.start(bot_env(args, fake.base_url, Path(data_dir), row))
+        try:
+            if row == "on":
+                for n in range(args.facts):
+                    await bot.say(f"/remember fact {n}: something worth keeping in mind, {seed}")
+            await bot.say(f"b0m1 to warm up {seed}")
+            await bot.reply_covering("b0m1", START_S)
+            for number, burst in enumerate(bursts(rng, args.bursts, multi), 1):
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
+                last = await bot.say(f"line b{number}m1 {seed}, about this and that")
+                for index, gap in enumerate(burst.gaps, 2):
+                    await asyncio.sleep(gap)
+                    last = await bot.say(f"line b{number}m{index} {seed}, and more")
+                token = f"b{number}m{len(burst.gaps) + 1}"
+                at, _ = await bot.reply_covering(token, timeout_s)
+                result.latencies_ms.append(int((at - last) * 1000))
+                answered = [
+                    r
+                    for r in fake.requests
+                    if seed in r.last_user_text and token in TOKEN.findall(r.last_user_text)
+                ]
+                result.prompt_tokens += [r.prompt_tokens for r in answered[-1:]]
+        except TimeoutError:
+            result.problems.append(f"{row}, {kind}: no reply within {timeout_s:g} s; stopped there")
+        finally:
+            await bot.close()
+    return result
+
+
+async def run(args: argparse.Namespace) -> None:
+    results: list[Result] = []
+    async with FakeOpenAI(reply=covering) as fake:
+        fake.delay_s = args.model_s
+        for row in ROWS:
+            results += await asyncio.gather(
+                *(
+                    session(args, fake, row, multi, f"s{args.seed}{row}{multi}")
+                    for multi in (False, True)
+                )
+            )
+    print(
+        f"lastword run (console, piped, embedded store), quiet {args.quiet_ms} ms, no "
+        f"speculation, model {args.model_s:g} s (streamed), {args.bursts} bursts per user, "
+        f"{args.facts} facts per user with memory on, seed {args.seed}"
+    )
+    off = {r.kind: r for r in results if r.row == "off"}
+    rows = []
+    for r in results:
+        p50 = statistics.median(r.latencies_ms) if r.latencies_ms else 0
+        tokens = statistics.median(r.prompt_tokens) if r.prompt_tokens else 0
+        base = off[r.kind]
+        base_p50 = statistics.median(base.latencies_ms) if base.latencies_ms else 0
+        base_tokens = statistics.median(base.prompt_tokens) if base.prompt_tokens else 0
+        rows.append(
+            [
+                f"memory {r.row}" + (f" ({args.facts} facts)" if r.row == "on" else ""),
+                r.kind,
+                str(len(r.latencies_ms)),
+                f"{p50 / 1000:.2f}",
+                f"{percentile(sorted(r.latencies_ms), 95) / 1000:.2f}" if r.latencies_ms else "-",
+                f"{p50 / base_p50:.3f}" if base_p50 else "-",
+                f"{tokens:.0f}",
+                f"{tokens - base_tokens:+.0f}",
+            ]
+        )
+    headers = ["row", "user", "bursts", "last line -> reply p50 s", "p95 s", "p50 / off"]
+    headers += ["prompt tok / reply", "vs off"]
+    print_table(headers, rows)
+    for r in results:
+        for problem in r.problems:
+            print(f"  ! {problem}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.facts",
+        description=__doc__.split("\n\n")[0] if __doc__ else "",
+    )
+    parser.add_argument("--facts", type=int, default=20, help="per user, with memory on")
+    parser.add_argument("--bursts", type=int, default=6, help="per user, after the warm-up")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quiet-ms", type=int, default=DebounceSettings().quiet_ms)
+    parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
+    parser.add_argument("--model-s", type=float, default=1.5, help="every answer's latency")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    with timed_run():
+        asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
