@@ -72,11 +72,11 @@ async def remembered(
         # A provider's own failure (another service down, a bug): the reply goes on.
         log.warning("the memory of a person was not read; replying without it", exc_info=True)
         return FORGETFUL
-    return remembering(kept, memory, settings, conversation, person)
+    return remembering(kept, memory, settings.memory.fact_chars, conversation, person)
 
 
 def remembering(
-    kept: Recalled, memory: Memory, settings: Settings, conversation: str, person: Person
+    kept: Recalled, memory: Memory, fact_chars: int, conversation: str, person: Person
 ) -> Remembered:
     """What a reply carries of `kept`: nothing if the person turned memory off; their facts
     unless it is a group they did not opt in for; the tool bound to them either way."""
@@ -84,5 +84,5 @@ def remembering(
         return FORGETFUL
     group = Place.of(conversation).group
     facts = kept.facts if kept.groups or not group else ()
-    runner = MemoryRunner(memory, person, where_of(conversation), settings.memory.fact_chars)
+    runner = MemoryRunner(memory, person, where_of(conversation), fact_chars)
     return Remembered(facts, Toolbox(tools={TOOL.name: (TOOL, runner)}))

@@ -61,6 +61,7 @@ than CI's bound.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -81,6 +82,10 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
+from bot.core.remembering import person_of, remembering
+from bot.llm.prompt import fit
+from bot.llm.remembered import fact_lines
+from bot.memory import Person
 from bot.message import InboundMessage, Place, Said
 from bot.store import (
     CLOCK_SLACK_MS,
@@ -99,6 +104,8 @@ from bot.store import (
     lease_token,
 )
 from bot.store.embedded import EmbeddedRedis
+from bot.store.memory import RedisMemory
+from bot.tokens import Counter as TokenCounter
 from bot.tools import ToolCall
 from tests.support.builders import window_ms
 from tests.support.hashes import integers
@@ -108,7 +115,8 @@ pytestmark = pytest.mark.timeout(300)
 
 # Two people in one group: each a conversation of their own, in the group's shard, where a
 # message not addressed to the bot joins its sender's open burst or is said to the room.
-CONVERSATIONS = tuple(Place("model", "-1", who, group=True).conversation for who in "ab")
+PEOPLE = ("a", "b")
+CONVERSATIONS = tuple(Place("model", "-1", who, group=True).conversation for who in PEOPLE)
 REPLICAS = 3
 QUIET_MS = 20
 MAX_WAIT_MS = 40
@@ -145,6 +153,12 @@ conversation_ = st.sampled_from(CONVERSATIONS)
 pick = st.integers(0, 2**16)
 # The stages of a holder that has not given its lease back (it may have lost it, though).
 ACTIVE = ("acquired", "presented", "sent")
+# The most facts a person keeps in the model: small, so the bound is reached often.
+FACTS_CAP = 3
+memory_action = st.sampled_from(
+    ("save", "save", "make room", "forget", "clear", "erase", "groups on", "groups off")
+)
+TOKENS = TokenCounter()
 
 
 @dataclass
@@ -228,6 +242,11 @@ class Protocol(RuleBasedStateMachine):
         self.outbox_turn: dict[str, tuple[int, int]] = {}
         self.last_turn: dict[str, int] = {}
         self.reset_turns: set[tuple[str, int]] = set()  # turns of replies to a /reset burst
+        # Memory: each person's facts by number, whether they opted in for groups, and how
+        # many writes were made (each its own key and text).
+        self.facts: dict[str, dict[int, str]] = {who: {} for who in PEOPLE}
+        self.groups = dict.fromkeys(PEOPLE, False)
+        self.writes = 0
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(step)
@@ -1044,6 +1063,68 @@ class Protocol(RuleBasedStateMachine):
             if len(turns) > 4 and old != self.last_turn.get(conv):
                 self._drop_turn(conv, old)
 
+    # Memory: each person's facts, written and taken back through any replica's store, and read
+    # as a reply to each person reads them. One rule for all of it, so the flow's own rules are
+    # drawn as often as before.
+
+    @rule(replica=replica_, who=st.sampled_from(PEOPLE), action=memory_action, n=pick)
+    def memory_step(self, replica: int, who: str, action: str, n: int) -> None:
+        self.run(self._memory_step(replica, who, action, n))
+
+    async def _memory_step(self, replica: int, who: str, action: str, n: int) -> None:
+        memory = RedisMemory(self.replicas[replica], FACTS_CAP)
+        person = Person("model", who)
+        facts = self.facts[who]
+        if action in ("save", "make room"):
+            self.writes += 1
+            key, text = f"write {self.writes}", f"fact-of-{who}-{self.writes}"
+            saved = await memory.save(person, text, where="a group", key=key, evict=n % 2 == 0)
+            if len(facts) >= FACTS_CAP and n % 2:
+                assert saved.status == "full", saved
+            else:
+                assert saved.status == "saved" and saved.n not in facts, saved
+                assert bool(saved.evicted) == (len(facts) >= FACTS_CAP), saved
+                facts.pop(saved.evicted, None)
+                facts[saved.n] = text
+                # The same write carried out again keeps one fact.
+                again = await memory.save(person, text, where="a group", key=key, evict=True)
+                assert (again.status, again.n) == ("exists", saved.n), again
+        elif action == "forget":
+            target = sorted(facts)[n % len(facts)] if facts and n % 3 else n % 7 + 1
+            assert await memory.drop(person, target) == int(target in facts)
+            facts.pop(target, None)
+        elif action == "clear":
+            assert await memory.drop(person) == len(facts)
+            facts.clear()
+        elif action == "erase":
+            assert await memory.erase(person) == len(facts)
+            facts.clear()
+            self.groups[who] = False
+        else:
+            on = action == "groups on"
+            await memory.switch(person, "groups", on)
+            self.groups[who] = on
+        await self._memory_isolated(memory)
+
+    async def _memory_isolated(self, memory: RedisMemory) -> None:
+        """I8: a request answering a person carries their facts alone (in a group, only if
+        they opted in), whatever anyone saved."""
+        places = [*CONVERSATIONS, *(Place("model", who, who).conversation for who in PEOPLE)]
+        for conv in places:
+            place = Place.of(conv)
+            who = place.sender or place.chat
+            person = person_of(conv, who)
+            kept = await memory.recall(person)
+            assert {f.n: f.text for f in kept.facts} == self.facts[who]
+            carried = remembering(kept, memory, 300, conv, person)
+            expected = self.facts[who] if self.groups[who] or not place.group else {}
+            assert {f.n: f.text for f in carried.facts} == expected
+            prompt = fit("system", (), ["hi"], 10_000, TOKENS, memory=fact_lines(carried.facts))
+            shown = json.dumps(prompt.messages())
+            for other in PEOPLE:
+                assert other == who or f"fact-of-{other}-" not in shown, (conv, shown)
+            self.seen["facts shown"] += bool(carried.facts)
+
     @rule(n=pick)
     def crash(self, n: int) -> None:
         """The holder stops calling, at whatever step it had reached."""
@@ -1121,7 +1202,7 @@ def test_the_protocol_holds_whatever_the_replicas_do(server: EmbeddedRedis) -> N
     Protocol.seen.clear()
     steps = ("speculated", "held", "restarted", "sent after its window")
     tools = ("tool reused", "tool unknown", "tool held", "tool moved", "tool dropped")
-    groups = ("overheard", "followed up unaddressed")
+    groups = ("overheard", "followed up unaddressed", "facts shown")
     typing = ("held by typing", "cut by typing")
     wanted = (*steps, *tools, *groups, *typing, "tool retried after a reset")
     began = time.monotonic()
