@@ -98,7 +98,14 @@ class Memory(Protocol):
         ...
 
     async def save(
-        self, person: Person, text: str, *, where: str, key: str, replace: int = 0, evict: bool
+        self,
+        person: Person,
+        text: str,
+        *,
+        where: str,
+        key: str,
+        replace: int = 0,
+        evict: bool = False,
     ) -> Saved:
         """Keep `text` as a new fact (or as fact `replace`, rewritten). `key` names the write:
         the same key again changes nothing ("exists"), so a write carried out twice (a reply

@@ -94,7 +94,14 @@ class RedisMemory:
         return await self.store.recall_facts(person)
 
     async def save(
-        self, person: Person, text: str, *, where: str, key: str, replace: int = 0, evict: bool
+        self,
+        person: Person,
+        text: str,
+        *,
+        where: str,
+        key: str,
+        replace: int = 0,
+        evict: bool = False,
     ) -> Saved:
         return await self.store.save_fact(
             person, text, where=where, key=key, replace=replace, cap=self.cap, evict=evict
