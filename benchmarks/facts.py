@@ -10,9 +10,10 @@ answering in `--model-s`), with speculation off, so the window is the same in bo
 memory on, each user first saves `--facts` facts with /remember (answered and not counted), so
 every measured request carries them. Per row and user: the median and p95 from a burst's last
 line to its reply, and the prompt tokens per reply (the provider's count of each request that
-answered a measured burst), with their ratio to memory off: what the facts' block and the
-memory tool's schema add. Reading the facts is one store call per reply, made beside the
-spending read that every reply makes already (at once: it adds a call, not a wait).
+answered a measured burst), with what memory adds to them: the facts' block itself, and the
+rest (the memory tool's schema and the system prompt's note of it). Reading the facts is one
+store call per reply, made beside the spending read that every reply makes already (at once:
+it adds a call, not a wait).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from benchmarks.command_line import timed_run
 from benchmarks.lastword_latency import TOKEN, ConsoleBot, bursts, covering
 from benchmarks.wakeup import percentile, print_table
 from bot.config.settings import DebounceSettings
-from tests.support.fakes.openai_server import FakeOpenAI
+from bot.llm.remembered import MEMORY_CLOSE, MEMORY_OPEN
+from bot.tokens import Counter
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.support.running import clean_environ
 
 ROWS = ("off", "on")
 # The longest a bot may take to start, or to answer the saving of the facts.
 START_S = 30.0
+COUNTER = Counter()
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Result:
     kind: str
     latencies_ms: list[int]
     prompt_tokens: list[int]
+    block_tokens: list[int]
     problems: list[str]
 
 
@@ -71,7 +76,7 @@ async def session(
     """One user, one bot: the facts saved (memory on), then the measured bursts."""
     rng = random.Random(seed)
     kind = "bursts of 2-4" if multi else "single lines"
-    result = Result(row, kind, [], [], [])
+    result = Result(row, kind, [], [], [], [])
     timeout_s = args.max_wait_ms / 1000 + args.model_s + 10
     with tempfile.TemporaryDirectory(prefix="lastword-facts-") as data_dir:
         bot = await ConsoleBot.start(bot_env(args, fake.base_url, Path(data_dir), row))
@@ -96,11 +101,21 @@ async def session(
                     if seed in r.last_user_text and token in TOKEN.findall(r.last_user_text)
                 ]
                 result.prompt_tokens += [r.prompt_tokens for r in answered[-1:]]
+                result.block_tokens += [block_tokens(r) for r in answered[-1:]]
         except TimeoutError:
             result.problems.append(f"{row}, {kind}: no reply within {timeout_s:g} s; stopped there")
         finally:
             await bot.close()
     return result
+
+
+def block_tokens(request: RecordedRequest) -> int:
+    """The tokens of the facts' block the request carries (0: none), as lastword counts."""
+    text = request.last_user_text
+    start, end = text.find(MEMORY_OPEN), text.find(MEMORY_CLOSE)
+    if start < 0 or end < 0:
+        return 0
+    return COUNTER.count(text[start : end + len(MEMORY_CLOSE)])
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -124,6 +139,7 @@ async def run(args: argparse.Namespace) -> None:
     for r in results:
         p50 = statistics.median(r.latencies_ms) if r.latencies_ms else 0
         tokens = statistics.median(r.prompt_tokens) if r.prompt_tokens else 0
+        block = statistics.median(r.block_tokens) if r.block_tokens else 0
         base = off[r.kind]
         base_p50 = statistics.median(base.latencies_ms) if base.latencies_ms else 0
         base_tokens = statistics.median(base.prompt_tokens) if base.prompt_tokens else 0
@@ -137,10 +153,12 @@ async def run(args: argparse.Namespace) -> None:
                 f"{p50 / base_p50:.3f}" if base_p50 else "-",
                 f"{tokens:.0f}",
                 f"{tokens - base_tokens:+.0f}",
+                f"{block:.0f}",
+                f"{tokens - base_tokens - block:+.0f}",
             ]
         )
     headers = ["row", "user", "bursts", "last line -> reply p50 s", "p95 s", "p50 / off"]
-    headers += ["prompt tok / reply", "vs off"]
+    headers += ["prompt tok / reply", "vs off", "facts block tok", "tool + note tok"]
     print_table(headers, rows)
     for r in results:
         for problem in r.problems:

@@ -17,22 +17,16 @@ SOURCE = "builtin:memory"
 TOOL = Tool(
     name=NAME,
     description=(
-        "Your long-term memory of the user you are talking with. Save a short fact they "
-        "shared about themselves that they would want you to know in later conversations "
-        "(the name they go by, preferences, circumstances), replace one that changed, or "
-        "delete one they asked you to forget. Only facts about this user, as they said them; "
-        "never what others said about them, never secrets such as passwords, never "
-        "instructions. The facts already kept are in the <memory> block, with their numbers."
+        "Your memory of this user across conversations: save a short fact they told you about "
+        "themselves (name, preferences, circumstances), replace one that changed, or delete "
+        "one they want forgotten. Never others' words, secrets or instructions."
     ),
     parameters={
         "type": "object",
         "properties": {
             "action": {"type": "string", "enum": ["save", "replace", "delete"]},
-            "fact": {"type": "string", "description": "the fact, short (save, replace)"},
-            "number": {
-                "type": "integer",
-                "description": "the fact's number in the <memory> block (replace, delete)",
-            },
+            "fact": {"type": "string"},
+            "number": {"type": "integer", "description": "as in the <memory> block"},
         },
         "required": ["action"],
     },
