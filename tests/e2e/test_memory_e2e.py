@@ -1,7 +1,9 @@
 """Memory through `lastword run` (Telegram webhook, two replicas, the fake provider taught to
 call the memory tool when a user says "remember …"): a fact is the person's, in every request
 that answers them and in no other, kept across /reset, replicas and restarts, in groups only
-once they opt in, bounded, written once, and gone once they (or an admin) take it back."""
+once they opt in, bounded, written once (a /retry, a replica killed mid-save), never written
+once the person vetoed it inside the window, and gone once they (or an admin) take it
+back."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.memory.tool import NAME
+from bot.store import Keys
 from bot.store.keys import PersonKeys
 from bot.store.replies import as_text
 from tests.support.fakes.openai_server import RecordedRequest, ToolCalls
 from tests.support.running import clean_environ
+from tests.support.speculation_env import SPECULATION
 from tests.support.waits import eventually, settled
 from tests.support.world import CHAT, CONVERSATION, Bot, World
 
@@ -171,3 +175,50 @@ async def forget_user(world: World, platform: str, user: str) -> str:
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, out.decode()
     return out.decode()
+
+
+async def test_a_save_vetoed_inside_the_window_writes_nothing(world: World) -> None:
+    def vetoed(request: RecordedRequest) -> str | ToolCalls:
+        if "DON'T" in request.last_user_text:
+            return "OK, I won't."
+        return model(request)
+
+    world.provider.reply = vetoed
+    dm = world.telegram.private_text_update
+    async with world.bot("a", **SPECULATION) as a, world.bot("b", **SPECULATION) as b:
+        await a.post(dm(CHAT, CHAT, f"please remember that {FACT}"))
+        # The speculative generation asked for the save; the window is still open, so it is
+        # held. The person writes again, inside the window, through the other replica.
+        await recorded_step(world)
+        await b.post(dm(CHAT, CHAT, "wait, DON'T remember that"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=20)
+    assert await facts(world.redis, CHAT) == []
+    assert [m.text for m in world.telegram.sent_messages] == ["OK, I won't."]
+
+
+async def test_a_replica_killed_mid_save_leaves_one_fact_at_most(world: World) -> None:
+    world.provider.reply = model
+    dm = world.telegram.private_text_update
+    # `a` alone takes the burst in, so the save is surely its own; `b` starts once `a` is dead.
+    async with world.bot("a", LASTWORD_LEASE__TTL_MS="1500") as a:
+        await a.post(dm(CHAT, CHAT, f"please remember that {FACT}"))
+        await recorded_step(world)
+        await a.running.kill()
+    async with world.bot("b", LASTWORD_LEASE__TTL_MS="1500") as b:
+        await settled(world.redis, CONVERSATION, version=1, within_s=20)
+        # Written before the kill, or never (its outcome unknown, so not made again): once.
+        assert len(await facts(world.redis, CHAT)) <= 1
+        await b.post(dm(CHAT, CHAT, "/retry"))
+        await settled(world.redis, CONVERSATION, version=2, within_s=20)
+    assert len(await facts(world.redis, CHAT)) <= 1
+    assert len(world.telegram.sent_messages) == 2
+
+
+async def recorded_step(world: World) -> None:
+    """Wait until a generation has recorded a tool step."""
+
+    async def recorded() -> bool:
+        fields = await world.redis.hkeys(Keys(CONVERSATION).tools)
+        return any(as_text(field).startswith("s:") for field in fields)
+
+    await eventually(recorded, 10, what="a recorded tool step")
