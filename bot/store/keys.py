@@ -111,6 +111,11 @@ shard's tag:
                                              so /forget finds them; at most `PLACES_CAP`
                                              (bot.store.person), none older than the
                                              conversations' retention, and expires with them
+    {P}:p:<platform>:<user>:memory   hash    the person's memory (bot.store.memory): f:<n> ->
+                                             a fact (JSON: text, where, at, key), next (the
+                                             last number given), off and groups (their
+                                             switches); at most LASTWORD_MEMORY__FACTS facts,
+                                             renewed for the retention by each write and read
     {P}:p:<platform>:<user>:day:<D>  hash    tokens (weighed), prompt, completion the person
                                              spent on UTC day D in every place: what the daily
                                              budget and /usage read; expires after two days
