@@ -6,20 +6,25 @@ kept: 20 by default) and with memory off, on the same workload.
 
 The workload and the bots are `benchmarks.lastword_latency`'s (two users at once, each to a
 bot process of its own, one sending single lines and one bursts; the loopback fake provider
-answering in `--model-s`), with speculation off, so the window is the same in both rows. With
-memory on, each user first saves `--facts` facts with /remember (answered and not counted), so
-every measured request carries them. Per row and user: the median and p95 from a burst's last
-line to its reply, and the prompt tokens per reply (the provider's count of each request that
-answered a measured burst), with what memory adds to them: the facts' block itself, and the
-rest (the memory tool's schema and the system prompt's note of it). Reading the facts is one
-store call per reply, made beside the spending read that every reply makes already (at once:
-it adds a call, not a wait).
+answering in `--model-s`), with speculation and the learned window off and no rate limit, so
+the window is the same in both rows. Each user first sends `--facts` lines of /remember
+(answered and not counted): with memory on they are kept, so every measured request carries
+them; with memory off they are answered that memory is off, so both histories hold the same
+burst.
+
+Per row and user: the median and p95 from a burst's last line to its reply, and the prompt
+tokens per reply (each request that answered a measured burst, counted as lastword counts
+them: its messages' text and its tools' schemas), with
+what memory adds to them: the facts' block itself, and the rest (the memory tool's schema and
+the system prompt's note of it). Reading the facts is one store call per reply, made beside
+the spending read that every reply makes already (at once: it adds a call, not a wait).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import tempfile
@@ -65,6 +70,10 @@ def bot_env(args: argparse.Namespace, base_url: str, data_dir: Path, row: str) -
         "LASTWORD_DEBOUNCE__QUIET_MS": str(args.quiet_ms),
         "LASTWORD_DEBOUNCE__MAX_WAIT_MS": str(args.max_wait_ms),
         "LASTWORD_DEBOUNCE__SPECULATE_MS": "0",
+        # The same window in both rows: the facts' burst must not teach it the user's pace,
+        # nor count against their rate.
+        "LASTWORD_DEBOUNCE__LEARN": "false",
+        "LASTWORD_ACCESS__RATE_PER_MINUTE": "0",
         "LASTWORD_MEMORY__ENABLED": str(row == "on").lower(),
         "LASTWORD_MEMORY__FACTS": str(max(args.facts, 1)),
     }
@@ -74,16 +83,18 @@ async def session(
     args: argparse.Namespace, fake: FakeOpenAI, row: str, multi: bool, seed: str
 ) -> Result:
     """One user, one bot: the facts saved (memory on), then the measured bursts."""
-    rng = random.Random(seed)
+    # The same bursts in both rows; `seed` also marks this session's lines.
+    rng = random.Random(f"{args.seed}:{multi}")
     kind = "bursts of 2-4" if multi else "single lines"
     result = Result(row, kind, [], [], [], [])
     timeout_s = args.max_wait_ms / 1000 + args.model_s + 10
     with tempfile.TemporaryDirectory(prefix="lastword-facts-") as data_dir:
         bot = await ConsoleBot.start(bot_env(args, fake.base_url, Path(data_dir), row))
         try:
-            if row == "on":
-                for n in range(args.facts):
-                    await bot.say(f"/remember fact {n}: something worth keeping in mind, {seed}")
+            # In both rows, so both histories hold the same burst (with memory off, each
+            # /remember is answered that memory is off).
+            for n in range(args.facts):
+                await bot.say(f"/remember fact {n}: something worth keeping in mind, {seed}")
             await bot.say(f"b0m1 to warm up {seed}")
             await bot.reply_covering("b0m1", START_S)
             for number, burst in enumerate(bursts(rng, args.bursts, multi), 1):
@@ -100,13 +111,27 @@ async def session(
                     for r in fake.requests
                     if seed in r.last_user_text and token in TOKEN.findall(r.last_user_text)
                 ]
-                result.prompt_tokens += [r.prompt_tokens for r in answered[-1:]]
+                result.prompt_tokens += [request_tokens(r) for r in answered[-1:]]
                 result.block_tokens += [block_tokens(r) for r in answered[-1:]]
         except TimeoutError:
             result.problems.append(f"{row}, {kind}: no reply within {timeout_s:g} s; stopped there")
         finally:
             await bot.close()
     return result
+
+
+def request_tokens(request: RecordedRequest) -> int:
+    """The request's prompt tokens as lastword counts them (`bot.tokens`): every message's
+    text, and the tools' schemas as sent."""
+    texts = [content_text(m.get("content")) for m in request.messages]
+    tools = request.body.get("tools")
+    return sum(map(COUNTER.count, texts)) + (COUNTER.count(json.dumps(tools)) if tools else 0)
+
+
+def content_text(content: object) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def block_tokens(request: RecordedRequest) -> int:
