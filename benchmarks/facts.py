@@ -98,12 +98,7 @@ async def session(
             await bot.say(f"b0m1 to warm up {seed}")
             await bot.reply_covering("b0m1", START_S)
             for number, burst in enumerate(bursts(rng, args.bursts, multi), 1):
-                await asyncio.sleep(rng.uniform(0.5, 1.5))
-                last = await bot.say(f"line b{number}m1 {seed}, about this and that")
-                for index, gap in enumerate(burst.gaps, 2):
-                    await asyncio.sleep(gap)
-                    last = await bot.say(f"line b{number}m{index} {seed}, and more")
-                token = f"b{number}m{len(burst.gaps) + 1}"
+                token, last = await bot.burst(number, burst, rng, f" {seed}")
                 at, _ = await bot.reply_covering(token, timeout_s)
                 result.latencies_ms.append(int((at - last) * 1000))
                 answered = [

@@ -105,6 +105,19 @@ class ConsoleBot:
         await self.process.stdin.drain()
         return time.monotonic()
 
+    async def burst(
+        self, number: int, burst: Burst, rng: random.Random, mark: str = ""
+    ) -> tuple[str, float]:
+        """After a pause of 0.5-1.5 s, send burst `number`'s lines, each line's words naming
+        it (`b<number>m<line>`, then `mark`): the token of its last line, and when that was
+        written."""
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        last = await self.say(f"line b{number}m1{mark}, about this and that")
+        for index, gap in enumerate(burst.gaps, 2):
+            await asyncio.sleep(gap)
+            last = await self.say(f"line b{number}m{index}{mark}, and more")
+        return f"b{number}m{len(burst.gaps) + 1}", last
+
     async def reply_covering(self, token: str, timeout_s: float) -> tuple[float, int]:
         """When the reply covering `token` was read, and how many replies came until then."""
         count = 0
@@ -159,12 +172,7 @@ async def session(
             await bot.say("b0m1 to warm up")
             await bot.reply_covering("b0m1", START_S)
             for number, burst in enumerate(bursts(rng, args.bursts, multi), 1):
-                await asyncio.sleep(rng.uniform(0.5, 1.5))
-                last = await bot.say(f"line b{number}m1, about this and that")
-                for index, gap in enumerate(burst.gaps, 2):
-                    await asyncio.sleep(gap)
-                    last = await bot.say(f"line b{number}m{index}, and more")
-                token = f"b{number}m{len(burst.gaps) + 1}"
+                token, last = await bot.burst(number, burst, rng)
                 at, replies = await bot.reply_covering(token, timeout_s)
                 result.latencies_ms.append(int((at - last) * 1000))
                 result.replies += replies
