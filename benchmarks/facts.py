@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.command_line import timed_run
-from benchmarks.lastword_latency import TOKEN, ConsoleBot, bursts, covering
+from benchmarks.lastword_latency import TOKEN, ConsoleBot, add_workload_args, bursts, covering
 from benchmarks.wakeup import percentile, print_table
-from bot.config.settings import DebounceSettings
 from bot.llm.remembered import MEMORY_CLOSE, MEMORY_OPEN
 from bot.tokens import Counter
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
@@ -191,11 +190,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0] if __doc__ else "",
     )
     parser.add_argument("--facts", type=int, default=20, help="per user, with memory on")
-    parser.add_argument("--bursts", type=int, default=6, help="per user, after the warm-up")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--quiet-ms", type=int, default=DebounceSettings().quiet_ms)
-    parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
-    parser.add_argument("--model-s", type=float, default=1.5, help="every answer's latency")
+    add_workload_args(parser)
     return parser.parse_args(argv)
 
 

@@ -242,17 +242,22 @@ async def run(args: argparse.Namespace) -> None:
                 print(f"  ! {problem}")
 
 
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The workload's options, which `benchmarks.facts` shares: bursts, seed, window, model."""
+    parser.add_argument("--bursts", type=int, default=6, help="per user, after the warm-up")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quiet-ms", type=int, default=DebounceSettings().quiet_ms)
+    parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
+    parser.add_argument("--model-s", type=float, default=1.5, help="every answer's latency")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.lastword_latency",
         description=__doc__.split("\n\n")[0] if __doc__ else "",
     )
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=["today", "speculate"])
-    parser.add_argument("--bursts", type=int, default=6, help="per user, after the warm-up")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--quiet-ms", type=int, default=DebounceSettings().quiet_ms)
-    parser.add_argument("--max-wait-ms", type=int, default=DebounceSettings().max_wait_ms)
-    parser.add_argument("--model-s", type=float, default=1.5, help="every answer's latency")
+    add_workload_args(parser)
     parser.add_argument("--speculate-ms", type=int, default=DebounceSettings().speculate_ms)
     parser.add_argument("--floor-ms", type=int, default=DebounceSettings().floor_ms)
     return parser.parse_args(argv)

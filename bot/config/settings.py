@@ -672,6 +672,16 @@ class ToolsSettings(Group):
 MEMORY_PROVIDERS = "lastword.memory"
 
 
+def installed(kind: str, value: str, names: set[str]) -> str:
+    """`value` if it names one of the installed `names` (of a `kind` of plug-in), else a
+    ValueError that lists them."""
+    if value not in names:
+        raise ValueError(
+            f"no {kind} {value!r} is installed (installed: {', '.join(sorted(names))})"
+        )
+    return value
+
+
 class MemorySettings(Group):
     # Long-term memory per person (bot/memory/): facts they shared, kept across places,
     # replicas and /reset, shown only in requests that answer them.
@@ -700,12 +710,8 @@ class MemorySettings(Group):
     @classmethod
     def _provider_installed(cls, value: str) -> str:
         # Entry points are package metadata: checking them imports no provider.
-        names = sorted({"redis", *(entry.name for entry in entry_points(group=MEMORY_PROVIDERS))})
-        if value not in names:
-            raise ValueError(
-                f"no memory provider {value!r} is installed (installed: {', '.join(names)})"
-            )
-        return value
+        names = {"redis", *(entry.name for entry in entry_points(group=MEMORY_PROVIDERS))}
+        return installed("memory provider", value, names)
 
 
 class OutboundSettings(Group):
@@ -972,10 +978,9 @@ class Settings(BaseSettings):
     @classmethod
     def _platform_installed(cls, value: str) -> str:
         # Entry points are package metadata: checking them imports no platform library.
-        names = sorted({entry.name for entry in entry_points(group=PLATFORMS)})
-        if names and value not in names:
-            raise ValueError(f"no platform {value!r} is installed (installed: {', '.join(names)})")
-        return value
+        names = {entry.name for entry in entry_points(group=PLATFORMS)}
+        # None installed (a broken environment): the platform's loading says so.
+        return installed("platform", value, names) if names else value
 
     @field_validator("data_dir")
     @classmethod
