@@ -49,6 +49,12 @@ to the bot or not (a burst's follow-ups never are); one that is not enters its s
 conversation only while their burst is open (the window, or a reply still owed for a message
 within max_wait), and is otherwise said to the room: V unchanged, never answered.
 
+Memory: either person saves facts, makes room for one at the bound, forgets one, clears or
+erases theirs, or opts in and out of groups, through any replica; after each such step, what
+a reply to each person (in the group, and in their DM) carries of memory is read as the cycle
+reads it: their own facts alone, in the group only once they opted in, and no other person's
+fact in a prompt built with them (I8).
+
 After every step, the invariants are read from the server itself: V, W, the pending
 messages, the window, the due-index, and the history the model kept (each answered message,
 then the reply when it was sent, the newest HISTORY_CAP entries).
