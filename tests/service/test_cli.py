@@ -236,3 +236,19 @@ def test_tokens_and_keys_never_printed(data_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "LLM: openai" in result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+def test_forget_user_says_what_it_erased_on_a_store_it_starts_and_stops(data_dir: Path) -> None:
+    result = lastword(data_dir, "forget-user", "telegram", "42")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("erased telegram user 42: what was kept in 1 place"), result
+    assert "0 facts of their memory" in result.stdout
+
+
+def test_forget_user_on_an_unreachable_store_erases_nothing_and_says_so(data_dir: Path) -> None:
+    url = f"redis://:{SECRET}@127.0.0.1:{closed_port()}/0"
+    result = lastword(data_dir, "forget-user", "telegram", "42", LASTWORD_REDIS_URL=url)
+    assert result.returncode == 1, result
+    assert "nothing erased: the store cannot be reached" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert SECRET not in result.stderr + result.stdout
