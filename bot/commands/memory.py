@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bot.commands.base import Ask, Command, CommandContext, Decision, any_words
-from bot.memory import Fact, Memory, Person, Switch
+from bot.memory import Fact, Memory, Person, Switch, saved_in
 from bot.message import Place
 from bot.store import Store
 
@@ -97,9 +97,8 @@ async def _remember(turn: CommandContext, ask: Ask, words: Sequence[str]) -> Dec
     person = _person(turn, ask)
     if (await turn.memory.recall(person)).off:
         return Decision(OFF_FOR_YOU)
-    where = "a group" if Place.of(turn.conversation).group else "a DM"
     key = f"remember:{turn.conversation}:{ask.version}"
-    change = Remember(person.platform, person.user, text, where, key)
+    change = Remember(person.platform, person.user, text, saved_in(turn.conversation), key)
     return Decision("Done: I'll remember that. /memory shows what I keep.", (change,))
 
 

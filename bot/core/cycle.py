@@ -225,8 +225,10 @@ class Cycle:
     def configure(self, settings: Settings) -> None:
         """Take on reloaded settings, the model's with them. The version watch keeps its
         interval (`llm.interrupt_poll_ms` needs a restart)."""
+        if settings.memory != self.settings.memory:
+            # Only then: a provider's factory may open connections of its own.
+            self.memory = memory_of(settings, self.store)
         self.settings = settings
-        self.memory = memory_of(settings, self.store)
         self.llm.configure(settings.llm)
         self.media.configure(settings.media, settings.llm.model, can_see=self.llm.sees_images)
 

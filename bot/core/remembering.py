@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from bot.config.settings import Settings
-from bot.memory import Fact, Memory, Person, Recalled, provider
+from bot.memory import Fact, Memory, Person, Recalled, provider, saved_in
 from bot.memory.tool import TOOL, MemoryRunner
 from bot.message import Place, Unavailable
 from bot.store import RedisMemory, Store
@@ -51,11 +51,6 @@ def person_of(conversation: str, user: str) -> Person:
     return Person(Place.of(conversation).platform, user)
 
 
-def where_of(conversation: str) -> str:
-    """Where a fact saved in `conversation` was saved, as /memory lists it."""
-    return "a group" if Place.of(conversation).group else "a DM"
-
-
 async def remembered(
     memory: Memory, settings: Settings, conversation: str, user: str
 ) -> Remembered:
@@ -84,5 +79,5 @@ def remembering(
         return FORGETFUL
     group = Place.of(conversation).group
     facts = kept.facts if kept.groups or not group else ()
-    runner = MemoryRunner(memory, person, where_of(conversation), fact_chars)
+    runner = MemoryRunner(memory, person, saved_in(conversation), fact_chars)
     return Remembered(facts, Toolbox(tools={TOOL.name: (TOOL, runner)}))

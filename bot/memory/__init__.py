@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from bot.config.settings import MEMORY_PROVIDERS
+from bot.message import Place
 from bot.plugins import entry_points
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Saved",
     "Switch",
     "provider",
+    "saved_in",
 ]
 
 # The entry point group a memory provider declares its factory in (the built-in, "redis",
@@ -75,6 +77,11 @@ class Recalled:
 
 
 NOTHING = Recalled()
+
+
+def saved_in(conversation: str) -> str:
+    """Where a fact saved in `conversation` was saved, as /memory lists it."""
+    return "a group" if Place.of(conversation).group else "a DM"
 
 
 @dataclass(frozen=True)
