@@ -37,6 +37,7 @@ from bot.commands import (
 from bot.commands.base import Change, CommandContext
 from bot.config.settings import ModelChoice, Settings
 from bot.core.groups import in_room, replied
+from bot.core.hand_backs import HandBacks
 from bot.core.history import Retry, conversation_of, last_reply
 from bot.core.lease import LeaseKeeper, LeaseLost
 from bot.core.race import NOTHING, Next, Race
@@ -208,6 +209,7 @@ class Cycle:
         self.outbound = outbound
         self.toolbox = toolbox or Toolbox()
         self.memory = memory_of(settings, store)
+        self.hand_backs = HandBacks(store)
         self.stats = Stats()
         self.counter = Counter()
         self.watch = VersionWatch(store, settings.llm.interrupt_poll_ms / 1000)
@@ -290,10 +292,16 @@ class Cycle:
 
     def _hand_back(self, lease: Lease, *, failed: Failed | None = None) -> asyncio.Future[Ended]:
         """Release the lease in a task of its own, so that it completes even if the caller is
-        cancelled meanwhile. Token-checked: it can never free someone else's lease."""
+        cancelled meanwhile. Token-checked: it can never free someone else's lease. One that
+        meets an outage is tried again once the store answers (`HandBacks`)."""
         release = asyncio.ensure_future(self.store.release(lease, failed=failed))
-        # Collect its outcome whoever waits for it, or nobody.
-        release.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+        def collected(task: asyncio.Future[Ended]) -> None:
+            # Collect its outcome whoever waits for it, or nobody.
+            if not task.cancelled() and isinstance(task.exception(), StoreUnavailable):
+                self.hand_backs.later(lease, failed)
+
+        release.add_done_callback(collected)
         return release
 
     async def _await_hand_back(self, lease: Lease) -> None:
@@ -304,8 +312,8 @@ class Cycle:
         try:
             ended = await asyncio.shield(self._hand_back(lease, failed=failed))
         except Exception as exc:
-            # The store is out of reach too: the lease expires on its own, and the due-index
-            # still holds the conversation for the sweep.
+            # The store is out of reach too: the hand-back is tried again once it answers (or
+            # the lease expires on its own), and the due-index still holds the conversation.
             log.warning("could not hand %s back: %s", lease.conversation, exc)
             return Next(RETRY_AFTER_ERROR_MS, working=False)
         return Next(ended.look_in_ms, working=False)

@@ -451,6 +451,8 @@ class Runtime:
         await asyncio.gather(*(cancel_and_wait(t) for t in list(self._running.values())))
         # Their places in the outbound budget's queues, given back on the way out too.
         await self.outbound.stop()
+        # Hand-backs still waiting for the store: the leases expire by themselves.
+        await self.cycle.hand_backs.stop()
         await self.cycle.watch.stop()
         # The media workers: after the cycles, which may have been waiting on them.
         await self.cycle.media.close()
