@@ -36,6 +36,7 @@ from bot.store import Store
 from bot.store.embedded import EmbeddedRedis
 from bot.tools import Toolbox
 from bot.tools.load import load_toolbox
+from bot.traces import Tracing
 from tests.support import forked
 from tests.support.console import (
     server_pids,
@@ -256,9 +257,9 @@ async def runtime_factory(
 
     `await runtime_factory(settings)` or `await runtime_factory(**make_settings_overrides)`;
     the model is `model`, else the one the settings name (OpenAILLM for "openai", else the
-    echo), its tools `toolbox`'s. Returns the runtime and its outbound. Every runtime is
-    stopped (again, if the test stopped it: that is harmless), and every OpenAILLM client
-    closed, at teardown.
+    echo), its tools `toolbox`'s, its tracing `tracing`'s (else the settings'). Returns the
+    runtime and its outbound. Every runtime is stopped (again, if the test stopped it: that is
+    harmless), and every OpenAILLM client closed, at teardown.
     """
     started: list[tuple[Runtime, LLM]] = []
 
@@ -269,6 +270,7 @@ async def runtime_factory(
         model: LLM | None = None,
         outbound: RecordingOutbound | None = None,
         toolbox: Toolbox | None = None,
+        tracing: Tracing | None = None,
         **overrides: Any,
     ) -> tuple[Runtime, RecordingOutbound]:
         if settings is None:
@@ -279,7 +281,8 @@ async def runtime_factory(
             model = OpenAILLM(settings.llm) if settings.llm_provider == "openai" else EchoLLM()
         if outbound is None:
             outbound = RecordingOutbound()
-        runtime = Runtime(settings, make_store(settings, redis), model, outbound, None, toolbox)
+        store = make_store(settings, redis)
+        runtime = Runtime(settings, store, model, outbound, None, toolbox, tracing)
         runtime.start()
         started.append((runtime, model))
         return runtime, outbound

@@ -682,6 +682,19 @@ def installed(kind: str, value: str, names: set[str]) -> str:
     return value
 
 
+class TracesSettings(Group):
+    # OpenTelemetry traces, one per burst across replicas (bot/traces/); where they go and how
+    # they are sampled are the standard OTEL_* variables'.
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "record one trace per burst and export it over OTLP (needs the `otel` extra; "
+            "`OTEL_EXPORTER_OTLP_ENDPOINT` and the other `OTEL_*` variables say where and how); "
+            "see [Traces](operating.md#traces)"
+        ),
+    )
+
+
 class MemorySettings(Group):
     # Long-term memory per person (bot/memory/): facts they shared, kept across places,
     # replicas and /reset, shown only in requests that answer them.
@@ -877,6 +890,7 @@ class Settings(BaseSettings):
     outbound: OutboundSettings = OutboundSettings()
     groups: GroupsSettings = GroupsSettings()
     memory: MemorySettings = MemorySettings()
+    traces: TracesSettings = TracesSettings()
     # Entries (user messages and replies) kept per conversation; older ones fall off.
     history_cap: int = Field(default=200, ge=2, description="history entries kept per conversation")
     # A conversation idle for this long (no message, no reply) expires whole from Redis, and

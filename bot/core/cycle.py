@@ -73,6 +73,7 @@ from bot.store import (
 )
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox
+from bot.traces import OFF, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -202,10 +203,12 @@ class Cycle:
         outbound: Paced,
         transcriber: Transcriber | None = None,
         toolbox: Toolbox | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
+        self.tracing = tracing
         self.outbound = outbound
         self.toolbox = toolbox or Toolbox()
         self.memory = memory_of(settings, store)
@@ -264,28 +267,35 @@ class Cycle:
             confirmed_at=sent_at,
             on_failure=self._renewal_failed,
         )
-        try:
-            return await keeper.run(self._work(grant, keeper, sent_at))
-        except LeaseLost:
-            self.stats.lost += 1
-            log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
-            return NOTHING
-        except Exception as exc:
-            # A failed attempt (a platform or store error, a bug): hand the conversation back
-            # with the next attempt backed off, whichever replica makes it.
-            self.stats.failed += 1
-            if isinstance(exc, Unavailable):
-                # An outage: not counted as an attempt (`llm.attempts`), nor worth a traceback.
-                log.warning("cycle for %s failed: %s", conversation, exc)
-                return await self._back_off(lease, "outage")
-            # A warning with its traceback: after `llm.attempts` in a row the burst is
-            # answered with an apology, logged once at ERROR (`_gave_up`).
-            log.warning("cycle for %s failed; trying again", conversation, exc_info=True)
-            return await self._back_off(lease, "failure")
-        except BaseException:
-            # Shutdown: hand the conversation back now rather than after the TTL.
-            await self._await_hand_back(lease)
-            raise
+        with self.tracing.burst(grant.trace).span("reply") as span:
+            span.set("lastword.fence", lease.fence)
+            span.set("lastword.speculative", grant.window is not None)
+            try:
+                return await keeper.run(self._work(grant, keeper, sent_at))
+            except LeaseLost:
+                self.stats.lost += 1
+                span.set("lastword.ended", "lease lost")
+                log.warning("lost the lease on %s mid-cycle; nothing sent from here", conversation)
+                return NOTHING
+            except Exception as exc:
+                # A failed attempt (a platform or store error, a bug): hand the conversation
+                # back with the next attempt backed off, whichever replica makes it.
+                self.stats.failed += 1
+                span.failed(type(exc).__name__)
+                if isinstance(exc, Unavailable):
+                    # An outage: not counted as an attempt (`llm.attempts`), nor worth a
+                    # traceback.
+                    log.warning("cycle for %s failed: %s", conversation, exc)
+                    return await self._back_off(lease, "outage")
+                # A warning with its traceback: after `llm.attempts` in a row the burst is
+                # answered with an apology, logged once at ERROR (`_gave_up`).
+                log.warning("cycle for %s failed; trying again", conversation, exc_info=True)
+                return await self._back_off(lease, "failure")
+            except BaseException:
+                # Shutdown: hand the conversation back now rather than after the TTL.
+                span.set("lastword.ended", "stopped")
+                await self._await_hand_back(lease)
+                raise
 
     def _renewal_failed(self) -> None:
         self.stats.renewal_failures += 1
@@ -762,7 +772,14 @@ class Cycle:
         (a /retry's: the turn of the reply it replaces, so its calls are not run again)."""
         llm = self.settings.llm
         return Steps(
-            ModelUse(self.llm, llm, self.counter, llm.context_tokens - llm.max_tokens),
+            ModelUse(
+                self.llm,
+                llm,
+                self.counter,
+                llm.context_tokens - llm.max_tokens,
+                self.tracing.burst(grant.trace),
+                request.conversation,
+            ),
             ToolUse(self.settings.tools, self.toolbox, offered, request.memory.tools),
             TurnRecord(self.store, grant.lease, turn_of(grant, request.target), grant.version),
             race,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from bot import log_lines
@@ -40,6 +41,7 @@ from bot.outbound.typing_indicator import Typing
 from bot.stats import Stats
 from bot.store import RETRY_AFTER_ERROR_MS, Store, StoreSettings
 from bot.tools import Toolbox
+from bot.traces import Attribute, Tracing, conversation_id, tracing_of
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +72,17 @@ class Runtime:
         outbound: Outbound,
         transcriber: Transcriber | None = None,
         toolbox: Toolbox | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        # One trace per burst, across replicas: off unless the settings turn it on.
+        self.tracing = tracing or tracing_of(settings)
         # Every call to the platform paced by the bot's outbound budget.
         self.outbound = Paced(
             outbound, store, settings.platform, settings.replica_id, mode=settings.outbound.budget
         )
-        self.cycle = Cycle(settings, store, llm, self.outbound, transcriber, toolbox)
+        self.cycle = Cycle(settings, store, llm, self.outbound, transcriber, toolbox, self.tracing)
         self.typing = Typing(self.outbound)
         # Whom the platform reports typing for (None: nobody), and which signals go on.
         self._sees_typing = outbound if isinstance(outbound, SeesTyping) else None
@@ -139,7 +144,21 @@ class Runtime:
             self._notify(conversation, ALLOWED if switch else DENIED, message)
             return False
         typing = self._typing_ms(message.place) > 0
-        result = await self.store.ingest(message, who, heard(message, groups), typing=typing)
+        candidate, started_ns = self.tracing.candidate(), time.time_ns()
+        result = await self.store.ingest(
+            message, who, heard(message, groups), typing=typing, trace=candidate
+        )
+        if result.trace:
+            attributes: dict[str, Attribute] = {
+                "gen_ai.conversation.id": conversation_id(conversation),
+                "lastword.version": result.version,
+                "lastword.window": "opened" if result.opened_window else "extended",
+                "lastword.window.capped": result.capped,
+            }
+            began = result.trace == candidate
+            self.tracing.ingested(
+                result.trace, result.follows, started_ns, began=began, **attributes
+            )
         if result.silent or result.overheard:
             stats.overheard += result.overheard
             return False
@@ -462,6 +481,8 @@ class Runtime:
             adoption.cancel()
         self.typing.stop()
         await self.heartbeat.stop()
+        # What is left of the traces, flushed within a few seconds (a thread: it blocks).
+        await asyncio.to_thread(self.tracing.shutdown)
 
 
 def _succeeded(task: asyncio.Task[bool]) -> bool:

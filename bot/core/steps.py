@@ -36,11 +36,12 @@ from typing import Any
 from bot.config.settings import LLMSettings, ToolsSettings
 from bot.core.lease import LeaseLost
 from bot.core.race import Next, Race
-from bot.llm.base import LLM, Usage, generate
+from bot.llm.base import LLM, Answer, LLMError, Usage, generate
 from bot.llm.prompt import Prompt, Used, estimated_tokens
 from bot.store import Lease, Record, Store
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox, ToolCall, ToolResult
+from bot.traces import NO_BURST, Burst, conversation_id
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class ModelUse:
     settings: LLMSettings
     counter: Counter
     budget: int  # tokens the whole request may take (the context less the answer's room)
+    burst: Burst = NO_BURST  # where each request's `chat` span goes (`bot.traces`)
+    conversation: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,37 @@ class Steps:
     # from then on no tool bound to them (their memory) runs.
     heard_tools: bool = False
 
+    async def _ask(self, prompt: Prompt, usage: Usage) -> Answer | Next:
+        """One request to the model, cut short by a newer message: a `chat` span in the
+        GenAI conventions, with its own tokens."""
+        model = self.model
+        with model.burst.span(f"chat {model.settings.model}", kind="client") as span:
+            span.set("gen_ai.operation.name", "chat")
+            span.set("gen_ai.provider.name", model.llm.name)
+            span.set("gen_ai.request.model", model.settings.model)
+            span.set("gen_ai.conversation.id", conversation_id(model.conversation))
+            before = len(usage.attempts)
+            try:
+                answered = await self.race(generate(model.llm, prompt, model.settings, usage))
+            except LLMError as exc:
+                span.failed(exc.kind)
+                raise
+            finally:
+                attempts = usage.attempts[before:]
+                span.set("gen_ai.usage.input_tokens", sum(a.prompt_tokens for a in attempts))
+                span.set("gen_ai.usage.output_tokens", sum(a.completion_tokens for a in attempts))
+            if isinstance(answered, Next):
+                span.set("lastword.ended", "interrupted")
+                return answered
+            span.set("gen_ai.response.model", model.settings.model)
+            span.set("gen_ai.response.finish_reasons", ["tool_calls" if answered.calls else "stop"])
+            return answered
+
     async def answer(self, prompt: Prompt, usage: Usage) -> Done | Next:
         """The reply's text after as many steps as it takes; `Next` if a newer message cut
         it short."""
         if not self.offer.tools:
-            answered = await self.race(generate(self.model.llm, prompt, self.model.settings, usage))
+            answered = await self._ask(prompt, usage)
             return answered if isinstance(answered, Next) else Done(answered.text)
         self.until = time.monotonic() + self.model.settings.deadline_s
         asked = replace(prompt, tools=tuple(tool.spec() for tool in self.offer.tools))
@@ -182,7 +211,7 @@ class Steps:
                 self.closed or k >= self.offer.settings.step_limit or time.monotonic() >= self.until
             )
             asked = replace(asked, tool_choice="none" if last else "auto")
-            answered = await self.race(generate(self.model.llm, asked, self.model.settings, usage))
+            answered = await self._ask(asked, usage)
             if isinstance(answered, Next):
                 return answered
             if not answered.calls or last:

@@ -56,7 +56,7 @@ if held > 0 and held <= math.max(horizon, granted + slack_ms) then
 end
 
 local counters = redis.call('HMGET', state, 'v', 'w', 'discards', 'failures', 'retry_at', 'since',
-  'model', 'persona', 'last')
+  'model', 'persona', 'last', 'trace')
 local v, w = tonumber(counters[1] or '0'), tonumber(counters[2] or '0')
 local left = redis.call('HMGET', outbox, 'text', 'version', 'fence', 'token', 'changes')
 local has_outbox = left[1] ~= false
@@ -150,4 +150,4 @@ return cjson.encode({status = 'acquired', fence = fence, version = v, watermark 
   lateness_ms = lateness, discards = discards, resend = resend, unanswered = unanswered,
   history = past, failures = failures, waited_ms = waited, model = counters[7] or '',
   persona = counters[8] or '', window_ms = window_ms, closes_at_ms = closes_at,
-  last = counters[9] or '', room = context})
+  last = counters[9] or '', room = context, trace = counters[10] or ''})

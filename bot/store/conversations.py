@@ -69,6 +69,10 @@ class Ingested:
     refused: bool = False  # its user may not talk to the bot (settings, or an admin's /deny)
     silent: bool = False  # said in a group the bot may not answer in
     overheard: bool = False  # said in a group, not to the bot: the room's context only
+    # Tracing on: the burst's trace (a W3C traceparent), and the one before it when this
+    # message began the burst's (`bot.traces`); "" otherwise.
+    trace: str = ""
+    follows: str = ""
 
     @classmethod
     def from_reply(cls, raw: bytes | str) -> Ingested:
@@ -86,6 +90,8 @@ class Ingested:
             refused=status == "refused",
             silent=status == "silent",
             overheard=status == "overheard",
+            trace=str(reply.get("trace") or ""),
+            follows=str(reply.get("follows") or ""),
         )
 
 
@@ -227,6 +233,7 @@ class Acquired:
     room: tuple[Said, ...]
     resend: Resend | None = None  # an outbox left by a crashed holder, to send as it is
     window: Window | None = None  # taken speculatively, the window still open
+    trace: str = ""  # the burst's trace, tracing on (`Ingested.trace`)
 
     @property
     def status(self) -> Literal["acquired"]:
@@ -262,6 +269,7 @@ def granted(raw: bytes | str, conversation: str, token: str) -> Grant:
         room=tuple(Said.from_json(e) for e in listed(reply["room"])),
         resend=_resent(outbox) if outbox else None,
         window=Window(window_ms, time.monotonic() + window_ms / 1000) if window_ms > 0 else None,
+        trace=str(reply.get("trace") or ""),
     )
 
 
@@ -350,11 +358,13 @@ class Conversations(People):
         heard: Heard | None = None,
         *,
         typing: bool = False,
+        trace: str = "",
     ) -> Ingested:
         """Take a message in. `verdict` is what the settings say of its user; an admin's
         /allow or /deny, read in the same step, overrides it for anyone but an admin. In a
         group, `heard` says how the message reached the bot (`bot.core.groups.heard`). `typing`:
         the platform reports this user's typing (typing.lua), so the window learns with it.
+        `trace`: tracing on, the trace this message begins if no burst's is open (`bot.traces`).
 
         The rate limit is the person's, across every place they write in. In their home DM
         (a DM whose chat is the user, Telegram's) ingest counts it itself, the person's
@@ -366,24 +376,26 @@ class Conversations(People):
         heard = heard or Heard()
         person = self.person_keys(message.conversation, message.user_id)
         if message.conversation == person.home:
-            return await self._ingest(message, verdict, heard, typing, person.rate)
+            return await self._ingest(message, verdict, heard, typing, trace, person.rate)
         if heard.addressed == "never":
-            return await self._ingest(message, verdict, heard, typing)
+            return await self._ingest(message, verdict, heard, typing, trace)
         if heard.addressed == "0":
-            ingested = await self._ingest(message, verdict, heard, typing)
+            ingested = await self._ingest(message, verdict, heard, typing, trace)
             if ingested.accepted or ingested.overheard:
                 await self._noted(message, counts=ingested.accepted)
             return ingested
         rate = await self._noted(message, counts=True)
         if rate == "ok":
-            return await self._ingest(message, verdict, heard, typing)
+            return await self._ingest(message, verdict, heard, typing, trace)
         limited = Ingested(False, 0, None, limited=True, first_limited=rate == "first_limited")
         if not heard.group:
             return limited
         # Over the rate in a group: taken in as a line that can never be addressed, so a group
         # the bot is silent in stays silent (no notice goes there) and a redelivery is a
         # duplicate; what is said to the room is its context, as anyone's line is.
-        ingested = await self._ingest(message, verdict, replace(heard, addressed="never"), typing)
+        ingested = await self._ingest(
+            message, verdict, replace(heard, addressed="never"), typing, trace
+        )
         return limited if ingested.overheard else ingested
 
     async def _noted(self, message: InboundMessage, *, counts: bool) -> Rate:
@@ -406,6 +418,7 @@ class Conversations(People):
         verdict: Verdict,
         heard: Heard,
         typing: bool,
+        trace: str,
         rate: str = "",
     ) -> Ingested:
         """ingest.lua on the message: counting it against the rate key `rate` ("": not at
@@ -433,6 +446,7 @@ class Conversations(People):
             "room_messages": self.settings.room_messages,
             "room_keep_ms": self.settings.room_keep_ms,
             "typing": int(typing),
+            "trace": trace,
         }
         keys = _own_keys(scripts.INGEST, self.layout.keys(conversation))
         keys["rate"] = rate or keys["rate"]

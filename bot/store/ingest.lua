@@ -9,6 +9,9 @@
 -- deadline is at the hard cap, 'extended' otherwise, 'none' if dropped. look_in_ms is until
 -- the first moment a replica may start work: the window's deadline, or sooner, when the user has
 -- been quiet for speculate_ms, if speculation is on (the reply is then held until the deadline).
+-- Tracing on (`trace`, a candidate W3C traceparent): an accepted message joins its burst's trace,
+-- or makes the candidate the burst's trace when none is open; the answer's `trace` is the
+-- burst's, and `follows` the burst's before it when this message began the trace.
 local state = KEYS[1]
 local pending = KEYS[2]
 local seen = KEYS[3]
@@ -47,11 +50,12 @@ local room_messages = tonumber(ARGV[19])
 local room_keep_ms = tonumber(ARGV[20])
 -- '1': the platform reports this user's typing (typing.lua holds the window while they type)
 local typing = ARGV[21]
+local trace = ARGV[22] -- '': tracing off
 local now = now_ms()
 
-local function answer(status, version, look_in_ms, flag)
+local function answer(status, version, look_in_ms, flag, burst_trace, follows)
   return cjson.encode({status = status, version = version, look_in_ms = look_in_ms,
-    window = flag})
+    window = flag, trace = burst_trace or '', follows = follows or ''})
 end
 
 -- The user's own pace, for a window that learns it. Each message adds the gap before it to the
@@ -274,4 +278,13 @@ if not was_open then
 elseif deadline == cap then
   flag = 'capped'
 end
-return answer('accepted', v, math.max(wake_at - now, 0), flag)
+-- The burst's trace lives in the state until the commit that answers it (prelude.lua).
+local follows = ''
+if trace ~= '' then
+  if redis.call('HSETNX', state, 'trace', trace) == 1 then
+    follows = redis.call('HGET', state, 'trace_prev') or ''
+  else
+    trace = redis.call('HGET', state, 'trace')
+  end
+end
+return answer('accepted', v, math.max(wake_at - now, 0), flag, trace, follows)

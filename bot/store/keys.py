@@ -39,7 +39,9 @@ Key layout, for a conversation in the shard tagged {T}:
                                              the starvation guard's clock), model (picked with
                                              /model), persona (the user's own instructions,
                                              /persona), forget_asked (when /forget last asked
-                                             for its confirmation, ms, server clock)
+                                             for its confirmation, ms, server clock), trace
+                                             (tracing on: the open burst's W3C traceparent,
+                                             until its commit) and trace_prev (the last one's)
     {T}:c:<conversation>:pending     hash    version -> message json, for (W, V]
     {T}:c:<conversation>:seen        zset    platform message ids, for dedupe
     {T}:c:<conversation>:window      hash    opened, deadline (ms, server clock)

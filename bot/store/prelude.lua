@@ -99,6 +99,12 @@ end
 -- it opened the window that is open now (the lease's acquire consumed the one before).
 local function answered_to(state, window, covered)
   redis.call('HSET', state, 'w', covered)
+  -- The burst's trace ends with its reply; the next burst's links to it (ingest.lua).
+  local trace = redis.call('HGET', state, 'trace')
+  if trace then
+    redis.call('HSET', state, 'trace_prev', trace)
+    redis.call('HDEL', state, 'trace')
+  end
   if tonumber(redis.call('HGET', state, 'v') or '0') > covered then
     redis.call('HSET', state, 'since', redis.call('HGET', window, 'opened') or now_ms())
   else

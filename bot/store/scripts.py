@@ -110,6 +110,7 @@ INGEST = Script(
         "room_messages",
         "room_keep_ms",
         "typing",
+        "trace",
     ),
 )
 TYPING = Script(

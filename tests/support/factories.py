@@ -10,6 +10,7 @@ from bot.config.settings import Settings
 from bot.core.runtime import Runtime
 from bot.llm.base import LLM
 from bot.tools import Toolbox
+from bot.traces import Tracing
 from tests.support.fakes.outbound import RecordingOutbound
 
 SettingsFactory = Callable[..., Settings]
@@ -24,5 +25,6 @@ class RuntimeFactory(Protocol):
         model: LLM | None = None,
         outbound: RecordingOutbound | None = None,
         toolbox: Toolbox | None = None,
+        tracing: Tracing | None = None,
         **overrides: Any,
     ) -> tuple[Runtime, RecordingOutbound]: ...

@@ -1,0 +1,116 @@
+"""One trace per burst, whichever replicas take part (bot/traces/): two runtimes in process
+over one real store, the fake provider behind them, and the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from bot.traces.otel import OtelTracing
+from tests.support.builders import message
+from tests.support.chatting import CONV, fake
+from tests.support.factories import RuntimeFactory
+from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.support.waits import eventually, settled
+
+__all__ = ["fake"]  # the fixture, imported for pytest
+
+LLM = {"provider": "openai", "api_key": "sk-secret-key", "model": FAKE_MODEL_ID, "retries": 0}
+
+
+def spans_of(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name.startswith(name)]
+
+
+def trace_ids(spans: Sequence[ReadableSpan]) -> set[int]:
+    return {span.context.trace_id for span in spans if span.context is not None}
+
+
+async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter = InMemorySpanExporter()
+    llm = LLM | {"base_url": fake.base_url}
+    first, outbound = await runtime_factory(
+        tracing=OtelTracing("replica-a", exporter, SimpleSpanProcessor), llm=llm
+    )
+    second, _ = await runtime_factory(
+        tracing=OtelTracing("replica-b", exporter, SimpleSpanProcessor),
+        outbound=outbound,
+        llm=llm,
+    )
+    # One burst, its messages taken in by two replicas.
+    assert await first.ingest(message("hello there", n=1))
+    assert await second.ingest(message("and more", n=2))
+    await outbound.wait_for(1, timeout=15)
+    await settled(first, CONV, version=2)
+
+    async def a_reply_span() -> bool:
+        return bool(spans_of(exporter, "reply"))
+
+    await eventually(a_reply_span, within_s=5)
+    burst = exporter.get_finished_spans()
+    [trace] = trace_ids(burst)
+    ingests = spans_of(exporter, "ingest")
+    assert len(ingests) == 2
+    # The first message's ingest is the root, every other span below it.
+    [root] = [span for span in ingests if span.parent is None]
+    assert root.resource.attributes["service.instance.id"] == "replica-a"
+    assert root.resource.attributes["service.name"] == "lastword"
+    assert root.context is not None
+    others = [span for span in burst if span is not root]
+    assert {span.resource.attributes["service.instance.id"] for span in ingests} == {
+        "replica-a",
+        "replica-b",
+    }
+    assert all(span.parent is not None for span in others)
+    [chat] = spans_of(exporter, "chat ")
+    [reply] = spans_of(exporter, "reply")
+    assert chat.parent is not None and reply.context is not None
+    assert chat.parent.span_id == reply.context.span_id
+    attributes = dict(chat.attributes or {})
+    assert chat.name == f"chat {FAKE_MODEL_ID}"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == FAKE_MODEL_ID
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert int(str(attributes["gen_ai.usage.input_tokens"])) > 0
+    assert int(str(attributes["gen_ai.usage.output_tokens"])) > 0
+    # An opaque conversation id, no message content, no secret, in any span.
+    assert attributes["gen_ai.conversation.id"] != CONV
+    said = repr([(span.name, dict(span.attributes or {})) for span in burst])
+    for secret_or_content in ("hello there", "and more", "sk-secret-key", CONV):
+        assert secret_or_content not in said
+
+    # The next burst is a trace of its own, linked to the one before.
+    exporter.clear()
+    assert await second.ingest(message("thanks", n=3))
+    await outbound.wait_for(2, timeout=15)
+    [ingest] = spans_of(exporter, "ingest")
+    assert ingest.parent is None and ingest.context is not None
+    assert ingest.context.trace_id != trace
+    assert [link.context.trace_id for link in ingest.links] == [trace]
+
+
+def test_tracing_off_imports_no_tracer() -> None:
+    # A process of its own: this one has imported the SDK for the tests above. (redis-py
+    # imports the SDK's metrics for its own observability when the SDK is installed; the
+    # tracing half, and lastword's, stay out.)
+    code = (
+        "import sys\n"
+        "from bot.config.settings import Settings\n"
+        "from bot.traces import OFF, tracing_of\n"
+        "import bot.service.app\n"
+        "assert tracing_of(Settings()) is OFF\n"
+        "names = ('opentelemetry.sdk.trace', 'bot.traces.')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(names)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
