@@ -119,6 +119,7 @@ WRONG: dict[str, str] = {
     "MEMORY__FACTS": "0",
     "MEMORY__FACT_CHARS": "5",
     "MEMORY__PROVIDER": "mem0",
+    "TRACES__ENABLED": "sometimes",
     "LEASE__TTL_MS": "100",
     "ACCESS__ALLOWED_USERS": "123,456 789",
     "ACCESS__ADMINS": "alice bob",
