@@ -337,6 +337,26 @@ class Steps:
     async def _call(
         self, k: int, j: int, call: ToolCall, tool: Tool | None, record: Record
     ) -> ToolResult | Next:
+        """`_outcome`, in an `execute_tool` span that says whether the call ran, was reused
+        from the record (a /retry, a takeover) or was not run."""
+        with self.model.burst.span(f"execute_tool {call.name}") as span:
+            span.set("gen_ai.operation.name", "execute_tool")
+            span.set("gen_ai.tool.name", call.name)
+            span.set("gen_ai.tool.call.id", call.id)
+            ran, reused = self.calls_run, self.calls_reused
+            result = await self._outcome(k, j, call, tool, record)
+            if isinstance(result, Next):
+                span.set("lastword.tool.outcome", "interrupted")
+                return result
+            outcome = "ran" if self.calls_run > ran else "not run"
+            span.set("lastword.tool.outcome", "reused" if self.calls_reused > reused else outcome)
+            if result.error:
+                span.failed("tool_error")
+            return result
+
+    async def _outcome(
+        self, k: int, j: int, call: ToolCall, tool: Tool | None, record: Record
+    ) -> ToolResult | Next:
         """One call's result: recorded, run now, not run, or unknown; or what cut a wait
         short."""
         known = record.calls.get((k, j))

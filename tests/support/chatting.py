@@ -11,6 +11,7 @@ import pytest
 
 from bot.core.runtime import Runtime
 from bot.tools import Toolbox
+from bot.traces import Tracing
 from tests.support.builders import message
 from tests.support.factories import RuntimeFactory
 from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
@@ -32,18 +33,20 @@ async def replica(
     outbound: RecordingOutbound | None = None,
     toolbox: Toolbox | None = None,
     lease_ttl_ms: int | None = None,
+    tracing: Tracing | None = None,
     **llm: Any,
 ) -> tuple[Runtime, RecordingOutbound]:
     """A runtime answering through `fake`; `llm` adds or overrides LLM settings. Replicas given
     one `outbound` share it as they share a platform: whichever of them takes a burst's wake-up
     (its own timer, or another's sweep) answers it, and the user sees one chat. Its tools are
-    `toolbox`'s; its lease lasts the tests' short TTL unless `lease_ttl_ms` says otherwise."""
+    `toolbox`'s; its lease lasts the tests' short TTL unless `lease_ttl_ms` says otherwise; its
+    traces go to `tracing` (else nowhere)."""
     base: dict[str, Any] = {"provider": "openai", "base_url": fake.base_url, "api_key": "k"}
     base |= {"model": FAKE_MODEL_ID, "retries": 0}
     overrides: dict[str, Any] = {"llm": base | llm}
     if lease_ttl_ms is not None:
         overrides["lease"] = {"ttl_ms": lease_ttl_ms}
-    return await runtime_factory(outbound=outbound, toolbox=toolbox, **overrides)
+    return await runtime_factory(outbound=outbound, toolbox=toolbox, tracing=tracing, **overrides)
 
 
 async def say(runtime: Runtime, n: int, *texts: str) -> None:

@@ -13,9 +13,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bot.traces.otel import OtelTracing
 from tests.support.builders import message
-from tests.support.chatting import CONV, fake
+from tests.support.chatting import CONV, fake, replica, say
+from tests.support.counted_tools import Counted
 from tests.support.factories import RuntimeFactory
-from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
+from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI, ToolPolicy
 from tests.support.waits import eventually, settled
 
 __all__ = ["fake"]  # the fixture, imported for pytest
@@ -29,6 +30,15 @@ def spans_of(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
 
 def trace_ids(spans: Sequence[ReadableSpan]) -> set[int]:
     return {span.context.trace_id for span in spans if span.context is not None}
+
+
+def recording() -> tuple[InMemorySpanExporter, OtelTracing]:
+    exporter = InMemorySpanExporter()
+    return exporter, OtelTracing("replica-a", exporter, SimpleSpanProcessor)
+
+
+def attributes_of(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
 
 
 async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
@@ -114,3 +124,68 @@ def test_tracing_off_imports_no_tracer() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+async def test_a_tool_call_runs_once_and_a_retry_reuses_it(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    counted = Counted()
+    fake.reply = ToolPolicy("note", '{"text": "x"}', answer="Done: {result}")
+    exporter, tracing = recording()
+    runtime, _ = await replica(runtime_factory, fake, toolbox=counted.toolbox(), tracing=tracing)
+    await say(runtime, 1, "note it down")
+    [ran] = spans_of(exporter, "execute_tool")
+    assert ran.name == "execute_tool note"
+    assert attributes_of(ran) | {"gen_ai.tool.call.id": ""} == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "note",
+        "gen_ai.tool.call.id": "",
+        "lastword.tool.outcome": "ran",
+    }
+    assert attributes_of(ran)["gen_ai.tool.call.id"]
+    # The reply's two requests: the one that asked for the call, and the answer.
+    reasons = [
+        attributes_of(c)["gen_ai.response.finish_reasons"] for c in spans_of(exporter, "chat")
+    ]
+    assert reasons == [("tool_calls",), ("stop",)]
+    exporter.clear()
+    await say(runtime, 2, "/retry")
+    [reused] = spans_of(exporter, "execute_tool")
+    assert attributes_of(reused)["lastword.tool.outcome"] == "reused"
+    assert counted.runs == ["note x"]
+
+
+async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, tracing = recording()
+    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
+    fake.hold()
+    assert await runtime.ingest(message("first", n=1))
+    await fake.wait_for_request(lambda r: True, timeout=10)
+    assert await runtime.ingest(message("second", n=2))
+
+    async def interrupted() -> bool:
+        return runtime.stats.interrupted >= 1
+
+    await eventually(interrupted, within_s=10)
+    fake.release()
+    [reply] = await outbound.wait_for(1, timeout=15)
+    await settled(runtime, CONV, version=2)
+    chats = spans_of(exporter, "chat")
+    assert [attributes_of(c).get("lastword.ended") for c in chats] == ["interrupted", None]
+    assert len(trace_ids(exporter.get_finished_spans())) == 1
+    assert reply.text is not None and "second" in reply.text
+
+
+async def test_a_failing_model_is_an_error_span_and_the_apology_still_goes(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, tracing = recording()
+    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
+    fake.fail_next(fake.server_error())
+    await say(runtime, 1, "hello")
+    [chat] = spans_of(exporter, "chat")
+    assert attributes_of(chat)["error.type"] == "transient"
+    assert chat.status.status_code.name == "ERROR"
+    assert len(outbound.texts(CONV)) == 1
