@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-import time
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -31,6 +31,8 @@ from bot.traces import Attribute, Burst, Kind, Span, Tracing
 
 log = logging.getLogger(__name__)
 
+# The longest a stop waits for the last spans to leave.
+FLUSH_S = 3.0
 KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -125,7 +127,10 @@ class OtelTracing(Tracing):
         )
         if not named:
             attributes["service.name"] = "lastword"
-        self.provider = TracerProvider(resource=Resource.create(attributes), id_generator=_Ids())
+        # Shut down by `shutdown`, bounded in time, not at the interpreter's exit (unbounded).
+        self.provider = TracerProvider(
+            resource=Resource.create(attributes), id_generator=_Ids(), shutdown_on_exit=False
+        )
         if exporter is None:
             exporter = _otlp_exporter()
         self.provider.add_span_processor(processor(exporter))
@@ -174,10 +179,20 @@ class OtelTracing(Tracing):
         return _Burst(self.tracer, trace) if trace else super().burst(trace)
 
     def shutdown(self) -> None:
-        started = time.monotonic()
-        self.provider.force_flush(timeout_millis=3000)
-        self.provider.shutdown()
-        log.debug("traces flushed in %.2fs", time.monotonic() - started)
+        # On a thread of its own, waited for FLUSH_S at most: a collector that hangs must not
+        # hold a stop past systemd's patience (the spans still queued are dropped then).
+        done = threading.Event()
+
+        def flush() -> None:
+            self.provider.force_flush(timeout_millis=int(FLUSH_S * 1000))
+            self.provider.shutdown()
+            done.set()
+
+        threading.Thread(target=flush, name="lastword-traces-flush", daemon=True).start()
+        if not done.wait(FLUSH_S):
+            log.warning(
+                "the traces' exporter did not finish within %gs; spans left dropped", FLUSH_S
+            )
 
 
 def _otlp_exporter() -> SpanExporter:
