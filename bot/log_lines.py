@@ -1,7 +1,9 @@
 """What every log line is about, set by the code that knows: the conversation being handled
-(`about`, read by `bot.service.logs` into each line), the libraries too chatty to show below
-WARNING (`quiet`) and the warnings of theirs no DM bot needs (`irrelevant`). A platform
-adapter names its own library's here; the logging set-up applies them.
+(`about`, read by `bot.service.logs` into each line) and, tracing on, the trace of the burst
+being answered (`traced`), so an operator goes from a warning to the burst's whole story; the
+libraries too chatty to show below WARNING (`quiet`) and the warnings of theirs no DM bot
+needs (`irrelevant`). A platform adapter names its own library's here; the logging set-up
+applies them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ LogStyle = Literal["text", "logfmt", "json"]
 conversation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "conversation", default=None
 )
+trace_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 
 # Libraries whose INFO lines are noise at best (one per HTTP request) and leaks at worst. A
 # platform adds its own library's with `quiet`.
@@ -42,6 +45,20 @@ def about(conv: str) -> Iterator[None]:
         yield
     finally:
         conversation.reset(token)
+
+
+@contextmanager
+def traced(traceparent: str) -> Iterator[None]:
+    """Tag every line logged inside with the trace id of `traceparent` (a W3C traceparent;
+    "", tracing off: nothing)."""
+    if not traceparent:
+        yield
+        return
+    token = trace_id.set(traceparent.split("-")[1])
+    try:
+        yield
+    finally:
+        trace_id.reset(token)
 
 
 def quiet(*names: str) -> None:

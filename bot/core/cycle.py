@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
+from bot import log_lines
 from bot.backoff import Backoff
 from bot.blame import cause_of
 from bot.cancel import cancel_and_wait
@@ -267,7 +268,7 @@ class Cycle:
             confirmed_at=sent_at,
             on_failure=self._renewal_failed,
         )
-        with self.tracing.burst(grant.trace).span("reply") as span:
+        with log_lines.traced(grant.trace), self.tracing.burst(grant.trace).span("reply") as span:
             span.set("lastword.fence", lease.fence)
             span.set("lastword.speculative", grant.window is not None)
             try:

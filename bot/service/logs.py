@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.config.secrets import secrets_of
-from bot.log_lines import CHATTY, IRRELEVANT, LogStyle, conversation
+from bot.log_lines import CHATTY, IRRELEVANT, LogStyle, conversation, trace_id
 from bot.masking import Scrub
 
 if TYPE_CHECKING:
@@ -91,11 +91,12 @@ class LineFormatter(logging.Formatter):
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
         message = self.scrub(message)
-        conv = conversation.get()
+        conv, trace = conversation.get(), trace_id.get()
         when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         when += f".{int(record.msecs):03d}Z"
         if self.style == "text":
-            where = f" [{conv}]" if conv else ""
+            about = " ".join(part for part in (conv, trace and f"trace={trace}") if part)
+            where = f" [{about}]" if about else ""
             return f"{when} {record.levelname} {record.name}{where}: {message}"
         fields: dict[str, str] = {
             "ts": when,
@@ -105,6 +106,8 @@ class LineFormatter(logging.Formatter):
         }
         if conv:
             fields["conversation"] = conv
+        if trace:
+            fields["trace_id"] = trace
         fields["msg"] = message
         if self.style == "json":
             return json.dumps(fields, ensure_ascii=False)

@@ -3,6 +3,8 @@ over one real store, the fake provider behind them, and the SDK's in-memory expo
 
 from __future__ import annotations
 
+import io
+import logging
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -11,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from bot.service.logs import LineFormatter
 from bot.traces.otel import OtelTracing
 from tests.support.builders import message
 from tests.support.chatting import CONV, fake, replica, say
@@ -178,14 +181,25 @@ async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace
     assert reply.text is not None and "second" in reply.text
 
 
-async def test_a_failing_model_is_an_error_span_and_the_apology_still_goes(
+async def test_a_failing_model_is_an_error_span_its_log_line_names_the_trace(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI
 ) -> None:
     exporter, tracing = recording()
     runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
-    fake.fail_next(fake.server_error())
-    await say(runtime, 1, "hello")
+    # The lines as the service writes them, formatted when they are logged.
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    handler.setFormatter(LineFormatter("logfmt", "replica-a", lambda text: text))
+    logging.getLogger("bot.core.cycle").addHandler(handler)
+    try:
+        fake.fail_next(fake.server_error())
+        await say(runtime, 1, "hello")
+    finally:
+        logging.getLogger("bot.core.cycle").removeHandler(handler)
     [chat] = spans_of(exporter, "chat")
     assert attributes_of(chat)["error.type"] == "transient"
     assert chat.status.status_code.name == "ERROR"
     assert len(outbound.texts(CONV)) == 1
+    [failed] = [line for line in lines.getvalue().splitlines() if "LLM failed" in line]
+    assert chat.context is not None
+    assert f"trace_id={chat.context.trace_id:032x}" in failed
