@@ -74,7 +74,7 @@ from bot.store import (
 )
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox
-from bot.traces import OFF, Tracing
+from bot.traces import OFF, Span, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +298,10 @@ class Cycle:
                 await self._await_hand_back(lease)
                 raise
 
+    def _span(self, grant: Acquired, name: str) -> contextlib.AbstractContextManager[Span]:
+        """A span of the burst `grant` answers, inside the cycle's `reply` span."""
+        return self.tracing.burst(grant.trace).span(name)
+
     def _renewal_failed(self) -> None:
         self.stats.renewal_failures += 1
 
@@ -340,7 +344,9 @@ class Cycle:
             written = await self._write(grant, keeper, began)
             if isinstance(written, Next):
                 return written
-            turn = await self._turn(grant, keeper, written)
+            with self._span(grant, "outbound wait") as span:
+                turn = await self._turn(grant, keeper, written)
+                span.set("lastword.waited", turn is not None)
             if isinstance(turn, Next):
                 return turn
             if turn == "expired":
@@ -349,8 +355,12 @@ class Cycle:
             await apply(self.store, lease.conversation, written.reply.changes, self.memory)
             text, slot, version = written.reply.text, turn, grant.version
             sent_by = (lease.fence, lease.token)
-        outcome = await self._deliver(lease, text, version, sent_by, keeper, grant, slot)
-        ended = await self._commit(lease, outcome)
+        with self._span(grant, "send") as span:
+            outcome = await self._deliver(lease, text, version, sent_by, keeper, grant, slot)
+            span.set("lastword.outcome", outcome)
+            span.set("lastword.resend", grant.resend is not None)
+        with self._span(grant, "commit"):
+            ended = await self._commit(lease, outcome)
         if outcome == "sent":
             self.stats.replies += 1
         return Next(ended.look_in_ms, working=ended.look_in_ms is not None)
@@ -451,7 +461,11 @@ class Cycle:
                 words=reply.words,
             )
 
-        verdict = await self._when_closed(grant, keeper, presend)
+        with self._span(grant, "presend") as span:
+            verdict = await self._when_closed(grant, keeper, presend)
+            span.set(
+                "lastword.verdict", "interrupted" if isinstance(verdict, Next) else verdict.status
+            )
         if isinstance(verdict, Next):
             return verdict
         if verdict.status in ("lost", "stale"):

@@ -84,8 +84,13 @@ async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
     assert all(span.parent is not None for span in others)
     [chat] = spans_of(exporter, "chat ")
     [reply] = spans_of(exporter, "reply")
-    assert chat.parent is not None and reply.context is not None
-    assert chat.parent.span_id == reply.context.span_id
+    # The steps of the reply, each a child of the replica's `reply` span.
+    steps = {span.name: span for span in burst if span.name not in ("ingest", "reply")}
+    assert set(steps) == {chat.name, "presend", "outbound wait", "send", "commit"}
+    assert reply.context is not None
+    assert {s.parent.span_id for s in steps.values() if s.parent} == {reply.context.span_id}
+    assert attributes_of(steps["send"])["lastword.outcome"] == "sent"
+    assert attributes_of(steps["presend"])["lastword.verdict"] == "ok"
     attributes = dict(chat.attributes or {})
     assert chat.name == f"chat {FAKE_MODEL_ID}"
     assert attributes["gen_ai.operation.name"] == "chat"
