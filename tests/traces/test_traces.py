@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from bot.masking import Scrub
 from bot.service.logs import LineFormatter
 from bot.traces.otel import OtelTracing
 from tests.support.builders import message
@@ -194,7 +195,7 @@ async def test_a_failing_model_is_an_error_span_its_log_line_names_the_trace(
     # The lines as the service writes them, formatted when they are logged.
     lines = io.StringIO()
     handler = logging.StreamHandler(lines)
-    handler.setFormatter(LineFormatter("logfmt", "replica-a", lambda text: text))
+    handler.setFormatter(LineFormatter("logfmt", "replica-a", Scrub(["sk-secret-key"])))
     logging.getLogger("bot.core.cycle").addHandler(handler)
     try:
         fake.fail_next(fake.server_error())
