@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+# The bucket bounds the GenAI semantic conventions advise for these two histograms.
+TOKEN_BOUNDS = tuple(float(4**n) for n in range(14))
+SECONDS_BOUNDS = tuple(0.01 * 2**n for n in range(14))
+
 
 @dataclass
 class Buckets:
@@ -110,3 +114,18 @@ class Stats:
     llm_seconds: Buckets = field(
         default_factory=lambda: Buckets((0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128))
     )
+    # OpenTelemetry's GenAI client metrics, per model request: its tokens by type, and its
+    # duration, by (operation, provider, model[, token type | error type]). The models are the
+    # settings' (a handful), so the keys stay few.
+    gen_ai_tokens: dict[tuple[str, ...], Buckets] = field(default_factory=dict)
+    gen_ai_seconds: dict[tuple[str, ...], Buckets] = field(default_factory=dict)
+
+    def model_request(
+        self, provider: str, model: str, tokens: tuple[int, int], seconds: float, error: str = ""
+    ) -> None:
+        """One request to the model: its (input, output) tokens and how long it took."""
+        for kind, count in zip(("input", "output"), tokens, strict=True):
+            key = ("chat", provider, model, kind)
+            self.gen_ai_tokens.setdefault(key, Buckets(TOKEN_BOUNDS)).observe(count)
+        key = ("chat", provider, model, error)
+        self.gen_ai_seconds.setdefault(key, Buckets(SECONDS_BOUNDS)).observe(seconds)

@@ -794,6 +794,7 @@ class Cycle:
                 llm.context_tokens - llm.max_tokens,
                 self.tracing.burst(grant.trace),
                 request.conversation,
+                self.stats,
             ),
             ToolUse(self.settings.tools, self.toolbox, offered, request.memory.tools),
             TurnRecord(self.store, grant.lease, turn_of(grant, request.target), grant.version),

@@ -38,6 +38,7 @@ from bot.core.lease import LeaseLost
 from bot.core.race import Next, Race
 from bot.llm.base import LLM, Answer, LLMError, Usage, generate
 from bot.llm.prompt import Prompt, Used, estimated_tokens
+from bot.stats import Stats
 from bot.store import Lease, Record, Store
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox, ToolCall, ToolResult
@@ -112,6 +113,7 @@ class ModelUse:
     budget: int  # tokens the whole request may take (the context less the answer's room)
     burst: Burst = NO_BURST  # where each request's `chat` span goes (`bot.traces`)
     conversation: str = ""
+    stats: Stats = field(default_factory=Stats)  # each request's GenAI metrics
 
 
 @dataclass(frozen=True)
@@ -176,16 +178,24 @@ class Steps:
             span.set("gen_ai.provider.name", model.llm.name)
             span.set("gen_ai.request.model", model.settings.model)
             span.set("gen_ai.conversation.id", conversation_id(model.conversation))
-            before = len(usage.attempts)
+            before, began, error = len(usage.attempts), time.monotonic(), ""
             try:
                 answered = await self.race(generate(model.llm, prompt, model.settings, usage))
             except LLMError as exc:
-                span.failed(exc.kind)
+                error = exc.kind
+                span.failed(error)
                 raise
             finally:
                 attempts = usage.attempts[before:]
-                span.set("gen_ai.usage.input_tokens", sum(a.prompt_tokens for a in attempts))
-                span.set("gen_ai.usage.output_tokens", sum(a.completion_tokens for a in attempts))
+                tokens = (
+                    sum(a.prompt_tokens for a in attempts),
+                    sum(a.completion_tokens for a in attempts),
+                )
+                span.set("gen_ai.usage.input_tokens", tokens[0])
+                span.set("gen_ai.usage.output_tokens", tokens[1])
+                model.stats.model_request(
+                    model.llm.name, model.settings.model, tokens, time.monotonic() - began, error
+                )
             if isinstance(answered, Next):
                 span.set("lastword.ended", "interrupted")
                 return answered

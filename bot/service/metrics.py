@@ -132,6 +132,22 @@ def _histogram(name: str, doc: str, buckets: Buckets, scale: float) -> Histogram
     return family
 
 
+def _gen_ai(
+    name: str, doc: str, histograms: dict[tuple[str, ...], Buckets], last: str
+) -> HistogramMetricFamily:
+    """One of OpenTelemetry's GenAI client histograms, under its own (unprefixed) name, as an
+    OTel Prometheus exporter would write it: a series per operation, provider and model, and
+    `last` (the token type, or the error type: "" for none)."""
+    labels = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", last]
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, buckets in sorted(histograms.items()):
+        bounds = zip(buckets.bounds, buckets.counts, strict=True)
+        pairs = [(f"{bound:g}", count) for bound, count in bounds]
+        pairs.append(("+Inf", buckets.count))
+        family.add_metric(list(key), pairs, buckets.total)
+    return family
+
+
 class StatsCollector(Collector):
     def __init__(self, stats: Callable[[], Stats], runtime: Runtime) -> None:
         self.stats = stats
@@ -159,6 +175,18 @@ class StatsCollector(Collector):
             "From the LLM request to the first live draft of its reply shown",
             stats.first_draft_seconds,
             1.0,
+        )
+        yield _gen_ai(
+            "gen_ai_client_token_usage",
+            "Tokens of each model request, by type (gen_ai.client.token.usage)",
+            stats.gen_ai_tokens,
+            "gen_ai_token_type",
+        )
+        yield _gen_ai(
+            "gen_ai_client_operation_duration_seconds",
+            "Seconds each model request took (gen_ai.client.operation.duration)",
+            stats.gen_ai_seconds,
+            "error_type",
         )
         yield from _pacing_metrics(self.runtime.outbound.stats)
         running = GaugeMetricFamily(PREFIX + "cycles_running", "Cycles running on this replica")

@@ -387,6 +387,16 @@ def test_metrics_and_health_after_a_burst(
         assert metric(text, "lastword_wakeup_lateness_seconds_count") >= 1
         assert metric(text, "lastword_llm_latency_seconds_count") == 1
         assert 'lastword_wakeup_lateness_seconds_bucket{le="+Inf"}' in text
+        # OpenTelemetry's GenAI client histograms, under their own names: one request.
+        series = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("gen_ai_client_") and "_count{" in line
+        }
+        tokens = [v for k, v in series.items() if 'gen_ai_token_type="output"' in k]
+        durations = [v for k, v in series.items() if "operation_duration_seconds_count" in k]
+        assert (tokens, durations) == ([1.0], [1.0]), series
+        assert any('gen_ai_provider_name="echo"' in key for key in series), series
 
         # Redis gone: the health check says so, and the process stays up.
         server.stop()
