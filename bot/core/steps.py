@@ -42,7 +42,7 @@ from bot.stats import Stats
 from bot.store import Lease, Record, Store
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox, ToolCall, ToolResult
-from bot.traces import NO_BURST, Burst, conversation_id
+from bot.traces import NO_BURST, Burst, content, conversation_id
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,15 @@ class Steps:
             if isinstance(answered, Next):
                 span.set("lastword.ended", "interrupted")
                 return answered
+            finish = "tool_calls" if answered.calls else "stop"
             span.set("gen_ai.response.model", model.settings.model)
-            span.set("gen_ai.response.finish_reasons", ["tool_calls" if answered.calls else "stop"])
+            span.set("gen_ai.response.finish_reasons", [finish])
+            if model.burst.captures_content:
+                calls = [call.message() for call in answered.calls]
+                span.set("gen_ai.input.messages", content.input_messages(prompt.messages()))
+                span.set(
+                    "gen_ai.output.messages", content.output_messages(answered.text, calls, finish)
+                )
             return answered
 
     async def answer(self, prompt: Prompt, usage: Usage) -> Done | Next:

@@ -50,6 +50,9 @@ class Span:
 class Burst:
     """The spans of one burst's trace, recorded by this replica; these record nothing."""
 
+    # Message text in `chat` spans (`bot.traces.content`): only when the operator opts in.
+    captures_content = False
+
     @contextmanager
     def span(self, name: str, *, kind: Kind = "internal") -> Iterator[Span]:
         """A span for the block it wraps, a child of the burst's first ingest."""

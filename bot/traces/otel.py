@@ -87,7 +87,8 @@ class _Recording(Span):
 
 
 class _Burst(Burst):
-    def __init__(self, tracer: api.Tracer, trace: str) -> None:
+    def __init__(self, tracer: api.Tracer, trace: str, captures_content: bool) -> None:
+        self.captures_content = captures_content
         self._tracer = tracer
         self._context = _context(trace)
         self._trace_id = _ids(trace)[0]
@@ -176,7 +177,9 @@ class OtelTracing(Tracing):
         span.end()
 
     def burst(self, trace: str) -> Burst:
-        return _Burst(self.tracer, trace) if trace else super().burst(trace)
+        if not trace:
+            return super().burst(trace)
+        return _Burst(self.tracer, trace, self.captures_content)
 
     def shutdown(self) -> None:
         # On a thread of its own, waited for FLUSH_S at most: a collector that hangs must not

@@ -4,11 +4,13 @@ over one real store, the fake provider behind them, and the SDK's in-memory expo
 from __future__ import annotations
 
 import io
+import json
 import logging
 import subprocess
 import sys
 from collections.abc import Sequence
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -126,7 +128,7 @@ def test_tracing_off_imports_no_tracer() -> None:
         "from bot.traces import OFF, tracing_of\n"
         "import bot.service.app\n"
         "assert tracing_of(Settings()) is OFF\n"
-        "names = ('opentelemetry.sdk.trace', 'bot.traces.')\n"
+        "names = ('opentelemetry.sdk.trace', 'bot.traces.otel')\n"
         "print(sorted(m for m in sys.modules if m.startswith(names)))\n"
     )
     done = subprocess.run(
@@ -209,3 +211,25 @@ async def test_a_failing_model_is_an_error_span_its_log_line_names_the_trace(
     [failed] = [line for line in lines.getvalue().splitlines() if "LLM failed" in line]
     assert chat.context is not None
     assert f"trace_id={chat.context.trace_id:032x}" in failed
+
+
+async def test_content_is_captured_only_when_the_operator_opts_in(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    exporter, tracing = recording()
+    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
+    await say(runtime, 1, "hello there")
+    [chat] = spans_of(exporter, "chat")
+    said = json.loads(str(attributes_of(chat)["gen_ai.input.messages"]))
+    answer = json.loads(str(attributes_of(chat)["gen_ai.output.messages"]))
+    assert said[0]["role"] == "system" and said[-1]["role"] == "user"
+    assert "hello there" in said[-1]["parts"][0]["content"]
+    [reply] = outbound.texts(CONV)
+    assert answer == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": reply}],
+            "finish_reason": "stop",
+        }
+    ]
