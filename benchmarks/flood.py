@@ -3,7 +3,7 @@ quickly, and whether its replies still go out before the user has moved on.
 
     python -m benchmarks.flood [--rate 150] [--load-s 20] [--senders 100] [--users 5000]
                                [--seed 7] [--runs 1] [--budgets off shared] [--bot-rate 1000]
-                               [--py-spy out.txt]
+                               [--traces off on] [--py-spy out.txt]
 
 One `lastword run` process (the real Telegram adapter in webhook mode, the real OpenAI client)
 on an embedded server, with the loopback fakes of the Bot API and of the provider each in a
@@ -42,6 +42,11 @@ the bot-wide limit the budget keeps (`LASTWORD_TELEGRAM__MESSAGES_PER_SECOND`; T
 a second would cap the replies themselves, so 1000 lets the budget pace without capping).
 Without them, the shipped settings.
 
+With `--traces off on`, each run is made once with tracing off and once on (every burst
+sampled, `OTEL_TRACES_SAMPLER=always_on`, exported over OTLP/HTTP to a receiver that decodes
+them, in a child process of its own), taking turns, and compared as budgets are: what traces
+cost the acknowledgement. The spans received are printed with each run.
+
 With `--py-spy PATH`, py-spy (installed separately) samples the bot for the load's middle and
 writes its collapsed stacks to PATH; the top frames by share of samples are printed.
 """
@@ -79,6 +84,7 @@ from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis
 from tests.support.fakes.loopback import free_port
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
+from tests.support.fakes.otlp_receiver import FakeOTLP
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.running import clean_environ
 
@@ -143,6 +149,15 @@ async def serve_fake(kind: str, seed: int, model_s: tuple[float, float], conn: C
         with contextlib.suppress(OSError):
             conn.send(calls)
         return
+    if kind == "otlp":
+        async with FakeOTLP() as receiver:
+            conn.send(receiver.endpoint)
+            with contextlib.suppress(EOFError):
+                await asyncio.to_thread(conn.recv)
+            received = (receiver.requests, len(receiver.spans))
+        with contextlib.suppress(OSError):
+            conn.send(received)
+        return
     async with FakeOpenAI(reply=reply_for(seed)) as provider:
         provider.delay_for = delay_for(seed, *model_s)
         conn.send(provider.base_url)
@@ -186,6 +201,20 @@ def outbound_env(budget: str | None, bot_rate: int | None) -> dict[str, str]:
     if bot_rate is not None:
         env["LASTWORD_TELEGRAM__MESSAGES_PER_SECOND"] = str(bot_rate)
     return env
+
+
+def traces_env(variant: str | None, endpoint: str | None) -> dict[str, str]:
+    """Tracing as `--traces` names it for a run: off, or on with every burst sampled and
+    exported to the receiver at `endpoint`; nothing for another run."""
+    if variant == "traces off":
+        return {"LASTWORD_TRACES__ENABLED": "false"}
+    if variant == "traces on" and endpoint is not None:
+        return {
+            "LASTWORD_TRACES__ENABLED": "true",
+            "OTEL_TRACES_SAMPLER": "always_on",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        }
+    return {}
 
 
 def model_env(llm_url: str) -> dict[str, str]:
@@ -421,14 +450,22 @@ class Outcome:
     lag: LagWatch
     machine: Machine = field(default_factory=Machine)
     profile: list[tuple[str, float]] = field(default_factory=list)
+    # Traced (`--traces`): the receiver's export requests and the spans they carried.
+    exports: tuple[int, int] = (0, 0)
 
 
-async def run_once(args: argparse.Namespace, budget: str | None = None) -> Outcome:
+async def run_once(args: argparse.Namespace, variant: str | None = None) -> Outcome:
+    """One run; `variant` is a budget's name (`--budgets`), "traces off" or "traces on"
+    (`--traces`), or None: the shipped settings."""
     telegram = Child("fake-telegram", fake_main, "telegram", args.seed, tuple(args.model_s))
     provider = Child("fake-openai", fake_main, "openai", args.seed, tuple(args.model_s))
+    traced = variant == "traces on"
+    receiver = Child("fake-otlp", fake_main, "otlp", args.seed, tuple(args.model_s))
+    budget = None if variant is None or variant.startswith("traces") else variant
     folder = Path(tempfile.mkdtemp(prefix="lw-flood-", dir="/tmp"))
     try:
         api_url, llm_url = cast(str, await telegram.start()), cast(str, await provider.start())
+        endpoint = cast(str, await receiver.start()) if traced else None
         async with temporary_server() as server:
             port, metrics = free_port(), free_port()
             lag = LagWatch(f"http://127.0.0.1:{metrics}/metrics")
@@ -440,7 +477,8 @@ async def run_once(args: argparse.Namespace, budget: str | None = None) -> Outco
                     "bot",
                     "run",
                     env=bot_env(server, folder / "data", api_url, llm_url, port, metrics)
-                    | outbound_env(budget, args.bot_rate),
+                    | outbound_env(budget, args.bot_rate)
+                    | traces_env(variant, endpoint),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -472,10 +510,14 @@ async def run_once(args: argparse.Namespace, budget: str | None = None) -> Outco
             print(f"  ! bot: {line}")
         calls = cast(list[Call], await telegram.finish())
         requests, cancelled = cast(tuple[int, int], await provider.finish())
+        exports = cast(tuple[int, int], await receiver.finish()) if traced else (0, 0)
     finally:
         await telegram.close()
         await provider.close()
+        if traced:
+            await receiver.close()
     outcome = Outcome(sent, calls, requests, cancelled, used, wall, unsettled, lag, machine)
+    outcome.exports = exports
     if args.py_spy:
         outcome.profile = top_frames(Path(args.py_spy))
     shutil.rmtree(folder, ignore_errors=True)
@@ -653,7 +695,8 @@ def compared(runs: list[tuple[str | None, Outcome]]) -> list[list[str]]:
 
 async def run(args: argparse.Namespace) -> None:
     # Taking turns: a machine busier for a while slows every budget alike.
-    schedule = [budget for _ in range(args.runs) for budget in args.budgets or [None]]
+    variants = args.budgets or [f"traces {name}" for name in args.traces or ()] or [None]
+    schedule = [variant for _ in range(args.runs) for variant in variants]
     runs = [(budget, await run_once(args, budget)) for budget in schedule]
     outcomes = [outcome for _, outcome in runs]
     print(
@@ -668,8 +711,10 @@ async def run(args: argparse.Namespace) -> None:
     if args.bot_rate is not None:
         print(f"bot-wide limit {args.bot_rate}/s")
     for n, (budget, outcome) in enumerate(runs, 1):
-        print(f"\n== run {n}" + ("" if budget is None else f", budget {budget}"))
+        print(f"\n== run {n}" + ("" if budget is None else f", {budget}"))
         print_table(["figure", "value"], rows(outcome))
+        if outcome.exports != (0, 0):
+            print(f"  spans received: {outcome.exports[1]} in {outcome.exports[0]} exports")
         if outcome.profile:
             print("\n  py-spy, frames by share of samples (inclusive):")
             for name, share in outcome.profile:
@@ -680,10 +725,10 @@ async def run(args: argparse.Namespace) -> None:
             f"\nmedian messages/s acknowledged over {len(outcomes)} runs: "
             f"{statistics.median(rates):.1f}"
         )
-    if args.budgets:
-        print("\nacknowledgement latency by budget (ms)")
+    if args.budgets or args.traces:
+        print("\nacknowledgement latency by " + ("budget" if args.budgets else "tracing") + " (ms)")
         headers = [
-            "budget",
+            "variant",
             "p50 by run",
             "p99 by run",
             "p50 median",
@@ -715,6 +760,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run each with each of these outbound budgets, and compare",
     )
     parser.add_argument("--bot-rate", type=int, help="the bot-wide limit, calls a second")
+    parser.add_argument(
+        "--traces",
+        nargs="+",
+        choices=["off", "on"],
+        help="run each with tracing off and on (every burst sampled), and compare",
+    )
     parser.add_argument("--py-spy", help="write the bot's collapsed stacks here (py-spy)")
     return parser.parse_args(argv)
 
