@@ -270,6 +270,7 @@ class Runtime:
         if not self._signals.due(conversation):
             return
         with log_lines.about(conversation):
+            started_ns = time.time_ns()
             try:
                 typed = await self.store.typing(conversation, hold_ms)
             except Unavailable as exc:
@@ -286,6 +287,15 @@ class Runtime:
             self.cycle.watch.cut(conversation, typed.cut)
         if typed.held:
             self._look_again(conversation, typed.look_in_ms)
+            self.tracing.noted(
+                "typing",
+                typed.trace,
+                started_ns,
+                **{
+                    "lastword.window.held_ms": typed.look_in_ms or 0,
+                    "lastword.cut": bool(typed.cut),
+                },
+            )
 
     def _typing_ms(self, place: Place) -> int:
         """How long a typing signal of the person at `place` holds their window (0: their

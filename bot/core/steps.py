@@ -197,7 +197,9 @@ class Steps:
                     model.llm.name, model.settings.model, tokens, time.monotonic() - began, error
                 )
             if isinstance(answered, Next):
-                span.set("lastword.ended", "interrupted")
+                # Restarted: the burst's own next message (or its typing) came while its window
+                # was open; interrupted: a message after the window.
+                span.set("lastword.ended", "restarted" if self.race.restarted else "interrupted")
                 return answered
             finish = "tool_calls" if answered.calls else "stop"
             span.set("gen_ai.response.model", model.settings.model)

@@ -104,13 +104,15 @@ class Typed:
     held: bool
     look_in_ms: int | None = None
     cut: int = 0
+    trace: str = ""  # the burst's trace, tracing on (`Ingested.trace`)
 
     @classmethod
     def from_reply(cls, raw: bytes | str) -> Typed:
         reply = decoded(raw)
         if reply["status"] != "held":
             return cls(held=False)
-        return cls(True, look_in(reply["look_in_ms"]), int(reply["cut"]))
+        trace = str(reply.get("trace") or "")
+        return cls(True, look_in(reply["look_in_ms"]), int(reply["cut"]), trace)
 
 
 @dataclass(frozen=True)

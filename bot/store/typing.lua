@@ -50,4 +50,6 @@ if open[3] then
 else
   redis.call('ZADD', due, held, conversation)
 end
-return cjson.encode({status = 'held', look_in_ms = held - now, cut = cut})
+-- The burst's trace, tracing on ('' otherwise): the hold joins it (bot.traces).
+return cjson.encode({status = 'held', look_in_ms = held - now, cut = cut,
+  trace = redis.call('HGET', state, 'trace') or ''})

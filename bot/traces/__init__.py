@@ -83,6 +83,10 @@ class Tracing:
         `began` the trace (this replica's candidate, linked to `follows`, the burst before),
         else a child of that root."""
 
+    def noted(self, name: str, trace: str, started_ns: int, **attributes: Attribute) -> None:
+        """Record `name`, from `started_ns` to now, in the burst whose trace is `trace` ("":
+        none): something that happened to the burst outside a reply (a typing hold)."""
+
     def burst(self, trace: str) -> Burst:
         """The spans this replica adds to the burst whose trace is `trace`."""
         return NO_BURST

@@ -111,6 +111,17 @@ class _Burst(Burst):
                 raise
 
 
+class _Replica(SpanProcessor):
+    """Names the replica on every span too (`lastword.replica`): some trace stores show a
+    span's attributes but not its resource's `service.instance.id`."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+
+    def on_start(self, span: api.Span, parent_context: Context | None = None) -> None:
+        span.set_attribute("lastword.replica", self.replica_id)
+
+
 class OtelTracing(Tracing):
     """Spans recorded and exported; `exporter` and `processor` for tests (in memory, at once)."""
 
@@ -134,6 +145,7 @@ class OtelTracing(Tracing):
         )
         if exporter is None:
             exporter = _otlp_exporter()
+        self.provider.add_span_processor(_Replica(replica_id))
         self.provider.add_span_processor(processor(exporter))
         self.tracer = self.provider.get_tracer("lastword")
         self.captures_content = os.environ.get(CAPTURE_CONTENT, "").lower() == "true"
@@ -174,6 +186,14 @@ class OtelTracing(Tracing):
         finally:
             if primed is not None:
                 _PRIMED.reset(primed)
+        span.end()
+
+    def noted(self, name: str, trace: str, started_ns: int, **attributes: Attribute) -> None:
+        if not trace:
+            return
+        span = self.tracer.start_span(
+            name, context=_context(trace), start_time=started_ns, attributes=attributes
+        )
         span.end()
 
     def burst(self, trace: str) -> Burst:

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bot.masking import Scrub
+from bot.message import Place
 from bot.service.logs import LineFormatter
 from bot.traces.otel import OtelTracing
 from tests.support.builders import message
@@ -23,6 +24,7 @@ from tests.support.chatting import CONV, fake, replica, say
 from tests.support.counted_tools import Counted
 from tests.support.factories import RuntimeFactory
 from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI, ToolPolicy
+from tests.support.fakes.outbound import RecordingOutbound
 from tests.support.waits import eventually, settled
 
 __all__ = ["fake"]  # the fixture, imported for pytest
@@ -85,6 +87,11 @@ async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
         "replica-b",
     }
     assert all(span.parent is not None for span in others)
+    # The replica on every span too, for stores that show no resource.
+    assert all(
+        attributes_of(span)["lastword.replica"] == span.resource.attributes["service.instance.id"]
+        for span in burst
+    )
     [chat] = spans_of(exporter, "chat ")
     [reply] = spans_of(exporter, "reply")
     # The steps of the reply, each a child of the replica's `reply` span.
@@ -233,3 +240,32 @@ async def test_content_is_captured_only_when_the_operator_opts_in(
             "finish_reason": "stop",
         }
     ]
+
+
+class SeesTypingOutbound(RecordingOutbound):
+    """A platform that reports its users' typing (Discord's DMs, a terminal)."""
+
+    def sees_typing(self, place: Place) -> bool:
+        return True
+
+
+async def test_a_typing_hold_joins_the_burst_trace(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, tracing = recording()
+    outbound = SeesTypingOutbound()
+    runtime, _ = await runtime_factory(
+        outbound=outbound,
+        tracing=tracing,
+        llm=LLM | {"base_url": fake.base_url},
+        debounce={"quiet_ms": 300, "max_wait_ms": 3000, "typing_ms": 600},
+    )
+    first = message("one", n=1)
+    assert await runtime.ingest(first)
+    await runtime.user_typing(first.place)
+    await outbound.wait_for(1, timeout=15)
+    [ingest], [typing] = spans_of(exporter, "ingest"), spans_of(exporter, "typing")
+    assert ingest.context is not None and typing.parent is not None
+    assert typing.parent.span_id == ingest.context.span_id
+    assert typing.context is not None and typing.context.trace_id == ingest.context.trace_id
+    assert int(str(attributes_of(typing)["lastword.window.held_ms"])) > 0
