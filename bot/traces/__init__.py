@@ -13,6 +13,7 @@ span a replica records for the burst is a child of the first message's ingest sp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -100,6 +101,7 @@ NO_BURST = Burst()
 OFF = Tracing()
 
 
+@functools.lru_cache(maxsize=4096)
 def conversation_id(conversation: str) -> str:
     """`gen_ai.conversation.id`: an opaque stand-in, never the platform's ids."""
     return hashlib.sha256(conversation.encode()).hexdigest()[:32]

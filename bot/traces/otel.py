@@ -11,6 +11,7 @@ default; more are dropped, and counted by the SDK).
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import os
 import threading
@@ -24,8 +25,15 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from bot.traces import Attribute, Burst, Kind, Span, Tracing
 
@@ -35,7 +43,6 @@ log = logging.getLogger(__name__)
 FLUSH_S = 3.0
 KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-_PROPAGATOR = TraceContextTextMapPropagator()
 # The ids the next span made in this task takes: the candidate a first ingest proposed, so
 # the span that begins the burst's trace is the one every later span names as its parent.
 _PRIMED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
@@ -61,9 +68,13 @@ class _Ids(IdGenerator):
         return self._random.generate_span_id()
 
 
+@functools.lru_cache(maxsize=1024)
 def _context(trace: str) -> Context:
-    """The context whose parent is the span `trace` names."""
-    return _PROPAGATOR.extract({"traceparent": trace})
+    """The context whose parent is the span `trace` names. Kept for the bursts in flight: a
+    reply's every span asks for it (contexts are immutable, so sharing one is safe)."""
+    trace_id, span_id, flags = _ids(trace)
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return api.set_span_in_context(NonRecordingSpan(parent), Context())
 
 
 def _ids(trace: str) -> tuple[int, int, int]:

@@ -159,6 +159,7 @@ async def test_a_tool_call_runs_once_and_a_retry_reuses_it(
         "gen_ai.tool.name": "note",
         "gen_ai.tool.call.id": "",
         "lastword.tool.outcome": "ran",
+        "lastword.replica": "replica-a",
     }
     assert attributes_of(ran)["gen_ai.tool.call.id"]
     # The reply's two requests: the one that asked for the call, and the answer.
