@@ -74,7 +74,7 @@ from bot.store import (
 )
 from bot.tokens import Counter
 from bot.tools import Tool, Toolbox
-from bot.traces import OFF, Span, Tracing
+from bot.traces import NO_BURST, OFF, Burst, Span, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,8 @@ class Cycle:
         became of it. A transient failure propagates (the attempt is backed off and the
         outbox kept) until `SEND_ATTEMPTS` in a row."""
         try:
-            await self._send(lease, text, version, sent_by, keeper, slot, replied(grant))
+            burst = self.tracing.burst(grant.trace)
+            await self._send(lease, text, version, sent_by, keeper, slot, replied(grant), burst)
         except LeaseLost:
             raise
         except Unreachable as exc:
@@ -956,10 +957,15 @@ class Cycle:
         keeper: LeaseKeeper,
         slot: Slot | None,
         reply_to: str | None,
+        burst: Burst = NO_BURST,
     ) -> None:
         for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
             await keeper.ensure_fresh()
             key = idempotency_key(lease.conversation, version, index, *sent_by)
-            await self.outbound.send(lease.conversation, part, key, slot=slot, reply_to=reply_to)
+            with burst.span("send part") as span:
+                span.set("lastword.part", index)
+                await self.outbound.send(
+                    lease.conversation, part, key, slot=slot, reply_to=reply_to
+                )
             slot = reply_to = None
             self.stats.parts += 1

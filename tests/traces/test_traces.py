@@ -96,9 +96,14 @@ async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
     [reply] = spans_of(exporter, "reply")
     # The steps of the reply, each a child of the replica's `reply` span.
     steps = {span.name: span for span in burst if span.name not in ("ingest", "reply")}
-    assert set(steps) == {chat.name, "presend", "outbound wait", "send", "commit"}
+    assert set(steps) == {chat.name, "presend", "outbound wait", "send", "send part", "commit"}
+    part = steps.pop("send part")
     assert reply.context is not None
     assert {s.parent.span_id for s in steps.values() if s.parent} == {reply.context.span_id}
+    # Each part sent, inside the send.
+    assert part.parent is not None and steps["send"].context is not None
+    assert part.parent.span_id == steps["send"].context.span_id
+    assert attributes_of(part)["lastword.part"] == 0
     assert attributes_of(steps["send"])["lastword.outcome"] == "sent"
     assert attributes_of(steps["presend"])["lastword.verdict"] == "ok"
     attributes = dict(chat.attributes or {})
