@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -45,15 +46,25 @@ FIRST_ANSWER_S = 3.0
 READ_BACK = """
 import json, sys
 from phoenix.client import Client
+
+def flat(prefix, value, out):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            flat(prefix + "." + key, inner, out)
+    elif not (isinstance(value, float) and value != value):
+        out[prefix] = value
+
 client = Client(base_url=sys.argv[1])
 frame = client.spans.get_spans_dataframe(project_identifier="default")
 for _, row in frame.iterrows():
-    attributes = {k[len("attributes."):]: v for k, v in row.items()
-                  if k.startswith("attributes.") and not isinstance(v, float)}
+    attributes = {}
+    for column, value in row.items():
+        if column.startswith("attributes."):
+            flat(column[len("attributes."):], value, attributes)
+    parent = row["parent_id"] if isinstance(row["parent_id"], str) else ""
     print(json.dumps({
         "name": row["name"], "trace": row["context.trace_id"], "span": row["context.span_id"],
-        "parent": row["parent_id"], "start": str(row["start_time"]),
-        "attributes": attributes,
+        "parent": parent, "start": str(row["start_time"]), "attributes": attributes,
     }, default=str))
 """
 
