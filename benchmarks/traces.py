@@ -38,6 +38,10 @@ from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI, Recorde
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.telegram_runs import webhook_bot
 
+NOT_INSTALLED = (
+    "phoenix is not installed: python3 -m venv /tmp/phoenix && /tmp/phoenix/bin/pip install "
+    "arize-phoenix, then --phoenix /tmp/phoenix/bin/phoenix"
+)
 CHAT = 4242
 # The first generation takes this long: long enough for the second message to cut it.
 FIRST_ANSWER_S = 3.0
@@ -161,20 +165,16 @@ def screenshot(url: str, trace: str, path: Path) -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         return "no screenshot: chromium is not installed"
-    page = f"{url}/projects"
+    # The default project's id, as Phoenix's UI routes it (base64 of "Project:1").
+    page = f"{url}/projects/UHJvamVjdDox/traces/{trace}"
     command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    command += ["--window-size=1600,1000", "--virtual-time-budget=15000"]
+    command += ["--window-size=1600,900", "--virtual-time-budget=20000"]
     command += [f"--screenshot={path}", page]
     subprocess.run(command, capture_output=True, timeout=120, check=False)
     return f"screenshot of {page} (trace {trace}) in {path}" if path.exists() else "no screenshot"
 
 
-async def run(args: argparse.Namespace) -> None:
-    command = args.phoenix or shutil.which("phoenix")
-    if command is None:
-        raise SystemExit(
-            "phoenix is not installed: pip install arize-phoenix (in a venv of its own)"
-        )
+async def run(args: argparse.Namespace, command: str) -> None:
     python = str(Path(command).with_name("python"))
     folder = Path(tempfile.mkdtemp(prefix="lw-traces-", dir="/tmp"))
     try:
@@ -223,8 +223,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.traces", description=__doc__)
     parser.add_argument("--phoenix", help="the `phoenix` command of Phoenix's venv")
     parser.add_argument("--screenshot", help="write a PNG of the trace in Phoenix's UI here")
+    args = parser.parse_args(argv)
+    command = args.phoenix or shutil.which("phoenix")
+    if command is None or not Path(command).is_file():
+        raise SystemExit(NOT_INSTALLED)
     with timed_run():
-        asyncio.run(run(parser.parse_args(argv)))
+        asyncio.run(run(args, command))
 
 
 if __name__ == "__main__":
