@@ -109,10 +109,16 @@ class _Burst(Burst):
         # Inside another span of this burst, a child of it; else of the burst's first ingest.
         current = api.get_current_span().get_span_context()
         context = None if current.trace_id == self._trace_id else self._context
+        # Exceptions are named by type only (`error.type`), never by message, which may carry
+        # what a user wrote: the SDK would record the message as an event and as the status's
+        # description.
         with self._tracer.start_as_current_span(
-            name, context=context, kind=KINDS[kind], record_exception=False
+            name,
+            context=context,
+            kind=KINDS[kind],
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
-            # Exceptions are named by type only: their messages may carry what a user wrote.
             recording = _Recording(span)
             try:
                 yield recording
@@ -135,8 +141,6 @@ class _Replica(SpanProcessor):
 
 class OtelTracing(Tracing):
     """Spans recorded and exported; `exporter` and `processor` for tests (in memory, at once)."""
-
-    enabled = True
 
     def __init__(
         self,

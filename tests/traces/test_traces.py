@@ -220,6 +220,8 @@ async def test_a_failing_model_is_an_error_span_its_log_line_names_the_trace(
     [chat] = spans_of(exporter, "chat")
     assert attributes_of(chat)["error.type"] == "transient"
     assert chat.status.status_code.name == "ERROR"
+    # Named by its type only: the error's message (the provider's words) is nowhere in it.
+    assert not chat.status.description and not chat.events
     assert len(outbound.texts(CONV)) == 1
     [failed] = [line for line in lines.getvalue().splitlines() if "LLM failed" in line]
     assert chat.context is not None
