@@ -31,8 +31,8 @@ class HandBacks:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        # The retry of each conversation's hand-back, with the lease it gives back.
-        self._retries: dict[str, tuple[Lease, asyncio.Task[None]]] = {}
+        # The retry of each conversation's hand-back.
+        self._retries: dict[str, asyncio.Task[None]] = {}
         # Hand-backs that went through on a retry: for logs and tests.
         self.done = 0
 
@@ -46,17 +46,17 @@ class HandBacks:
         if pending is not None:
             if not lease.fence:
                 return
-            pending[1].cancel()
+            pending.cancel()
         ttl_s = self.store.settings.ttl_ms / 1000
         # An outage is over once the store answers: the retry gives the lease back plainly, so
         # the next attempt is not backed off anew from then (it would wait past the lease's own
         # expiry). A failure still counts towards `llm.attempts`.
         again: Failed | None = "failure" if failed == "failure" else None
         task = asyncio.create_task(self._retry(lease, again, time.monotonic() + ttl_s))
-        self._retries[conversation] = (lease, task)
+        self._retries[conversation] = task
 
         def ended(done: asyncio.Task[None]) -> None:
-            if self._retries.get(conversation, (None, None))[1] is done:
+            if self._retries.get(conversation) is done:
                 del self._retries[conversation]
 
         task.add_done_callback(ended)
@@ -81,4 +81,4 @@ class HandBacks:
 
     async def stop(self) -> None:
         """Cancel every retry: the leases expire by themselves."""
-        await asyncio.gather(*(cancel_and_wait(task) for _, task in list(self._retries.values())))
+        await asyncio.gather(*(cancel_and_wait(task) for task in list(self._retries.values())))

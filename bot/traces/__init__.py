@@ -63,10 +63,6 @@ class Burst:
 class Tracing:
     """Tracing off: nothing is recorded. `bot.traces.otel.OtelTracing` records."""
 
-    enabled = False
-    # Message text in spans (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
-    captures_content = False
-
     def candidate(self) -> str:
         """A new trace context for a message that may begin a burst ("": tracing off)."""
         return ""
