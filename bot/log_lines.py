@@ -51,10 +51,11 @@ def about(conv: str) -> Iterator[None]:
 def traced(traceparent: str) -> Iterator[None]:
     """Tag every line logged inside with the trace id of `traceparent` (a W3C traceparent;
     "", tracing off: nothing)."""
-    if not traceparent:
+    parts = traceparent.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32:  # tracing off (""), or not a trace context
         yield
         return
-    token = trace_id.set(traceparent.split("-")[1])
+    token = trace_id.set(parts[1])
     try:
         yield
     finally:

@@ -14,6 +14,7 @@ import contextvars
 import functools
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,6 +67,15 @@ class _Ids(IdGenerator):
             _PRIMED.set(None)
             return primed[1]
         return self._random.generate_span_id()
+
+
+# A trace context as this version writes it. Another (a key edited by hand, a later format) is
+# no trace: a burst is answered untraced rather than failing on its trace for ever.
+TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _valid(trace: str) -> bool:
+    return TRACEPARENT.fullmatch(trace) is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -183,10 +193,12 @@ class OtelTracing(Tracing):
         began: bool = False,
         **attributes: Attribute,
     ) -> None:
-        if not trace:
+        if not _valid(trace):
             return
         links = (
-            [Link(api.get_current_span(_context(follows)).get_span_context())] if follows else []
+            [Link(api.get_current_span(_context(follows)).get_span_context())]
+            if _valid(follows)
+            else []
         )
         if began:
             trace_id, span_id, _ = _ids(trace)
@@ -204,7 +216,7 @@ class OtelTracing(Tracing):
         span.end()
 
     def noted(self, name: str, trace: str, started_ns: int, **attributes: Attribute) -> None:
-        if not trace:
+        if not _valid(trace):
             return
         span = self.tracer.start_span(
             name, context=_context(trace), start_time=started_ns, attributes=attributes
@@ -212,7 +224,7 @@ class OtelTracing(Tracing):
         span.end()
 
     def burst(self, trace: str) -> Burst:
-        if not trace:
+        if not _valid(trace):
             return super().burst(trace)
         return _Burst(self.tracer, trace, self.captures_content)
 

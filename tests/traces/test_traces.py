@@ -14,10 +14,12 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from redis.asyncio import Redis
 
 from bot.masking import Scrub
 from bot.message import Place
 from bot.service.logs import LineFormatter
+from bot.store import Keys
 from bot.traces.otel import OtelTracing
 from tests.support.builders import message
 from tests.support.chatting import CONV, fake, replica, say
@@ -277,3 +279,15 @@ async def test_a_typing_hold_joins_the_burst_trace(
     assert typing.parent.span_id == ingest.context.span_id
     assert typing.context is not None and typing.context.trace_id == ingest.context.trace_id
     assert int(str(attributes_of(typing)["lastword.window.held_ms"])) > 0
+
+
+async def test_a_trace_context_damaged_in_the_store_costs_the_burst_its_trace_not_its_reply(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, redis: Redis
+) -> None:
+    exporter, tracing = recording()
+    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
+    # As a hand edit, or a later version's format, would leave it.
+    await redis.hset(Keys(CONV).state, "trace", "01-not-a-trace")
+    await say(runtime, 1, "hello")
+    assert len(outbound.texts(CONV)) == 1
+    assert spans_of(exporter, "reply") == []
