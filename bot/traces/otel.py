@@ -1,186 +1,144 @@
-"""Tracing on: spans recorded with the OpenTelemetry SDK and exported over OTLP.
+"""Tracing on: spans recorded as plain records and exported over OTLP by the SDK, in a
+process of its own.
 
 Imported only when tracing is on (`bot.traces.tracing_of`). The SDK reads the standard
 variables itself: `OTEL_EXPORTER_OTLP_ENDPOINT` (and its `_TRACES_` forms, headers, timeout),
 `OTEL_TRACES_SAMPLER` and its argument, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`
-(default here: `lastword`). Spans leave in batches on a thread of their own, so a collector
-that is slow or down delays no reply, and the batch queue is bounded (the SDK's 2,048 spans by
-default; more are dropped, and counted by the SDK).
+(default here: `lastword`).
+
+The event loop pays for a span only a tuple and an append (about a tenth of what the SDK's
+own span costs): the SDK's spans are made, encoded and posted in the exporter's process
+(`bot.traces.pipe`, `bot.traces.exporter`). There a collector that is slow or down delays no
+reply, and every queue on the way is bounded.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-import logging
 import os
+import random
 import re
-import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from opentelemetry import trace as api
-from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import (
-    Link,
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
 
 from bot.traces import Attribute, Burst, Kind, Span, Tracing
+from bot.traces.pipe import Pipe
+from bot.traces.records import KIND_CLIENT, KIND_INTERNAL, Record, readable, record, resource_of
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
-# The longest a stop waits for the last spans to leave.
-FLUSH_S = 3.0
-KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
+KINDS = {"internal": KIND_INTERNAL, "client": KIND_CLIENT}
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-# The ids the next span made in this task takes: the candidate a first ingest proposed, so
-# the span that begins the burst's trace is the one every later span names as its parent.
-_PRIMED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-    "lastword_primed_ids", default=None
+# The span open in this task (trace id, span id): the parent of the next span of its burst.
+_CURRENT: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "lastword_current_span", default=None
 )
-
-
-class _Ids(IdGenerator):
-    """Random ids, or the primed ones once."""
-
-    def __init__(self) -> None:
-        self._random = RandomIdGenerator()
-
-    def generate_trace_id(self) -> int:
-        primed = _PRIMED.get()
-        return primed[0] if primed else self._random.generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        primed = _PRIMED.get()
-        if primed:
-            _PRIMED.set(None)
-            return primed[1]
-        return self._random.generate_span_id()
-
+# Span ids: 64 random bits, never 0 (no span).
+_random = random.Random()
 
 # A trace context as this version writes it. Another (a key edited by hand, a later format) is
 # no trace: a burst is answered untraced rather than failing on its trace for ever.
 TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
-def _valid(trace: str) -> bool:
-    return TRACEPARENT.fullmatch(trace) is not None
-
-
 @functools.lru_cache(maxsize=1024)
-def _context(trace: str) -> Context:
-    """The context whose parent is the span `trace` names. Kept for the bursts in flight: a
-    reply's every span asks for it (contexts are immutable, so sharing one is safe)."""
-    trace_id, span_id, flags = _ids(trace)
-    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-    return api.set_span_in_context(NonRecordingSpan(parent), Context())
-
-
-def _ids(trace: str) -> tuple[int, int, int]:
-    """A traceparent's trace id, span id and flags."""
+def _ids(trace: str) -> tuple[int, int, int] | None:
+    """A traceparent's trace id, span id and flags; None if it is not one this version wrote
+    (kept for the bursts in flight: a reply's every span asks)."""
+    if TRACEPARENT.fullmatch(trace) is None:
+        return None
     _, trace_id, span_id, flags = trace.split("-")
     return int(trace_id, 16), int(span_id, 16), int(flags, 16)
 
 
+def _span_id() -> int:
+    return _random.getrandbits(64) or 1
+
+
 class _Recording(Span):
-    def __init__(self, span: api.Span) -> None:
-        self._span = span
+    def __init__(self) -> None:
+        self.attributes: dict[str, Attribute] = {}
         self.has_failed = False
 
     def set(self, key: str, value: Attribute) -> None:
-        self._span.set_attribute(key, value)
+        self.attributes[key] = value
 
     def failed(self, error_type: str) -> None:
         self.has_failed = True
-        self._span.set_attribute("error.type", error_type)
-        self._span.set_status(Status(StatusCode.ERROR))
+        self.attributes["error.type"] = error_type
 
 
 class _Burst(Burst):
-    def __init__(self, tracer: api.Tracer, trace: str, captures_content: bool) -> None:
+    def __init__(
+        self, put: Callable[[Record], None], ids: tuple[int, int, int], captures_content: bool
+    ) -> None:
         self.captures_content = captures_content
-        self._tracer = tracer
-        self._context = _context(trace)
-        self._trace_id = _ids(trace)[0]
+        self._put = put
+        self._trace_id, self._root, self._flags = ids
 
     @contextmanager
     def span(self, name: str, *, kind: Kind = "internal") -> Iterator[Span]:
         # Inside another span of this burst, a child of it; else of the burst's first ingest.
-        current = api.get_current_span().get_span_context()
-        context = None if current.trace_id == self._trace_id else self._context
-        # Exceptions are named by type only (`error.type`), never by message, which may carry
-        # what a user wrote: the SDK would record the message as an event and as the status's
-        # description.
-        with self._tracer.start_as_current_span(
-            name,
-            context=context,
-            kind=KINDS[kind],
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            recording = _Recording(span)
-            try:
-                yield recording
-            except Exception as exc:
-                if not recording.has_failed:
-                    recording.failed(type(exc).__name__)
-                raise
-
-
-class _Replica(SpanProcessor):
-    """Names the replica on every span too (`lastword.replica`): some trace stores show a
-    span's attributes but not its resource's `service.instance.id`."""
-
-    def __init__(self, replica_id: str) -> None:
-        self.replica_id = replica_id
-
-    def on_start(self, span: api.Span, parent_context: Context | None = None) -> None:
-        span.set_attribute("lastword.replica", self.replica_id)
+        current = _CURRENT.get()
+        parent = current[1] if current and current[0] == self._trace_id else self._root
+        span_id = _span_id()
+        token = _CURRENT.set((self._trace_id, span_id))
+        recording = _Recording()
+        started = time.time_ns()
+        try:
+            yield recording
+        except Exception as exc:
+            # Named by type only (`error.type`), never by message, which may carry what a
+            # user wrote.
+            if not recording.has_failed:
+                recording.failed(type(exc).__name__)
+            raise
+        finally:
+            _CURRENT.reset(token)
+            ids = (self._trace_id, span_id, parent, parent == self._root, self._flags)
+            self._put(
+                record(
+                    name,
+                    KINDS[kind],
+                    ids,
+                    (started, time.time_ns()),
+                    recording.attributes,
+                    recording.has_failed,
+                )
+            )
 
 
 class OtelTracing(Tracing):
-    """Spans recorded and exported; `exporter` and `processor` for tests (in memory, at once)."""
+    """Spans recorded and exported by the exporter's process; `exporter`, for tests, takes
+    them in this process instead, one by one as they end."""
 
-    def __init__(
-        self,
-        replica_id: str,
-        exporter: SpanExporter | None = None,
-        processor: Callable[[SpanExporter], SpanProcessor] = BatchSpanProcessor,
-    ) -> None:
-        attributes: dict[str, str] = {"service.instance.id": replica_id}
-        named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
-            "OTEL_RESOURCE_ATTRIBUTES", ""
-        )
-        if not named:
-            attributes["service.name"] = "lastword"
-        # Shut down by `shutdown`, bounded in time, not at the interpreter's exit (unbounded).
-        self.provider = TracerProvider(
-            resource=Resource.create(attributes), id_generator=_Ids(), shutdown_on_exit=False
-        )
-        if exporter is None:
-            exporter = _otlp_exporter()
-        self.provider.add_span_processor(_Replica(replica_id))
-        self.provider.add_span_processor(processor(exporter))
-        self.tracer = self.provider.get_tracer("lastword")
+    def __init__(self, replica_id: str, exporter: SpanExporter | None = None) -> None:
+        self.replica_id = replica_id
+        # Only the sampler: it decides once, for a whole burst, at its first message.
+        self.sampler = TracerProvider(shutdown_on_exit=False).sampler
         self.captures_content = os.environ.get(CAPTURE_CONTENT, "").lower() == "true"
-        self._random = RandomIdGenerator()
+        self._pipe = Pipe(replica_id) if exporter is None else None
+        self._exporter = exporter
+        self._resource = None if exporter is None else resource_of(replica_id)
+
+    def _put(self, record: Record) -> None:
+        if self._pipe is not None:
+            self._pipe.put(record)
+            return
+        assert self._exporter is not None and self._resource is not None
+        self._exporter.export(readable([record], self._resource, self.replica_id))
 
     def candidate(self) -> str:
-        trace_id = self._random.generate_trace_id()
-        span_id = self._random.generate_span_id()
-        # The sampler decides once, for the whole burst, as it would for a root span.
-        decision = self.provider.sampler.should_sample(None, trace_id, "ingest").decision
+        trace_id = _random.getrandbits(128) or 1
+        span_id = _span_id()
+        decision = self.sampler.should_sample(None, trace_id, "ingest").decision
         sampled = decision == Decision.RECORD_AND_SAMPLE
         return f"00-{trace_id:032x}-{span_id:016x}-{1 if sampled else 0:02x}"
 
@@ -193,65 +151,36 @@ class OtelTracing(Tracing):
         began: bool = False,
         **attributes: Attribute,
     ) -> None:
-        if not _valid(trace):
+        ids = _ids(trace)
+        if ids is None or not ids[2] & 1:
             return
-        links = (
-            [Link(api.get_current_span(_context(follows)).get_span_context())]
-            if _valid(follows)
-            else []
-        )
-        if began:
-            trace_id, span_id, _ = _ids(trace)
-            primed = _PRIMED.set((trace_id, span_id))
-            context: Context | None = Context()
-        else:
-            primed, context = None, _context(trace)
-        try:
-            span = self.tracer.start_span(
-                "ingest", context=context, links=links, start_time=started_ns, attributes=attributes
-            )
-        finally:
-            if primed is not None:
-                _PRIMED.reset(primed)
-        span.end()
+        trace_id, root, flags = ids
+        before = _ids(follows)
+        links = ((before[0], before[1], before[2]),) if before else ()
+        # The burst's first message: its ingest is the root, with the candidate's own ids,
+        # so every span any replica records for the burst names it as parent.
+        span = (trace_id, root, 0, False, flags) if began else self._child_of(ids)
+        times = (started_ns, time.time_ns())
+        self._put(record("ingest", KIND_INTERNAL, span, times, attributes, links=links))
 
     def noted(self, name: str, trace: str, started_ns: int, **attributes: Attribute) -> None:
-        if not _valid(trace):
+        ids = _ids(trace)
+        if ids is None or not ids[2] & 1:
             return
-        span = self.tracer.start_span(
-            name, context=_context(trace), start_time=started_ns, attributes=attributes
-        )
-        span.end()
+        times = (started_ns, time.time_ns())
+        self._put(record(name, KIND_INTERNAL, self._child_of(ids), times, attributes))
+
+    @staticmethod
+    def _child_of(ids: tuple[int, int, int]) -> tuple[int, int, int, bool, int]:
+        trace_id, root, flags = ids
+        return (trace_id, _span_id(), root, True, flags)
 
     def burst(self, trace: str) -> Burst:
-        if not _valid(trace):
+        ids = _ids(trace)
+        if ids is None or not ids[2] & 1:
             return super().burst(trace)
-        return _Burst(self.tracer, trace, self.captures_content)
+        return _Burst(self._put, ids, self.captures_content)
 
     def shutdown(self) -> None:
-        # On a thread of its own, waited for FLUSH_S at most: a collector that hangs must not
-        # hold a stop past systemd's patience (the spans still queued are dropped then).
-        done = threading.Event()
-
-        def flush() -> None:
-            self.provider.force_flush(timeout_millis=int(FLUSH_S * 1000))
-            self.provider.shutdown()
-            done.set()
-
-        threading.Thread(target=flush, name="lastword-traces-flush", daemon=True).start()
-        if not done.wait(FLUSH_S):
-            log.warning(
-                "the traces' exporter did not finish within %gs; spans left dropped", FLUSH_S
-            )
-
-
-def _otlp_exporter() -> SpanExporter:
-    """OTLP over HTTP, configured by the `OTEL_EXPORTER_OTLP_*` variables."""
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
-    if protocol not in ("", "http/protobuf"):
-        log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not offered; using http/protobuf", protocol)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter()
+        if self._pipe is not None:
+            self._pipe.shutdown()

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 
@@ -44,7 +43,7 @@ def trace_ids(spans: Sequence[ReadableSpan]) -> set[int]:
 
 def recording() -> tuple[InMemorySpanExporter, OtelTracing]:
     exporter = InMemorySpanExporter()
-    return exporter, OtelTracing("replica-a", exporter, SimpleSpanProcessor)
+    return exporter, OtelTracing("replica-a", exporter)
 
 
 def attributes_of(span: ReadableSpan) -> dict[str, object]:
@@ -56,11 +55,9 @@ async def test_a_burst_is_one_trace_across_replicas_and_the_next_follows_it(
 ) -> None:
     exporter = InMemorySpanExporter()
     llm = LLM | {"base_url": fake.base_url}
-    first, outbound = await runtime_factory(
-        tracing=OtelTracing("replica-a", exporter, SimpleSpanProcessor), llm=llm
-    )
+    first, outbound = await runtime_factory(tracing=OtelTracing("replica-a", exporter), llm=llm)
     second, _ = await runtime_factory(
-        tracing=OtelTracing("replica-b", exporter, SimpleSpanProcessor),
+        tracing=OtelTracing("replica-b", exporter),
         outbound=outbound,
         llm=llm,
     )
