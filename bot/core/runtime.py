@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from bot import log_lines
 from bot.cancel import cancel_and_wait
-from bot.commands import COMMANDS, RATE_LIMITED, REFUSAL
+from bot.commands import COMMANDS, RATE_LIMITED, REFUSAL, command_of
 from bot.config.settings import Settings
 from bot.core.admission import ALLOWED, DENIED, group_allowed, group_switch, heard, verdict
 from bot.core.cycle import Cycle
@@ -155,6 +155,11 @@ class Runtime:
                 "lastword.window": "opened" if result.opened_window else "extended",
                 "lastword.window.capped": result.capped,
             }
+            command = command_of(message.text)
+            if command is not None:
+                # The command's name (a /stop shows what cut a generation), never the rest of
+                # what was typed; a name lastword does not know is "unknown".
+                attributes["lastword.command"] = command if command in COMMANDS else "unknown"
             began = result.trace == candidate
             self.tracing.ingested(
                 result.trace, result.follows, started_ns, began=began, **attributes

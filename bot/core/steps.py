@@ -185,6 +185,10 @@ class Steps:
                 error = exc.kind
                 span.failed(error)
                 raise
+            except asyncio.CancelledError:
+                # The reply's own span says why: its lease lost, or the replica stopping.
+                span.set("lastword.ended", "cancelled")
+                raise
             finally:
                 attempts = usage.attempts[before:]
                 tokens = (
@@ -202,6 +206,7 @@ class Steps:
                 span.set("lastword.ended", "restarted" if self.race.restarted else "interrupted")
                 return answered
             finish = "tool_calls" if answered.calls else "stop"
+            span.set("lastword.ended", "done")
             span.set("gen_ai.response.model", model.settings.model)
             span.set("gen_ai.response.finish_reasons", [finish])
             if model.burst.captures_content:

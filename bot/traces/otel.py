@@ -124,13 +124,13 @@ class OtelTracing(Tracing):
         # Only the sampler: it decides once, for a whole burst, at its first message.
         self.sampler = TracerProvider(shutdown_on_exit=False).sampler
         self.captures_content = os.environ.get(CAPTURE_CONTENT, "").lower() == "true"
-        self._pipe = Pipe(replica_id) if exporter is None else None
+        self.pipe = Pipe(replica_id) if exporter is None else None
         self._exporter = exporter
         self._resource = None if exporter is None else resource_of(replica_id)
 
     def _put(self, record: Record) -> None:
-        if self._pipe is not None:
-            self._pipe.put(record)
+        if self.pipe is not None:
+            self.pipe.put(record)
             return
         assert self._exporter is not None and self._resource is not None
         self._exporter.export(readable([record], self._resource, self.replica_id))
@@ -182,5 +182,5 @@ class OtelTracing(Tracing):
         return _Burst(self._put, ids, self.captures_content)
 
     def shutdown(self) -> None:
-        if self._pipe is not None:
-            self._pipe.shutdown()
+        if self.pipe is not None:
+            self.pipe.shutdown()

@@ -11,6 +11,7 @@ Bounded everywhere, so a collector that is slow or down costs a reply nothing:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import marshal
 import subprocess
@@ -39,6 +40,10 @@ class Pipe:
         # Counted on the loop (queue full) and on the thread (the exporter gone), apart.
         self._dropped_queued = 0
         self._dropped_sending = 0
+        # Records written to the exporter so far.
+        self.sent = 0
+        # The exporter's exit status, once a stop has ended it.
+        self.returncode: int | None = None
         self._pending: collections.deque[Record] = collections.deque()
         self._closing = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
@@ -53,6 +58,17 @@ class Pipe:
     def dropped(self) -> int:
         """The spans dropped so far: the queue full, or the exporter gone."""
         return self._dropped_queued + self._dropped_sending
+
+    @property
+    def pending(self) -> int:
+        """Records waiting for the thread."""
+        return len(self._pending)
+
+    @property
+    def exporter_pid(self) -> int | None:
+        """The running exporter's pid, if one runs."""
+        child = self._child
+        return child.pid if child is not None and child.returncode is None else None
 
     def put(self, record: Record) -> None:
         """Queue one finished span (called on the event loop: an append, nothing more)."""
@@ -76,6 +92,7 @@ class Pipe:
             log.warning("the traces' exporter did not finish within %gs; spans dropped", FLUSH_S)
             child.kill()
             child.wait()
+        self.returncode = child.returncode
 
     def _run(self) -> None:
         while True:
@@ -98,6 +115,7 @@ class Pipe:
         try:
             stdin.write(len(body).to_bytes(4, "big") + body)
             stdin.flush()
+            self.sent += len(batch)
         except OSError as exc:
             self._dropped_sending += len(batch)
             log.warning("the traces' exporter is gone (%s); starting another", exc)
@@ -114,7 +132,10 @@ class Pipe:
         if time.monotonic() < self._not_before:
             return None
         try:
-            self._child = subprocess.Popen(self.command, stdin=subprocess.PIPE, close_fds=True)
+            # A session of its own: a Ctrl-C at the replica's terminal is not for it.
+            self._child = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, close_fds=True, start_new_session=True
+            )
             self._started_at = time.monotonic()
         except OSError as exc:
             log.warning("could not start the traces' exporter: %s", exc)
@@ -125,10 +146,14 @@ class Pipe:
     def _lost(self) -> None:
         """The exporter is gone: the next starts after a pause, doubled each time one dies
         within a minute of its start."""
-        if self._child is not None:
-            self._child.kill()
-            self._child.wait()
-        self._child = None
+        child, self._child = self._child, None
+        if child is not None:
+            child.kill()
+            child.wait()
+            # What the dead one was not given is dropped with it (counted already).
+            with contextlib.suppress(OSError):
+                if child.stdin is not None:
+                    child.stdin.close()
         now = time.monotonic()
         if now - self._started_at >= RESTART_S[1]:
             self._pause_s = RESTART_S[0]

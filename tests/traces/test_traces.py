@@ -196,9 +196,47 @@ async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace
     [reply] = await outbound.wait_for(1, timeout=15)
     await settled(runtime, CONV, version=2)
     chats = spans_of(exporter, "chat")
-    assert [attributes_of(c).get("lastword.ended") for c in chats] == ["interrupted", None]
+    assert [attributes_of(c).get("lastword.ended") for c in chats] == ["interrupted", "done"]
     assert len(trace_ids(exporter.get_finished_spans())) == 1
     assert reply.text is not None and "second" in reply.text
+
+
+async def test_a_stop_shows_as_the_message_that_cut_the_generation(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, tracing = recording()
+    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
+    fake.hold()
+    assert await runtime.ingest(message("tell me a long story", n=1))
+    await fake.wait_for_request(lambda r: True, timeout=10)
+    assert await runtime.ingest(message("/stop", n=2))
+    [answer] = await outbound.wait_for(1, timeout=15)
+    await settled(runtime, CONV, version=2)
+    fake.release()
+    [chat] = spans_of(exporter, "chat")
+    assert attributes_of(chat)["lastword.ended"] == "interrupted"
+    first, stop = spans_of(exporter, "ingest")
+    assert attributes_of(stop)["lastword.command"] == "stop"
+    assert "lastword.command" not in attributes_of(first)
+    assert len(trace_ids(exporter.get_finished_spans())) == 1
+    assert answer.text is not None and "story" not in answer.text
+
+
+async def test_a_generation_cut_by_a_stopping_replica_says_so_in_its_reply_span(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, tracing = recording()
+    runtime, _ = await replica(runtime_factory, fake, tracing=tracing)
+    fake.hold()
+    assert await runtime.ingest(message("hello", n=1))
+    await fake.wait_for_request(lambda r: True, timeout=10)
+    await runtime.stop()
+    fake.release()
+    [chat], [reply] = spans_of(exporter, "chat"), spans_of(exporter, "reply")
+    assert attributes_of(chat)["lastword.ended"] == "cancelled"
+    assert attributes_of(reply)["lastword.ended"] == "stopped"
+    assert chat.parent is not None and reply.context is not None
+    assert chat.parent.span_id == reply.context.span_id
 
 
 async def test_a_failing_model_is_an_error_span_its_log_line_names_the_trace(
