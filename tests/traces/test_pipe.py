@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -32,72 +33,76 @@ def otlp_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-async def test_an_exporter_that_dies_is_started_again_and_later_spans_arrive(
+@pytest.fixture
+async def exporting(
     otlp_env: pytest.MonkeyPatch,
-) -> None:
+) -> AsyncIterator[tuple[FakeOTLP, OtelTracing, str]]:
+    """A receiver, a replica's tracing exporting to it, and a sampled burst's trace with
+    one span, "first", on its way."""
     async with FakeOTLP() as otlp:
         otlp_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
         tracing = OtelTracing("replica-p")
-        assert tracing.pipe is not None
         trace = tracing.candidate()
+        tracing.noted("first", trace, time.time_ns())
         try:
-            tracing.noted("first", trace, time.time_ns())
-
-            async def first() -> bool:
-                return bool(otlp.named("first"))
-
-            await eventually(first, within_s=15)
-            [span] = otlp.named("first")
-            assert span.resource["service.instance.id"] == "replica-p"
-            assert span.attributes["lastword.replica"] == "replica-p"
-            killed = tracing.pipe.exporter_pid
-            assert killed is not None
-            os.kill(killed, signal.SIGKILL)
-            sent = 0
-
-            async def a_later_span() -> bool:
-                nonlocal sent
-                sent += 1
-                tracing.noted(f"later {sent}", trace, time.time_ns())
-                return bool(otlp.named("later"))
-
-            # Noted again and again: those sent to the dead one are dropped, and counted.
-            await eventually(a_later_span, within_s=20)
-            assert tracing.pipe.exporter_pid not in (None, killed)
-            assert tracing.pipe.dropped >= 1
-            assert {s.trace_id for s in otlp.spans} == {trace.split("-")[1]}
+            yield otlp, tracing, trace
         finally:
             tracing.shutdown()
+
+
+async def test_an_exporter_that_dies_is_started_again_and_later_spans_arrive(
+    exporting: tuple[FakeOTLP, OtelTracing, str],
+) -> None:
+    otlp, tracing, trace = exporting
+    assert tracing.pipe is not None
+
+    async def first() -> bool:
+        return bool(otlp.named("first"))
+
+    await eventually(first, within_s=15)
+    [span] = otlp.named("first")
+    assert span.resource["service.instance.id"] == "replica-p"
+    assert span.attributes["lastword.replica"] == "replica-p"
+    killed = tracing.pipe.exporter_pid
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+    sent = 0
+
+    async def a_later_span() -> bool:
+        nonlocal sent
+        sent += 1
+        tracing.noted(f"later {sent}", trace, time.time_ns())
+        return bool(otlp.named("later"))
+
+    # Noted again and again: those sent to the dead one are dropped, and counted.
+    await eventually(a_later_span, within_s=20)
+    assert tracing.pipe.exporter_pid not in (None, killed)
+    assert tracing.pipe.dropped >= 1
+    assert {s.trace_id for s in otlp.spans} == {trace.split("-")[1]}
 
 
 async def test_a_stalled_exporter_costs_a_bounded_queue_and_a_bounded_stop(
-    otlp_env: pytest.MonkeyPatch,
+    exporting: tuple[FakeOTLP, OtelTracing, str],
 ) -> None:
-    async with FakeOTLP() as otlp:
-        otlp_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
-        tracing = OtelTracing("replica-s")
-        assert tracing.pipe is not None
-        trace = tracing.candidate()
-        tracing.noted("first", trace, time.time_ns())
+    _, tracing, trace = exporting
+    assert tracing.pipe is not None
 
-        async def started() -> int:
-            return tracing.pipe.exporter_pid or 0 if tracing.pipe else 0
+    async def started() -> int:
+        return tracing.pipe.exporter_pid or 0 if tracing.pipe else 0
 
-        stalled = await eventually(started, within_s=10)
-        os.kill(stalled, signal.SIGSTOP)
-        try:
-            # Far more than the pipe and the queue hold: the pipe fills, the thread's write
-            # blocks, and the queue stops at its bound while the rest are counted as dropped.
-            offered = 3 * pipe.MAX_PENDING
-            for n in range(offered):
-                tracing.noted("flood", trace, time.time_ns(), n=n)
-            assert tracing.pipe.pending <= pipe.MAX_PENDING
-            # (One batch the thread took before the pipe filled may be in its blocked write.)
-            assert tracing.pipe.dropped >= offered - 2 * pipe.MAX_PENDING
-        finally:
-            # A stop does not wait on the stalled exporter past its bound: it is killed.
-            tracing.shutdown()
-        assert tracing.pipe.returncode == -signal.SIGKILL
+    stalled = await eventually(started, within_s=10)
+    os.kill(stalled, signal.SIGSTOP)
+    # Far more than the pipe and the queue hold: the pipe fills, the thread's write blocks,
+    # and the queue stops at its bound while the rest are counted as dropped.
+    offered = 3 * pipe.MAX_PENDING
+    for n in range(offered):
+        tracing.noted("flood", trace, time.time_ns(), n=n)
+    assert tracing.pipe.pending <= pipe.MAX_PENDING
+    # (One batch the thread took before the pipe filled may be in its blocked write.)
+    assert tracing.pipe.dropped >= offered - 2 * pipe.MAX_PENDING
+    # A stop does not wait on the stalled exporter past its bound: it is killed.
+    tracing.shutdown()
+    assert tracing.pipe.returncode == -signal.SIGKILL
 
 
 def ignores_stops(pid: int) -> bool:

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 
+from bot.core.runtime import Runtime
 from bot.masking import Scrub
 from bot.message import Place
 from bot.service.logs import LineFormatter
@@ -178,15 +179,23 @@ async def test_a_tool_call_runs_once_and_a_retry_reuses_it(
     assert counted.runs == ["note x"]
 
 
-async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI
-) -> None:
+async def held_then(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, first: str, then: str
+) -> tuple[InMemorySpanExporter, Runtime, RecordingOutbound]:
+    """A traced replica whose model holds its answer to `first` while `then` comes in."""
     exporter, tracing = recording()
     runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
     fake.hold()
-    assert await runtime.ingest(message("first", n=1))
+    assert await runtime.ingest(message(first, n=1))
     await fake.wait_for_request(lambda r: True, timeout=10)
-    assert await runtime.ingest(message("second", n=2))
+    assert await runtime.ingest(message(then, n=2))
+    return exporter, runtime, outbound
+
+
+async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI
+) -> None:
+    exporter, runtime, outbound = await held_then(runtime_factory, fake, "first", "second")
 
     async def interrupted() -> bool:
         return runtime.stats.interrupted >= 1
@@ -204,12 +213,9 @@ async def test_an_interrupted_generation_and_its_successor_share_the_burst_trace
 async def test_a_stop_shows_as_the_message_that_cut_the_generation(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI
 ) -> None:
-    exporter, tracing = recording()
-    runtime, outbound = await replica(runtime_factory, fake, tracing=tracing)
-    fake.hold()
-    assert await runtime.ingest(message("tell me a long story", n=1))
-    await fake.wait_for_request(lambda r: True, timeout=10)
-    assert await runtime.ingest(message("/stop", n=2))
+    exporter, runtime, outbound = await held_then(
+        runtime_factory, fake, "tell me a long story", "/stop"
+    )
     [answer] = await outbound.wait_for(1, timeout=15)
     await settled(runtime, CONV, version=2)
     fake.release()
