@@ -46,20 +46,21 @@ def main(argv: list[str]) -> int:
     # First, before the SDK's imports take their half second.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Exporting spans comes after answering people: on a busy machine this yields the CPU.
-    os.nice(10)
 
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from bot.traces.otlp import otlp_exporter
     from bot.traces.records import readable, resource_of
 
+    # Exporting spans comes after answering people: on a busy machine this yields the CPU
+    # (once started: a start at this priority could take seconds there).
+    os.nice(10)
     logging.basicConfig(
         level=logging.WARNING, format="traces exporter: %(levelname)s %(name)s: %(message)s"
     )
     replica_id = argv[1] if len(argv) > 1 else "-"
     resource = resource_of(replica_id)
-    processor = BatchSpanProcessor(otlp_exporter())
+    processor = BatchSpanProcessor(OTLPSpanExporter())
     stream = sys.stdin.buffer
     try:
         while (batch := next_batch(stream)) is not None:

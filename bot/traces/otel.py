@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision
 
 from bot.traces import Attribute, Burst, Kind, Span, Tracing
+from bot.traces.otlp import warn_of_protocol
 from bot.traces.pipe import Pipe
 from bot.traces.records import KIND_CLIENT, KIND_INTERNAL, Record, readable, record, resource_of
 
@@ -124,6 +125,8 @@ class OtelTracing(Tracing):
         # Only the sampler: it decides once, for a whole burst, at its first message.
         self.sampler = TracerProvider(shutdown_on_exit=False).sampler
         self.captures_content = os.environ.get(CAPTURE_CONTENT, "").lower() == "true"
+        if exporter is None:
+            warn_of_protocol()
         self.pipe = Pipe(replica_id) if exporter is None else None
         self._exporter = exporter
         self._resource = None if exporter is None else resource_of(replica_id)

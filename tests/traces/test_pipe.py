@@ -6,6 +6,7 @@ the replica a bounded queue, and a replica killed leaves what it had sent to be 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -185,3 +186,15 @@ def test_a_broken_stream_ends_the_exporter_with_a_clear_line() -> None:
     )
     assert done.returncode == 0
     assert b"the stream is broken" in done.stderr
+
+
+def test_a_protocol_not_offered_is_one_warning_in_the_replicas_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    for protocol in ("grpc", "http/protobuf"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        with caplog.at_level(logging.WARNING, logger="bot.traces"):
+            OtelTracing("replica-g").shutdown()
+    warned = [r.getMessage() for r in caplog.records if "not offered" in r.getMessage()]
+    assert warned == ["OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not offered; using http/protobuf"]
