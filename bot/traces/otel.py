@@ -159,7 +159,7 @@ class OtelTracing(Tracing):
             return
         trace_id, root, flags = ids
         before = _ids(follows)
-        links = ((before[0], before[1], before[2]),) if before else ()
+        links = (before,) if before else ()
         # The burst's first message: its ingest is the root, with the candidate's own ids,
         # so every span any replica records for the burst names it as parent.
         span = (trace_id, root, 0, False, flags) if began else self._child_of(ids)

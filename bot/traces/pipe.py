@@ -35,8 +35,8 @@ DROPS_LOGGED_EVERY_S = 60.0
 class Pipe:
     """The replica's side of the exporter's process."""
 
-    def __init__(self, replica_id: str, command: list[str] | None = None) -> None:
-        self.command = command or [sys.executable, "-m", "bot.traces.exporter", replica_id]
+    def __init__(self, replica_id: str) -> None:
+        self.command = [sys.executable, "-m", "bot.traces.exporter", replica_id]
         # Counted on the loop (queue full) and on the thread (the exporter gone), apart.
         self._dropped_queued = 0
         self._dropped_sending = 0
@@ -51,6 +51,8 @@ class Pipe:
         self._started_at = 0.0
         self._pause_s = RESTART_S[0]
         self._dropped_logged = (0, 0.0)
+        # Whether a batch has failed to be sent: its traceback is logged once, later ones counted.
+        self._failed_before = False
         self._thread = threading.Thread(target=self._run, name="lastword-traces", daemon=True)
         self._thread.start()
 
@@ -99,7 +101,15 @@ class Pipe:
             closing = self._closing.wait(INTERVAL_S)
             batch = [self._pending.popleft() for _ in range(len(self._pending))]
             if batch:
-                self._send(batch)
+                try:
+                    self._send(batch)
+                except Exception:
+                    # Not the exporter's doing (a record marshal refuses, a bug): this batch is
+                    # lost and counted, and the thread goes on with the next.
+                    self._dropped_sending += len(batch)
+                    if not self._failed_before:
+                        log.exception("traces: a batch of %d spans could not be sent", len(batch))
+                    self._failed_before = True
             self._log_drops()
             if closing:
                 if self._child is not None and self._child.stdin is not None:

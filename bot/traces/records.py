@@ -48,11 +48,22 @@ def record(
 ) -> Record:
     """A record; `ids` is (trace id, span id, parent span id, parent remote, flags)."""
     trace_id, span_id, parent_id, remote, flags = ids
-    # Plain values only: marshal takes no tuple subclass, and a sequence attribute may be one.
-    plain: dict[str, Attribute] = {
-        k: v if isinstance(v, str | int | float) else tuple(v) for k, v in attributes.items()
-    }
+    plain = {key: _plain(value) for key, value in attributes.items()}
     return (name, kind, trace_id, span_id, parent_id, remote, flags, *times, plain, failed, links)
+
+
+def _plain(value: Attribute) -> Attribute:
+    """`value` in the exact type marshal takes: it takes no subclass (an enum's member, a
+    named tuple), and one would stop the batch it is in."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    return tuple(str.__str__(item) for item in value)
 
 
 def readable(records: Sequence[Record], resource: Resource, replica_id: str) -> list[ReadableSpan]:

@@ -6,6 +6,8 @@ the replica a bounded queue, and a replica killed leaves what it had sent to be 
 from __future__ import annotations
 
 import asyncio
+import enum
+import functools
 import logging
 import os
 import signal
@@ -15,11 +17,13 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from bot.traces import pipe
 from bot.traces.otel import OtelTracing
+from bot.traces.records import Record
 from tests.support.fakes.otlp_receiver import FakeOTLP
 from tests.support.waits import eventually
 
@@ -104,6 +108,36 @@ async def test_a_stalled_exporter_costs_a_bounded_queue_and_a_bounded_stop(
     # A stop does not wait on the stalled exporter past its bound: it is killed.
     tracing.shutdown()
     assert tracing.pipe.returncode == -signal.SIGKILL
+
+
+class Outcome(enum.StrEnum):
+    SENT = "sent"
+
+
+async def test_a_record_marshal_refuses_costs_its_batch_not_the_thread(
+    exporting: tuple[FakeOTLP, OtelTracing, str],
+) -> None:
+    otlp, tracing, trace = exporting
+    assert tracing.pipe is not None
+    # An enum's member as a value (marshal takes no subclass): made plain as the span ends.
+    tracing.noted("an enum", trace, time.time_ns(), outcome=Outcome.SENT)
+
+    async def arrived(name: str) -> bool:
+        return bool(otlp.named(name))
+
+    await eventually(functools.partial(arrived, "an enum"), within_s=15)
+    [span] = otlp.named("an enum")
+    assert span.attributes["outcome"] == "sent"
+    # Whatever else marshal would refuse costs its batch, counted, and the thread goes on.
+    dropped = tracing.pipe.dropped
+    tracing.pipe.put(cast(Record, ("not a record", object())))
+
+    async def counted() -> bool:
+        return tracing.pipe is not None and tracing.pipe.dropped == dropped + 1
+
+    await eventually(counted, within_s=15)
+    tracing.noted("after it", trace, time.time_ns())
+    await eventually(functools.partial(arrived, "after it"), within_s=15)
 
 
 def ignores_stops(pid: int) -> bool:
