@@ -142,9 +142,14 @@ class Pipe:
         if time.monotonic() < self._not_before:
             return None
         try:
-            # A session of its own: a Ctrl-C at the replica's terminal is not for it.
+            # A session of its own: a Ctrl-C at the replica's terminal is not for it. No
+            # stdout: the console's replies go there; its log lines go to stderr, as ours do.
             self._child = subprocess.Popen(
-                self.command, stdin=subprocess.PIPE, close_fds=True, start_new_session=True
+                self.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
             )
             self._started_at = time.monotonic()
         except OSError as exc:

@@ -148,6 +148,11 @@ def ignores_stops(pid: int) -> bool:
     return int(ignored, 16) & wanted == wanted
 
 
+def stdout_of(pid: int) -> str:
+    """What process `pid`'s stdout is."""
+    return os.readlink(f"/proc/{pid}/fd/1")
+
+
 def ended(pid: int) -> bool:
     """Whether process `pid` has exited (gone, or a zombie its new parent has yet to reap)."""
     try:
@@ -187,6 +192,8 @@ async def test_spans_a_killed_replica_had_sent_are_still_exported(
                 return ignores_stops(exporter)
 
             await eventually(ignoring_stops, within_s=15)
+            # Not the replica's stdout, where a console's replies go.
+            assert stdout_of(exporter) == "/dev/null"
             # As systemd's stop, or a Ctrl-C, reaches the whole group: the exporter stays for
             # what it holds, and ends when its replica does.
             os.kill(exporter, signal.SIGTERM)
