@@ -70,13 +70,15 @@ def pytest_configure(config: pytest.Config) -> None:
     """Compile the project's modules to bytecode once, in the controller. The suite starts
     hundreds of `lastword` processes and fakes; where `PYTHONDONTWRITEBYTECODE` is set (as on
     CI's machines), each would otherwise compile every module it imports again, about a tenth
-    of its start's CPU. The files go in the `__pycache__` folders Python reads them from."""
+    of its start's CPU. The files go in the `__pycache__` folders Python reads them from.
+    Under xdist, the zygote the workers fork `lastword` from is started here too, once."""
     if hasattr(config, "workerinput"):
         return
     root = Path(__file__).resolve().parent.parent
     for package in COMPILED:
         compileall.compile_dir(root / package, quiet=2, workers=1)
     if config.getoption("numprocesses", None):
+        forked.share()
         _rewrite_test_modules_once(root / "tests")
 
 

@@ -2,8 +2,11 @@
 
 The suite starts hundreds of `lastword run` replicas. Each would spend about half a second of
 CPU importing lastword and its libraries before it does anything of its own; on the suite's
-two cores that is over a minute of the whole run. So each test process keeps one *zygote*:
-a process that has imported them once, and forks a child for each `spawn`. The child is a
+two cores that is over a minute of the whole run. So the suite keeps one *zygote*: a process
+that has imported them once, and forks a child for each `spawn`. Under xdist the controller
+starts it before the workers (`share`) and each worker reaches it by the address in
+`LW_ZYGOTE`, so its imports (about 5 s of CPU) are paid once, not once a worker; a test process
+on its own starts one of its own on first use. The child is a
 real process like any other (its own pid, its signals, kill -9, a pipe for its log); it sets
 the environment, working directory and standard files it is given, then runs `lastword`'s
 own `main` as `python -m bot` would.
@@ -283,8 +286,13 @@ class Forked(_Signalled):
         return out, err
 
 
+# Where the shared zygote listens: set by `share` for the processes started after it.
+SHARED = "LW_ZYGOTE"
+
+
 class _Zygote:
-    """This test process's zygote, started on first use, ended with the process."""
+    """This test process's zygote: the shared one if `LW_ZYGOTE` names it, else its own,
+    started on first use and ended with the process."""
 
     def __init__(self) -> None:
         self.path: str | None = None
@@ -294,7 +302,9 @@ class _Zygote:
     def address(self) -> str | None:
         if self.failed:
             return None
-        if self.process is None:
+        if self.path is None and self.process is None and os.environ.get(SHARED):
+            self.path = os.environ[SHARED]
+        if self.path is None:
             folder = tempfile.mkdtemp(prefix="lw-zygote-", dir="/tmp")
             self.path = str(Path(folder) / "socket")
             self.process = subprocess.Popen(
@@ -306,7 +316,10 @@ class _Zygote:
         return self.path
 
     def end(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        """End the zygote this process started (a shared one is its starter's to end)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             assert self.process.stdin is not None
             self.process.stdin.close()
             try:
@@ -323,6 +336,14 @@ class _Zygote:
 
 
 _ZYGOTE = _Zygote()
+
+
+def share() -> None:
+    """Start this process's zygote now and name it in `LW_ZYGOTE`, for the processes started
+    after this (xdist's workers) to fork their children from."""
+    address = _ZYGOTE.address()
+    if address is not None:
+        os.environ[SHARED] = address
 
 
 def _same_interpreter(env: dict[str, str]) -> bool:
