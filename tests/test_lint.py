@@ -11,6 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# mypy without its cache (a fresh clone's, CI's) takes about 40 s of CPU, and beside two busy
+# loops and the suite's other workers it gets a small share of two cores: bounded as its run is.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "command",
     [

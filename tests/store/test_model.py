@@ -965,6 +965,17 @@ class Protocol(RuleBasedStateMachine):
             self._tool_call(self.holders[-1], 0, finish=True)
 
     @rule(replica=replica_, conv=conversation_)
+    def speculate_then_call_a_tool(self, replica: int, conv: str) -> None:
+        """A wake-up at the speculation time whose generation at once asks for a call with
+        side effects, its window still open: the call is held. (Random steps reach this only
+        now and then, and beside busy loops the window of a few milliseconds has closed
+        before the next step comes; this rule reaches it within one.)"""
+        before = len(self.holders)
+        self.speculate(replica, conv)
+        if len(self.holders) > before and self.holders[-1].stage == "acquired":
+            self._tool_call(self.holders[-1], 0, finish=True)
+
+    @rule(replica=replica_, conv=conversation_)
     def newer_message_after_a_tool_step(self, replica: int, conv: str) -> None:
         """A generation records its tool step, and its holder is lost; a newer message comes,
         and the next holder's generation finds the step asked for before it: dropped, never
