@@ -101,8 +101,14 @@ def serve(path: str) -> None:
     # The entry points every replica reads as it starts (platforms, Python tools): read here
     # once (`bot.plugins` keeps them for this import path, which a child keeps).
     plugins = importlib.import_module("bot.plugins")
-    plugins.entry_points(importlib.import_module("bot.config.settings").PLATFORMS)
+    settings = importlib.import_module("bot.config.settings")
+    plugins.entry_points(settings.PLATFORMS)
     plugins.entry_points(importlib.import_module("bot.tools.python").GROUP)
+    # The settings' model for the platforms a child's variables name (pydantic builds it,
+    # about 10 ms of CPU, and `settings_tree` keeps it): none, each alone, and all of them.
+    for platforms in ((), *((name,) for name in settings.PLATFORM_SECTIONS)):
+        settings.settings_tree(platforms)
+    settings.settings_tree(settings.PLATFORM_SECTIONS)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
