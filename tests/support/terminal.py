@@ -125,6 +125,14 @@ class Terminal(Collected):
     def wait_exit(self, timeout: float = HANG_S) -> int:
         try:
             return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Said with what the bot logged and showed, the only traces a hang leaves.
+            self.kill()
+            raise AssertionError(
+                f"the bot did not exit within {timeout} s; its screen:\n"
+                + "\n".join(self.shown())
+                + f"\nits log:\n{self.stderr()}"
+            ) from None
         finally:
             self.kill()
 
