@@ -6,10 +6,10 @@ two cores that is over a minute of the whole run. So the suite keeps one *zygote
 that has imported them once, and forks a child for each `spawn`. Under xdist the controller
 starts it before the workers (`share`) and each worker reaches it by the address in
 `LW_ZYGOTE`, so its imports (about 5 s of CPU) are paid once, not once a worker; a test process
-on its own starts one of its own on first use. The child is a
-real process like any other (its own pid, its signals, kill -9, a pipe for its log); it sets
-the environment, working directory and standard files it is given, then runs `lastword`'s
-own `main` as `python -m bot` would.
+on its own starts one of its own on first use. The child is a real process like any other
+(its own pid, its signals, kill -9, a pipe for its log); it sets the environment, working
+directory and standard files it is given, then runs `lastword`'s own `main` as `python -m bot`
+would.
 
 What a fork cannot give is a different interpreter: an environment whose `PYTHON*` variables
 differ from the zygote's (a plug-in put on `PYTHONPATH`) runs `python -m bot` as before, as
