@@ -332,8 +332,10 @@ class Runtime:
             log.warning("could not send a notice to %s: %s", conversation, exc or "timed out")
 
     def wake(self, conversation: str) -> None:
-        """Start a cycle for `conversation` unless this process already runs one."""
-        if conversation in self._running:
+        """Start a cycle for `conversation` unless this process already runs one, or is
+        draining: what it stores while it hands its roles over is another replica's to
+        answer (a cycle begun now would only be cut short by the stop)."""
+        if conversation in self._running or self._draining.is_set():
             return
         task = asyncio.create_task(self._cycle(conversation), name=f"cycle {conversation}")
         self._running[conversation] = task
