@@ -71,14 +71,19 @@ def pytest_configure(config: pytest.Config) -> None:
     hundreds of `lastword` processes and fakes; where `PYTHONDONTWRITEBYTECODE` is set (as on
     CI's machines), each would otherwise compile every module it imports again, about a tenth
     of its start's CPU. The files go in the `__pycache__` folders Python reads them from.
-    Under xdist, the zygote the workers fork `lastword` from is started here too, once."""
+    Under xdist, the zygote the workers fork `lastword` from is started here too, once, and
+    the workers themselves are forked from it."""
     if hasattr(config, "workerinput"):
         return
     root = Path(__file__).resolve().parent.parent
     for package in COMPILED:
         compileall.compile_dir(root / package, quiet=2, workers=1)
     if config.getoption("numprocesses", None):
-        forked.share()
+        zygote = forked.share()
+        if zygote is not None and set(config.option.tx) == {"popen"}:
+            # xdist's workers, forked from the zygote too (tests/support/xdist_worker.py).
+            python = forked.worker_python(zygote)
+            config.option.tx = [f"popen//python={python}" for _ in config.option.tx]
         _rewrite_test_modules_once(root / "tests")
 
 

