@@ -21,7 +21,7 @@ async def test_a_burst_taken_in_before_a_drain_is_answered_by_another_replica(
     runtime_factory: RuntimeFactory, fake: FakeOpenAI
 ) -> None:
     leaving, left = await replica(runtime_factory, fake)
-    staying, stayed = await replica(runtime_factory, fake)
+    _, stayed = await replica(runtime_factory, fake)  # the replica that stays
     assert await leaving.ingest(message("hello", n=1))
     await leaving.drain(0)
     # What its burst timer or a sweep would do, had they not stopped with the drain.
