@@ -210,7 +210,12 @@ async def check_all(
         mine = {m: t for m, t in acked.items() if conversation_of(m) == conversation}
         replies += len(
             await check_conversation(
-                redis, conversation, mine, delivered(replicas.sent(conversation)), since=since
+                redis,
+                conversation,
+                mine,
+                delivered(replicas.sent(conversation)),
+                since=since,
+                core_waits=replicas.core_waits,
             )
         )
     return replies

@@ -99,7 +99,13 @@ async def test_random_bursts_across_replicas(
             ids = {step.message.message_id for step in steps}
             mine = {m: t for m, t in accepted.items() if m in ids}
             replies += len(
-                await check_conversation(redis, conversation, mine, cluster.sent(conversation))
+                await check_conversation(
+                    redis,
+                    conversation,
+                    mine,
+                    cluster.sent(conversation),
+                    core_waits=cluster.core_waits,
+                )
             )
         # The debounce must actually fold bursts: far fewer replies than messages.
         assert replies < len(messages)
