@@ -221,6 +221,11 @@ def _become(request: dict[str, object], fds: list[int], connection: socket.socke
         module = request.get("module", "bot")
         assert isinstance(argv, list) and isinstance(module, str)
         sys.argv = ["lastword" if module == "bot" else module, *argv]
+        # Named for what it runs (`ps`, `top`: "lw run", "lw xdist_worker"), not the zygote.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/comm").write_text(
+                f"lw {argv[0] if module == 'bot' and argv else module.rsplit('.', 1)[-1]}"[:15]
+            )
         connection.sendall(f"pid {os.getpid()}\n".encode())
         connection.close()
         if module == "bot":
