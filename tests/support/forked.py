@@ -442,22 +442,26 @@ def popen(
     cwd: Path | str | None = None,
     start_new_session: bool = False,
     module: str = "bot",
+    stdin: int | None = None,
+    stdout: int | None = None,
 ) -> subprocess.Popen[bytes] | ForkedPopen:
-    """`python -m <module> *argv` (`bot`: lastword) with its standard files as pipes, for a
-    test that drives it from threads (`subprocess.Popen`'s way): forked from the zygote where
-    it can be."""
+    """`python -m <module> *argv` (`bot`: lastword) with its standard files as pipes (or
+    stdin and stdout as the descriptors given: a pseudo-terminal's), for a test that drives
+    it from threads (`subprocess.Popen`'s way): forked from the zygote where it can be."""
     address = _ZYGOTE.address() if _same_interpreter(env) else None
     if address is not None:
         try:
-            return _forked_popen(address, module, argv, env, cwd, start_new_session)
+            return _forked_popen(
+                address, module, argv, env, cwd, start_new_session, (stdin, stdout)
+            )
         except ChildProcessError:
             pass  # this child's own trouble: exec says it as `python -m bot` would
         except (OSError, ValueError, TimeoutError):
             _ZYGOTE.give_up()
     return subprocess.Popen(
         [sys.executable, "-m", module, *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin is None else stdin,
+        stdout=subprocess.PIPE if stdout is None else stdout,
         stderr=subprocess.PIPE,
         env=env,
         cwd=cwd,
@@ -519,26 +523,38 @@ def _forked_popen(
     env: dict[str, str],
     cwd: Path | str | None,
     start_new_session: bool,
+    given: tuple[int | None, int | None] = (None, None),
 ) -> ForkedPopen:
-    pipes = [os.pipe() for _ in range(3)]
-    # The child reads its stdin and writes its stdout and stderr; we hold the other ends.
-    theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
-    ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+    # The child reads its stdin and writes its stdout and stderr: a pipe for each not given,
+    # whose other end we hold.
+    theirs: list[int] = []
+    ours: list[int | None] = []
+    made: list[int] = []
+    for n, fd in enumerate((*given, None)):
+        if fd is not None:
+            theirs.append(fd)
+            ours.append(None)
+            continue
+        read, write = os.pipe()
+        child_end, our_end = (read, write) if n == 0 else (write, read)
+        theirs.append(child_end)
+        made.append(child_end)
+        ours.append(our_end)
     try:
         sock, pid = ask(address, request(module, argv, env, cwd, start_new_session), theirs)
     except BaseException:
-        for fd in ours:
-            os.close(fd)
+        for mine in ours:
+            if mine is not None:
+                os.close(mine)
         raise
     finally:
-        for fd in theirs:
+        for fd in made:
             os.close(fd)
     sock.setblocking(True)
     stdin, stdout, stderr = (
-        os.fdopen(ours[0], "wb"),
-        os.fdopen(ours[1], "rb"),
-        os.fdopen(ours[2], "rb"),
+        None if fd is None else os.fdopen(fd, "wb" if n == 0 else "rb") for n, fd in enumerate(ours)
     )
+    assert stderr is not None
     return ForkedPopen(pid, sock, stdin, stdout, stderr)
 
 
@@ -550,8 +566,8 @@ class ForkedPopen(_Signalled):
         self,
         pid: int,
         status: socket.socket,
-        stdin: IO[bytes],
-        stdout: IO[bytes],
+        stdin: IO[bytes] | None,
+        stdout: IO[bytes] | None,
         stderr: IO[bytes],
     ) -> None:
         self.pid = pid

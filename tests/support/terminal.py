@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pyte
 
-from tests.support.console import MODULE, Collected, clean_env
+from tests.support.console import Collected, clean_env
+from tests.support.forked import popen
 
 COLUMNS = 80
 # How long a wait for what the terminal shows may take before the test fails: a bound on a
@@ -49,11 +50,11 @@ class Terminal(Collected):
         self._master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         try:
-            process = subprocess.Popen(
-                MODULE,
+            # `python -m bot run`, forked from the zygote (`tests.support.forked`).
+            process = popen(
+                "run",
                 stdin=slave,
                 stdout=slave,
-                stderr=subprocess.PIPE,
                 # COLUMNS and LINES would win over the terminal's own size.
                 env={
                     k: v
