@@ -187,7 +187,8 @@ async def test_a_voice_note_interrupted_five_times_is_transcribed_once(store: St
     voice = files.voice(5)
     note = Attachment("voice", "v", "audio/ogg", len(voice), "voice.ogg", "uniq-v")
     async with FakeOpenAI() as provider:
-        provider.transcription_delay_s = 1.0
+        # In flight until all five interruptions are done, however slow the machine.
+        provider.hold_transcriptions()
         provider.transcribe = lambda request: "see you at the station"
         llm = LLMSettings(
             provider="openai", base_url=provider.base_url, api_key=SecretStr("sk-test")
@@ -201,6 +202,7 @@ async def test_a_voice_note_interrupted_five_times_is_transcribed_once(store: St
             interrupted.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await interrupted
+        provider.release_transcriptions()
         said = await m.prepare(CONV, burst(note))
         await m.close()
     assert said.texts[0] == '[voice note, transcribed: "see you at the station"]'

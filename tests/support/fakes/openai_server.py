@@ -597,6 +597,8 @@ class FakeOpenAI(LoopbackServer):
         self.rejected_transcriptions: list[dict[str, str]] = []
         self._gate = asyncio.Event()
         self._gate.set()
+        self._transcriptions_gate = asyncio.Event()
+        self._transcriptions_gate.set()
         self._stopping = False
         # Replaced on every state change so waiters can sleep on "something changed" without
         # polling and without needing a lock from synchronous code paths.
@@ -612,6 +614,7 @@ class FakeOpenAI(LoopbackServer):
     def _before_stop(self) -> None:
         # Held requests would otherwise keep cleanup waiting until its timeout.
         self._gate.set()
+        self._transcriptions_gate.set()
         self._stopping = True
 
     @property
@@ -623,12 +626,21 @@ class FakeOpenAI(LoopbackServer):
     def hold(self) -> None:
         """From now on, chat requests wait (after being recorded) until release().
 
-        Transcriptions are not held; transcription_delay_s keeps them in flight instead."""
+        Transcriptions are not held (`hold_transcriptions` holds them)."""
         self._gate.clear()
 
     def release(self) -> None:
         """Let held requests, and future ones, proceed."""
         self._gate.set()
+
+    def hold_transcriptions(self) -> None:
+        """From now on, transcriptions wait (after being recorded) until
+        `release_transcriptions()`: in flight for as long as a test needs, however slowly the
+        machine runs it."""
+        self._transcriptions_gate.clear()
+
+    def release_transcriptions(self) -> None:
+        self._transcriptions_gate.set()
 
     def fail_next(self, *errors: ScriptedError) -> None:
         """Queue errors; each following request answers with the next one instead of a reply."""
@@ -1145,6 +1157,7 @@ class FakeOpenAI(LoopbackServer):
             response = _transcript_response(recorded, self.transcribe(recorded))
         if self.transcription_delay_s > 0:
             await asyncio.sleep(self.transcription_delay_s)
+        await self._transcriptions_gate.wait()
         return await self._send_whole(request, recorded, response)
 
 
