@@ -122,8 +122,9 @@ def _rewrite_test_modules_once(tests: Path) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the slow tests `slow` in one place, so the line between the parts stays visible,
-    and have each worker start with its share of them: a slow test started last would run
-    alone at the end while the other workers sit idle; the quick ones fill the gaps instead."""
+    and run them first: xdist shares the tests out in this order (idle workers then steal
+    from busy ones), and a slow test started last would run alone at the end while the other
+    workers sit idle; the quick ones fill the gaps instead."""
     for item in items:
         module = _module(item)
         if (
@@ -134,35 +135,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         ):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_order)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    items[:] = _dealt(items, workers)
-
-
-def _dealt(ordered: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """`ordered` (longest first) rearranged so that each of `workers` starts with its share.
-
-    xdist's work stealing hands the collection out as one contiguous run per worker, and an
-    idle worker then steals the *end* of the longest queue. In collection order the first
-    worker's run would hold every long test, one after another (the protocol model, then
-    mypy, then the fleets: over 200 s on its own), while the others finished early. So the
-    tests are dealt like cards, in their order, one to each worker's run in turn, and back
-    the other way the next round (the worker that got the longest test gets the shortest
-    of the next round)."""
-    sizes = []
-    left = len(ordered)
-    for n in range(workers):
-        sizes.append(left // (workers - n))  # how xdist divides the first hand-out
-        left -= sizes[-1]
-    runs: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    turn = list(range(workers))
-    dealt = 0
-    while dealt < len(ordered):
-        for n in turn:
-            if len(runs[n]) < sizes[n] and dealt < len(ordered):
-                runs[n].append(ordered[dealt])
-                dealt += 1
-        turn.reverse()
-    return [item for run in runs for item in run]
 
 
 # Modules whose tests take 15-50 s each on a quiet machine (`pytest --durations=30`), longest
