@@ -20,7 +20,8 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
+
+from bot.cancel import cancel_and_wait
 
 # How often the counts are read: a latency is bounded to within this much of its wait.
 SAMPLE_S = 0.05
@@ -50,21 +51,14 @@ class CoreWaits:
         self._totals: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> CoreWaits:
+    def start(self) -> None:
+        """Sample now, then every SAMPLE_S until `stop`."""
         self.sample()
         self._task = asyncio.create_task(self._sampling(), name="core waits")
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _sampling(self) -> None:
         while True:

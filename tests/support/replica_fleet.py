@@ -169,7 +169,7 @@ class Cluster:
         return [n for n in self.names if self.replicas[n].process.returncode is None]
 
     async def __aenter__(self) -> Cluster:
-        await self.core_waits.__aenter__()
+        self.core_waits.start()
         try:
             for index in range(self.size):
                 await self._spawn(f"r{index}")
@@ -307,7 +307,7 @@ class Cluster:
             assert await self.terminate(name) == 0, f"{name} did not stop cleanly"
 
     async def close(self) -> None:
-        await self.core_waits.__aexit__(None, None, None)
+        await self.core_waits.stop()
         for replica in self.replicas.values():
             if replica.process.returncode is None:
                 # SIGKILL also ends a process that is stopped with SIGSTOP.
