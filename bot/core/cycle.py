@@ -351,8 +351,12 @@ class Cycle:
                 return turn
             if turn == "expired":
                 return await self._expired(lease)
-            # Only now, about to go: a reply superseded while it waited changes nothing.
-            await apply(self.store, lease.conversation, written.reply.changes, self.memory)
+            try:
+                # Only now, about to go: a reply superseded while it waited changes nothing.
+                await apply(self.store, lease.conversation, written.reply.changes, self.memory)
+            except BaseException:
+                await self.outbound.give_back(turn)
+                raise
             text, slot, version = written.reply.text, turn, grant.version
             sent_by = (lease.fence, lease.token)
         with self._span(grant, "send") as span:
@@ -397,7 +401,11 @@ class Cycle:
             return slot
         if slot is None or not slot.waited or written.forced:
             return slot
-        verdict = await written.presend()
+        try:
+            verdict = await written.presend()
+        except BaseException:
+            await self.outbound.give_back(slot)
+            raise
         if verdict.status in ("lost", "stale"):
             await self.outbound.give_back(slot)
             return self._not_sent(grant, keeper, written.reply, verdict)
@@ -959,13 +967,21 @@ class Cycle:
         reply_to: str | None,
         burst: Burst = NO_BURST,
     ) -> None:
-        for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
-            await keeper.ensure_fresh()
-            key = idempotency_key(lease.conversation, version, index, *sent_by)
-            with burst.span("send part") as span:
-                span.set("lastword.part", index)
-                await self.outbound.send(
-                    lease.conversation, part, key, slot=slot, reply_to=reply_to
-                )
-            slot = reply_to = None
-            self.stats.parts += 1
+        try:
+            for index, part in enumerate(split_message(text, self.outbound.max_message_chars)):
+                await keeper.ensure_fresh()
+                key = idempotency_key(lease.conversation, version, index, *sent_by)
+                # The send records the slot's use, whatever becomes of it.
+                given, slot = slot, None
+                with burst.span("send part") as span:
+                    span.set("lastword.part", index)
+                    await self.outbound.send(
+                        lease.conversation, part, key, slot=given, reply_to=reply_to
+                    )
+                reply_to = None
+                self.stats.parts += 1
+        finally:
+            if slot is not None:
+                # Granted, never used (the lease lost first): given back now, not left in
+                # flight, where its replica would keep it (and its chat's turn) for 30 s.
+                await self.outbound.give_back(slot)
