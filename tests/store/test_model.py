@@ -971,8 +971,8 @@ class Protocol(RuleBasedStateMachine):
         now and then, and beside busy loops the window of a few milliseconds has closed
         before the next step comes; this rule reaches it within one.) A conversation with
         nothing owed gets a fresh burst first, from a replica that speculates, so the whole
-        window is ahead: in the suite's eight workers a window opened some steps before had
-        closed by then in every try of a run."""
+        window is ahead: under load (eight workers, or busy loops) a window opened some
+        steps before had closed by then in every try of a run."""
         if self.accepted[conv] == self.watermark[conv] and conv not in self.outbox:
             replica %= SPECULATING.count(True)
             self.deliver(replica, conv, 1)
