@@ -273,12 +273,19 @@ class Steps:
         prompt with them, and how many there were; or `Next`."""
         record = await self.turn.store.tool_record(self.turn.lease.conversation, self.turn.burst)
         self.record = record.id
-        for k, calls in enumerate(record.steps):
-            step = replace(asked, steps=(*asked.steps, _assistant("", calls)))
+        for k, recorded in enumerate(record.steps):
             bound = tuple(
                 self._bound(record.bound[k, j]) if (k, j) in record.bound else None
-                for j in range(len(calls))
+                for j in range(len(recorded))
             )
+            # Each call under the name its tool bears now: a server that came up since may have
+            # taken the name it was made under, and a call shown by a name this user is no
+            # longer offered looks never made, so a model would ask for it again.
+            calls = tuple(
+                replace(call, name=tool.name) if tool else call
+                for call, tool in zip(recorded, bound, strict=True)
+            )
+            step = replace(asked, steps=(*asked.steps, _assistant("", calls)))
             share = max(self._share(step, len(calls)), MIN_RESULT_TOKENS)
             ran = await self._run_step(k, calls, bound, record, step, share, used)
             if isinstance(ran, Next):

@@ -17,7 +17,7 @@ from bot.tools.load import load_toolbox
 from tests.support.builders import message
 from tests.support.chatting import CONV, fake, replica
 from tests.support.factories import RuntimeFactory
-from tests.support.fakes.openai_server import FakeOpenAI, ToolPolicy
+from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest, ToolCalls, ToolPolicy
 from tests.support.mcp import append_server, lines
 from tests.support.waits import eventually, settled
 
@@ -69,5 +69,64 @@ async def test_a_late_admin_server_never_runs_a_non_admins_call(
         assert lines(short_dir / "admin" / "appended") == [], "a non-admin's call ran as admin"
         assert len(lines(short_dir / "public" / "appended")) == 1
         assert outbound.texts(CONV) == ["Done: appended by user-1"]
+    finally:
+        await box.close()
+
+
+async def test_a_resumed_turn_shows_a_call_under_the_name_its_tool_bears_now(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, short_dir: Path
+) -> None:
+    """A call ran on the public server as `append`; the admin server then took that name, and
+    a newer message interrupted the turn before its reply. The next generation resumes from the
+    turn's record, and shows the model the call as `public_append`, the name the tool it ran
+    on bears now: shown as `append`, a name this user is no longer offered, the call would
+    look never made, and a model asking for its booking again would book twice."""
+    flag = short_dir / "admin-may-start"
+    admin = late(append_server(short_dir / "admin", adminOnly=True), flag)
+    public = append_server(short_dir / "public")
+    servers = {"mcp_servers": {"admin": admin, "public": public}, "start_timeout_s": 5}
+    box = await load_toolbox(ToolsSettings.model_validate(servers))
+    try:
+
+        async def public_up() -> bool:
+            return "append" in box.tools
+
+        await eventually(public_up, 30, what="the public server listing its tools")
+
+        def books(request: RecordedRequest) -> str | ToolCalls:
+            """A model that books once a turn with whichever name the booking tool has."""
+            name = "public_append" if "public_append" in request.tool_names else "append"
+            return ToolPolicy(name, '{"text": "by user-1"}', answer="Done: {result}")(request)
+
+        fake.reply = books
+        fake.hold()
+        runtime, outbound = await replica(runtime_factory, fake, toolbox=box, lease_ttl_ms=30_000)
+        assert await runtime.ingest(message("book it", n=1, user="user-1"))
+        first = await fake.wait_for_request(timeout=10)
+        assert "append" in first.tool_names
+        # The call goes out and runs; the request that follows it is held.
+        fake.release()
+        fake.hold()
+
+        async def booked() -> bool:
+            return len(lines(short_dir / "public" / "appended")) == 1
+
+        await eventually(booked, 20, what="the call running on the public server")
+        await fake.wait_for_request(lambda r: bool(r.tool_results()), timeout=10)
+        flag.touch()
+
+        async def admin_up() -> bool:
+            return box.tools["append"][0].source == "mcp:admin"
+
+        await eventually(admin_up, 20, what="the admin server taking the name")
+        # A newer message: the turn's next generation resumes from its record.
+        assert await runtime.ingest(message("for two", n=2, user="user-1"))
+        resumed = await fake.wait_for_request(lambda r: "public_append" in r.tool_names)
+        fake.release()
+        await settled(runtime, CONV)
+        assert lines(short_dir / "admin" / "appended") == [], "a non-admin's call ran as admin"
+        assert len(lines(short_dir / "public" / "appended")) == 1, "the booking ran twice"
+        assert outbound.texts(CONV) == ["Done: appended by user-1"]
+        assert [[c.name for c in step] for step in resumed.tool_steps()] == [["public_append"]]
     finally:
         await box.close()
