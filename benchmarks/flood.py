@@ -82,6 +82,7 @@ from bot.config.settings import DebounceSettings, InstalledSettings
 from bot.service.app import make_store
 from bot.store.connect import make_client
 from bot.store.embedded import EmbeddedRedis
+from tests.support.core_waits import waited_s
 from tests.support.fakes.loopback import free_port
 from tests.support.fakes.openai_server import FakeOpenAI, RecordedRequest
 from tests.support.fakes.otlp_receiver import FakeOTLP
@@ -295,24 +296,41 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 @dataclass
 class LagWatch:
     """The bot's event-loop lag over the load: its histogram before and after, and the
-    recent lag polled in between."""
+    recent lag polled in between; with the bot's `pid`, also how long it waited for a core
+    meanwhile (a loop that lags because the machine gave it no core is not the bot's stall)."""
 
     url: str
+    pid: int | None = None
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     recent_s: list[float] = field(default_factory=list)
+    waited: list[float] = field(default_factory=list)  # the pid's core wait at start, end
 
     async def run(self, load: Awaitable[T]) -> T:
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             self.before = await self._first(session, 30.0)
+            self._note_wait()
             poll = asyncio.create_task(self._poll(session))
             try:
                 result = await load
             finally:
                 await cancel_and_wait(poll)
+            self._note_wait()
             self.after = await scrape(session, self.url)
         return result
+
+    def _note_wait(self) -> None:
+        waited = None if self.pid is None else waited_s(self.pid)
+        if waited is not None:
+            self.waited.append(waited)
+
+    @property
+    def waited_ms(self) -> float | None:
+        """How long the bot waited for a core over the load, ms; None if not known."""
+        if len(self.waited) != 2:
+            return None
+        return (self.waited[1] - self.waited[0]) * 1000
 
     async def _first(self, session: aiohttp.ClientSession, timeout_s: float) -> dict[str, float]:
         """The metrics once the bot serves them (it may start after the webhook)."""

@@ -110,10 +110,12 @@ says "DON'T", when it answers in text and calls nothing.
    bound of the highest bucket of `lastword_event_loop_lag_seconds` reached (the histogram
    read before and after the phase), and the most `lastword_event_loop_lag_recent_seconds`
    (its decaying worst, a stall read at 90 % of it at least) was read at, every
-   `LAG_SAMPLE_S`. In the flood row: the messages in flight when the replica logged the
-   message over the limit (posted before, answered after); A's reply (it says the answer was
-   too long: the error reached the model) and when, from A's message; the server's stops (the
-   replica's "is not running" lines) and starts (its own file), once it has started again.
+   `LAG_SAMPLE_S`; and how long the replica waited for a core over the phase (the kernel's
+   run-queue wait: a lag the busy machine caused, not the replica's stall). In the flood row:
+   the messages in flight when the replica logged the message over the limit (posted before,
+   answered after); A's reply (it says the answer was too long: the error reached the model)
+   and when, from A's message; the server's stops (the replica's "is not running" lines) and
+   starts (its own file), once it has started again.
 
 All times are `time.monotonic()`, one clock for every process on Linux. The machine is shared:
 the figures are noisy, the "max" column most.
@@ -1526,7 +1528,7 @@ async def flood_load(
                 mine = [(0, "flood me")] if plan.user == FLOODER else asks
                 return storm.questions(plan, began, store, mine, sent_at)
 
-            lag = SampledLag(metrics_url)
+            lag = SampledLag(metrics_url, replica.running.process.pid)
             done = await lag.run(users_load(setup, [replica], row, user))
             return Phase(done, sent_at, lag)
 
@@ -1559,6 +1561,7 @@ class FloodRow:
     reply_us: list[int]  # each other user's message to its reply reaching Telegram
     lag_bound: str  # the highest histogram bucket the phase's lags reached, ms
     lag_recent_ms: float | None  # the most the decaying recent lag was read at
+    waited_ms: float | None  # what the replica waited for a core over the phase, ms
     in_flight: int | None  # messages posted before the stop and answered after it
     flooder: str  # A's reply: what it said, and when
     servers: str  # the server's stops (logged) / starts (its own file)
@@ -1573,6 +1576,7 @@ class FloodRow:
             ms(self.reply_us, 100),
             self.lag_bound,
             recent,
+            "-" if self.waited_ms is None else f"{self.waited_ms:.0f}",
             "-" if self.in_flight is None else str(self.in_flight),
             self.flooder,
             self.servers,
@@ -1587,6 +1591,7 @@ FLOOD_HEADERS = [
     "max ms",
     "loop lag max ms (histogram)",
     "recent lag max ms (20 ms polls)",
+    "waited for a core ms",
     "in flight at the stop",
     "A's reply",
     "server stops / starts",
@@ -1631,6 +1636,7 @@ def flood_figures(
         reply_us=reply_us,
         lag_bound=phase.lag.quantile_ms(1.0),
         lag_recent_ms=None if recent is None else recent * 1000,
+        waited_ms=phase.lag.waited_ms,
         in_flight=in_flight,
         flooder=flooder,
         servers=f"{load.stops} / {load.starts}" if flooding else "-",
@@ -1799,7 +1805,8 @@ def flood_table(flood: tuple[list[FloodRow], list[str]]) -> None:
     print(
         "  reply: the other users' message posted -> its reply at the fake Telegram (A's left"
         " out); loop lag: the replica's\n  own /metrics over the phase (histogram: the bound of"
-        " the highest bucket reached; recent: its decaying worst,\n  read every 20 ms); in"
+        " the highest bucket reached; recent: its decaying worst,\n  read every 20 ms);"
+        " waited for a core: the replica's run-queue wait over the phase; in"
         " flight: posted before the replica logged the over-long message, answered after;"
         "\n  A's reply: whether it says the answer was too long (the error reached the model),"
         " and when from A's message;\n  server stops / starts: the replica's \"is not running\""

@@ -130,9 +130,13 @@ def test_one_servers_flood_costs_the_others_nothing(capsys: pytest.CaptureFixtur
         assert row["users / msgs"] == "3 / 6" and row["replied"] == "6", out
         assert float(row["max ms"]) < ON_TIME_MS, out
     flooded = flood[FLOOD]
+    # A stall of the loop is the replica's own only beyond what it waited for a core: beside
+    # busy loops the kernel holds it off the CPU for over 100 ms at a time. On an idle machine
+    # it waits next to nothing, and the bound is as strict as written.
+    waited = float(flooded["waited for a core ms"])
     bound = flooded["loop lag max ms (histogram)"]
-    assert bound.startswith("<= ") and float(bound.removeprefix("<= ")) <= 100, out
-    assert float(flooded["recent lag max ms (20 ms polls)"]) < 100, out
+    assert bound.startswith("<= ") and float(bound.removeprefix("<= ")) <= 100 + waited, out
+    assert float(flooded["recent lag max ms (20 ms polls)"]) < 100 + waited, out
     assert int(flooded["in flight at the stop"]) >= 1, "someone was waiting as it flooded"
     assert flooded["A's reply"].startswith("too long, "), out
     assert flooded["server stops / starts"] == "1 / 2", out
