@@ -8,11 +8,15 @@ line in a file of its own, so the files say where a call really ran.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from bot.config.settings import ToolsSettings
+from bot.tools import Toolbox
 from bot.tools.load import load_toolbox
 from tests.support.builders import message
 from tests.support.chatting import CONV, fake, replica
@@ -32,9 +36,30 @@ def late(entry: dict[str, object], flag: Path) -> dict[str, object]:
     return entry | {"command": "sh", "args": ["-c", f'[ -f "{flag}" ] && exec {command}']}
 
 
-async def test_a_late_admin_server_never_runs_a_non_admins_call(
-    runtime_factory: RuntimeFactory, fake: FakeOpenAI, short_dir: Path
-) -> None:
+@dataclass
+class LateAdmin:
+    """The toolbox of both servers, with the public one up, and the admin one's `flag`."""
+
+    box: Toolbox
+    flag: Path
+    folder: Path
+
+    def runs(self, server: str) -> list[str]:
+        """The lines `server` ("admin", "public") appended: one per call that ran there."""
+        return lines(self.folder / server / "appended")
+
+    async def admin_takes_the_name(self) -> None:
+        """Let the admin server start, and wait until it has taken the name `append`."""
+        self.flag.touch()
+
+        async def admin_up() -> bool:
+            return self.box.tools["append"][0].source == "mcp:admin"
+
+        await eventually(admin_up, 20, what="the admin server taking the name")
+
+
+@asynccontextmanager
+async def late_admin(short_dir: Path) -> AsyncIterator[LateAdmin]:
     flag = short_dir / "admin-may-start"
     admin = late(append_server(short_dir / "admin", adminOnly=True), flag)
     public = append_server(short_dir / "public")
@@ -48,29 +73,33 @@ async def test_a_late_admin_server_never_runs_a_non_admins_call(
 
         await eventually(public_up, 30, what="the public server listing its tools")
         assert box.tools["append"][0].source == "mcp:public"
+        yield LateAdmin(box, flag, short_dir)
+    finally:
+        await box.close()
+
+
+async def test_a_late_admin_server_never_runs_a_non_admins_call(
+    runtime_factory: RuntimeFactory, fake: FakeOpenAI, short_dir: Path
+) -> None:
+    async with late_admin(short_dir) as servers:
         fake.reply = ToolPolicy("append", '{"text": "by user-1"}', answer="Done: {result}")
         fake.hold()
         # The generation is held open across the admin server's start, seconds on a loaded
         # machine, in this test's own loop: a stall past the tests' short lease would hand the
         # burst to a new cycle, whose model is offered other names, and the call this test
         # follows would never be made. A lease that outlasts the start keeps the one cycle.
-        runtime, outbound = await replica(runtime_factory, fake, toolbox=box, lease_ttl_ms=30_000)
+        runtime, outbound = await replica(
+            runtime_factory, fake, toolbox=servers.box, lease_ttl_ms=30_000
+        )
         assert await runtime.ingest(message("append it", n=1, user="user-1"))
         await fake.wait_for_request(timeout=10)
         # The model is writing its call: the admin server comes up and takes the name.
-        flag.touch()
-
-        async def admin_up() -> bool:
-            return box.tools["append"][0].source == "mcp:admin"
-
-        await eventually(admin_up, 20, what="the admin server taking the name")
+        await servers.admin_takes_the_name()
         fake.release()
         await settled(runtime, CONV)
-        assert lines(short_dir / "admin" / "appended") == [], "a non-admin's call ran as admin"
-        assert len(lines(short_dir / "public" / "appended")) == 1
+        assert servers.runs("admin") == [], "a non-admin's call ran as admin"
+        assert len(servers.runs("public")) == 1
         assert outbound.texts(CONV) == ["Done: appended by user-1"]
-    finally:
-        await box.close()
 
 
 async def test_a_resumed_turn_shows_a_call_under_the_name_its_tool_bears_now(
@@ -81,17 +110,7 @@ async def test_a_resumed_turn_shows_a_call_under_the_name_its_tool_bears_now(
     turn's record, and shows the model the call as `public_append`, the name the tool it ran
     on bears now: shown as `append`, a name this user is no longer offered, the call would
     look never made, and a model asking for its booking again would book twice."""
-    flag = short_dir / "admin-may-start"
-    admin = late(append_server(short_dir / "admin", adminOnly=True), flag)
-    public = append_server(short_dir / "public")
-    servers = {"mcp_servers": {"admin": admin, "public": public}, "start_timeout_s": 5}
-    box = await load_toolbox(ToolsSettings.model_validate(servers))
-    try:
-
-        async def public_up() -> bool:
-            return "append" in box.tools
-
-        await eventually(public_up, 30, what="the public server listing its tools")
+    async with late_admin(short_dir) as servers:
 
         def books(request: RecordedRequest) -> str | ToolCalls:
             """A model that books once a turn with whichever name the booking tool has."""
@@ -100,7 +119,9 @@ async def test_a_resumed_turn_shows_a_call_under_the_name_its_tool_bears_now(
 
         fake.reply = books
         fake.hold()
-        runtime, outbound = await replica(runtime_factory, fake, toolbox=box, lease_ttl_ms=30_000)
+        runtime, outbound = await replica(
+            runtime_factory, fake, toolbox=servers.box, lease_ttl_ms=30_000
+        )
         assert await runtime.ingest(message("book it", n=1, user="user-1"))
         first = await fake.wait_for_request(timeout=10)
         assert "append" in first.tool_names
@@ -109,24 +130,17 @@ async def test_a_resumed_turn_shows_a_call_under_the_name_its_tool_bears_now(
         fake.hold()
 
         async def booked() -> bool:
-            return len(lines(short_dir / "public" / "appended")) == 1
+            return len(servers.runs("public")) == 1
 
         await eventually(booked, 20, what="the call running on the public server")
         await fake.wait_for_request(lambda r: bool(r.tool_results()), timeout=10)
-        flag.touch()
-
-        async def admin_up() -> bool:
-            return box.tools["append"][0].source == "mcp:admin"
-
-        await eventually(admin_up, 20, what="the admin server taking the name")
+        await servers.admin_takes_the_name()
         # A newer message: the turn's next generation resumes from its record.
         assert await runtime.ingest(message("for two", n=2, user="user-1"))
         resumed = await fake.wait_for_request(lambda r: "public_append" in r.tool_names)
         fake.release()
         await settled(runtime, CONV)
-        assert lines(short_dir / "admin" / "appended") == [], "a non-admin's call ran as admin"
-        assert len(lines(short_dir / "public" / "appended")) == 1, "the booking ran twice"
+        assert servers.runs("admin") == [], "a non-admin's call ran as admin"
+        assert len(servers.runs("public")) == 1, "the booking ran twice"
         assert outbound.texts(CONV) == ["Done: appended by user-1"]
         assert [[c.name for c in step] for step in resumed.tool_steps()] == [["public_append"]]
-    finally:
-        await box.close()
