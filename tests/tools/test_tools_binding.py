@@ -3,7 +3,9 @@ offer `append`, the admin-only one listed first but up only late (its first star
 a user who is no admin. The reply is offered the public server's `append`; the admin server
 comes up while the model is still writing its call and takes the name; the call still runs on
 the public server, the one whose tool was offered and checked. Each server's side effect is a
-line in a file of its own, so the files say where a call really ran.
+line in a file of its own, so the files say where a call really ran. A turn that resumes after
+the admin server took the name shows the model its call under the public tool's new name, so
+the booking is not asked for, and run, twice.
 """
 
 from __future__ import annotations
