@@ -24,7 +24,7 @@ import pytest
 from tests.support.fakes.discord_server import FakeDiscord
 from tests.support.fakes.openai_server import FakeOpenAI, ToolPolicy
 from tests.support.fakes.telegram_server import FakeTelegram
-from tests.support.running import Running, clean_environ
+from tests.support.running import Running, clean_environ, start_within_s
 
 PROJECT = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent
@@ -101,6 +101,12 @@ class Reader:
         output, _ = await asyncio.wait_for(process.communicate(), 120)
         assert process.returncode == 0, f"{command}:\n{output.decode()}"
 
+    def start_within_s(self) -> float:
+        """How long the bot may take to reach its platform, its MCP servers in `./.env` too."""
+        lines = (self.home / ".env").read_text().splitlines()
+        written = dict(line.split("=", 1) for line in lines if "=" in line)
+        return start_within_s(self.env | written)
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Running]:
         bot = await Running.start(self.env, cwd=self.home, fresh=True)
@@ -113,7 +119,7 @@ class Reader:
     async def ask_on_discord(self, discord: FakeDiscord, text: str) -> str:
         """The bot started as the Quickstart starts it, asked `text` in a DM: its reply."""
         async with self.running():
-            await discord.wait_for_sessions(1, timeout=30)
+            await discord.wait_for_sessions(1, timeout=self.start_within_s())
             await discord.user_sends(USER, text)
             channel = discord.dm_channel(USER)
             await discord.wait_for_bot_messages(channel, 1, timeout=30)
@@ -160,6 +166,9 @@ async def test_the_telegram_quickstart_reaches_the_model(
         started += await you.follow(block)
     assert started == [".venv/bin/lastword run"]
     async with you.running():
+        # Started as an operator starts it (a fresh interpreter: seconds of CPU on a loaded
+        # machine), it is given its start's bound to reach Telegram before the reply's.
+        await telegram.wait_for_calls("getUpdates", 1, timeout=you.start_within_s())
         telegram.push_update(telegram.private_text_update(USER, USER, "hello there"))
         [reply] = await telegram.wait_for_sent(1, timeout=30)
     assert reply.text == "You said: hello there"
