@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from bot.store import BudgetKeys
 from bot.store.budget import IN_FLIGHT_MS, LAPSE_MS, SPREAD_MS
 from bot.store.embedded import EmbeddedRedis
+from tests.support.core_waits import CoreWaits
 from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.support.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
 from tests.support.waits import eventually
@@ -273,12 +274,20 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
         await stampede(fake, spread(restarted, replicas))
         await fake.wait_for_sent(sent + USERS // 5, timeout=60)
         owed = len(set(restarted) - set(replies(fake)))
-        await asyncio.to_thread(server.stop)
-        await asyncio.sleep(1.0)  # the outage
-        # From this thread: the server dies with the thread that started it (PDEATHSIG).
-        server.start()
-        back_at = time.monotonic()
-        last = await answered(fake, restarted, within_s=60)
+        # What the replicas, the server (its pid changes at the restart) and this process (the
+        # fake Bot API) wait for a core from now: the machine's part of the backlog's time.
+        waits = CoreWaits(lambda: [*(r.bot.process.pid for r in replicas), *server_pid(server)])
+        waits.start()
+        try:
+            await asyncio.to_thread(server.stop)
+            await asyncio.sleep(1.0)  # the outage
+            # From this thread: the server dies with the thread that started it (PDEATHSIG).
+            server.start()
+            back_at, back_wall = time.monotonic(), time.time()
+            last = await answered(fake, restarted, within_s=60)
+        finally:
+            await waits.stop()
+        waited = waits.between(back_wall, back_wall + (last - back_at))
         # Every reply written once: those the outage caught are kept, their leases with them.
         # Checked first: a late reply is a slow path, a second one a broken promise.
         assert len(model.requests) == len(flushed) + len(restarted), why_late(fake, replicas)
@@ -286,12 +295,22 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
         after = sorted(c.at - back_at for c in fake.sent_messages if c.at > back_at)
         # Delivery resumes at once, at the limit (a few calls allowed before the outage may
         # land first), and the backlog goes as fast as if nothing had happened.
-        assert after[RATE // 5] <= 1.0 + RATE // 5 / RATE + SLACK_S, (
-            f"{after[: RATE // 5 + 1]}\n{why_late(fake, replicas)}"
+        # Both bounds allow what the processes waited for a core meanwhile (nothing on an idle
+        # machine): the backlog once missed its bound by 60 ms in the suite's six workers.
+        assert after[RATE // 5] <= 1.0 + RATE // 5 / RATE + SLACK_S + waited, (
+            f"{after[: RATE // 5 + 1]}, {waited:.2f} s waited for a core\n"
+            f"{why_late(fake, replicas)}"
         )
-        assert last - back_at <= owed / RATE * 1.3 + SLACK_S, (
-            f"{last - back_at:.2f} s for {owed}\n{why_late(fake, replicas)}"
+        assert last - back_at <= owed / RATE * 1.3 + SLACK_S + waited, (
+            f"{last - back_at:.2f} s for {owed}, {waited:.2f} s waited for a core\n"
+            f"{why_late(fake, replicas)}"
         )
+
+
+def server_pid(server: EmbeddedRedis) -> list[int]:
+    """The server's pid while it runs (none while it is stopped)."""
+    process = server.process
+    return [process.pid] if process is not None and process.poll() is None else []
 
 
 async def test_a_429_holds_the_chat_it_was_about_odd_waits_are_bounded_and_healthz_tells(
