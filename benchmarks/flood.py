@@ -304,33 +304,27 @@ class LagWatch:
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     recent_s: list[float] = field(default_factory=list)
-    waited: list[float] = field(default_factory=list)  # the pid's core wait at start, end
+    # How long the bot waited for a core over the load, ms; None if not known.
+    waited_ms: float | None = None
 
     async def run(self, load: Awaitable[T]) -> T:
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             self.before = await self._first(session, 30.0)
-            self._note_wait()
+            waited_before = self._waited_s()
             poll = asyncio.create_task(self._poll(session))
             try:
                 result = await load
             finally:
                 await cancel_and_wait(poll)
-            self._note_wait()
+            waited_after = self._waited_s()
+            if waited_before is not None and waited_after is not None:
+                self.waited_ms = (waited_after - waited_before) * 1000
             self.after = await scrape(session, self.url)
         return result
 
-    def _note_wait(self) -> None:
-        waited = None if self.pid is None else waited_s(self.pid)
-        if waited is not None:
-            self.waited.append(waited)
-
-    @property
-    def waited_ms(self) -> float | None:
-        """How long the bot waited for a core over the load, ms; None if not known."""
-        if len(self.waited) != 2:
-            return None
-        return (self.waited[1] - self.waited[0]) * 1000
+    def _waited_s(self) -> float | None:
+        return None if self.pid is None else waited_s(self.pid)
 
     async def _first(self, session: aiohttp.ClientSession, timeout_s: float) -> dict[str, float]:
         """The metrics once the bot serves them (it may start after the webhook)."""

@@ -276,7 +276,13 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
         owed = len(set(restarted) - set(replies(fake)))
         # What the replicas, the server (its pid changes at the restart) and this process (the
         # fake Bot API) wait for a core from now: the machine's part of the backlog's time.
-        waits = CoreWaits(lambda: [*(r.bot.process.pid for r in replicas), *server_pid(server)])
+        # A pid gone (the server's old one) keeps the count it last had.
+        waits = CoreWaits(
+            lambda: (
+                [r.bot.process.pid for r in replicas]
+                + ([server.process.pid] if server.process else [])
+            )
+        )
         waits.start()
         try:
             await asyncio.to_thread(server.stop)
@@ -295,8 +301,8 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
         after = sorted(c.at - back_at for c in fake.sent_messages if c.at > back_at)
         # Delivery resumes at once, at the limit (a few calls allowed before the outage may
         # land first), and the backlog goes as fast as if nothing had happened.
-        # Both bounds allow what the processes waited for a core meanwhile (nothing on an idle
-        # machine): the backlog once missed its bound by 60 ms in the suite's six workers.
+        # Both bounds allow what the processes waited for a core meanwhile: a busy machine
+        # slows the backlog by that much, and an idle one (nothing waited) keeps them strict.
         assert after[RATE // 5] <= 1.0 + RATE // 5 / RATE + SLACK_S + waited, (
             f"{after[: RATE // 5 + 1]}, {waited:.2f} s waited for a core\n"
             f"{why_late(fake, replicas)}"
@@ -305,12 +311,6 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
             f"{last - back_at:.2f} s for {owed}, {waited:.2f} s waited for a core\n"
             f"{why_late(fake, replicas)}"
         )
-
-
-def server_pid(server: EmbeddedRedis) -> list[int]:
-    """The server's pid while it runs (none while it is stopped)."""
-    process = server.process
-    return [process.pid] if process is not None and process.poll() is None else []
 
 
 async def test_a_429_holds_the_chat_it_was_about_odd_waits_are_bounded_and_healthz_tells(
