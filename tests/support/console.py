@@ -114,9 +114,12 @@ class Collected:
         return b"".join(self._stderr).decode("utf-8", "replace")
 
     def kill(self) -> None:
+        """Kill the process if it still runs, and close its pipes once they are read to the
+        end (left to the garbage collector, they warn in whichever test runs next)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._join_readers()
 
 
 class Bot(Collected):
@@ -182,8 +185,7 @@ class Bot(Collected):
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
             raise AssertionError(
                 f"lastword did not exit in {timeout}s: {self.stderr()!r}"
             ) from None

@@ -157,5 +157,4 @@ class Terminal(Collected):
         if self._closed:
             return
         self._closed = True
-        self._join_readers()
         os.close(self._master)
