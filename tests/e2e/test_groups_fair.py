@@ -21,10 +21,9 @@ from redis.asyncio import Redis
 from bot.message import Place
 from bot.store import Keys
 from bot.store.embedded import EmbeddedRedis
-from tests.support.core_waits import CoreWaits
 from tests.support.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
 from tests.support.waits import eventually
-from tests.support.webhook_fleet import described, fleet, post, why_late
+from tests.support.webhook_fleet import core_waits, described, fleet, post, why_late
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -55,14 +54,7 @@ async def test_a_member_flooding_the_group_does_not_hold_another_members_reply(
         ) as replicas,
     ):
         mallory: dict[int, str] = {}
-        # What the replicas, their server and this process (the fake Bot API) wait for a core:
-        # the machine's part of Bob's wait.
-        waits = CoreWaits(
-            lambda: (
-                [r.bot.process.pid for r in replicas]
-                + ([server.process.pid] if server.process else [])
-            )
-        )
+        waits = core_waits(replicas, server)
         waits.start()
         try:
             began = time.monotonic()

@@ -26,11 +26,18 @@ from redis.asyncio import Redis
 from bot.store import BudgetKeys
 from bot.store.budget import IN_FLIGHT_MS, LAPSE_MS, SPREAD_MS
 from bot.store.embedded import EmbeddedRedis
-from tests.support.core_waits import CoreWaits
 from tests.support.fakes.openai_server import FAKE_MODEL_ID, FakeOpenAI
 from tests.support.fakes.telegram_server import FakeTelegram, RecordedCall, telegram_limits
 from tests.support.waits import eventually
-from tests.support.webhook_fleet import Replica, described, fleet, post, replies, why_late
+from tests.support.webhook_fleet import (
+    Replica,
+    core_waits,
+    described,
+    fleet,
+    post,
+    replies,
+    why_late,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -274,15 +281,9 @@ async def test_a_flush_or_a_redis_restart_mid_backlog_costs_no_429_and_no_second
         await stampede(fake, spread(restarted, replicas))
         await fake.wait_for_sent(sent + USERS // 5, timeout=60)
         owed = len(set(restarted) - set(replies(fake)))
-        # What the replicas, the server (its pid changes at the restart) and this process (the
-        # fake Bot API) wait for a core from now: the machine's part of the backlog's time.
-        # A pid gone (the server's old one) keeps the count it last had.
-        waits = CoreWaits(
-            lambda: (
-                [r.bot.process.pid for r in replicas]
-                + ([server.process.pid] if server.process else [])
-            )
-        )
+        # What the processes wait for a core from now: the machine's part of the backlog's
+        # time (the server's pid changes at the restart).
+        waits = core_waits(replicas, server)
         waits.start()
         try:
             await asyncio.to_thread(server.stop)

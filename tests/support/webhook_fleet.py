@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.store.embedded import EmbeddedRedis
+from tests.support.core_waits import CoreWaits
 from tests.support.fakes.limits import Violation
 from tests.support.fakes.loopback import free_port
 from tests.support.fakes.telegram_server import (
@@ -64,6 +65,17 @@ async def fleet(
         yield replicas
     finally:
         await asyncio.gather(*(bot.stop() for bot in bots))
+
+
+def core_waits(replicas: list[Replica], server: EmbeddedRedis) -> CoreWaits:
+    """What the replicas, their server and this process (the fake Bot API) wait for a core:
+    the machine's part of a latency. The server's pid is read at each sample (a restart
+    changes it); a pid gone keeps the count it last had."""
+    return CoreWaits(
+        lambda: (
+            [r.bot.process.pid for r in replicas] + ([server.process.pid] if server.process else [])
+        )
+    )
 
 
 async def post(replica: Replica, update: dict[str, object]) -> int:
